@@ -1,0 +1,29 @@
+# privtrain — the two commands: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test venv migrate lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[worker,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Run the service in the embedded mode (SQLite + filesystem broker + one worker).
+run: $(STAMP)
+	$(BIN)/privtrain-admin serve
+
+## Run the whole test suite (unit, API, integration with a real worker, services when configured).
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+migrate: $(STAMP)
+	$(BIN)/privtrain-admin migrate
+
+clean:
+	rm -rf $(VENV) .privtrain .pytest_cache

@@ -1,0 +1,26 @@
+"""The algorithm catalogue: what each algorithm's hyperparameters are and what a job costs.
+
+Torch-free on purpose: the API computes and reserves a job's privacy cost before any worker sees
+the data; the worker looks up its implementation by the same name.
+"""
+
+from app.algorithms.registry import (
+    ALGORITHMS,
+    AlgorithmDefinition,
+    InvalidHyperparameters,
+    PrivacyPlan,
+    UnknownAlgorithm,
+    get_algorithm,
+    register_algorithm,
+)
+from app.algorithms import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
+
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmDefinition",
+    "InvalidHyperparameters",
+    "PrivacyPlan",
+    "UnknownAlgorithm",
+    "get_algorithm",
+    "register_algorithm",
+]

@@ -1,0 +1,107 @@
+"""Registry of algorithm definitions (decorator-based; no if/elif factories)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+from app.facts import DatasetFacts
+from app.privacy import PrivacyEvent
+from app.schemas.jobs import TrainingSpec
+
+
+class UnknownAlgorithm(KeyError):
+    pass
+
+
+class InvalidHyperparameters(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Everything public about a job's mechanism except σ, which calibration chooses.
+
+    ``event_for(σ, k)`` is the privacy event of the first k steps: the ledger charges
+    ``event_for(σ, steps)`` at admission and ``event_for(σ, steps_run)`` for a cancelled run.
+    """
+
+    steps: int
+    sampling_probability: float
+    expected_batch_size: float
+    sensitivity: float
+    sampling: str
+    event_for: Callable[[float, int], PrivacyEvent]
+
+    def event(self, noise_multiplier: float) -> PrivacyEvent:
+        return self.event_for(noise_multiplier, self.steps)
+
+
+class AlgorithmDefinition:
+    """Base of every catalogue entry; subclasses set the class attributes and ``plan``."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    paper: ClassVar[str]
+    summary: ClassVar[str]
+    Hyperparameters: ClassVar[type[BaseModel]]
+
+    def validate_hyperparameters(self, raw: dict[str, Any]) -> BaseModel:
+        try:
+            return self.Hyperparameters.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(part) for part in first["loc"])
+            raise InvalidHyperparameters(
+                f"algorithm.hyperparameters.{loc}: {first['msg']}"
+            ) from exc
+
+    def plan(
+        self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts
+    ) -> PrivacyPlan:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "paper": self.paper,
+            "summary": self.summary,
+            "hyperparameters_schema": self.Hyperparameters.model_json_schema(),
+            "defaults": self.Hyperparameters().model_dump(mode="json"),
+            "training_schema": TrainingSpec.model_json_schema(),
+        }
+
+
+ALGORITHMS: dict[str, AlgorithmDefinition] = {}
+
+
+def register_algorithm(cls: type[AlgorithmDefinition]) -> type[AlgorithmDefinition]:
+    if cls.name in ALGORITHMS:
+        raise ValueError(f"algorithm {cls.name} registered twice")
+    ALGORITHMS[cls.name] = cls()
+    return cls
+
+
+def get_algorithm(name: str) -> AlgorithmDefinition:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UnknownAlgorithm(name) from None
+
+
+def poisson_schedule(training: TrainingSpec, facts: DatasetFacts) -> tuple[float, int]:
+    """(q, T) for Poisson sampling with expected batch size B: q = B/n, T = steps or ⌈E·n/B⌉."""
+    if training.batch_size > facts.n_rows:
+        raise InvalidHyperparameters(
+            f"training.batch_size {training.batch_size} exceeds the dataset's {facts.n_rows} rows"
+        )
+    q = training.batch_size / facts.n_rows
+    if training.steps is not None:
+        return q, training.steps
+    assert training.epochs is not None
+    return q, max(1, math.ceil(training.epochs / q))

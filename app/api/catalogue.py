@@ -1,0 +1,43 @@
+"""The algorithm and model catalogues (public, but still behind an API key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.algorithms import ALGORITHMS, UnknownAlgorithm, get_algorithm
+from app.api.deps import TenantDep
+from app.model_catalogue import MODELS
+from app.problems import not_found
+
+router = APIRouter(prefix="/v1", tags=["catalogue"])
+
+
+@router.get("/algorithms")
+def list_algorithms(_tenant: TenantDep) -> dict[str, Any]:
+    return {"items": [entry.describe() for entry in ALGORITHMS.values()]}
+
+
+@router.get("/algorithms/{name}")
+def get_algorithm_entry(name: str, _tenant: TenantDep) -> dict[str, Any]:
+    try:
+        return get_algorithm(name).describe()
+    except UnknownAlgorithm:
+        raise not_found("algorithm") from None
+
+
+@router.get("/models")
+def list_models(_tenant: TenantDep) -> dict[str, Any]:
+    return {
+        "items": [
+            {
+                "name": m.name,
+                "summary": m.summary,
+                "tasks": sorted(m.tasks),
+                "params_schema": m.params_model.model_json_schema(),
+                "defaults": m.params_model().model_dump(mode="json"),
+            }
+            for m in MODELS.values()
+        ]
+    }

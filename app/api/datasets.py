@@ -1,0 +1,239 @@
+"""Dataset upload, listing, budget and ledger."""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import and_, or_, select
+
+from app import ledger
+from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant
+from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, parse_dataset
+from app.models import Dataset, LedgerEntry, PrivacyBudget
+from app.pagination import decode_cursor, encode_cursor
+from app.problems import Problem
+from app.schemas.datasets import BudgetView, DatasetList, DatasetOut, LedgerEntryOut, LedgerPage
+from app.storage import UploadTooLarge
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+log = logging.getLogger("privtrain.api.datasets")
+
+
+def _check_name(name: str) -> str:
+    if any(unicodedata.category(ch).startswith("C") for ch in name) or "/" in name or "\\" in name:
+        raise Problem(
+            status=422,
+            slug="invalid-dataset-name",
+            detail="name must not contain control characters or path separators",
+        )
+    return name
+
+
+def dataset_out(dataset: Dataset, budget: PrivacyBudget) -> DatasetOut:
+    return DatasetOut(
+        id=dataset.id,
+        name=dataset.name,
+        format=dataset.format,
+        sha256=dataset.sha256,
+        size_bytes=dataset.size_bytes,
+        n_rows=dataset.n_rows,
+        feature_shape=list(dataset.feature_shape),
+        n_features=dataset.n_features,
+        task=dataset.task,
+        n_classes=dataset.n_classes,
+        label_column=dataset.label_column,
+        feature_names=dataset.feature_names,
+        budget={"epsilon": budget.epsilon, "delta": budget.delta},
+        created_at=dataset.created_at,
+        links={
+            "self": f"/v1/datasets/{dataset.id}",
+            "budget": f"/v1/datasets/{dataset.id}/budget",
+            "ledger": f"/v1/datasets/{dataset.id}/ledger",
+        },
+    )
+
+
+@router.post("", status_code=201, response_model=DatasetOut)
+async def upload_dataset(
+    request: Request,
+    services: ServicesDep,
+    tenant: TenantDep,
+    name: Annotated[str, Query(min_length=1, max_length=200)],
+    format: Annotated[str, Query(description="csv or npz")],
+    epsilon: Annotated[float, Query(gt=0, le=100, allow_inf_nan=False)],
+    delta: Annotated[float, Query(gt=0, lt=1, allow_inf_nan=False)],
+    label_column: Annotated[str | None, Query(max_length=200)] = None,
+    task: Annotated[Literal["classification", "regression"] | None, Query()] = None,
+) -> DatasetOut:
+    """Stream the raw body to disk while hashing it, validate it, then register it with a budget."""
+    _check_name(name)
+    settings = services.settings
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > settings.max_upload_bytes:
+        raise Problem(
+            status=413,
+            slug="payload-too-large",
+            detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
+        )
+    pending = services.blobs.begin(max_bytes=settings.max_upload_bytes)
+    try:
+        try:
+            async for chunk in request.stream():
+                pending.write(chunk)
+        except UploadTooLarge as exc:
+            raise Problem(
+                status=413,
+                slug="payload-too-large",
+                detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
+            ) from exc
+        sha256 = pending.finish()
+        limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features)
+        try:
+            parsed = await run_in_threadpool(
+                parse_dataset, pending.path, fmt=format, label_column=label_column, task=task,
+                limits=limits,
+            )
+        except DatasetValidationError as exc:
+            raise Problem(
+                status=422, slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason}
+            ) from exc
+        facts = dataset_facts(parsed)
+        del parsed
+        if delta >= 1.0 / facts["n_rows"]:
+            raise Problem(
+                status=422,
+                slug="invalid-budget",
+                detail=f"delta must be below 1/n = {1.0 / facts['n_rows']:.3g} for n = {facts['n_rows']} rows",
+            )
+        key, created = services.blobs.adopt(pending.path, sha256)
+    except BaseException:
+        pending.discard()
+        raise
+    try:
+        with services.db.write_transaction() as session:
+            dataset = Dataset(
+                tenant_id=tenant.id,
+                name=name,
+                format=format,
+                sha256=sha256,
+                blob_key=key,
+                size_bytes=pending.size,
+                label_column=label_column,
+                n_rows=int(facts["n_rows"]),
+                feature_shape=[int(v) for v in facts["feature_shape"]],
+                n_features=int(facts["n_features"]),
+                task=str(facts["task"]),
+                n_classes=facts["n_classes"],
+                feature_names=list(facts["feature_names"]) if facts.get("feature_names") else None,
+            )
+            session.add(dataset)
+            session.flush()
+            budget = ledger.open_budget(session, dataset=dataset, epsilon=epsilon, delta=delta)
+            session.flush()
+            out = dataset_out(dataset, budget)
+    except BaseException:
+        if created:
+            services.blobs.delete(key)
+        raise
+    log.info("dataset registered", extra={"dataset_id": out.id, "tenant_id": tenant.id})
+    return out
+
+
+@router.get("", response_model=DatasetList)
+def list_datasets(
+    session: SessionDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> DatasetList:
+    query = select(Dataset, PrivacyBudget).join(PrivacyBudget).where(Dataset.tenant_id == tenant.id)
+    if cursor:
+        created, last_id = decode_cursor(cursor, arity=2)
+        created_at = _parse_time(created)
+        query = query.where(
+            or_(
+                Dataset.created_at < created_at,
+                and_(Dataset.created_at == created_at, Dataset.id < last_id),
+            )
+        )
+    rows = session.execute(
+        query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)
+    ).all()
+    items = [dataset_out(d, b) for d, b in rows[:limit]]
+    next_cursor = None
+    if len(rows) > limit:
+        last = rows[limit - 1][0]
+        next_cursor = encode_cursor([last.created_at.isoformat(), last.id])
+    return DatasetList(items=items, next_cursor=next_cursor)
+
+
+def _parse_time(value: object):  # noqa: ANN202 - small helper
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(str(value))
+    except ValueError as exc:
+        raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor") from exc
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> DatasetOut:
+    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    budget = session.get(PrivacyBudget, dataset.id)
+    assert budget is not None
+    return dataset_out(dataset, budget)
+
+
+@router.get("/{dataset_id}/budget", response_model=BudgetView)
+def get_budget(dataset_id: str, session: SessionDep, tenant: TenantDep) -> BudgetView:
+    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    budget = session.get(PrivacyBudget, dataset.id)
+    assert budget is not None
+    return BudgetView(**ledger.budget_summary(budget))
+
+
+@router.get("/{dataset_id}/ledger", response_model=LedgerPage)
+def get_ledger(
+    dataset_id: str,
+    session: SessionDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: str | None = None,
+) -> LedgerPage:
+    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    budget = session.get(PrivacyBudget, dataset.id)
+    assert budget is not None
+    after = int(decode_cursor(cursor, arity=1)[0]) if cursor else 0
+    entries = list(
+        session.scalars(
+            select(LedgerEntry)
+            .where(LedgerEntry.dataset_id == dataset.id, LedgerEntry.seq > after)
+            .order_by(LedgerEntry.seq)
+            .limit(limit + 1)
+        )
+    )
+    items = [
+        LedgerEntryOut(
+            seq=e.seq,
+            kind=e.kind,
+            job_id=e.job_id,
+            event=e.event,
+            curve=e.curve,
+            epsilon=ledger.curve_epsilon(e.curve, budget.delta) if e.curve else None,
+            orders_version=e.orders_version,
+            accountant=e.accountant,
+            accountant_version=e.accountant_version,
+            actor=e.actor,
+            details=e.details,
+            created_at=e.created_at,
+            prev_hash=e.prev_hash,
+            hash=e.hash,
+        )
+        for e in entries[:limit]
+    ]
+    next_cursor = encode_cursor([entries[limit - 1].seq]) if len(entries) > limit else None
+    return LedgerPage(items=items, next_cursor=next_cursor)

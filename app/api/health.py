@@ -1,0 +1,64 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from sqlalchemy import func, select, text
+
+from app.api.deps import ServicesDep
+from app.models import JOB_STATUSES, Job
+
+router = APIRouter(tags=["health"])
+
+MIN_FREE_DISK_BYTES = 256 * 1024 * 1024
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """Liveness: no I/O, so a slow database never gets the process restarted."""
+    return {"status": "ok"}
+
+
+def _check_database(services: Any) -> None:
+    with services.db.read_session() as session:
+        session.execute(text("SELECT 1"))
+
+
+def _check_broker(services: Any) -> None:
+    ping = getattr(services.dispatcher, "ping", None)
+    if ping is not None:
+        ping()
+
+
+def _check_disk(services: Any) -> None:
+    if services.blobs.free_bytes() < MIN_FREE_DISK_BYTES:
+        raise RuntimeError("less than 256 MiB free")
+
+
+@router.get("/readyz")
+async def readyz(services: ServicesDep) -> JSONResponse:
+    checks: dict[str, str] = {}
+    for name, check in (("database", _check_database), ("broker", _check_broker), ("disk", _check_disk)):
+        try:
+            await run_in_threadpool(check, services)
+            checks[name] = "ok"
+        except Exception as exc:  # readiness reports which dependency is down, not why in detail
+            checks[name] = f"unavailable: {type(exc).__name__}"
+    ready = all(value == "ok" for value in checks.values())
+    return JSONResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status_code=200 if ready else 503)
+
+
+@router.get("/metrics")
+def metrics(services: ServicesDep) -> Response:
+    registry = CollectorRegistry()
+    jobs = Gauge("privtrain_jobs", "Jobs by status", ["status"], registry=registry)
+    with services.db.read_session() as session:
+        counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+    for status in JOB_STATUSES:
+        jobs.labels(status=status).set(counts.get(status, 0))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

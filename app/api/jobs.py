@@ -1,0 +1,262 @@
+"""Job estimate, submission (admission against the ledger), status, cancel, artifacts."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import FileResponse, JSONResponse
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from app import ledger, privacy
+from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant, job_of_tenant
+from app.job_planning import JobPlan, plan_job, request_hash
+from app.job_views import add_job_event, job_out
+from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
+from app.pagination import decode_cursor, encode_cursor
+from app.problems import Problem
+from app.schemas.jobs import JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
+from app.services import Services
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = logging.getLogger("privtrain.api.jobs")
+
+
+def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCreate) -> tuple[JobPlan, PrivacyBudget]:
+    dataset = dataset_of_tenant(session, tenant, spec.dataset_id)
+    budget = session.get(PrivacyBudget, dataset.id)
+    assert budget is not None
+    plan = plan_job(
+        spec, dataset, dataset_delta=budget.delta, max_steps=services.settings.max_steps
+    )
+    return plan, budget
+
+
+def _estimate(plan: JobPlan, budget: PrivacyBudget) -> PrivacyEstimate:
+    witness = ledger.check_admissible(budget, plan.curve)
+    return PrivacyEstimate(
+        noise_multiplier=plan.noise_multiplier,
+        sampling_probability=plan.plan.sampling_probability,
+        steps=plan.plan.steps,
+        delta=plan.delta,
+        epsilon_ledger=plan.epsilon_ledger,
+        epsilon_prv=plan.epsilon_prv,
+        noise_std_on_sum=plan.noise_std_on_sum,
+        sensitivity=plan.plan.sensitivity,
+        admissible=witness is not None,
+        witness_order=privacy.ORDERS[witness] if witness is not None else None,
+        budget_remaining_epsilon=ledger.remaining_epsilon(budget),
+    )
+
+
+@router.post("/estimate", response_model=PrivacyEstimate)
+def estimate(spec: JobCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> PrivacyEstimate:
+    """Dry run: the noise, steps and ε the job would be charged, and whether it fits now."""
+    plan, budget = _plan(services, session, tenant, spec)
+    return _estimate(plan, budget)
+
+
+def _replay(session: SessionDep, tenant: Tenant, key: str, rhash: str) -> Job | None:
+    existing = session.scalar(
+        select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == key)
+    )
+    if existing is not None and existing.request_hash != rhash:
+        raise Problem(
+            status=422,
+            slug="idempotency-key-reused",
+            detail="this Idempotency-Key was used with a different request body",
+        )
+    return existing
+
+
+@router.post("", status_code=202, response_model=JobOut)
+def submit(
+    spec: JobCreate,
+    services: ServicesDep,
+    session: SessionDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> JobOut | JSONResponse:
+    """Admit the job against the dataset's ledger, then enqueue it."""
+    rhash = request_hash(spec)
+    if idempotency_key:
+        existing = _replay(session, tenant, idempotency_key, rhash)
+        if existing is not None:
+            return JSONResponse(job_out(existing).model_dump(mode="json"), status_code=200)
+    plan, _ = _plan(services, session, tenant, spec)
+    actor = f"tenant:{tenant.id}"
+    try:
+        with services.db.write_transaction() as tx:
+            budget = ledger.lock_budget(tx, spec.dataset_id)
+            job = Job(
+                tenant_id=tenant.id,
+                dataset_id=spec.dataset_id,
+                status="queued",
+                spec=plan.spec,
+                algorithm=plan.algorithm.name,
+                model_name=plan.model_name,
+                noise_multiplier=plan.noise_multiplier,
+                sampling_probability=plan.plan.sampling_probability,
+                steps_planned=plan.plan.steps,
+                delta=plan.delta,
+                epsilon_ledger=plan.epsilon_ledger,
+                epsilon_prv=plan.epsilon_prv,
+                event=plan.event_json,
+                reserved_curve=list(plan.curve),
+                idempotency_key=idempotency_key,
+                request_hash=rhash,
+            )
+            tx.add(job)
+            tx.flush()
+            try:
+                admission = ledger.reserve(tx, budget, job=job, actor=actor)
+            except ledger.InsufficientBudget as exc:
+                raise Problem(
+                    status=409,
+                    slug="insufficient-privacy-budget",
+                    detail=(
+                        f"the job costs ε = {plan.epsilon_ledger:.4g} at δ = {plan.delta:.3g} "
+                        "and does not fit the dataset's remaining budget"
+                    ),
+                    extra={
+                        "remaining_epsilon": exc.remaining_epsilon,
+                        "job_epsilon": plan.epsilon_ledger,
+                        "budget_epsilon": budget.epsilon,
+                        "budget_delta": budget.delta,
+                    },
+                ) from None
+            add_job_event(
+                tx,
+                job.id,
+                "queued",
+                {"steps_planned": job.steps_planned, "witness_order": admission.witness_order},
+            )
+            out = job_out(job)
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        with services.db.read_session() as fresh:
+            existing = _replay(fresh, tenant, idempotency_key, rhash)
+            assert existing is not None
+            return JSONResponse(job_out(existing).model_dump(mode="json"), status_code=200)
+    try:
+        services.dispatcher.dispatch(out.id)
+    except Exception:  # the reconciler re-sends queued jobs whose message was lost
+        log.exception("dispatch failed", extra={"job_id": out.id})
+    log.info("job admitted", extra={"job_id": out.id, "tenant_id": tenant.id})
+    return out
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    session: SessionDep,
+    tenant: TenantDep,
+    dataset_id: str | None = None,
+    status: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> JobList:
+    query = select(Job).where(Job.tenant_id == tenant.id)
+    if dataset_id:
+        query = query.where(Job.dataset_id == dataset_id)
+    if status:
+        query = query.where(Job.status == status)
+    if cursor:
+        (last_id,) = decode_cursor(cursor, arity=1)
+        last = session.get(Job, str(last_id))
+        if last is None or last.tenant_id != tenant.id:
+            raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor")
+        query = query.where(
+            (Job.created_at < last.created_at)
+            | ((Job.created_at == last.created_at) & (Job.id < last.id))
+        )
+    jobs = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
+    next_cursor = encode_cursor([jobs[limit - 1].id]) if len(jobs) > limit else None
+    return JobList(items=[job_out(j) for j in jobs[:limit]], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
+    return job_out(job_of_tenant(session, tenant, job_id))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
+def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> JobOut:
+    """Cancel: a queued job is released at once; a running one stops at its next check."""
+    job = job_of_tenant(session, tenant, job_id)
+    with services.db.write_transaction() as tx:
+        budget = ledger.lock_budget(tx, job.dataset_id)
+        result = tx.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status == "queued")
+            .values(status="cancelled", cancel_requested=True, finished_at=utcnow())
+        )
+        fresh = tx.get(Job, job.id, populate_existing=True)
+        assert fresh is not None
+        if result.rowcount == 1:
+            ledger.release(tx, budget, job=fresh, actor=f"tenant:{tenant.id}", reason="cancelled before start")
+            add_job_event(tx, fresh.id, "cancelled", {"steps_run": 0})
+        elif fresh.status == "running":
+            fresh.cancel_requested = True
+            add_job_event(tx, fresh.id, "cancel-requested", {})
+        else:
+            raise Problem(
+                status=409,
+                slug="job-not-cancellable",
+                detail=f"the job is already {fresh.status}",
+            )
+        out = job_out(fresh)
+    return out
+
+
+@router.get("/{job_id}/events", response_model=list[JobEventOut])
+def events(
+    job_id: str,
+    session: SessionDep,
+    tenant: TenantDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> list[JobEventOut]:
+    job = job_of_tenant(session, tenant, job_id)
+    rows = session.scalars(
+        select(JobEvent)
+        .where(JobEvent.job_id == job.id, JobEvent.id > after)
+        .order_by(JobEvent.id)
+        .limit(limit)
+    )
+    return [
+        JobEventOut(seq=e.id, kind=e.kind, payload=e.payload, created_at=e.created_at) for e in rows
+    ]
+
+
+def _artifact_ready(job: Job, blob: str | None) -> str:
+    if job.status != "succeeded" or blob is None:
+        raise Problem(
+            status=409,
+            slug="job-not-succeeded",
+            detail=f"artifacts exist only for succeeded jobs; this job is {job.status}",
+        )
+    return blob
+
+
+@router.get("/{job_id}/model", response_class=FileResponse)
+def download_model(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> FileResponse:
+    job = job_of_tenant(session, tenant, job_id)
+    key = _artifact_ready(job, job.model_blob)
+    return FileResponse(
+        services.blobs.path(key),
+        media_type="application/octet-stream",
+        filename=f"{job.id}.safetensors",
+        headers={"X-Content-SHA256": job.model_sha256 or ""},
+    )
+
+
+@router.get("/{job_id}/report")
+def download_report(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> JSONResponse:
+    job = job_of_tenant(session, tenant, job_id)
+    key = _artifact_ready(job, job.report_blob)
+    report = json.loads(services.blobs.path(key).read_text())
+    return JSONResponse(report)

@@ -1,0 +1,117 @@
+"""``privtrain-admin``: run the embedded service, migrate, manage keys, run a worker."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from app.auth import DEFAULT_TENANT, generate_api_key, get_or_create_tenant, register_api_key
+from app.bootstrap import ensure_embedded_key, migrate, register_bootstrap_key
+from app.config import get_settings
+from app.db import Database
+from app.logging_setup import configure_logging
+
+WORKER_STOP_TIMEOUT_S = 15
+
+
+def worker_command(queue: str, *, loglevel: str = "INFO") -> list[str]:
+    """One worker process, one task at a time (one process per GPU in production)."""
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.entry", "worker",
+        "--pool=solo", "--concurrency=1", "-Q", queue,
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        f"--loglevel={loglevel}",
+    ]
+
+
+def cmd_migrate(_args: argparse.Namespace) -> int:
+    settings = get_settings()
+    migrate(settings)
+    print("database at head")
+    return 0
+
+
+def cmd_create_key(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    db = Database(settings.resolved_database_url)
+    key = generate_api_key()
+    with db.write_transaction() as session:
+        tenant = get_or_create_tenant(session, args.tenant)
+        register_api_key(session, tenant=tenant, key=key, label=args.label)
+    print(key)
+    return 0
+
+
+def cmd_worker(_args: argparse.Namespace) -> int:
+    settings = get_settings()
+    settings.check_safe()
+    os.execv(sys.executable, worker_command(settings.task_queue, loglevel=settings.log_level))
+    return 0  # pragma: no cover - execv does not return
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Embedded mode: migrations, the bootstrap key, one worker process, then the API."""
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = get_settings()
+    configure_logging(settings.log_level)
+    settings.check_safe()
+    migrate(settings)
+    db = Database(settings.resolved_database_url)
+    if settings.bootstrap_api_key:
+        register_bootstrap_key(db, settings.bootstrap_api_key)
+        key_note = "API key: the value of PRIVTRAIN_BOOTSTRAP_API_KEY"
+    else:
+        key, path = ensure_embedded_key(settings, db)
+        key_note = f"API key: {key}   (also in {path}, mode 0600)"
+    db.dispose()
+    worker = None
+    if not args.no_worker:
+        worker = subprocess.Popen(
+            worker_command(settings.task_queue, loglevel=settings.log_level),
+            start_new_session=True,  # Ctrl-C reaches the API; we stop the worker ourselves
+        )
+    print(f"privtrain on http://{args.host}:{args.port}  ({key_note})", flush=True)
+    try:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=WORKER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="privtrain-admin", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the API and one worker (embedded mode)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--no-worker", action="store_true", help="API only (distributed mode)")
+    serve.set_defaults(func=cmd_serve)
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+    key = sub.add_parser("create-key", help="create an API key and print it once")
+    key.add_argument("--tenant", default=DEFAULT_TENANT)
+    key.add_argument("--label", default="")
+    key.set_defaults(func=cmd_create_key)
+    sub.add_parser("worker", help="run one Celery worker process").set_defaults(func=cmd_worker)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

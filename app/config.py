@@ -1,0 +1,98 @@
+"""Service settings, read from the environment (prefix ``PRIVTRAIN_``).
+
+The embedded defaults (SQLite + filesystem broker under the data dir) let a fresh clone run with no
+other servers; ``Settings.check_safe`` refuses the development conveniences outside development.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class UnsafeSettingsError(RuntimeError):
+    """Raised at start when a production deployment uses a development-only default."""
+
+
+class Settings(BaseSettings):
+    """All configuration of the API and the worker; both read the same variables."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIVTRAIN_", extra="ignore")
+
+    environment: Literal["development", "test", "production"] = "development"
+    data_dir: Path = Path(".privtrain")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file in the data dir"
+    )
+    broker_url: str | None = Field(
+        default=None, description="Celery broker; default: kombu filesystem:// in the data dir"
+    )
+    bootstrap_api_key: str | None = None
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    max_rows: int = Field(default=1_000_000, gt=0)
+    max_features: int = Field(default=100_000, gt=0)
+    max_steps: int = Field(default=1_000_000, gt=0)
+    task_queue: str = "gpu"
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    checkpoint_every_steps: int = Field(default=200, ge=0)
+    max_physical_batch_size: int = Field(default=256, gt=0)
+    log_level: str = "INFO"
+
+    @field_validator("bootstrap_api_key")
+    @classmethod
+    def _key_long_enough(cls, value: str | None) -> str | None:
+        if value is not None and len(value) < 24:
+            raise ValueError("PRIVTRAIN_BOOTSTRAP_API_KEY must be at least 24 characters")
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'privtrain.db').resolve()}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def uses_filesystem_broker(self) -> bool:
+        return self.resolved_broker_url.startswith("filesystem://")
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.data_dir / "blobs"
+
+    @property
+    def tmp_dir(self) -> Path:
+        return self.data_dir / "tmp"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.data_dir / "checkpoints"
+
+    def check_safe(self) -> None:
+        """Refuse development conveniences in production (design: unsafe defaults refused)."""
+        if self.environment != "production":
+            return
+        problems: list[str] = []
+        if not self.database_url or self.database_url.startswith("sqlite"):
+            problems.append("PRIVTRAIN_DATABASE_URL must point to PostgreSQL in production")
+        if self.uses_filesystem_broker:
+            problems.append("PRIVTRAIN_BROKER_URL must point to Redis in production")
+        if problems:
+            raise UnsafeSettingsError("; ".join(problems))
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Process-wide settings; tests build their own ``Settings`` and pass them explicitly."""
+    return Settings()

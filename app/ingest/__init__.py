@@ -1,0 +1,20 @@
+"""Parsing and validation of uploaded datasets (CSV, NPZ); torch-free, shared by API and worker."""
+
+from app.ingest.dataset import TASKS, DatasetFacts, ParsedDataset, Task, dataset_facts
+from app.ingest.errors import REASONS, DatasetValidationError, Reason
+from app.ingest.limits import IngestLimits
+from app.ingest.parse import SUPPORTED_FORMATS, parse_dataset
+
+__all__ = [
+    "REASONS",
+    "SUPPORTED_FORMATS",
+    "TASKS",
+    "DatasetFacts",
+    "DatasetValidationError",
+    "IngestLimits",
+    "ParsedDataset",
+    "Reason",
+    "Task",
+    "dataset_facts",
+    "parse_dataset",
+]

@@ -1,0 +1,55 @@
+"""The validated dataset handed to the API and the worker, and its facts that are public."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict, get_args
+
+import numpy as np
+
+Task = Literal["classification", "regression"]
+TASKS: tuple[Task, ...] = get_args(Task)
+
+
+@dataclass(frozen=True, eq=False)
+class ParsedDataset:
+    """A dataset that passed every check; consumers need not re-validate it.
+
+    ``eq=False`` because field-wise ``==`` on arrays is ambiguous; compare arrays explicitly.
+    X and y stay out of the repr so that logging a dataset never prints its values.
+    """
+
+    X: np.ndarray = field(repr=False)
+    """float32, C-contiguous, shape (n, d) or (n, C, H, W)."""
+    y: np.ndarray = field(repr=False)
+    """int64 class indices for classification, float32 targets for regression; shape (n,)."""
+    task: Task
+    n_classes: int | None
+    """Largest label + 1 for classification; None for regression."""
+    feature_shape: tuple[int, ...]
+    """X.shape[1:]."""
+    feature_names: tuple[str, ...] | None
+    """CSV header minus the label column, in file order; None for NPZ."""
+
+
+class DatasetFacts(TypedDict):
+    """What may be recorded and shown about a dataset: by privacy.md, n and d are public."""
+
+    n_rows: int
+    feature_shape: tuple[int, ...]
+    n_features: int
+    task: Task
+    n_classes: int | None
+
+
+def dataset_facts(parsed: ParsedDataset) -> DatasetFacts:
+    """The public facts of a parsed dataset, as plain Python values ready for JSON or the DB."""
+    feature_shape = tuple(int(size) for size in parsed.feature_shape)
+    return DatasetFacts(
+        n_rows=int(parsed.X.shape[0]),
+        feature_shape=feature_shape,
+        n_features=math.prod(feature_shape),
+        task=parsed.task,
+        n_classes=parsed.n_classes,
+    )

@@ -1,0 +1,224 @@
+"""NPZ reader: arrays X and y from a zip of .npy members, checked before anything is decompressed.
+
+An upload is untrusted: the zip directory and each .npy header are read and checked against the
+limits first (declared sizes, dtype, shape), so a zip bomb or a header that lies about its shape
+is refused before numpy allocates or inflates anything. Arrays are then read only through
+numpy with allow_pickle=False, and only from stored or deflated members, whose decompression
+zipfile bounds per read.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from app.ingest.errors import DatasetValidationError
+from app.ingest.limits import IngestLimits
+from app.ingest.numeric import as_float32, first_non_finite
+from app.ingest.registry import RawDataset, RowPositions, register_reader
+
+_FEATURES = "X.npy"
+_LABELS = "y.npy"
+_NUMERIC_KINDS = frozenset("biuf")  # bool, signed and unsigned integer, float
+_SAFE_COMPRESSION = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
+_ENCRYPTED_FLAG = 0x1
+# What zipfile and numpy raise on a damaged archive or member (found by fuzzing, see the tests).
+_MEMBER_ERRORS = (
+    ValueError,
+    EOFError,
+    OSError,
+    NotImplementedError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
+
+_HeaderReader = Callable[[IO[bytes]], tuple[tuple[int, ...], bool, np.dtype]]
+_HEADER_READERS: dict[tuple[int, int], _HeaderReader] = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+@dataclass(frozen=True)
+class _NpyHeader:
+    """What a member's .npy header declares, checked before the data is read."""
+
+    info: zipfile.ZipInfo
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@register_reader("npz")
+def read_npz(path: Path, *, label_column: str | None, limits: IngestLimits) -> RawDataset:
+    """Parse an NPZ upload; ``label_column`` is ignored because ``y`` is the label by definition."""
+    with _open_zip(path) as archive:
+        features_info, labels_info = _inspect_members(archive, limits=limits)
+        features_header = _read_header(archive, features_info)
+        labels_header = _read_header(archive, labels_info)
+        _check_shapes(features_header, labels_header, limits=limits)
+        features = _load(archive, features_header)
+        labels = _load(archive, labels_header)
+    return RawDataset(
+        X=_features_float32(features),
+        labels=_labels_float64(labels),
+        feature_names=None,
+        rows=RowPositions(),
+    )
+
+
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as exc:
+        raise DatasetValidationError(
+            "invalid-npz", "the file is not a readable zip archive, which an .npz file is"
+        ) from exc
+
+
+def _inspect_members(
+    archive: zipfile.ZipFile, *, limits: IngestLimits
+) -> tuple[zipfile.ZipInfo, zipfile.ZipInfo]:
+    """Find X and y and refuse the archive on its declared sizes alone, before inflating a byte."""
+    infos = archive.infolist()
+    by_name = {info.filename: info for info in infos}
+    missing = [name for name in (_FEATURES, _LABELS) if name not in by_name]
+    if missing:
+        raise DatasetValidationError(
+            "missing-array",
+            f"the archive has no {' and no '.join(missing)}; an .npz dataset needs arrays X and y",
+        )
+    declared = sum(info.file_size for info in infos)
+    if declared > limits.max_decompressed_bytes:
+        raise DatasetValidationError(
+            "too-large-decompressed",
+            f"the archive's members declare {declared} bytes uncompressed; the limit is "
+            f"{limits.max_decompressed_bytes}",
+        )
+    for name in (_FEATURES, _LABELS):
+        info = by_name[name]
+        if info.flag_bits & _ENCRYPTED_FLAG:
+            raise DatasetValidationError("invalid-npz", f"{name} is encrypted")
+        if info.compress_type not in _SAFE_COMPRESSION:
+            raise DatasetValidationError(
+                "invalid-npz",
+                f"{name} uses an unsupported compression method; write the file with "
+                "numpy.savez or numpy.savez_compressed",
+            )
+    return by_name[_FEATURES], by_name[_LABELS]
+
+
+def _read_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _NpyHeader:
+    """Read only the .npy header and check that the member can hold what it declares."""
+    name = info.filename
+    try:
+        with archive.open(info) as member:
+            read_header = _HEADER_READERS.get(np.lib.format.read_magic(member))
+            if read_header is None:
+                raise ValueError("unsupported .npy format version")
+            shape, _fortran_order, dtype = read_header(member)
+            data_offset = member.tell()
+    except _MEMBER_ERRORS as exc:
+        raise DatasetValidationError(
+            "invalid-npz", f"{name} is not a valid .npy array (format version 1.0 or 2.0)"
+        ) from exc
+    if dtype.hasobject:
+        raise DatasetValidationError(
+            "invalid-npz",
+            f"{name} is an object array; pickled (object) arrays are not allowed, only "
+            "numeric ones",
+        )
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise DatasetValidationError(
+            "non-numeric",
+            f"{name} has dtype {dtype.str!r}; only bool, integer and float arrays are allowed",
+        )
+    declared_bytes = math.prod(shape) * dtype.itemsize
+    if declared_bytes > info.file_size - data_offset:
+        raise DatasetValidationError(
+            "invalid-npz",
+            f"{name}'s header declares shape {shape} ({declared_bytes} bytes) but the member "
+            f"holds only {max(info.file_size - data_offset, 0)} bytes of data",
+        )
+    return _NpyHeader(info=info, shape=shape, dtype=dtype)
+
+
+def _check_shapes(features: _NpyHeader, labels: _NpyHeader, *, limits: IngestLimits) -> None:
+    if len(features.shape) not in (2, 3, 4):
+        raise DatasetValidationError(
+            "shape-mismatch",
+            f"X has {len(features.shape)} dimensions; it must be (n, d), (n, H, W) or "
+            "(n, C, H, W)",
+        )
+    if len(labels.shape) != 1:
+        raise DatasetValidationError(
+            "shape-mismatch", f"y has {len(labels.shape)} dimensions; it must be (n,)"
+        )
+    n_rows = features.shape[0]
+    if labels.shape[0] != n_rows:
+        raise DatasetValidationError(
+            "shape-mismatch", f"X has {n_rows} rows but y has {labels.shape[0]}"
+        )
+    if n_rows == 0:
+        raise DatasetValidationError("empty-dataset", "X and y have no rows")
+    if n_rows > limits.max_rows:
+        raise DatasetValidationError(
+            "too-many-rows", f"X has {n_rows} rows; the limit is {limits.max_rows}"
+        )
+    n_features = math.prod(features.shape[1:])
+    if n_features == 0:
+        raise DatasetValidationError(
+            "empty-dataset", f"X has shape {features.shape}: no features per row"
+        )
+    if n_features > limits.max_features:
+        raise DatasetValidationError(
+            "too-many-columns",
+            f"X has {n_features} features per row (shape {features.shape[1:]}); the limit is "
+            f"{limits.max_features}",
+        )
+
+
+def _load(archive: zipfile.ZipFile, header: _NpyHeader) -> np.ndarray:
+    name = header.info.filename
+    try:
+        with archive.open(header.info) as member:
+            loaded = np.load(member, allow_pickle=False)
+    except _MEMBER_ERRORS as exc:
+        raise DatasetValidationError(
+            "invalid-npz", f"{name} could not be read: it is truncated or corrupt"
+        ) from exc
+    if (
+        not isinstance(loaded, np.ndarray)
+        or loaded.shape != header.shape
+        or loaded.dtype != header.dtype
+    ):
+        raise DatasetValidationError(
+            "invalid-npz", f"{name} does not hold the array its header declares"
+        )
+    return loaded
+
+
+def _features_float32(features: np.ndarray) -> np.ndarray:
+    X = as_float32(features)
+    bad = first_non_finite(X)
+    if bad is not None:
+        raise DatasetValidationError(
+            "non-finite",
+            f"X at index {bad} is NaN, infinite or too large for float32",
+        )
+    return X[:, np.newaxis] if X.ndim == 3 else X
+
+
+def _labels_float64(labels: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.ascontiguousarray(labels, dtype=np.float64)
+    bad = first_non_finite(y)
+    if bad is not None:
+        raise DatasetValidationError("non-finite", f"y at index {bad[0]} is NaN or infinite")
+    return y

@@ -1,0 +1,119 @@
+"""Turn a validated job spec and a dataset's public facts into a priced plan.
+
+Shared by ``/v1/jobs/estimate`` (dry run) and ``/v1/jobs`` (admission): the same function
+decides σ, the privacy event and its RDP curve, so an estimate is exactly what a submit charges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from app import privacy
+from app.algorithms import (
+    AlgorithmDefinition,
+    InvalidHyperparameters,
+    PrivacyPlan,
+    UnknownAlgorithm,
+    get_algorithm,
+)
+from app.facts import DatasetFacts
+from app.model_catalogue import ModelIncompatible, UnknownModel, get_model
+from app.models import Dataset
+from app.problems import Problem
+from app.schemas.jobs import JobCreate
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    spec: dict[str, Any]
+    algorithm: AlgorithmDefinition
+    model_name: str
+    plan: PrivacyPlan
+    noise_multiplier: float
+    delta: float
+    event_json: dict[str, Any]
+    curve: tuple[float, ...]
+    epsilon_ledger: float
+    epsilon_prv: float | None
+
+    @property
+    def noise_std_on_sum(self) -> float:
+        return self.noise_multiplier * self.plan.sensitivity
+
+
+def facts_of(dataset: Dataset) -> DatasetFacts:
+    return DatasetFacts(
+        n_rows=dataset.n_rows,
+        feature_shape=tuple(dataset.feature_shape),
+        task=dataset.task,
+        n_classes=dataset.n_classes,
+    )
+
+
+def request_hash(spec: JobCreate) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _invalid(slug: str, detail: str) -> Problem:
+    return Problem(status=422, slug=slug, detail=detail)
+
+
+def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_steps: int) -> JobPlan:
+    """Validate the spec against the catalogues and price it; raises 422 problems."""
+    facts = facts_of(dataset)
+    try:
+        algorithm = get_algorithm(spec.algorithm.name)
+    except UnknownAlgorithm:
+        raise _invalid("unknown-algorithm", f"unknown algorithm '{spec.algorithm.name}'") from None
+    try:
+        model = get_model(spec.model.name)
+    except UnknownModel:
+        raise _invalid("unknown-model", f"unknown model '{spec.model.name}'") from None
+    try:
+        model_params = model.validate(spec.model.params, facts)
+    except ModelIncompatible as exc:
+        raise _invalid("model-incompatible", str(exc)) from None
+    try:
+        hyperparameters = algorithm.validate_hyperparameters(spec.algorithm.hyperparameters)
+        plan = algorithm.plan(hyperparameters, spec.training, facts)
+    except InvalidHyperparameters as exc:
+        raise _invalid("invalid-job-spec", str(exc)) from None
+    if plan.steps > max_steps:
+        raise _invalid(
+            "invalid-job-spec", f"the job would run {plan.steps} steps; the limit is {max_steps}"
+        )
+    delta = spec.privacy.delta if spec.privacy.delta is not None else dataset_delta
+    if delta >= 1.0 / facts.n_rows:
+        raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {1 / facts.n_rows:.3g}")
+    if spec.privacy.noise_multiplier is not None:
+        sigma = spec.privacy.noise_multiplier
+    else:
+        assert spec.privacy.target_epsilon is not None
+        try:
+            sigma = privacy.calibrate_noise_multiplier(
+                plan.event, target_epsilon=spec.privacy.target_epsilon, delta=delta
+            )
+        except privacy.CalibrationError as exc:
+            raise _invalid("calibration-failed", str(exc)) from None
+    event = plan.event(sigma)
+    curve = privacy.rdp_curve(event)
+    normalised = spec.model_dump(mode="json")
+    normalised["model"]["params"] = model_params
+    normalised["algorithm"]["hyperparameters"] = hyperparameters.model_dump(mode="json")
+    normalised["privacy"]["delta"] = delta
+    return JobPlan(
+        spec=normalised,
+        algorithm=algorithm,
+        model_name=model.name,
+        plan=plan,
+        noise_multiplier=sigma,
+        delta=delta,
+        event_json=privacy.event_to_json(event),
+        curve=curve,
+        epsilon_ledger=privacy.ledger_epsilon(curve, delta),
+        epsilon_prv=privacy.prv_epsilon(event, delta),
+    )

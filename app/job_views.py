@@ -1,0 +1,45 @@
+"""Rendering of jobs and their events for the API (public values only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.models import Job, JobEvent
+from app.schemas.jobs import JobOut
+
+
+def job_out(job: Job) -> JobOut:
+    links = {"self": f"/v1/jobs/{job.id}", "events": f"/v1/jobs/{job.id}/events"}
+    if job.status == "succeeded":
+        links["model"] = f"/v1/jobs/{job.id}/model"
+        links["report"] = f"/v1/jobs/{job.id}/report"
+    return JobOut(
+        id=job.id,
+        dataset_id=job.dataset_id,
+        status=job.status,
+        algorithm=job.algorithm,
+        model=job.model_name,
+        spec=job.spec,
+        noise_multiplier=job.noise_multiplier,
+        steps_planned=job.steps_planned,
+        steps_run=job.steps_run,
+        delta=job.delta,
+        epsilon_ledger=job.epsilon_ledger,
+        epsilon_prv=job.epsilon_prv,
+        attempt=job.attempt,
+        cancel_requested=job.cancel_requested,
+        error_code=job.error_code,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        links=links,
+    )
+
+
+def add_job_event(session: Session, job_id: str, kind: str, payload: dict[str, Any]) -> JobEvent:
+    """Append a progress/lifecycle event. Callers pass public values only (privacy.md §1)."""
+    event = JobEvent(job_id=job_id, kind=kind, payload=payload)
+    session.add(event)
+    return event

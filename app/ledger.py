@@ -1,0 +1,322 @@
+"""The per-dataset privacy ledger: admission, reservation, touch, commit, release.
+
+Every function runs inside the caller's transaction, after :func:`lock_budget` has locked the
+dataset's budget row (``SELECT … FOR UPDATE`` on PostgreSQL; the whole transaction is
+``BEGIN IMMEDIATE`` on SQLite). Entries are append-only and hash-chained; the totals on the budget
+row are a cache of what the entries and the open jobs imply (privacy.md §4).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import privacy
+from app.models import Dataset, Job, LedgerEntry, PrivacyBudget, utcnow
+
+RESERVE, TOUCH, COMMIT, RELEASE, ADJUST = "RESERVE", "TOUCH", "COMMIT", "RELEASE", "ADJUST"
+ENTRY_KINDS = (RESERVE, TOUCH, COMMIT, RELEASE, ADJUST)
+
+
+class InsufficientBudget(Exception):
+    """The filter rejected a job; nothing was written."""
+
+    def __init__(self, remaining_epsilon: float) -> None:
+        super().__init__("insufficient privacy budget")
+        self.remaining_epsilon = remaining_epsilon
+
+
+class LedgerStateError(RuntimeError):
+    """A lifecycle transition that the job's ledger history does not allow."""
+
+
+def zero_curve() -> list[float]:
+    return [0.0] * len(privacy.ORDERS)
+
+
+def genesis_hash(dataset_id: str) -> str:
+    return hashlib.sha256(f"privtrain-ledger-genesis:{dataset_id}".encode()).hexdigest()
+
+
+@lru_cache(maxsize=256)
+def capacity(epsilon: float, delta: float) -> tuple[float, ...]:
+    return privacy.capacity_curve(epsilon, delta)
+
+
+def _timestamp(value: dt.datetime) -> str:
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value.isoformat(timespec="microseconds")
+
+
+def entry_hash(entry: LedgerEntry) -> str:
+    """SHA-256 over the entry's canonical JSON content and the previous entry's hash."""
+    content = {
+        "dataset_id": entry.dataset_id,
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "job_id": entry.job_id,
+        "event": entry.event,
+        "curve": entry.curve,
+        "orders_version": entry.orders_version,
+        "accountant": entry.accountant,
+        "accountant_version": entry.accountant_version,
+        "actor": entry.actor,
+        "details": entry.details,
+        "created_at": _timestamp(entry.created_at),
+        "prev_hash": entry.prev_hash,
+    }
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def open_budget(session: Session, *, dataset: Dataset, epsilon: float, delta: float) -> PrivacyBudget:
+    budget = PrivacyBudget(
+        dataset_id=dataset.id,
+        epsilon=epsilon,
+        delta=delta,
+        orders_version=privacy.ORDERS_VERSION,
+        committed=zero_curve(),
+        reserved=zero_curve(),
+        entry_count=0,
+        last_hash=genesis_hash(dataset.id),
+    )
+    session.add(budget)
+    return budget
+
+
+def lock_budget(session: Session, dataset_id: str) -> PrivacyBudget:
+    budget = session.scalar(
+        select(PrivacyBudget).where(PrivacyBudget.dataset_id == dataset_id).with_for_update()
+    )
+    if budget is None:
+        raise LedgerStateError(f"no budget row for dataset {dataset_id}")
+    return budget
+
+
+def _append(
+    session: Session,
+    budget: PrivacyBudget,
+    *,
+    kind: str,
+    job_id: str | None,
+    event: dict[str, Any] | None,
+    curve: list[float] | None,
+    actor: str,
+    details: dict[str, Any] | None = None,
+) -> LedgerEntry:
+    entry = LedgerEntry(
+        dataset_id=budget.dataset_id,
+        seq=budget.entry_count + 1,
+        kind=kind,
+        job_id=job_id,
+        event=event,
+        curve=curve,
+        orders_version=privacy.ORDERS_VERSION,
+        accountant=privacy.ACCOUNTANT_NAME,
+        accountant_version=privacy.ACCOUNTANT_VERSION,
+        actor=actor,
+        details=details or {},
+        created_at=utcnow(),
+        prev_hash=budget.last_hash,
+    )
+    entry.hash = entry_hash(entry)
+    session.add(entry)
+    budget.entry_count = entry.seq
+    budget.last_hash = entry.hash
+    budget.updated_at = entry.created_at
+    return entry
+
+
+@dataclass(frozen=True)
+class Admission:
+    witness_order: float
+    entry: LedgerEntry
+
+
+def check_admissible(budget: PrivacyBudget, cost: list[float] | tuple[float, ...]) -> int | None:
+    """Index of the witness order if the filter admits ``cost`` now, else None (no writes)."""
+    return privacy.admission_order(
+        committed=tuple(budget.committed),
+        reserved=tuple(budget.reserved),
+        cost=tuple(cost),
+        capacity=capacity(budget.epsilon, budget.delta),
+    )
+
+
+def remaining_epsilon(budget: PrivacyBudget) -> float:
+    used = privacy.add_curves(tuple(budget.committed), tuple(budget.reserved))
+    return privacy.remaining_epsilon(
+        used=used, capacity=capacity(budget.epsilon, budget.delta), delta=budget.delta
+    )
+
+
+def reserve(session: Session, budget: PrivacyBudget, *, job: Job, actor: str) -> Admission:
+    """Admit a job through the Rényi filter and reserve its worst-case curve."""
+    witness = check_admissible(budget, job.reserved_curve)
+    if witness is None:
+        raise InsufficientBudget(remaining_epsilon(budget))
+    budget.reserved = list(privacy.add_curves(tuple(budget.reserved), tuple(job.reserved_curve)))
+    entry = _append(
+        session,
+        budget,
+        kind=RESERVE,
+        job_id=job.id,
+        event=job.event,
+        curve=list(job.reserved_curve),
+        actor=actor,
+        details={"witness_order": privacy.ORDERS[witness]},
+    )
+    return Admission(witness_order=privacy.ORDERS[witness], entry=entry)
+
+
+def _reserved_of_other_open_jobs(session: Session, dataset_id: str, settling_job_id: str) -> list[float]:
+    """Reserved total rebuilt from the open reservations (queued/running jobs) but one.
+
+    Rebuilding instead of subtracting keeps rounding residue from accumulating: once no job is
+    open, the reserved curve is exactly zero.
+    """
+    curves = session.scalars(
+        select(Job.reserved_curve).where(
+            Job.dataset_id == dataset_id,
+            Job.status.in_(("queued", "running")),
+            Job.id != settling_job_id,
+        )
+    )
+    total: tuple[float, ...] = tuple(zero_curve())
+    for curve in curves:
+        total = privacy.add_curves(total, tuple(curve))
+    return list(total)
+
+
+def _job_kinds(session: Session, job_id: str) -> list[str]:
+    return list(
+        session.scalars(
+            select(LedgerEntry.kind).where(LedgerEntry.job_id == job_id).order_by(LedgerEntry.seq)
+        )
+    )
+
+
+def _require_open_reservation(session: Session, job: Job) -> list[str]:
+    kinds = _job_kinds(session, job.id)
+    if RESERVE not in kinds:
+        raise LedgerStateError(f"job {job.id} has no reservation")
+    if COMMIT in kinds or RELEASE in kinds:
+        raise LedgerStateError(f"job {job.id} is already settled")
+    return kinds
+
+
+def touch(session: Session, budget: PrivacyBudget, *, job: Job, actor: str) -> LedgerEntry:
+    """Record that a worker is about to open the data: from now on a crash costs the reservation."""
+    kinds = _require_open_reservation(session, job)
+    if TOUCH in kinds:
+        raise LedgerStateError(f"job {job.id} was already touched")
+    return _append(
+        session,
+        budget,
+        kind=TOUCH,
+        job_id=job.id,
+        event=None,
+        curve=None,
+        actor=actor,
+        details={"attempt": job.attempt},
+    )
+
+
+def commit(
+    session: Session,
+    budget: PrivacyBudget,
+    *,
+    job: Job,
+    actual_event: dict[str, Any],
+    actor: str,
+    reason: str,
+) -> LedgerEntry:
+    """Commit the actual cost (≤ reserved) and release the remainder of the reservation."""
+    _require_open_reservation(session, job)
+    actual = privacy.rdp_curve(privacy.event_from_json(actual_event))
+    reserved = tuple(job.reserved_curve)
+    if any(a > r for a, r in zip(actual, reserved, strict=True)):
+        raise LedgerStateError(f"job {job.id}: actual cost exceeds its reservation")
+    budget.reserved = _reserved_of_other_open_jobs(session, budget.dataset_id, job.id)
+    budget.committed = list(privacy.add_curves(tuple(budget.committed), actual))
+    entry = _append(
+        session,
+        budget,
+        kind=COMMIT,
+        job_id=job.id,
+        event=actual_event,
+        curve=list(actual),
+        actor=actor,
+        details={"reason": reason, "steps_run": job.steps_run},
+    )
+    remainder = privacy.subtract_curves(reserved, actual)
+    if any(value > 0 for value in remainder):
+        _append(
+            session,
+            budget,
+            kind=RELEASE,
+            job_id=job.id,
+            event=None,
+            curve=list(remainder),
+            actor=actor,
+            details={"reason": "unused part of the reservation"},
+        )
+    return entry
+
+
+def release(
+    session: Session, budget: PrivacyBudget, *, job: Job, actor: str, reason: str
+) -> LedgerEntry:
+    """Release a whole reservation: only allowed before any worker touched the data."""
+    kinds = _require_open_reservation(session, job)
+    if TOUCH in kinds:
+        raise LedgerStateError(f"job {job.id} touched the data; it must commit, not release")
+    budget.reserved = _reserved_of_other_open_jobs(session, budget.dataset_id, job.id)
+    return _append(
+        session,
+        budget,
+        kind=RELEASE,
+        job_id=job.id,
+        event=None,
+        curve=list(job.reserved_curve),
+        actor=actor,
+        details={"reason": reason},
+    )
+
+
+def curve_epsilon(curve: tuple[float, ...] | list[float], delta: float) -> float:
+    """Ledger ε of a curve; an all-zero curve (nothing spent) is exactly 0, not the conversion's slack."""
+    if not any(curve):
+        return 0.0
+    return privacy.ledger_epsilon(tuple(curve), delta)
+
+
+def budget_summary(budget: PrivacyBudget) -> dict[str, Any]:
+    """The budget as public numbers: ε of what is committed and reserved, and what remains."""
+    committed = tuple(budget.committed)
+    reserved = tuple(budget.reserved)
+    cap = capacity(budget.epsilon, budget.delta)
+    return {
+        "dataset_id": budget.dataset_id,
+        "epsilon": budget.epsilon,
+        "delta": budget.delta,
+        "committed_epsilon": curve_epsilon(committed, budget.delta),
+        "reserved_epsilon": curve_epsilon(reserved, budget.delta),
+        "spent_epsilon": curve_epsilon(privacy.add_curves(committed, reserved), budget.delta),
+        "remaining_epsilon": remaining_epsilon(budget),
+        "entries": budget.entry_count,
+        "last_hash": budget.last_hash,
+        "orders_version": budget.orders_version,
+        "per_order": [
+            {"order": order, "committed": c, "reserved": r, "capacity": k}
+            for order, c, r, k in zip(privacy.ORDERS, committed, reserved, cap, strict=True)
+        ],
+    }

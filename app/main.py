@@ -1,0 +1,44 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api import catalogue, datasets, health, jobs
+from app.bootstrap import register_bootstrap_key
+from app.config import Settings, get_settings
+from app.problems import install_problem_handlers
+from app.services import JobDispatcher, Services, build_services
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    dispatcher: JobDispatcher | None = None,
+    services: Services | None = None,
+) -> FastAPI:
+    settings = settings or get_settings()
+    settings.check_safe()
+    services = services or build_services(settings, dispatcher)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if settings.bootstrap_api_key:
+            register_bootstrap_key(services.db, settings.bootstrap_api_key)
+        yield
+        services.db.dispose()
+
+    app = FastAPI(
+        title="privtrain",
+        version="0.1.0",
+        summary="Differentially private model training with an auditable privacy budget ledger.",
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    install_problem_handlers(app)
+    for module in (datasets, jobs, catalogue, health):
+        app.include_router(module.router)
+    return app

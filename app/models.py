@@ -1,0 +1,178 @@
+"""ORM models (SQLAlchemy 2.0). Every schema change comes with an Alembic migration."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def new_id(prefix: str) -> str:
+    """Opaque, unguessable ids: knowing one id reveals nothing about others."""
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("tn"))
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key, stored only as a SHA-256 digest (keys are 256-bit random, so no slow hash)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("key"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ds"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(16))
+    sha256: Mapped[str] = mapped_column(String(64))
+    blob_key: Mapped[str] = mapped_column(String(200))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    label_column: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    n_rows: Mapped[int] = mapped_column(Integer)
+    feature_shape: Mapped[list[int]] = mapped_column(JSON)
+    n_features: Mapped[int] = mapped_column(Integer)
+    task: Mapped[str] = mapped_column(String(16))
+    n_classes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    feature_names: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PrivacyBudget(Base):
+    """The per-dataset budget row: the lock admission takes, and cached totals of the ledger."""
+
+    __tablename__ = "privacy_budgets"
+
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    epsilon: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    orders_version: Mapped[str] = mapped_column(String(32))
+    committed: Mapped[list[float]] = mapped_column(JSON)
+    reserved: Mapped[list[float]] = mapped_column(JSON)
+    entry_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_hash: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LedgerEntry(Base):
+    """Append-only, hash-chained record of every reservation, touch, commit and release."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (UniqueConstraint("dataset_id", "seq", name="uq_ledger_entries_dataset_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), nullable=True, index=True)
+    event: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    curve: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
+    orders_version: Mapped[str] = mapped_column(String(32))
+    accountant: Mapped[str] = mapped_column(String(64))
+    accountant_version: Mapped[str] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(120))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency"),
+        Index("ix_jobs_status_heartbeat", "status", "heartbeat_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    algorithm: Mapped[str] = mapped_column(String(64))
+    model_name: Mapped[str] = mapped_column(String(64))
+    noise_multiplier: Mapped[float] = mapped_column(Float)
+    sampling_probability: Mapped[float] = mapped_column(Float)
+    steps_planned: Mapped[int] = mapped_column(Integer)
+    steps_run: Mapped[int] = mapped_column(Integer, default=0)
+    delta: Mapped[float] = mapped_column(Float)
+    epsilon_ledger: Mapped[float] = mapped_column(Float)
+    epsilon_prv: Mapped[float | None] = mapped_column(Float, nullable=True)
+    event: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reserved_curve: Mapped[list[float]] = mapped_column(JSON)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model_blob: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    model_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    report_blob: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    touched_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class JobEvent(Base):
+    """Progress and lifecycle events of a job; payloads carry public values only."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})

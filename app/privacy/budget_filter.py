@@ -1,0 +1,67 @@
+"""The Rényi privacy filter: admission against per-order capacities, and the remaining budget.
+
+A job is admitted iff at SOME order a of the grid committed(a) + reserved(a) + cost(a) <= C(a)
+(privacy.md §4). Everything here is a pure function of curves; locking and persistence belong
+to app/ledger.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+from app.privacy.conversion import conversion_terms, per_order_delta
+from app.privacy.curves import validate_curve
+from app.privacy.orders import ORDERS
+from app.privacy.rounding import round_up
+
+# remaining_epsilon() backs off by this much so that a Gaussian calibrated to the number it
+# returns is admitted despite the outward rounding of costs and capacities (~1e-12 relative).
+_REMAINING_RELATIVE_BACKOFF: Final[float] = 1e-7
+_REMAINING_CAPACITY_BACKOFF: Final[float] = 1e-8
+
+
+def admission_order(
+    *,
+    committed: Sequence[float],
+    reserved: Sequence[float],
+    cost: Sequence[float],
+    capacity: Sequence[float],
+) -> int | None:
+    """Index of the first order where the job fits (the witness), or None if it fits nowhere."""
+    cost_values = validate_curve(cost, name="cost")
+    committed_values = validate_curve(committed, name="committed")
+    reserved_values = validate_curve(reserved, name="reserved")
+    capacity_values = validate_curve(capacity, name="capacity")
+    for index, (c, r, x, cap) in enumerate(
+        zip(committed_values, reserved_values, cost_values, capacity_values, strict=True)
+    ):
+        if round_up(c + r + x) <= cap:
+            return index
+    return None
+
+
+def remaining_epsilon(*, used: Sequence[float], capacity: Sequence[float], delta: float) -> float:
+    """Largest epsilon e such that one Gaussian mechanism calibrated to ledger epsilon e would
+    still be admitted given ``used`` (committed + reserved); 0.0 if nothing fits.
+
+    Solved in closed form, no bisection. A Gaussian costs rho*a at order a (rho = 1/(2 sigma^2)).
+    Calibrated to e on a fresh ledger it gets the largest admitted rho, rho(e) = max_a C_e(a)/a
+    with C_e(a) = e - t(a) (t: the conversion terms at delta/|ORDERS|). Given ``used`` it is
+    admitted iff rho(e) <= rho_rem = max_a (capacity(a) - used(a)) / a, i.e. iff
+    e <= a*rho_rem + t(a) for every a. Hence e_rem = min_a (a*rho_rem + t(a)), backed off by
+    1e-7 relative + 1e-8 * max(capacity) to absorb rounding.
+    """
+    used_values = validate_curve(used, name="used")
+    capacity_values = validate_curve(capacity, name="capacity")
+    order_delta = per_order_delta(delta)
+    rho_remaining = max((cap - u) / order for cap, u, order in zip(capacity_values, used_values, ORDERS, strict=True))
+    if not rho_remaining > 0.0:
+        return 0.0
+    epsilon = min(order * rho_remaining + sum(conversion_terms(order, order_delta)) for order in ORDERS)
+    backoff = _REMAINING_RELATIVE_BACKOFF * abs(epsilon) + _REMAINING_CAPACITY_BACKOFF * max(capacity_values)
+    epsilon -= backoff
+    if not math.isfinite(epsilon) or epsilon <= 0.0:
+        return 0.0
+    return epsilon

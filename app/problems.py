@@ -1,0 +1,128 @@
+"""RFC 9457 problem details with a stable ``type`` per error.
+
+Every error the API returns goes through :class:`Problem`, so clients can switch on ``type``
+(``/problems/<slug>``) and never need to parse prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_BASE = "/problems/"
+
+
+class Problem(Exception):
+    """An error with a stable slug; raise it anywhere below a router."""
+
+    def __init__(
+        self,
+        *,
+        status: int,
+        slug: str,
+        detail: str,
+        title: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.detail = detail
+        self.title = title or HTTPStatus(status).phrase
+        self.extra = dict(extra or {})
+        self.headers = dict(headers or {})
+
+    def body(self, instance: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": PROBLEM_BASE + self.slug,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            body["instance"] = instance
+        body.update(self.extra)
+        return body
+
+
+def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+    instance = request.url.path if request is not None else None
+    return JSONResponse(
+        problem.body(instance),
+        status_code=problem.status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=problem.headers,
+    )
+
+
+def not_found(what: str) -> Problem:
+    """404 for anything missing or belonging to another tenant (never reveal existence)."""
+    return Problem(status=404, slug="not-found", detail=f"{what} not found")
+
+
+_HTTP_SLUGS = {
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    406: "not-acceptable",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+}
+
+
+def _clean_validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """Location and message only: the offending input is not echoed back (it may be large)."""
+    cleaned = []
+    for error in exc.errors():
+        cleaned.append(
+            {
+                "loc": [str(part) for part in error.get("loc", ())],
+                "msg": str(error.get("msg", "")),
+                "type": str(error.get("type", "")),
+            }
+        )
+    return cleaned
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc, request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = _clean_validation_errors(exc)
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        detail = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
+        problem = Problem(
+            status=422, slug="validation-error", detail=detail, extra={"errors": errors}
+        )
+        return problem_response(problem, request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        slug = _HTTP_SLUGS.get(exc.status_code, "http-error")
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        problem = Problem(
+            status=exc.status_code, slug=slug, detail=detail, headers=dict(exc.headers or {})
+        )
+        return problem_response(problem, request)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        import logging
+
+        logging.getLogger("privtrain.api").exception(
+            "unhandled error", extra={"path": request.url.path}
+        )
+        problem = Problem(status=500, slug="internal-error", detail="internal server error")
+        return problem_response(problem, request)

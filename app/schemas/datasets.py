@@ -1,0 +1,79 @@
+"""Dataset responses."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class BudgetOut(BaseModel):
+    epsilon: float
+    delta: float
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    format: str
+    sha256: str
+    size_bytes: int
+    n_rows: int
+    feature_shape: list[int]
+    n_features: int
+    task: str
+    n_classes: int | None
+    label_column: str | None
+    feature_names: list[str] | None
+    budget: BudgetOut
+    created_at: dt.datetime
+    links: dict[str, str]
+
+
+class DatasetList(BaseModel):
+    items: list[DatasetOut]
+    next_cursor: str | None
+
+
+class OrderDetail(BaseModel):
+    order: float
+    committed: float
+    reserved: float
+    capacity: float
+
+
+class BudgetView(BaseModel):
+    dataset_id: str
+    epsilon: float
+    delta: float
+    committed_epsilon: float
+    reserved_epsilon: float
+    spent_epsilon: float
+    remaining_epsilon: float
+    entries: int
+    last_hash: str
+    orders_version: str
+    per_order: list[OrderDetail]
+
+
+class LedgerEntryOut(BaseModel):
+    seq: int
+    kind: str
+    job_id: str | None
+    event: dict[str, Any] | None
+    curve: list[float] | None
+    epsilon: float | None
+    orders_version: str
+    accountant: str
+    accountant_version: str
+    actor: str
+    details: dict[str, Any]
+    created_at: dt.datetime
+    prev_hash: str
+    hash: str
+
+
+class LedgerPage(BaseModel):
+    items: list[LedgerEntryOut]
+    next_cursor: str | None

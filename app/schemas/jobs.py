@@ -1,0 +1,116 @@
+"""Job specs as clients send them. Unknown fields are rejected, never ignored."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ModelChoice(_Strict):
+    name: str = Field(min_length=1, max_length=64, examples=["mlp"])
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AlgorithmChoice(_Strict):
+    name: str = Field(min_length=1, max_length=64, examples=["dp-sgd"])
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrivacySpec(_Strict):
+    """Either a target ε (the server calibrates σ) or an explicit noise multiplier σ."""
+
+    target_epsilon: float | None = Field(default=None, gt=0, le=100)
+    noise_multiplier: float | None = Field(default=None, gt=0, le=1e5)
+    delta: float | None = Field(
+        default=None, gt=0, lt=1, description="defaults to the dataset's δ"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PrivacySpec:
+        if (self.target_epsilon is None) == (self.noise_multiplier is None):
+            raise ValueError("give exactly one of target_epsilon and noise_multiplier")
+        return self
+
+
+class TrainingSpec(_Strict):
+    epochs: float | None = Field(default=None, gt=0, le=10_000)
+    steps: int | None = Field(default=None, ge=1)
+    batch_size: int = Field(ge=1, description="expected batch size q·n of Poisson sampling")
+    learning_rate: float = Field(gt=0, le=1000)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TrainingSpec:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of epochs and steps")
+        return self
+
+
+class JobCreate(_Strict):
+    dataset_id: str = Field(min_length=1, max_length=64)
+    model: ModelChoice
+    algorithm: AlgorithmChoice
+    privacy: PrivacySpec
+    training: TrainingSpec
+
+
+class PrivacyEstimate(BaseModel):
+    noise_multiplier: float
+    sampling_probability: float
+    steps: int
+    delta: float
+    epsilon_ledger: float = Field(description="ε at δ from the RDP curve: what the ledger charges")
+    epsilon_prv: float | None = Field(
+        description="tight single-job ε upper bound from prv-accountant (not used by the ledger)"
+    )
+    noise_std_on_sum: float
+    sensitivity: float
+    admissible: bool
+    witness_order: float | None
+    budget_remaining_epsilon: float
+
+
+class JobProgress(BaseModel):
+    steps_run: int
+    steps_planned: int
+    epsilon_spent: float | None
+
+
+class JobOut(BaseModel):
+    id: str
+    dataset_id: str
+    status: str
+    algorithm: str
+    model: str
+    spec: dict[str, Any]
+    privacy: PrivacyEstimate | None = None
+    noise_multiplier: float
+    steps_planned: int
+    steps_run: int
+    delta: float
+    epsilon_ledger: float
+    epsilon_prv: float | None
+    attempt: int
+    cancel_requested: bool
+    error_code: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    links: dict[str, str]
+
+
+class JobList(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None
+
+
+class JobEventOut(BaseModel):
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: dt.datetime

@@ -1,0 +1,54 @@
+"""Process-wide services the routers depend on, built once in ``create_app``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.config import Settings
+from app.db import Database
+from app.storage import BlobStore
+
+
+class JobDispatcher(Protocol):
+    """Sends a job to the workers; called only after the admission transaction committed."""
+
+    def dispatch(self, job_id: str) -> None: ...
+
+
+class CeleryDispatcher:
+    """Sends by task name so the API never imports the worker's torch code."""
+
+    def __init__(self, settings: Settings) -> None:
+        from worker.celery_app import create_celery
+
+        self._celery = create_celery(settings)
+        self._queue = settings.task_queue
+
+    def dispatch(self, job_id: str) -> None:
+        self._celery.send_task(
+            "privtrain.run_job", args=[job_id], task_id=job_id, queue=self._queue
+        )
+
+    def ping(self) -> None:
+        with self._celery.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=2)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    blobs: BlobStore
+    dispatcher: JobDispatcher
+
+
+def build_services(settings: Settings, dispatcher: JobDispatcher | None = None) -> Services:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.tmp_dir.mkdir(parents=True, exist_ok=True)
+    return Services(
+        settings=settings,
+        db=Database(settings.resolved_database_url),
+        blobs=BlobStore(settings.blob_dir, settings.tmp_dir),
+        dispatcher=dispatcher or CeleryDispatcher(settings),
+    )

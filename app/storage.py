@@ -1,0 +1,114 @@
+"""Content-addressed blob storage under the data dir (datasets, models, reports).
+
+Uploads stream into a temporary file while being hashed; only a validated upload is moved to
+its content address, so a rejected upload leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+
+class UploadTooLarge(Exception):
+    """The stream exceeded the configured limit."""
+
+
+class PendingBlob:
+    """A blob being written: bytes go to a temp file and into a running SHA-256."""
+
+    def __init__(self, tmp_dir: Path, *, max_bytes: int | None) -> None:
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=tmp_dir, prefix="upload-")
+        self.path = Path(name)
+        self._file: BinaryIO = os.fdopen(fd, "wb")
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._max_bytes = max_bytes
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._max_bytes is not None and self.size > self._max_bytes:
+            raise UploadTooLarge(f"upload exceeds {self._max_bytes} bytes")
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def finish(self) -> str:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return self._hash.hexdigest()
+
+    def discard(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class BlobStore:
+    def __init__(self, root: Path, tmp_dir: Path) -> None:
+        self.root = root
+        self.tmp_dir = tmp_dir
+
+    @staticmethod
+    def key_for(sha256: str) -> str:
+        return f"sha256/{sha256[:2]}/{sha256}"
+
+    def path(self, key: str) -> Path:
+        if ".." in key.split("/") or key.startswith("/"):
+            raise ValueError("invalid blob key")
+        return self.root / key
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def begin(self, *, max_bytes: int | None = None) -> PendingBlob:
+        return PendingBlob(self.tmp_dir, max_bytes=max_bytes)
+
+    def adopt(self, pending_path: Path, sha256: str) -> tuple[str, bool]:
+        """Move a finished temp file to its content address; returns (key, newly_created)."""
+        key = self.key_for(sha256)
+        target = self.path(key)
+        if target.is_file():
+            pending_path.unlink(missing_ok=True)
+            return key, False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(pending_path, target)
+        os.chmod(target, 0o440)
+        return key, True
+
+    def put_file(self, source: Path) -> tuple[str, str]:
+        """Copy a finished file into the store; returns (key, sha256)."""
+        pending = self.begin()
+        try:
+            with source.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    pending.write(chunk)
+            digest = pending.finish()
+        except BaseException:
+            pending.discard()
+            raise
+        key, _ = self.adopt(pending.path, digest)
+        return key, digest
+
+    def put_bytes(self, data: bytes) -> tuple[str, str]:
+        pending = self.begin()
+        try:
+            pending.write(data)
+            digest = pending.finish()
+        except BaseException:
+            pending.discard()
+            raise
+        key, _ = self.adopt(pending.path, digest)
+        return key, digest
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def free_bytes(self) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return shutil.disk_usage(self.root).free

@@ -1,0 +1,179 @@
+"""Jobs through the API without a worker: pricing, admission, problems, cancel, idempotency."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.db import Database
+from app.models import Job, LedgerEntry
+from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
+
+
+@pytest.fixture
+def dataset_id(alice: TestClient, digits_csv: bytes) -> str:
+    return upload(alice, digits_csv).json()["id"]
+
+
+def counts(database: Database) -> tuple[int, int]:
+    with database.read_session() as session:
+        return (
+            session.scalar(select(func.count()).select_from(Job)) or 0,
+            session.scalar(select(func.count()).select_from(LedgerEntry)) or 0,
+        )
+
+
+def test_estimate_prices_without_storing(alice: TestClient, dataset_id: str, database: Database) -> None:
+    response = alice.post("/v1/jobs/estimate", json=dp_sgd_spec(dataset_id, target_epsilon=4.0))
+    assert response.status_code == 200, response.text
+    estimate = response.json()
+    assert estimate["admissible"] is True
+    assert estimate["epsilon_ledger"] == pytest.approx(4.0, rel=1e-3)
+    assert estimate["epsilon_ledger"] <= 4.0 + 1e-9
+    assert estimate["epsilon_prv"] is not None and estimate["epsilon_prv"] < estimate["epsilon_ledger"]
+    assert estimate["sampling_probability"] == pytest.approx(64 / 1437)
+    assert estimate["steps"] == 45  # ⌈2 epochs / (64/1437)⌉
+    assert estimate["noise_std_on_sum"] == pytest.approx(estimate["noise_multiplier"] * 1.0)
+    assert counts(database) == (0, 0)
+
+
+def test_explicit_noise_multiplier_is_priced(alice: TestClient, dataset_id: str) -> None:
+    low = alice.post("/v1/jobs/estimate", json=dp_sgd_spec(dataset_id, noise_multiplier=0.8)).json()
+    high = alice.post("/v1/jobs/estimate", json=dp_sgd_spec(dataset_id, noise_multiplier=3.0)).json()
+    assert low["noise_multiplier"] == 0.8 and high["noise_multiplier"] == 3.0
+    assert high["epsilon_ledger"] < low["epsilon_ledger"]
+
+
+def test_target_epsilon_semantics_on_a_fresh_dataset(
+    alice: TestClient, dataset_id: str, dispatcher: RecordingDispatcher, database: Database
+) -> None:
+    """ε_G = 8 admits one job of target 8 and nothing more (privacy.md / issue semantics)."""
+    first = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=8.0))
+    assert first.status_code == 202, first.text
+    assert first.json()["status"] == "queued"
+    assert dispatcher.sent == [first.json()["id"]]
+    before = counts(database)
+    second = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=0.5))
+    assert second.status_code == 409
+    problem = second.json()
+    assert problem["type"] == "/problems/insufficient-privacy-budget"
+    assert problem["remaining_epsilon"] < 0.5
+    assert counts(database) == before  # a rejected job changes nothing
+    assert dispatcher.sent == [first.json()["id"]]
+
+
+def test_two_jobs_of_half_the_budget_fit(alice: TestClient, dataset_id: str) -> None:
+    for _ in range(2):
+        assert alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=4.0)).status_code == 202
+    budget = alice.get(f"/v1/datasets/{dataset_id}/budget").json()
+    assert budget["reserved_epsilon"] > 4.0
+    assert budget["remaining_epsilon"] > 0.0
+    ledger = alice.get(f"/v1/datasets/{dataset_id}/ledger").json()["items"]
+    assert [e["kind"] for e in ledger] == ["RESERVE", "RESERVE"]
+    assert ledger[1]["prev_hash"] == ledger[0]["hash"]
+    assert ledger[0]["event"]["event"]["kind"] == "poisson_subsampled_gaussian"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "slug"),
+    [
+        (lambda s: s["algorithm"].update(name="no-such-algorithm"), "unknown-algorithm"),
+        (lambda s: s["model"].update(name="resnet-1000"), "unknown-model"),
+        (lambda s: s["model"].update(name="cnn2-gn"), "model-incompatible"),
+        (lambda s: s["model"].update(name="cnn2-gn", params={"image_shape": [1, 8, 8]}), "model-incompatible"),
+        (lambda s: s["model"].update(name="linear-regression"), "model-incompatible"),
+        (lambda s: s["model"].update(name="mlp", params={"hidden_sizes": [0]}), "model-incompatible"),
+        (lambda s: s["model"].update(name="mlp", params={"depth": 3}), "model-incompatible"),
+        (lambda s: s["algorithm"]["hyperparameters"].update(clipping_norm=-1), "invalid-job-spec"),
+        (lambda s: s["algorithm"]["hyperparameters"].update(clip=1), "invalid-job-spec"),
+        (lambda s: s["training"].update(batch_size=100_000), "invalid-job-spec"),
+        (lambda s: s["training"].update(epochs=None, steps=10**9), "invalid-job-spec"),
+        (lambda s: s["privacy"].update(delta=0.5), "invalid-job-spec"),
+        (lambda s: s.update(extra_field=1), "validation-error"),
+        (lambda s: s["training"].update(steps=10), "validation-error"),
+        (lambda s: s["privacy"].update(noise_multiplier=1.0), "validation-error"),
+        (lambda s: s["privacy"].update(target_epsilon=-1), "validation-error"),
+        (lambda s: s["training"].update(learning_rate="fast"), "validation-error"),
+        (lambda s: s.update(dataset_id="ds_missing"), "not-found"),
+    ],
+)
+def test_bad_specs_are_rejected_and_store_nothing(
+    alice: TestClient, dataset_id: str, database: Database, mutate, slug: str
+) -> None:
+    spec = copy.deepcopy(dp_sgd_spec(dataset_id))
+    mutate(spec)
+    for path in ("/v1/jobs/estimate", "/v1/jobs"):
+        response = alice.post(path, json=spec)
+        assert response.json()["type"] == f"/problems/{slug}", response.text
+        assert response.status_code in (404, 422)
+    assert counts(database) == (0, 0)
+
+
+def test_cancel_of_a_queued_job_releases_its_reservation(alice: TestClient, dataset_id: str) -> None:
+    job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=8.0)).json()
+    response = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert response.status_code == 202 and response.json()["status"] == "cancelled"
+    budget = alice.get(f"/v1/datasets/{dataset_id}/budget").json()
+    assert budget["reserved_epsilon"] == 0.0 and budget["committed_epsilon"] == 0.0
+    assert budget["remaining_epsilon"] == pytest.approx(8.0, rel=1e-4)
+    kinds = [e["kind"] for e in alice.get(f"/v1/datasets/{dataset_id}/ledger").json()["items"]]
+    assert kinds == ["RESERVE", "RELEASE"]
+    again = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and again.json()["type"] == "/problems/job-not-cancellable"
+    # the released budget admits a new job of the full ε again
+    assert alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=8.0)).status_code == 202
+    events = alice.get(f"/v1/jobs/{job['id']}/events").json()
+    assert [e["kind"] for e in events] == ["queued", "cancelled"]
+
+
+def test_artifacts_of_unfinished_jobs_are_409(alice: TestClient, dataset_id: str) -> None:
+    job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id)).json()
+    for path in ("model", "report"):
+        response = alice.get(f"/v1/jobs/{job['id']}/{path}")
+        assert response.status_code == 409 and response.json()["type"] == "/problems/job-not-succeeded"
+
+
+def test_jobs_are_tenant_scoped(alice: TestClient, dataset_id: str, bob_headers: dict[str, str]) -> None:
+    job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id)).json()
+    for method, path in (
+        ("get", f"/v1/jobs/{job['id']}"),
+        ("get", f"/v1/jobs/{job['id']}/events"),
+        ("get", f"/v1/jobs/{job['id']}/model"),
+        ("post", f"/v1/jobs/{job['id']}/cancel"),
+    ):
+        assert getattr(alice, method)(path, headers=bob_headers).status_code == 404
+    assert alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id), headers=bob_headers).status_code == 404
+    assert alice.get("/v1/jobs", headers=bob_headers).json()["items"] == []
+    assert [j["id"] for j in alice.get("/v1/jobs").json()["items"]] == [job["id"]]
+
+
+def test_idempotent_submission(alice: TestClient, dataset_id: str, database: Database, dispatcher: RecordingDispatcher) -> None:
+    headers = {"Idempotency-Key": "retry-1"}
+    first = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id), headers=headers)
+    second = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id), headers=headers)
+    assert first.status_code == 202 and second.status_code == 200
+    assert first.json()["id"] == second.json()["id"]
+    assert counts(database) == (1, 1) and len(dispatcher.sent) == 1
+    other = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=1.0), headers=headers)
+    assert other.status_code == 422 and other.json()["type"] == "/problems/idempotency-key-reused"
+
+
+def test_catalogues(alice: TestClient) -> None:
+    algorithms = {a["name"]: a for a in alice.get("/v1/algorithms").json()["items"]}
+    schema = algorithms["dp-sgd"]["hyperparameters_schema"]
+    assert {"clipping_norm", "momentum"} <= set(schema["properties"])
+    assert schema.get("additionalProperties") is False
+    assert alice.get("/v1/algorithms/dp-sgd").json()["name"] == "dp-sgd"
+    assert alice.get("/v1/algorithms/nope").status_code == 404
+    models = {m["name"] for m in alice.get("/v1/models").json()["items"]}
+    assert {"logistic-regression", "linear-regression", "mlp", "cnn2-gn"} <= models
+
+
+def test_health_endpoints(app_client: TestClient) -> None:
+    assert app_client.get("/healthz").json() == {"status": "ok"}
+    ready = app_client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
+    assert "privtrain_jobs" in app_client.get("/metrics").text

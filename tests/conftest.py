@@ -1,0 +1,119 @@
+"""Shared fixtures: an isolated data dir per test, a migrated database, API clients per tenant."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.auth import generate_api_key, get_or_create_tenant, register_api_key
+from app.bootstrap import migrate
+from app.config import Settings
+from app.db import Database
+from app.main import create_app
+
+
+@dataclass
+class RecordingDispatcher:
+    """Stands in for Celery in API tests: records what would have been sent."""
+
+    sent: list[str] = field(default_factory=list)
+
+    def dispatch(self, job_id: str) -> None:
+        self.sent.append(job_id)
+
+
+def make_settings(data_dir: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {"environment": "test", "data_dir": data_dir}
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    settings = make_settings(tmp_path / "data", max_upload_bytes=5_000_000)
+    migrate(settings)
+    return settings
+
+
+@pytest.fixture
+def database(settings: Settings) -> Iterator[Database]:
+    db = Database(settings.resolved_database_url)
+    yield db
+    db.dispose()
+
+
+def new_key(db: Database, tenant: str) -> str:
+    key = generate_api_key()
+    with db.write_transaction() as session:
+        register_api_key(session, tenant=get_or_create_tenant(session, tenant), key=key)
+    return key
+
+
+@pytest.fixture
+def dispatcher() -> RecordingDispatcher:
+    return RecordingDispatcher()
+
+
+@pytest.fixture
+def app_client(settings: Settings, dispatcher: RecordingDispatcher) -> Iterator[TestClient]:
+    app = create_app(settings, dispatcher=dispatcher)
+    with TestClient(app) as client:
+        yield client
+
+
+@pytest.fixture
+def alice(app_client: TestClient, database: Database) -> TestClient:
+    app_client.headers["Authorization"] = f"Bearer {new_key(database, 'alice')}"
+    return app_client
+
+
+@pytest.fixture
+def bob_headers(database: Database) -> dict[str, str]:
+    return {"Authorization": f"Bearer {new_key(database, 'bob')}"}
+
+
+def digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """sklearn's digits, scaled to [0, 1] by the public pixel range 16, split 80/20."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    X = digits.data / 16.0
+    return tuple(train_test_split(X, digits.target, test_size=0.2, random_state=seed, stratify=digits.target))  # type: ignore[return-value]
+
+
+def to_csv(X: np.ndarray, y: np.ndarray, *, label: str = "label") -> bytes:
+    buffer = io.StringIO()
+    header = [f"x{i}" for i in range(X.shape[1])] + [label]
+    buffer.write(",".join(header) + "\n")
+    for row, target in zip(X, y, strict=True):
+        buffer.write(",".join(repr(float(v)) for v in row) + f",{int(target)}\n")
+    return buffer.getvalue().encode()
+
+
+@pytest.fixture(scope="session")
+def digits_csv() -> bytes:
+    X_train, _, y_train, _ = digits_split()
+    return to_csv(X_train, y_train)
+
+
+def upload(client: TestClient, body: bytes, **params: object) -> object:
+    query = {"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5}
+    query.update(params)
+    return client.post("/v1/datasets", params=query, content=body)
+
+
+def dp_sgd_spec(dataset_id: str, **privacy: object) -> dict[str, object]:
+    return {
+        "dataset_id": dataset_id,
+        "model": {"name": "logistic-regression", "params": {}},
+        "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0, "momentum": 0.9}},
+        "privacy": privacy or {"target_epsilon": 4.0},
+        "training": {"epochs": 2, "batch_size": 64, "learning_rate": 0.5},
+    }

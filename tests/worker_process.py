@@ -1,0 +1,63 @@
+"""Start a real Celery worker process for integration and service tests (never eager mode)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from app.cli import worker_command
+from app.config import Settings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    env = {
+        "PRIVTRAIN_ENVIRONMENT": settings.environment,
+        "PRIVTRAIN_DATA_DIR": str(settings.data_dir),
+        "PRIVTRAIN_DATABASE_URL": settings.resolved_database_url,
+        "PRIVTRAIN_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+        "PRIVTRAIN_CHECKPOINT_EVERY_STEPS": str(settings.checkpoint_every_steps),
+        "PRIVTRAIN_TASK_QUEUE": settings.task_queue,
+    }
+    if settings.broker_url:
+        env["PRIVTRAIN_BROKER_URL"] = settings.broker_url
+    return env
+
+
+@contextmanager
+def running_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            worker_command(settings.task_queue), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield process
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def wait_for_status(client: TestClient, job_id: str, statuses: set[str], *, timeout_s: float = 240.0, log_path: Path | None = None) -> dict:
+    deadline = time.monotonic() + timeout_s
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.25)
+    log = log_path.read_text()[-4000:] if log_path and log_path.exists() else ""
+    raise AssertionError(f"job {job_id} stuck in {job.get('status')}; worker log tail:\n{log}")
+
+

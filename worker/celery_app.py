@@ -1,0 +1,58 @@
+"""Celery configuration shared by the API (to send) and the workers (to run).
+
+Imports nothing from torch, so the API image can send tasks without it. Settings follow design.md:
+late acks, prefetch 1, JSON only, one process per GPU, task id = job id; results live in the
+database, not in a result backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from celery import Celery
+
+from app.config import Settings, get_settings
+
+
+def _filesystem_options(broker_dir: Path) -> dict[str, object]:
+    queue_dir = broker_dir / "queue"
+    processed_dir = broker_dir / "processed"
+    queue_dir.mkdir(parents=True, exist_ok=True)
+    processed_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(queue_dir),
+        "data_folder_out": str(queue_dir),
+        "processed_folder": str(processed_dir),
+        "store_processed": False,
+    }
+
+
+def create_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
+    celery = Celery("privtrain", broker=settings.resolved_broker_url, include=list(include))
+    options: dict[str, object] = {}
+    if settings.uses_filesystem_broker:
+        options = _filesystem_options(settings.broker_dir)
+    celery.conf.update(
+        broker_transport_options=options,
+        broker_connection_retry_on_startup=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_default_queue=settings.task_queue,
+        task_track_started=False,
+        worker_hijack_root_logger=False,
+        worker_enable_remote_control=not settings.uses_filesystem_broker,
+        worker_send_task_events=False,
+        enable_utc=True,
+    )
+    return celery
+
+
+def create_worker_celery(settings: Settings | None = None) -> Celery:
+    """The worker's app: same configuration, plus the task module (which imports torch)."""
+    return create_celery(settings or get_settings(), include=("worker.tasks",))

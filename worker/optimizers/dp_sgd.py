@@ -1,0 +1,232 @@
+"""DP-SGD (Abadi et al. 2016) with Poisson subsampling — the loop the API charges for.
+
+Privacy (add/remove neighbours, privacy.md §2). Each step t:
+
+1. B_t = Poisson sample: every row independently with probability q.
+2. s_t = Σ_{i∈B_t} clip_C(g_i), clip_C(g) = g · min(1, C/||g||), ||·|| the flat L2 norm over all
+   trainable parameters. Adding or removing one row changes s_t by one clipped term, so the
+   add/remove L2 sensitivity of s_t is C (no factor 2: that is replace-one).
+3. Release s_t + N(0, σ²C² I): one Gaussian vector per step, from the job's generator.
+   Steps 1-3 are the Poisson-subsampled Gaussian mechanism with noise multiplier σ and rate q,
+   composed T = `steps` times, which is exactly the event the API charged.
+4. Divide by the PUBLIC expected batch size q·n (never |B_t|) and take an SGD step with
+   momentum / weight decay: post-processing of released values and the public n.
+
+Nothing private is logged or returned: the result holds only the public step count.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from worker.optimizers.losses import LOSS_REGISTRY
+from worker.optimizers.noise import privatise_sum
+from worker.optimizers.per_sample import (
+    AbadiClip,
+    check_supported,
+    clipped_grad_sum,
+    trainable_parameters,
+)
+from worker.optimizers.sampling import poisson_sample
+from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
+
+__all__ = [
+    "DPSGDConfig",
+    "TrainingHooks",
+    "TrainingResult",
+    "TrainingState",
+    "secure_generator",
+    "train_dp_sgd",
+]
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class DPSGDConfig:
+    """The hyperparameters the privacy event was computed from (plus post-processing ones)."""
+
+    steps: int
+    sampling_probability: float
+    """q: each row is in a step's batch independently with this probability."""
+    noise_multiplier: float
+    """σ: the noise std on the SUM of clipped per-sample gradients is σ·C."""
+    clipping_norm: float
+    """C: the per-sample flat L2 clipping norm, the add/remove sensitivity of the sum."""
+    learning_rate: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    loss: Literal["cross_entropy", "mse"] = "cross_entropy"
+    max_physical_batch_size: int = 256
+    """Rows per per-sample-gradient chunk: bounds memory only, never changes the result."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"steps must be an integer >= 0, got {self.steps!r}")
+        q = self.sampling_probability
+        if not (_finite(q) and 0.0 < q <= 1.0):
+            raise ValueError(f"sampling_probability must be in (0, 1], got {q!r}")
+        if not (_finite(self.noise_multiplier) and self.noise_multiplier >= 0.0):
+            raise ValueError(
+                f"noise_multiplier must be finite and >= 0, got {self.noise_multiplier!r}"
+            )
+        if not (_finite(self.clipping_norm) and self.clipping_norm > 0.0):
+            raise ValueError(f"clipping_norm must be finite and > 0, got {self.clipping_norm!r}")
+        if not (_finite(self.learning_rate) and self.learning_rate > 0.0):
+            raise ValueError(f"learning_rate must be finite and > 0, got {self.learning_rate!r}")
+        if not (_finite(self.momentum) and 0.0 <= self.momentum < 1.0):
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if not (_finite(self.weight_decay) and self.weight_decay >= 0.0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay!r}")
+        if self.loss not in LOSS_REGISTRY:
+            raise ValueError(f"unknown loss {self.loss!r}; known: {sorted(LOSS_REGISTRY)}")
+        mpbs = self.max_physical_batch_size
+        if isinstance(mpbs, bool) or not isinstance(mpbs, int) or mpbs < 1:
+            raise ValueError(f"max_physical_batch_size must be an integer >= 1, got {mpbs!r}")
+
+
+def secure_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator for one job's noise and sampling, seeded with 64 bits from os.urandom.
+
+    privacy.md §2: the seed comes from the OS CSPRNG per job (never a fixed or time-based seed);
+    the stream itself is PyTorch's generator for `device` (mt19937 on CPU, Philox on CUDA).
+    Create it on the model's device: noise is drawn there.
+    """
+    generator = torch.Generator(device=torch.device(device))
+    generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
+    return generator
+
+
+def _cpu_copy(value: object) -> object:
+    """Deep copy with tensors detached to the CPU: a snapshot never aliases live training state."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cpu_copy(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_cpu_copy(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def _snapshot(
+    step: int, model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator
+) -> TrainingState:
+    optimizer_state = _cpu_copy(optimizer.state_dict())
+    assert isinstance(optimizer_state, dict)
+    return TrainingState(
+        step=step,
+        model_state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
+        optimizer_state=optimizer_state,
+        generator_state=generator.get_state().clone(),
+    )
+
+
+def train_dp_sgd(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    config: DPSGDConfig,
+    generator: torch.Generator,
+    hooks: TrainingHooks | None = None,
+    resume_from: TrainingState | None = None,
+    device: torch.device | None = None,
+) -> TrainingResult:
+    """Train `model` in place with DP-SGD for `config.steps` steps in total.
+
+    `generator` supplies both the Poisson sampling and the noise (use `secure_generator` on the
+    model's device in production; fixed seeds only in tests). X/y may stay on the CPU: only each
+    physical chunk is moved to `device` (default: the model's device). With `resume_from`, the
+    model, optimizer and generator are restored and the run continues from that step, so the
+    final parameters are bit-identical to an uninterrupted run on the same hardware.
+    """
+    hooks = hooks if hooks is not None else TrainingHooks()
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
+    n = X.shape[0]
+    if n < 1:
+        raise ValueError("the dataset has no rows")
+    if y.dim() != 1:
+        raise ValueError(f"y must have shape (n,), got {tuple(y.shape)}")
+    check_supported(model)
+    if not trainable_parameters(model):
+        raise ValueError("model has no trainable parameters")
+
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if generator.device.type != device.type:
+        raise ValueError(
+            f"the generator is on {generator.device} but training runs on {device}; "
+            "create it with secure_generator(device)"
+        )
+    model.to(device)
+    model.train()
+
+    params = trainable_parameters(model)
+    optimizer = torch.optim.SGD(
+        params.values(),
+        lr=config.learning_rate,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+    )
+
+    step = 0
+    if resume_from is not None:
+        if not 0 <= resume_from.step <= config.steps:
+            raise ValueError(
+                f"cannot resume at step {resume_from.step} of a {config.steps}-step run"
+            )
+        model.load_state_dict(resume_from.model_state, strict=True)
+        optimizer.load_state_dict(copy.deepcopy(resume_from.optimizer_state))
+        generator.set_state(resume_from.generator_state)
+        step = resume_from.step
+
+    clip = AbadiClip(config.clipping_norm)
+    noise_std = config.noise_multiplier * clip.norm_bound
+    expected_batch_size = config.sampling_probability * n  # public: q and n are public
+
+    while step < config.steps:
+        if hooks.should_stop is not None and hooks.should_stop():
+            return TrainingResult(steps_run=step, stopped_early=True)
+
+        batch = poisson_sample(
+            n, sampling_probability=config.sampling_probability, generator=generator
+        )
+        grad_sum = clipped_grad_sum(
+            model,
+            X[batch.to(X.device)],
+            y[batch.to(y.device)],
+            loss=config.loss,
+            per_sample_map=clip,
+            max_physical_batch_size=config.max_physical_batch_size,
+        )
+        noisy_grad = privatise_sum(
+            grad_sum, noise_std=noise_std, normaliser=expected_batch_size, generator=generator
+        )
+        del grad_sum
+        for name, p in params.items():
+            p.grad = noisy_grad[name]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+
+        if (
+            hooks.save_checkpoint is not None
+            and hooks.checkpoint_every > 0
+            and step % hooks.checkpoint_every == 0
+        ):
+            hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
+        if hooks.on_step_end is not None:
+            hooks.on_step_end(step)
+
+    return TrainingResult(steps_run=step, stopped_early=False)

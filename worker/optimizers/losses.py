@@ -1,0 +1,76 @@
+"""Training losses by name, each summed over the rows it is given.
+
+The per-sample engine evaluates a loss on one row at a time, so "sum" and "mean" coincide there;
+summing keeps the definition independent of any batch size (privacy.md §2: no realised batch
+sizes anywhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LOSS_REGISTRY", "LossSpec", "get_loss", "prepare_targets", "register_loss"]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A loss and the target dtype it needs (class indices or real values)."""
+
+    name: str
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    integer_targets: bool
+
+
+LOSS_REGISTRY: dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str, *, integer_targets: bool
+) -> Callable[[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]], LossSpec]:
+    """Register `fn(outputs, targets) -> summed loss` under `name`."""
+
+    def decorator(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> LossSpec:
+        if name in LOSS_REGISTRY:
+            raise ValueError(f"loss {name!r} is already registered")
+        spec = LossSpec(name=name, fn=fn, integer_targets=integer_targets)
+        LOSS_REGISTRY[name] = spec
+        return spec
+
+    return decorator
+
+
+def get_loss(name: str) -> LossSpec:
+    spec = LOSS_REGISTRY.get(name)
+    if spec is None:
+        raise ValueError(f"unknown loss {name!r}; known: {sorted(LOSS_REGISTRY)}")
+    return spec
+
+
+def prepare_targets(spec: LossSpec, y: torch.Tensor, *, dtype: torch.dtype) -> torch.Tensor:
+    """Class labels become int64; regression targets take the model's floating dtype."""
+    if spec.integer_targets:
+        if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+            raise ValueError(f"loss {spec.name!r} needs integer class labels, got {y.dtype}")
+        return y.to(torch.int64)
+    return y.to(dtype)
+
+
+@register_loss("cross_entropy", integer_targets=True)
+def _cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets, reduction="sum")
+
+
+@register_loss("mse", integer_targets=False)
+def _mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    predictions = outputs.squeeze(-1)
+    if predictions.shape != targets.shape:
+        # Broadcasting (batch, k) against (batch,) would silently train the wrong thing.
+        raise ValueError(
+            f"mse needs one output per row, got outputs {tuple(outputs.shape)} "
+            f"for targets {tuple(targets.shape)}"
+        )
+    return F.mse_loss(predictions, targets, reduction="sum")

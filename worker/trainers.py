@@ -1,0 +1,81 @@
+"""Worker-side implementations of catalogue algorithms, registered by the catalogue's names.
+
+Each trainer receives the job's charged parameters (σ, q, steps) straight from the job row, so the
+noise it draws is exactly the event the API reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
+from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    model: nn.Module
+    X: torch.Tensor
+    y: torch.Tensor
+    task: str
+    spec: dict[str, Any]
+    noise_multiplier: float
+    sampling_probability: float
+    steps: int
+    max_physical_batch_size: int
+    generator: torch.Generator
+    hooks: TrainingHooks
+    resume_from: TrainingState | None
+    device: torch.device
+
+
+Trainer = Callable[[TrainingRequest], TrainingResult]
+TRAINERS: dict[str, Trainer] = {}
+
+
+def register_trainer(name: str) -> Callable[[Trainer], Trainer]:
+    def decorator(trainer: Trainer) -> Trainer:
+        if name in TRAINERS:
+            raise ValueError(f"trainer {name} registered twice")
+        TRAINERS[name] = trainer
+        return trainer
+
+    return decorator
+
+
+def get_trainer(name: str) -> Trainer:
+    try:
+        return TRAINERS[name]
+    except KeyError:
+        raise KeyError(f"no worker implementation for algorithm '{name}'") from None
+
+
+@register_trainer("dp-sgd")
+def run_dp_sgd(request: TrainingRequest) -> TrainingResult:
+    hyper = request.spec["algorithm"]["hyperparameters"]
+    config = DPSGDConfig(
+        steps=request.steps,
+        sampling_probability=request.sampling_probability,
+        noise_multiplier=request.noise_multiplier,
+        clipping_norm=float(hyper["clipping_norm"]),
+        learning_rate=float(request.spec["training"]["learning_rate"]),
+        momentum=float(hyper["momentum"]),
+        weight_decay=float(hyper["weight_decay"]),
+        loss="cross_entropy" if request.task == "classification" else "mse",
+        max_physical_batch_size=request.max_physical_batch_size,
+    )
+    return train_dp_sgd(
+        request.model,
+        request.X,
+        request.y,
+        config=config,
+        generator=request.generator,
+        hooks=request.hooks,
+        resume_from=request.resume_from,
+        device=request.device,
+    )

@@ -1,0 +1,1 @@
+"""Torch-side training pieces: the model zoo (`models`) and model artifacts (`artifacts`)."""
