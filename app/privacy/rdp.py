@@ -40,7 +40,7 @@ from app.privacy.rounding import round_up
 
 # prv-accountant's subsampled-Gaussian RDP is a double-precision log-sum-exp that loses up to
 # ~6e-13 in absolute terms per use (measured against 40-digit mpmath over q in [1e-7, 0.9999],
-# sigma in [0.3, 3000] and all of ORDERS; for q ~ 1e-8 it even returns tiny negative numbers).
+# sigma in [0.1, 3000] and all of ORDERS; for q ~ 1e-8 it even returns tiny negative numbers).
 # Relative rounding alone cannot cover an absolute error, so every per-use value is raised by
 # this margin, ~15x the worst error seen; tests/unit/privacy re-check it against mpmath.
 SUBSAMPLED_GAUSSIAN_ABS_MARGIN: Final[float] = 1e-11
@@ -184,7 +184,8 @@ def _exponential_mechanism_rdp(event: ExponentialMechanismEvent, order: float) -
 
 @_curve_for(ComposedEvent)
 def _composed_curve(event: PrivacyEvent) -> Curve:
-    assert isinstance(event, ComposedEvent)
+    if not isinstance(event, ComposedEvent):
+        raise PrivacyEventError(f"expected a ComposedEvent, got {event!r}")
     total = zero_curve()
     for child in event.events:
         total = add_curves(total, rdp_curve(child))
