@@ -15,14 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.facts import DatasetFacts
+from app.registry import Registry, UnknownName
 
 
 class ModelIncompatible(ValueError):
     """The model cannot be trained on the dataset (task or shape)."""
 
 
-class UnknownModel(KeyError):
-    pass
+UnknownModel = UnknownName
 
 
 class _Params(BaseModel):
@@ -79,21 +79,12 @@ class ModelDefinition:
         return facts.n_classes
 
 
-MODELS: dict[str, ModelDefinition] = {}
+MODELS: Registry[ModelDefinition] = Registry("model")
+get_model = MODELS.get
 
 
 def register_model(definition: ModelDefinition) -> ModelDefinition:
-    if definition.name in MODELS:
-        raise ValueError(f"model {definition.name} registered twice")
-    MODELS[definition.name] = definition
-    return definition
-
-
-def get_model(name: str) -> ModelDefinition:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise UnknownModel(name) from None
+    return MODELS.add(definition.name, definition)
 
 
 def _any_shape(_params: BaseModel, _facts: DatasetFacts) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from typing import Any
 
@@ -23,3 +24,10 @@ def decode_cursor(cursor: str, *, arity: int) -> list[Any]:
     if not isinstance(values, list) or len(values) != arity:
         raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor")
     return values
+
+
+def cursor_time(value: Any) -> dt.datetime:
+    try:
+        return dt.datetime.fromisoformat(str(value))
+    except ValueError as exc:
+        raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor") from exc

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Iterable
 from typing import BinaryIO
 
 
@@ -81,13 +82,12 @@ class BlobStore:
         os.chmod(target, 0o440)
         return key, True
 
-    def put_file(self, source: Path) -> tuple[str, str]:
-        """Copy a finished file into the store; returns (key, sha256)."""
+    def put_chunks(self, chunks: Iterable[bytes]) -> tuple[str, str]:
+        """Store a finished artifact given as chunks; returns (key, sha256)."""
         pending = self.begin()
         try:
-            with source.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    pending.write(chunk)
+            for chunk in chunks:
+                pending.write(chunk)
             digest = pending.finish()
         except BaseException:
             pending.discard()
@@ -95,16 +95,12 @@ class BlobStore:
         key, _ = self.adopt(pending.path, digest)
         return key, digest
 
+    def put_file(self, source: Path) -> tuple[str, str]:
+        with source.open("rb") as handle:
+            return self.put_chunks(iter(lambda: handle.read(1 << 20), b""))
+
     def put_bytes(self, data: bytes) -> tuple[str, str]:
-        pending = self.begin()
-        try:
-            pending.write(data)
-            digest = pending.finish()
-        except BaseException:
-            pending.discard()
-            raise
-        key, _ = self.adopt(pending.path, digest)
-        return key, digest
+        return self.put_chunks([data])
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)

@@ -15,14 +15,14 @@ from app.config import Settings, get_settings
 
 
 def _filesystem_options(broker_dir: Path) -> dict[str, object]:
-    queue_dir = broker_dir / "queue"
-    processed_dir = broker_dir / "processed"
-    queue_dir.mkdir(parents=True, exist_ok=True)
-    processed_dir.mkdir(parents=True, exist_ok=True)
+    folders = {name: broker_dir / name for name in ("queue", "processed", "control")}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
     return {
-        "data_folder_in": str(queue_dir),
-        "data_folder_out": str(queue_dir),
-        "processed_folder": str(processed_dir),
+        "data_folder_in": str(folders["queue"]),
+        "data_folder_out": str(folders["queue"]),
+        "processed_folder": str(folders["processed"]),
+        "control_folder": str(folders["control"]),  # kombu's default is ./control in the cwd
         "store_processed": False,
     }
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from app.registry import Registry
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
@@ -35,24 +36,9 @@ class TrainingRequest:
 
 
 Trainer = Callable[[TrainingRequest], TrainingResult]
-TRAINERS: dict[str, Trainer] = {}
-
-
-def register_trainer(name: str) -> Callable[[Trainer], Trainer]:
-    def decorator(trainer: Trainer) -> Trainer:
-        if name in TRAINERS:
-            raise ValueError(f"trainer {name} registered twice")
-        TRAINERS[name] = trainer
-        return trainer
-
-    return decorator
-
-
-def get_trainer(name: str) -> Trainer:
-    try:
-        return TRAINERS[name]
-    except KeyError:
-        raise KeyError(f"no worker implementation for algorithm '{name}'") from None
+TRAINERS: Registry[Trainer] = Registry("trainer")
+register_trainer = TRAINERS.register
+get_trainer = TRAINERS.get
 
 
 @register_trainer("dp-sgd")

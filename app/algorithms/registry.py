@@ -11,11 +11,11 @@ from pydantic import BaseModel, ValidationError
 
 from app.facts import DatasetFacts
 from app.privacy import PrivacyEvent
+from app.registry import Registry, UnknownName
 from app.schemas.jobs import TrainingSpec
 
 
-class UnknownAlgorithm(KeyError):
-    pass
+UnknownAlgorithm = UnknownName
 
 
 class InvalidHyperparameters(ValueError):
@@ -77,21 +77,14 @@ class AlgorithmDefinition:
         }
 
 
-ALGORITHMS: dict[str, AlgorithmDefinition] = {}
+ALGORITHMS: Registry[AlgorithmDefinition] = Registry("algorithm")
+get_algorithm = ALGORITHMS.get
 
 
 def register_algorithm(cls: type[AlgorithmDefinition]) -> type[AlgorithmDefinition]:
-    if cls.name in ALGORITHMS:
-        raise ValueError(f"algorithm {cls.name} registered twice")
-    ALGORITHMS[cls.name] = cls()
+    """Class decorator: one instance of each definition is registered under its ``name``."""
+    ALGORITHMS.add(cls.name, cls())
     return cls
-
-
-def get_algorithm(name: str) -> AlgorithmDefinition:
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise UnknownAlgorithm(name) from None
 
 
 def poisson_schedule(training: TrainingSpec, facts: DatasetFacts) -> tuple[float, int]:

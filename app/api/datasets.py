@@ -14,7 +14,7 @@ from app import ledger
 from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant
 from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, parse_dataset
 from app.models import Dataset, LedgerEntry, PrivacyBudget
-from app.pagination import decode_cursor, encode_cursor
+from app.pagination import cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.schemas.datasets import BudgetView, DatasetList, DatasetOut, LedgerEntryOut, LedgerPage
 from app.storage import UploadTooLarge
@@ -102,6 +102,7 @@ async def upload_dataset(
                 status=422, slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason}
             ) from exc
         facts = dataset_facts(parsed)
+        feature_names = list(parsed.feature_names) if parsed.feature_names else None
         del parsed
         if delta >= 1.0 / facts["n_rows"]:
             raise Problem(
@@ -128,7 +129,7 @@ async def upload_dataset(
                 n_features=int(facts["n_features"]),
                 task=str(facts["task"]),
                 n_classes=facts["n_classes"],
-                feature_names=list(facts["feature_names"]) if facts.get("feature_names") else None,
+                feature_names=feature_names,
             )
             session.add(dataset)
             session.flush()
@@ -153,7 +154,7 @@ def list_datasets(
     query = select(Dataset, PrivacyBudget).join(PrivacyBudget).where(Dataset.tenant_id == tenant.id)
     if cursor:
         created, last_id = decode_cursor(cursor, arity=2)
-        created_at = _parse_time(created)
+        created_at = cursor_time(created)
         query = query.where(
             or_(
                 Dataset.created_at < created_at,
@@ -169,15 +170,6 @@ def list_datasets(
         last = rows[limit - 1][0]
         next_cursor = encode_cursor([last.created_at.isoformat(), last.id])
     return DatasetList(items=items, next_cursor=next_cursor)
-
-
-def _parse_time(value: object):  # noqa: ANN202 - small helper
-    import datetime as dt
-
-    try:
-        return dt.datetime.fromisoformat(str(value))
-    except ValueError as exc:
-        raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor") from exc
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from functools import lru_cache
 from typing import Final, TypeVar
 
 import numpy as np
@@ -91,6 +92,7 @@ def _pure_dp(event: PureDPEvent) -> PrivacyRandomVariable:
     return _PureDPWithSoundRdp(eps=event.epsilon)
 
 
+@lru_cache(maxsize=512)
 def prv_epsilon(event: PrivacyEvent, delta: float) -> float | None:
     """prv-accountant's upper bound on epsilon of this one event at ``delta``, or None."""
     delta = validate_delta(delta)

@@ -32,6 +32,7 @@ def test_csv_upload_records_public_facts(alice: TestClient, digits_csv: bytes, s
     assert body["feature_shape"] == [64]
     assert body["task"] == "classification"
     assert body["n_classes"] == 10
+    assert body["feature_names"] == [f"x{i}" for i in range(64)]
     assert body["budget"] == {"epsilon": 8.0, "delta": 1e-5}
     import hashlib
 
