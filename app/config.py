@@ -39,6 +39,17 @@ class Settings(BaseSettings):
     task_queue: str = "gpu"
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     checkpoint_every_steps: int = Field(default=200, ge=0)
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    stale_after_s: float = Field(
+        default=60.0, gt=0, description="a running job without a heartbeat for this long is lost"
+    )
+    redispatch_after_s: float = Field(
+        default=120.0, gt=0, description="re-send a queued job's message after this long"
+    )
+    reconcile_interval_s: float = Field(default=15.0, gt=0)
+    run_reconciler: bool = Field(
+        default=True, description="run the reconciler loop inside the API process"
+    )
     max_physical_batch_size: int = Field(default=256, gt=0)
     log_level: str = "INFO"
 

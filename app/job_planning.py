@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from app import privacy
+from app import ledger, privacy
 from app.algorithms import (
     AlgorithmDefinition,
     InvalidHyperparameters,
@@ -19,11 +20,28 @@ from app.algorithms import (
     UnknownAlgorithm,
     get_algorithm,
 )
+from app.evaluation import EvaluationPlan, InvalidEvaluation, plan_evaluation
 from app.facts import DatasetFacts
 from app.model_catalogue import ModelIncompatible, UnknownModel, get_model
-from app.models import Dataset
+from app.models import Dataset, PrivacyBudget
+from app.privacy import PrivacyEvent
 from app.problems import Problem
 from app.schemas.jobs import JobCreate
+
+
+def compose_job_event(
+    plan: PrivacyPlan,
+    evaluation: EvaluationPlan | None,
+    *,
+    noise_multiplier: float,
+    steps: int,
+    evaluated: bool,
+) -> PrivacyEvent:
+    """The privacy event of a job that ran ``steps`` steps and, if ``evaluated``, released its metric."""
+    training = plan.event_for(noise_multiplier, steps)
+    if evaluation is None or not evaluated:
+        return training
+    return privacy.ComposedEvent(events=(training, evaluation.event()))
 
 
 @dataclass(frozen=True)
@@ -32,6 +50,7 @@ class JobPlan:
     algorithm: AlgorithmDefinition
     model_name: str
     plan: PrivacyPlan
+    evaluation: EvaluationPlan | None
     noise_multiplier: float
     delta: float
     event_json: dict[str, Any]
@@ -42,6 +61,41 @@ class JobPlan:
     @property
     def noise_std_on_sum(self) -> float:
         return self.noise_multiplier * self.plan.sensitivity
+
+    def event_for_sigma(self, noise_multiplier: float) -> PrivacyEvent:
+        return compose_job_event(
+            self.plan,
+            self.evaluation,
+            noise_multiplier=noise_multiplier,
+            steps=self.plan.steps,
+            evaluated=True,
+        )
+
+
+def largest_admissible_epsilon(job: JobPlan, budget: PrivacyBudget) -> float:
+    """The largest target ε the same spec could be given and still be admitted now.
+
+    Admission is monotone in σ, so bisect (in log σ) for the smallest admitted σ; its ledger ε
+    is the answer (the target that calibrates to that σ). 0 when no σ ≤ 1e6 fits.
+    """
+
+    def admitted(sigma: float) -> bool:
+        return ledger.check_admissible(budget, privacy.rdp_curve(job.event_for_sigma(sigma))) is not None
+
+    low, high = 1e-4, 1e6
+    if not admitted(high):
+        return 0.0
+    if admitted(low):
+        return privacy.ledger_epsilon(privacy.rdp_curve(job.event_for_sigma(low)), job.delta)
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        if admitted(middle):
+            high = middle
+        else:
+            low = middle
+        if high / low < 1 + 1e-6:
+            break
+    return privacy.ledger_epsilon(privacy.rdp_curve(job.event_for_sigma(high)), job.delta)
 
 
 def facts_of(dataset: Dataset) -> DatasetFacts:
@@ -78,9 +132,15 @@ def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_ste
     except ModelIncompatible as exc:
         raise _invalid("model-incompatible", str(exc)) from None
     try:
+        evaluation = plan_evaluation(spec.evaluation, facts) if spec.evaluation else None
         hyperparameters = algorithm.validate_hyperparameters(spec.algorithm.hyperparameters)
-        plan = algorithm.plan(hyperparameters, spec.training, facts)
-    except InvalidHyperparameters as exc:
+        plan = algorithm.plan(
+            hyperparameters,
+            spec.training,
+            facts,
+            training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
+        )
+    except (InvalidHyperparameters, InvalidEvaluation) as exc:
         raise _invalid("invalid-job-spec", str(exc)) from None
     if plan.steps > max_steps:
         raise _invalid(
@@ -89,17 +149,23 @@ def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_ste
     delta = spec.privacy.delta if spec.privacy.delta is not None else dataset_delta
     if delta >= 1.0 / facts.n_rows:
         raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {1 / facts.n_rows:.3g}")
+
+    def event_for_sigma(noise_multiplier: float) -> PrivacyEvent:
+        return compose_job_event(
+            plan, evaluation, noise_multiplier=noise_multiplier, steps=plan.steps, evaluated=True
+        )
+
     if spec.privacy.noise_multiplier is not None:
         sigma = spec.privacy.noise_multiplier
     else:
         assert spec.privacy.target_epsilon is not None
         try:
             sigma = privacy.calibrate_noise_multiplier(
-                plan.event, target_epsilon=spec.privacy.target_epsilon, delta=delta
+                event_for_sigma, target_epsilon=spec.privacy.target_epsilon, delta=delta
             )
         except privacy.CalibrationError as exc:
             raise _invalid("calibration-failed", str(exc)) from None
-    event = plan.event(sigma)
+    event = event_for_sigma(sigma)
     curve = privacy.rdp_curve(event)
     normalised = spec.model_dump(mode="json")
     normalised["model"]["params"] = model_params
@@ -110,6 +176,7 @@ def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_ste
         algorithm=algorithm,
         model_name=model.name,
         plan=plan,
+        evaluation=evaluation,
         noise_multiplier=sigma,
         delta=delta,
         event_json=privacy.event_to_json(event),

@@ -31,6 +31,7 @@ def job_out(job: Job) -> JobOut:
         attempt=job.attempt,
         cancel_requested=job.cancel_requested,
         error_code=job.error_code,
+        metrics=job.metrics,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -299,6 +299,56 @@ def curve_epsilon(curve: tuple[float, ...] | list[float], delta: float) -> float
     return privacy.ledger_epsilon(tuple(curve), delta)
 
 
+class InvalidAdjustment(ValueError):
+    pass
+
+
+def adjust(
+    session: Session,
+    budget: PrivacyBudget,
+    *,
+    epsilon: float,
+    delta: float,
+    n_rows: int,
+    actor: str,
+    reason: str,
+) -> LedgerEntry:
+    """Raise a dataset's budget: an explicit owner action, recorded as its own ADJUST entry.
+
+    Budgets are never lowered or refreshed: lowering could leave admitted jobs above capacity.
+    """
+    if epsilon < budget.epsilon or delta < budget.delta:
+        raise InvalidAdjustment("a budget can only be raised, never lowered")
+    if epsilon == budget.epsilon and delta == budget.delta:
+        raise InvalidAdjustment("the new budget equals the current one")
+    if delta >= 1.0 / n_rows:
+        raise InvalidAdjustment(f"delta must stay below 1/n = {1.0 / n_rows:.3g}")
+    details = {
+        "epsilon_from": budget.epsilon,
+        "epsilon_to": epsilon,
+        "delta_from": budget.delta,
+        "delta_to": delta,
+        "reason": reason,
+    }
+    budget.epsilon, budget.delta = epsilon, delta
+    return _append(
+        session, budget, kind=ADJUST, job_id=None, event=None, curve=None, actor=actor, details=details
+    )
+
+
+def adjustments(session: Session, dataset_id: str) -> list[dict[str, Any]]:
+    """Every ADJUST entry of a dataset, for reports (privacy.md §4: shown in every later report)."""
+    entries = session.scalars(
+        select(LedgerEntry)
+        .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.kind == ADJUST)
+        .order_by(LedgerEntry.seq)
+    )
+    return [
+        {"seq": e.seq, "hash": e.hash, "actor": e.actor, "created_at": _timestamp(e.created_at), **e.details}
+        for e in entries
+    ]
+
+
 def budget_summary(budget: PrivacyBudget) -> dict[str, Any]:
     """The budget as public numbers: ε of what is committed and reserved, and what remains."""
     committed = tuple(budget.committed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,7 +29,22 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if settings.bootstrap_api_key:
             register_bootstrap_key(services.db, settings.bootstrap_api_key)
+        stop = threading.Event()
+        reconciler = None
+        if settings.run_reconciler:
+            from worker.reconciler import run_periodically  # torch-free
+
+            reconciler = threading.Thread(
+                target=run_periodically,
+                args=(services.db, settings, services.dispatcher, stop),
+                name="privtrain-reconciler",
+                daemon=True,
+            )
+            reconciler.start()
         yield
+        stop.set()
+        if reconciler is not None:
+            reconciler.join(timeout=10)
         services.db.dispose()
 
     app = FastAPI(

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from app import privacy
-from app.models import Dataset, Job
+from app.models import Dataset, Job, LedgerEntry
 
 REPORT_VERSION = 1
 
@@ -20,8 +20,9 @@ CAVEATS = (
     "used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid filter.",
     "The row count n of the dataset is public; dataset facts (n, feature shape, classes) are "
     "treated as public by design.",
-    "Noise was drawn from a generator seeded per job from the operating system's CSPRNG; "
-    "floating-point effects of sampled noise are not accounted for.",
+    "Noise was drawn from generators seeded per job from the operating system's CSPRNG (the "
+    "streams themselves are PyTorch's and NumPy's generators); floating-point effects of sampled "
+    "noise are not accounted for.",
 )
 
 
@@ -34,11 +35,25 @@ def build_report(
     actual_event: dict[str, Any],
     budget_before: dict[str, Any],
     budget_after: dict[str, Any],
-    commit_entry_hash: str,
-    commit_entry_seq: int,
+    commit_entry: LedgerEntry,
+    adjustments: list[dict[str, Any]],
+    metrics: dict[str, Any] | None,
     model_sha256: str,
 ) -> dict[str, Any]:
     event = privacy.event_from_json(actual_event)
+    caveats = list(CAVEATS)
+    if adjustments:
+        caveats.insert(
+            0,
+            f"The owner raised this dataset's budget {len(adjustments)} time(s) (ADJUST entries "
+            f"{', '.join(str(a['seq']) for a in adjustments)}): the total guarantee of all releases "
+            "from this dataset is the budget in force now, not the one it was registered with.",
+        )
+    if metrics is not None:
+        caveats.append(
+            "The released evaluation metric is noisy by design (its mechanism is stated); the "
+            "hold-out rows were chosen by independent per-row coins and not used for training."
+        )
     curve = privacy.rdp_curve(event)
     eps_rdp, order = privacy.epsilon_from_rdp(curve, job.delta)
     return {
@@ -91,11 +106,13 @@ def build_report(
         },
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},
         "accountant": {"name": privacy.ACCOUNTANT_NAME, "version": privacy.ACCOUNTANT_VERSION},
+        "released_metrics": metrics,
         "ledger": {
             "before": budget_before,
             "after": budget_after,
-            "commit_entry_seq": commit_entry_seq,
-            "commit_entry_hash": commit_entry_hash,
+            "commit_entry_seq": commit_entry.seq,
+            "commit_entry_hash": commit_entry.hash,
+            "budget_adjustments": adjustments,
         },
-        "caveats": list(CAVEATS),
+        "caveats": caveats,
     }

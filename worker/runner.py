@@ -1,8 +1,11 @@
-"""A job's life on a worker: claim → touch → train → write artifacts → commit.
+"""A job's life on a worker: claim → touch → train → evaluate → write artifacts → commit.
 
 Every state change is one database transaction that first locks the dataset's budget row, so the
-job row and the ledger always move together. Errors shown to users are generic codes; the
-traceback goes to the operator log only (privacy.md §1).
+job row and the ledger always move together. A retried attempt (after a lost worker) runs inside
+the same reservation: it is claimed again but never reserves or touches again, and resumes from
+its checkpoint with the same generator state and hold-out split. Messages of an old attempt are
+no-ops. Errors shown to users are generic codes; tracebacks go to operator logs only
+(privacy.md §1).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from sqlalchemy import update
 
@@ -23,13 +27,16 @@ from app import ledger, privacy
 from app.algorithms import PrivacyPlan, get_algorithm
 from app.config import Settings
 from app.db import Database
+from app.evaluation import EvaluationPlan, plan_evaluation
 from app.ingest import IngestLimits, parse_dataset
-from app.job_planning import facts_of
+from app.job_planning import compose_job_event, facts_of
+from app.job_settlement import settle_failed_job
 from app.job_views import add_job_event
 from app.model_catalogue import get_model
 from app.models import Dataset, Job, utcnow
-from app.schemas.jobs import TrainingSpec
+from app.schemas.jobs import EvaluationSpec, TrainingSpec
 from app.storage import BlobStore
+from worker import evaluation as dp_evaluation
 from worker.optimizers.dp_sgd import secure_generator
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.report import build_report
@@ -40,31 +47,54 @@ from worker.training.models import build_model
 log = logging.getLogger("privtrain.worker")
 
 
-class JobCancelled(Exception):
-    pass
-
-
 @dataclass(frozen=True)
 class Claimed:
     job: Job
     dataset: Dataset
     plan: PrivacyPlan
+    evaluation: EvaluationPlan | None
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    def event_json(self, steps: int, *, evaluated: bool) -> dict:
+        event = compose_job_event(
+            self.plan, self.evaluation,
+            noise_multiplier=self.job.noise_multiplier, steps=steps, evaluated=evaluated,
+        )
+        return privacy.event_to_json(event)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: TrainingResult
+    model_path: Path | None
+    metrics: dict[str, object] | None
 
 
 def _actor() -> str:
     return f"worker:{socket.gethostname()}:{os.getpid()}"
 
 
-def replan(job: Job, dataset: Dataset) -> PrivacyPlan:
+def replan(job: Job, dataset: Dataset) -> tuple[PrivacyPlan, EvaluationPlan | None]:
     """Rebuild the plan from the stored spec; the worker refuses a job whose charge differs."""
+    facts = facts_of(dataset)
+    evaluation_spec = job.spec.get("evaluation")
+    evaluation = plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
     algorithm = get_algorithm(job.algorithm)
     hyper = algorithm.validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
     training = TrainingSpec.model_validate(job.spec["training"])
-    plan = algorithm.plan(hyper, training, facts_of(dataset))
-    charged = privacy.event_to_json(plan.event(job.noise_multiplier))
+    plan = algorithm.plan(
+        hyper, training, facts,
+        training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
+    )
+    charged = privacy.event_to_json(
+        compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=plan.steps, evaluated=True)
+    )
     if charged != job.event or plan.steps != job.steps_planned:
         raise RuntimeError("the job's stored event differs from its re-derived plan")
-    return plan
+    return plan, evaluation
 
 
 class JobRunner:
@@ -74,72 +104,68 @@ class JobRunner:
         self.blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
         self.actor = _actor()
 
-    # ------------------------------------------------------------------ lifecycle steps
+    # ------------------------------------------------------------------ claim
 
-    def claim(self, job_id: str) -> Claimed | None:
-        """queued → running (attempt + 1) and TOUCH, in one transaction; None if not claimable."""
+    def _dataset_id(self, job_id: str) -> str | None:
         with self.db.read_session() as session:
             job = session.get(Job, job_id)
-            if job is None:
-                log.warning("unknown job", extra={"job_id": job_id})
-                return None
-            dataset_id = job.dataset_id
+            return job.dataset_id if job is not None else None
+
+    def claim(self, job_id: str) -> Claimed | None:
+        """queued → running (attempt + 1) and, on the first attempt, TOUCH — one transaction."""
+        dataset_id = self._dataset_id(job_id)
+        if dataset_id is None:
+            log.warning("unknown job", extra={"job_id": job_id})
+            return None
         with self.db.write_transaction() as tx:
             budget = ledger.lock_budget(tx, dataset_id)
             claimed = tx.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.cancel_requested.is_(False))
-                .values(
-                    status="running",
-                    attempt=Job.attempt + 1,
-                    started_at=utcnow(),
-                    heartbeat_at=utcnow(),
-                )
+                .values(status="running", attempt=Job.attempt + 1, started_at=utcnow(), heartbeat_at=utcnow())
             ).rowcount
             if claimed != 1:
-                log.info("job not claimable", extra={"job_id": job_id})
+                log.info("job not claimable (duplicate or late message)", extra={"job_id": job_id})
                 return None
             job = tx.get(Job, job_id, populate_existing=True)
             dataset = tx.get(Dataset, dataset_id)
             assert job is not None and dataset is not None
             try:
-                plan = replan(job, dataset)
+                plan, evaluation = replan(job, dataset)
             except Exception:
                 log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
-                ledger.release(tx, budget, job=job, actor=self.actor, reason="failed: plan-mismatch")
-                job.status, job.error_code, job.finished_at = "failed", "plan-mismatch", utcnow()
-                add_job_event(tx, job.id, "failed", {"error_code": "plan-mismatch"})
+                self._settle_failure(tx, budget, job, error_code="plan-mismatch")
                 return None
-            ledger.touch(tx, budget, job=job, actor=self.actor)
-            job.touched_at = utcnow()
+            if job.touched_at is None:
+                ledger.touch(tx, budget, job=job, actor=self.actor)
+                job.touched_at = utcnow()
             add_job_event(tx, job.id, "started", {"attempt": job.attempt, "steps_planned": job.steps_planned})
-        return Claimed(job=job, dataset=dataset, plan=plan)
+        return Claimed(job=job, dataset=dataset, plan=plan, evaluation=evaluation)
+
+    # ------------------------------------------------------------------ run
 
     def run(self, job_id: str) -> str:
         claimed = self.claim(job_id)
         if claimed is None:
             return "skipped"
-        job = claimed.job
         try:
-            result, model_path = self._train(claimed)
+            outcome = self._train(claimed)
         except Exception:
-            log.exception("job failed", extra={"job_id": job.id})
-            self.fail(job.id, error_code="training-failed")
+            log.exception("job failed", extra={"job_id": job_id})
+            self.fail(claimed, error_code="training-failed")
             return "failed"
         try:
-            if result.stopped_early:
-                self.settle_cancelled(claimed, result.steps_run)
-                return "cancelled"
-            self.succeed(claimed, result.steps_run, model_path)
-            return "succeeded"
+            if outcome.result.stopped_early:
+                return self.settle_stopped(claimed, outcome.result.steps_run)
+            assert outcome.model_path is not None
+            return self.succeed(claimed, outcome)
         except Exception:
-            log.exception("finishing the job failed", extra={"job_id": job.id})
-            self.fail(job.id, error_code="artifact-write-failed")
+            log.exception("finishing the job failed", extra={"job_id": job_id})
+            self.fail(claimed, error_code="artifact-write-failed")
             return "failed"
         finally:
-            model_path.unlink(missing_ok=True)
-
-    # ------------------------------------------------------------------ training
+            if outcome.model_path is not None:
+                outcome.model_path.unlink(missing_ok=True)
 
     def _load_data(self, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
         parsed = parse_dataset(
@@ -151,48 +177,70 @@ class JobRunner:
         )
         return torch.from_numpy(parsed.X), torch.from_numpy(parsed.y)
 
-    def _checkpoint_path(self, job_id: str) -> Path:
-        return self.settings.checkpoint_dir / f"{job_id}.safetensors"
+    def _private_path(self, job_id: str, suffix: str) -> Path:
+        """Checkpoints and hold-out masks: secret, on worker storage only, deleted when settled."""
+        return self.settings.checkpoint_dir / f"{job_id}{suffix}"
 
-    def _train(self, claimed: Claimed) -> tuple[TrainingResult, Path]:
+    def _cleanup(self, job_id: str) -> None:
+        for suffix in (".safetensors", ".holdout.npy"):
+            self._private_path(job_id, suffix).unlink(missing_ok=True)
+
+    def _train(self, claimed: Claimed) -> Outcome:
         job, dataset = claimed.job, claimed.dataset
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         X, y = self._load_data(dataset)
+        X_eval = y_eval = None
+        if claimed.evaluation is not None:
+            mask = dp_evaluation.load_or_draw_holdout(
+                self._private_path(job.id, ".holdout.npy"), X.shape[0], claimed.evaluation.holdout_fraction
+            )
+            held_out = torch.from_numpy(np.flatnonzero(mask))
+            kept = torch.from_numpy(np.flatnonzero(~mask))
+            X_eval, y_eval = X[held_out], y[held_out]
+            X, y = X[kept], y[kept]
         model_def = get_model(job.model_name)
         n_outputs = model_def.n_outputs(facts_of(dataset))
         model_params = job.spec["model"]["params"]
         input_shape = tuple(dataset.feature_shape)
-        generator = secure_generator(device)
-        init_generator = secure_generator("cpu")
         model = build_model(
             job.model_name, model_params, input_shape=input_shape, n_outputs=n_outputs,
-            generator=init_generator,
+            generator=secure_generator("cpu"),
         )
-        checkpoint = self._checkpoint_path(job.id)
+        checkpoint = self._private_path(job.id, ".safetensors")
         resume: TrainingState | None = load_training_state(checkpoint) if checkpoint.exists() else None
-        hooks = self._hooks(claimed, checkpoint)
-        trainer = get_trainer(job.algorithm)
-        result = trainer(
+        result = get_trainer(job.algorithm)(
             TrainingRequest(
                 model=model, X=X, y=y, task=dataset.task, spec=job.spec,
                 noise_multiplier=job.noise_multiplier,
                 sampling_probability=job.sampling_probability,
+                expected_batch_size=claimed.plan.expected_batch_size,
                 steps=job.steps_planned,
                 max_physical_batch_size=self.settings.max_physical_batch_size,
-                generator=generator, hooks=hooks, resume_from=resume, device=device,
+                generator=secure_generator(device), hooks=self._hooks(claimed, checkpoint),
+                resume_from=resume, device=device,
             )
         )
+        if result.stopped_early:
+            return Outcome(result=result, model_path=None, metrics=None)
+        metrics = None
+        if claimed.evaluation is not None:
+            assert X_eval is not None and y_eval is not None
+            metrics = dp_evaluation.release(model, X_eval, y_eval, claimed.evaluation)
+        return Outcome(result=result, model_path=self._write_model(claimed, model, n_outputs), metrics=metrics)
+
+    def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:
+        job, dataset = claimed.job, claimed.dataset
         self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".safetensors")
         os.close(fd)
-        model_path = Path(name)
+        path = Path(name)
         save_model(
-            model_path,
+            path,
             model.to("cpu"),
             config={
                 "format_version": 1,
-                "model": {"name": job.model_name, "params": model_params},
-                "input_shape": list(input_shape),
+                "model": {"name": job.model_name, "params": job.spec["model"]["params"]},
+                "input_shape": list(dataset.feature_shape),
                 "n_outputs": n_outputs,
                 "task": dataset.task,
                 "job_id": job.id,
@@ -200,13 +248,12 @@ class JobRunner:
                 "feature_names": dataset.feature_names,
             },
         )
-        checkpoint.unlink(missing_ok=True)
-        return result, model_path
+        return path
 
     def _hooks(self, claimed: Claimed, checkpoint: Path) -> TrainingHooks:
-        job, plan = claimed.job, claimed.plan
+        job = claimed.job
         every = max(1, job.steps_planned // 100)
-        state = {"cancel": False, "last_beat": 0.0}
+        state = {"stop": False, "last_beat": 0.0}
         interval = self.settings.heartbeat_interval_s
 
         def on_step_end(step: int) -> None:
@@ -215,18 +262,23 @@ class JobRunner:
                 return
             state["last_beat"] = now
             spent = privacy.ledger_epsilon(
-                privacy.rdp_curve(plan.event_for(job.noise_multiplier, step)), job.delta
+                privacy.rdp_curve(claimed.plan.event_for(job.noise_multiplier, step)), job.delta
             )
             with self.db.write_transaction() as tx:
-                tx.execute(
-                    update(Job).where(Job.id == job.id).values(steps_run=step, heartbeat_at=utcnow())
-                )
+                mine = tx.execute(
+                    update(Job)
+                    .where(Job.id == job.id, Job.status == "running", Job.attempt == claimed.attempt)
+                    .values(steps_run=step, heartbeat_at=utcnow())
+                ).rowcount
+                if mine != 1:  # a newer attempt owns the job, or it was settled: stop quietly
+                    state["stop"] = True
+                    return
                 add_job_event(
                     tx, job.id, "progress",
                     {"step": step, "steps_planned": job.steps_planned, "epsilon_spent": spent},
                 )
                 current = tx.get(Job, job.id, populate_existing=True)
-                state["cancel"] = bool(current is not None and current.cancel_requested)
+                state["stop"] = bool(current is not None and current.cancel_requested)
 
         def save(training_state: TrainingState) -> None:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -234,28 +286,37 @@ class JobRunner:
 
         return TrainingHooks(
             on_step_end=on_step_end,
-            should_stop=lambda: bool(state["cancel"]),
+            should_stop=lambda: bool(state["stop"]),
             save_checkpoint=save if self.settings.checkpoint_every_steps else None,
             checkpoint_every=self.settings.checkpoint_every_steps,
         )
 
     # ------------------------------------------------------------------ settlement
 
-    def succeed(self, claimed: Claimed, steps_run: int, model_path: Path) -> None:
-        model_key, model_sha = self.blobs.put_file(model_path)
+    def _lock_own_job(self, tx, claimed: Claimed) -> tuple[object, Job] | None:  # noqa: ANN001
+        """Lock the budget and re-read the job; None if this attempt no longer owns it."""
+        budget = ledger.lock_budget(tx, claimed.dataset.id)
+        job = tx.get(Job, claimed.job.id, populate_existing=True)
+        assert job is not None
+        if job.status != "running" or job.attempt != claimed.attempt:
+            log.warning("stale attempt finished; ignoring", extra={"job_id": job.id, "attempt": claimed.attempt})
+            return None
+        return budget, job
+
+    def succeed(self, claimed: Claimed, outcome: Outcome) -> str:
+        assert outcome.model_path is not None
+        model_key, model_sha = self.blobs.put_file(outcome.model_path)
+        steps_run = outcome.result.steps_run
         with self.db.write_transaction() as tx:
-            budget = ledger.lock_budget(tx, claimed.dataset.id)
-            job = tx.get(Job, claimed.job.id, populate_existing=True)
-            assert job is not None
-            if job.status != "running" or job.attempt != claimed.job.attempt:
-                log.warning("stale attempt finished; ignoring", extra={"job_id": job.id})
-                return
+            owned = self._lock_own_job(tx, claimed)
+            if owned is None:
+                return "stale"
+            budget, job = owned
             before = ledger.budget_summary(budget)
             job.steps_run = steps_run
-            actual = privacy.event_to_json(claimed.plan.event_for(job.noise_multiplier, steps_run))
+            actual = claimed.event_json(steps_run, evaluated=True)
             entry = ledger.commit(tx, budget, job=job, actual_event=actual, actor=self.actor, reason="succeeded")
             tx.flush()
-            after = ledger.budget_summary(budget)
             report = build_report(
                 job=job,
                 dataset=claimed.dataset,
@@ -263,53 +324,49 @@ class JobRunner:
                 expected_batch_size=claimed.plan.expected_batch_size,
                 actual_event=actual,
                 budget_before=before,
-                budget_after=after,
-                commit_entry_hash=entry.hash,
-                commit_entry_seq=entry.seq,
+                budget_after=ledger.budget_summary(budget),
+                commit_entry=entry,
+                adjustments=ledger.adjustments(tx, claimed.dataset.id),
+                metrics=outcome.metrics,
                 model_sha256=model_sha,
             )
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             job.status = "succeeded"
+            job.metrics = outcome.metrics
             job.model_blob, job.model_sha256, job.report_blob = model_key, model_sha, report_key
             job.finished_at = utcnow()
             add_job_event(
                 tx, job.id, "succeeded",
                 {"steps_run": steps_run, "epsilon_spent": report["epsilon"]["ledger"]},
             )
+        self._cleanup(claimed.job.id)
         log.info("job succeeded", extra={"job_id": claimed.job.id})
+        return "succeeded"
 
-    def settle_cancelled(self, claimed: Claimed, steps_run: int) -> None:
-        """Cancel after TOUCH: commit the steps that ran, release the rest."""
+    def settle_stopped(self, claimed: Claimed, steps_run: int) -> str:
+        """Cancel after TOUCH: commit the steps that ran (no evaluation was released), release the rest."""
         with self.db.write_transaction() as tx:
-            budget = ledger.lock_budget(tx, claimed.dataset.id)
-            job = tx.get(Job, claimed.job.id, populate_existing=True)
-            assert job is not None
+            owned = self._lock_own_job(tx, claimed)
+            if owned is None:
+                return "stale"
+            budget, job = owned
             job.steps_run = steps_run
-            actual = privacy.event_to_json(claimed.plan.event_for(job.noise_multiplier, steps_run))
+            actual = claimed.event_json(steps_run, evaluated=False)
             ledger.commit(tx, budget, job=job, actual_event=actual, actor=self.actor, reason="cancelled")
             job.status = "cancelled"
             job.finished_at = utcnow()
             add_job_event(tx, job.id, "cancelled", {"steps_run": steps_run})
-        self._checkpoint_path(claimed.job.id).unlink(missing_ok=True)
+        self._cleanup(claimed.job.id)
+        return "cancelled"
 
-    def fail(self, job_id: str, *, error_code: str) -> None:
-        """A failure after TOUCH commits the full reservation (the data was opened); before, releases."""
-        with self.db.read_session() as session:
-            job = session.get(Job, job_id)
-            assert job is not None
-            dataset_id = job.dataset_id
+    def fail(self, claimed: Claimed, *, error_code: str) -> None:
         with self.db.write_transaction() as tx:
-            budget = ledger.lock_budget(tx, dataset_id)
-            job = tx.get(Job, job_id, populate_existing=True)
-            assert job is not None
-            if job.status != "running":
+            owned = self._lock_own_job(tx, claimed)
+            if owned is None:
                 return
-            if job.touched_at is not None:
-                ledger.commit(tx, budget, job=job, actual_event=job.event, actor=self.actor, reason=f"failed: {error_code}")
-            else:
-                ledger.release(tx, budget, job=job, actor=self.actor, reason=f"failed: {error_code}")
-            job.status = "failed"
-            job.error_code = error_code
-            job.finished_at = utcnow()
-            add_job_event(tx, job.id, "failed", {"error_code": error_code})
-        self._checkpoint_path(job_id).unlink(missing_ok=True)
+            budget, job = owned
+            self._settle_failure(tx, budget, job, error_code=error_code)
+        self._cleanup(claimed.job.id)
+
+    def _settle_failure(self, tx, budget, job: Job, *, error_code: str) -> None:  # noqa: ANN001
+        settle_failed_job(tx, budget, job, error_code=error_code, actor=self.actor)

@@ -27,6 +27,7 @@ class TrainingRequest:
     spec: dict[str, Any]
     noise_multiplier: float
     sampling_probability: float
+    expected_batch_size: float
     steps: int
     max_physical_batch_size: int
     generator: torch.Generator
@@ -54,6 +55,7 @@ def run_dp_sgd(request: TrainingRequest) -> TrainingResult:
         weight_decay=float(hyper["weight_decay"]),
         loss="cross_entropy" if request.task == "classification" else "mse",
         max_physical_batch_size=request.max_physical_batch_size,
+        expected_batch_size=request.expected_batch_size,
     )
     return train_dp_sgd(
         request.model,

@@ -56,14 +56,19 @@ class DPSGD(AlgorithmDefinition):
     Hyperparameters = DPSGDHyperparameters
 
     def plan(
-        self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts
+        self,
+        hyperparameters: BaseModel,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
     ) -> PrivacyPlan:
         assert isinstance(hyperparameters, DPSGDHyperparameters)
-        q, steps = poisson_schedule(training, facts)
+        q, steps = poisson_schedule(training, facts, training_fraction=training_fraction)
         return PrivacyPlan(
             steps=steps,
             sampling_probability=q,
-            expected_batch_size=q * facts.n_rows,
+            expected_batch_size=float(training.batch_size),
             sensitivity=hyperparameters.clipping_norm,
             sampling="poisson",
             event_for=subsampled_gaussian_steps(q),

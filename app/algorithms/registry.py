@@ -61,8 +61,14 @@ class AlgorithmDefinition:
             ) from exc
 
     def plan(
-        self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts
+        self,
+        hyperparameters: BaseModel,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
     ) -> PrivacyPlan:
+        """The mechanism for training on the rows not held out (expected (1 − f)·n of them)."""
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
@@ -87,13 +93,18 @@ def register_algorithm(cls: type[AlgorithmDefinition]) -> type[AlgorithmDefiniti
     return cls
 
 
-def poisson_schedule(training: TrainingSpec, facts: DatasetFacts) -> tuple[float, int]:
-    """(q, T) for Poisson sampling with expected batch size B: q = B/n, T = steps or ⌈E·n/B⌉."""
-    if training.batch_size > facts.n_rows:
+def poisson_schedule(
+    training: TrainingSpec, facts: DatasetFacts, *, training_fraction: float = 1.0
+) -> tuple[float, int]:
+    """(q, T) for Poisson sampling with expected batch size B over the expected m = (1 − f)·n
+    training rows: q = B/m, T = steps or ⌈E·m/B⌉ = ⌈E/q⌉. Every quantity is public."""
+    training_rows = training_fraction * facts.n_rows
+    if training.batch_size > training_rows:
         raise InvalidHyperparameters(
-            f"training.batch_size {training.batch_size} exceeds the dataset's {facts.n_rows} rows"
+            f"training.batch_size {training.batch_size} exceeds the {training_rows:g} rows "
+            "expected for training"
         )
-    q = training.batch_size / facts.n_rows
+    q = training.batch_size / training_rows
     if training.steps is not None:
         return q, training.steps
     assert training.epochs is not None

@@ -16,7 +16,7 @@ from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, pars
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from app.pagination import cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
-from app.schemas.datasets import BudgetView, DatasetList, DatasetOut, LedgerEntryOut, LedgerPage
+from app.schemas.datasets import BudgetIncrease, BudgetView, DatasetList, DatasetOut, LedgerEntryOut, LedgerPage
 from app.storage import UploadTooLarge
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -186,6 +186,32 @@ def get_budget(dataset_id: str, session: SessionDep, tenant: TenantDep) -> Budge
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     return BudgetView(**ledger.budget_summary(budget))
+
+
+@router.post("/{dataset_id}/budget", response_model=BudgetView)
+def raise_budget(
+    dataset_id: str, body: BudgetIncrease, services: ServicesDep, session: SessionDep, tenant: TenantDep
+) -> BudgetView:
+    """Raise ε (and optionally δ): only the owner can, and only upwards (privacy.md §4)."""
+    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    with services.db.write_transaction() as tx:
+        budget = ledger.lock_budget(tx, dataset.id)
+        try:
+            ledger.adjust(
+                tx,
+                budget,
+                epsilon=body.epsilon,
+                delta=body.delta if body.delta is not None else budget.delta,
+                n_rows=dataset.n_rows,
+                actor=f"tenant:{tenant.id}",
+                reason=body.reason,
+            )
+        except ledger.InvalidAdjustment as exc:
+            raise Problem(status=422, slug="invalid-budget", detail=str(exc)) from None
+        tx.flush()
+        view = BudgetView(**ledger.budget_summary(budget))
+    log.info("budget raised", extra={"dataset_id": dataset.id, "tenant_id": tenant.id})
+    return view
 
 
 @router.get("/{dataset_id}/ledger", response_model=LedgerPage)

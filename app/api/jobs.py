@@ -13,7 +13,8 @@ from sqlalchemy.exc import IntegrityError
 
 from app import ledger, privacy
 from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant, job_of_tenant
-from app.job_planning import JobPlan, plan_job, request_hash
+from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
+from app.job_settlement import mark_dispatched
 from app.job_views import add_job_event, job_out
 from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
 from app.pagination import decode_cursor, encode_cursor
@@ -49,6 +50,12 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget) -> PrivacyEstimate:
         admissible=witness is not None,
         witness_order=privacy.ORDERS[witness] if witness is not None else None,
         budget_remaining_epsilon=ledger.remaining_epsilon(budget),
+        largest_admissible_epsilon=largest_admissible_epsilon(plan, budget),
+        evaluation_epsilon=(
+            privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta)
+            if plan.evaluation
+            else None
+        ),
     )
 
 
@@ -144,6 +151,7 @@ def submit(
             return JSONResponse(job_out(existing).model_dump(mode="json"), status_code=200)
     try:
         services.dispatcher.dispatch(out.id)
+        mark_dispatched(services.db, out.id)
     except Exception:  # the reconciler re-sends queued jobs whose message was lost
         log.exception("dispatch failed", extra={"job_id": out.id})
     log.info("job admitted", extra={"job_id": out.id, "tenant_id": tenant.id})

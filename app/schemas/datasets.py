@@ -5,7 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BudgetIncrease(BaseModel):
+    """The owner raises the budget; recorded as an ADJUST ledger entry and shown in later reports."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    epsilon: float = Field(gt=0, le=100)
+    delta: float | None = Field(default=None, gt=0, lt=1, description="defaults to the current δ")
+    reason: str = Field(default="", max_length=500)
 
 
 class BudgetOut(BaseModel):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,12 +51,44 @@ class TrainingSpec(_Strict):
         return self
 
 
+class EvaluationSpec(_Strict):
+    """A DP evaluation on a held-out part of the rows, released through a charged mechanism.
+
+    Rows are held out by independent per-row coin flips (probability ``holdout_fraction``) and
+    never used for training. The released value is (sum over held-out rows + noise) divided by
+    the public expected hold-out size f·n: the number of correct predictions (classification,
+    sensitivity 1) or the sum of squared errors clipped to [0, ``error_clip``] (regression,
+    sensitivity ``error_clip``).
+    """
+
+    holdout_fraction: float = Field(gt=0, le=0.5)
+    mechanism: Literal["laplace", "gaussian"] = "laplace"
+    epsilon: float | None = Field(
+        default=None, gt=0, le=10, description="Laplace: pure ε of the released metric"
+    )
+    noise_multiplier: float | None = Field(
+        default=None, gt=0, le=1e5, description="Gaussian: noise std / sensitivity"
+    )
+    error_clip: float | None = Field(
+        default=None, gt=0, le=1e12, description="regression: public bound on a squared error"
+    )
+
+    @model_validator(mode="after")
+    def _mechanism_parameter(self) -> EvaluationSpec:
+        if self.mechanism == "laplace" and (self.epsilon is None or self.noise_multiplier is not None):
+            raise ValueError("the laplace mechanism takes epsilon (and no noise_multiplier)")
+        if self.mechanism == "gaussian" and (self.noise_multiplier is None or self.epsilon is not None):
+            raise ValueError("the gaussian mechanism takes noise_multiplier (and no epsilon)")
+        return self
+
+
 class JobCreate(_Strict):
     dataset_id: str = Field(min_length=1, max_length=64)
     model: ModelChoice
     algorithm: AlgorithmChoice
     privacy: PrivacySpec
     training: TrainingSpec
+    evaluation: EvaluationSpec | None = None
 
 
 class PrivacyEstimate(BaseModel):
@@ -73,12 +105,12 @@ class PrivacyEstimate(BaseModel):
     admissible: bool
     witness_order: float | None
     budget_remaining_epsilon: float
-
-
-class JobProgress(BaseModel):
-    steps_run: int
-    steps_planned: int
-    epsilon_spent: float | None
+    largest_admissible_epsilon: float = Field(
+        description="the largest target ε this spec could be given and still be admitted now"
+    )
+    evaluation_epsilon: float | None = Field(
+        default=None, description="ledger ε of the DP evaluation alone (part of epsilon_ledger)"
+    )
 
 
 class JobOut(BaseModel):
@@ -98,6 +130,9 @@ class JobOut(BaseModel):
     attempt: int
     cancel_requested: bool
     error_code: str | None
+    metrics: dict[str, Any] | None = Field(
+        default=None, description="DP-released evaluation metrics, with their mechanism"
+    )
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None

@@ -7,7 +7,6 @@ cancellation while running, and a worker-side failure.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,31 +14,15 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
 from app.db import Database
-from app.main import create_app
 from app.models import Dataset
-from tests.conftest import digits_split, dp_sgd_spec, make_settings, new_key, to_csv, upload
-from tests.worker_process import running_worker, wait_for_status
+from tests.conftest import digits_split, dp_sgd_spec, to_csv, upload
+from tests.worker_process import wait_for_status
 from worker.training.artifacts import load_model
 
 pytestmark = pytest.mark.integration
 
 PRIVATE_WORDS = ("loss", "grad", "norm", "clip", "accuracy", "error_vector")
-
-
-@pytest.fixture(scope="module")
-def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Path, Database]]:
-    root = tmp_path_factory.mktemp("embedded")
-    settings = make_settings(root / "data", heartbeat_interval_s=0.2, checkpoint_every_steps=50)
-    migrate(settings)
-    db = Database(settings.resolved_database_url)
-    log_path = root / "worker.log"
-    with running_worker(settings, log_path):
-        with TestClient(create_app(settings)) as client:
-            client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
-            yield client, log_path, db
-    db.dispose()
 
 
 def evaluate(model_bytes: bytes, tmp_path: Path, X: np.ndarray, y: np.ndarray) -> float:

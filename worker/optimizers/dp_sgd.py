@@ -68,6 +68,9 @@ class DPSGDConfig:
     loss: Literal["cross_entropy", "mse"] = "cross_entropy"
     max_physical_batch_size: int = 256
     """Rows per per-sample-gradient chunk: bounds memory only, never changes the result."""
+    expected_batch_size: float | None = None
+    """The public normaliser q·m. Default q·len(X); a job that holds rows out for evaluation
+    passes q·(1 − f)·n, because the realised number of training rows is not public."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
@@ -92,6 +95,9 @@ class DPSGDConfig:
         mpbs = self.max_physical_batch_size
         if isinstance(mpbs, bool) or not isinstance(mpbs, int) or mpbs < 1:
             raise ValueError(f"max_physical_batch_size must be an integer >= 1, got {mpbs!r}")
+        ebs = self.expected_batch_size
+        if ebs is not None and not (_finite(ebs) and ebs > 0.0):
+            raise ValueError(f"expected_batch_size must be finite and > 0, got {ebs!r}")
 
 
 def secure_generator(device: torch.device | str = "cpu") -> torch.Generator:
@@ -193,7 +199,11 @@ def train_dp_sgd(
 
     clip = AbadiClip(config.clipping_norm)
     noise_std = config.noise_multiplier * clip.norm_bound
-    expected_batch_size = config.sampling_probability * n  # public: q and n are public
+    expected_batch_size = (  # public: q, n and the hold-out fraction are public
+        config.expected_batch_size
+        if config.expected_batch_size is not None
+        else config.sampling_probability * n
+    )
 
     while step < config.steps:
         if hooks.should_stop is not None and hooks.should_stop():

@@ -26,7 +26,13 @@ from worker.training.models import build_model
 N_ROWS, N_FEATURES = 2000, 1500
 
 
-def test_dp_sgd_trainer_draws_the_charged_noise() -> None:
+@pytest.mark.parametrize(
+    "evaluation",
+    [None, {"holdout_fraction": 0.25, "mechanism": "laplace", "epsilon": 0.2}],
+    ids=["all-rows", "with-holdout"],
+)
+def test_dp_sgd_trainer_draws_the_charged_noise(evaluation: dict | None) -> None:
+    """With a hold-out, the normaliser must be the public B, not q·(rows passed to the trainer)."""
     dataset = Dataset(n_rows=N_ROWS, feature_shape=[N_FEATURES], task="classification", n_classes=2)
     spec = JobCreate.model_validate(
         {
@@ -35,12 +41,18 @@ def test_dp_sgd_trainer_draws_the_charged_noise() -> None:
             "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 0.7}},
             "privacy": {"target_epsilon": 2.0},
             "training": {"steps": 20, "batch_size": 100, "learning_rate": 0.5},
+            "evaluation": evaluation,
         }
     )
     plan = plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10_000)
     event = privacy.event_from_json(plan.event_json)
+    if evaluation is not None:
+        assert isinstance(event, privacy.ComposedEvent)
+        event, eval_event = event.events
+        assert eval_event == privacy.LaplaceEvent(noise_multiplier=5.0, count=1)
     assert isinstance(event, privacy.PoissonSampledGaussianEvent)
     assert event.noise_multiplier == plan.noise_multiplier and event.count == 20
+    assert plan.plan.expected_batch_size == 100
 
     model = build_model("logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2, generator=torch.Generator().manual_seed(0))
     before = model[-1].weight.detach().clone()
@@ -51,6 +63,7 @@ def test_dp_sgd_trainer_draws_the_charged_noise() -> None:
             model=model, X=X, y=y, task="classification", spec=plan.spec,
             noise_multiplier=plan.noise_multiplier,
             sampling_probability=plan.plan.sampling_probability,
+            expected_batch_size=plan.plan.expected_batch_size,
             steps=plan.plan.steps, max_physical_batch_size=64,
             generator=torch.Generator().manual_seed(1), hooks=TrainingHooks(), resume_from=None,
             device=torch.device("cpu"),
@@ -59,7 +72,7 @@ def test_dp_sgd_trainer_draws_the_charged_noise() -> None:
     assert result.steps_run == 20
     after = model[-1].weight.detach()
     change = (after - before).flatten().double().numpy()
-    expected_std = 0.5 * math.sqrt(20) * plan.noise_std_on_sum / (plan.plan.sampling_probability * N_ROWS)
+    expected_std = 0.5 * math.sqrt(20) * plan.noise_std_on_sum / 100  # lr·√T·σC / B
     observed_std = float(change.std())
     assert observed_std == pytest.approx(expected_std, rel=0.05)
     # two-sided χ² test of the variance with known mean 0
