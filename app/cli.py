@@ -46,6 +46,44 @@ def cmd_create_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify_ledger(args: argparse.Namespace) -> int:
+    """Recompute every total, curve and hash from the entries; non-zero exit on any mismatch."""
+    from app.ledger_audit import format_report, verify_ledger
+
+    db = Database(get_settings().resolved_database_url)
+    report = verify_ledger(db, dataset_id=args.dataset)
+    print(format_report(report))
+    db.dispose()
+    return 0 if report.ok else 1
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """Settle jobs whose worker vanished and re-send lost messages, once or every interval."""
+    import threading
+
+    from app.services import CeleryDispatcher
+    from worker.reconciler import reconcile_once, run_periodically
+
+    settings = get_settings()
+    configure_logging(settings.log_level)
+    db = Database(settings.resolved_database_url)
+    dispatcher = CeleryDispatcher(settings)
+    if not args.loop:
+        result = reconcile_once(db, settings, dispatcher)
+        print(
+            f"requeued {len(result.requeued)}, failed {len(result.failed)}, "
+            f"re-sent {len(result.redispatched)}"
+        )
+        return 0
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        run_periodically(db, settings, dispatcher, stop)
+    except KeyboardInterrupt:
+        stop.set()
+    return 0
+
+
 def cmd_worker(_args: argparse.Namespace) -> int:
     settings = get_settings()
     settings.check_safe()
@@ -105,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--label", default="")
     key.set_defaults(func=cmd_create_key)
     sub.add_parser("worker", help="run one Celery worker process").set_defaults(func=cmd_worker)
+    verify = sub.add_parser("verify-ledger", help="audit the privacy ledger; exit 1 on any mismatch")
+    verify.add_argument("--dataset", default=None, help="one dataset id (default: all)")
+    verify.set_defaults(func=cmd_verify_ledger)
+    reconcile = sub.add_parser("reconcile", help="settle lost jobs and re-send lost messages")
+    reconcile.add_argument("--loop", action="store_true", help="repeat every PRIVTRAIN_RECONCILE_INTERVAL_S")
+    reconcile.set_defaults(func=cmd_reconcile)
     return parser
 
 

@@ -41,8 +41,13 @@ def zero_curve() -> list[float]:
     return [0.0] * len(privacy.ORDERS)
 
 
-def genesis_hash(dataset_id: str) -> str:
-    return hashlib.sha256(f"privtrain-ledger-genesis:{dataset_id}".encode()).hexdigest()
+def genesis_hash(dataset_id: str, *, epsilon: float, delta: float, orders_version: str) -> str:
+    """The chain's anchor commits to the opening budget, so editing the budget row is detected."""
+    anchor = json.dumps(
+        {"dataset_id": dataset_id, "epsilon": epsilon, "delta": delta, "orders_version": orders_version},
+        sort_keys=True,
+    )
+    return hashlib.sha256(f"privtrain-ledger-genesis:{anchor}".encode()).hexdigest()
 
 
 @lru_cache(maxsize=256)
@@ -86,7 +91,9 @@ def open_budget(session: Session, *, dataset: Dataset, epsilon: float, delta: fl
         committed=zero_curve(),
         reserved=zero_curve(),
         entry_count=0,
-        last_hash=genesis_hash(dataset.id),
+        last_hash=genesis_hash(
+            dataset.id, epsilon=epsilon, delta=delta, orders_version=privacy.ORDERS_VERSION
+        ),
     )
     session.add(budget)
     return budget
@@ -163,6 +170,7 @@ def reserve(session: Session, budget: PrivacyBudget, *, job: Job, actor: str) ->
     witness = check_admissible(budget, job.reserved_curve)
     if witness is None:
         raise InsufficientBudget(remaining_epsilon(budget))
+    checked_against = {"committed": list(budget.committed), "reserved": list(budget.reserved)}
     budget.reserved = list(privacy.add_curves(tuple(budget.reserved), tuple(job.reserved_curve)))
     entry = _append(
         session,
@@ -172,28 +180,45 @@ def reserve(session: Session, budget: PrivacyBudget, *, job: Job, actor: str) ->
         event=job.event,
         curve=list(job.reserved_curve),
         actor=actor,
-        details={"witness_order": privacy.ORDERS[witness]},
+        details={"witness_order": privacy.ORDERS[witness], "admitted_against": checked_against},
     )
     return Admission(witness_order=privacy.ORDERS[witness], entry=entry)
 
 
 def _reserved_of_other_open_jobs(session: Session, dataset_id: str, settling_job_id: str) -> list[float]:
-    """Reserved total rebuilt from the open reservations (queued/running jobs) but one.
+    """Reserved total rebuilt from the open reservations but one, read from the hashed entries.
 
-    Rebuilding instead of subtracting keeps rounding residue from accumulating: once no job is
-    open, the reserved curve is exactly zero.
+    An open reservation is a RESERVE entry whose job has no COMMIT or RELEASE yet. Rebuilding
+    instead of subtracting keeps rounding residue from accumulating (nothing open: exactly zero),
+    and reading entries rather than the jobs table means an edited job row cannot free budget.
     """
+    settled = select(LedgerEntry.job_id).where(
+        LedgerEntry.dataset_id == dataset_id, LedgerEntry.kind.in_((COMMIT, RELEASE))
+    )
     curves = session.scalars(
-        select(Job.reserved_curve).where(
-            Job.dataset_id == dataset_id,
-            Job.status.in_(("queued", "running")),
-            Job.id != settling_job_id,
+        select(LedgerEntry.curve)
+        .where(
+            LedgerEntry.dataset_id == dataset_id,
+            LedgerEntry.kind == RESERVE,
+            LedgerEntry.job_id != settling_job_id,
+            LedgerEntry.job_id.not_in(settled),
         )
+        .order_by(LedgerEntry.seq)
     )
     total: tuple[float, ...] = tuple(zero_curve())
     for curve in curves:
         total = privacy.add_curves(total, tuple(curve))
     return list(total)
+
+
+def reservation_curve(session: Session, job_id: str) -> tuple[float, ...]:
+    """The reserved curve as the RESERVE entry recorded it (not the editable jobs row)."""
+    curve = session.scalar(
+        select(LedgerEntry.curve).where(LedgerEntry.job_id == job_id, LedgerEntry.kind == RESERVE)
+    )
+    if curve is None:
+        raise LedgerStateError(f"job {job_id} has no reservation")
+    return tuple(curve)
 
 
 def _job_kinds(session: Session, job_id: str) -> list[str]:
@@ -242,7 +267,7 @@ def commit(
     """Commit the actual cost (≤ reserved) and release the remainder of the reservation."""
     _require_open_reservation(session, job)
     actual = privacy.rdp_curve(privacy.event_from_json(actual_event))
-    reserved = tuple(job.reserved_curve)
+    reserved = reservation_curve(session, job.id)
     if any(a > r for a, r in zip(actual, reserved, strict=True)):
         raise LedgerStateError(f"job {job.id}: actual cost exceeds its reservation")
     budget.reserved = _reserved_of_other_open_jobs(session, budget.dataset_id, job.id)
@@ -286,7 +311,7 @@ def release(
         kind=RELEASE,
         job_id=job.id,
         event=None,
-        curve=list(job.reserved_curve),
+        curve=list(reservation_curve(session, job.id)),
         actor=actor,
         details={"reason": reason},
     )

@@ -249,6 +249,17 @@ def _initial_budget(data: _DatasetLedger) -> tuple[float, float] | None:
     return data.budget.epsilon, data.budget.delta
 
 
+def _genesis(data: _DatasetLedger) -> str:
+    """The anchor commits to the opening budget: an edited budget row breaks the first link."""
+    initial = _initial_budget(data)
+    orders_version = data.budget.orders_version if data.budget is not None else privacy.ORDERS_VERSION
+    if initial is None:
+        return ""
+    return ledger.genesis_hash(
+        data.dataset_id, epsilon=initial[0], delta=initial[1], orders_version=orders_version
+    )
+
+
 # --------------------------------------------------------------------------- checks
 
 Check = Callable[[_DatasetLedger], Iterator[AuditProblem]]
@@ -280,7 +291,7 @@ def check_sequence(data: _DatasetLedger) -> Iterator[AuditProblem]:
 
 def check_chain(data: _DatasetLedger) -> Iterator[AuditProblem]:
     """Each entry must name its predecessor's stored hash, so no entry can be removed or reordered."""
-    previous = ledger.genesis_hash(data.dataset_id)
+    previous = _genesis(data)
     for entry in data.entries:
         if entry.prev_hash != previous:
             yield data.problem(entry.seq, "broken-chain", "prev_hash is not the hash of the previous entry")
@@ -304,7 +315,7 @@ def check_budget_head(data: _DatasetLedger) -> Iterator[AuditProblem]:
     if data.budget is None:
         return
     last = data.entries[-1] if data.entries else None
-    head = last.hash if last is not None else ledger.genesis_hash(data.dataset_id)
+    head = last.hash if last is not None else _genesis(data)
     count = last.seq if last is not None else 0
     if data.budget.last_hash != head:
         yield data.problem(None, "budget-head-mismatch", "budget last_hash is not the last entry's hash")
@@ -542,6 +553,7 @@ def check_admissions(data: _DatasetLedger) -> Iterator[AuditProblem]:
                 yield data.problem(
                     entry.seq, "inadmissible-reservation", f"RESERVE of job {entry.job_id} did not fit the budget then"
                 )
+            yield from _check_recorded_admission(data, entry, committed, open_reservations, curve, capacity)
             previous = open_reservations.get(entry.job_id)
             open_reservations[entry.job_id] = curve if previous is None else privacy.add_curves(previous, curve)
         elif entry.kind == ledger.COMMIT and curve is not None:
@@ -549,6 +561,32 @@ def check_admissions(data: _DatasetLedger) -> Iterator[AuditProblem]:
             open_reservations.pop(entry.job_id or "", None)
         elif entry.kind == ledger.RELEASE:
             open_reservations.pop(entry.job_id or "", None)
+
+
+def _check_recorded_admission(
+    data: _DatasetLedger,
+    entry: LedgerEntry,
+    committed: Curve,
+    open_reservations: dict[str, Curve],
+    cost: Curve,
+    capacity: Curve | None,
+) -> Iterator[AuditProblem]:
+    """The totals a RESERVE records it was admitted against: they must fit exactly and agree
+    with the replay (which may differ in the last bits because sums run in another order)."""
+    recorded = (entry.details or {}).get("admitted_against")
+    if recorded is None:
+        return
+    got_committed, got_reserved = _curve(recorded.get("committed")), _curve(recorded.get("reserved"))
+    if got_committed is None or got_reserved is None:
+        yield data.problem(entry.seq, "malformed-entry", "admitted_against is not a pair of curves")
+        return
+    replayed = _fold(list(open_reservations.values()))
+    if not (_close(got_committed, committed, rel=1e-12) and _close(got_reserved, replayed, rel=1e-9)):
+        yield data.problem(entry.seq, "total-mismatch", "admitted_against differs from the replayed totals")
+    if capacity is not None and privacy.admission_order(
+        committed=got_committed, reserved=got_reserved, cost=cost, capacity=capacity
+    ) is None:
+        yield data.problem(entry.seq, "inadmissible-reservation", "the recorded totals do not admit this RESERVE")
 
 
 def _admissible(committed: Curve, open_reservations: dict[str, Curve], cost: Curve, capacity: Curve) -> bool:

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,10 +27,11 @@ from app import ledger, privacy
 from app.config import Settings
 from app.db import Database
 from app.job_planning import plan_job
+from app.ledger_audit import format_report, verify_ledger
 from app.main import create_app
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.schemas.jobs import JobCreate
-from tests.conftest import RecordingDispatcher, digits_split, dp_sgd_spec, new_key, to_csv
+from tests.conftest import RecordingDispatcher, digits_split, dp_sgd_spec, make_settings, new_key, to_csv
 
 N_CONCURRENT = 60
 INSUFFICIENT = "/problems/insufficient-privacy-budget"
@@ -59,6 +61,14 @@ def digits_csv() -> bytes:
 
 
 # --------------------------------------------------------------------------------------- server
+
+
+def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
+    """Test settings for the races; the in-process reconciler is off so that nothing but the
+    submissions touches the ledger or the dispatcher while the test counts them."""
+    values: dict[str, object] = {"max_upload_bytes": 5_000_000, "run_reconciler": False}
+    values.update(overrides)
+    return make_settings(data_dir, **values)
 
 
 def free_port() -> int:
@@ -305,6 +315,19 @@ class BudgetWatcher:
         assert self.snapshots == sorted(self.snapshots), f"reservations went backwards: {self.snapshots}"
 
 
+def budget_view(client: httpx.Client, dataset_id: str) -> dict[str, Any]:
+    response = client.get(f"/v1/datasets/{dataset_id}/budget")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def genesis_of(client: httpx.Client, dataset_id: str) -> str:
+    """The chain anchor: the fresh budget's last_hash, before any entry exists."""
+    budget = budget_view(client, dataset_id)
+    assert budget["entries"] == 0, budget
+    return str(budget["last_hash"])
+
+
 def ledger_items(client: httpx.Client, dataset_id: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor: str | None = None
@@ -329,8 +352,14 @@ def assert_ledger_state(
     curve: Sequence[float],
     k: int,
     admitted_ids: set[str],
+    genesis: str,
+    exhausted: bool = True,
 ) -> None:
-    """After the race: exactly the k admitted jobs are reserved, chained and dispatched."""
+    """After the race: exactly the k admitted jobs are reserved, chained and dispatched.
+
+    ``genesis`` is the budget's ``last_hash`` read before any submission (the chain's anchor);
+    ``exhausted``: the race was meant to fill the budget, so a (k+1)-th job must not fit.
+    """
     assert len(admitted_ids) == k, f"{len(admitted_ids)} distinct admitted job ids, expected {k}"
 
     # The API's view of the ledger: k RESERVE entries, seq 1..k, an unbroken hash chain.
@@ -338,24 +367,25 @@ def assert_ledger_state(
     assert [e["kind"] for e in items] == ["RESERVE"] * k, [e["kind"] for e in items]
     assert [e["seq"] for e in items] == list(range(1, k + 1))
     assert {e["job_id"] for e in items} == admitted_ids
-    previous = ledger.genesis_hash(dataset_id)
+    previous = genesis
     for entry in items:
         assert entry["prev_hash"] == previous, f"hash chain broken at seq {entry['seq']}"
         assert entry["curve"] == list(curve), f"seq {entry['seq']} reserved a different curve"
         previous = entry["hash"]
 
     # The budget view: exactly k·cost reserved, within capacity at some order, and full.
-    response = client.get(f"/v1/datasets/{dataset_id}/budget")
-    assert response.status_code == 200, response.text
-    budget = response.json()
+    budget = budget_view(client, dataset_id)
     assert assert_budget_within_capacity(budget, curve, k) == k
     assert budget["entries"] == k
     assert budget["last_hash"] == previous
     capacity = privacy.capacity_curve(budget["epsilon"], budget["delta"])
     zeros = tuple(0.0 for _ in privacy.ORDERS)
-    assert privacy.admission_order(
+    fits_another = privacy.admission_order(
         committed=zeros, reserved=folded(curve, k), cost=tuple(curve), capacity=capacity
-    ) is None, "a (k+1)-th job would still have fitted"
+    ) is not None
+    assert fits_another is not exhausted, (
+        "a (k+1)-th job would still have fitted" if exhausted else "one job must not fill the budget"
+    )
 
     # The database itself: k jobs, k entries whose stored hashes recompute, k dispatches.
     with live.db.read_session() as session:
@@ -375,6 +405,8 @@ def assert_ledger_state(
             select(func.count()).select_from(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)
         )
         assert count == k
+    report = verify_ledger(live.db, dataset_id=dataset_id)
+    assert not report.problems, format_report(report)
     dispatched = [job_id for job_id in live.dispatcher.sent if job_id in jobs]
     assert sorted(dispatched) == sorted(admitted_ids), "each admitted job must be dispatched exactly once"
 
@@ -400,30 +432,34 @@ def run_single_dataset_race(live: LiveService, *, epsilon: float = 2.0, n: int =
         k = expected_admissions(curve, epsilon, DATASET_DELTA)
         assert K_RANGE[0] <= k <= K_RANGE[1], f"calibration drifted: k = {k}"
         assert n >= 50 and k < n
+        genesis = genesis_of(client, dataset["id"])
 
         started = time.monotonic()
         with BudgetWatcher(live, key, dataset["id"], curve, k) as watcher:
             outcomes = fire_concurrently(live, [Submission(key, spec) for _ in range(n)])
         wall = time.monotonic() - started
         print(summary(f"single dataset (k = {k})", outcomes, wall), f"; {len(watcher.snapshots)} budget snapshots")
-        watcher.check()
-
         admitted, rejected = split_outcomes(outcomes)
+        watcher.check()
         assert len(admitted) == k, f"{len(admitted)} admitted, expected exactly k = {k}"
         assert len(rejected) == n - k
         for o in admitted:
             assert o.body["status"] == "queued" and o.body["dataset_id"] == dataset["id"]
-        assert_ledger_state(live, client, dataset["id"], curve=curve, k=k, admitted_ids={o.body["id"] for o in admitted})
+        assert_ledger_state(
+            live, client, dataset["id"], curve=curve, k=k,
+            admitted_ids={o.body["id"] for o in admitted}, genesis=genesis,
+        )
     return k
 
 
 def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (2.0, 1.5), n: int = N_CONCURRENT) -> tuple[int, int]:
     """Interleaved submissions to two datasets of two tenants; each ends with its own exact k."""
     keys = (live.tenant_key("carol"), live.tenant_key("dave"))
-    datasets, curves, ks, specs = [], [], [], []
+    datasets, curves, ks, specs, geneses = [], [], [], [], []
     for key, epsilon in zip(keys, epsilons, strict=True):
         with live.client(key) as client:
             dataset = upload_digits(client, epsilon=epsilon, name=f"digits-{epsilon}")
+            geneses.append(genesis_of(client, dataset["id"]))
         spec = job_spec(dataset["id"])
         curve = job_curve(live, dataset["id"], spec)
         k = expected_admissions(curve, epsilon, DATASET_DELTA)
@@ -442,9 +478,9 @@ def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (
         outcomes = fire_concurrently(live, submissions)
     wall = time.monotonic() - started
     print(summary(f"two datasets (k = {ks[0]}, {ks[1]})", outcomes, wall))
+    admitted, _ = split_outcomes(outcomes)
     w0.check()
     w1.check()
-    admitted, _ = split_outcomes(outcomes)
     for side in (0, 1):
         mine = [o for o in outcomes if o.index % 2 == side]
         ok = [o for o in mine if o in admitted]
@@ -453,7 +489,7 @@ def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (
         with live.client(keys[side]) as client:
             assert_ledger_state(
                 live, client, datasets[side]["id"], curve=curves[side], k=ks[side],
-                admitted_ids={o.body["id"] for o in ok},
+                admitted_ids={o.body["id"] for o in ok}, genesis=geneses[side],
             )
     return ks[0], ks[1]
 
@@ -465,6 +501,7 @@ def run_idempotent_race(live: LiveService, *, n: int = 20) -> None:
         dataset = upload_digits(client, epsilon=2.0)
         spec = job_spec(dataset["id"])
         curve = job_curve(live, dataset["id"], spec)
+        genesis = genesis_of(client, dataset["id"])
         headers = {"Idempotency-Key": f"race-{dataset['id']}"}
         started = time.monotonic()
         outcomes = fire_concurrently(live, [Submission(key, spec, headers) for _ in range(n)])
@@ -474,4 +511,6 @@ def run_idempotent_race(live: LiveService, *, n: int = 20) -> None:
         ids = {o.body["id"] for o in outcomes}
         assert len(ids) == 1, f"one Idempotency-Key produced {len(ids)} jobs: {ids}"
         assert sum(o.status == 202 for o in outcomes) == 1, [o.status for o in outcomes]
-        assert_ledger_state(live, client, dataset["id"], curve=curve, k=1, admitted_ids=ids)
+        assert_ledger_state(live, client, dataset["id"], curve=curve, k=1, admitted_ids=ids,
+            genesis=genesis, exhausted=False,
+        )

@@ -204,9 +204,17 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
         )
         fresh = tx.get(Job, job.id, populate_existing=True)
         assert fresh is not None
-        if result.rowcount == 1:
+        if result.rowcount == 1 and fresh.touched_at is None:
             ledger.release(tx, budget, job=fresh, actor=f"tenant:{tenant.id}", reason="cancelled before start")
             add_job_event(tx, fresh.id, "cancelled", {"steps_run": 0})
+        elif result.rowcount == 1:
+            # Requeued after a lost worker: the data was opened and the lost attempt's steps are
+            # not known exactly, so the whole reservation is committed, as for a crash.
+            ledger.commit(
+                tx, budget, job=fresh, actual_event=fresh.event, actor=f"tenant:{tenant.id}",
+                reason="cancelled after a lost attempt",
+            )
+            add_job_event(tx, fresh.id, "cancelled", {"steps_run": fresh.steps_run})
         elif fresh.status == "running":
             fresh.cancel_requested = True
             add_job_event(tx, fresh.id, "cancel-requested", {})

@@ -177,3 +177,22 @@ def test_health_endpoints(app_client: TestClient) -> None:
     ready = app_client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
     assert "privtrain_jobs" in app_client.get("/metrics").text
+
+
+def test_cancel_of_a_requeued_touched_job_commits_its_reservation(alice: TestClient, dataset_id: str, database: Database) -> None:
+    """A job put back in the queue after a lost worker already opened the data."""
+    from app import ledger
+    from app.models import utcnow
+
+    job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=2.0)).json()
+    with database.write_transaction() as tx:  # what a claim + a lost worker + the reconciler leave behind
+        budget = ledger.lock_budget(tx, dataset_id)
+        row = tx.get(Job, job["id"])
+        ledger.touch(tx, budget, job=row, actor="worker:test")
+        row.touched_at, row.attempt = utcnow(), 1
+    response = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert response.status_code == 202 and response.json()["status"] == "cancelled"
+    kinds = [e["kind"] for e in alice.get(f"/v1/datasets/{dataset_id}/ledger").json()["items"]]
+    assert kinds == ["RESERVE", "TOUCH", "COMMIT"]
+    budget = alice.get(f"/v1/datasets/{dataset_id}/budget").json()
+    assert budget["committed_epsilon"] == pytest.approx(job["epsilon_ledger"], rel=1e-6)

@@ -7,7 +7,6 @@ fits exactly k of them admit exactly k and never overspend.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -15,19 +14,19 @@ from app.bootstrap import migrate
 from app.config import Settings
 from tests.concurrency_helpers import (
     LiveService,
+    concurrency_settings,
     live_server,
     run_idempotent_race,
     run_single_dataset_race,
     run_two_dataset_race,
 )
-from tests.conftest import make_settings
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def sqlite_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    settings = make_settings(tmp_path_factory.mktemp("concurrency-sqlite") / "data", max_upload_bytes=5_000_000)
+    settings = concurrency_settings(tmp_path_factory.mktemp("concurrency-sqlite") / "data")
     assert settings.resolved_database_url.startswith("sqlite")
     migrate(settings)
     return settings

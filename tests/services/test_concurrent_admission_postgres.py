@@ -14,23 +14,19 @@ from app.bootstrap import migrate
 from app.config import Settings
 from tests.concurrency_helpers import (
     LiveService,
+    concurrency_settings,
     live_server,
     run_idempotent_race,
     run_single_dataset_race,
     run_two_dataset_race,
 )
-from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
 def pg_settings(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Settings:
-    settings = make_settings(
-        tmp_path_factory.mktemp("concurrency-postgres") / "data",
-        database_url=postgres_url,
-        max_upload_bytes=5_000_000,
-    )
+    settings = concurrency_settings(tmp_path_factory.mktemp("concurrency-postgres") / "data", database_url=postgres_url)
     assert settings.resolved_database_url.startswith("postgresql")
     migrate(settings)
     return settings

@@ -57,13 +57,15 @@ def test_chain_links_every_entry(database: Database) -> None:
         entries = list(s.scalars(select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq)))
         budget = ledger.lock_budget(s, dataset_id)
     assert [e.kind for e in entries] == ["RESERVE", "RESERVE", "TOUCH", "COMMIT", "RELEASE"]
-    previous = ledger.genesis_hash(dataset_id)
+    previous = ledger.genesis_hash(dataset_id, epsilon=8.0, delta=1e-5, orders_version=privacy.ORDERS_VERSION)
     for entry in entries:
         assert entry.prev_hash == previous
         assert ledger.entry_hash(entry) == entry.hash
         previous = entry.hash
     assert budget.last_hash == previous and budget.entry_count == 5
     assert budget.reserved == [0.0] * len(privacy.ORDERS)  # exactly zero once nothing is open
+    zeros = tuple(ledger.zero_curve())
+    assert entries[1].details["admitted_against"]["reserved"] == list(privacy.add_curves(zeros, tuple(entries[0].curve)))
     # tampering with any field changes the hash
     entries[3].curve = [v / 2 for v in entries[3].curve]
     assert ledger.entry_hash(entries[3]) != entries[3].hash
@@ -100,3 +102,31 @@ def test_over_budget_reservation_writes_nothing(database: Database) -> None:
     assert 0 <= raised.value.remaining_epsilon <= 0.5
     with database.read_session() as s:
         assert s.scalars(select(LedgerEntry)).all() == [] and s.scalars(select(Job)).all() == []
+
+
+def test_editing_the_budget_row_breaks_the_chain_anchor(database: Database) -> None:
+    from app.ledger_audit import verify_ledger
+    from sqlalchemy import update
+
+    dataset_id = _dataset(database)
+    _job(database, dataset_id)
+    assert verify_ledger(database).ok
+    with database.write_transaction() as s:
+        s.execute(update(ledger.PrivacyBudget).where(ledger.PrivacyBudget.dataset_id == dataset_id).values(epsilon=80.0))
+    codes = {p.code for p in verify_ledger(database).problems}
+    assert "broken-chain" in codes
+
+
+def test_an_edited_job_row_cannot_free_budget(database: Database) -> None:
+    """Reserved totals come from the hashed RESERVE entries, not from the editable jobs table."""
+    from sqlalchemy import update
+
+    dataset_id = _dataset(database)
+    first, second = _job(database, dataset_id), _job(database, dataset_id)
+    with database.write_transaction() as s:  # an attacker marks the first job finished and cheap
+        s.execute(update(Job).where(Job.id == first).values(status="succeeded", reserved_curve=[0.0] * len(privacy.ORDERS)))
+    _with_job(database, dataset_id, second, lambda s, b, j: (setattr(j, "status", "cancelled"), ledger.release(s, b, job=j, actor="a", reason="x")))
+    with database.read_session() as s:
+        budget = s.get(ledger.PrivacyBudget, dataset_id)
+        first_reserve = s.scalar(select(LedgerEntry.curve).where(LedgerEntry.job_id == first, LedgerEntry.kind == "RESERVE"))
+    assert budget.reserved == list(privacy.add_curves(tuple(ledger.zero_curve()), tuple(first_reserve)))  # still held

@@ -207,7 +207,7 @@ TAMPERS: dict[str, tuple[Callable[[Built, Callable[..., LedgerEntry]], Any], set
     ),
     "budget epsilon lowered": (
         lambda b, e: update(PrivacyBudget).where(PrivacyBudget.dataset_id == b.dataset_id).values(epsilon=0.05),
-        {"over-capacity", "inadmissible-reservation"},
+        {"broken-chain", "over-capacity", "inadmissible-reservation"},  # the anchor commits to the budget
     ),
     "job reserved_curve": (
         lambda b, e: update(Job).where(Job.id == b.queued).values(reserved_curve=_halved(e(kind="RESERVE", job_id=b.queued).curve)),
@@ -277,7 +277,10 @@ def test_forged_cheaper_commit_event_is_detected(database: Database, built: Buil
     with database.write_transaction() as s:  # re-chain everything after it and fix the budget row
         budget = s.get(PrivacyBudget, built.dataset_id)
         entries = list(s.scalars(select(LedgerEntry).where(LedgerEntry.dataset_id == built.dataset_id).order_by(LedgerEntry.seq)))
-        previous, committed = ledger.genesis_hash(built.dataset_id), tuple(ledger.zero_curve())
+        previous = ledger.genesis_hash(
+            built.dataset_id, epsilon=budget.epsilon, delta=budget.delta, orders_version=budget.orders_version
+        )
+        committed = tuple(ledger.zero_curve())
         for entry in entries:
             entry.prev_hash = previous
             entry.hash = previous = ledger.entry_hash(entry)
