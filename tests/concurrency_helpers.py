@@ -511,6 +511,6 @@ def run_idempotent_race(live: LiveService, *, n: int = 20) -> None:
         ids = {o.body["id"] for o in outcomes}
         assert len(ids) == 1, f"one Idempotency-Key produced {len(ids)} jobs: {ids}"
         assert sum(o.status == 202 for o in outcomes) == 1, [o.status for o in outcomes]
-        assert_ledger_state(live, client, dataset["id"], curve=curve, k=1, admitted_ids=ids,
-            genesis=genesis, exhausted=False,
+        assert_ledger_state(
+            live, client, dataset["id"], curve=curve, k=1, admitted_ids=ids, genesis=genesis, exhausted=False
         )

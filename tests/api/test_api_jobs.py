@@ -196,3 +196,18 @@ def test_cancel_of_a_requeued_touched_job_commits_its_reservation(alice: TestCli
     assert kinds == ["RESERVE", "TOUCH", "COMMIT"]
     budget = alice.get(f"/v1/datasets/{dataset_id}/budget").json()
     assert budget["committed_epsilon"] == pytest.approx(job["epsilon_ledger"], rel=1e-6)
+
+
+def test_three_target_4_jobs_fit_into_epsilon_8_not_two(alice: TestClient, digits_csv: bytes) -> None:
+    """The README's worked example: RDP composition admits 3 jobs of ε 4 where adding ε's gives 2."""
+    dataset_id = upload(alice, digits_csv).json()["id"]
+    spec = dp_sgd_spec(dataset_id, target_epsilon=4.0)
+    spec["training"] = {"epochs": 20, "batch_size": 128, "learning_rate": 2.0}
+    statuses = [alice.post("/v1/jobs", json=spec).status_code for _ in range(4)]
+    assert statuses == [202, 202, 202, 409]
+    estimate = alice.post("/v1/jobs/estimate", json=spec).json()
+    assert estimate["admissible"] is False
+    assert 0 < estimate["largest_admissible_epsilon"] < 4.0
+    smaller = dict(spec, privacy={"target_epsilon": estimate["largest_admissible_epsilon"] * 0.999})
+    assert alice.post("/v1/jobs/estimate", json=smaller).json()["admissible"] is True
+    assert alice.post("/v1/jobs", json=smaller).status_code == 202
