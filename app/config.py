@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     checkpoint_every_steps: int = Field(default=200, ge=0)
     max_attempts: int = Field(default=3, ge=1, le=20)
+    job_time_limit_s: float = Field(
+        default=24 * 3600.0, gt=0, description="a job running longer is stopped; its reservation is committed"
+    )
     stale_after_s: float = Field(
         default=60.0, gt=0, description="a running job without a heartbeat for this long is lost"
     )

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +50,10 @@ def job_spec(dataset_id: str) -> dict[str, Any]:
     return spec
 
 
-_DIGITS_CSV: bytes | None = None
-
-
+@lru_cache(maxsize=1)
 def digits_csv() -> bytes:
-    global _DIGITS_CSV
-    if _DIGITS_CSV is None:
-        X_train, _, y_train, _ = digits_split()
-        _DIGITS_CSV = to_csv(X_train, y_train)
-    return _DIGITS_CSV
+    X_train, _, y_train, _ = digits_split()
+    return to_csv(X_train, y_train)
 
 
 # --------------------------------------------------------------------------------------- server
@@ -241,12 +237,13 @@ def fire_concurrently(live: LiveService, submissions: Sequence[Submission]) -> l
 
 def split_outcomes(outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[Outcome]]:
     """(admitted 202s, rejected 409 insufficient-budget); anything else fails with every body shown."""
-    admitted = [o for o in outcomes if o.status == 202]
+    admitted = [o for o in outcomes if o.status == 202 and isinstance(o.body, dict)]
     rejected = [
         o for o in outcomes
         if o.status == 409 and isinstance(o.body, dict) and o.body.get("type") == INSUFFICIENT
     ]
-    unexpected = [o for o in outcomes if o not in admitted and o not in rejected]
+    expected = {o.index for o in admitted} | {o.index for o in rejected}
+    unexpected = [o for o in outcomes if o.index not in expected]
     assert not unexpected, (
         f"{len(unexpected)} of {len(outcomes)} submissions answered neither 202 nor 409 "
         f"{INSUFFICIENT}:\n" + "\n".join(o.describe() for o in unexpected)
@@ -482,8 +479,7 @@ def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (
     w0.check()
     w1.check()
     for side in (0, 1):
-        mine = [o for o in outcomes if o.index % 2 == side]
-        ok = [o for o in mine if o in admitted]
+        ok = [o for o in admitted if o.index % 2 == side]
         assert len(ok) == ks[side], f"dataset {side}: {len(ok)} admitted, expected k = {ks[side]}"
         assert all(o.body["dataset_id"] == datasets[side]["id"] for o in ok)
         with live.client(keys[side]) as client:

@@ -18,16 +18,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    env = {
-        "PRIVTRAIN_ENVIRONMENT": settings.environment,
-        "PRIVTRAIN_DATA_DIR": str(settings.data_dir),
-        "PRIVTRAIN_DATABASE_URL": settings.resolved_database_url,
-        "PRIVTRAIN_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
-        "PRIVTRAIN_CHECKPOINT_EVERY_STEPS": str(settings.checkpoint_every_steps),
-        "PRIVTRAIN_TASK_QUEUE": settings.task_queue,
-    }
-    if settings.broker_url:
-        env["PRIVTRAIN_BROKER_URL"] = settings.broker_url
+    """The same settings for a child process, as PRIVTRAIN_* variables."""
+    env = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        env[f"PRIVTRAIN_{name.upper()}"] = text
+    env["PRIVTRAIN_DATABASE_URL"] = settings.resolved_database_url
     return env
 
 

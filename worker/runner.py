@@ -16,6 +16,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class Outcome:
     result: TrainingResult
     model_path: Path | None
     metrics: dict[str, object] | None
+    timed_out: bool = False
 
 
 def _actor() -> str:
@@ -155,6 +157,9 @@ class JobRunner:
             self.fail(claimed, error_code="training-failed")
             return "failed"
         try:
+            if outcome.timed_out:
+                self.fail(claimed, error_code="time-limit")
+                return "failed"
             if outcome.result.stopped_early:
                 return self.settle_stopped(claimed, outcome.result.steps_run)
             assert outcome.model_path is not None
@@ -208,6 +213,7 @@ class JobRunner:
         )
         checkpoint = self._private_path(job.id, ".safetensors")
         resume: TrainingState | None = load_training_state(checkpoint) if checkpoint.exists() else None
+        hooks, timed_out = self._hooks(claimed, checkpoint)
         result = get_trainer(job.algorithm)(
             TrainingRequest(
                 model=model, X=X, y=y, task=dataset.task, spec=job.spec,
@@ -216,12 +222,12 @@ class JobRunner:
                 expected_batch_size=claimed.plan.expected_batch_size,
                 steps=job.steps_planned,
                 max_physical_batch_size=self.settings.max_physical_batch_size,
-                generator=secure_generator(device), hooks=self._hooks(claimed, checkpoint),
+                generator=secure_generator(device), hooks=hooks,
                 resume_from=resume, device=device,
             )
         )
         if result.stopped_early:
-            return Outcome(result=result, model_path=None, metrics=None)
+            return Outcome(result=result, model_path=None, metrics=None, timed_out=timed_out())
         metrics = None
         if claimed.evaluation is not None:
             assert X_eval is not None and y_eval is not None
@@ -250,11 +256,16 @@ class JobRunner:
         )
         return path
 
-    def _hooks(self, claimed: Claimed, checkpoint: Path) -> TrainingHooks:
+    def _hooks(self, claimed: Claimed, checkpoint: Path) -> tuple[TrainingHooks, Callable[[], bool]]:
+        """Progress, heartbeat, cancel and the time limit; returns the hooks and a 'timed out?' probe."""
         job = claimed.job
         every = max(1, job.steps_planned // 100)
         state = {"stop": False, "last_beat": 0.0}
         interval = self.settings.heartbeat_interval_s
+        deadline = time.monotonic() + self.settings.job_time_limit_s
+
+        def timed_out() -> bool:
+            return time.monotonic() > deadline
 
         def on_step_end(step: int) -> None:
             now = time.monotonic()
@@ -284,12 +295,13 @@ class JobRunner:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
             save_training_state(checkpoint, training_state)
 
-        return TrainingHooks(
+        hooks = TrainingHooks(
             on_step_end=on_step_end,
-            should_stop=lambda: bool(state["stop"]),
+            should_stop=lambda: bool(state["stop"]) or timed_out(),
             save_checkpoint=save if self.settings.checkpoint_every_steps else None,
             checkpoint_every=self.settings.checkpoint_every_steps,
         )
+        return hooks, timed_out
 
     # ------------------------------------------------------------------ settlement
 

@@ -130,3 +130,24 @@ def test_killed_worker_is_retried_inside_the_same_reservation(tmp_path: Path) ->
         assert verify_ledger(db).ok
     assert not list((settings.checkpoint_dir).glob("*"))  # secret checkpoints are gone after settling
     db.dispose()
+
+
+def test_job_over_its_time_limit_is_stopped_and_commits_its_reservation(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data", heartbeat_interval_s=0.1, job_time_limit_s=2.0)
+    migrate(settings)
+    db = Database(settings.resolved_database_url)
+    log_path = tmp_path / "worker.log"
+    with running_worker(settings, log_path), TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
+        dataset = _digits_dataset(client, name="slow")
+        spec = dp_sgd_spec(dataset["id"], target_epsilon=2.0)
+        spec["training"] = {"steps": 200_000, "batch_size": 64, "learning_rate": 0.1}
+        job = client.post("/v1/jobs", json=spec).json()
+        final = wait_for_status(client, job["id"], {"failed", "succeeded", "cancelled"}, log_path=log_path)
+        assert final["status"] == "failed" and final["error_code"] == "time-limit"
+        assert 0 < final["steps_run"] < 200_000
+        kinds = [e["kind"] for e in client.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]]
+        assert kinds == ["RESERVE", "TOUCH", "COMMIT"]
+        budget = client.get(f"/v1/datasets/{dataset['id']}/budget").json()
+        assert budget["committed_epsilon"] == pytest.approx(job["epsilon_ledger"], rel=1e-6)
+    db.dispose()
