@@ -1,0 +1,10 @@
+"""Worker-side implementations of the catalogue's algorithms, looked up by the same name.
+
+Importing this package registers every trainer; add a module per algorithm family and import it
+here.
+"""
+
+from worker.trainers import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
+from worker.trainers.base import TRAINERS, Trainer, TrainingRequest, get_trainer, register_trainer
+
+__all__ = ["TRAINERS", "Trainer", "TrainingRequest", "get_trainer", "register_trainer"]
