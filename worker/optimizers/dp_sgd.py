@@ -21,7 +21,7 @@ import copy
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
@@ -38,7 +38,9 @@ from worker.optimizers.sampling import poisson_sample
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 __all__ = [
+    "BatchAggregator",
     "DPSGDConfig",
+    "PerSampleMapAggregator",
     "TrainingHooks",
     "TrainingResult",
     "TrainingState",
@@ -68,6 +70,9 @@ class DPSGDConfig:
     loss: Literal["cross_entropy", "mse"] = "cross_entropy"
     max_physical_batch_size: int = 256
     """Rows per per-sample-gradient chunk: bounds memory only, never changes the result."""
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
     expected_batch_size: float | None = None
     """The public normaliser q·m. Default q·len(X); a job that holds rows out for evaluation
     passes q·(1 − f)·n, because the realised number of training rows is not public."""
@@ -90,6 +95,8 @@ class DPSGDConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if not (_finite(self.weight_decay) and self.weight_decay >= 0.0):
             raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
         if self.loss not in LOSS_REGISTRY:
             raise ValueError(f"unknown loss {self.loss!r}; known: {sorted(LOSS_REGISTRY)}")
         mpbs = self.max_physical_batch_size
@@ -98,6 +105,70 @@ class DPSGDConfig:
         ebs = self.expected_batch_size
         if ebs is not None and not (_finite(ebs) and ebs > 0.0):
             raise ValueError(f"expected_batch_size must be finite and > 0, got {ebs!r}")
+
+
+class BatchAggregator(Protocol):
+    """The released sum's data part: Σ over the batch of bounded per-sample contributions.
+
+    `sensitivity` is the add/remove L2 sensitivity of that sum for every possible batch; the
+    loop adds N(0, (σ·sensitivity)² I). Per-sample maps (clipping, normalisation) are one kind;
+    rules that look at the whole batch (DC-DPSGD's rank rule) implement this directly.
+    `generator` may be used for data-independent randomness only.
+    """
+
+    @property
+    def sensitivity(self) -> float: ...
+
+    def clipped_sum(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        step: int,
+        loss: str,
+        max_physical_batch_size: int,
+        generator: torch.Generator,
+    ) -> dict[str, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class PerSampleMapAggregator:
+    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...)."""
+
+    per_sample_map: PerSampleMap
+
+    @property
+    def sensitivity(self) -> float:
+        return self.per_sample_map.norm_bound
+
+    def clipped_sum(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        step: int,
+        loss: str,
+        max_physical_batch_size: int,
+        generator: torch.Generator,
+    ) -> dict[str, torch.Tensor]:
+        return clipped_grad_sum(
+            model, X, y, loss=loss, per_sample_map=self.per_sample_map,
+            max_physical_batch_size=max_physical_batch_size,
+        )
+
+
+def _make_optimizer(params: list[nn.Parameter], config: DPSGDConfig) -> torch.optim.Optimizer:
+    """SGD or Adam on the privatised gradient: post-processing, no privacy effect."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(
+            params, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+    return torch.optim.SGD(
+        params, lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay
+    )
 
 
 def secure_generator(device: torch.device | str = "cpu") -> torch.Generator:
@@ -148,6 +219,7 @@ def train_dp_sgd(
     hooks: TrainingHooks | None = None,
     resume_from: TrainingState | None = None,
     device: torch.device | None = None,
+    aggregator: BatchAggregator | None = None,
 ) -> TrainingResult:
     """Train `model` in place with DP-SGD for `config.steps` steps in total.
 
@@ -179,12 +251,7 @@ def train_dp_sgd(
     model.train()
 
     params = trainable_parameters(model)
-    optimizer = torch.optim.SGD(
-        params.values(),
-        lr=config.learning_rate,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-    )
+    optimizer = _make_optimizer(list(params.values()), config)
 
     step = 0
     if resume_from is not None:
@@ -197,8 +264,8 @@ def train_dp_sgd(
         generator.set_state(resume_from.generator_state)
         step = resume_from.step
 
-    clip = AbadiClip(config.clipping_norm)
-    noise_std = config.noise_multiplier * clip.norm_bound
+    aggregator = aggregator if aggregator is not None else PerSampleMapAggregator(AbadiClip(config.clipping_norm))
+    noise_std = config.noise_multiplier * aggregator.sensitivity
     expected_batch_size = (  # public: q, n and the hold-out fraction are public
         config.expected_batch_size
         if config.expected_batch_size is not None
@@ -212,13 +279,14 @@ def train_dp_sgd(
         batch = poisson_sample(
             n, sampling_probability=config.sampling_probability, generator=generator
         )
-        grad_sum = clipped_grad_sum(
+        grad_sum = aggregator.clipped_sum(
             model,
             X[batch.to(X.device)],
             y[batch.to(y.device)],
+            step=step,
             loss=config.loss,
-            per_sample_map=clip,
             max_physical_batch_size=config.max_physical_batch_size,
+            generator=generator,
         )
         noisy_grad = privatise_sum(
             grad_sum, noise_std=noise_std, normaliser=expected_batch_size, generator=generator
