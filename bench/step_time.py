@@ -1,0 +1,224 @@
+"""Step time and peak memory of each DP algorithm relative to a non-private step, in one run.
+
+For every (model, batch) case it times, in the same process and interleaved:
+- a non-private SGD step on a Poisson batch of the same expected size;
+- each requested algorithm through its registered worker trainer (the code a job runs), with the
+  job's plan built by the API's own planner;
+- DP-SGD through Opacus's own PrivacyEngine (hooks mode, Poisson sampling) as the outside reference.
+Peak memory is the peak resident set of a fresh subprocess that runs only that stepper, minus the
+same process's resident set before the first step (CPU), or torch.cuda.max_memory_allocated (GPU).
+
+    .venv/bin/python -m bench.step_time --algorithms dp-sgd --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from app.job_planning import plan_job
+from app.models import Dataset
+from app.schemas.jobs import JobCreate
+from worker.optimizers.state import TrainingHooks
+from worker.trainers import TrainingRequest, get_trainer
+from worker.training.models import build_model
+
+N_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    params: dict
+    input_shape: tuple[int, ...]
+    n_classes: int
+    batch_size: int
+
+
+CASES = {
+    "cnn-b128": Case("cnn2-gn 1×28×28, B=128", "cnn2-gn", {}, (1, 28, 28), 10, 128),
+    "cnn-b512": Case("cnn2-gn 1×28×28, B=512", "cnn2-gn", {}, (1, 28, 28), 10, 512),
+    "mlp-b256": Case("mlp [256, 256] on 100 features, B=256", "mlp", {"hidden_sizes": [256, 256]}, (100,), 2, 256),
+}
+
+
+def _data(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn((N_ROWS, *case.input_shape), generator=g)
+    y = torch.randint(0, case.n_classes, (N_ROWS,), generator=g)
+    return X.to(device), y.to(device)
+
+
+def _model(case: Case, device: torch.device) -> nn.Module:
+    return build_model(case.model, case.params, input_shape=case.input_shape, n_outputs=case.n_classes,
+                       generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def nonprivate_stepper(case: Case, device: torch.device) -> Callable[[int], None]:
+    model, (X, y) = _model(case, device), _data(case, device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    q = case.batch_size / N_ROWS
+    g = torch.Generator(device=device).manual_seed(1)
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            batch = torch.rand(N_ROWS, generator=g, device=device) < q
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(X[batch]), y[batch]).backward()
+            optimizer.step()
+        _sync(device)
+
+    return run
+
+
+def opacus_stepper(case: Case, device: torch.device) -> Callable[[int], None]:
+    import warnings
+
+    from opacus import PrivacyEngine
+
+    warnings.filterwarnings("ignore")
+    model, (X, y) = _model(case, device), _data(case, device)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=case.batch_size)
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), data_loader=loader,
+        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=True, grad_sample_mode="hooks",
+    )
+
+    def run(steps: int) -> None:
+        done = 0
+        while done < steps:
+            for xb, yb in loader:
+                optimizer.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(model(xb), yb).backward()
+                optimizer.step()
+                done += 1
+                if done == steps:
+                    break
+        _sync(device)
+
+    return run
+
+
+def algorithm_stepper(name: str) -> Callable[[Case, torch.device], Callable[[int], None]]:
+    def make(case: Case, device: torch.device) -> Callable[[int], None]:
+        dataset = Dataset(n_rows=N_ROWS, feature_shape=list(case.input_shape), task="classification", n_classes=case.n_classes)
+        spec = JobCreate.model_validate({
+            "dataset_id": "bench", "model": {"name": case.model, "params": case.params},
+            "algorithm": {"name": name}, "privacy": {"noise_multiplier": 1.0},
+            "training": {"steps": 1, "batch_size": case.batch_size, "learning_rate": 0.01},
+        })
+        plan = plan_job(spec, dataset, dataset_delta=1e-6, max_steps=10**9)
+        model, (X, y) = _model(case, device), _data(case, device)
+        trainer = get_trainer(name)
+        generator = torch.Generator(device=device).manual_seed(2)
+
+        def run(steps: int) -> None:
+            trainer(TrainingRequest(
+                model=model, X=X, y=y, task="classification", spec=plan.spec,
+                noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
+                expected_batch_size=plan.plan.expected_batch_size, steps=steps, max_physical_batch_size=case.batch_size,
+                generator=generator, hooks=TrainingHooks(), resume_from=None, device=device,
+            ))
+            _sync(device)
+
+        return run
+
+    return make
+
+
+def steppers(algorithms: list[str]) -> dict[str, Callable[[Case, torch.device], Callable[[int], None]]]:
+    table: dict[str, Callable[[Case, torch.device], Callable[[int], None]]] = {"non-private": nonprivate_stepper}
+    for name in algorithms:
+        table[name] = algorithm_stepper(name)
+    table["opacus dp-sgd (hooks)"] = opacus_stepper
+    return table
+
+
+def time_per_step(run: Callable[[int], None], *, steps: int, repeats: int) -> float:
+    run(3)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(steps)
+        samples.append((time.perf_counter() - start) / steps)
+    return statistics.median(samples)
+
+
+def peak_memory_child(case_key: str, stepper: str, algorithms: list[str], device: str, steps: int) -> None:
+    """Run one stepper in this (fresh) process and print its peak memory above the start."""
+    dev = torch.device(device)
+    run = steppers(algorithms)[stepper](CASES[case_key], dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run(steps)
+        print(json.dumps({"peak_bytes": torch.cuda.max_memory_allocated() - base}))
+        return
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    run(steps)
+    print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base}))
+
+
+def peak_memory(case_key: str, stepper: str, algorithms: list[str], device: str, steps: int) -> int:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.step_time", "--memory-child", case_key, stepper, "--device", device,
+         "--algorithms", *algorithms, "--steps", str(steps)],
+        capture_output=True, text=True, check=True,
+    )
+    return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algorithms", nargs="+", default=["dp-sgd"])
+    parser.add_argument("--cases", nargs="+", default=list(CASES))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--memory-child", nargs=2, metavar=("CASE", "STEPPER"))
+    args = parser.parse_args()
+    if args.memory_child:
+        peak_memory_child(*args.memory_child, args.algorithms, args.device, args.steps)
+        return
+    device = torch.device(args.device)
+    torch.set_num_threads(torch.get_num_threads())
+    print(f"# {platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"device {device}{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
+          f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
+    print("| case | stepper | ms/step | × non-private | peak memory × non-private |")
+    print("|---|---|---|---|---|")
+    for key in args.cases:
+        case = CASES[key]
+        table = steppers(args.algorithms)
+        runs = {name: make(case, device) for name, make in table.items()}
+        times = {name: time_per_step(run, steps=args.steps, repeats=args.repeats) for name, run in runs.items()}
+        memory = {} if args.no_memory else {
+            name: peak_memory(key, name, args.algorithms, args.device, args.steps) for name in table
+        }
+        base_t, base_m = times["non-private"], memory.get("non-private")
+        for name in table:
+            mem = f"{memory[name] / max(base_m, 1):.2f} ({memory[name] / 2**20:.0f} MiB)" if memory else "—"
+            print(f"| {case.name} | {name} | {times[name] * 1e3:.2f} | {times[name] / base_t:.2f} | {mem} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
