@@ -15,6 +15,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# A request may hold its read session's connection while it opens a write transaction, so the
+# pool must hold more connections than there are request threads (Starlette's default: 40), or
+# a burst of submissions deadlocks waiting for second connections.
+POOL_SIZE = 20
+POOL_MAX_OVERFLOW = 40
 
 
 def is_sqlite(url: str) -> bool:
@@ -24,10 +29,14 @@ def is_sqlite(url: str) -> bool:
 def make_engine(url: str) -> Engine:
     """Create an engine; SQLite gets WAL, foreign keys and explicit transaction control."""
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=True, future=True)
+        return create_engine(
+            url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_MAX_OVERFLOW, future=True
+        )
     engine = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_MAX_OVERFLOW,
         future=True,
     )
 

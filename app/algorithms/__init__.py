@@ -14,6 +14,7 @@ from app.algorithms.registry import (
     register_algorithm,
 )
 from app.algorithms import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
+from app.algorithms import dc_dpsgd as _dc_dpsgd  # noqa: F401  (registers "dc-dpsgd", "dc-dpsgd-threshold")
 from app.algorithms import baselines as _baselines  # noqa: F401
 
 __all__ = [

@@ -194,6 +194,7 @@ def raise_budget(
 ) -> BudgetView:
     """Raise ε (and optionally δ): only the owner can, and only upwards (privacy.md §4)."""
     dataset = dataset_of_tenant(session, tenant, dataset_id)
+    session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
         budget = ledger.lock_budget(tx, dataset.id)
         try:

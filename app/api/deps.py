@@ -44,6 +44,7 @@ def get_tenant(request: Request, session: SessionDep) -> Tenant:
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("malformed Authorization header; expected 'Bearer <api key>'")
     tenant = tenant_for_key(session, token.strip())
+    session.commit()  # end the read transaction: no connection is held while a body streams in
     if tenant is None:
         raise _unauthorized("invalid or revoked API key")
     return tenant

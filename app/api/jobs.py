@@ -95,6 +95,7 @@ def submit(
             return JSONResponse(job_out(existing).model_dump(mode="json"), status_code=200)
     plan, _ = _plan(services, session, tenant, spec)
     actor = f"tenant:{tenant.id}"
+    session.close()  # give the read connection back before taking a write one
     try:
         with services.db.write_transaction() as tx:
             budget = ledger.lock_budget(tx, spec.dataset_id)
@@ -195,6 +196,7 @@ def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
 def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> JobOut:
     """Cancel: a queued job is released at once; a running one stops at its next check."""
     job = job_of_tenant(session, tenant, job_id)
+    session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
         budget = ledger.lock_budget(tx, job.dataset_id)
         result = tx.execute(

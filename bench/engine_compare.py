@@ -1,0 +1,306 @@
+"""Per-sample-gradient engines side by side: ms per clipped-sum step, as ratios to non-private.
+
+One "step" here is the gradient part of a training step on one batch of B rows: the summed
+gradient (non-private) or the sum of per-sample clipped gradients Σ_i clip_C(g_i) (DP). Noise and
+the optimizer update are the same for every engine and are left out. In one process, for every
+case, interleaved in random order within each round and repeated (medians over rounds, because
+the machine may be shared):
+
+- non-private: forward + backward of the summed loss (torch.autograd.grad w.r.t. the parameters);
+- vmap: worker.optimizers.per_sample.clipped_grad_sum at its best chunk size (picked by a short
+  calibration over a few chunk sizes);
+- ghost (bk / retain / recompute): worker.optimizers.ghost.ghost_clipped_grad_sum with each
+  pass-2 strategy, chunk = B;
+- Opacus hooks: GradSampleModule(loss_reduction="sum") forward/backward + DPOptimizer's own
+  clip_and_accumulate (the clipping a PrivacyEngine step runs, without noise);
+- Opacus ghost: GradSampleModuleFastGradientClipping + DPLossFastGradientClipping's double
+  backward (PrivacyEngine's grad_sample_mode="ghost"), if it runs in the installed version.
+
+Every engine's result is checked against the vmap engine (column "rel. diff"); Opacus clips with
+C/(||g|| + 1e-6), so it differs at the 1e-6 level by construction.
+
+    .venv/bin/python -m bench.engine_compare --repeats 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from worker.optimizers.ghost import ghost_clipped_grad_sum
+from worker.optimizers.losses import get_loss
+from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
+from worker.training.models import build_model
+
+CLIP = 1.0
+Step = Callable[[], list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str
+    params: dict
+    input_shape: tuple[int, ...]
+    n_classes: int
+    batch: int
+
+
+CASES = {
+    "cnn-b128": Case("cnn2-gn 1×28×28, B=128", "cnn2-gn", {}, (1, 28, 28), 10, 128),
+    "cnn-b512": Case("cnn2-gn 1×28×28, B=512", "cnn2-gn", {}, (1, 28, 28), 10, 512),
+    "mlp-b256": Case("MLP 100→256→256→10, B=256", "mlp",
+                     {"hidden_sizes": [256, 256], "activation": "tanh"}, (100,), 10, 256),
+}
+
+
+def _model(case: Case, device: torch.device) -> nn.Module:
+    return build_model(case.model, case.params, input_shape=case.input_shape,
+                       n_outputs=case.n_classes,
+                       generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _batch(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn((case.batch, *case.input_shape), generator=g)
+    y = torch.randint(0, case.n_classes, (case.batch,), generator=g)
+    return X.to(device), y.to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- steppers
+
+
+def nonprivate(case: Case, device: torch.device) -> Step:
+    model, (X, y) = _model(case, device), _batch(case, device)
+    params = list(trainable_parameters(model).values())
+    fn = get_loss("cross_entropy").fn
+
+    def step() -> list[torch.Tensor]:
+        return list(torch.autograd.grad(fn(model(X), y), params))
+
+    return step
+
+
+def vmap_engine(case: Case, device: torch.device, chunk: int) -> Step:
+    model, (X, y) = _model(case, device), _batch(case, device)
+
+    def step() -> list[torch.Tensor]:
+        out = clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(CLIP),
+                               max_physical_batch_size=chunk)
+        return list(out.values())
+
+    return step
+
+
+def ghost_engine(case: Case, device: torch.device, pass2: str, chunk: int) -> Step:
+    model, (X, y) = _model(case, device), _batch(case, device)
+
+    def step() -> list[torch.Tensor]:
+        out = ghost_clipped_grad_sum(model, X, y, loss="cross_entropy",
+                                     per_sample_map=AbadiClip(CLIP),
+                                     max_physical_batch_size=chunk, pass2=pass2)  # type: ignore[arg-type]
+        return list(out.values())
+
+    return step
+
+
+def opacus_hooks(case: Case, device: torch.device) -> Step:
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    model, (X, y) = _model(case, device), _batch(case, device)
+    gsm = GradSampleModule(model, loss_reduction="sum")
+    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=0.0,
+                      max_grad_norm=CLIP, expected_batch_size=case.batch, loss_reduction="sum")
+    params = [p for p in gsm.parameters() if p.requires_grad]
+
+    def step() -> list[torch.Tensor]:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(gsm(X), y, reduction="sum").backward()
+        opt.clip_and_accumulate()
+        return [p.summed_grad for p in params]
+
+    return step
+
+
+def opacus_ghost(case: Case, device: torch.device) -> Step:
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    model, (X, y) = _model(case, device), _batch(case, device)
+    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True,
+                                               loss_reduction="sum")
+    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(gsm.parameters(), lr=0.0),
+                                          noise_multiplier=0.0, max_grad_norm=CLIP,
+                                          expected_batch_size=case.batch, loss_reduction="sum")
+    criterion = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(reduction="sum"),
+                                           loss_reduction="sum")
+    params = [p for p in gsm.parameters() if p.requires_grad]
+
+    def step() -> list[torch.Tensor]:
+        opt.zero_grad(set_to_none=True)
+        criterion(gsm(X), y).backward()
+        return [p.grad.detach().clone() for p in params]
+
+    return step
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def _time_once(step: Step, inner: int, device: torch.device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(inner):
+        step()
+    _sync(device)
+    return (time.perf_counter() - start) / inner * 1e3
+
+
+def _inner_for(step: Step, device: torch.device, target_ms: float) -> int:
+    for _ in range(2):
+        step()
+    one = _time_once(step, 1, device)
+    return max(1, int(target_ms / max(one, 1e-3)))
+
+
+def _best_chunk(make: Callable[[int], Step], chunks: list[int], device: torch.device,
+                rounds: int, target_ms: float) -> int:
+    steps = {c: make(c) for c in chunks}
+    inner = {c: _inner_for(s, device, target_ms) for c, s in steps.items()}
+    times: dict[int, list[float]] = {c: [] for c in chunks}
+    for _ in range(rounds):
+        for c in random.sample(chunks, len(chunks)):
+            times[c].append(_time_once(steps[c], inner[c], device))
+    return min(chunks, key=lambda c: statistics.median(times[c]))
+
+
+def _rel_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    num = sum(float((g.double() - r.double()).pow(2).sum()) for g, r in zip(got, ref, strict=True))
+    den = sum(float(r.double().pow(2).sum()) for r in ref)
+    return (num / den) ** 0.5
+
+
+def run_case(case: Case, device: torch.device, repeats: int, target_ms: float,
+             skip_opacus: bool) -> list[tuple[str, float, float, str]]:
+    candidates = sorted({c for c in (16, 32, 64, 128, 256, case.batch) if c <= case.batch})
+    vmap_chunk = _best_chunk(lambda c: vmap_engine(case, device, c), candidates, device,
+                             rounds=3, target_ms=target_ms)
+    steppers: dict[str, Step] = {
+        "non-private (forward + backward)": nonprivate(case, device),
+        f"vmap engine (chunk {vmap_chunk})": vmap_engine(case, device, vmap_chunk),
+        "ghost, pass 2 = bk (default)": ghost_engine(case, device, "bk", case.batch),
+        "ghost, pass 2 = retain": ghost_engine(case, device, "retain", case.batch),
+        "ghost, pass 2 = recompute": ghost_engine(case, device, "recompute", case.batch),
+    }
+    if case.batch > 256:  # the trainers' default max_physical_batch_size
+        steppers["ghost, pass 2 = bk, chunk 256"] = ghost_engine(case, device, "bk", 256)
+    notes: dict[str, str] = {}
+    if not skip_opacus:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for label, make in (("Opacus hooks + clip_and_accumulate", opacus_hooks),
+                                ('Opacus grad_sample_mode="ghost"', opacus_ghost)):
+                try:
+                    s = make(case, device)
+                    s()
+                    steppers[label] = s
+                except Exception as exc:  # noqa: BLE001 - report, do not abort the benchmark
+                    notes[label] = f"failed: {type(exc).__name__}: {exc}"[:120]
+
+    reference = vmap_engine(case, device, vmap_chunk)()
+    diffs: dict[str, str] = {}
+    for label, s in steppers.items():
+        diffs[label] = "—" if label.startswith("non-private") else f"{_rel_diff(s(), reference):.1e}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inner = {label: _inner_for(s, device, target_ms) for label, s in steppers.items()}
+        times: dict[str, list[float]] = {label: [] for label in steppers}
+        labels = list(steppers)
+        for _ in range(repeats):
+            for label in random.sample(labels, len(labels)):
+                times[label].append(_time_once(steppers[label], inner[label], device))
+    base = statistics.median(times[labels[0]])
+    rows = []
+    for label in labels:
+        med = statistics.median(times[label])
+        q = statistics.quantiles(times[label], n=4) if len(times[label]) >= 4 else [med, med, med]
+        rows.append((label, med, med / base, f"{diffs[label]} | {q[0]:.2f}–{q[2]:.2f}"))
+    for label, note in notes.items():
+        rows.append((label, float("nan"), float("nan"), note))
+    return rows
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
+    parser.add_argument("--repeats", type=int, default=15, help="timed rounds per engine (median)")
+    parser.add_argument("--target-ms", type=float, default=60.0,
+                        help="approximate duration of one timed round per engine")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--skip-opacus", action="store_true")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    random.seed(0)
+    device = torch.device(args.device)
+
+    import opacus
+
+    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
+               else f"{_cpu_name()}, {os.cpu_count()} logical CPUs")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"- machine: {machine}; device {device}; torch threads {torch.get_num_threads()}")
+    print(f"- torch {torch.__version__}, opacus {opacus.__version__}, Python {platform.python_version()}")
+    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    print(f"- command: `.venv/bin/python -m bench.engine_compare {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    print(f"- load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min)")
+    print(f"- medians of {args.repeats} interleaved rounds; clipping norm C = {CLIP}; float32\n")
+    print("| case | engine | ms / step (median) | × non-private | rel. diff vs vmap | IQR ms |")
+    print("|---|---|---:|---:|---:|---:|")
+    for key in args.cases.split(","):
+        case = CASES[key]
+        for label, ms, ratio, extra in run_case(case, device, args.repeats, args.target_ms,
+                                                args.skip_opacus):
+            if ms != ms:  # nan: the engine did not run
+                print(f"| {case.label} | {label} | — | — | {extra} | |")
+            else:
+                diff, iqr = extra.split(" | ")
+                print(f"| {case.label} | {label} | {ms:.2f} | {ratio:.2f} | {diff} | {iqr} |",
+                      flush=True)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"\n- load average at end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

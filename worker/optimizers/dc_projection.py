@@ -1,0 +1,250 @@
+"""DC-DPSGD's projected traces, exact and QR-free, streaming W in row blocks (specs/dc-dpsgd.md §4.2).
+
+For a step t, W_t ∈ R^{d_J×k} has i.i.d. entries (−ln U)^θ, U ~ Uniform(0, 1] (Weibull of shape
+1/θ: sub-Weibull(θ), non-negative, scale 1 — the scale does not change the span). V_t is an
+orthonormal basis of colspan(W_t). For a per-sample gradient g_i restricted to the scope J,
+
+    λ_i = ||V_tᵀ g_i[J]||² / ||g_i[J]||² = p_iᵀ M⁻¹ p_i / ||g_i[J]||²,
+    p_i = W_tᵀ g_i[J]   (rows of P = G_J·W_t, B×k),   M = W_tᵀW_t   (k×k, SPD),
+
+because W(WᵀW)⁻¹Wᵀ is the orthogonal projector onto colspan(W) whatever basis spans it. So no QR
+and no dense V: W_t is generated block by block of rows from a counter-based stream keyed by
+(seed, step, block index) — a fresh ``torch.Generator`` seeded by a hash of the triple (mt19937 on
+the CPU, Philox on CUDA) — used once for P and M and dropped. λ_i ∈ [0, 1] depends on record i and
+the data-independent W_t only (per-sample normalisation; never a batch-level normaliser), which is
+the precondition of DC-DPSGD's sensitivity bounds (specs/dc-dpsgd.md §2.5).
+
+Cost per step, for a batch processed in c chunks of per-sample gradients (c = ⌈|S| / max physical
+batch size⌉, usually 1): 2·|S|·d_J·k FLOP for P, d_J·k² for M (once per step, in float64),
+c·d_J·k random variates (W is regenerated for each chunk instead of being stored), O(k³) for the
+eigendecomposition of M; extra memory one W block (block_rows × k) plus P (|S|×k) and M (k×k).
+P is accumulated in float64 from products in W's dtype (float32), M entirely in float64.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "DEFAULT_BLOCK_ELEMENTS",
+    "Block",
+    "GramAccumulator",
+    "StepProjection",
+    "StreamingProjection",
+    "block_seed",
+    "gram_traces",
+    "weibull_entries",
+]
+
+DEFAULT_BLOCK_ELEMENTS = 1 << 22
+"""Entries of W per generated block (16 MiB in float32) unless block_rows is given."""
+
+
+def weibull_entries(
+    shape: Sequence[int],
+    *,
+    theta: float,
+    generator: torch.Generator,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """I.i.d. (−ln U)^θ with U ~ Uniform(0, 1]: Weibull(shape 1/θ, scale 1), mean Γ(1 + θ).
+
+    P(X > x) = exp(−x^{1/θ}), i.e. sub-Weibull(θ) in the paper's Def. A.1. ``torch.rand`` is on
+    [0, 1), so U = 1 − rand lies in (0, 1] and −ln U is finite.
+    """
+    if not (theta > 0 and theta < float("inf")):
+        raise ValueError(f"theta must be positive and finite, got {theta}")
+    device = generator.device if device is None else torch.device(device)
+    u = torch.rand(tuple(shape), generator=generator, device=device, dtype=dtype)
+    exponential = torch.log1p(-u).neg_().clamp_min_(0.0)  # −ln(1 − rand) ≥ 0
+    return exponential if theta == 1.0 else exponential.pow_(theta)
+
+
+def block_seed(seed: int, step: int, block: int) -> int:
+    """A 63-bit seed for block ``block`` of step ``step``'s W: a hash of the triple (a counter-based key)."""
+    for name, value in (("seed", seed), ("step", step), ("block", block)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    payload = struct.pack("<QQQ", seed % (1 << 64), step % (1 << 64), block % (1 << 64))
+    digest = hashlib.blake2b(payload, digest_size=8, person=b"dc-dpsgd-W").digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [start, stop) of the flattened parameter ``name``; ``index`` is its counter."""
+
+    index: int
+    name: str
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def gram_traces(P: torch.Tensor, M: torch.Tensor, squared_norms: torch.Tensor) -> torch.Tensor:
+    """λ_i = p_iᵀ M⁺ p_i / ||g_i[J]||², clamped to [0, 1]; 0 for a zero or non-finite gradient.
+
+    M⁺ through an eigendecomposition (k×k), so a rank-deficient W (measure zero) still gives
+    the projector onto its span. Computed in float64.
+    """
+    P = P.to(torch.float64)
+    M = M.to(torch.float64)
+    eigenvalues, eigenvectors = torch.linalg.eigh(M)
+    cutoff = eigenvalues.max().clamp_min(0.0) * M.shape[0] * torch.finfo(torch.float64).eps
+    keep = eigenvalues > cutoff
+    inv_sqrt = torch.where(keep, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)
+    Y = (P @ eigenvectors) * inv_sqrt  # rows: (Λ^{-1/2} Qᵀ p_i)ᵀ
+    squared_norms = squared_norms.to(torch.float64)
+    traces = Y.pow(2).sum(dim=1) / squared_norms
+    valid = torch.isfinite(traces) & (squared_norms > 0) & torch.isfinite(squared_norms)
+    return torch.where(valid, traces, 0.0).clamp_(0.0, 1.0)
+
+
+@dataclass
+class GramAccumulator:
+    """P += G_b·W_b, M += W_bᵀW_b over row blocks; ``traces`` gives λ. Blocks may come in any order."""
+
+    k: int
+    with_gram: bool = True
+    P: torch.Tensor | None = None
+    M: torch.Tensor | None = None
+    squared_norms: torch.Tensor | None = None
+
+    def add(self, G_block: torch.Tensor, W_block: torch.Tensor) -> None:
+        """Add rows of the scope: G_block (m × rows) gradient columns, W_block (rows × k)."""
+        if W_block.dim() != 2 or W_block.shape[1] != self.k or G_block.shape[1] != W_block.shape[0]:
+            raise ValueError(
+                f"shapes do not match: G block {tuple(G_block.shape)}, W block {tuple(W_block.shape)}"
+            )
+        product = (G_block.to(W_block.dtype) @ W_block).to(torch.float64)
+        squares = G_block.to(torch.float64).pow(2).sum(dim=1)
+        if self.P is None:
+            self.P, self.squared_norms = product, squares
+        else:
+            assert self.squared_norms is not None
+            self.P.add_(product)
+            self.squared_norms.add_(squares)
+        if self.with_gram:
+            W64 = W_block.to(torch.float64)
+            gram = W64.T @ W64
+            self.M = gram if self.M is None else self.M.add_(gram)
+
+    def traces(self, M: torch.Tensor | None = None) -> torch.Tensor:
+        M = self.M if M is None else M
+        if self.P is None or M is None:
+            raise ValueError("no block was added")
+        assert self.squared_norms is not None
+        return gram_traces(self.P, M, self.squared_norms)
+
+
+@dataclass(frozen=True)
+class StreamingProjection:
+    """The public description of the projection: k, θ, scope and the W block layout."""
+
+    k: int
+    theta: float = 2.0
+    scope: tuple[str, ...] | None = None
+    """Parameter names to project, or None for every trainable parameter (in model order)."""
+    block_rows: int | None = None
+    """Rows of W per generated block; default ⌊DEFAULT_BLOCK_ELEMENTS / k⌋. Part of W's key."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+        if not (self.theta > 0 and self.theta < float("inf")):
+            raise ValueError(f"theta must be positive and finite, got {self.theta!r}")
+        if self.scope is not None and (not self.scope or len(set(self.scope)) != len(self.scope)):
+            raise ValueError(f"scope must be a non-empty list of distinct names, got {self.scope!r}")
+        if self.block_rows is not None and (isinstance(self.block_rows, bool) or self.block_rows < 1):
+            raise ValueError(f"block_rows must be >= 1, got {self.block_rows!r}")
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.block_rows if self.block_rows is not None else max(1, DEFAULT_BLOCK_ELEMENTS // self.k)
+
+    def scope_sizes(self, parameters: Mapping[str, torch.Tensor]) -> dict[str, int]:
+        """name → numel of the scope J, in order; raises if a name is unknown or k ≥ d_J."""
+        names = list(parameters) if self.scope is None else list(self.scope)
+        unknown = [name for name in names if name not in parameters]
+        if unknown:
+            raise ValueError(
+                f"projection scope names unknown trainable parameters {unknown}; "
+                f"known: {list(parameters)}"
+            )
+        sizes = {name: parameters[name].numel() for name in names}
+        d_scope = sum(sizes.values())
+        if self.k >= d_scope:
+            # span(W) would be all of R^{d_J}: λ ≡ 1 for every sample, the split is meaningless.
+            raise ValueError(
+                f"the subspace dimension k = {self.k} must be below the projected dimension "
+                f"d_J = {d_scope}; lower k or widen the scope"
+            )
+        return sizes
+
+    def layout(self, parameters: Mapping[str, torch.Tensor]) -> list[Block]:
+        """The blocks of W, in order: each scope tensor, flattened, cut into rows_per_block rows."""
+        blocks: list[Block] = []
+        rows = self.rows_per_block
+        for name, numel in self.scope_sizes(parameters).items():
+            for start in range(0, numel, rows):
+                blocks.append(Block(len(blocks), name, start, min(start + rows, numel)))
+        return blocks
+
+    def w_block(
+        self, seed: int, step: int, block: Block, *, device: torch.device | str,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """Rows [start, stop) of W_t for this block: deterministic in (seed, step, block.index)."""
+        device = torch.device(device)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(block_seed(seed, step, block.index))
+        return weibull_entries((block.rows, self.k), theta=self.theta, generator=generator,
+                               device=device, dtype=dtype)
+
+    def dense_w(
+        self, seed: int, step: int, parameters: Mapping[str, torch.Tensor], *,
+        device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """The whole d_J × k matrix W_t (tests and small scopes only: the loop never builds it)."""
+        blocks = self.layout(parameters)
+        return torch.cat([self.w_block(seed, step, b, device=device, dtype=dtype) for b in blocks])
+
+
+@dataclass
+class StepProjection:
+    """One step's W_t (seed, step): λ for chunks of per-sample gradients; M computed once."""
+
+    projection: StreamingProjection
+    blocks: list[Block]
+    seed: int
+    step: int
+    _M: torch.Tensor | None = field(default=None, repr=False)
+
+    def traces(self, grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """λ (float64, shape (m,)) for a chunk of per-sample gradients name → (m, *shape).
+
+        Non-finite gradient rows get λ = 0 (they contribute nothing to the sum either).
+        """
+        first = next(iter(grads.values()))
+        m, device = first.shape[0], first.device
+        accumulator = GramAccumulator(self.projection.k, with_gram=self._M is None)
+        if m == 0:
+            return torch.zeros(0, dtype=torch.float64, device=device)
+        dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
+        for block in self.blocks:
+            W = self.projection.w_block(self.seed, self.step, block, device=device, dtype=dtype)
+            G = grads[block.name].reshape(m, -1)[:, block.start : block.stop]
+            accumulator.add(G, W)
+            del W
+        if self._M is None:
+            self._M = accumulator.M
+        return accumulator.traces(self._M)
