@@ -144,9 +144,9 @@ def test_bad_hyperparameters_are_422_invalid_job_spec(
 
 
 RUNS = [
-    ("dp-adam", {"clipping_norm": 1.0}, 0.05),
-    ("auto-s", {"clipping_norm": 1.0, "momentum": 0.5}, 2.0),
-    ("dp-psac", {"clipping_norm": 1.0, "momentum": 0.5}, 2.0),
+    ("dp-adam", {"clipping_norm": 1.0}, 0.1),
+    ("auto-s", {"clipping_norm": 1.0, "momentum": 0.5}, 4.0),
+    ("dp-psac", {"clipping_norm": 1.0, "momentum": 0.5}, 4.0),
 ]
 
 
@@ -159,12 +159,13 @@ def test_job_runs_end_to_end_through_the_worker(
     registered trainer → model, report and ledger; the model classifies held-out digits."""
     dataset = upload(alice, digits_csv).json()
     spec = spec_for(dataset["id"], name, hyperparameters, target_epsilon=8.0)
-    spec["training"] = {"epochs": 10, "batch_size": 128, "learning_rate": learning_rate}
+    spec["training"] = {"epochs": 4, "batch_size": 256, "learning_rate": learning_rate}  # 23 steps
     submitted = alice.post("/v1/jobs", json=spec)
     assert submitted.status_code == 202, submitted.text
     job_id = submitted.json()["id"]
 
-    torch.manual_seed(0)  # only the model's initialisation is drawn outside the job's generators
+    # Noise, sampling and the initialisation come from CSPRNG-seeded generators, as in production:
+    # this run is not reproducible; > 0.8 holds with a wide margin (min 0.87 over 30 runs each).
     assert JobRunner(settings, db=database).run(job_id) == "succeeded"
 
     job = alice.get(f"/v1/jobs/{job_id}").json()
@@ -172,7 +173,7 @@ def test_job_runs_end_to_end_through_the_worker(
     report = alice.get(f"/v1/jobs/{job_id}/report").json()
     assert report["algorithm"]["name"] == name
     assert report["mechanism"]["l2_sensitivity"] == hyperparameters["clipping_norm"]
-    assert report["mechanism"]["expected_batch_size"] == 128
+    assert report["mechanism"]["expected_batch_size"] == 256
     assert report["epsilon"]["ledger"] <= 8.0 + 1e-9
     kinds = [e["kind"] for e in alice.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]]
     assert kinds == ["RESERVE", "TOUCH", "COMMIT"]
