@@ -96,7 +96,7 @@ def clip_scales(norms: torch.Tensor, tail: torch.Tensor, c1: float, c2: float) -
 
     ``where`` rather than a clamp: rows already within their clip norm stay bit-identical.
     """
-    clip = torch.where(tail.to(norms.device), c1, c2).to(norms.dtype)
+    clip = torch.full_like(norms, c2).masked_fill_(tail.to(norms.device), c1)  # in norms' dtype
     scale = torch.where(norms > clip, clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), 1.0)
     return torch.where(torch.isfinite(norms), scale, 0.0)
 

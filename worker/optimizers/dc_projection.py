@@ -16,9 +16,10 @@ the precondition of DC-DPSGD's sensitivity bounds (specs/dc-dpsgd.md §2.5).
 
 Cost per step, for a batch processed in c chunks of per-sample gradients (c = ⌈|S| / max physical
 batch size⌉, usually 1): 2·|S|·d_J·k FLOP for P, d_J·k² for M (once per step, in float64),
-c·d_J·k random variates (W is regenerated for each chunk instead of being stored), O(k³) for the
-eigendecomposition of M; extra memory one W block (block_rows × k) plus P (|S|×k) and M (k×k).
-P is accumulated in float64 from products in W's dtype (float32), M entirely in float64.
+c·d_J·k random variates (W is regenerated for each chunk instead of being stored), k³/3 for the
+Cholesky factor of M and |S|·k² for the triangular solve. Extra memory: one W block
+(block_rows × k), P (|S|×k) and M (k×k). P is accumulated in float64 from products in W's dtype
+(float32, or float64 for a float64 model), M entirely in float64.
 """
 
 from __future__ import annotations
@@ -91,18 +92,25 @@ class Block:
 
 
 def gram_traces(P: torch.Tensor, M: torch.Tensor, squared_norms: torch.Tensor) -> torch.Tensor:
-    """λ_i = p_iᵀ M⁺ p_i / ||g_i[J]||², clamped to [0, 1]; 0 for a zero or non-finite gradient.
+    """λ_i = p_iᵀ M⁻¹ p_i / ||g_i[J]||², clamped to [0, 1]; 0 for a zero or non-finite gradient.
 
-    M⁺ through an eigendecomposition (k×k), so a rank-deficient W (measure zero) still gives
-    the projector onto its span. Computed in float64.
+    Cholesky M = LLᵀ and one triangular solve Y = L⁻¹Pᵀ, so λ_i = ||Y_{:,i}||². Should M not be
+    numerically positive definite (W rank-deficient: probability zero), fall back to the
+    pseudo-inverse through an eigendecomposition, which still gives the projector onto span(W).
+    Computed in float64.
     """
     P = P.to(torch.float64)
     M = M.to(torch.float64)
-    eigenvalues, eigenvectors = torch.linalg.eigh(M)
-    cutoff = eigenvalues.max().clamp_min(0.0) * M.shape[0] * torch.finfo(torch.float64).eps
-    keep = eigenvalues > cutoff
-    inv_sqrt = torch.where(keep, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)
-    Y = (P @ eigenvectors) * inv_sqrt  # rows: (Λ^{-1/2} Qᵀ p_i)ᵀ
+    L, info = torch.linalg.cholesky_ex(M)
+    if int(info) == 0:
+        Y = torch.linalg.solve_triangular(L, P.T, upper=False).T
+    else:
+        eigenvalues, eigenvectors = torch.linalg.eigh(M)
+        cutoff = eigenvalues.max().clamp_min(0.0) * M.shape[0] * torch.finfo(torch.float64).eps
+        inv_sqrt = torch.where(
+            eigenvalues > cutoff, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0
+        )
+        Y = (P @ eigenvectors) * inv_sqrt
     squared_norms = squared_norms.to(torch.float64)
     traces = Y.pow(2).sum(dim=1) / squared_norms
     valid = torch.isfinite(traces) & (squared_norms > 0) & torch.isfinite(squared_norms)
