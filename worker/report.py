@@ -38,6 +38,7 @@ def build_report(
     commit_entry: LedgerEntry,
     adjustments: list[dict[str, Any]],
     metrics: dict[str, Any] | None,
+    algorithm_notes: dict[str, Any],
     model_sha256: str,
 ) -> dict[str, Any]:
     event = privacy.event_from_json(actual_event)
@@ -81,6 +82,7 @@ def build_report(
             "name": job.algorithm,
             "hyperparameters": job.spec["algorithm"]["hyperparameters"],
             "training": job.spec["training"],
+            "notes": algorithm_notes,
         },
         "mechanism": {
             "sampling": "poisson",

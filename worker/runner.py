@@ -99,6 +99,12 @@ def replan(job: Job, dataset: Dataset) -> tuple[PrivacyPlan, EvaluationPlan | No
     return plan, evaluation
 
 
+def algorithm_notes(job: Job, plan: PrivacyPlan) -> dict:
+    algorithm = get_algorithm(job.algorithm)
+    hyper = algorithm.validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
+    return algorithm.report_notes(hyper, plan, noise_multiplier=job.noise_multiplier, delta=job.delta)
+
+
 class JobRunner:
     def __init__(self, settings: Settings, *, db: Database | None = None) -> None:
         self.settings = settings
@@ -340,6 +346,7 @@ class JobRunner:
                 commit_entry=entry,
                 adjustments=ledger.adjustments(tx, claimed.dataset.id),
                 metrics=outcome.metrics,
+                algorithm_notes=algorithm_notes(job, claimed.plan),
                 model_sha256=model_sha,
             )
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())

@@ -250,6 +250,23 @@ class DCDPSGDRank(AlgorithmDefinition):
             sigma_tr=hyperparameters.sigma_tr,
         )
 
+    def report_notes(
+        self,
+        hyperparameters: BaseModel,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
+        delta: float,
+    ) -> dict[str, Any]:
+        claim = self.paper_claimed_epsilon(
+            hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta
+        )
+        return {
+            "paper_claim": claim.as_report_entry(),
+            "sensitivity_rule": "rank rule: adding a row can also move another row from tail to "
+            "body, so the add/remove sensitivity of the clipped sum is 2·c1 − c2",
+        }
+
 
 @register_algorithm
 class DCDPSGDThreshold(AlgorithmDefinition):
@@ -280,6 +297,30 @@ class DCDPSGDThreshold(AlgorithmDefinition):
                 hyperparameters.threshold_noise_ratio if hyperparameters.tracking else None
             ),
         )
+
+    def report_notes(
+        self,
+        hyperparameters: BaseModel,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
+        delta: float,
+    ) -> dict[str, Any]:
+        assert isinstance(hyperparameters, DCDPSGDThresholdHyperparameters)
+        notes: dict[str, Any] = {
+            "sensitivity_rule": "per-sample threshold rule: the clip of a row depends on that row "
+            "and public randomness only, so the add/remove sensitivity is c1",
+        }
+        if hyperparameters.tracking:
+            ratio = hyperparameters.threshold_noise_ratio
+            notes["threshold_tracking"] = {
+                "released_per_step": "the noisy count of tail rows, N(0, (r·σ)²) noise",
+                "count_noise_multiplier": ratio * noise_multiplier,
+                "effective_noise_multiplier": noise_multiplier / math.sqrt(1 + 1 / ratio**2),
+                "accounting": "gradient and count released jointly: one subsampled Gaussian "
+                "with σ_eff = σ/sqrt(1 + 1/r²) per step (the event's noise multiplier)",
+            }
+        return notes
 
 
 # ----------------------------------------------------------------------------- paper's claim

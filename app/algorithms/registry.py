@@ -71,6 +71,18 @@ class AlgorithmDefinition:
         """The mechanism for training on the rows not held out (expected (1 − f)·n of them)."""
         raise NotImplementedError
 
+    def report_notes(
+        self,
+        hyperparameters: BaseModel,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
+        delta: float,
+    ) -> dict[str, Any]:
+        """Algorithm-specific sections of the privacy report (e.g. a paper's claimed number,
+        always labelled); the default has none."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
