@@ -41,7 +41,7 @@ from worker import evaluation as dp_evaluation
 from worker.optimizers.dp_sgd import secure_generator
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.report import build_report
-from worker.trainers import TrainingRequest, get_trainer
+from worker.trainers import TrainingRequest, get_trainer, preflight
 from worker.training.artifacts import load_training_state, save_model, save_training_state
 from worker.training.models import build_model
 
@@ -144,6 +144,12 @@ class JobRunner:
                 log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
                 self._settle_failure(tx, budget, job, error_code="plan-mismatch")
                 return None
+            try:  # checks that need the model but not the data: fail before TOUCH
+                preflight(job.algorithm, self._build_model(job, dataset), job.spec)
+            except ValueError:
+                log.exception("job spec does not fit its model", extra={"job_id": job_id})
+                self._settle_failure(tx, budget, job, error_code="invalid-for-model")
+                return None
             if job.touched_at is None:
                 ledger.touch(tx, budget, job=job, actor=self.actor)
                 job.touched_at = utcnow()
@@ -209,14 +215,8 @@ class JobRunner:
             kept = torch.from_numpy(np.flatnonzero(~mask))
             X_eval, y_eval = X[held_out], y[held_out]
             X, y = X[kept], y[kept]
-        model_def = get_model(job.model_name)
-        n_outputs = model_def.n_outputs(facts_of(dataset))
-        model_params = job.spec["model"]["params"]
-        input_shape = tuple(dataset.feature_shape)
-        model = build_model(
-            job.model_name, model_params, input_shape=input_shape, n_outputs=n_outputs,
-            generator=secure_generator("cpu"),
-        )
+        model = self._build_model(job, dataset)
+        n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
         checkpoint = self._private_path(job.id, ".safetensors")
         resume: TrainingState | None = load_training_state(checkpoint) if checkpoint.exists() else None
         hooks, timed_out = self._hooks(claimed, checkpoint)
@@ -239,6 +239,16 @@ class JobRunner:
             assert X_eval is not None and y_eval is not None
             metrics = dp_evaluation.release(model, X_eval, y_eval, claimed.evaluation)
         return Outcome(result=result, model_path=self._write_model(claimed, model, n_outputs), metrics=metrics)
+
+    @staticmethod
+    def _build_model(job: Job, dataset: Dataset) -> torch.nn.Module:
+        return build_model(
+            job.model_name,
+            job.spec["model"]["params"],
+            input_shape=tuple(dataset.feature_shape),
+            n_outputs=get_model(job.model_name).n_outputs(facts_of(dataset)),
+            generator=secure_generator("cpu"),
+        )
 
     def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:
         job, dataset = claimed.job, claimed.dataset

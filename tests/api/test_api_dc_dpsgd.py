@@ -50,3 +50,17 @@ def test_dc_job_charges_the_sound_cost_and_labels_the_paper_claim(
         tracking = notes["threshold_tracking"]
         assert tracking["count_noise_multiplier"] == pytest.approx(5 * job["noise_multiplier"])
         assert report["event"]["event"]["noise_multiplier"] == pytest.approx(tracking["effective_noise_multiplier"])
+
+
+def test_projection_larger_than_the_model_fails_before_touch(
+    alice: TestClient, settings: Settings, database: Database, digits_csv: bytes
+) -> None:
+    """k ≥ d_J is found before the data is opened, so the reservation is released, not spent."""
+    dataset = upload(alice, digits_csv).json()
+    job = alice.post("/v1/jobs", json=_spec(dataset["id"], "dc-dpsgd", {"c2": 0.1, "k": 5000})).json()
+    assert JobRunner(settings, db=database).run(job["id"]) == "skipped"
+    final = alice.get(f"/v1/jobs/{job['id']}").json()
+    assert final["status"] == "failed" and final["error_code"] == "invalid-for-model"
+    kinds = [e["kind"] for e in alice.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]]
+    assert kinds == ["RESERVE", "RELEASE"]
+    assert alice.get(f"/v1/datasets/{dataset['id']}/budget").json()["committed_epsilon"] == 0.0

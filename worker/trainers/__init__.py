@@ -7,6 +7,13 @@ here.
 from worker.trainers import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
 from worker.trainers import dc_dpsgd as _dc_dpsgd  # noqa: F401  (registers "dc-dpsgd", "dc-dpsgd-threshold")
 from worker.trainers import baselines as _baselines  # noqa: F401
-from worker.trainers.base import TRAINERS, Trainer, TrainingRequest, get_trainer, register_trainer
+from worker.trainers.base import (
+    TRAINERS,
+    Trainer,
+    TrainingRequest,
+    get_trainer,
+    preflight,
+    register_trainer,
+)
 
-__all__ = ["TRAINERS", "Trainer", "TrainingRequest", "get_trainer", "register_trainer"]
+__all__ = ["TRAINERS", "Trainer", "TrainingRequest", "get_trainer", "preflight", "register_trainer"]

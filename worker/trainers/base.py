@@ -39,3 +39,17 @@ Trainer = Callable[[TrainingRequest], TrainingResult]
 TRAINERS: Registry[Trainer] = Registry("trainer")
 register_trainer = TRAINERS.register
 get_trainer = TRAINERS.get
+
+
+Preflight = Callable[[nn.Module, dict[str, Any]], None]
+PREFLIGHTS: Registry[Preflight] = Registry("preflight")
+register_preflight = PREFLIGHTS.register
+
+
+def preflight(name: str, model: nn.Module, spec: dict[str, Any]) -> None:
+    """Checks that need the built model (parameter names, sizes), run before the data is opened.
+
+    A ValueError here fails the job before TOUCH, so its reservation is released, not spent.
+    """
+    if name in PREFLIGHTS:
+        PREFLIGHTS.get(name)(model, spec)

@@ -30,7 +30,8 @@ from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator, Thre
 from worker.optimizers.dc_projection import StreamingProjection
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
-from worker.trainers.base import TrainingRequest, register_trainer
+from worker.optimizers.per_sample import trainable_parameters
+from worker.trainers.base import TrainingRequest, register_preflight, register_trainer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,17 @@ TAU_CHECKPOINT_KEY = "dc_dpsgd_threshold_tau"
 def _projection(hyper: DCCommonHyperparameters) -> StreamingProjection:
     scope = None if hyper.scope == "all" else tuple(hyper.scope)
     return StreamingProjection(k=hyper.k, theta=hyper.theta, scope=scope)
+
+
+@register_preflight("dc-dpsgd")
+@register_preflight("dc-dpsgd-threshold")
+def check_projection_scope(model: Any, spec: dict[str, Any]) -> None:
+    """k < d_J and known scope names, checked before TOUCH (a ValueError releases the job)."""
+    raw = spec["algorithm"]["hyperparameters"]
+    scope = None if raw.get("scope", "all") == "all" else tuple(raw["scope"])
+    StreamingProjection(k=raw["k"], theta=raw["theta"], scope=scope).scope_sizes(
+        trainable_parameters(model)
+    )
 
 
 def _config(request: TrainingRequest, hyper: DCCommonHyperparameters, sensitivity: float) -> DPSGDConfig:
