@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--skip-opacus", action="store_true")
     args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message=".*Secure RNG turned off")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     random.seed(0)

@@ -21,7 +21,9 @@ row i of δ is row i's own output gradient, so g_i of a layer is a function of (
   Either the Gram ("ghost") form ||g_i||² = Σ_{t,t'} (a_it·a_it')(δ_it·δ_it') — O(T²(d+p)) per
   row, no per-sample gradient — or the materialised per-sample gradient — O(T·d·p) per row and
   B·d·p memory, but its weighted sum is then a cheap tensordot. `_use_gram` picks per call from
-  the shapes (flop count, with a memory cap on materialisation).
+  the shapes (flop count, with a memory cap on materialisation). Conv gradients are materialised
+  by im2col + batched GEMM, or on CPU by one einsum over a strided window view (no im2col copy)
+  when the layer has fewer patch features than positions (see CONV_STRIDED_DEVICES).
 - GroupNorm / LayerNorm: per-sample gradients are (B, C)-sized: computed exactly from the
   recomputed normalised input x̂ (Σ over positions of δ·x̂, and of δ).
 - Embedding: g_i = Σ_t onehot(idx_it) δ_itᵀ; ||g_i||² = Σ_{t,t'} [idx_it = idx_it'] δ_it·δ_it'
@@ -62,18 +64,26 @@ dimension 0 and that no recorded tensor is modified in place afterwards (e.g. Re
 after a Linear); either failure raises ValueError. Error texts name layers and types only, never
 a shape that would reveal the realised batch size.
 
-Numerics: the Gram form sums terms of both signs; when a row's gradient is tiny compared with
-Σ_t ||a_t||·||δ_t|| its squared norm carries an absolute rounding error of about
-eps·(Σ_t ||a_t||·||δ_t||)², larger than the materialised form's. The clamp at 0 keeps it a valid
-norm; for clipping the effect is an O(eps) change in the scale, the same order as the slack
-discussed in worker/optimizers/per_sample_maps.py.
+Numerics: the factorised 2-D Linear form, the norm layers and the materialised forms have the
+same O(eps) relative rounding as the vmap engine. The Gram form sums T² terms of both signs, so
+for a row whose gradient is much smaller than Σ_t ||a_t||·||δ_t|| (cancellation across positions)
+its squared norm carries an absolute error up to about eps·(Σ_t ||a_t||·||δ_t||)² — in the worst
+case a relative error growing like eps·T, not eps. An underestimated norm lets a clipped row
+exceed the bound by that relative amount (the float slack discussed in
+worker/optimizers/per_sample_maps.py, larger here). The Gram form is only chosen where
+materialising would exceed MATERIALISE_MAX_ELEMENTS or cost more flops; with the default
+pass2="bk" no zoo model uses it at the benchmarked shapes (cnn2-gn's second conv does under
+"retain"/"recompute" and in ghost_per_sample_norms, where the weighted sum is not needed). The
+clamp at 0 keeps a rounded Gram sum a valid square.
 
-Device-agnostic: each chunk is moved to the parameters' device; no host synchronisation on the
-"bk" path (the Gram/materialise choice depends on shapes only).
+Device-agnostic: each chunk is moved to the parameters' device; the only host synchronisation is
+one `bool(all rows finite)` per chunk, as in clipped_grad_sum (checking is cheaper than masking
+every operand); the Gram/materialise choice depends on shapes only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
@@ -159,7 +169,7 @@ def ghost_container(cls: ModuleT) -> ModuleT:
 
 def check_ghost_supported(model: nn.Module) -> None:
     """Raise ValueError naming the first module the ghost engine cannot handle exactly."""
-    owners: dict[int, str] = {}
+    owners: dict[int, tuple[nn.Module, str]] = {}  # a reused layer is fine, tied params not
     for name, module in model.named_modules(remove_duplicate=False):
         where = name or "<root>"
         kind = type(module)
@@ -201,12 +211,12 @@ def check_ghost_supported(model: nn.Module) -> None:
                     "weight/bias of a layer the ghost clipping engine supports"
                 )
             previous = owners.get(id(p))
-            if previous is not None and previous != f"{where}.{pname}":
+            if previous is not None and previous[0] is not module:
                 raise ValueError(
-                    f"parameter {where}.{pname} is shared with {previous}: tied parameters "
+                    f"parameter {where}.{pname} is shared with {previous[1]}: tied parameters "
                     "across layers are not supported by the ghost clipping engine"
                 )
-            owners[id(p)] = f"{where}.{pname}"
+            owners[id(p)] = (module, f"{where}.{pname}")
 
 
 def supports(model: nn.Module) -> bool:
@@ -245,10 +255,10 @@ class _Recorder:
             if type(module) in GHOST_LAYERS and any(
                 p.requires_grad for p in module.parameters(recurse=False)
             ):
-                self.layers.append((name or "<root>", module))
-                self._handles.append(
-                    module.register_forward_hook(self._make_hook(name or "<root>"), with_kwargs=True)
-                )
+                where = name or "<root>"
+                self.layers.append((where, module))
+                hook = self._make_hook(where)
+                self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -320,9 +330,41 @@ def _check_call_shape(
 # ----------------------------------------------------------------------------- per-layer rules
 
 
-Sums = dict[str, torch.Tensor]
-# accumulate(weights (B,), row_mask (B,) bool, totals): totals[name] += Σ_i weights_i·g_i
-Accumulate = Callable[[torch.Tensor, torch.Tensor, Sums], None]
+class _Totals:
+    """Running sums per parameter name. The first contribution is kept as it is (it is always a
+    freshly computed tensor), which saves a zero-fill and an add per parameter and chunk."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        current = self.sums.get(name)
+        if current is None:
+            self.sums[name] = value
+        else:
+            current.add_(value)
+
+    def index_add(self, name: str, like: torch.Tensor, index: torch.Tensor,
+                  source: torch.Tensor) -> None:
+        current = self.sums.get(name)
+        if current is None:
+            current = self.sums[name] = torch.zeros_like(
+                like, memory_format=torch.contiguous_format)
+        current.index_add_(0, index, source)
+
+    def result(self, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+        """name -> sum with the parameter's shape, in parameter order (zeros if never added)."""
+        out = {}
+        for name, p in params.items():
+            value = self.sums.get(name)
+            out[name] = (torch.zeros_like(p, memory_format=torch.contiguous_format)
+                         if value is None else value.reshape(p.shape).contiguous())
+        return out
+
+
+# accumulate(weights (B,), row_mask, totals): totals[name] += Σ_i weights_i·g_i. row_mask is None
+# when every row is finite, else a (B,) bool tensor: rows outside it must contribute exactly 0.
+Accumulate = Callable[[torch.Tensor, "torch.Tensor | None", _Totals], None]
 
 
 @dataclass
@@ -331,9 +373,16 @@ class _LayerWork:
     accumulate: Accumulate
 
 
-def _rows(mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """t with the rows outside `mask` set to exactly 0 (shape (B, ...))."""
+def _rows(mask: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """t with the rows outside `mask` set to exactly 0 (t has shape (B, ...))."""
+    if mask is None:
+        return t
     return torch.where(mask.view(-1, *([1] * (t.dim() - 1))), t, 0.0)
+
+
+def _sq(t: torch.Tensor, dims: int) -> torch.Tensor:
+    """Squared L2 norm over the last `dims` dimensions."""
+    return torch.linalg.vector_norm(t.flatten(-dims) if dims > 1 else t, dim=-1).square()
 
 
 def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bool) -> bool:
@@ -348,92 +397,118 @@ def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bo
     return not (gram_mem > MATERIALISE_MAX_ELEMENTS and mat_mem < gram_mem)
 
 
+def _weighted_outer_sum(sd: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Σ_{i,t} sd_it a_itᵀ per group: (B, g, T, o), (B, g, T, k) -> (g, o, k). One GEMM."""
+    batch, groups, positions, o = sd.shape
+    k = a.shape[-1]
+    if groups == 1:
+        return (sd.reshape(batch * positions, o).T @ a.reshape(batch * positions, k)).unsqueeze(0)
+    return torch.einsum("bgto,bgtk->gok", sd, a)
+
+
 def _positional_work(
     weight_name: str | None,
     bias_name: str | None,
     weight_shape: torch.Size,
-    A: torch.Tensor | None,
     D: torch.Tensor,
     *,
-    bk: bool,
+    A: torch.Tensor | None = None,
+    G: torch.Tensor | None = None,
 ) -> _LayerWork:
-    """Linear/Conv rule. A: (B, g, T, k) inputs per position (None if the weight is frozen),
-    D: (B, g, T, o) output gradients.
+    """Linear/Conv rule. D: (B, g, T, o) output gradients per group and position. For the weight
+    (if trainable) exactly one of A: (B, g, T, k) inputs per position (Gram form; T = 1 is the
+    ||a||²·||δ||² case) or G: (B, g, o, k) materialised per-sample gradients.
 
     Per-sample weight gradient of group j: G_ij = Σ_t D_ijt A_ijtᵀ (o × k); bias: Σ_t D_ijt.
     """
     batch, groups, positions, o = D.shape
-    sq = torch.zeros(batch, dtype=D.dtype, device=D.device)
-    parts: list[Callable[[torch.Tensor, torch.Tensor, Sums], None]] = []
+    terms: list[torch.Tensor] = []
+    parts: list[Accumulate] = []
 
     if bias_name is not None:
         gb = D.sum(dim=2).reshape(batch, -1)  # (B, g·o) = (B, C_out)
-        sq = sq + gb.pow(2).sum(dim=1)
+        terms.append(_sq(gb, 1))
 
-        def add_bias(w: torch.Tensor, mask: torch.Tensor, totals: Sums) -> None:
-            totals[bias_name].add_(w @ _rows(mask, gb))
+        def add_bias(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
+            totals.add(bias_name, w @ _rows(mask, gb))
 
         parts.append(add_bias)
 
-    if weight_name is not None:
+    if weight_name is not None and G is not None:
+        terms.append(_sq(G, 3))
+
+        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
+            s = torch.tensordot(w, _rows(mask, G), dims=1)  # (g, o, k)
+            totals.add(weight_name, s.reshape(weight_shape))
+
+        parts.append(add_weight)
+    elif weight_name is not None:
         assert A is not None
-        k = A.shape[-1]
         if positions == 1:
             # ||δ aᵀ||² = ||a||²·||δ||²: no per-sample gradient, O(k + o) per row.
-            sq = sq + (A.pow(2).sum(dim=-1) * D.pow(2).sum(dim=-1)).sum(dim=(1, 2))
-            gram = True
-        elif _use_gram(batch, groups, positions, k, o, bk=bk):
+            terms.append((_sq(A, 3) * _sq(D, 3)) if groups == 1
+                         else (_sq(A, 1) * _sq(D, 1)).sum(dim=(1, 2)))
+        else:  # Gram form: Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
             aat = torch.matmul(A, A.transpose(-1, -2))  # (B, g, T, T)
             ddt = torch.matmul(D, D.transpose(-1, -2))
-            sq = sq + (aat * ddt).sum(dim=(1, 2, 3)).clamp_min(0.0)
+            terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
             del aat, ddt
-            gram = True
-        else:
-            G = torch.matmul(D.transpose(-1, -2), A)  # (B, g, o, k)
-            sq = sq + G.pow(2).sum(dim=(1, 2, 3))
-            gram = False
 
-        if gram:
-
-            def add_weight(w: torch.Tensor, mask: torch.Tensor, totals: Sums) -> None:
-                sd = _rows(mask, D * w.view(-1, 1, 1, 1))
-                a = _rows(mask, A)
-                # Σ_{i,t} sδ_it a_itᵀ per group: one GEMM over (rows × positions).
-                s = torch.einsum("bgto,bgtk->gok", sd, a)
-                totals[weight_name].add_(s.reshape(weight_shape))
-
-        else:
-
-            def add_weight(w: torch.Tensor, mask: torch.Tensor, totals: Sums) -> None:
-                s = torch.tensordot(w, _rows(mask, G), dims=1)  # (g, o, k)
-                totals[weight_name].add_(s.reshape(weight_shape))
+        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
+            sd = _rows(mask, D * w.view(-1, 1, 1, 1))
+            s = _weighted_outer_sum(sd, _rows(mask, A))
+            totals.add(weight_name, s.reshape(weight_shape))
 
         parts.append(add_weight)
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor, totals: Sums) -> None:
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
         for part in parts:
             part(w, mask, totals)
+
+    sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    return _LayerWork(sq, accumulate)
+
+
+def _dense_work(
+    weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor
+) -> _LayerWork:
+    """Linear on (B, k) rows, called once: ||g_i||² = ||δ_i||²·(||a_i||² + 1) with a bias,
+    and the clipped sum is (s·δ)ᵀa, Σ s·δ — the fast path of `_positional_work` (fewer ops)."""
+    sq = torch.linalg.vecdot(d, d)
+    if weight_name is not None:
+        sq_a = torch.linalg.vecdot(a, a)
+        sq = sq * (sq_a + 1.0) if bias_name is not None else sq * sq_a
+
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
+        sd = _rows(mask, d * w.unsqueeze(1))
+        if weight_name is not None:
+            totals.add(weight_name, sd.T @ _rows(mask, a))
+        if bias_name is not None:
+            totals.add(bias_name, sd.sum(dim=0))
 
     return _LayerWork(sq, accumulate)
 
 
-def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """Unfolded input patches (B, C_in·∏kernel, positions), matching the weight's layout."""
-    explicit_pad = module.padding_mode != "zeros" or isinstance(module.padding, str)
-    if isinstance(module, nn.Conv1d):
-        explicit_pad = True
-    if explicit_pad:
+def _conv_input(
+    module: nn.Conv1d | nn.Conv2d, a: torch.Tensor
+) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The input as the convolution sees it, and the padding still to apply (zeros)."""
+    if module.padding_mode != "zeros" or isinstance(module.padding, str):
         mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
         a = F.pad(a, module._reversed_padding_repeated_twice, mode=mode)
-        padding: tuple[int, ...] = (0,) * len(module.kernel_size)
-    else:
-        padding = tuple(module.padding)  # type: ignore[arg-type]
+        return a, (0,) * len(module.kernel_size)
+    return a, tuple(module.padding)  # type: ignore[arg-type]
+
+
+def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """Unfolded input patches (B, C_in·∏kernel, positions), matching the weight's layout."""
+    a, padding = _conv_input(module, a)
     if isinstance(module, nn.Conv1d):
         return F.unfold(
             a.unsqueeze(2),
             kernel_size=(1, module.kernel_size[0]),
             dilation=(1, module.dilation[0]),
-            padding=(0, 0),
+            padding=(0, padding[0]),
             stride=(1, module.stride[0]),
         )
     return F.unfold(
@@ -442,27 +517,89 @@ def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> torch.Tenso
     )
 
 
+# Per-sample conv weight gradients are materialised either by im2col (F.unfold) + batched GEMM,
+# or — on these device types, for layers with fewer patch features than positions (e.g. a first
+# conv on 1 channel) — by one einsum over a strided window view of the input, which skips the
+# im2col copy (≈1.5x faster for cnn2-gn's first conv on CPU; slower for its second). Both exact.
+# (Folding the batch into the groups of one weight-gradient convolution was also tried: on CPU its
+# oneDNN timings varied 1x-5x from run to run, so it is not used.)
+CONV_STRIDED_DEVICES: set[str] = {"cpu"}
+
+
+def _conv_per_sample_grads(
+    module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor
+) -> torch.Tensor:
+    """Per-sample weight gradients (B, g, o, k) of one call."""
+    batch, g = a.shape[0], module.groups
+    o = module.out_channels // g
+    k = module.weight[0].numel()
+    spatial = d.shape[2:]
+    if a.device.type in CONV_STRIDED_DEVICES and k <= math.prod(spatial):
+        x, padding = _conv_input(module, a)
+        if any(padding):
+            x = F.pad(x, [q for q in reversed(padding) for _ in range(2)])
+        x = x.contiguous()
+        nd = len(spatial)
+        c = x.shape[1] // g
+        sb, sc, *ss = x.stride()
+        window = x.as_strided(  # (B, g, c, *kernel, *out_spatial): the patches, without a copy
+            (batch, g, c, *module.kernel_size, *spatial),
+            (sb, sc * c, sc, *(st * dl for st, dl in zip(ss, module.dilation, strict=True)),
+             *(st * sd for st, sd in zip(ss, module.stride, strict=True))),
+        )
+        pos, kern = "hw"[:nd], "ij"[:nd]
+        G = torch.einsum(f"bgo{pos},bgc{kern}{pos}->bgoc{kern}", d.reshape(batch, g, o, *spatial),
+                         window)
+        return G.reshape(batch, g, o, k)
+    patches = _conv_patches(module, a)  # (B, g·k, T)
+    return torch.matmul(
+        d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2)
+    )
+
+
 def _linear_conv_work(
-    module: nn.Module, names: dict[str, str | None], calls: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    *, bk: bool,
+    module: nn.Module,
+    names: dict[str, str | None],
+    calls: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    bk: bool,
 ) -> _LayerWork:
-    As, Ds = [], []
-    for a, d in calls:
-        batch = a.shape[0]
-        if isinstance(module, nn.Linear):
-            As.append(a.reshape(batch, 1, -1, module.in_features))
-            Ds.append(d.reshape(batch, 1, -1, module.out_features))
-        else:
-            assert isinstance(module, (nn.Conv1d, nn.Conv2d))
-            g = module.groups
-            o = module.out_channels // g
-            Ds.append(d.reshape(batch, g, o, -1).transpose(-1, -2))  # (B, g, T, o)
-            if names["weight"] is not None:  # bias only: the patches are never needed
-                patches = _conv_patches(module, a)
-                As.append(patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
-    A = None if not As else As[0] if len(As) == 1 else torch.cat(As, dim=2)
+    is_linear = isinstance(module, nn.Linear)
+    batch = calls[0][0].shape[0]
+    if is_linear and len(calls) == 1 and calls[0][0].dim() == 2:
+        return _dense_work(names["weight"], names["bias"], calls[0][0], calls[0][1])
+    if is_linear:
+        g, o, k = 1, module.out_features, module.in_features
+        Ds = [d.reshape(batch, 1, -1, o) for _, d in calls]
+    else:
+        assert isinstance(module, (nn.Conv1d, nn.Conv2d))
+        g = module.groups
+        o = module.out_channels // g
+        k = module.weight[0].numel()
+        Ds = [d.reshape(batch, g, o, -1).transpose(-1, -2) for _, d in calls]  # (B, g, T, o)
     D = Ds[0] if len(Ds) == 1 else torch.cat(Ds, dim=2)
-    return _positional_work(names["weight"], names["bias"], module.weight.shape, A, D, bk=bk)
+    positions = D.shape[2]
+    weight, bias, shape = names["weight"], names["bias"], module.weight.shape
+    if weight is None:  # bias only: the inputs are never needed
+        return _positional_work(None, bias, shape, D)
+    if positions > 1 and not _use_gram(batch, g, positions, k, o, bk=bk):
+        if is_linear:
+            A = torch.cat([a.reshape(batch, 1, -1, k) for a, _ in calls], dim=2)
+            G = torch.matmul(D.transpose(-1, -2), A)
+        else:
+            G = _conv_per_sample_grads(module, calls[0][0], calls[0][1])  # type: ignore[arg-type]
+            for a, d in calls[1:]:
+                G = G + _conv_per_sample_grads(module, a, d)  # type: ignore[arg-type]
+        return _positional_work(weight, bias, shape, D, G=G)
+    if is_linear:
+        As = [a.reshape(batch, 1, -1, k) for a, _ in calls]
+    else:
+        As = []
+        for a, _ in calls:
+            patches = _conv_patches(module, a)  # type: ignore[arg-type]
+            As.append(patches.view(batch, g, k, -1).transpose(-1, -2))  # (B, g, T, k)
+    A = As[0] if len(As) == 1 else torch.cat(As, dim=2)
+    return _positional_work(weight, bias, shape, D, A=A)
 
 
 def _norm_work(
@@ -527,23 +664,20 @@ def _embedding_work(
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(D.dtype)  # (B, T, T)
     sq = (same * torch.matmul(D, D.transpose(1, 2))).sum(dim=(1, 2)).clamp_min(0.0)
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor, totals: Sums) -> None:
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
         sd = _rows(mask, D * w.view(-1, 1, 1))
-        totals[name].index_add_(0, idx.reshape(-1), sd.reshape(-1, dim))
+        totals.index_add(name, module.weight, idx.reshape(-1), sd.reshape(-1, dim))
 
     return _LayerWork(sq, accumulate)
 
 
 def _materialised_work(grads: dict[str, torch.Tensor]) -> _LayerWork:
     """Per-sample gradients already in hand (B, *param.shape): norm and tensordot."""
-    first = next(iter(grads.values()))
-    sq = torch.zeros(first.shape[0], dtype=first.dtype, device=first.device)
-    for g in grads.values():
-        sq = sq + g.reshape(g.shape[0], -1).pow(2).sum(dim=1)
+    sq = torch.stack([_sq(g.reshape(g.shape[0], -1), 1) for g in grads.values()]).sum(dim=0)
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor, totals: Sums) -> None:
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: _Totals) -> None:
         for name, g in grads.items():
-            totals[name].add_(torch.tensordot(w, _rows(mask, g), dims=1))
+            totals.add(name, torch.tensordot(w, _rows(mask, g), dims=1))
 
     return _LayerWork(sq, accumulate)
 
@@ -586,40 +720,52 @@ def _pass1(
 ) -> _Chunk:
     batch = x.shape[0]
     recorder.start(batch)
-    try:
-        with torch.enable_grad():
+    with torch.enable_grad():  # also when the caller runs under torch.no_grad()
+        try:
             out = model(x)
-    finally:
-        recorder.stop()
-    recorder.check_versions()
+        finally:
+            recorder.stop()
+        recorder.check_versions()
+        return _pass1_backward(recorder, out, target, spec, layer_names, bk=bk,
+                               want_out_grad=want_out_grad, retain_graph=retain_graph)
+
+
+def _pass1_backward(
+    recorder: _Recorder,
+    out: torch.Tensor,
+    target: torch.Tensor,
+    spec: LossSpec,
+    layer_names: list[dict[str, str | None]],
+    *,
+    bk: bool,
+    want_out_grad: bool,
+    retain_graph: bool,
+) -> _Chunk:
     taps: list[torch.Tensor] = []
     layout: list[tuple[int, torch.Tensor]] = []  # (layer index, detached input) per tap
     for layer_index, (_, module) in enumerate(recorder.layers):
         for call in recorder.calls[id(module)]:
             taps.append(call.out)
             layout.append((layer_index, call.inp))
-    if want_out_grad and not out.requires_grad:
+    if not out.requires_grad:
         raise ValueError("the model output does not depend on any trainable parameter")
-    inputs = taps + ([out] if want_out_grad else [])
-    if inputs:
-        loss = spec.fn(out, target)
-        grads = torch.autograd.grad(
-            loss, inputs, allow_unused=True, materialize_grads=True, retain_graph=retain_graph
-        )
-    else:
-        grads = ()
+    loss = spec.fn(out, target)
+    grads = torch.autograd.grad(
+        loss, taps + ([out] if want_out_grad else []), allow_unused=True, materialize_grads=True,
+        retain_graph=retain_graph,
+    )
     per_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for (layer_index, inp), g in zip(layout, grads, strict=False):
-        per_layer.setdefault(layer_index, []).append((inp, g.detach()))
+        per_layer.setdefault(layer_index, []).append((inp, g))
     recorder.calls = {}  # drop the graph references held by the recorder
-    dtype = next(iter(trainable_parameters(model).values())).dtype
-    sq = torch.zeros(batch, dtype=dtype, device=x.device)
-    works = []
-    for layer_index, calls in per_layer.items():
-        work = _layer_work(recorder.layers[layer_index][1], layer_names[layer_index], calls, bk=bk)
+    works = [
+        _layer_work(recorder.layers[index][1], layer_names[index], calls, bk=bk)
+        for index, calls in per_layer.items()
+    ]
+    sq = works[0].sq_norms
+    for work in works[1:]:
         sq = sq + work.sq_norms
-        works.append(work)
-    out_grad = grads[-1].detach() if want_out_grad else None
+    out_grad = grads[-1] if want_out_grad else None
     return _Chunk(sq, works, out_grad, out if retain_graph else None)
 
 
@@ -703,10 +849,7 @@ def ghost_clipped_grad_sum(
     if pass2 not in PASS2_MODES:
         raise ValueError(f"pass2 must be one of {PASS2_MODES}, got {pass2!r}")
     params = trainable_parameters(model)
-    totals = {
-        name: torch.zeros_like(p, memory_format=torch.contiguous_format)
-        for name, p in params.items()
-    }
+    totals = _Totals()
     with _Recorder(model) as recorder:
         names = _layer_param_names(model, recorder)
         for spec, x, target in _iter_chunks(
@@ -719,17 +862,21 @@ def ghost_clipped_grad_sum(
             with torch.no_grad():
                 norms = chunk.sq_norms.sqrt()
                 finite = torch.isfinite(norms)
-                scale = torch.where(finite, per_sample_map.scale_factors(norms), 0.0)
+                # One host sync per chunk (as clipped_grad_sum): masking costs more than checking.
+                all_finite = bool(finite.all())
+                scale = per_sample_map.scale_factors(norms)
+                if not all_finite:
+                    scale = torch.where(finite, scale, 0.0)
                 scale = scale.to(chunk.sq_norms.dtype)
             if pass2 == "bk":
                 with torch.no_grad():
                     for work in chunk.works:
-                        work.accumulate(scale, finite, totals)
+                        work.accumulate(scale, None if all_finite else finite, totals)
                 continue
             del chunk.works
             assert chunk.out_grad is not None
             out_grad = chunk.out_grad * scale.view(-1, *([1] * (chunk.out_grad.dim() - 1)))
-            if pass2 == "retain" and bool(finite.all()):
+            if pass2 == "retain" and all_finite:
                 assert chunk.out is not None
                 grads = torch.autograd.grad(
                     chunk.out, list(params.values()), grad_outputs=out_grad,
@@ -748,9 +895,9 @@ def ghost_clipped_grad_sum(
                     allow_unused=True, materialize_grads=True,
                 )
             with torch.no_grad():
-                for (name, _), g in zip(params.items(), grads, strict=True):
-                    totals[name].add_(g)
-    return totals
+                for name, g in zip(params, grads, strict=True):
+                    totals.add(name, g)
+    return totals.result(params)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from app.algorithms.baselines import (
     DPAdamHyperparameters,
     DPPSACHyperparameters,
 )
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from worker.optimizers.dp_sgd import DPSGDConfig, per_sample_map_aggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip, PerSampleMap
 from worker.optimizers.per_sample_maps import AutoSClip, PSACClip
 from worker.optimizers.state import TrainingResult
@@ -72,7 +72,7 @@ def _run(
         hooks=request.hooks,
         resume_from=request.resume_from,
         device=request.device,
-        aggregator=PerSampleMapAggregator(per_sample_map),
+        aggregator=per_sample_map_aggregator(request.model, per_sample_map),
     )
 
 

@@ -1,0 +1,520 @@
+"""The ghost clipping / book-keeping engine against the vmap engine (per_sample.py).
+
+The vmap engine is itself pinned against one-row-at-a-time autograd in test_worker_per_sample.py,
+so equality with it (norms and clipped sums) is equality with the definition.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from worker.optimizers import ghost
+from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from worker.optimizers.ghost import (
+    GhostClipAggregator,
+    check_ghost_supported,
+    ghost_clipped_grad_sum,
+    ghost_per_sample_norms,
+    supports,
+)
+from worker.optimizers.per_sample import (
+    AbadiClip,
+    clipped_grad_sum,
+    iter_per_sample_grads,
+    per_sample_norms,
+    trainable_parameters,
+)
+from worker.training.models import build_model
+
+MODES = ("bk", "retain", "recompute")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """These tests run hundreds of tiny kernels; on a busy 2-core box every OpenMP region can stall
+    for a scheduler slice (measured: 3 ms -> 800 ms per call). Results do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+# (id, model name, params, input_shape, n_outputs, loss)
+ZOO = [
+    ("logistic", "logistic-regression", {}, (5,), 3, "cross_entropy"),
+    ("linear-mse", "linear-regression", {}, (4,), 1, "mse"),
+    ("mlp-tanh", "mlp", {"hidden_sizes": [6, 4], "activation": "tanh"}, (5,), 3, "cross_entropy"),
+    ("mlp-relu-mse", "mlp", {"hidden_sizes": [7], "activation": "relu"}, (3,), 1, "mse"),
+    ("cnn2-gn-16", "cnn2-gn", {"groups": 4}, (1, 16, 16), 4, "cross_entropy"),
+    ("cnn2-gn-28", "cnn2-gn", {"groups": 4}, (1, 28, 28), 10, "cross_entropy"),
+    ("cnn2-gn-flat", "cnn2-gn", {"groups": 2, "image_shape": [1, 16, 16]}, (256,), 4,
+     "cross_entropy"),
+]
+
+
+@dataclass(frozen=True)
+class NormalisingMap:
+    """A PerSampleMap other than Abadi (Auto-S form): every row is rescaled, S = C."""
+
+    clipping_norm: float
+    gamma: float = 0.01
+
+    @property
+    def norm_bound(self) -> float:
+        return self.clipping_norm
+
+    def scale_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        return self.clipping_norm / (norms + self.gamma)
+
+
+def _zoo(case: tuple, dtype: torch.dtype, n: int = 10) -> tuple[nn.Module, torch.Tensor,
+                                                                  torch.Tensor, str]:
+    _, name, params, input_shape, n_outputs, loss = case
+    gen = torch.Generator().manual_seed(1234)
+    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs,
+                        generator=gen).to(dtype)
+    X = torch.randn(n, *input_shape, generator=gen, dtype=dtype)
+    if loss == "cross_entropy":
+        y = torch.randint(0, n_outputs, (n,), generator=gen)
+    else:
+        y = torch.randn(n, generator=gen, dtype=dtype)
+    return model, X, y, loss
+
+
+def _vmap_norms(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    return torch.cat([per_sample_norms(g) for g in iter_per_sample_grads(
+        model, X, y, loss=loss, max_physical_batch_size=4)])
+
+
+def _assert_sums_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+                       tol: float) -> None:
+    assert list(got) == list(ref)
+    for name, r in ref.items():
+        g = got[name]
+        assert g.shape == r.shape and g.dtype == r.dtype, name
+        assert bool(torch.isfinite(g).all()), name
+        scale = float(r.norm()) + 1e-30
+        assert float((g - r).norm()) <= tol * scale, (name, float((g - r).norm()) / scale)
+
+
+def _check_against_vmap(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str, *,
+                        chunks: tuple[int, ...] = (3, 64), per_sample_map: object = None,
+                        modes: tuple[str, ...] = MODES) -> torch.Tensor:
+    """Norms and clipped sums of every pass-2 mode and chunking equal the vmap engine's."""
+    dtype = next(model.parameters()).dtype
+    tol = TOL[dtype]
+    # A copy: functional_call leaves a layer that is called twice with plain-tensor weights.
+    vmap_model = copy.deepcopy(model)
+    ref_norms = _vmap_norms(vmap_model, X, y, loss)
+    finite = torch.isfinite(ref_norms)
+    if per_sample_map is None:
+        # About half of the (finite) rows get clipped.
+        per_sample_map = AbadiClip(float(ref_norms[finite].median()) if bool(finite.any()) else 1.)
+    reference = clipped_grad_sum(vmap_model, X, y, loss=loss, per_sample_map=per_sample_map,
+                                 max_physical_batch_size=4)
+    for chunk in chunks:
+        norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=chunk)
+        assert norms.shape == ref_norms.shape
+        assert torch.equal(torch.isfinite(norms), finite)
+        torch.testing.assert_close(norms[finite], ref_norms[finite], rtol=tol, atol=tol * 1e-3)
+        for mode in modes:
+            got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=per_sample_map,
+                                         max_physical_batch_size=chunk, pass2=mode)
+            _assert_sums_close(got, reference, tol)
+    return ref_norms
+
+
+@contextmanager
+def _force(gram: bool | None = None, strided: bool | None = None) -> Iterator[None]:
+    """Force the Gram or the materialised rule, and the strided or unfold conv path."""
+    with mock.patch.object(ghost, "_use_gram", (lambda *a, **k: gram)
+                           if gram is not None else ghost._use_gram), \
+         mock.patch.object(ghost, "CONV_STRIDED_DEVICES",
+                           ({"cpu"} if strided else set()) if strided is not None
+                           else ghost.CONV_STRIDED_DEVICES):
+        yield
+
+
+# ----------------------------------------------------------------------------- the model zoo
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", ZOO, ids=[c[0] for c in ZOO])
+def test_zoo_models_match_vmap_engine(case: tuple, dtype: torch.dtype) -> None:
+    model, X, y, loss = _zoo(case, dtype)
+    norms = _check_against_vmap(model, X, y, loss)
+    assert bool((norms > 0).all())  # not trivially zero
+    for p in model.parameters():
+        assert p.grad is None  # .grad is never touched
+    for m in model.modules():
+        assert not m._forward_hooks  # hooks are removed
+
+
+@pytest.mark.parametrize("gram", [True, False])
+@pytest.mark.parametrize("strided", [True, False])
+def test_cnn_both_conv_rules_match(gram: bool, strided: bool) -> None:
+    model, X, y, loss = _zoo(ZOO[5], torch.float64, n=6)
+    with _force(gram=gram, strided=strided):
+        _check_against_vmap(model, X, y, loss, chunks=(4,), modes=("bk",))
+
+
+def test_another_per_sample_map_and_a_single_chunk_per_row() -> None:
+    model, X, y, loss = _zoo(ZOO[4], torch.float64, n=5)
+    _check_against_vmap(model, X, y, loss, chunks=(1,), per_sample_map=NormalisingMap(0.3))
+
+
+# ----------------------------------------------------------------------------- awkward rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", [ZOO[1], ZOO[2], ZOO[4]], ids=["linear-mse", "mlp", "cnn"])
+def test_huge_zero_and_non_finite_rows(case: tuple, dtype: torch.dtype) -> None:
+    model, X, y, loss = _zoo(case, dtype, n=9)
+    X = X.clone()
+    X[1] *= 1e4  # huge but finite gradient: clipped hard
+    X[2] = float("nan")
+    X[3].view(-1)[0] = float("inf")
+    if case[0] == "linear-mse":
+        X[4] = 0.0  # output = bias exactly: zero residual, zero gradient
+        y = y.clone()
+        y[4] = model[1].bias.detach()[0]
+        X[5] *= 1e30 if dtype == torch.float32 else 1e200  # finite input, gradient overflows
+    norms = _check_against_vmap(model, X, y, loss, chunks=(4, 9))
+    assert not bool(torch.isfinite(norms[2:4]).any())
+    if case[0] == "linear-mse":
+        assert float(norms[4]) == 0.0 and not bool(torch.isfinite(norms[5]))
+    # Non-finite rows contribute exactly nothing: the sum equals the sum over the clean rows.
+    keep = torch.isfinite(norms)
+    clip = AbadiClip(1.0)
+    clean = ghost_clipped_grad_sum(model, X[keep], y[keep], loss=loss, per_sample_map=clip,
+                                   max_physical_batch_size=4)
+    for mode in MODES:
+        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                     max_physical_batch_size=4, pass2=mode)
+        _assert_sums_close(got, clean, TOL[dtype])
+
+
+def test_all_rows_non_finite_gives_zeros() -> None:
+    model, X, y, loss = _zoo(ZOO[2], torch.float64, n=3)
+    X = torch.full_like(X, float("nan"))
+    for mode in MODES:
+        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
+                                     max_physical_batch_size=2, pass2=mode)
+        for name, p in trainable_parameters(model).items():
+            assert torch.equal(got[name], torch.zeros_like(p))
+
+
+def test_works_when_the_caller_disabled_gradients() -> None:
+    model, X, y, loss = _zoo(ZOO[4], torch.float64, n=5)
+    clip = AbadiClip(0.1)
+    expected = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                max_physical_batch_size=2)
+    for mode in MODES:
+        with torch.no_grad():
+            got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                         max_physical_batch_size=2, pass2=mode)
+        _assert_sums_close(got, expected, 1e-10)
+
+
+def test_empty_batch_gives_zeros_and_empty_norms() -> None:
+    model, X, y, loss = _zoo(ZOO[4], torch.float32)
+    for mode in MODES:
+        got = ghost_clipped_grad_sum(model, X[:0], y[:0], loss=loss,
+                                     per_sample_map=AbadiClip(1.0), max_physical_batch_size=4,
+                                     pass2=mode)
+        for name, p in trainable_parameters(model).items():
+            assert torch.equal(got[name], torch.zeros_like(p))
+    assert ghost_per_sample_norms(model, X[:0], y[:0], loss=loss,
+                                  max_physical_batch_size=4).shape == (0,)
+
+
+def test_clipped_rows_have_norm_exactly_the_bound() -> None:
+    """Guards the joint (flat) norm: per-layer norms would leave the total above C."""
+    model, X, y, loss = _zoo(ZOO[2], torch.float64, n=1)
+    norm = float(ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=1)[0])
+    total = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(norm / 3),
+                                   max_physical_batch_size=1)
+    flat = sum(float(t.pow(2).sum()) for t in total.values()) ** 0.5
+    assert flat == pytest.approx(norm / 3, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- other layers
+
+
+def _with_data(model: nn.Module, input_shape: tuple[int, ...], n_outputs: int, *, n: int = 7,
+               vocab: int | None = None, seed: int = 0) -> tuple[nn.Module, torch.Tensor,
+                                                                  torch.Tensor, str]:
+    gen = torch.Generator().manual_seed(seed)
+    model = model.double()
+    if vocab is not None:
+        X = torch.randint(0, vocab, (n, *input_shape), generator=gen)
+    else:
+        X = torch.randn(n, *input_shape, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, n_outputs, (n,), generator=gen)
+    return model, X, y, "cross_entropy"
+
+
+def _seeded(builder):  # noqa: ANN001, ANN202 - reproducible init for the ad-hoc models below
+    torch.manual_seed(0)
+    return builder()
+
+
+LAYER_CASES = {
+    "linear-sequence": (lambda: nn.Sequential(
+        nn.Linear(4, 5), nn.GELU(), nn.LayerNorm(5), nn.Linear(5, 3), nn.Flatten(),
+        nn.Linear(18, 3)), (6, 4), 3, None),
+    "layernorm-2d-shape": (lambda: nn.Sequential(
+        nn.LayerNorm((3, 4)), nn.Flatten(), nn.Linear(12, 2)), (3, 4), 2, None),
+    "conv1d-groups-circular": (lambda: nn.Sequential(
+        nn.Conv1d(4, 6, 3, stride=2, padding=2, groups=2, padding_mode="circular"), nn.SiLU(),
+        nn.AvgPool1d(2), nn.Flatten(), nn.Linear(24, 3)), (4, 15), 3, None),
+    "conv1d-same-dilated": (lambda: nn.Sequential(
+        nn.Conv1d(2, 3, 3, padding="same", dilation=2), nn.ELU(),
+        nn.AdaptiveAvgPool1d(2), nn.Flatten(), nn.Linear(6, 2)), (2, 9), 2, None),
+    "conv2d-groups-dilation-reflect": (lambda: nn.Sequential(
+        nn.Conv2d(4, 6, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2,
+                  padding_mode="reflect"), nn.GroupNorm(3, 6), nn.LeakyReLU(),
+        nn.AdaptiveAvgPool2d((2, 2)), nn.Flatten(), nn.Linear(24, 3)), (4, 9, 8), 3, None),
+    "conv2d-same-no-bias": (lambda: nn.Sequential(
+        nn.Conv2d(3, 4, (3, 2), padding="same", bias=False), nn.Sigmoid(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 2)), (3, 6, 6), 2, None),
+    "embedding-padding-idx": (lambda: nn.Sequential(
+        nn.Embedding(6, 3, padding_idx=0), nn.Linear(3, 4), nn.Tanh(), nn.Flatten(),
+        nn.Linear(20, 3)), (5,), 3, 6),
+    "embedding-large-vocab": (lambda: nn.Sequential(
+        nn.Embedding(500, 4), nn.LayerNorm(4), nn.Flatten(), nn.Linear(12, 2)), (3,), 2, 500),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
+@pytest.mark.parametrize("gram", [None, True, False], ids=["auto", "gram", "materialise"])
+@pytest.mark.parametrize("case", list(LAYER_CASES), ids=list(LAYER_CASES))
+def test_other_layers_match_vmap_engine(case: str, gram: bool | None) -> None:
+    builder, input_shape, n_outputs, vocab = LAYER_CASES[case]
+    model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
+    with _force(gram=gram):
+        _check_against_vmap(model, X, y, loss, chunks=(3,),
+                            modes=MODES if gram is None else ("bk",))
+
+
+def test_reused_layer_and_frozen_parameters() -> None:
+    torch.manual_seed(0)
+    shared = nn.Linear(5, 5)
+    conv = nn.Conv1d(1, 2, 3)
+    model = nn.Sequential(nn.Unflatten(1, (1, 5)), conv, nn.Flatten(), nn.Tanh(),
+                          nn.Linear(6, 5), shared, nn.Tanh(), shared, nn.ReLU(), nn.Linear(5, 3))
+    model, X, y, loss = _with_data(model, (5,), 3)
+    for gram in (None, True, False):
+        with _force(gram=gram):
+            _check_against_vmap(model, X, y, loss, chunks=(4,))
+    conv.weight.requires_grad_(False)  # bias only
+    model[4].bias.requires_grad_(False)  # weight only
+    assert "1.weight" not in trainable_parameters(model)
+    _check_against_vmap(model, X, y, loss, chunks=(4,))
+
+
+def test_sequence_linear_rule_is_chosen_by_shape() -> None:
+    # Few positions, wide layer: Gram is cheaper for the norm; many positions, narrow: materialise.
+    assert ghost._use_gram(64, 1, 4, 512, 512, bk=False)
+    assert not ghost._use_gram(64, 1, 512, 8, 8, bk=False)
+    # Book-keeping adds the weighted sum: materialised gradients make it a cheap tensordot.
+    assert not ghost._use_gram(64, 1, 25, 256, 32, bk=True)
+    # Materialising (B × |W|) is capped: beyond the cap the Gram form is used.
+    assert ghost._use_gram(4096, 1, 16, 4096, 4096, bk=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    d_in=st.integers(1, 6),
+    positions=st.one_of(st.none(), st.integers(1, 4)),
+    n_outputs=st.integers(1, 4),
+    activation=st.sampled_from([nn.Tanh, nn.ReLU, nn.Identity]),
+    bias=st.booleans(),
+    n=st.integers(0, 9),
+    chunk=st.integers(1, 5),
+    mse=st.booleans(),
+    gram=st.sampled_from([None, True, False]),
+    mode=st.sampled_from(MODES),
+    seed=st.integers(0, 2**16),
+)
+def test_random_linear_stacks_match_vmap_engine(
+    widths: list[int], d_in: int, positions: int | None, n_outputs: int, activation: type,
+    bias: bool, n: int, chunk: int, mse: bool, gram: bool | None, mode: str, seed: int,
+) -> None:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    width = d_in
+    for w in widths:
+        layers += [nn.Linear(width, w, bias=bias), activation()]
+        width = w
+    if positions is not None:  # Linear layers see (B, T, d); flatten before the head
+        layers.append(nn.Flatten())
+        width *= positions
+    outputs = 1 if mse else n_outputs
+    layers.append(nn.Linear(width, outputs))
+    model = nn.Sequential(*layers).double()
+    shape = (n, d_in) if positions is None else (n, positions, d_in)
+    X = torch.randn(*shape, dtype=torch.float64) * 3
+    y = torch.randn(n, dtype=torch.float64) if mse else torch.randint(0, outputs, (n,))
+    loss = "mse" if mse else "cross_entropy"
+    clip = AbadiClip(0.5)
+    reference = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                 max_physical_batch_size=4)
+    with _force(gram=gram):
+        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                     max_physical_batch_size=chunk, pass2=mode)  # type: ignore[arg-type]
+        norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=chunk)
+    _assert_sums_close(got, reference, 1e-10)
+    if n:
+        torch.testing.assert_close(norms, _vmap_norms(model, X, y, loss), rtol=1e-10,
+                                   atol=1e-13)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+class _Custom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.fc.weight)  # bypasses the layer: must be refused
+
+
+def _tied() -> nn.Module:
+    a, b = nn.Linear(3, 3), nn.Linear(3, 3)
+    b.weight = a.weight
+    return nn.Sequential(a, nn.Tanh(), b)
+
+
+class _OwnParam(nn.Sequential):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), r"module 1 is BatchNorm1d"),
+        (lambda: nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"module 1 of type Dropout"),
+        (lambda: nn.Sequential(nn.Flatten(0), nn.Linear(3, 3)), r"module 0 \(Flatten\)"),
+        (lambda: nn.Sequential(nn.Unflatten(-2, (1, 3)), nn.Flatten(), nn.Linear(3, 3)),
+         r"module 0 \(Unflatten\)"),
+        (lambda: nn.Sequential(nn.Embedding(5, 3, max_norm=1.0)), r"module 0 \(Embedding\)"),
+        (lambda: nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True)),
+         r"module 0 \(Embedding\)"),
+        (_Custom, r"module <root> of type _Custom"),
+        (_tied, r"tied parameters"),
+        (lambda: nn.Sequential(nn.Conv3d(1, 1, 1)), r"module 0 of type Conv3d"),
+    ],
+)
+def test_unsupported_models_are_refused_with_the_layer_named(make, message: str) -> None:  # noqa: ANN001
+    model = make()
+    assert not supports(model)
+    with pytest.raises(ValueError, match=message):
+        check_ghost_supported(model)
+    X, y = torch.randn(4, 3), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match=message):
+        ghost_clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0),
+                               max_physical_batch_size=4)
+
+
+def test_container_owning_a_parameter_is_refused() -> None:
+    model = nn.Sequential(nn.Linear(3, 3))
+    model.register_parameter("scale", nn.Parameter(torch.ones(3)))
+    with pytest.raises(ValueError, match=r"parameter 'scale' of module <root>"):
+        check_ghost_supported(model)
+
+
+def test_inplace_activation_after_a_recorded_layer_is_refused_at_run_time() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    assert supports(model)  # only visible when it runs
+    with pytest.raises(ValueError, match=r"module 0 \(Linear\) is modified in place"):
+        ghost_clipped_grad_sum(model, torch.randn(4, 3), torch.zeros(4, dtype=torch.int64),
+                               loss="cross_entropy", per_sample_map=AbadiClip(1.0),
+                               max_physical_batch_size=4)
+    for m in model.modules():
+        assert not m._forward_hooks
+
+
+def test_registered_container_is_accepted() -> None:
+    with mock.patch.object(ghost, "GHOST_CONTAINERS", set(ghost.GHOST_CONTAINERS)):
+        assert not supports(_OwnParam(nn.Linear(2, 2)))
+        ghost.ghost_container(_OwnParam)
+        assert supports(_OwnParam(nn.Linear(2, 2)))
+    assert not supports(_OwnParam(nn.Linear(2, 2)))
+
+
+def test_bad_arguments() -> None:
+    model, X, y, loss = _zoo(ZOO[0], torch.float64)
+    with pytest.raises(ValueError, match="max_physical_batch_size"):
+        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
+                               max_physical_batch_size=0)
+    with pytest.raises(ValueError, match="rows"):
+        ghost_clipped_grad_sum(model, X, y[:-1], loss=loss, per_sample_map=AbadiClip(1.0),
+                               max_physical_batch_size=4)
+    with pytest.raises(ValueError, match="pass2"):
+        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
+                               max_physical_batch_size=4, pass2="twice")  # type: ignore[arg-type]
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
+                               max_physical_batch_size=4)
+
+
+# ----------------------------------------------------------------------------- the aggregator
+
+
+def test_aggregator_matches_per_sample_map_aggregator_and_trains_identically() -> None:
+    clip = AbadiClip(0.7)
+    ghost_agg, vmap_agg = GhostClipAggregator(clip), PerSampleMapAggregator(clip)
+    assert ghost_agg.sensitivity == vmap_agg.sensitivity == 0.7
+    model, X, y, loss = _zoo(ZOO[4], torch.float64, n=12)
+    gen = torch.Generator()
+    kwargs = dict(step=0, loss=loss, max_physical_batch_size=5, generator=gen)
+    _assert_sums_close(ghost_agg.clipped_sum(model, X, y, **kwargs),
+                       vmap_agg.clipped_sum(model, X, y, **kwargs), 1e-10)
+
+    config = DPSGDConfig(steps=3, sampling_probability=0.5, noise_multiplier=1.0,
+                         clipping_norm=0.7, learning_rate=0.1, momentum=0.9,
+                         max_physical_batch_size=4)
+    trained = []
+    for aggregator in (None, ghost_agg):
+        m, _, _, _ = _zoo(ZOO[4], torch.float64, n=12)
+        train_dp_sgd(m, X, y, config=config, generator=torch.Generator().manual_seed(5),
+                     aggregator=aggregator)
+        trained.append(m.state_dict())
+    for name, value in trained[0].items():
+        torch.testing.assert_close(trained[1][name], value, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu() -> None:  # pragma: no cover - runs on GPU workers only
+    model, X, y, loss = _zoo(ZOO[5], torch.float64, n=20)
+    clip = AbadiClip(1.0)
+    expected = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                max_physical_batch_size=8)
+    model = model.float().cuda()
+    X = X.float()  # rows stay on the CPU: each chunk is moved to the model's device
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        for mode in MODES:
+            got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
+                                         max_physical_batch_size=8, pass2=mode)
+            assert all(t.device.type == "cuda" for t in got.values())
+            _assert_sums_close({k: v.cpu().double() for k, v in got.items()}, expected, 1e-4)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
