@@ -30,15 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.algorithms.dp_sgd import subsampled_gaussian_steps
-from app.algorithms.registry import (
-    AlgorithmDefinition,
-    PrivacyPlan,
-    poisson_schedule,
-    register_algorithm,
-)
-from app.facts import DatasetFacts
-from app.schemas.jobs import TrainingSpec
+from app.algorithms.registry import PoissonGaussianAlgorithm, register_algorithm
 
 # Lower bound on γ and r. A per-sample norm is computed in the model's dtype (float32), where the
 # squares of coordinates below ~4e-23 underflow: the computed norm n̂ can be smaller than the true
@@ -95,7 +87,7 @@ class DPPSACHyperparameters(_NormalisingHyperparameters):
     )
 
 
-class _PerSampleMapAlgorithm(AlgorithmDefinition):
+class _PerSampleMapAlgorithm(PoissonGaussianAlgorithm):
     """DP-SGD's event with sensitivity = the per-sample map's norm bound S."""
 
     family = "dp-sgd"
@@ -105,23 +97,6 @@ class _PerSampleMapAlgorithm(AlgorithmDefinition):
         assert isinstance(hyperparameters, self.Hyperparameters)
         return float(hyperparameters.clipping_norm)  # type: ignore[attr-defined]
 
-    def plan(
-        self,
-        hyperparameters: BaseModel,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
-        q, steps = poisson_schedule(training, facts, training_fraction=training_fraction)
-        return PrivacyPlan(
-            steps=steps,
-            sampling_probability=q,
-            expected_batch_size=float(training.batch_size),
-            sensitivity=self.sensitivity(hyperparameters),
-            sampling="poisson",
-            event_for=subsampled_gaussian_steps(q),
-        )
 
 
 @register_algorithm

@@ -52,18 +52,15 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from app.algorithms.dp_sgd import subsampled_gaussian_steps
 from app.algorithms.registry import (
-    AlgorithmDefinition,
+    PoissonGaussianAlgorithm,
     PrivacyPlan,
-    poisson_schedule,
     register_algorithm,
+    subsampled_gaussian_steps,
 )
-from app.facts import DatasetFacts
 from app.privacy import PoissonSampledGaussianEvent, PrivacyEvent
 from app.privacy.conversion import epsilon_from_rdp
 from app.privacy.rdp import rdp_curve
-from app.schemas.jobs import TrainingSpec
 
 __all__ = [
     "PAPER_CLAIM_LABEL",
@@ -183,27 +180,8 @@ def _event_builder(
     return joint
 
 
-def _plan(
-    training: TrainingSpec,
-    facts: DatasetFacts,
-    training_fraction: float,
-    *,
-    sensitivity: float,
-    threshold_noise_ratio: float | None = None,
-) -> PrivacyPlan:
-    q, steps = poisson_schedule(training, facts, training_fraction=training_fraction)
-    return PrivacyPlan(
-        steps=steps,
-        sampling_probability=q,
-        expected_batch_size=float(training.batch_size),
-        sensitivity=sensitivity,
-        sampling="poisson",
-        event_for=_event_builder(q, threshold_noise_ratio),
-    )
-
-
 @register_algorithm
-class DCDPSGDRank(AlgorithmDefinition):
+class DCDPSGDRank(PoissonGaussianAlgorithm):
     name = "dc-dpsgd"
     family = "dc-dpsgd"
     paper = (
@@ -218,19 +196,9 @@ class DCDPSGDRank(AlgorithmDefinition):
     )
     Hyperparameters = DCDPSGDHyperparameters
 
-    def plan(
-        self,
-        hyperparameters: BaseModel,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
+    def sensitivity(self, hyperparameters: BaseModel) -> float:
         assert isinstance(hyperparameters, DCDPSGDHyperparameters)
-        return _plan(
-            training, facts, training_fraction,
-            sensitivity=rank_sensitivity(hyperparameters.tail_clip, hyperparameters.c2),
-        )
+        return rank_sensitivity(hyperparameters.tail_clip, hyperparameters.c2)
 
     def paper_claimed_epsilon(
         self,
@@ -269,7 +237,7 @@ class DCDPSGDRank(AlgorithmDefinition):
 
 
 @register_algorithm
-class DCDPSGDThreshold(AlgorithmDefinition):
+class DCDPSGDThreshold(PoissonGaussianAlgorithm):
     name = "dc-dpsgd-threshold"
     family = "dc-dpsgd"
     paper = DCDPSGDRank.paper
@@ -281,22 +249,14 @@ class DCDPSGDThreshold(AlgorithmDefinition):
     )
     Hyperparameters = DCDPSGDThresholdHyperparameters
 
-    def plan(
-        self,
-        hyperparameters: BaseModel,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
+    def sensitivity(self, hyperparameters: BaseModel) -> float:
         assert isinstance(hyperparameters, DCDPSGDThresholdHyperparameters)
-        return _plan(
-            training, facts, training_fraction,
-            sensitivity=hyperparameters.tail_clip,
-            threshold_noise_ratio=(
-                hyperparameters.threshold_noise_ratio if hyperparameters.tracking else None
-            ),
-        )
+        return hyperparameters.tail_clip
+
+    def event_builder(self, hyperparameters: BaseModel, q: float) -> Callable[[float, int], PrivacyEvent]:
+        assert isinstance(hyperparameters, DCDPSGDThresholdHyperparameters)
+        ratio = hyperparameters.threshold_noise_ratio if hyperparameters.tracking else None
+        return _event_builder(q, ratio)
 
     def report_notes(
         self,

@@ -8,19 +8,9 @@ normaliser q·n is public, so each step is a Poisson-subsampled Gaussian with no
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.algorithms.registry import (
-    AlgorithmDefinition,
-    PrivacyPlan,
-    poisson_schedule,
-    register_algorithm,
-)
-from app.facts import DatasetFacts
-from app.privacy import GaussianEvent, PoissonSampledGaussianEvent, PrivacyEvent
-from app.schemas.jobs import TrainingSpec
+from app.algorithms.registry import PoissonGaussianAlgorithm, register_algorithm
 
 
 class DPSGDHyperparameters(BaseModel):
@@ -31,21 +21,8 @@ class DPSGDHyperparameters(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0, le=1)
 
 
-def subsampled_gaussian_steps(q: float) -> Callable[[float, int], PrivacyEvent]:
-    """Event builder for k steps of a (Poisson-subsampled) Gaussian with sampling rate q."""
-
-    def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
-        if q >= 1.0:
-            return GaussianEvent(noise_multiplier=noise_multiplier, count=steps)
-        return PoissonSampledGaussianEvent(
-            sampling_probability=q, noise_multiplier=noise_multiplier, count=steps
-        )
-
-    return event_for
-
-
 @register_algorithm
-class DPSGD(AlgorithmDefinition):
+class DPSGD(PoissonGaussianAlgorithm):
     name = "dp-sgd"
     family = "dp-sgd"
     paper = "Abadi et al. 2016, Deep Learning with Differential Privacy (CCS)"
@@ -55,21 +32,7 @@ class DPSGD(AlgorithmDefinition):
     )
     Hyperparameters = DPSGDHyperparameters
 
-    def plan(
-        self,
-        hyperparameters: BaseModel,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
+    def sensitivity(self, hyperparameters: BaseModel) -> float:
         assert isinstance(hyperparameters, DPSGDHyperparameters)
-        q, steps = poisson_schedule(training, facts, training_fraction=training_fraction)
-        return PrivacyPlan(
-            steps=steps,
-            sampling_probability=q,
-            expected_batch_size=float(training.batch_size),
-            sensitivity=hyperparameters.clipping_norm,
-            sampling="poisson",
-            event_for=subsampled_gaussian_steps(q),
-        )
+        return hyperparameters.clipping_norm
+

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ValidationError
 
 from app.facts import DatasetFacts
-from app.privacy import PrivacyEvent
+from app.privacy import GaussianEvent, PoissonSampledGaussianEvent, PrivacyEvent
 from app.registry import Registry, UnknownName
 from app.schemas.jobs import TrainingSpec
 
@@ -121,3 +121,46 @@ def poisson_schedule(
         return q, training.steps
     assert training.epochs is not None
     return q, max(1, math.ceil(training.epochs / q))
+
+
+def subsampled_gaussian_steps(q: float) -> Callable[[float, int], PrivacyEvent]:
+    """Event builder for k steps of a (Poisson-subsampled) Gaussian with sampling rate q."""
+
+    def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
+        if q >= 1.0:
+            return GaussianEvent(noise_multiplier=noise_multiplier, count=steps)
+        return PoissonSampledGaussianEvent(
+            sampling_probability=q, noise_multiplier=noise_multiplier, count=steps
+        )
+
+    return event_for
+
+
+class PoissonGaussianAlgorithm(AlgorithmDefinition):
+    """Every algorithm whose step is: Poisson batch, a sum with add/remove sensitivity S, Gaussian
+    noise σ·S, division by the public B. Subclasses give S (and, if a step releases more than the
+    noisy sum, the event builder)."""
+
+    def sensitivity(self, hyperparameters: BaseModel) -> float:
+        raise NotImplementedError
+
+    def event_builder(self, hyperparameters: BaseModel, q: float) -> Callable[[float, int], PrivacyEvent]:
+        return subsampled_gaussian_steps(q)
+
+    def plan(
+        self,
+        hyperparameters: BaseModel,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
+    ) -> PrivacyPlan:
+        q, steps = poisson_schedule(training, facts, training_fraction=training_fraction)
+        return PrivacyPlan(
+            steps=steps,
+            sampling_probability=q,
+            expected_batch_size=float(training.batch_size),
+            sensitivity=self.sensitivity(hyperparameters),
+            sampling="poisson",
+            event_for=self.event_builder(hyperparameters, q),
+        )

@@ -32,6 +32,7 @@ from worker.optimizers.losses import LOSS_REGISTRY
 from worker.optimizers.noise import privatise_sum
 from worker.optimizers.per_sample import (
     AbadiClip,
+    PerSampleMap,
     check_supported,
     clipped_grad_sum,
     trainable_parameters,
