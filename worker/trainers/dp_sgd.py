@@ -1,34 +1,19 @@
-"""The dp-sgd trainer: the job's charged σ, q and steps go straight into the DP-SGD loop."""
+"""The dp-sgd trainer: Abadi clipping through the shared per-sample-map trainer."""
 
 from __future__ import annotations
 
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
+from app.algorithms.dp_sgd import DPSGDHyperparameters
+from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest, register_trainer
+from worker.trainers.per_sample_map import hyperparameters_of, run_with_per_sample_map
 
 
 @register_trainer("dp-sgd")
 def run_dp_sgd(request: TrainingRequest) -> TrainingResult:
-    hyper = request.spec["algorithm"]["hyperparameters"]
-    config = DPSGDConfig(
-        steps=request.steps,
-        sampling_probability=request.sampling_probability,
-        noise_multiplier=request.noise_multiplier,
-        clipping_norm=float(hyper["clipping_norm"]),
-        learning_rate=float(request.spec["training"]["learning_rate"]),
-        momentum=float(hyper["momentum"]),
-        weight_decay=float(hyper["weight_decay"]),
-        loss="cross_entropy" if request.task == "classification" else "mse",
-        max_physical_batch_size=request.max_physical_batch_size,
-        expected_batch_size=request.expected_batch_size,
-    )
-    return train_dp_sgd(
-        request.model,
-        request.X,
-        request.y,
-        config=config,
-        generator=request.generator,
-        hooks=request.hooks,
-        resume_from=request.resume_from,
-        device=request.device,
+    hyper = hyperparameters_of("dp-sgd", request)
+    assert isinstance(hyper, DPSGDHyperparameters)
+    return run_with_per_sample_map(
+        "dp-sgd", request, hyper, AbadiClip(hyper.clipping_norm),
+        optimizer="sgd", momentum=hyper.momentum, weight_decay=hyper.weight_decay,
     )

@@ -1,0 +1,68 @@
+"""The shared trainer of every per-sample-map algorithm (dp-sgd, dp-adam, auto-s, dp-psac).
+
+It runs the DP loop with the job's charged σ, q and steps, the public expected batch size B as the
+normaliser, and a per-sample map whose bound S must equal the sensitivity the catalogue charged:
+the noise drawn per step is N(0, σ²S² I) on the sum.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from app.algorithms import get_algorithm
+from worker.optimizers.dp_sgd import DPSGDConfig, per_sample_map_aggregator, train_dp_sgd
+from worker.optimizers.per_sample import PerSampleMap
+from worker.optimizers.state import TrainingResult
+from worker.trainers.base import TrainingRequest
+
+
+def hyperparameters_of(name: str, request: TrainingRequest) -> BaseModel:
+    """The job's hyperparameters, re-validated by the catalogue entry that priced the job."""
+    return get_algorithm(name).validate_hyperparameters(
+        request.spec["algorithm"]["hyperparameters"]
+    )
+
+
+def run_with_per_sample_map(
+    name: str,
+    request: TrainingRequest,
+    hyper: BaseModel,
+    per_sample_map: PerSampleMap,
+    *,
+    optimizer: str,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    adam_betas: tuple[float, float] = (0.9, 0.999),
+    adam_eps: float = 1e-8,
+) -> TrainingResult:
+    charged = get_algorithm(name).sensitivity(hyper)  # type: ignore[attr-defined]
+    if per_sample_map.norm_bound != charged:
+        raise RuntimeError(
+            f"{name}: the per-sample map's bound differs from the charged sensitivity"
+        )
+    config = DPSGDConfig(
+        steps=request.steps,
+        sampling_probability=request.sampling_probability,
+        noise_multiplier=request.noise_multiplier,
+        clipping_norm=per_sample_map.norm_bound,
+        learning_rate=float(request.spec["training"]["learning_rate"]),
+        momentum=momentum,
+        weight_decay=weight_decay,
+        loss="cross_entropy" if request.task == "classification" else "mse",
+        max_physical_batch_size=request.max_physical_batch_size,
+        optimizer=optimizer,  # type: ignore[arg-type]
+        adam_betas=adam_betas,
+        adam_eps=adam_eps,
+        expected_batch_size=request.expected_batch_size,
+    )
+    return train_dp_sgd(
+        request.model,
+        request.X,
+        request.y,
+        config=config,
+        generator=request.generator,
+        hooks=request.hooks,
+        resume_from=request.resume_from,
+        device=request.device,
+        aggregator=per_sample_map_aggregator(request.model, per_sample_map),
+    )
