@@ -194,13 +194,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--memory-child", nargs=2, metavar=("CASE", "STEPPER"))
     args = parser.parse_args()
     if args.memory_child:
         peak_memory_child(*args.memory_child, args.algorithms, args.device, args.steps)
         return
     device = torch.device(args.device)
-    torch.set_num_threads(torch.get_num_threads())
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"device {device}{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
           f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
