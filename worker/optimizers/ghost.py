@@ -93,7 +93,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.optimizers.losses import LossSpec, get_loss, prepare_targets
-from worker.optimizers.per_sample import PerSampleMap, trainable_parameters
+from worker.optimizers.per_sample import PARAMETER_FREE_MODULES, PerSampleMap, trainable_parameters
 
 __all__ = [
     "GHOST_CONTAINERS",
@@ -118,24 +118,7 @@ GHOST_CONTAINERS: set[type[nn.Module]] = {nn.Sequential, nn.ModuleList}
 
 # Parameter-free modules that treat rows independently and keep dimension 0 as the batch
 # (Flatten/Unflatten are further checked for the dimensions they touch).
-GHOST_PARAMETER_FREE: set[type[nn.Module]] = {
-    nn.Identity,
-    nn.Flatten,
-    nn.Unflatten,
-    nn.Tanh,
-    nn.ReLU,
-    nn.GELU,
-    nn.SiLU,
-    nn.Sigmoid,
-    nn.ELU,
-    nn.LeakyReLU,
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
-}
+GHOST_PARAMETER_FREE: set[type[nn.Module]] = set(PARAMETER_FREE_MODULES)
 
 # Layers with parameters, each with an exact per-sample norm rule below.
 GHOST_LAYERS: tuple[type[nn.Module], ...] = (

@@ -45,19 +45,11 @@ __all__ = [
 
 ModuleT = TypeVar("ModuleT", bound=type[nn.Module])
 
-# Exact types (not subclasses): a subclass may override forward with something row-mixing.
-SUPPORTED_MODULES: set[type[nn.Module]] = {
-    nn.Sequential,
-    nn.ModuleList,
+# Row-wise layers without parameters: activations, pooling and reshaping within a row.
+PARAMETER_FREE_MODULES: frozenset[type[nn.Module]] = frozenset({
     nn.Identity,
     nn.Flatten,
     nn.Unflatten,
-    nn.Linear,
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.GroupNorm,
-    nn.LayerNorm,
-    nn.Embedding,
     nn.Tanh,
     nn.ReLU,
     nn.GELU,
@@ -71,6 +63,19 @@ SUPPORTED_MODULES: set[type[nn.Module]] = {
     nn.AvgPool2d,
     nn.AdaptiveAvgPool1d,
     nn.AdaptiveAvgPool2d,
+})
+
+# Exact types (not subclasses): a subclass may override forward with something row-mixing.
+SUPPORTED_MODULES: set[type[nn.Module]] = {
+    nn.Sequential,
+    nn.ModuleList,
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.Embedding,
+    *PARAMETER_FREE_MODULES,
 }
 
 
