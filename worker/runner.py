@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from app import ledger, privacy
 from app.algorithms import PrivacyPlan, get_algorithm
@@ -34,7 +35,7 @@ from app.job_planning import compose_job_event, facts_of
 from app.job_settlement import settle_failed_job
 from app.job_views import add_job_event
 from app.model_catalogue import get_model
-from app.models import Dataset, Job, utcnow
+from app.models import Dataset, Job, PrivacyBudget, utcnow
 from app.schemas.jobs import EvaluationSpec, TrainingSpec
 from app.storage import BlobStore
 from worker import evaluation as dp_evaluation
@@ -142,13 +143,13 @@ class JobRunner:
                 plan, evaluation = replan(job, dataset)
             except Exception:
                 log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
-                self._settle_failure(tx, budget, job, error_code="plan-mismatch")
+                settle_failed_job(tx, budget, job, error_code="plan-mismatch", actor=self.actor)
                 return None
             try:  # checks that need the model but not the data: fail before TOUCH
                 preflight(job.algorithm, self._build_model(job, dataset), job.spec)
             except ValueError:
                 log.exception("job spec does not fit its model", extra={"job_id": job_id})
-                self._settle_failure(tx, budget, job, error_code="invalid-for-model")
+                settle_failed_job(tx, budget, job, error_code="invalid-for-model", actor=self.actor)
                 return None
             if job.touched_at is None:
                 ledger.touch(tx, budget, job=job, actor=self.actor)
@@ -321,7 +322,7 @@ class JobRunner:
 
     # ------------------------------------------------------------------ settlement
 
-    def _lock_own_job(self, tx, claimed: Claimed) -> tuple[object, Job] | None:  # noqa: ANN001
+    def _lock_own_job(self, tx: Session, claimed: Claimed) -> tuple[PrivacyBudget, Job] | None:
         """Lock the budget and re-read the job; None if this attempt no longer owns it."""
         budget = ledger.lock_budget(tx, claimed.dataset.id)
         job = tx.get(Job, claimed.job.id, populate_existing=True)
@@ -394,8 +395,5 @@ class JobRunner:
             if owned is None:
                 return
             budget, job = owned
-            self._settle_failure(tx, budget, job, error_code=error_code)
+            settle_failed_job(tx, budget, job, error_code=error_code, actor=self.actor)
         self._cleanup(claimed.job.id)
-
-    def _settle_failure(self, tx, budget, job: Job, *, error_code: str) -> None:  # noqa: ANN001
-        settle_failed_job(tx, budget, job, error_code=error_code, actor=self.actor)

@@ -1,6 +1,6 @@
 """Parsing and validation of uploaded datasets (CSV, NPZ); torch-free, shared by API and worker."""
 
-from app.ingest.dataset import TASKS, DatasetFacts, ParsedDataset, Task, dataset_facts
+from app.ingest.dataset import TASKS, IngestFacts, ParsedDataset, Task, dataset_facts
 from app.ingest.errors import REASONS, DatasetValidationError, Reason
 from app.ingest.limits import IngestLimits
 from app.ingest.parse import SUPPORTED_FORMATS, parse_dataset
@@ -9,7 +9,7 @@ __all__ = [
     "REASONS",
     "SUPPORTED_FORMATS",
     "TASKS",
-    "DatasetFacts",
+    "IngestFacts",
     "DatasetValidationError",
     "IngestLimits",
     "ParsedDataset",

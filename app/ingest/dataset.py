@@ -33,7 +33,7 @@ class ParsedDataset:
     """CSV header minus the label column, in file order; None for NPZ."""
 
 
-class DatasetFacts(TypedDict):
+class IngestFacts(TypedDict):
     """What may be recorded and shown about a dataset: by privacy.md, n and d are public."""
 
     n_rows: int
@@ -43,10 +43,10 @@ class DatasetFacts(TypedDict):
     n_classes: int | None
 
 
-def dataset_facts(parsed: ParsedDataset) -> DatasetFacts:
+def dataset_facts(parsed: ParsedDataset) -> IngestFacts:
     """The public facts of a parsed dataset, as plain Python values ready for JSON or the DB."""
     feature_shape = tuple(int(size) for size in parsed.feature_shape)
-    return DatasetFacts(
+    return IngestFacts(
         n_rows=int(parsed.X.shape[0]),
         feature_shape=feature_shape,
         n_features=math.prod(feature_shape),

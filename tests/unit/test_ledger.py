@@ -7,22 +7,8 @@ from sqlalchemy import select
 
 from app import ledger, privacy
 from app.db import Database
-from app.models import Dataset, Job, LedgerEntry, Tenant
-
-
-def _dataset(db: Database, *, epsilon: float = 8.0, delta: float = 1e-5) -> str:
-    with db.write_transaction() as s:
-        tenant = Tenant(name="t")
-        s.add(tenant)
-        s.flush()
-        dataset = Dataset(
-            tenant_id=tenant.id, name="d", format="csv", sha256="0" * 64, blob_key="k",
-            size_bytes=1, n_rows=10_000, feature_shape=[4], n_features=4, task="regression",
-        )
-        s.add(dataset)
-        s.flush()
-        ledger.open_budget(s, dataset=dataset, epsilon=epsilon, delta=delta)
-        return dataset.id
+from tests.ledger_fixtures import budgeted_dataset
+from app.models import Dataset, Job, LedgerEntry
 
 
 def _job(db: Database, dataset_id: str, sigma: float = 1.0, steps: int = 100) -> str:
@@ -48,7 +34,7 @@ def _with_job(db: Database, dataset_id: str, job_id: str, action) -> None:
 
 
 def test_chain_links_every_entry(database: Database) -> None:
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     first, second = _job(database, dataset_id), _job(database, dataset_id)
     _with_job(database, dataset_id, first, lambda s, b, j: ledger.touch(s, b, job=j, actor="w"))
     _with_job(database, dataset_id, first, lambda s, b, j: (ledger.commit(s, b, job=j, actual_event=j.event, actor="w", reason="ok"), setattr(j, "status", "succeeded")))
@@ -72,7 +58,7 @@ def test_chain_links_every_entry(database: Database) -> None:
 
 
 def test_lifecycle_rules(database: Database) -> None:
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     job_id = _job(database, dataset_id)
     _with_job(database, dataset_id, job_id, lambda s, b, j: ledger.touch(s, b, job=j, actor="w"))
     with pytest.raises(ledger.LedgerStateError):
@@ -96,7 +82,7 @@ def test_lifecycle_rules(database: Database) -> None:
 
 
 def test_over_budget_reservation_writes_nothing(database: Database) -> None:
-    dataset_id = _dataset(database, epsilon=0.5)
+    dataset_id = budgeted_dataset(database, epsilon=0.5)
     with pytest.raises(ledger.InsufficientBudget) as raised:
         _job(database, dataset_id, sigma=0.6, steps=1000)
     assert 0 <= raised.value.remaining_epsilon <= 0.5
@@ -108,7 +94,7 @@ def test_editing_the_budget_row_breaks_the_chain_anchor(database: Database) -> N
     from app.ledger_audit import verify_ledger
     from sqlalchemy import update
 
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     _job(database, dataset_id)
     assert verify_ledger(database).ok
     with database.write_transaction() as s:
@@ -121,7 +107,7 @@ def test_an_edited_job_row_cannot_free_budget(database: Database) -> None:
     """Reserved totals come from the hashed RESERVE entries, not from the editable jobs table."""
     from sqlalchemy import update
 
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     first, second = _job(database, dataset_id), _job(database, dataset_id)
     with database.write_transaction() as s:  # an attacker marks the first job finished and cheap
         s.execute(update(Job).where(Job.id == first).values(status="succeeded", reserved_curve=[0.0] * len(privacy.ORDERS)))

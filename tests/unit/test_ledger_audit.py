@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from app import ledger, privacy
 from app.db import Database
 from app.ledger_audit import PROBLEM_CODES, AuditReport, format_report, verify_ledger
-from app.models import Dataset, Job, LedgerEntry, PrivacyBudget, Tenant
+from tests.ledger_fixtures import budgeted_dataset
+from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 
 Q = 0.01
 
@@ -22,21 +23,6 @@ def _event(sigma: float = 1.0, steps: int = 100) -> dict[str, Any]:
     return privacy.event_to_json(
         privacy.PoissonSampledGaussianEvent(sampling_probability=Q, noise_multiplier=sigma, count=steps)
     )
-
-
-def _dataset(db: Database, *, name: str = "t", epsilon: float = 8.0, delta: float = 1e-5) -> str:
-    with db.write_transaction() as s:
-        tenant = Tenant(name=name)
-        s.add(tenant)
-        s.flush()
-        dataset = Dataset(
-            tenant_id=tenant.id, name="d", format="csv", sha256="0" * 64, blob_key="k",
-            size_bytes=1, n_rows=10_000, feature_shape=[4], n_features=4, task="regression",
-        )
-        s.add(dataset)
-        s.flush()
-        ledger.open_budget(s, dataset=dataset, epsilon=epsilon, delta=delta)
-        return dataset.id
 
 
 def _submit(db: Database, dataset_id: str, *, sigma: float = 1.0, steps: int = 100) -> str:
@@ -105,7 +91,7 @@ class Built:
 @pytest.fixture
 def built(database: Database) -> Built:
     """Ten entries on one dataset, two on another, every settlement path the service takes."""
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     succeeded, cancelled = _submit(database, dataset_id), _submit(database, dataset_id, sigma=2.0)
     failed = _submit(database, dataset_id, sigma=1.5, steps=50)
     _claim(database, succeeded)
@@ -114,7 +100,7 @@ def built(database: Database) -> Built:
     _cancel_queued(database, cancelled)
     _claim(database, failed)
     _settle(database, failed, status="failed")  # full COMMIT, nothing left to release
-    other = _dataset(database, name="u")
+    other = budgeted_dataset(database, tenant="u")
     _cancel_queued(database, _submit(database, other))
     return Built(dataset_id, other, succeeded, cancelled, failed, queued)
 
@@ -292,7 +278,7 @@ def test_forged_cheaper_commit_event_is_detected(database: Database, built: Buil
 
 
 def test_release_after_touch_is_a_lifecycle_problem(database: Database) -> None:
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     job_id = _submit(database, dataset_id)
     _claim(database, job_id)
 
@@ -309,7 +295,7 @@ def test_release_after_touch_is_a_lifecycle_problem(database: Database) -> None:
 
 
 def test_commit_above_reservation_is_detected(database: Database) -> None:
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     job_id = _submit(database, dataset_id)
     _claim(database, job_id)
     bigger = _event(steps=200)
@@ -335,7 +321,7 @@ def _adjust(db: Database, dataset_id: str, *, epsilon_to: float) -> None:
 
 
 def test_adjust_raises_the_budget_for_later_admissions(database: Database) -> None:
-    dataset_id = _dataset(database, epsilon=1.0)
+    dataset_id = budgeted_dataset(database, epsilon=1.0)
     with pytest.raises(ledger.InsufficientBudget):
         _submit(database, dataset_id, sigma=0.7, steps=1000)
     _adjust(database, dataset_id, epsilon_to=50.0)
@@ -348,7 +334,7 @@ def test_adjust_raises_the_budget_for_later_admissions(database: Database) -> No
 
 def test_reservation_before_the_raise_is_replayed_against_the_old_budget(database: Database) -> None:
     """A RESERVE that bypassed the filter, 'covered' by a later raise: the final state fits, the past did not."""
-    dataset_id = _dataset(database, epsilon=1.0)
+    dataset_id = budgeted_dataset(database, epsilon=1.0)
     job_id = _submit(database, dataset_id, sigma=5.0, steps=10)
     big = _event(sigma=0.7, steps=1000)
 
@@ -390,7 +376,7 @@ def test_garbage_is_reported_not_raised(database: Database, built: Built, column
 
 
 def test_second_touch_and_late_remainder_are_lifecycle_problems(database: Database) -> None:
-    dataset_id = _dataset(database)
+    dataset_id = budgeted_dataset(database)
     first, second = _submit(database, dataset_id), _submit(database, dataset_id)
     _claim(database, first)
     _claim(database, second)
