@@ -5,8 +5,10 @@ For every (model, batch) case it times, in the same process and interleaved:
 - each requested algorithm through its registered worker trainer (the code a job runs), with the
   job's plan built by the API's own planner;
 - DP-SGD through Opacus's own PrivacyEngine (hooks mode, Poisson sampling) as the outside reference.
-Peak memory is the peak resident set of a fresh subprocess that runs only that stepper, minus the
-same process's resident set before the first step (CPU), or torch.cuda.max_memory_allocated (GPU).
+Peak memory is measured in a fresh subprocess that runs only that stepper: on a CPU, the peak
+resident set during the steps (the kernel's VmHWM, reset after setup through /proc/self/clear_refs)
+minus the resident set before the first step; on a GPU, torch.cuda.max_memory_allocated above the
+memory allocated before the first step.
 
     .venv/bin/python -m bench.step_time --algorithms dp-sgd --steps 30
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -172,9 +173,27 @@ def peak_memory_child(case_key: str, stepper: str, algorithms: list[str], device
         run(steps)
         print(json.dumps({"peak_bytes": torch.cuda.max_memory_allocated() - base}))
         return
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = reset_peak_resident_set()
     run(steps)
-    print(json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base}))
+    print(json.dumps({"peak_bytes": resident_set_kib("VmHWM") * 1024 - base}))
+
+
+def resident_set_kib(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, in KiB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_resident_set() -> int:
+    """Reset the kernel's peak-RSS mark (``echo 5 > /proc/self/clear_refs``, Linux ≥ 4.0) so the
+    peak measured next belongs to the steps, not to imports and setup; returns the current RSS
+    in bytes, the baseline the step's peak is measured above."""
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
+    return resident_set_kib("VmRSS") * 1024
 
 
 def peak_memory(case_key: str, stepper: str, algorithms: list[str], device: str, steps: int) -> int:
@@ -194,6 +213,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="skip the timings (memory is unaffected by a busy machine, timings are not)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--memory-child", nargs=2, metavar=("CASE", "STEPPER"))
     args = parser.parse_args()
@@ -211,8 +232,12 @@ def main() -> None:
     for key in args.cases:
         case = CASES[key]
         table = steppers(args.algorithms)
-        runs = {name: make(case, device) for name, make in table.items()}
-        times = {name: time_per_step(run, steps=args.steps, repeats=args.repeats) for name, run in runs.items()}
+        if args.memory_only:
+            times = {name: float("nan") for name in table}
+        else:
+            runs = {name: make(case, device) for name, make in table.items()}
+            times = {name: time_per_step(run, steps=args.steps, repeats=args.repeats)
+                     for name, run in runs.items()}
         memory = {} if args.no_memory else {
             name: peak_memory(key, name, args.algorithms, args.device, args.steps) for name in table
         }

@@ -159,13 +159,98 @@ def test_streamed_projection_of_parameter_chunks_equals_qr(dtype: torch.dtype) -
 
 
 def test_mean_trace_is_about_k_over_d() -> None:
-    """§1.5: E[λ] ≈ k/d for dense gradients (here d = 5000, k = 200 → 0.04)."""
+    """T11 (first part), §1.5: E[λ] ≈ k/d for dense gradients (d = 5000, k = 200 → 0.04)."""
     params = {"w": torch.zeros(5000)}
     projection = StreamingProjection(k=200, theta=2.0)
     traces = StepProjection(projection, projection.layout(params), seed=1, step=0).traces(
         {"w": torch.randn(64, 5000, generator=_seeded(2))}
     )
     assert float(traces.mean()) == pytest.approx(0.04, rel=0.05)
+
+
+def _sparse_and_dense_rows(n_each: int, d: int, nonzeros: int, generator: torch.Generator) -> torch.Tensor:
+    """n_each rows with `nonzeros` Gaussian coordinates at random places, then n_each dense rows."""
+    sparse = torch.zeros(n_each, d)
+    for row in sparse:
+        row[torch.randperm(d, generator=generator)[:nonzeros]] = torch.randn(nonzeros, generator=generator)
+    return torch.cat([sparse, torch.randn(n_each, d, generator=generator)])
+
+
+def test_non_negative_heavy_tailed_v_selects_sparse_gradients_more_often() -> None:
+    """T11 (third part), §1.5 table: with θ = 2 and W ≥ 0, λ has the same mean (k/d) for 20-sparse
+    and dense gradients but a spread about 2.5× larger for the sparse ones, so the RANK tail
+    (top 10% of the batch, σ_tr = 0) is mostly sparse rows, far from the 50% a trace-blind
+    selection would give."""
+    gen = _seeded(12)
+    d, half, steps = 5000, 32, 12
+    projection = StreamingProjection(k=200, theta=2.0)
+    blocks = projection.layout({"w": torch.zeros(d)})
+    sparse_traces, dense_traces, sparse_in_tail, tail_total = [], [], 0, 0
+    for step in range(steps):
+        traces = StepProjection(projection, blocks, seed=3, step=step).traces(
+            {"w": _sparse_and_dense_rows(half, d, 20, gen)}
+        )
+        sparse_traces.append(traces[:half])
+        dense_traces.append(traces[half:])
+        m = tail_count(2 * half, 0.1)
+        tail = rank_tail_mask(traces, m, torch.randperm(2 * half, generator=gen))
+        sparse_in_tail += int(tail[:half].sum())
+        tail_total += m
+    sparse, dense = torch.cat(sparse_traces), torch.cat(dense_traces)
+    assert float(sparse.mean()) == pytest.approx(0.04, rel=0.08)
+    assert float(dense.mean()) == pytest.approx(0.04, rel=0.05)
+    assert float(sparse.std()) > 1.8 * float(dense.std())
+    assert stats.binomtest(sparse_in_tail, tail_total, 0.5, alternative="greater").pvalue < 1e-6
+
+
+def _rank_inclusion_counts(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, sigma_tr: float, steps: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per-row tail counts over `steps` calls of the real RANK aggregator on the same batch, and
+    the noisy traces it ranked (spied on the split, which is what the aggregator clips by)."""
+    counts = torch.zeros(X.shape[0])
+    ranked: list[torch.Tensor] = []
+    original = dc_module.rank_tail_mask
+
+    def spy(noisy: torch.Tensor, m: int, order: torch.Tensor) -> torch.Tensor:
+        mask = original(noisy, m, order)
+        counts.add_(mask.double())
+        ranked.append(noisy.clone())
+        return mask
+
+    monkeypatch.setattr(dc_module, "rank_tail_mask", spy)
+    aggregator = RankAggregator(c1=1.0, c2=0.1, projection=StreamingProjection(k=4, theta=2.0),
+                                sigma_tr=sigma_tr, p=0.1)
+    gen = _seeded(21)
+    for _ in range(steps):
+        aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy",
+                               max_physical_batch_size=64, generator=gen)
+    return counts, ranked
+
+
+def test_large_trace_noise_makes_the_rank_selection_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """T11 (second part): with σ_tr ≥ 10·sd(λ) every row of a fixed batch lands in the tail about
+    equally often (χ² on per-row inclusion counts); with σ_tr = 0 (W_t still fresh every step) the
+    selection favours the sparse rows and the same χ² rejects uniformity, so it can tell them apart."""
+    model = build_model("logistic-regression", {}, input_shape=(12,), n_outputs=3, generator=_seeded(0))
+    X = _sparse_and_dense_rows(20, 12, 2, _seeded(1)) * 3.0
+    y = torch.randint(0, 3, (40,), generator=_seeded(2))
+    steps, p = 400, tail_count(40, 0.1) / 40
+
+    def chi2_pvalue(counts: torch.Tensor) -> float:
+        expected = steps * p
+        statistic = float(((counts - expected) ** 2).sum()) / (expected * (1 - p))
+        return float(stats.chi2.sf(statistic, df=counts.numel() - 1))
+
+    quiet, ranked = _rank_inclusion_counts(model, X, y, sigma_tr=0.0, steps=steps, monkeypatch=monkeypatch)
+    sd_lambda = float(ranked[0].std())
+    assert sd_lambda > 0
+    assert chi2_pvalue(quiet) < 1e-6
+    noisy, _ = _rank_inclusion_counts(model, X, y, sigma_tr=10 * sd_lambda, steps=steps,
+                                      monkeypatch=monkeypatch)
+    assert float(noisy.sum()) == steps * tail_count(40, 0.1)
+    assert chi2_pvalue(noisy) > 1e-3
 
 
 # ----------------------------------------------------------------------------- T3 determinism
