@@ -5,7 +5,8 @@ For every (model, batch) case it times, in the same process and interleaved:
 - each requested algorithm through its registered worker trainer (the code a job runs), with the
   job's plan built by the API's own planner;
 - DP-SGD through Opacus's own PrivacyEngine (hooks mode, Poisson sampling) as the outside reference.
-Peak memory is measured in a fresh subprocess that runs only that stepper: on a CPU, the peak
+Peak memory is measured in a fresh subprocess that runs only that stepper, after one warm-up
+step (lazy imports, thread pools and allocator caches are not a step's memory): on a CPU, the peak
 resident set during the steps (the kernel's VmHWM, reset after setup through /proc/self/clear_refs)
 minus the resident set before the first step; on a GPU, torch.cuda.max_memory_allocated above the
 memory allocated before the first step.
@@ -167,6 +168,7 @@ def peak_memory_child(case_key: str, stepper: str, algorithms: list[str], device
     """Run one stepper in this (fresh) process and print its peak memory above the start."""
     dev = torch.device(device)
     run = steppers(algorithms)[stepper](CASES[case_key], dev)
+    run(1)  # warm-up: lazy imports, thread pools and allocator caches are not a step's memory
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
