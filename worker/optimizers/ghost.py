@@ -105,6 +105,7 @@ __all__ = [
     "ghost_clipped_grad_sum",
     "ghost_container",
     "ghost_per_sample_norms",
+    "ghost_weighted_grad_sums",
     "supports",
 ]
 
@@ -914,3 +915,43 @@ class GhostClipAggregator:
             model, X, y, loss=loss, per_sample_map=self.per_sample_map,
             max_physical_batch_size=max_physical_batch_size, pass2=self.pass2,
         )
+
+
+def ghost_weighted_grad_sums(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    per_sample_maps: Sequence[PerSampleMap],
+    max_physical_batch_size: int,
+) -> list[dict[str, torch.Tensor]]:
+    """Σ_i scale_k(||g_i||)·g_i for several maps k from ONE book-keeping pass.
+
+    Result k equals ``ghost_clipped_grad_sum(..., per_sample_map=per_sample_maps[k], pass2="bk")``
+    (same masking of rows with a non-finite norm): pass 1 and the norms are shared, only the
+    per-layer weighted GEMMs are repeated. For algorithms that need several weightings of the
+    same per-sample gradients (DiceSGD: the clipped sum and the clipping residual). Private
+    results: release them through noise only.
+    """
+    params = trainable_parameters(model)
+    totals = [_Totals() for _ in per_sample_maps]
+    with _Recorder(model) as recorder:
+        names = _layer_param_names(model, recorder)
+        for spec, x, target in _iter_chunks(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
+        ):
+            chunk = _pass1(model, recorder, x, target, spec, names, bk=True,
+                           want_out_grad=False, retain_graph=False)
+            with torch.no_grad():
+                norms = chunk.sq_norms.sqrt()
+                finite = torch.isfinite(norms)
+                all_finite = bool(finite.all())
+                for per_sample_map, total in zip(per_sample_maps, totals, strict=True):
+                    scale = per_sample_map.scale_factors(norms)
+                    if not all_finite:
+                        scale = torch.where(finite, scale, 0.0)
+                    scale = scale.to(chunk.sq_norms.dtype)
+                    for work in chunk.works:
+                        work.accumulate(scale, None if all_finite else finite, total)
+    return [total.result(params) for total in totals]

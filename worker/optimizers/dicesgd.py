@@ -1,0 +1,388 @@
+"""DiceSGD's error-feedback aggregator for the DP-SGD loop (specs/dicesgd.md §2.2-§2.4, §5.3).
+
+:class:`ErrorFeedbackAggregator` implements :class:`worker.optimizers.dp_sgd.BatchAggregator`, so
+the shared loop ``train_dp_sgd`` does the Poisson sampling, the ONE Gaussian draw per step, the
+division by the public B, SGD/Adam, cancellation, heartbeats and checkpoints. Per step it returns
+the sum-scale data part of the release and updates the hidden state:
+
+    Σ_i φ(g_i) + B·ψ(e_t)             (released after N(0, (σ·Δ_sum)² I) is added and /B)
+    e_{t+1} = e_t − ψ(e_t) + (1/B)·Σ_i (1 − w_i)·g_i,   w_i = φ's scale factor of row i
+
+which is Algorithm 2's e_{t+1} = e_t + ḡ − v with the NOISELESS v = c̄ + ψ(e_t) (spec eq. 8): the
+noise never enters e. The two sums come from the shared engines (spec §5.2-§5.3), chosen like
+DP-SGD's aggregator: where ghost clipping is exact for every layer (``ghost.supports``), ONE
+book-keeping pass of ``ghost_weighted_grad_sums`` with the two weightings w_i and 1 − w_i (no
+per-sample gradient is materialised); otherwise ONE pass of ``iter_per_sample_grads`` + ``per_sample_norms``
+contracting each chunk with the 2×m weight matrix [w_i, 1 − w_i]. Both give the same sums up to
+rounding. A row whose gradient is not finite gets weight 0 in both sums, exactly as in
+``clipped_grad_sum``.
+
+ψ (the error-feedback map) always returns a vector of norm ≤ C2 — the bound the sensitivity
+C1/B + 2·C2 (app.algorithms.dicesgd) rests on — whatever e is: its scale is computed in float64
+and shrunk by (1 − 2⁻²⁰) so that rounding the product to e's dtype cannot push the norm past C2,
+and a non-finite ‖e‖ (overflow) gives ψ(e) = 0 and resets e to 0 (privacy-neutral: ψ stays
+bounded; it only changes the algorithm, and only after an overflow).
+
+SECRET: ``error`` (e), its norm and anything derived from it stay in this object and in the
+worker's private checkpoint; nothing here logs or returns them except ``state_dict`` for the
+checkpoint. e is kept in at least float32 (it accumulates; spec §5.5).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from torch import nn
+
+from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
+from worker.optimizers.ghost import ghost_weighted_grad_sums
+from worker.optimizers.ghost import supports as ghost_supports
+from worker.optimizers.per_sample import (
+    PerSampleMap,
+    iter_per_sample_grads,
+    per_sample_norms,
+    trainable_parameters,
+)
+from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
+
+__all__ = [
+    "ERROR_FEEDBACK_CHECKPOINT_KEY",
+    "ErrorFeedbackAggregator",
+    "ErrorFeedbackClip",
+    "ErrorFeedbackMap",
+    "ErrorFeedbackNormalise",
+    "apply_feedback_map",
+    "split_error_feedback",
+    "train_dicesgd",
+    "with_error_feedback_in_checkpoints",
+]
+
+ERROR_FEEDBACK_CHECKPOINT_KEY = "dicesgd_error_feedback"
+"""Key of e's tensors in the checkpoint's per-parameter optimizer state (private file)."""
+
+_SHRINK = 1.0 - 2.0**-20
+"""Scale safety factor: float32 rounding of s·e cannot make ||ψ(e)|| exceed the bound."""
+
+TensorDict = dict[str, torch.Tensor]
+Engine = Literal["auto", "vmap", "ghost"]
+
+log = logging.getLogger(__name__)
+
+
+class ErrorFeedbackMap(Protocol):
+    """ψ: e ↦ scale(||e||)·e with ||ψ(e)|| ≤ ``norm_bound`` (C2) for every e."""
+
+    @property
+    def norm_bound(self) -> float: ...
+
+    def scale(self, norm: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class ErrorFeedbackClip:
+    """clip(e, C2) = min(1, C2/||e||)·e; clip(0) = 0; C2 = 0 gives ψ ≡ 0 (DPSGD-GC's trajectory)."""
+
+    threshold: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.threshold) and self.threshold >= 0):
+            raise ValueError("the error-feedback threshold must be finite and >= 0")
+
+    @property
+    def norm_bound(self) -> float:
+        return self.threshold
+
+    def scale(self, norm: float) -> float:
+        if norm <= self.threshold:
+            return 1.0
+        return self.threshold / norm * _SHRINK
+
+
+@dataclass(frozen=True)
+class ErrorFeedbackNormalise:
+    """Algorithm 4's e/(||e|| + γ): norm < 1, and e = 0 maps to 0 (γ > 0, no 0/0)."""
+
+    gamma: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.gamma) and self.gamma > 0):
+            raise ValueError("gamma must be finite and > 0")
+
+    @property
+    def norm_bound(self) -> float:
+        return 1.0
+
+    def scale(self, norm: float) -> float:
+        return 1.0 / (norm + self.gamma) * _SHRINK
+
+
+def _global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    """Flat L2 norm over all tensors, in float64 (inf/NaN if e overflowed)."""
+    total = sum(float(t.detach().double().pow(2).sum()) for t in tensors.values())
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def apply_feedback_map(
+    feedback_map: ErrorFeedbackMap, error: Mapping[str, torch.Tensor]
+) -> TensorDict:
+    """ψ(e) with ||ψ(e)|| ≤ feedback_map.norm_bound guaranteed (0 if ||e|| is not finite)."""
+    norm = _global_norm(error)
+    if not math.isfinite(norm):
+        return {name: torch.zeros_like(e) for name, e in error.items()}
+    scale = feedback_map.scale(norm)
+    return {name: (e.double() * scale).to(e.dtype) for name, e in error.items()}
+
+
+@dataclass(frozen=True)
+class _Residual:
+    """Weights 1 − w_i of the clipping residual Σ(1 − w_i)·g_i, for the ghost engine.
+
+    Not a per-sample map with a bound: the residual is hidden state and is never released, so
+    ``norm_bound`` is infinite on purpose (nothing may use it as a sensitivity).
+    """
+
+    base: PerSampleMap
+
+    @property
+    def norm_bound(self) -> float:
+        return math.inf
+
+    def scale_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        return 1.0 - self.base.scale_factors(norms)
+
+
+class ErrorFeedbackAggregator:
+    """The DiceSGD step's data part for ``train_dp_sgd``; owns the hidden error-feedback state.
+
+    ``sensitivity`` is the sum-scale add/remove bound Δ_sum = C1 + 2·B·C2 (B·(C1/B + 2·C2),
+    app.algorithms.dicesgd), so the loop's noise N(0, (σ·Δ_sum)²)/B is σ·Δ on the average.
+    """
+
+    def __init__(
+        self,
+        *,
+        per_sample_map: PerSampleMap,
+        feedback_map: ErrorFeedbackMap,
+        expected_batch_size: float,
+        engine: Engine = "auto",
+    ) -> None:
+        if engine not in ("auto", "vmap", "ghost"):
+            raise ValueError(f"engine must be 'auto', 'vmap' or 'ghost', got {engine!r}")
+        if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
+            raise ValueError("expected_batch_size must be finite and > 0")
+        self.per_sample_map = per_sample_map
+        self.feedback_map = feedback_map
+        self.expected_batch_size = float(expected_batch_size)
+        self.engine = engine
+        self.error: TensorDict | None = None
+
+    @property
+    def sensitivity(self) -> float:
+        return self.per_sample_map.norm_bound + 2.0 * self.expected_batch_size * self.feedback_map.norm_bound
+
+    # -------------------------------------------------------------- hidden state (checkpoints)
+
+    def _ensure_error(self, params: Mapping[str, nn.Parameter]) -> TensorDict:
+        if self.error is None:
+            self.error = {
+                name: torch.zeros(p.shape, device=p.device, dtype=torch.promote_types(p.dtype, torch.float32))
+                for name, p in params.items()
+            }
+        return self.error
+
+    def state_dict(self) -> TensorDict:
+        """Detached CPU copies of e (SECRET: for the worker's private checkpoint only)."""
+        if self.error is None:
+            return {}
+        return {name: e.detach().to("cpu", copy=True) for name, e in self.error.items()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], model: nn.Module) -> None:
+        params = trainable_parameters(model)
+        if set(state) != set(params):
+            raise ValueError("the saved error-feedback state does not match the model's parameters")
+        self.error = {
+            name: state[name].to(device=p.device, dtype=torch.promote_types(p.dtype, torch.float32)).clone()
+            for name, p in params.items()
+        }
+
+    # -------------------------------------------------------------- one step
+
+    def _use_ghost(self, model: nn.Module) -> bool:
+        if self.engine == "auto":
+            return ghost_supports(model)
+        return self.engine == "ghost"
+
+    def _vmap_sums(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        mapped: TensorDict,
+        residual: TensorDict,
+        *,
+        loss: str,
+        max_physical_batch_size: int,
+    ) -> None:
+        """Both sums in ONE pass of the materialising engine: a 2×m contraction per chunk."""
+        with torch.no_grad():
+            for grads in iter_per_sample_grads(
+                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
+            ):
+                norms = per_sample_norms(grads)
+                finite = torch.isfinite(norms)
+                scale = torch.where(finite, self.per_sample_map.scale_factors(norms), 0.0)
+                rest = torch.where(finite, 1.0 - scale, 0.0)
+                if not bool(finite.all()):
+                    grads = {
+                        name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
+                        for name, g in grads.items()
+                    }
+                weights = torch.stack([scale, rest])  # (2, m): [w_i, 1 − w_i]
+                for name, g in grads.items():
+                    both = torch.tensordot(weights.to(g.dtype), g, dims=1)
+                    mapped[name].add_(both[0])
+                    residual[name].add_(both[1].to(residual[name].dtype))
+
+    def clipped_sum(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        step: int,
+        loss: str,
+        max_physical_batch_size: int,
+        generator: torch.Generator,
+    ) -> TensorDict:
+        """Σ_i φ(g_i) + B·ψ(e_t), and e ← e_t − ψ(e_t) + Σ_i (1 − w_i)·g_i / B (module doc)."""
+        params = trainable_parameters(model)
+        error = self._ensure_error(params)
+        error = {name: e.to(params[name].device) for name, e in error.items()}  # after model.to()
+        mapped = {name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()}
+        residual = {name: torch.zeros_like(e) for name, e in error.items()}
+        if self._use_ghost(model):
+            mapped, rest = ghost_weighted_grad_sums(
+                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size,
+                per_sample_maps=(self.per_sample_map, _Residual(self.per_sample_map)),
+            )
+            for name, r in rest.items():
+                residual[name].add_(r.to(residual[name].dtype))
+        else:
+            self._vmap_sums(model, X, y, mapped, residual, loss=loss,
+                            max_physical_batch_size=max_physical_batch_size)
+        with torch.no_grad():
+            feedback = apply_feedback_map(self.feedback_map, error)
+            batch = self.expected_batch_size
+            released = {
+                name: mapped[name].add_(feedback[name].to(mapped[name].dtype), alpha=batch)
+                for name in mapped
+            }
+            updated = {
+                name: error[name].sub(feedback[name]).add_(residual[name], alpha=1.0 / batch)
+                for name in error
+            }
+            if not math.isfinite(_global_norm(updated)):
+                updated = {name: torch.zeros_like(e) for name, e in updated.items()}
+            self.error = updated
+        return released
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def with_error_feedback_in_checkpoints(
+    hooks: TrainingHooks, aggregator: ErrorFeedbackAggregator, model: nn.Module
+) -> TrainingHooks:
+    """Hooks whose checkpoints also carry e, under the optimizer's per-parameter state.
+
+    Parameter i of ``trainable_parameters(model)`` is optimizer index i (the loop builds its
+    optimizer from that list), so the checkpoint writer stores e as ``optimizer/i/<key>``.
+    """
+    save = hooks.save_checkpoint
+    if save is None:
+        return hooks
+    names = list(trainable_parameters(model))
+
+    def save_with_error(state: TrainingState) -> None:
+        per_param = state.optimizer_state.setdefault("state", {})  # the snapshot's own copy
+        assert isinstance(per_param, dict)
+        error = aggregator.state_dict()
+        for index, name in enumerate(names):
+            if name in error:
+                per_param.setdefault(index, {})[ERROR_FEEDBACK_CHECKPOINT_KEY] = error[name]
+        save(state)
+
+    return dataclasses.replace(hooks, save_checkpoint=save_with_error)
+
+
+def split_error_feedback(
+    state: TrainingState, model: nn.Module
+) -> tuple[TrainingState, TensorDict | None]:
+    """(the state without e, e by parameter name) — e is None in a checkpoint that has none."""
+    names = list(trainable_parameters(model))
+    optimizer_state = copy.copy(state.optimizer_state)
+    per_param = optimizer_state.get("state", {})
+    assert isinstance(per_param, Mapping)
+    cleaned: dict[int, dict[str, object]] = {}
+    error: TensorDict = {}
+    for index, entries in per_param.items():
+        entries = dict(entries)
+        saved = entries.pop(ERROR_FEEDBACK_CHECKPOINT_KEY, None)
+        if saved is not None:
+            error[names[int(index)]] = saved
+        if entries:
+            cleaned[index] = entries
+    optimizer_state["state"] = cleaned
+    return dataclasses.replace(state, optimizer_state=optimizer_state), (error or None)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def train_dicesgd(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    config: DPSGDConfig,
+    aggregator: ErrorFeedbackAggregator,
+    generator: torch.Generator,
+    hooks: TrainingHooks | None = None,
+    resume_from: TrainingState | None = None,
+    device: torch.device | None = None,
+) -> TrainingResult:
+    """DiceSGD through the shared DP loop, with e checkpointed and restored alongside it.
+
+    ``config.noise_multiplier`` is σ (noise std on the average / Δ); the loop draws
+    N(0, (σ·aggregator.sensitivity)² I) on the sum and divides by ``config.expected_batch_size``,
+    which must be the aggregator's B. A resumed run continues bit-for-bit (e included).
+    """
+    if config.expected_batch_size != aggregator.expected_batch_size:
+        raise ValueError("the loop's normaliser must be the aggregator's expected batch size B")
+    hooks = hooks if hooks is not None else TrainingHooks()
+    if resume_from is not None:
+        resume_from, saved = split_error_feedback(resume_from, model)
+        if saved is not None:
+            aggregator.load_state_dict(saved, model)
+        elif resume_from.step > 0:
+            # Only a checkpoint from another writer lacks e; restarting it at 0 is privacy-neutral
+            # (ψ stays bounded) and changes the algorithm only, so say so without any value.
+            log.warning("DiceSGD resumed from a checkpoint without error feedback; e restarts at 0")
+    return train_dp_sgd(
+        model,
+        X,
+        y,
+        config=config,
+        generator=generator,
+        hooks=with_error_feedback_in_checkpoints(hooks, aggregator, model),
+        resume_from=resume_from,
+        device=device,
+        aggregator=aggregator,
+    )
