@@ -58,9 +58,8 @@ from app.algorithms.registry import (
     register_algorithm,
     subsampled_gaussian_steps,
 )
-from app.privacy import PoissonSampledGaussianEvent, PrivacyEvent
-from app.privacy.conversion import epsilon_from_rdp
-from app.privacy.rdp import rdp_curve
+from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
+from app.privacy import PrivacyEvent
 
 __all__ = [
     "PAPER_CLAIM_LABEL",
@@ -75,7 +74,6 @@ __all__ = [
     "rank_sensitivity",
 ]
 
-PAPER_CLAIM_LABEL: Final[str] = "as claimed in the paper — not a valid guarantee"
 DEFAULT_TAIL_TO_BODY_RATIO: Final[float] = 10.0
 """c1 = 10·c2 when c1 is not given (the paper's experiments)."""
 
@@ -304,33 +302,15 @@ class PaperClaim:
     label: str = PAPER_CLAIM_LABEL
 
     def as_report_entry(self) -> dict[str, Any]:
-        def finite_or_none(x: float) -> float | None:
-            return x if math.isfinite(x) else None
-
-        return {
-            "label": self.label,
-            "epsilon": finite_or_none(self.epsilon),
-            "delta": self.delta,
-            "epsilon_trace": finite_or_none(self.epsilon_trace),
-            "epsilon_gradient": finite_or_none(self.epsilon_gradient),
-            "valid_guarantee": False,
-            "explanation": (
+        return claim_entry(
+            epsilon=self.epsilon, delta=self.delta,
+            details={"epsilon_trace": self.epsilon_trace, "epsilon_gradient": self.epsilon_gradient},
+            explanation=(
                 "The paper composes a 'trace' ε and a 'gradient' ε with the wrong gradient "
                 "sensitivity and no rank coupling (specs/dc-dpsgd.md §2.3); the ledger ε above "
                 "is the only valid guarantee."
             ),
-        }
-
-
-def _rdp_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> float:
-    if noise_multiplier <= 0.0:
-        return math.inf
-    if steps == 0:
-        return 0.0
-    event = PoissonSampledGaussianEvent(
-        sampling_probability=q, noise_multiplier=noise_multiplier, count=steps
-    )
-    return epsilon_from_rdp(rdp_curve(event), delta)[0]
+        )
 
 
 def paper_claimed_epsilon(
@@ -347,8 +327,10 @@ def paper_claimed_epsilon(
     ε_tr: T subsampled Gaussians with noise σ_tr on sensitivity-1 traces. RDP accountant with
     the RDP→DP conversion at δ for each half, so the claimed pair is (ε_tr + ε_dp, 2δ).
     """
-    eps_dp = _rdp_epsilon(sampling_probability, noise_multiplier, steps, delta)
-    eps_tr = _rdp_epsilon(sampling_probability, sigma_tr, steps, delta)
+    eps_dp = poisson_gaussian_rdp_epsilon(sampling_probability=sampling_probability,
+                                          noise_multiplier=noise_multiplier, steps=steps, delta=delta)
+    eps_tr = poisson_gaussian_rdp_epsilon(sampling_probability=sampling_probability,
+                                          noise_multiplier=sigma_tr, steps=steps, delta=delta)
     return PaperClaim(
         epsilon=eps_tr + eps_dp,
         delta=2.0 * delta,

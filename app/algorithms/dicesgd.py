@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,9 +65,8 @@ from app.algorithms.registry import (
     register_algorithm,
 )
 from app.facts import DatasetFacts
-from app.privacy import GaussianEvent, PoissonSampledGaussianEvent, PrivacyEvent
-from app.privacy.conversion import epsilon_from_rdp
-from app.privacy.rdp import rdp_curve
+from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
+from app.privacy import GaussianEvent, PrivacyEvent
 from app.schemas.jobs import TrainingSpec
 
 __all__ = [
@@ -90,7 +89,6 @@ __all__ = [
     "sound_sigma1",
 ]
 
-PAPER_CLAIM_LABEL: Final[str] = "as claimed in the paper — not a valid guarantee"
 
 
 # ----------------------------------------------------------------------------- hyperparameters
@@ -363,17 +361,10 @@ class PaperClaim:
     label: str = PAPER_CLAIM_LABEL
 
     def as_report_entry(self) -> dict[str, Any]:
-        def finite_or_none(x: float) -> float | None:
-            return x if math.isfinite(x) else None
-
-        return {
-            "label": self.label,
-            "epsilon": finite_or_none(self.epsilon),
-            "epsilon_closed_form": finite_or_none(self.epsilon_closed_form),
-            "delta": self.delta,
-            "g_tilde": self.g_tilde,
-            "valid_guarantee": False,
-            "explanation": (
+        return claim_entry(
+            epsilon=self.epsilon, delta=self.delta,
+            details={"epsilon_closed_form": self.epsilon_closed_form, "g_tilde": self.g_tilde},
+            explanation=(
                 "Theorem 3.7 applies subsampling amplification to the hidden error-feedback term, "
                 "whose difference persists after a row's first inclusion; a canary attack breaks "
                 "it (specs/dicesgd.md §3.5-3.6). 'epsilon' is the theorem's model (amplified "
@@ -381,7 +372,7 @@ class PaperClaim:
                 "C its hypothesis C2 <= C/B allows) run through an RDP accountant; "
                 "'epsilon_closed_form' its printed formula. Only the ledger ε is a guarantee."
             ),
-        }
+        )
 
 
 def paper_claim(
@@ -402,13 +393,8 @@ def paper_claim(
     batch = expected_batch_size
     g_tilde = bounds.c1**2 + 2.0 * (batch * bounds.c2) ** 2
     z_eff = sigma1 * batch / math.sqrt(2.0 * g_tilde)
-    if steps == 0:
-        epsilon = 0.0
-    else:
-        event = PoissonSampledGaussianEvent(
-            sampling_probability=sampling_probability, noise_multiplier=z_eff, count=steps
-        )
-        epsilon = epsilon_from_rdp(rdp_curve(event), delta)[0]
+    epsilon = poisson_gaussian_rdp_epsilon(sampling_probability=sampling_probability,
+                                           noise_multiplier=z_eff, steps=steps, delta=delta)
     closed = paper_closed_form_epsilon(
         n=batch / sampling_probability, steps=steps, sigma1=sigma1, delta=delta, g_tilde=g_tilde
     )
