@@ -50,6 +50,16 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="re-send a queued job's message after this long"
     )
     reconcile_interval_s: float = Field(default=15.0, gt=0)
+    sse_poll_interval_s: float = Field(
+        default=0.5, gt=0, le=60, description="how often an event stream checks for new job events"
+    )
+    sse_keepalive_s: float = Field(
+        default=15.0, gt=0, le=300, description="idle time before an event stream sends a keep-alive"
+    )
+    sse_max_stream_s: float = Field(
+        default=300.0, gt=0, le=86_400,
+        description="an event stream ends after this long; clients resume with Last-Event-ID",
+    )
     run_reconciler: bool = Field(
         default=True, description="run the reconciler loop inside the API process"
     )

@@ -7,11 +7,12 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from app import ledger, privacy
+from app.api.event_stream import EVENT_STREAM_MEDIA_TYPE, StreamTiming, job_event_stream, wants_event_stream
 from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant, job_of_tenant
 from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
 from app.job_settlement import mark_dispatched
@@ -230,15 +231,37 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
     return out
 
 
-@router.get("/{job_id}/events", response_model=list[JobEventOut])
+@router.get(
+    "/{job_id}/events",
+    response_model=list[JobEventOut],
+    responses={200: {"content": {EVENT_STREAM_MEDIA_TYPE: {
+        "schema": {"type": "string", "description": "Server-Sent Events: id = seq, event = kind, "
+                   "data = one JobEventOut as JSON; resumable with Last-Event-ID"}}}}},
+)
 def events(
     job_id: str,
     session: SessionDep,
     tenant: TenantDep,
+    services: ServicesDep,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
-) -> list[JobEventOut]:
+    accept: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> list[JobEventOut] | StreamingResponse:
+    """The job's events in order: a JSON page, or (Accept: text/event-stream) a live SSE stream."""
     job = job_of_tenant(session, tenant, job_id)
+    if wants_event_stream(accept):
+        resume_after = max(after, _last_event_id(last_event_id))
+        session.close()  # the stream polls with its own short sessions
+        settings = services.settings
+        timing = StreamTiming(poll_interval_s=settings.sse_poll_interval_s,
+                              keepalive_s=settings.sse_keepalive_s,
+                              max_stream_s=settings.sse_max_stream_s)
+        return StreamingResponse(
+            job_event_stream(db=services.db, job_id=job.id, after=resume_after, timing=timing),
+            media_type=EVENT_STREAM_MEDIA_TYPE,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     rows = session.scalars(
         select(JobEvent)
         .where(JobEvent.job_id == job.id, JobEvent.id > after)
@@ -248,6 +271,13 @@ def events(
     return [
         JobEventOut(seq=e.id, kind=e.kind, payload=e.payload, created_at=e.created_at) for e in rows
     ]
+
+
+def _last_event_id(header: str | None) -> int:
+    """Last-Event-ID as a sequence number; anything else (absent, garbage) means from the start."""
+    if header is None or not header.strip().isdigit():
+        return 0
+    return min(int(header.strip()), 2**62)
 
 
 def _artifact_ready(job: Job, blob: str | None) -> str:
