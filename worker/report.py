@@ -26,12 +26,21 @@ CAVEATS = (
 )
 
 
+NORMALISATION = {
+    "poisson": "divided by the public expected batch size q·n",
+    "full-batch": "divided by the public registered number of training rows n",
+    "disjoint-blocks": "per block, divided by the public expected block size",
+}
+"""How each sampling scheme's releases are normalised (privacy.md §2: public constants only)."""
+
+
 def build_report(
     *,
     job: Job,
     dataset: Dataset,
     sensitivity: float,
     expected_batch_size: float,
+    sampling: str,
     actual_event: dict[str, Any],
     budget_before: dict[str, Any],
     budget_after: dict[str, Any],
@@ -85,13 +94,13 @@ def build_report(
             "notes": algorithm_notes,
         },
         "mechanism": {
-            "sampling": "poisson",
+            "sampling": sampling,
             "sampling_probability": job.sampling_probability,
             "expected_batch_size": expected_batch_size,
             "noise_multiplier": job.noise_multiplier,
             "l2_sensitivity": sensitivity,
             "noise_std_on_sum": job.noise_multiplier * sensitivity,
-            "normalisation": "divided by the public expected batch size q·n",
+            "normalisation": NORMALISATION.get(sampling, "by public constants only (see the algorithm's notes)"),
             "steps_planned": job.steps_planned,
             "steps_run": job.steps_run,
         },

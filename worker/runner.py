@@ -351,6 +351,7 @@ class JobRunner:
                 dataset=claimed.dataset,
                 sensitivity=claimed.plan.sensitivity,
                 expected_batch_size=claimed.plan.expected_batch_size,
+                sampling=claimed.plan.sampling,
                 actual_event=actual,
                 budget_before=before,
                 budget_after=ledger.budget_summary(budget),
