@@ -83,6 +83,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.algorithms.paper_claims import PAPER_CLAIM_LABEL
 from app.algorithms.registry import (
     AlgorithmDefinition,
     InvalidHyperparameters,
@@ -110,7 +111,6 @@ __all__ = [
 ]
 
 Neighbour = Literal["add-remove", "replace-one"]
-PAPER_CLAIM_LABEL: Final[str] = "as claimed in the paper — not a valid guarantee"
 BUDGET_UNITS: Final[int] = 1000
 """U: a unit-based job's ρ is settled in multiples of ρ/U (at most one unit is over-charged)."""
 NOISE_SAFETY: Final[float] = 1.0 + 1e-9
