@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import catalogue, datasets, health, jobs
+from app.api import catalogue, datasets, health, jobs, ui
 from app.bootstrap import register_bootstrap_key
 from app.config import Settings, get_settings
-from app.problems import install_problem_handlers
+from app.problems import document_problems, install_problem_handlers
 from app.services import JobDispatcher, Services, build_services
 
 
@@ -55,6 +55,7 @@ def create_app(
     )
     app.state.services = services
     install_problem_handlers(app)
-    for module in (datasets, jobs, catalogue, health):
+    document_problems(app)
+    for module in (datasets, jobs, catalogue, health, ui):
         app.include_router(module.router)
     return app

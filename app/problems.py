@@ -12,7 +12,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -126,3 +128,53 @@ def install_problem_handlers(app: FastAPI) -> None:
         )
         problem = Problem(status=500, slug="internal-error", detail="internal server error")
         return problem_response(problem, request)
+
+
+class ProblemDetails(BaseModel):
+    """The body of every error response (RFC 9457); extra members carry machine-readable detail."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+
+
+def document_problems(app: FastAPI) -> None:
+    """Make the OpenAPI schema say what the API really sends for errors.
+
+    FastAPI documents a 422 as application/json HTTPValidationError; every error here is an
+    application/problem+json :class:`ProblemDetails`. The generated schema is rewritten once:
+    every documented 4xx/5xx gets the problem content, and every operation gets a ``default``
+    problem response, so clients and schema-driven tests (schemathesis) see the truth.
+    """
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                             description=app.description, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["ProblemDetails"] = ProblemDetails.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}}
+        for path_item in schema.get("paths", {}).values():
+            for operation in path_item.values():
+                responses = operation.setdefault("responses", {})
+                for code, response in responses.items():
+                    if code[:1] in ("4", "5"):
+                        response["content"] = content
+                        if code == "422":
+                            response["description"] = "Invalid request (RFC 9457 problem)"
+                responses.setdefault(
+                    "default", {"description": "An error (RFC 9457 problem)", "content": content}
+                )
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import func, select, text
 
@@ -53,7 +53,12 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     return JSONResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                     "description": "Prometheus text exposition format"}},
+)
 def metrics(services: ServicesDep) -> Response:
     registry = CollectorRegistry()
     jobs = Gauge("privtrain_jobs", "Jobs by status", ["status"], registry=registry)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.schemas.types import UtcDateTime
 
 
 class BudgetIncrease(BaseModel):
@@ -37,7 +38,7 @@ class DatasetOut(BaseModel):
     label_column: str | None
     feature_names: list[str] | None
     budget: BudgetOut
-    created_at: dt.datetime
+    created_at: UtcDateTime
     links: dict[str, str]
 
 
@@ -79,7 +80,7 @@ class LedgerEntryOut(BaseModel):
     accountant_version: str
     actor: str
     details: dict[str, Any]
-    created_at: dt.datetime
+    created_at: UtcDateTime
     prev_hash: str
     hash: str
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.schemas.types import UtcDateTime
 
 
 class _Strict(BaseModel):
@@ -133,9 +134,9 @@ class JobOut(BaseModel):
     metrics: dict[str, Any] | None = Field(
         default=None, description="DP-released evaluation metrics, with their mechanism"
     )
-    created_at: dt.datetime
-    started_at: dt.datetime | None
-    finished_at: dt.datetime | None
+    created_at: UtcDateTime
+    started_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
     links: dict[str, str]
 
 
@@ -148,4 +149,4 @@ class JobEventOut(BaseModel):
     seq: int
     kind: str
     payload: dict[str, Any]
-    created_at: dt.datetime
+    created_at: UtcDateTime
