@@ -29,7 +29,8 @@ class RecordingDispatcher:
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {"environment": "test", "data_dir": data_dir}
+    # Tests poll as fast as they like; the rate limiter has its own tests (test_api_limits.py).
+    values: dict[str, object] = {"environment": "test", "data_dir": data_dir, "rate_limit_per_minute": 0}
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
 
