@@ -20,6 +20,10 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # a burst of submissions deadlocks waiting for second connections.
 POOL_SIZE = 20
 POOL_MAX_OVERFLOW = 40
+# An unreachable server must give a quick 503, never a hung request (psycopg's connect_timeout
+# is in whole seconds; the pool wait bounds a request that finds every connection busy).
+CONNECT_TIMEOUT_S = 5
+POOL_TIMEOUT_S = 10
 
 
 def is_sqlite(url: str) -> bool:
@@ -30,7 +34,9 @@ def make_engine(url: str) -> Engine:
     """Create an engine; SQLite gets WAL, foreign keys and explicit transaction control."""
     if not is_sqlite(url):
         return create_engine(
-            url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_MAX_OVERFLOW, future=True
+            url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_MAX_OVERFLOW,
+            pool_timeout=POOL_TIMEOUT_S, connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+            future=True,
         )
     engine = create_engine(
         url,

@@ -15,6 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import InterfaceError as SQLAlchemyInterfaceError
+from sqlalchemy.exc import OperationalError as SQLAlchemyOperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyPoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -116,6 +119,22 @@ def install_problem_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         problem = Problem(
             status=exc.status_code, slug=slug, detail=detail, headers=dict(exc.headers or {})
+        )
+        return problem_response(problem, request)
+
+    @app.exception_handler(SQLAlchemyOperationalError)
+    @app.exception_handler(SQLAlchemyInterfaceError)
+    @app.exception_handler(SQLAlchemyPoolTimeout)
+    async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        import logging
+
+        logging.getLogger("privtrain.api").warning(
+            "database unavailable", extra={"path": request.url.path, "error": type(exc).__name__}
+        )
+        problem = Problem(
+            status=503, slug="database-unavailable",
+            detail="the database is unreachable; retry shortly (GET /readyz shows what is down)",
+            headers={"Retry-After": "5"},
         )
         return problem_response(problem, request)
 
