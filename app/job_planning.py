@@ -133,7 +133,10 @@ def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_ste
         raise _invalid("model-incompatible", str(exc)) from None
     try:
         evaluation = plan_evaluation(spec.evaluation, facts) if spec.evaluation else None
-        hyperparameters = algorithm.validate_hyperparameters(spec.algorithm.hyperparameters)
+        hyperparameters = algorithm.adopt_privacy_target(
+            algorithm.validate_hyperparameters(spec.algorithm.hyperparameters),
+            target_epsilon=spec.privacy.target_epsilon,
+        )
         plan = algorithm.plan(
             hyperparameters,
             spec.training,

@@ -34,6 +34,14 @@ NORMALISATION = {
 """How each sampling scheme's releases are normalised (privacy.md §2: public constants only)."""
 
 
+def _sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) -> dict[str, Any]:
+    """Gaussian sums report Δ₂ and the noise std σ·Δ₂ they drew; other mechanisms (exponential
+    mechanism scores, Laplace/Peeling in ℓ∞) report Δ with its norm, their noise is in the notes."""
+    if norm == "l2":
+        return {"l2_sensitivity": sensitivity, "noise_std_on_sum": noise_multiplier * sensitivity}
+    return {"sensitivity": sensitivity, "sensitivity_norm": norm}
+
+
 def build_report(
     *,
     job: Job,
@@ -41,6 +49,7 @@ def build_report(
     sensitivity: float,
     expected_batch_size: float,
     sampling: str,
+    sensitivity_norm: str,
     actual_event: dict[str, Any],
     budget_before: dict[str, Any],
     budget_after: dict[str, Any],
@@ -98,8 +107,7 @@ def build_report(
             "sampling_probability": job.sampling_probability,
             "expected_batch_size": expected_batch_size,
             "noise_multiplier": job.noise_multiplier,
-            "l2_sensitivity": sensitivity,
-            "noise_std_on_sum": job.noise_multiplier * sensitivity,
+            **_sensitivity_fields(sensitivity, sensitivity_norm, job.noise_multiplier),
             "normalisation": NORMALISATION.get(sampling, "by public constants only (see the algorithm's notes)"),
             "steps_planned": job.steps_planned,
             "steps_run": job.steps_run,

@@ -352,6 +352,7 @@ class JobRunner:
                 sensitivity=claimed.plan.sensitivity,
                 expected_batch_size=claimed.plan.expected_batch_size,
                 sampling=claimed.plan.sampling,
+                sensitivity_norm=claimed.plan.sensitivity_norm,
                 actual_event=actual,
                 budget_before=before,
                 budget_after=ledger.budget_summary(budget),

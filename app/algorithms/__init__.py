@@ -16,6 +16,7 @@ from app.algorithms.registry import (
 from app.algorithms import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
 from app.algorithms import dc_dpsgd as _dc_dpsgd  # noqa: F401  (registers "dc-dpsgd", "dc-dpsgd-threshold")
 from app.algorithms import baselines as _baselines  # noqa: F401
+from app.algorithms import ht_dpsco as _ht_dpsco  # noqa: F401  (registers "ht-dp-fw", "ht-private-lasso", "ht-sparse-linreg", "ht-sparse-opt")
 from app.algorithms import dicesgd as _dicesgd  # noqa: F401  (registers "dicesgd", "dicesgd-adam", "dicesgd-auto")
 from app.algorithms import kl_family as _kl_family  # noqa: F401  (registers "kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point")
 

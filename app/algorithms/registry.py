@@ -36,6 +36,9 @@ class PrivacyPlan:
     sensitivity: float
     sampling: str
     event_for: Callable[[float, int], PrivacyEvent]
+    sensitivity_norm: str = "l2"
+    """What ``sensitivity`` bounds: "l2" for Gaussian sums (noise std σ·Δ on the sum);
+    "score" for an exponential mechanism's utility score; "linf" for Laplace/Peeling releases."""
 
     def event(self, noise_multiplier: float) -> PrivacyEvent:
         return self.event_for(noise_multiplier, self.steps)
@@ -59,6 +62,13 @@ class AlgorithmDefinition:
             raise InvalidHyperparameters(
                 f"algorithm.hyperparameters.{loc}: {first['msg']}"
             ) from exc
+
+    def adopt_privacy_target(
+        self, hyperparameters: BaseModel, *, target_epsilon: float | None
+    ) -> BaseModel:
+        """Hyperparameters whose public defaults depend on the job's target ε (a public part of
+        the spec) get it here, before planning; most algorithms have none."""
+        return hyperparameters
 
     def plan(
         self,
