@@ -116,7 +116,14 @@ def _invalid(slug: str, detail: str) -> Problem:
     return Problem(status=422, slug=slug, detail=detail)
 
 
-def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_steps: int) -> JobPlan:
+def plan_job(
+    spec: JobCreate,
+    dataset: Dataset,
+    *,
+    dataset_delta: float,
+    max_steps: int,
+    max_time_limit_s: float | None = None,
+) -> JobPlan:
     """Validate the spec against the catalogues and price it; raises 422 problems."""
     facts = facts_of(dataset)
     try:
@@ -148,6 +155,13 @@ def plan_job(spec: JobCreate, dataset: Dataset, *, dataset_delta: float, max_ste
     if plan.steps > max_steps:
         raise _invalid(
             "invalid-job-spec", f"the job would run {plan.steps} steps; the limit is {max_steps}"
+        )
+    limit = spec.training.time_limit_s
+    if max_time_limit_s is not None and limit is not None and limit > max_time_limit_s:
+        raise _invalid(
+            "invalid-job-spec",
+            f"training.time_limit_s {limit:g} is above the service's limit of {max_time_limit_s:g} s "
+            "(with Redis it must stay below the broker's visibility timeout)",
         )
     delta = spec.privacy.delta if spec.privacy.delta is not None else dataset_delta
     if delta >= 1.0 / facts.n_rows:

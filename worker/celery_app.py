@@ -29,7 +29,7 @@ def _filesystem_options(broker_dir: Path) -> dict[str, object]:
 
 def create_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
     celery = Celery("privtrain", broker=settings.resolved_broker_url, include=list(include))
-    options: dict[str, object] = {}
+    options: dict[str, object] = {"visibility_timeout": settings.redis_visibility_timeout_s}
     if settings.uses_filesystem_broker:
         options = _filesystem_options(settings.broker_dir)
     celery.conf.update(

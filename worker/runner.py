@@ -279,7 +279,9 @@ class JobRunner:
         every = max(1, job.steps_planned // 100)
         state = {"stop": False, "last_beat": 0.0}
         interval = self.settings.heartbeat_interval_s
-        deadline = time.monotonic() + self.settings.job_time_limit_s
+        requested = job.spec["training"].get("time_limit_s")
+        limit = min(self.settings.job_time_limit_s, requested or self.settings.job_time_limit_s)
+        deadline = time.monotonic() + limit
 
         def timed_out() -> bool:
             return time.monotonic() > deadline

@@ -44,6 +44,11 @@ class TrainingSpec(_Strict):
     steps: int | None = Field(default=None, ge=1)
     batch_size: int = Field(ge=1, description="expected batch size q·n of Poisson sampling")
     learning_rate: float = Field(gt=0, le=1000)
+    time_limit_s: float | None = Field(
+        default=None, gt=0, le=30 * 86_400,
+        description="stop the job after this long (its reservation is then committed); at most "
+        "the service's PRIVTRAIN_JOB_TIME_LIMIT_S, which is also the default",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> TrainingSpec:

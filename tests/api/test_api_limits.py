@@ -120,3 +120,33 @@ def test_active_job_cap_is_a_429_and_stores_nothing(
     assert client.get(f"/v1/datasets/{dataset_id}/budget").json() == budget_before  # no reservation
     assert client.post(f"/v1/jobs/{first.json()['id']}/cancel").status_code == 202
     assert client.post("/v1/jobs", json=spec).status_code == 202  # a slot is free again
+
+
+def test_job_time_limit_above_the_service_limit_is_refused(
+    capped: tuple[TestClient, Database], digits_csv: bytes
+) -> None:
+    client, database = capped
+    client.headers["Authorization"] = f"Bearer {new_key(database, 'dave')}"
+    dataset_id = upload(client, digits_csv).json()["id"]
+    spec = dp_sgd_spec(dataset_id)
+    spec["training"]["time_limit_s"] = 24 * 3600.0 + 1  # the default service limit is 24 h
+    refused = client.post("/v1/jobs", json=spec)
+    assert refused.status_code == 422
+    assert "time_limit_s" in refused.json()["detail"]
+    spec["training"]["time_limit_s"] = 60.0
+    accepted = client.post("/v1/jobs", json=spec)
+    assert accepted.status_code == 202
+
+
+def test_redis_mode_refuses_a_time_limit_at_or_above_the_visibility_timeout(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="VISIBILITY_TIMEOUT"):
+        make_settings(tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=100.0,
+                      redis_visibility_timeout_s=100.0)
+    ok = make_settings(tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=99.0,
+                       redis_visibility_timeout_s=100.0)
+    from worker.celery_app import create_celery
+
+    assert create_celery(ok).conf.broker_transport_options["visibility_timeout"] == 100.0
+    make_settings(tmp_path, job_time_limit_s=100.0, redis_visibility_timeout_s=100.0)  # filesystem: n/a

@@ -134,7 +134,7 @@ def test_killed_worker_is_retried_inside_the_same_reservation(tmp_path: Path) ->
 
 
 def test_job_over_its_time_limit_is_stopped_and_commits_its_reservation(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path / "data", heartbeat_interval_s=0.1, job_time_limit_s=2.0)
+    settings = make_settings(tmp_path / "data", heartbeat_interval_s=0.1, job_time_limit_s=600.0)
     migrate(settings)
     db = Database(settings.resolved_database_url)
     log_path = tmp_path / "worker.log"
@@ -142,7 +142,8 @@ def test_job_over_its_time_limit_is_stopped_and_commits_its_reservation(tmp_path
         client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
         dataset = _digits_dataset(client, name="slow")
         spec = dp_sgd_spec(dataset["id"], target_epsilon=2.0)
-        spec["training"] = {"steps": 200_000, "batch_size": 64, "learning_rate": 0.1}
+        # the job's own limit (5 s), below the service's (600 s)
+        spec["training"] = {"steps": 200_000, "batch_size": 64, "learning_rate": 0.1, "time_limit_s": 5.0}
         job = client.post("/v1/jobs", json=spec).json()
         final = wait_for_status(client, job["id"], {"failed", "succeeded", "cancelled"}, log_path=log_path)
         assert final["status"] == "failed" and final["error_code"] == "time-limit"
