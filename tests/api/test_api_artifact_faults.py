@@ -1,0 +1,45 @@
+"""Disk full or unwritable while a finished job writes its artifacts: the job fails cleanly, no
+model or report is ever served, the ledger commits what was spent and verifies (issue 7)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.db import Database
+from app.ledger_audit import verify_ledger
+from tests.conftest import dp_sgd_spec, upload
+from worker.runner import JobRunner
+
+
+@pytest.mark.parametrize("failing", ["put_file", "put_bytes"])  # the model, then the report
+def test_disk_full_while_writing_artifacts_fails_the_job_cleanly(
+    alice: TestClient, settings: Settings, database: Database, digits_csv: bytes, failing: str
+) -> None:
+    dataset = upload(alice, digits_csv).json()
+    spec = dp_sgd_spec(dataset["id"], target_epsilon=2.0)
+    spec["training"] = {"steps": 20, "batch_size": 64, "learning_rate": 0.5}
+    job = alice.post("/v1/jobs", json=spec).json()
+    runner = JobRunner(settings, db=database)
+
+    def disk_full(*_args: object, **_kwargs: object) -> object:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    setattr(runner.blobs, failing, disk_full)
+    runner.run(job["id"])
+
+    final = alice.get(f"/v1/jobs/{job['id']}").json()
+    assert final["status"] == "failed" and final["error_code"] == "artifact-write-failed"
+    assert final["steps_run"] == 20
+    for artifact in ("model", "report"):
+        response = alice.get(f"/v1/jobs/{job['id']}/{artifact}")
+        assert response.status_code == 409, artifact  # never a partial or missing-blob artifact
+    ledger = alice.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]
+    assert [e["kind"] for e in ledger] == ["RESERVE", "TOUCH", "COMMIT"]  # the data was touched
+    budget = alice.get(f"/v1/datasets/{dataset['id']}/budget").json()
+    assert budget["reserved_epsilon"] == 0.0 and budget["committed_epsilon"] > 0.0
+    assert verify_ledger(database).ok
+    assert not list(settings.checkpoint_dir.glob("*"))  # secret checkpoints gone after settling
