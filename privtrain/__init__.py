@@ -1,0 +1,45 @@
+"""Python client and CLI for the privtrain service (torch-free: stdlib + httpx only).
+
+>>> from privtrain import Client
+>>> client = Client.from_env()            # PRIVTRAIN_URL, PRIVTRAIN_API_KEY
+>>> job = client.wait(client.submit(spec).id)
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from privtrain.client import Client  # noqa: E402
+from privtrain.errors import (  # noqa: E402
+    BudgetExceeded,
+    Conflict,
+    IdempotencyKeyReused,
+    IntegrityError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    PrivtrainError,
+    RateLimited,
+    ServerError,
+    TransportError,
+    Unauthorized,
+    WaitTimeout,
+)
+from privtrain.resources import (  # noqa: E402
+    Algorithm,
+    BudgetStatus,
+    Dataset,
+    Estimate,
+    Job,
+    JobEvent,
+    LedgerEntry,
+    ModelInfo,
+)
+from privtrain.specs import build_job_spec  # noqa: E402
+
+__all__ = [
+    "Algorithm", "BudgetExceeded", "BudgetStatus", "Client", "Conflict", "Dataset", "Estimate",
+    "IdempotencyKeyReused", "IntegrityError", "InvalidRequest", "Job", "JobEvent", "LedgerEntry",
+    "ModelInfo", "NotFound", "PayloadTooLarge", "PrivtrainError", "RateLimited", "ServerError",
+    "TransportError", "Unauthorized", "WaitTimeout", "build_job_spec", "__version__",
+]

@@ -1,0 +1,571 @@
+"""``privtrain``: the user CLI on top of :class:`privtrain.Client`.
+
+Human tables by default, ``--json`` for scripts (the server's objects, unchanged). Exit codes:
+0 ok, 1 API error (the problem's title and detail on stderr; also a watched job that did not
+succeed), 2 usage error. Server administration stays in ``privtrain-admin``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import httpx
+
+from privtrain import __version__
+from privtrain.client import DEFAULT_URL, Client
+from privtrain.errors import PrivtrainError
+from privtrain.events import ProgressSource, poll_progress
+from privtrain.output import Column, key_values, table, to_json
+from privtrain.resources import (
+    Algorithm,
+    BudgetStatus,
+    Dataset,
+    Estimate,
+    Job,
+    JobEvent,
+    LedgerEntry,
+    ModelInfo,
+    Resource,
+)
+from privtrain.retry import RetryNotice
+from privtrain.sse import sse_progress
+from privtrain.specs import SpecFileError, SpecOverrides, load_spec_file, merge_spec, parse_assignment
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_API_ERROR = 1
+
+
+@dataclass
+class CliEnvironment:
+    """What a test (or an embedding program) injects through ``main(obj=...)``."""
+
+    transport: httpx.BaseTransport | None = None
+    progress_source: ProgressSource = poll_progress
+
+
+@dataclass
+class CliState:
+    url: str
+    api_key: str | None
+    json_output: bool
+    timeout: float
+    environment: CliEnvironment
+    _client: Client | None = field(default=None, repr=False)
+
+    def client(self) -> Client:
+        if self._client is None:
+            if not self.api_key:
+                raise click.UsageError("no API key: pass --api-key or set PRIVTRAIN_API_KEY")
+            self._client = Client(
+                self.url, self.api_key, timeout=self.timeout, transport=self.environment.transport,
+                on_retry=_say_retry,
+            )
+        return self._client
+
+
+def _say_retry(notice: RetryNotice) -> None:
+    click.echo(
+        f"{notice.reason} on {notice.method} {notice.path}; retry {notice.attempt} in {notice.delay:g} s",
+        err=True,
+    )
+
+
+def _state() -> CliState:
+    return click.get_current_context().find_object(CliState)  # type: ignore[return-value]
+
+
+def _wants_json() -> bool:
+    return _state().json_output
+
+
+def _mark_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """``--json`` after a subcommand means the same as before it (errors included)."""
+    state = ctx.find_object(CliState)
+    if value and state is not None:
+        state.json_output = True
+    return value
+
+
+json_flag = click.option(
+    "--json", is_flag=True, expose_value=False, callback=_mark_json, is_eager=True,
+    help="print the server's JSON instead of a table",
+)
+
+
+def emit(value: Resource | list[Resource] | dict[str, Any] | list[dict[str, Any]], human: Callable[[], str]) -> None:
+    """JSON (raw server objects) for scripts, else the human rendering."""
+    if _wants_json():
+        click.echo(to_json(_raw(value)))
+    else:
+        click.echo(human())
+
+
+def _raw(value: Any) -> Any:  # noqa: ANN401 - JSON
+    if isinstance(value, Resource):
+        return value.raw
+    if isinstance(value, list):
+        return [_raw(v) for v in value]
+    return value
+
+
+def report_error(error: PrivtrainError, *, as_json: bool) -> None:
+    """The problem's title and detail (plus its type and extra members) on stderr."""
+    if as_json and error.problem:
+        click.echo(to_json(error.problem), err=True)
+        return
+    status = f" ({error.status})" if error.status else ""
+    click.echo(f"Error: {error.title}{status}: {error.detail}", err=True)
+    if error.type:
+        click.echo(f"  type: {error.type}", err=True)
+    for key, value in error.extra.items():
+        if key != "errors":
+            click.echo(f"  {key}: {value}", err=True)
+    for item in error.extra.get("errors", []) or []:
+        if isinstance(item, dict):
+            click.echo(f"  - {'.'.join(map(str, item.get('loc', [])))}: {item.get('msg', '')}", err=True)
+
+
+class ApiErrorGroup(click.Group):
+    """Turns client exceptions into exit code 1 with the problem on stderr (usage errors stay 2)."""
+
+    def invoke(self, ctx: click.Context) -> Any:  # noqa: ANN401 - click's return
+        try:
+            return super().invoke(ctx)
+        except PrivtrainError as error:
+            state = ctx.find_object(CliState)
+            report_error(error, as_json=bool(state and state.json_output))
+            ctx.exit(EXIT_API_ERROR)
+        finally:
+            state = ctx.find_object(CliState)
+            if state is not None and state._client is not None:
+                state._client.close()
+
+
+@click.group(cls=ApiErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="PRIVTRAIN_URL", default=DEFAULT_URL, show_default=True, help="service URL [env PRIVTRAIN_URL]")
+@click.option("--api-key", envvar="PRIVTRAIN_API_KEY", help="API key [env PRIVTRAIN_API_KEY]")
+@click.option("--json", "json_output", is_flag=True, help="JSON output for every command")
+@click.option("--request-timeout", "timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="per-request timeout (s)")
+@click.version_option(__version__, prog_name="privtrain")
+@click.pass_context
+def cli(ctx: click.Context, url: str, api_key: str | None, json_output: bool, timeout: float) -> None:
+    """Train models with differential privacy on a privtrain service."""
+    environment = ctx.obj if isinstance(ctx.obj, CliEnvironment) else CliEnvironment()
+    ctx.obj = CliState(url=url, api_key=api_key, json_output=json_output, timeout=timeout, environment=environment)
+
+
+# ---------------------------------------------------------------------- datasets
+
+DATASET_COLUMNS: list[Column[Dataset]] = [
+    Column("ID", lambda d: d.id),
+    Column("NAME", lambda d: d.name, 30),
+    Column("ROWS", lambda d: d.n_rows),
+    Column("FEATURES", lambda d: "x".join(map(str, d.feature_shape or []))),
+    Column("TASK", lambda d: d.task),
+    Column("CLASSES", lambda d: d.n_classes),
+    Column("ε_G", lambda d: d.budget.epsilon),
+    Column("δ_G", lambda d: d.budget.delta),
+    Column("CREATED", lambda d: d.created_at),
+]
+
+LEDGER_COLUMNS: list[Column[LedgerEntry]] = [
+    Column("SEQ", lambda e: e.seq),
+    Column("KIND", lambda e: e.kind),
+    Column("JOB", lambda e: e.job_id),
+    Column("ε", lambda e: e.epsilon),
+    Column("ACTOR", lambda e: e.actor, 30),
+    Column("CREATED", lambda e: e.created_at),
+    Column("HASH", lambda e: e.hash[:12]),
+]
+
+
+def _dataset_block(d: Dataset) -> str:
+    return key_values([
+        ("id", d.id), ("name", d.name), ("format", d.format), ("rows", d.n_rows),
+        ("feature shape", d.feature_shape), ("task", d.task), ("classes", d.n_classes),
+        ("label column", d.label_column), ("budget ε_G", d.budget.epsilon), ("budget δ_G", d.budget.delta),
+        ("sha256", d.sha256), ("size (bytes)", d.size_bytes), ("created", d.created_at),
+    ])
+
+
+def _budget_block(b: BudgetStatus) -> str:
+    return key_values([
+        ("dataset", b.dataset_id), ("budget ε_G", b.epsilon), ("budget δ_G", b.delta),
+        ("committed ε", b.committed_epsilon), ("reserved ε", b.reserved_epsilon),
+        ("spent ε", b.spent_epsilon), ("remaining ε", b.remaining_epsilon),
+        ("ledger entries", b.entries), ("last hash", b.last_hash),
+    ])
+
+
+@cli.group()
+def datasets() -> None:
+    """Upload datasets and inspect their privacy budget and ledger."""
+
+
+@datasets.command("upload")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", help="default: the file name without its suffix")
+@click.option("--epsilon", type=float, required=True, help="the dataset's total budget ε_G")
+@click.option("--delta", type=float, required=True, help="the dataset's δ_G (below 1/n)")
+@click.option("--format", "fmt", type=click.Choice(["csv", "npz"]), help="default: from the suffix")
+@click.option("--label-column", default="label", show_default=True, help="CSV label column")
+@click.option("--task", type=click.Choice(["classification", "regression"]), help="default: inferred by the server")
+@json_flag
+def datasets_upload(
+    path: Path, name: str | None, epsilon: float, delta: float, fmt: str | None,
+    label_column: str, task: str | None,
+) -> None:
+    """Upload a CSV (header + label column) or NPZ (X, y) file with its budget."""
+    try:
+        dataset = _state().client().upload_dataset(
+            path, name=name, epsilon=epsilon, delta=delta, format=fmt, label_column=label_column, task=task
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    emit(dataset, lambda: _dataset_block(dataset))
+
+
+@datasets.command("list")
+@json_flag
+def datasets_list() -> None:
+    """All your datasets, newest first."""
+    found = _state().client().list_datasets()
+    emit(found, lambda: table(found, DATASET_COLUMNS))
+
+
+@datasets.command("show")
+@click.argument("dataset_id")
+@json_flag
+def datasets_show(dataset_id: str) -> None:
+    dataset = _state().client().get_dataset(dataset_id)
+    emit(dataset, lambda: _dataset_block(dataset))
+
+
+@datasets.command("budget")
+@click.argument("dataset_id")
+@json_flag
+def datasets_budget(dataset_id: str) -> None:
+    """ε_G, δ_G, committed, reserved and remaining ε."""
+    budget = _state().client().budget(dataset_id)
+    emit(budget, lambda: _budget_block(budget))
+
+
+@datasets.command("raise-budget")
+@click.argument("dataset_id")
+@click.option("--epsilon", type=float, required=True, help="the new (larger) ε_G")
+@click.option("--delta", type=float, help="the new δ_G (default: unchanged)")
+@click.option("--reason", default="", help="recorded in the ledger's ADJUST entry")
+@json_flag
+def datasets_raise_budget(dataset_id: str, epsilon: float, delta: float | None, reason: str) -> None:
+    """Raise the budget (owner only, upwards only; recorded in the ledger)."""
+    budget = _state().client().raise_budget(dataset_id, epsilon=epsilon, delta=delta, reason=reason)
+    emit(budget, lambda: _budget_block(budget))
+
+
+@datasets.command("ledger")
+@click.argument("dataset_id")
+@json_flag
+def datasets_ledger(dataset_id: str) -> None:
+    """The append-only, hash-chained ledger entries, oldest first."""
+    entries = _state().client().ledger(dataset_id)
+    emit(entries, lambda: table(entries, LEDGER_COLUMNS))
+
+
+# ---------------------------------------------------------------------- job specs from flags
+
+_SPEC_KEY = "privtrain.spec"
+
+
+def _collect(ctx: click.Context, param: click.Parameter, value: Any) -> Any:  # noqa: ANN401 - click callback
+    """Store a spec option in ``ctx.meta`` so estimate and submit share one option set."""
+    ctx.meta.setdefault(_SPEC_KEY, {})[param.name] = value
+    return value
+
+
+def _assignments(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, Any]:
+    try:
+        parsed = dict(parse_assignment(v) for v in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return _collect(ctx, param, parsed)
+
+
+def _spec_option(
+    *decls: str,
+    type: click.ParamType | type | None = None,  # noqa: A002 - click's name
+    multiple: bool = False,
+    callback: Callable[[click.Context, click.Parameter, Any], Any] = _collect,
+    help: str | None = None,  # noqa: A002 - click's name
+) -> Callable[[F], F]:
+    return click.option(*decls, type=type, multiple=multiple, expose_value=False, callback=callback, help=help)
+
+
+def _with(options: Sequence[Callable[[F], F]]) -> Callable[[F], F]:
+    """Apply a shared list of click options (in the order listed in --help)."""
+
+    def apply(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
+SPEC_OPTIONS = [
+    _spec_option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                 help="job spec as JSON or YAML; the flags below override its fields"),
+    _spec_option("--dataset", "dataset_id", help="dataset id"),
+    _spec_option("--model", help="model name (see `privtrain models`)"),
+    _spec_option("--model-param", "model_params", multiple=True, callback=_assignments,
+                 help="model parameter key=value (repeatable; values read as JSON)"),
+    _spec_option("--algorithm", help="algorithm name (see `privtrain algorithms`)"),
+    _spec_option("--hyper", "hyperparameters", multiple=True, callback=_assignments,
+                 help="hyperparameter key=value (repeatable; values read as JSON)"),
+    _spec_option("--target-epsilon", type=float, help="ε to spend; the server calibrates σ"),
+    _spec_option("--noise-multiplier", type=float, help="fix σ instead of a target ε"),
+    _spec_option("--delta", type=float, help="δ (default: the dataset's)"),
+    _spec_option("--epochs", type=float),
+    _spec_option("--steps", type=int),
+    _spec_option("--batch-size", type=int, help="expected batch size q·n"),
+    _spec_option("--lr", "learning_rate", type=float, help="learning rate"),
+]
+
+
+def spec_from_context(ctx: click.Context) -> dict[str, Any]:
+    given = dict(ctx.meta.get(_SPEC_KEY, {}))
+    spec_file = given.pop("spec_file", None)
+    try:
+        base = load_spec_file(spec_file) if spec_file else None
+    except SpecFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    if base is None and not any(v for v in given.values()):
+        raise click.UsageError("give a job spec: --spec FILE and/or --dataset, --model, --algorithm, ...")
+    return merge_spec(base, SpecOverrides(**{k: v for k, v in given.items() if v is not None}))
+
+
+# ---------------------------------------------------------------------- jobs
+
+JOB_COLUMNS: list[Column[Job]] = [
+    Column("ID", lambda j: j.id),
+    Column("STATUS", lambda j: j.status),
+    Column("ALGORITHM", lambda j: j.algorithm),
+    Column("MODEL", lambda j: j.model),
+    Column("DATASET", lambda j: j.dataset_id),
+    Column("STEPS", lambda j: f"{j.steps_run}/{j.steps_planned}"),
+    Column("ε", lambda j: j.epsilon_ledger),
+    Column("CREATED", lambda j: j.created_at),
+]
+
+EVENT_COLUMNS: list[Column[JobEvent]] = [
+    Column("SEQ", lambda e: e.seq),
+    Column("KIND", lambda e: e.kind),
+    Column("CREATED", lambda e: e.created_at),
+    Column("PAYLOAD", lambda e: e.payload, 80),
+]
+
+
+def _estimate_block(e: Estimate) -> str:
+    return key_values([
+        ("noise multiplier σ", e.noise_multiplier), ("sampling probability q", e.sampling_probability),
+        ("steps", e.steps), ("noise std on the sum", e.noise_std_on_sum), ("sensitivity", e.sensitivity),
+        (f"ε (ledger) at δ={e.delta:g}", e.epsilon_ledger), ("ε (PRV, tighter)", e.epsilon_prv),
+        ("ε of the evaluation", e.evaluation_epsilon), ("admissible now", e.admissible),
+        ("budget remaining ε", e.budget_remaining_epsilon),
+        ("largest admissible target ε", e.largest_admissible_epsilon),
+    ])
+
+
+def _job_block(j: Job) -> str:
+    return key_values([
+        ("id", j.id), ("status", j.status), ("dataset", j.dataset_id), ("algorithm", j.algorithm),
+        ("model", j.model), ("steps", f"{j.steps_run}/{j.steps_planned}"),
+        ("noise multiplier σ", j.noise_multiplier), (f"ε (ledger) at δ={j.delta:g}", j.epsilon_ledger),
+        ("ε (PRV, tighter)", j.epsilon_prv), ("attempt", j.attempt), ("cancel requested", j.cancel_requested),
+        ("error", j.error_code), ("metrics", j.metrics), ("created", j.created_at),
+        ("started", j.started_at), ("finished", j.finished_at),
+    ])
+
+
+@cli.group()
+def jobs() -> None:
+    """Price, submit, watch, cancel and download training jobs."""
+
+
+@jobs.command("estimate")
+@_with(SPEC_OPTIONS)
+@json_flag
+@click.pass_context
+def jobs_estimate(ctx: click.Context) -> None:
+    """Dry run: the noise, steps and ε a job would be charged, and whether it fits now."""
+    estimate = _state().client().estimate(spec_from_context(ctx))
+    emit(estimate, lambda: _estimate_block(estimate))
+
+
+def _watch(job_id: str, *, poll_interval: float, timeout: float | None, quiet: bool, sse: bool) -> Job:
+    state = _state()
+    return state.client().wait(
+        job_id, timeout=timeout, poll_interval=poll_interval, progress=not quiet,
+        progress_source=sse_progress if sse else state.environment.progress_source,
+    )
+
+
+def _finish_watch(job: Job) -> None:
+    emit(job, lambda: _job_block(job))
+    if job.status != "succeeded":
+        reason = f" ({job.error_code})" if job.error_code else ""
+        click.echo(f"Error: job {job.id} {job.status}{reason}", err=True)
+        click.get_current_context().exit(EXIT_API_ERROR)
+
+
+watch_options = [
+    click.option("--interval", "poll_interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True, help="seconds between polls"),
+    click.option("--timeout", "wait_timeout", type=click.FloatRange(min=0), default=None, help="give up after this many seconds"),
+    click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
+    click.option("--sse", is_flag=True, help="follow the server's event stream instead of polling"),
+]
+
+
+@jobs.command("submit")
+@_with(SPEC_OPTIONS)
+@click.option("--idempotency-key", help="reuse to make a resubmission safe (default: a fresh one)")
+@click.option("--wait", "wait_for_it", is_flag=True, help="watch the job until it ends")
+@_with(watch_options)
+@json_flag
+@click.pass_context
+def jobs_submit(
+    ctx: click.Context, idempotency_key: str | None, wait_for_it: bool, poll_interval: float,
+    wait_timeout: float | None, quiet: bool, sse: bool,
+) -> None:
+    """Admit a job against the dataset's budget and queue it."""
+    job = _state().client().submit(spec_from_context(ctx), idempotency_key=idempotency_key)
+    if not wait_for_it:
+        emit(job, lambda: _job_block(job))
+        return
+    if not _wants_json():
+        click.echo(f"submitted {job.id}", err=True)
+    _finish_watch(_watch(job.id, poll_interval=poll_interval, timeout=wait_timeout, quiet=quiet, sse=sse))
+
+
+@jobs.command("list")
+@click.option("--dataset", "dataset_id", help="only this dataset's jobs")
+@click.option("--status", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
+@json_flag
+def jobs_list(dataset_id: str | None, status: str | None) -> None:
+    found = _state().client().list_jobs(dataset_id=dataset_id, status=status)
+    emit(found, lambda: table(found, JOB_COLUMNS))
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@json_flag
+def jobs_show(job_id: str) -> None:
+    job = _state().client().get_job(job_id)
+    emit(job, lambda: _job_block(job))
+
+
+@jobs.command("watch")
+@click.argument("job_id")
+@_with(watch_options)
+@json_flag
+def jobs_watch(job_id: str, poll_interval: float, wait_timeout: float | None, quiet: bool, sse: bool) -> None:
+    """Live progress (steps done / planned, ε spent) until the job ends; exit 1 unless it succeeded."""
+    _finish_watch(_watch(job_id, poll_interval=poll_interval, timeout=wait_timeout, quiet=quiet, sse=sse))
+
+
+@jobs.command("events")
+@click.argument("job_id")
+@click.option("--after", type=click.IntRange(min=0), default=0, help="only events after this seq")
+@json_flag
+def jobs_events(job_id: str, after: int) -> None:
+    found = _state().client().events(job_id, after=after)
+    emit(found, lambda: table(found, EVENT_COLUMNS))
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@json_flag
+def jobs_cancel(job_id: str) -> None:
+    """Cancel: a queued job is released at once, a running one stops at its next check."""
+    job = _state().client().cancel(job_id)
+    emit(job, lambda: _job_block(job))
+
+
+@jobs.command("download")
+@click.argument("job_id")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              show_default=True, help="directory for <job>.safetensors and <job>.report.json")
+@json_flag
+def jobs_download(job_id: str, out_dir: Path) -> None:
+    """Download a succeeded job's model (safetensors, digest-checked) and privacy report (JSON)."""
+    client = _state().client()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = client.report(job_id)
+    model_path = client.download_model(job_id, out_dir / f"{job_id}.safetensors")
+    report_path = out_dir / f"{job_id}.report.json"
+    report_path.write_text(to_json(report) + "\n")
+    files = {"model": str(model_path), "report": str(report_path)}
+    epsilon = report.get("epsilon", {}) if isinstance(report.get("epsilon"), dict) else {}
+    emit(
+        {**files, "guarantee": report.get("guarantee")},
+        lambda: key_values([
+            ("model", model_path), ("report", report_path), ("guarantee", report.get("guarantee")),
+            ("ε (ledger)", epsilon.get("ledger")), ("δ", epsilon.get("delta")),
+        ]),
+    )
+
+
+# ---------------------------------------------------------------------- catalogues
+
+ALGORITHM_COLUMNS: list[Column[Algorithm]] = [
+    Column("NAME", lambda a: a.name),
+    Column("FAMILY", lambda a: a.family),
+    Column("HYPERPARAMETERS", lambda a: ", ".join(a.hyperparameters_schema.get("properties", {})), 50),
+    Column("PAPER", lambda a: a.paper, 50),
+]
+
+MODEL_COLUMNS: list[Column[ModelInfo]] = [
+    Column("NAME", lambda m: m.name),
+    Column("TASKS", lambda m: ", ".join(m.tasks)),
+    Column("PARAMETERS", lambda m: m.defaults, 50),
+    Column("SUMMARY", lambda m: m.summary, 60),
+]
+
+
+@cli.command("algorithms")
+@click.argument("name", required=False)
+@json_flag
+def algorithms(name: str | None) -> None:
+    """The algorithm catalogue, or one algorithm's hyperparameters and defaults."""
+    client = _state().client()
+    if name is None:
+        found = client.algorithms()
+        emit(found, lambda: table(found, ALGORITHM_COLUMNS))
+        return
+    entry = client.get_algorithm(name)
+    properties = entry.hyperparameters_schema.get("properties", {})
+    emit(entry, lambda: key_values(
+        [("name", entry.name), ("family", entry.family), ("paper", entry.paper), ("summary", entry.summary)]
+        + [(f"  {k}", f"{entry.defaults.get(k)!r}  {v.get('description', '')}".rstrip()) for k, v in properties.items()]
+    ))
+
+
+@cli.command("models")
+@json_flag
+def models() -> None:
+    """The model catalogue, with each model's parameters and defaults."""
+    found = _state().client().models()
+    emit(found, lambda: table(found, MODEL_COLUMNS))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="privtrain")
+
+
+if __name__ == "__main__":
+    main()

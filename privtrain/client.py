@@ -1,0 +1,431 @@
+"""The privtrain HTTP client: one typed method per endpoint of the v1 API.
+
+Imports only the standard library and httpx, so it runs where torch is not installed. Errors are
+raised as :mod:`privtrain.errors` exceptions carrying the RFC 9457 problem; transient failures
+are retried as :mod:`privtrain.retry` allows; list endpoints are followed page by page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from privtrain import __version__
+from privtrain.errors import IntegrityError, TransportError, WaitTimeout, error_for
+from privtrain.events import ProgressSource, poll_progress
+from privtrain.progress import ProgressBar
+from privtrain.resources import (
+    Algorithm,
+    BudgetStatus,
+    Dataset,
+    Estimate,
+    Job,
+    JobEvent,
+    LedgerEntry,
+    ModelInfo,
+    Resource,
+)
+from privtrain.retry import RetryNotice, RetryPolicy
+from privtrain.sse import events_from_stream
+
+R = TypeVar("R")
+T = TypeVar("T", bound=Resource)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+UPLOAD_CHUNK_BYTES = 1 << 16
+EVENTS_PAGE = 500
+FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz"}
+
+
+def _json(response: httpx.Response) -> Any:
+    response.read()
+    return response.json()
+
+
+def _error_body(response: httpx.Response) -> Any:
+    response.read()
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(UPLOAD_CHUNK_BYTES):
+            yield chunk
+
+
+class Client:
+    """A privtrain API client.
+
+    ``transport`` is handed to httpx (tests pass an in-process app; proxies or mocks work too).
+    ``sleep`` is what the client waits with between retries and polls; ``on_retry`` hears of
+    each retry before its wait (the CLI prints it).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        transport: httpx.BaseTransport | None = None,
+        backoff_base: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+        on_retry: Callable[[RetryNotice], None] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.on_retry = on_retry
+        self.retry = RetryPolicy(max_retries=max_retries, backoff_base=backoff_base)
+        self.sleep = sleep
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=transport,
+            headers={
+                "Authorization": f"Bearer {api_key}",
+                "User-Agent": f"privtrain-client/{__version__}",
+                "Accept": "application/json",
+            },
+        )
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        transport: httpx.BaseTransport | None = None,
+    ) -> Client:
+        """``PRIVTRAIN_URL`` (default: the embedded server's address) and ``PRIVTRAIN_API_KEY``."""
+        key = os.environ.get("PRIVTRAIN_API_KEY")
+        if not key:
+            raise ValueError("PRIVTRAIN_API_KEY is not set")
+        return cls(
+            os.environ.get("PRIVTRAIN_URL", DEFAULT_URL), key,
+            timeout=timeout, max_retries=max_retries, transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        replay_safe: bool,
+        consume: Callable[[httpx.Response], R] = _json,  # type: ignore[assignment]
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,  # noqa: A002 - httpx's name
+        content: Callable[[], bytes | Iterator[bytes]] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> R:
+        """Send with retries; ``consume`` reads a successful (streamed) response inside the loop,
+        so a connection lost mid-download is retried like one lost before the headers."""
+        attempt = 0
+        while True:
+            request = self._http.build_request(
+                method, path, params=params, json=json,
+                content=content() if content is not None else None, headers=headers,
+            )
+            try:
+                response = self._http.send(request, stream=True)
+                try:
+                    if response.status_code < 400:
+                        return consume(response)
+                    body = _error_body(response)
+                finally:
+                    response.close()
+            except httpx.TransportError as exc:
+                if attempt >= self.retry.max_retries or not self.retry.should_retry_error(
+                    exc, replay_safe=replay_safe
+                ):
+                    raise TransportError(
+                        title="Connection failed",
+                        detail=f"{type(exc).__name__} on {method} {self.base_url}{path}: {exc}",
+                    ) from exc
+                delay = self.retry.backoff(attempt)
+                reason = type(exc).__name__
+            else:
+                retryable = attempt < self.retry.max_retries and self.retry.should_retry_status(
+                    response.status_code, replay_safe=replay_safe
+                )
+                wait = self.retry.delay(attempt, response) if retryable else None
+                if wait is None:
+                    raise error_for(response.status_code, body)
+                delay, reason = wait, f"HTTP {response.status_code}"
+            attempt += 1
+            if self.on_retry is not None:
+                self.on_retry(RetryNotice(method=method, path=path, attempt=attempt, delay=delay, reason=reason))
+            self.sleep(delay)
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:  # noqa: ANN401 - JSON
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        return self._call("GET", path, replay_safe=True, params=clean or None)
+
+    def _pages(self, path: str, parse: Callable[[Mapping[str, Any]], T], params: Mapping[str, Any]) -> Iterator[T]:
+        """Follow ``next_cursor`` until the last page."""
+        query = {k: v for k, v in params.items() if v is not None}
+        while True:
+            page = self._get(path, query)
+            yield from (parse(item) for item in page["items"])
+            if not page.get("next_cursor"):
+                return
+            query["cursor"] = page["next_cursor"]
+
+    # ------------------------------------------------------------------ datasets
+
+    def upload_dataset(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        name: str | None = None,
+        epsilon: float,
+        delta: float,
+        format: str | None = None,  # noqa: A002 - the API's parameter name
+        label_column: str | None = "label",
+        task: str | None = None,
+    ) -> Dataset:
+        """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G).
+
+        ``format`` and ``name`` default to the file's suffix and name when ``source`` is a path.
+        """
+        if isinstance(source, bytes):
+            data = source
+            content: Callable[[], bytes | Iterator[bytes]] = lambda: data  # noqa: E731
+            headers: dict[str, str] = {}
+            inferred_format, inferred_name = None, None
+        else:
+            path = Path(source)
+            size = path.stat().st_size
+            content = lambda: _file_chunks(path)  # noqa: E731
+            headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
+            inferred_format, inferred_name = FORMAT_BY_SUFFIX.get(path.suffix.lower()), path.stem
+        fmt = format or inferred_format
+        if fmt is None:
+            raise ValueError("give format= ('csv' or 'npz'): it cannot be inferred from bytes or this suffix")
+        if (name or inferred_name) is None:
+            raise ValueError("give name= for an upload from bytes")
+        params = {
+            "name": name or inferred_name, "format": fmt, "epsilon": epsilon, "delta": delta,
+            "label_column": label_column if fmt == "csv" else None, "task": task,
+        }
+        return Dataset.from_api(
+            self._call(
+                "POST", "/v1/datasets", replay_safe=False, content=content, headers=headers,
+                params={k: v for k, v in params.items() if v is not None},
+            )
+        )
+
+    def iter_datasets(self, *, page_size: int = 50) -> Iterator[Dataset]:
+        return self._pages("/v1/datasets", Dataset.from_api, {"limit": page_size})
+
+    def list_datasets(self, *, page_size: int = 50) -> list[Dataset]:
+        """All of the tenant's datasets, newest first (every page)."""
+        return list(self.iter_datasets(page_size=page_size))
+
+    def get_dataset(self, dataset_id: str) -> Dataset:
+        return Dataset.from_api(self._get(f"/v1/datasets/{_segment(dataset_id)}"))
+
+    def budget(self, dataset_id: str) -> BudgetStatus:
+        return BudgetStatus.from_api(self._get(f"/v1/datasets/{_segment(dataset_id)}/budget"))
+
+    def raise_budget(
+        self, dataset_id: str, *, epsilon: float, delta: float | None = None, reason: str = ""
+    ) -> BudgetStatus:
+        """Raise the dataset's ε (and optionally δ); the server allows only increases."""
+        body: dict[str, Any] = {"epsilon": epsilon, "reason": reason}
+        if delta is not None:
+            body["delta"] = delta
+        return BudgetStatus.from_api(
+            self._call("POST", f"/v1/datasets/{_segment(dataset_id)}/budget", replay_safe=False, json=body)
+        )
+
+    def iter_ledger(self, dataset_id: str, *, page_size: int = 100) -> Iterator[LedgerEntry]:
+        return self._pages(
+            f"/v1/datasets/{_segment(dataset_id)}/ledger", LedgerEntry.from_api, {"limit": page_size}
+        )
+
+    def ledger(self, dataset_id: str, *, page_size: int = 100) -> list[LedgerEntry]:
+        """The dataset's whole append-only ledger, oldest entry first."""
+        return list(self.iter_ledger(dataset_id, page_size=page_size))
+
+    # ------------------------------------------------------------------ catalogues
+
+    def algorithms(self) -> list[Algorithm]:
+        return [Algorithm.from_api(a) for a in self._get("/v1/algorithms")["items"]]
+
+    def get_algorithm(self, name: str) -> Algorithm:
+        return Algorithm.from_api(self._get(f"/v1/algorithms/{_segment(name)}"))
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo.from_api(m) for m in self._get("/v1/models")["items"]]
+
+    # ------------------------------------------------------------------ jobs
+
+    def estimate(self, spec: Mapping[str, Any]) -> Estimate:
+        """Dry run: stores nothing, so it is retried like a read."""
+        return Estimate.from_api(self._call("POST", "/v1/jobs/estimate", replay_safe=True, json=dict(spec)))
+
+    def submit(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
+        """Admit a job. One Idempotency-Key per call, reused by every retry, so a retried
+        submission is replayed by the server instead of reserving budget twice. Pass your own
+        key to make a resubmission after a crash safe as well."""
+        key = idempotency_key or uuid.uuid4().hex
+        return Job.from_api(
+            self._call(
+                "POST", "/v1/jobs", replay_safe=True, json=dict(spec), headers={"Idempotency-Key": key}
+            )
+        )
+
+    def iter_jobs(
+        self, *, dataset_id: str | None = None, status: str | None = None, page_size: int = 50
+    ) -> Iterator[Job]:
+        return self._pages(
+            "/v1/jobs", Job.from_api, {"dataset_id": dataset_id, "status": status, "limit": page_size}
+        )
+
+    def list_jobs(
+        self, *, dataset_id: str | None = None, status: str | None = None, page_size: int = 50
+    ) -> list[Job]:
+        """All matching jobs, newest first (every page)."""
+        return list(self.iter_jobs(dataset_id=dataset_id, status=status, page_size=page_size))
+
+    def get_job(self, job_id: str) -> Job:
+        return Job.from_api(self._get(f"/v1/jobs/{_segment(job_id)}"))
+
+    def cancel(self, job_id: str) -> Job:
+        return Job.from_api(self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel", replay_safe=False))
+
+    def events(self, job_id: str, *, after: int = 0, page_size: int = EVENTS_PAGE) -> list[JobEvent]:
+        """The job's events with ``seq`` > ``after``, oldest first (every page)."""
+        found: list[JobEvent] = []
+        while True:
+            page = self._get(f"/v1/jobs/{_segment(job_id)}/events", {"after": after, "limit": page_size})
+            found.extend(JobEvent.from_api(e) for e in page)
+            if len(page) < page_size:
+                return found
+            after = found[-1].seq
+
+    def stream_events(self, job_id: str, *, after: int = 0) -> Iterator[JobEvent]:
+        """The job's events after ``after`` as Server-Sent Events, as they happen, until the
+        server ends the stream (the job is terminal, or the stream reached its maximum life).
+
+        A connection lost mid-stream ends the iteration like a server close: resume with
+        ``after`` = the last ``seq`` seen (:func:`privtrain.sse.sse_progress` does).
+        """
+        path = f"/v1/jobs/{_segment(job_id)}/events"
+        request = self._http.build_request(
+            "GET", path, params={"after": after},
+            headers={"Accept": "text/event-stream", "Last-Event-ID": str(after)},
+            # between events the server sends keep-alives (every 15 s by default): a longer
+            # silence means a dead connection, which ends the stream so the caller resumes
+            timeout=httpx.Timeout(self._http.timeout.connect, read=max(self._http.timeout.read or 0.0, 120.0)),
+        )
+        try:
+            response = self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise TransportError(title="Connection failed", detail=f"{type(exc).__name__} on GET {path}: {exc}") from exc
+        try:
+            if response.status_code >= 400:
+                raise error_for(response.status_code, _error_body(response))
+            yield from events_from_stream(response.iter_lines())
+        except httpx.TransportError:
+            return
+        finally:
+            response.close()
+
+    def report(self, job_id: str) -> dict[str, Any]:
+        """The privacy report of a succeeded job (JSON)."""
+        return dict(self._get(f"/v1/jobs/{_segment(job_id)}/report"))
+
+    def download_model(self, job_id: str, path: str | os.PathLike[str]) -> Path:
+        """Stream the safetensors file to ``path`` (a directory gets ``<job id>.safetensors``).
+
+        Written to a temporary file, checked against the server's X-Content-SHA256, then renamed:
+        a failed or corrupted download never leaves a partial model at ``path``.
+        """
+        target = Path(path)
+        if target.is_dir():
+            target = target / f"{job_id}.safetensors"
+        partial = target.with_name(target.name + ".part")
+
+        def write(response: httpx.Response) -> Path:
+            digest = hashlib.sha256()
+            with partial.open("wb") as handle:
+                for chunk in response.iter_bytes():
+                    digest.update(chunk)
+                    handle.write(chunk)
+            expected = response.headers.get("x-content-sha256")
+            if expected and expected != digest.hexdigest():
+                partial.unlink(missing_ok=True)
+                raise IntegrityError(
+                    title="Corrupted download",
+                    detail=f"model sha256 {digest.hexdigest()} != announced {expected}",
+                )
+            partial.replace(target)
+            return target
+
+        try:
+            return self._call("GET", f"/v1/jobs/{_segment(job_id)}/model", replay_safe=True, consume=write)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 2.0,
+        progress: bool = True,
+        progress_source: ProgressSource = poll_progress,
+        stream: TextIO | None = None,
+    ) -> Job:
+        """Block until the job is succeeded, failed or cancelled and return it.
+
+        With ``progress`` a bar (steps done / planned, ε spent) is drawn on stderr. Raises
+        :class:`WaitTimeout` after ``timeout`` seconds; the job keeps running on the server.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = ProgressBar(stream) if progress else None
+        try:
+            for snapshot in progress_source(self, job_id, poll_interval=poll_interval):
+                if bar is not None:
+                    bar.update(snapshot)
+                if snapshot.job.is_terminal:
+                    return snapshot.job
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(
+                        title="Timed out",
+                        detail=f"job {job_id} is still {snapshot.job.status} after {timeout:g} s",
+                    )
+        finally:
+            if bar is not None:
+                bar.close()
+        raise WaitTimeout(title="Progress ended", detail=f"the progress source stopped before job {job_id} finished")
+
+
+def _segment(value: str) -> str:
+    """Ids become exactly one path segment: a '/' or '..' in an id must not address another route."""
+    if not value or value in {".", ".."}:
+        raise ValueError(f"invalid id {value!r}")
+    return quote(value, safe="")

@@ -1,0 +1,174 @@
+"""Typed views of the API's JSON objects.
+
+Each is a frozen dataclass built from the response with the fields a caller usually needs;
+``raw`` keeps the whole object, so fields the server adds later are never lost and the client
+does not break when they appear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound="Resource")
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def _time(value: Any) -> dt.datetime | None:  # noqa: ANN401 - a JSON value
+    """ISO 8601 → aware datetime. The server speaks UTC; a value without an offset (servers
+    before the RFC 3339 fix returned those on SQLite reads) is taken as UTC."""
+    if not isinstance(value, str):
+        return None
+    parsed = dt.datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+def _parsed(parse: Callable[[Any], Any]) -> Any:
+    """Field metadata: how to turn the JSON value into the field's type."""
+    return dataclasses.field(metadata={"parse": parse})
+
+
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    """Base: ``from_api`` copies the fields by name; missing optional members become None."""
+
+    raw: dict[str, Any] = dataclasses.field(repr=False, compare=False, kw_only=True)
+
+    @classmethod
+    def from_api(cls: type[T], data: Mapping[str, Any]) -> T:
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "raw":
+                continue
+            value = data.get(f.name)
+            parse = f.metadata.get("parse")
+            values[f.name] = parse(value) if parse is not None and value is not None else value
+        return cls(**values, raw=dict(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget(Resource):
+    epsilon: float
+    delta: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset(Resource):
+    id: str
+    name: str
+    format: str
+    sha256: str
+    size_bytes: int
+    n_rows: int
+    feature_shape: list[int]
+    n_features: int
+    task: str
+    n_classes: int | None
+    label_column: str | None
+    budget: Budget = _parsed(Budget.from_api)
+    created_at: dt.datetime | None = _parsed(_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetStatus(Resource):
+    """``GET /v1/datasets/{id}/budget``: what is spent, reserved and left (ε at the dataset's δ)."""
+
+    dataset_id: str
+    epsilon: float
+    delta: float
+    committed_epsilon: float
+    reserved_epsilon: float
+    spent_epsilon: float
+    remaining_epsilon: float
+    entries: int
+    last_hash: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry(Resource):
+    seq: int
+    kind: str
+    job_id: str | None
+    epsilon: float | None
+    actor: str
+    details: dict[str, Any]
+    hash: str
+    prev_hash: str
+    created_at: dt.datetime | None = _parsed(_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm(Resource):
+    name: str
+    family: str
+    paper: str
+    summary: str
+    hyperparameters_schema: dict[str, Any]
+    defaults: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo(Resource):
+    name: str
+    summary: str
+    tasks: list[str]
+    params_schema: dict[str, Any]
+    defaults: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate(Resource):
+    """The dry run: the noise, steps and ε a job would be charged, and whether it fits now."""
+
+    noise_multiplier: float
+    sampling_probability: float
+    steps: int
+    delta: float
+    epsilon_ledger: float
+    epsilon_prv: float | None
+    noise_std_on_sum: float
+    sensitivity: float
+    admissible: bool
+    budget_remaining_epsilon: float
+    largest_admissible_epsilon: float
+    evaluation_epsilon: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job(Resource):
+    id: str
+    dataset_id: str
+    status: str
+    algorithm: str
+    model: str
+    noise_multiplier: float
+    steps_planned: int
+    steps_run: int
+    delta: float
+    epsilon_ledger: float
+    epsilon_prv: float | None
+    attempt: int
+    cancel_requested: bool
+    error_code: str | None
+    metrics: dict[str, Any] | None
+    spec: dict[str, Any]
+    created_at: dt.datetime | None = _parsed(_time)
+    started_at: dt.datetime | None = _parsed(_time)
+    finished_at: dt.datetime | None = _parsed(_time)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEvent(Resource):
+    """A lifecycle or progress event; payloads carry only public or DP-released values."""
+
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: dt.datetime | None = _parsed(_time)

@@ -1,0 +1,150 @@
+"""Job specs: build one from keyword arguments, load one from a JSON/YAML file, override parts.
+
+The client validates nothing the server validates (the server is the single source of truth and
+answers 422 with the exact field); it only assembles the JSON document.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A pair of mutually exclusive keys: setting one removes the other.
+_EXCLUSIVE = {
+    "target_epsilon": "noise_multiplier",
+    "noise_multiplier": "target_epsilon",
+    "epochs": "steps",
+    "steps": "epochs",
+}
+
+
+class SpecFileError(ValueError):
+    """The spec file cannot be read or is not a mapping."""
+
+
+@dataclass(frozen=True)
+class SpecOverrides:
+    """Parts of a job spec given one by one (CLI flags); None means 'leave as is'."""
+
+    dataset_id: str | None = None
+    model: str | None = None
+    model_params: Mapping[str, Any] = field(default_factory=dict)
+    algorithm: str | None = None
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict)
+    target_epsilon: float | None = None
+    noise_multiplier: float | None = None
+    delta: float | None = None
+    epochs: float | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    learning_rate: float | None = None
+
+
+def _set(section: dict[str, Any], key: str, value: Any) -> None:  # noqa: ANN401 - JSON value
+    if value is None:
+        return
+    section[key] = value
+    other = _EXCLUSIVE.get(key)
+    if other is not None:
+        section.pop(other, None)
+
+
+def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict[str, Any]:
+    """A copy of ``base`` with every given override applied (flags win over the file)."""
+    spec: dict[str, Any] = copy.deepcopy(dict(base or {}))
+    _set(spec, "dataset_id", overrides.dataset_id)
+    model = spec.setdefault("model", {})
+    _set(model, "name", overrides.model)
+    model.setdefault("params", {}).update(overrides.model_params)
+    algorithm = spec.setdefault("algorithm", {})
+    _set(algorithm, "name", overrides.algorithm)
+    algorithm.setdefault("hyperparameters", {}).update(overrides.hyperparameters)
+    privacy = spec.setdefault("privacy", {})
+    for key in ("target_epsilon", "noise_multiplier", "delta"):
+        _set(privacy, key, getattr(overrides, key))
+    training = spec.setdefault("training", {})
+    for key in ("epochs", "steps", "batch_size", "learning_rate"):
+        _set(training, key, getattr(overrides, key))
+    return spec
+
+
+def build_job_spec(
+    *,
+    dataset_id: str,
+    model: str,
+    algorithm: str,
+    batch_size: int,
+    learning_rate: float,
+    epochs: float | None = None,
+    steps: int | None = None,
+    target_epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    delta: float | None = None,
+    hyperparameters: Mapping[str, Any] | None = None,
+    model_params: Mapping[str, Any] | None = None,
+    evaluation: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON job spec the API expects, from keyword arguments."""
+    spec = merge_spec(
+        None,
+        SpecOverrides(
+            dataset_id=dataset_id, model=model, model_params=dict(model_params or {}),
+            algorithm=algorithm, hyperparameters=dict(hyperparameters or {}),
+            target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta,
+            epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+        ),
+    )
+    if evaluation is not None:
+        spec["evaluation"] = dict(evaluation)
+    return spec
+
+
+def _parse_yaml(path: Path, text: str) -> Any:  # noqa: ANN401 - any YAML document
+    try:
+        import yaml  # only YAML spec files need PyYAML
+    except ImportError as exc:
+        raise SpecFileError(f"{path}: reading YAML needs PyYAML (pip install pyyaml); or use JSON") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecFileError(f"{path} is not valid YAML: {exc}") from exc
+
+
+def _parse_json(path: Path, text: str) -> Any:  # noqa: ANN401 - any JSON document
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SpecFileError(f"{path} is not valid JSON: {exc}") from exc
+
+
+_PARSERS = {".yaml": _parse_yaml, ".yml": _parse_yaml}
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a spec from JSON, or YAML (``.yaml``/``.yml``, safe loader, needs PyYAML)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecFileError(f"cannot read {path}: {exc.strerror}") from exc
+    loaded = _PARSERS.get(path.suffix.lower(), _parse_json)(path, text)
+    if not isinstance(loaded, dict):
+        raise SpecFileError(f"{path} must hold a mapping (the job spec), not {type(loaded).__name__}")
+    return loaded
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``key=value``; the value is read as JSON when it is JSON (numbers, true, lists), else kept
+    as a string (``optimizer=adam``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"expected key=value, got {text!r}")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
