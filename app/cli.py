@@ -91,6 +91,13 @@ def cmd_worker(_args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execv does not return
 
 
+SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
+def _exit_on_sigterm(_signum: int, _frame: object) -> None:
+    raise SystemExit(SIGTERM_EXIT)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Embedded mode: migrations, the bootstrap key, one worker process, then the API."""
     import uvicorn
@@ -116,9 +123,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             start_new_session=True,  # Ctrl-C reaches the API; we stop the worker ourselves
         )
     print(f"privtrain on http://{args.host}:{args.port}  ({key_note})", flush=True)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
+    # installed before it started. With the default handler that kills this process before the
+    # `finally` below can stop the worker; this handler turns it into an exception instead.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None)
+    except SystemExit as exc:
+        if exc.code != SIGTERM_EXIT:
+            raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:

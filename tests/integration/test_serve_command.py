@@ -1,4 +1,5 @@
-"""`privtrain-admin serve` (what `make run` starts): API + worker up, key printed, Ctrl-C stops both."""
+"""`privtrain-admin serve` (what `make run` starts): API + worker up, key printed, Ctrl-C or SIGTERM
+(a container stop) stops both."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _children(pid: int) -> list[int]:
     return [int(line) for line in result.stdout.split()]
 
 
-def test_serve_runs_api_and_worker_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_runs_api_and_worker_and_stops_on_a_signal(tmp_path: Path, stop_signal: int) -> None:
     port = _free_port()
     env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(tmp_path / "data"), "PYTHONUNBUFFERED": "1"}
     env.pop("PRIVTRAIN_DATABASE_URL", None)
@@ -56,7 +58,7 @@ def test_serve_runs_api_and_worker_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert response.status_code == 200
         workers = _children(process.pid)
         assert workers, "no worker process was started"
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop_signal)
         assert process.wait(timeout=60) == 0
         time.sleep(0.5)
         assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower() for pid in workers)
