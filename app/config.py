@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     job_time_limit_s: float = Field(
         default=24 * 3600.0, gt=0, description="a job running longer is stopped; its reservation is committed"
     )
+    redis_visibility_timeout_s: float = Field(
+        default=90_000.0, gt=0,
+        description="Redis redelivers an unacknowledged job message after this long; every job "
+        "time limit must stay below it, or a long job would be handed to a second worker",
+    )
     stale_after_s: float = Field(
         default=60.0, gt=0, description="a running job without a heartbeat for this long is lost"
     )
@@ -50,6 +55,14 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="re-send a queued job's message after this long"
     )
     reconcile_interval_s: float = Field(default=15.0, gt=0)
+    rate_limit_per_minute: float = Field(
+        default=1200.0, ge=0, le=1e7,
+        description="requests per minute per API key and API process (0: no limit)",
+    )
+    rate_limit_burst: int = Field(default=200, ge=1, le=1_000_000)
+    max_active_jobs_per_tenant: int = Field(
+        default=50, ge=1, le=1_000_000, description="queued + running jobs a tenant may have at once"
+    )
     sse_poll_interval_s: float = Field(
         default=0.5, gt=0, le=60, description="how often an event stream checks for new job events"
     )
@@ -64,6 +77,14 @@ class Settings(BaseSettings):
         default=True, description="run the reconciler loop inside the API process"
     )
     max_physical_batch_size: int = Field(default=256, gt=0)
+    ui_session_secret: SecretStr | None = Field(
+        default=None,
+        description="signs the dashboard's session cookies (at least 32 characters); required in "
+        "production; elsewhere a random key kept in the data dir is used",
+    )
+    ui_session_max_age_s: float = Field(
+        default=8 * 3600.0, gt=0, le=30 * 86_400, description="a dashboard login lasts this long"
+    )
     log_level: str = "INFO"
 
     @field_validator("bootstrap_api_key")
@@ -72,6 +93,23 @@ class Settings(BaseSettings):
         if value is not None and len(value) < 24:
             raise ValueError("PRIVTRAIN_BOOTSTRAP_API_KEY must be at least 24 characters")
         return value
+
+    @field_validator("ui_session_secret")
+    @classmethod
+    def _secret_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("PRIVTRAIN_UI_SESSION_SECRET must be at least 32 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _time_limit_below_visibility_timeout(self) -> "Settings":
+        if not self.uses_filesystem_broker and self.job_time_limit_s >= self.redis_visibility_timeout_s:
+            raise ValueError(
+                f"PRIVTRAIN_JOB_TIME_LIMIT_S ({self.job_time_limit_s:g}) must be below "
+                f"PRIVTRAIN_REDIS_VISIBILITY_TIMEOUT_S ({self.redis_visibility_timeout_s:g}) with a "
+                "Redis broker"
+            )
+        return self
 
     @property
     def resolved_database_url(self) -> str:
@@ -112,6 +150,8 @@ class Settings(BaseSettings):
             problems.append("PRIVTRAIN_DATABASE_URL must point to PostgreSQL in production")
         if self.uses_filesystem_broker:
             problems.append("PRIVTRAIN_BROKER_URL must point to Redis in production")
+        if self.ui_session_secret is None:
+            problems.append("PRIVTRAIN_UI_SESSION_SECRET must be set in production")
         if problems:
             raise UnsafeSettingsError("; ".join(problems))
 

@@ -12,6 +12,7 @@ from app.api import catalogue, datasets, health, jobs, ui
 from app.bootstrap import register_bootstrap_key
 from app.config import Settings, get_settings
 from app.problems import document_problems, install_problem_handlers
+from app.rate_limit import RateLimiter, RateLimitMiddleware
 from app.services import JobDispatcher, Services, build_services
 
 
@@ -54,6 +55,11 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.services = services
+    if settings.rate_limit_per_minute > 0:
+        app.add_middleware(
+            RateLimitMiddleware,
+            limiter=RateLimiter(per_minute=settings.rate_limit_per_minute, burst=settings.rate_limit_burst),
+        )
     install_problem_handlers(app)
     document_problems(app)
     for module in (datasets, jobs, catalogue, health, ui):

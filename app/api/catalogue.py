@@ -7,11 +7,12 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.algorithms import ALGORITHMS, UnknownAlgorithm, get_algorithm
+from app.api.routing import ReleasingRoute
 from app.api.deps import TenantDep
 from app.model_catalogue import MODELS
 from app.problems import not_found
 
-router = APIRouter(prefix="/v1", tags=["catalogue"])
+router = APIRouter(prefix="/v1", tags=["catalogue"], route_class=ReleasingRoute)
 
 
 @router.get("/algorithms")

@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import and_, or_, select
 
 from app import ledger
+from app.api.routing import ReleasingRoute
 from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant
 from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, parse_dataset
 from app.models import Dataset, LedgerEntry, PrivacyBudget
@@ -19,7 +20,7 @@ from app.problems import Problem
 from app.schemas.datasets import BudgetIncrease, BudgetView, DatasetList, DatasetOut, LedgerEntryOut, LedgerPage
 from app.storage import UploadTooLarge
 
-router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.datasets")
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-from sqlalchemy import select, update
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 from sqlalchemy.exc import IntegrityError
 
 from app import ledger, privacy
+from app.api.routing import ReleasingRoute
 from app.api.event_stream import EVENT_STREAM_MEDIA_TYPE, StreamTiming, job_event_stream, wants_event_stream
 from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant, job_of_tenant
 from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
@@ -20,10 +22,11 @@ from app.job_views import add_job_event, job_out
 from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
 from app.pagination import decode_cursor, encode_cursor
 from app.problems import Problem
+from app.reporting.responses import html_report_response
 from app.schemas.jobs import JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
 from app.services import Services
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.jobs")
 
 
@@ -32,7 +35,8 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     plan = plan_job(
-        spec, dataset, dataset_delta=budget.delta, max_steps=services.settings.max_steps
+        spec, dataset, dataset_delta=budget.delta, max_steps=services.settings.max_steps,
+        max_time_limit_s=services.settings.job_time_limit_s,
     )
     return plan, budget
 
@@ -80,6 +84,27 @@ def _replay(session: SessionDep, tenant: Tenant, key: str, rhash: str) -> Job | 
     return existing
 
 
+ACTIVE_STATUSES = ("queued", "running")
+
+
+def _check_active_job_cap(tx: Session, tenant_id: str, cap: int) -> None:
+    """429 if the tenant already has `cap` queued + running jobs; serialised per tenant (the
+    tenant row is locked), so concurrent submissions cannot overshoot the cap."""
+    tx.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    active = tx.scalar(
+        select(func.count()).select_from(Job)
+        .where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE_STATUSES))
+    ) or 0
+    if active >= cap:
+        raise Problem(
+            status=429, slug="too-many-active-jobs",
+            detail=f"this tenant already has {active} queued or running jobs (limit {cap}); "
+            "wait for some to finish or cancel one",
+            headers={"Retry-After": "30"},
+            extra={"active_jobs": active, "limit": cap},
+        )
+
+
 @router.post("", status_code=202, response_model=JobOut)
 def submit(
     spec: JobCreate,
@@ -100,6 +125,7 @@ def submit(
     try:
         with services.db.write_transaction() as tx:
             budget = ledger.lock_budget(tx, spec.dataset_id)
+            _check_active_job_cap(tx, tenant.id, services.settings.max_active_jobs_per_tenant)
             job = Job(
                 tenant_id=tenant.id,
                 dataset_id=spec.dataset_id,
@@ -302,9 +328,22 @@ def download_model(job_id: str, services: ServicesDep, session: SessionDep, tena
     )
 
 
-@router.get("/{job_id}/report")
-def download_report(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> JSONResponse:
+@router.get(
+    "/{job_id}/report",
+    responses={200: {"content": {"application/json": {}, "text/html": {
+        "schema": {"type": "string", "description": "format=html: the same report as one "
+                   "self-contained HTML page (inline CSS and SVG plots, no external assets)"}}}}},
+)
+def download_report(
+    job_id: str,
+    services: ServicesDep,
+    session: SessionDep,
+    tenant: TenantDep,
+    format: Annotated[Literal["json", "html"], Query(description="json (default) or html")] = "json",
+) -> Response:
     job = job_of_tenant(session, tenant, job_id)
     key = _artifact_ready(job, job.report_blob)
     report = json.loads(services.blobs.path(key).read_text())
+    if format == "html":
+        return html_report_response(session, job, report)
     return JSONResponse(report)

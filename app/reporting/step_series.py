@@ -1,0 +1,82 @@
+"""ε of a finished job's first k training steps, k = 1..T, re-derived through ``app.privacy``.
+
+Why re-derive instead of scaling counts in the event JSON: an algorithm's event need not be k
+copies of one step (``PrivacyPlan.event_for(σ, k)`` is the authority, privacy.md §3), so the
+plan is rebuilt from the stored spec and the dataset's public facts exactly as the worker does,
+and used only if it reproduces the event the report states. Otherwise no curve is drawn and the
+page says why — a plot that might disagree with the charged event is worse than none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from app import privacy
+from app.algorithms import get_algorithm
+from app.evaluation import plan_evaluation
+from app.job_planning import compose_job_event, facts_of
+from app.models import Dataset, Job
+from app.schemas.jobs import EvaluationSpec, TrainingSpec
+
+MAX_POINTS = 60
+
+
+@dataclass(frozen=True)
+class StepSeries:
+    """Ledger ε (RDP converted at δ/|A|) of the first k training steps, at sampled k."""
+
+    steps: tuple[int, ...]
+    epsilon: tuple[float, ...]
+    delta: float
+
+
+class SeriesUnavailable(Exception):
+    """The job's event could not be re-derived from its spec; the reason is shown to the reader."""
+
+
+def sampled_steps(total: int, *, max_points: int = MAX_POINTS) -> tuple[int, ...]:
+    """1..total when short, else about ``max_points`` evenly spaced k that include 1 and total."""
+    if total <= max_points:
+        return tuple(range(1, total + 1))
+    stride = total / (max_points - 1)
+    picked = {1, total} | {max(1, min(total, math.ceil(i * stride))) for i in range(1, max_points - 1)}
+    return tuple(sorted(picked))
+
+
+def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> StepSeries:
+    """The series for the report's job; raises :class:`SeriesUnavailable` with a reason."""
+    try:
+        facts = facts_of(dataset)
+        evaluation_spec = job.spec.get("evaluation")
+        evaluation = (
+            plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
+        )
+        algorithm = get_algorithm(job.algorithm)
+        hyper = algorithm.validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
+        training = TrainingSpec.model_validate(job.spec["training"])
+        plan = algorithm.plan(
+            hyper, training, facts,
+            training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
+        )
+    except Exception as exc:  # an algorithm removed or changed since the job ran
+        raise SeriesUnavailable(f"the job's plan could not be rebuilt ({type(exc).__name__})") from None
+    steps_run = int(report["mechanism"]["steps_run"])
+    rebuilt = compose_job_event(  # a succeeded job's event, as the worker commits it
+        plan, evaluation, noise_multiplier=job.noise_multiplier, steps=steps_run, evaluated=True
+    )
+    if privacy.event_to_json(rebuilt) != report["event"]:
+        raise SeriesUnavailable("the rebuilt event differs from the event in the report")
+    delta = float(report["epsilon"]["delta"])
+    ks = sampled_steps(max(steps_run, 1))
+    epsilons = tuple(
+        privacy.ledger_epsilon(
+            privacy.rdp_curve(
+                compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=k, evaluated=False)
+            ),
+            delta,
+        )
+        for k in ks
+    )
+    return StepSeries(steps=ks, epsilon=epsilons, delta=delta)
