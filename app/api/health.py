@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
-from sqlalchemy import func, select, text
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
 
 from app.api.deps import ServicesDep
-from app.models import JOB_STATUSES, Job
+from app.service_metrics import collect_metrics
 
 router = APIRouter(tags=["health"])
 
@@ -60,10 +60,6 @@ async def readyz(services: ServicesDep) -> JSONResponse:
                      "description": "Prometheus text exposition format"}},
 )
 def metrics(services: ServicesDep) -> Response:
-    registry = CollectorRegistry()
-    jobs = Gauge("privtrain_jobs", "Jobs by status", ["status"], registry=registry)
     with services.db.read_session() as session:
-        counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-    for status in JOB_STATUSES:
-        jobs.labels(status=status).set(counts.get(status, 0))
+        registry = collect_metrics(session)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -36,8 +36,8 @@ def test_queued_jobs_survive_a_redis_restart(postgres_url: str, redis_url: str, 
         jobs = [client.post("/v1/jobs", json=spec).json() for _ in range(2)]
         assert all(job["status"] == "queued" for job in jobs)
         assert broker.llen(settings.task_queue) >= 2  # the messages are in Redis ...
-        broker.flushdb()  # ... and a restart without persistence loses them
-        assert broker.llen(settings.task_queue) == 0
+        broker.flushdb()  # ... and a restart without persistence loses them (queue, bindings, all);
+        # the reconciler may already be re-sending: that is the recovery under test
 
         log_path = tmp_path / "worker.log"
         with running_worker(settings, log_path):

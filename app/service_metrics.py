@@ -1,0 +1,91 @@
+"""Prometheus metrics, computed from the database at scrape time.
+
+Why from the database and not in-process counters: jobs are created by API processes and run by
+workers in other processes (or machines); the database is the one place that sees all of them,
+so every API replica exports the same, complete numbers. Only public values are exported (job
+counts and timings, ε committed per dataset — the same figures a dataset's budget endpoint
+shows); /metrics is meant for an internal Prometheus, not the internet (dataset ids are labels).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Gauge
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app import ledger
+from app.models import JOB_STATUSES, Job, PrivacyBudget
+
+__all__ = ["RECENT_JOBS", "collect_metrics"]
+
+RECENT_JOBS = 1000
+"""Queue-wait and run-time quantiles are over the most recently started/finished jobs."""
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _seconds(pairs: Sequence[tuple[dt.datetime, dt.datetime]]) -> list[float]:
+    return [(_utc(end) - _utc(start)).total_seconds() for start, end in pairs]
+
+
+def collect_metrics(session: Session, *, now: dt.datetime | None = None) -> CollectorRegistry:
+    """A fresh registry with every gauge filled from the database."""
+    now = now or dt.datetime.now(dt.UTC)
+    registry = CollectorRegistry()
+
+    jobs = Gauge("privtrain_jobs", "Jobs by status", ["status"], registry=registry)
+    counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+    for status in JOB_STATUSES:
+        jobs.labels(status=status).set(counts.get(status, 0))
+
+    waits = _seconds(session.execute(
+        select(Job.created_at, Job.started_at).where(Job.started_at.is_not(None))
+        .order_by(Job.started_at.desc()).limit(RECENT_JOBS)
+    ).all())
+    runs = _seconds(session.execute(
+        select(Job.started_at, Job.finished_at)
+        .where(Job.started_at.is_not(None), Job.finished_at.is_not(None))
+        .order_by(Job.finished_at.desc()).limit(RECENT_JOBS)
+    ).all())
+    wait_gauge = Gauge("privtrain_job_queue_wait_seconds",
+                       f"Submission to start, over the last {RECENT_JOBS} started jobs",
+                       ["quantile"], registry=registry)
+    run_gauge = Gauge("privtrain_job_run_seconds",
+                      f"Start to finish, over the last {RECENT_JOBS} finished jobs",
+                      ["quantile"], registry=registry)
+    for q in QUANTILES:
+        wait_gauge.labels(quantile=str(q)).set(_quantile(waits, q))
+        run_gauge.labels(quantile=str(q)).set(_quantile(runs, q))
+
+    heartbeats = [
+        (now - _utc(beat)).total_seconds()
+        for (beat,) in session.execute(
+            select(Job.heartbeat_at).where(Job.status == "running", Job.heartbeat_at.is_not(None))
+        ).all()
+    ]
+    Gauge("privtrain_worker_heartbeat_age_max_seconds",
+          "Oldest heartbeat among running jobs (0 when none run)",
+          registry=registry).set(max(heartbeats, default=0.0))
+    Gauge("privtrain_running_jobs_with_heartbeat", "Running jobs that have reported a heartbeat",
+          registry=registry).set(len(heartbeats))
+
+    committed = Gauge("privtrain_epsilon_committed", "ε committed on a dataset's ledger (at its δ)",
+                      ["dataset_id"], registry=registry)
+    reserved = Gauge("privtrain_epsilon_reserved", "ε reserved by queued/running jobs",
+                     ["dataset_id"], registry=registry)
+    for budget in session.scalars(select(PrivacyBudget)):
+        summary = ledger.budget_summary(budget)
+        committed.labels(dataset_id=budget.dataset_id).set(summary["committed_epsilon"])
+        reserved.labels(dataset_id=budget.dataset_id).set(summary["reserved_epsilon"])
+    return registry
