@@ -26,7 +26,7 @@ from app.model_catalogue import ModelIncompatible, UnknownModel, get_model
 from app.models import Dataset, PrivacyBudget
 from app.privacy import PrivacyEvent
 from app.problems import Problem
-from app.schemas.jobs import JobCreate
+from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
 
 
 def compose_job_event(
@@ -201,3 +201,26 @@ def plan_job(
         epsilon_ledger=privacy.ledger_epsilon(curve, delta),
         epsilon_prv=privacy.prv_epsilon(event, delta),
     )
+
+
+def rebuild_plan(
+    stored_spec: dict[str, Any], algorithm_name: str, dataset: Dataset
+) -> tuple[PrivacyPlan, EvaluationPlan | None]:
+    """The plan of an admitted job, from its stored (normalised) spec and the dataset's facts.
+
+    The worker uses it to check that what it runs is what was charged; the HTML report to redraw
+    ε against steps. The stored spec already holds every default the planner filled in.
+    """
+    facts = facts_of(dataset)
+    evaluation_spec = stored_spec.get("evaluation")
+    evaluation = (
+        plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
+    )
+    algorithm = get_algorithm(algorithm_name)
+    hyperparameters = algorithm.validate_hyperparameters(stored_spec["algorithm"]["hyperparameters"])
+    training = TrainingSpec.model_validate(stored_spec["training"])
+    plan = algorithm.plan(
+        hyperparameters, training, facts,
+        training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
+    )
+    return plan, evaluation

@@ -29,14 +29,13 @@ from app import ledger, privacy
 from app.algorithms import PrivacyPlan, get_algorithm
 from app.config import Settings
 from app.db import Database
-from app.evaluation import EvaluationPlan, plan_evaluation
+from app.evaluation import EvaluationPlan
 from app.ingest import IngestLimits, parse_dataset
-from app.job_planning import compose_job_event, facts_of
+from app.job_planning import compose_job_event, facts_of, rebuild_plan
 from app.job_settlement import settle_failed_job
 from app.job_views import add_job_event
 from app.model_catalogue import get_model
 from app.models import Dataset, Job, PrivacyBudget, utcnow
-from app.schemas.jobs import EvaluationSpec, TrainingSpec
 from app.storage import BlobStore
 from worker import evaluation as dp_evaluation
 from worker.optimizers.dp_sgd import secure_generator
@@ -82,16 +81,7 @@ def _actor() -> str:
 
 def replan(job: Job, dataset: Dataset) -> tuple[PrivacyPlan, EvaluationPlan | None]:
     """Rebuild the plan from the stored spec; the worker refuses a job whose charge differs."""
-    facts = facts_of(dataset)
-    evaluation_spec = job.spec.get("evaluation")
-    evaluation = plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
-    algorithm = get_algorithm(job.algorithm)
-    hyper = algorithm.validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
-    training = TrainingSpec.model_validate(job.spec["training"])
-    plan = algorithm.plan(
-        hyper, training, facts,
-        training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
-    )
+    plan, evaluation = rebuild_plan(job.spec, job.algorithm, dataset)
     charged = privacy.event_to_json(
         compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=plan.steps, evaluated=True)
     )

@@ -14,11 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import privacy
-from app.algorithms import get_algorithm
-from app.evaluation import plan_evaluation
-from app.job_planning import compose_job_event, facts_of
+from app.job_planning import compose_job_event, rebuild_plan
 from app.models import Dataset, Job
-from app.schemas.jobs import EvaluationSpec, TrainingSpec
 
 MAX_POINTS = 60
 
@@ -48,18 +45,7 @@ def sampled_steps(total: int, *, max_points: int = MAX_POINTS) -> tuple[int, ...
 def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> StepSeries:
     """The series for the report's job; raises :class:`SeriesUnavailable` with a reason."""
     try:
-        facts = facts_of(dataset)
-        evaluation_spec = job.spec.get("evaluation")
-        evaluation = (
-            plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
-        )
-        algorithm = get_algorithm(job.algorithm)
-        hyper = algorithm.validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
-        training = TrainingSpec.model_validate(job.spec["training"])
-        plan = algorithm.plan(
-            hyper, training, facts,
-            training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
-        )
+        plan, evaluation = rebuild_plan(job.spec, job.algorithm, dataset)
     except Exception as exc:  # an algorithm removed or changed since the job ran
         raise SeriesUnavailable(f"the job's plan could not be rebuilt ({type(exc).__name__})") from None
     steps_run = int(report["mechanism"]["steps_run"])

@@ -9,14 +9,6 @@ from bench.audit_dc_dpsgd import audit_rows
 from worker.auditing import code_compat_noise_std, count_correct_guesses
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_code_compat_noise_is_table_n1() -> None:
     """B = 256, m = 25, c1 = 10·c2: ≈ 0.133·c1·σ on the sum, against σ·c1 (threshold) and
     1.9·c1·σ (rank) that the sound calibration adds."""

@@ -43,15 +43,6 @@ from worker.training.artifacts import load_training_state, save_training_state
 from worker.training.models import build_model
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """The tensors here are tiny: one thread is faster and immune to a busy shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _seeded(seed: int, device: str = "cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 

@@ -39,15 +39,6 @@ from worker.training.models import build_model
 MODES = ("bk", "retain", "recompute")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """These tests run hundreds of tiny kernels; on a busy 2-core box every OpenMP region can stall
-    for a scheduler slice (measured: 3 ms -> 800 ms per call). Results do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 # (id, model name, params, input_shape, n_outputs, loss)

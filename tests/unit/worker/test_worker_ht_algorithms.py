@@ -35,14 +35,6 @@ from worker.training.models import build_model
 ADVERSARIAL = [1e300, -1e300, 1e8, -1e8, 0.0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

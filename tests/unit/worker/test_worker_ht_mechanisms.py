@@ -19,15 +19,6 @@ from worker.optimizers.ht_mechanisms import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    """Tiny tensor ops: thread hand-offs cost more than they save on the shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _noise(seed: int = 0) -> GeneratorNoise:
     return GeneratorNoise(torch.Generator().manual_seed(seed))
 

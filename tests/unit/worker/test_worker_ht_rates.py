@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from bench.ht_data import excess_risk_linear, few_spike_l1, linear_problem, logistic_problem, sparse_l2
 from bench.ht_figures import fw_tau
@@ -22,14 +21,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("PRIVTRAIN_RUN_SLOW") != "1", reason="slow rate test: set PRIVTRAIN_RUN_SLOW=1"),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _alg3_error(n: int, eps: float, seed: int, *, s_star: int = 5) -> tuple[float, float]:

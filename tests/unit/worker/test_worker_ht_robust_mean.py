@@ -23,14 +23,6 @@ from worker.optimizers.ht_robust_mean import (
 SQRT2 = math.sqrt(2.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _t(values: object) -> torch.Tensor:
     return torch.as_tensor(values, dtype=torch.float64)
 

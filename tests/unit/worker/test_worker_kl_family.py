@@ -26,7 +26,7 @@ from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from worker.optimizers.kl_common import FullBatch, assign_flat
-from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, iter_per_sample_grads
+from worker.optimizers.per_sample import iter_per_sample_grads
 from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.artifacts import load_training_state, save_training_state
