@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import os
 from pathlib import Path
 
@@ -21,6 +23,16 @@ def alembic_config(database_url: str) -> Config:
     config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
     config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     return config
+
+
+@lru_cache(maxsize=1)
+def migration_head() -> str:
+    """The newest migration revision this code ships (read once from the scripts)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
 
 
 def migrate(settings: Settings) -> None:

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.api.deps import ServicesDep
+from app.bootstrap import migration_head
 from app.service_metrics import collect_metrics
 
 router = APIRouter(tags=["health"])
@@ -29,6 +30,14 @@ def _check_database(services: Any) -> None:
         session.execute(text("SELECT 1"))
 
 
+def _check_migrations(services: Any) -> None:
+    """The schema is at the head this code expects (an API on an old schema must not serve)."""
+    with services.db.read_session() as session:
+        current = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    if current != migration_head():
+        raise RuntimeError("the database schema is not at this version's migration head")
+
+
 def _check_broker(services: Any) -> None:
     ping = getattr(services.dispatcher, "ping", None)
     if ping is not None:
@@ -43,7 +52,8 @@ def _check_disk(services: Any) -> None:
 @router.get("/readyz")
 async def readyz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, str] = {}
-    for name, check in (("database", _check_database), ("broker", _check_broker), ("disk", _check_disk)):
+    for name, check in (("database", _check_database), ("migrations", _check_migrations),
+                        ("broker", _check_broker), ("disk", _check_disk)):
         try:
             await run_in_threadpool(check, services)
             checks[name] = "ok"

@@ -67,3 +67,22 @@ def test_heartbeat_age_is_the_oldest_running_jobs(
     assert registry.get_sample_value("privtrain_running_jobs_with_heartbeat") == 2
     wait = registry.get_sample_value("privtrain_job_queue_wait_seconds", {"quantile": "0.99"})
     assert wait is not None and not math.isnan(wait)
+
+
+def test_readyz_names_a_schema_behind_this_code(app_client: TestClient, database: Database) -> None:
+    from sqlalchemy import text
+
+    from app.bootstrap import migration_head
+
+    ready = app_client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["migrations"] == "ok"
+    with database.write_transaction() as tx:
+        tx.execute(text("UPDATE alembic_version SET version_num = '0001'"))
+    try:
+        behind = app_client.get("/readyz")
+        assert behind.status_code == 503
+        assert behind.json()["checks"]["migrations"].startswith("unavailable")
+        assert behind.json()["checks"]["database"] == "ok"
+    finally:
+        with database.write_transaction() as tx:
+            tx.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": migration_head()})

@@ -51,7 +51,8 @@ def test_job_runs_through_redis_and_postgres(distributed: tuple[TestClient, Path
     client, log_path = distributed
     X_train, _, y_train, _ = digits_split()
     dataset = upload(client, to_csv(X_train, y_train)).json()
-    assert client.get("/readyz").json()["checks"] == {"database": "ok", "broker": "ok", "disk": "ok"}
+    assert client.get("/readyz").json()["checks"] == {
+        "database": "ok", "migrations": "ok", "broker": "ok", "disk": "ok"}
     spec = dp_sgd_spec(dataset["id"], target_epsilon=3.0)
     spec["training"] = {"epochs": 2, "batch_size": 128, "learning_rate": 1.0}
     job = client.post("/v1/jobs", json=spec).json()
