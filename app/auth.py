@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
-from app.models import ApiKey, Tenant
+from app.models import ApiKey, Tenant, utcnow
 
 KEY_PREFIX = "pt_"
 DEFAULT_TENANT = "default"
@@ -55,3 +56,31 @@ def tenant_for_key(session: Session, key: str) -> Tenant | None:
     if not hmac.compare_digest(api_key.digest, digest):
         return None
     return session.get(Tenant, api_key.tenant_id)
+
+
+KEY_LOOKUPS: tuple[tuple[str, Callable[[str], ColumnElement[bool]]], ...] = (
+    ("id", lambda ref: ApiKey.id == ref),
+    ("key", lambda ref: ApiKey.digest == key_digest(ref)),
+    ("prefix", lambda ref: ApiKey.prefix == ref),
+)
+"""How an operator may name a key: its id (``key_…``), the key itself, or its 8-character
+prefix. Tried in this order; the first kind that matches anything decides."""
+
+
+def find_api_keys(session: Session, ref: str) -> list[ApiKey]:
+    """The keys ``ref`` names (more than one only for an ambiguous prefix)."""
+    for _kind, clause in KEY_LOOKUPS:
+        found = list(session.scalars(select(ApiKey).where(clause(ref)).order_by(ApiKey.created_at)))
+        if found:
+            return found
+    return []
+
+
+def revoke_api_key(session: Session, api_key: ApiKey) -> bool:
+    """Mark a key revoked (the row stays for the audit trail); False if it already was.
+    A revoked key authenticates nobody: it answers 401 exactly like an unknown key."""
+    if api_key.revoked_at is not None:
+        return False
+    api_key.revoked_at = utcnow()
+    session.flush()
+    return True

@@ -9,7 +9,14 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from app.auth import DEFAULT_TENANT, generate_api_key, get_or_create_tenant, register_api_key
+from app.auth import (
+    DEFAULT_TENANT,
+    find_api_keys,
+    generate_api_key,
+    get_or_create_tenant,
+    register_api_key,
+    revoke_api_key,
+)
 from app.bootstrap import ensure_embedded_key, migrate, register_bootstrap_key
 from app.config import get_settings
 from app.db import Database
@@ -43,6 +50,46 @@ def cmd_create_key(args: argparse.Namespace) -> int:
         tenant = get_or_create_tenant(session, args.tenant)
         register_api_key(session, tenant=tenant, key=key, label=args.label)
     print(key)
+    return 0
+
+
+def cmd_list_keys(args: argparse.Namespace) -> int:
+    """Key ids, prefixes and states (never the keys: only their digests are stored)."""
+    from sqlalchemy import select
+
+    from app.models import ApiKey, Tenant
+
+    db = Database(get_settings().resolved_database_url)
+    with db.read_session() as session:
+        query = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
+        if args.tenant:
+            query = query.where(Tenant.name == args.tenant)
+        rows = session.execute(query.order_by(ApiKey.created_at)).all()
+    db.dispose()
+    for key, tenant in rows:
+        state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
+        print(f"{key.id}  {key.prefix}…  tenant={tenant}  label={key.label!r}  {state}")
+    return 0
+
+
+def cmd_revoke_key(args: argparse.Namespace) -> int:
+    """Revoke one key, named by id, by the key itself or by its unique 8-character prefix."""
+    db = Database(get_settings().resolved_database_url)
+    try:
+        with db.write_transaction() as session:
+            keys = find_api_keys(session, args.key)
+            if not keys:
+                print("no such API key", file=sys.stderr)
+                return 1
+            if len(keys) > 1:
+                print(f"{len(keys)} keys share this prefix; name one by id (see list-keys)", file=sys.stderr)
+                return 2
+            key = keys[0]
+            revoked = revoke_api_key(session, key)
+            key_id = key.id
+    finally:
+        db.dispose()
+    print(f"revoked {key_id}" if revoked else f"{key_id} was already revoked")
     return 0
 
 
@@ -157,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--tenant", default=DEFAULT_TENANT)
     key.add_argument("--label", default="")
     key.set_defaults(func=cmd_create_key)
+    revoke = sub.add_parser(
+        "revoke-key", help="revoke an API key (it then answers 401 like an unknown key)"
+    )
+    revoke.add_argument("key", help="the key's id (key_…), the key itself, or its 8-character prefix")
+    revoke.set_defaults(func=cmd_revoke_key)
+    keys = sub.add_parser("list-keys", help="list API keys: id, prefix, tenant, label, state")
+    keys.add_argument("--tenant", default=None)
+    keys.set_defaults(func=cmd_list_keys)
     sub.add_parser("worker", help="run one Celery worker process").set_defaults(func=cmd_worker)
     verify = sub.add_parser("verify-ledger", help="audit the privacy ledger; exit 1 on any mismatch")
     verify.add_argument("--dataset", default=None, help="one dataset id (default: all)")

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     ui_session_max_age_s: float = Field(
         default=8 * 3600.0, gt=0, le=30 * 86_400, description="a dashboard login lasts this long"
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="if set, /metrics requires 'Authorization: Bearer <token>' and adds the "
+        "per-dataset ε gauges (labelled by dataset id); unset, /metrics is open and aggregate only",
+    )
     log_level: str = "INFO"
 
     @field_validator("bootstrap_api_key")

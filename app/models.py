@@ -18,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -83,6 +84,36 @@ class Dataset(Base):
     n_classes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     feature_names: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DatasetGrant(Base):
+    """An analyst tenant's access to another tenant's dataset.
+
+    Why rows are never deleted: a revoke sets ``revoked_at`` and keeps the row, so the grants
+    table is an audit trail of who could submit jobs against the dataset when. A re-grant after a
+    revoke adds a new row. At most one active (unrevoked) grant per dataset and grantee: a
+    partial unique index, so concurrent grants cannot create two.
+    """
+
+    __tablename__ = "dataset_grants"
+    __table_args__ = (
+        Index(
+            "uq_dataset_grants_active",
+            "dataset_id",
+            "grantee_tenant_id",
+            unique=True,
+            sqlite_where=text("revoked_at IS NULL"),
+            postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    grantee_tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    granted_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    granted_by: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_by: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
 
 
 class PrivacyBudget(Base):

@@ -4,7 +4,8 @@ Why from the database and not in-process counters: jobs are created by API proce
 workers in other processes (or machines); the database is the one place that sees all of them,
 so every API replica exports the same, complete numbers. Only public values are exported (job
 counts and timings, ε committed per dataset — the same figures a dataset's budget endpoint
-shows); /metrics is meant for an internal Prometheus, not the internet (dataset ids are labels).
+shows). Per-dataset gauges name every tenant's dataset ids, so they are exported only to a
+scraper holding PRIVTRAIN_METRICS_TOKEN; without it /metrics is aggregate only.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def _seconds(pairs: Sequence[tuple[dt.datetime, dt.datetime]]) -> list[float]:
     return [(_utc(end) - _utc(start)).total_seconds() for start, end in pairs]
 
 
-def collect_metrics(session: Session, *, now: dt.datetime | None = None) -> CollectorRegistry:
-    """A fresh registry with every gauge filled from the database."""
+def collect_metrics(
+    session: Session, *, per_dataset: bool, now: dt.datetime | None = None
+) -> CollectorRegistry:
+    """A fresh registry filled from the database. ``per_dataset`` adds ε gauges labelled by
+    dataset id: those name every tenant's datasets, so only an authenticated scraper gets them."""
     now = now or dt.datetime.now(dt.UTC)
     registry = CollectorRegistry()
 
@@ -80,6 +84,8 @@ def collect_metrics(session: Session, *, now: dt.datetime | None = None) -> Coll
     Gauge("privtrain_running_jobs_with_heartbeat", "Running jobs that have reported a heartbeat",
           registry=registry).set(len(heartbeats))
 
+    if not per_dataset:
+        return registry
     committed = Gauge("privtrain_epsilon_committed", "ε committed on a dataset's ledger (at its δ)",
                       ["dataset_id"], registry=registry)
     reserved = Gauge("privtrain_epsilon_reserved", "ε reserved by queued/running jobs",

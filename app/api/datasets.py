@@ -8,16 +8,29 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select
 
 from app import ledger
+from app.access import Role, dataset_access, dataset_for, visible_datasets
 from app.api.routing import ReleasingRoute
-from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant
+from app.api.deps import ServicesDep, SessionDep, TenantDep
+from app.grants import GrantView, grant_access, grants_of, revoke_access
 from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, parse_dataset
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from app.pagination import cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
-from app.schemas.datasets import BudgetIncrease, BudgetView, DatasetList, DatasetOut, LedgerEntryOut, LedgerPage
+from app.schemas.datasets import (
+    BudgetIncrease,
+    BudgetView,
+    DatasetList,
+    DatasetOut,
+    GrantCreate,
+    GrantList,
+    GrantOut,
+    LedgerEntryOut,
+    LedgerPage,
+)
 from app.storage import UploadTooLarge
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=ReleasingRoute)
@@ -34,7 +47,19 @@ def _check_name(name: str) -> str:
     return name
 
 
-def dataset_out(dataset: Dataset, budget: PrivacyBudget) -> DatasetOut:
+OWNER_LINKS = ("ledger", "grants")
+"""Links only the owner can follow; an analyst's view does not advertise them."""
+
+
+def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner") -> DatasetOut:
+    links = {
+        "self": f"/v1/datasets/{dataset.id}",
+        "budget": f"/v1/datasets/{dataset.id}/budget",
+        "ledger": f"/v1/datasets/{dataset.id}/ledger",
+        "grants": f"/v1/datasets/{dataset.id}/grants",
+    }
+    if role != "owner":
+        links = {name: href for name, href in links.items() if name not in OWNER_LINKS}
     return DatasetOut(
         id=dataset.id,
         name=dataset.name,
@@ -50,11 +75,8 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget) -> DatasetOut:
         feature_names=dataset.feature_names,
         budget={"epsilon": budget.epsilon, "delta": budget.delta},
         created_at=dataset.created_at,
-        links={
-            "self": f"/v1/datasets/{dataset.id}",
-            "budget": f"/v1/datasets/{dataset.id}/budget",
-            "ledger": f"/v1/datasets/{dataset.id}/ledger",
-        },
+        links=links,
+        role=role,
     )
 
 
@@ -152,7 +174,8 @@ def list_datasets(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
 ) -> DatasetList:
-    query = select(Dataset, PrivacyBudget).join(PrivacyBudget).where(Dataset.tenant_id == tenant.id)
+    """The datasets the caller owns or holds an unrevoked grant on, each with its ``role``."""
+    query = select(Dataset, PrivacyBudget).join(PrivacyBudget).where(visible_datasets(tenant))
     if cursor:
         created, last_id = decode_cursor(cursor, arity=2)
         created_at = cursor_time(created)
@@ -165,7 +188,9 @@ def list_datasets(
     rows = session.execute(
         query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)
     ).all()
-    items = [dataset_out(d, b) for d, b in rows[:limit]]
+    items = [
+        dataset_out(d, b, role="owner" if d.tenant_id == tenant.id else "analyst") for d, b in rows[:limit]
+    ]
     next_cursor = None
     if len(rows) > limit:
         last = rows[limit - 1][0]
@@ -175,15 +200,15 @@ def list_datasets(
 
 @router.get("/{dataset_id}", response_model=DatasetOut)
 def get_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> DatasetOut:
-    dataset = dataset_of_tenant(session, tenant, dataset_id)
-    budget = session.get(PrivacyBudget, dataset.id)
+    access = dataset_access(session, tenant, dataset_id, need="read")
+    budget = session.get(PrivacyBudget, access.dataset.id)
     assert budget is not None
-    return dataset_out(dataset, budget)
+    return dataset_out(access.dataset, budget, role=access.role)
 
 
 @router.get("/{dataset_id}/budget", response_model=BudgetView)
 def get_budget(dataset_id: str, session: SessionDep, tenant: TenantDep) -> BudgetView:
-    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    dataset = dataset_for(session, tenant, dataset_id, need="read")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     return BudgetView(**ledger.budget_summary(budget))
@@ -194,7 +219,7 @@ def raise_budget(
     dataset_id: str, body: BudgetIncrease, services: ServicesDep, session: SessionDep, tenant: TenantDep
 ) -> BudgetView:
     """Raise ε (and optionally δ): only the owner can, and only upwards (privacy.md §4)."""
-    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    dataset = dataset_for(session, tenant, dataset_id, need="own")
     session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
         budget = ledger.lock_budget(tx, dataset.id)
@@ -224,7 +249,8 @@ def get_ledger(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: str | None = None,
 ) -> LedgerPage:
-    dataset = dataset_of_tenant(session, tenant, dataset_id)
+    """The full ledger (every job's entries and actors): the owner's view only."""
+    dataset = dataset_for(session, tenant, dataset_id, need="own")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     after = int(decode_cursor(cursor, arity=1)[0]) if cursor else 0
@@ -257,3 +283,58 @@ def get_ledger(
     ]
     next_cursor = encode_cursor([entries[limit - 1].seq]) if len(entries) > limit else None
     return LedgerPage(items=items, next_cursor=next_cursor)
+
+
+def grant_out(view: GrantView) -> GrantOut:
+    grant = view.grant
+    return GrantOut(
+        dataset_id=grant.dataset_id,
+        tenant=view.tenant,
+        granted_at=grant.granted_at,
+        granted_by=view.granted_by,
+        revoked_at=grant.revoked_at,
+        revoked_by=view.revoked_by,
+        active=grant.revoked_at is None,
+    )
+
+
+@router.post(
+    "/{dataset_id}/grants",
+    status_code=201,
+    response_model=GrantOut,
+    responses={200: {"model": GrantOut, "description": "the tenant already holds an active grant"}},
+)
+def create_grant(
+    dataset_id: str, body: GrantCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep
+) -> GrantOut | JSONResponse:
+    """Owner only: give another tenant (by name) the analyst role on this dataset."""
+    dataset = dataset_for(session, tenant, dataset_id, need="own")
+    session.close()  # give the read connection back before taking a write one
+    with services.db.write_transaction() as tx:
+        view, created = grant_access(tx, dataset=dataset, grantee_name=body.tenant, owner=tenant)
+        out = grant_out(view)
+    log.info("access granted", extra={"dataset_id": dataset.id, "tenant_id": tenant.id})
+    if not created:
+        return JSONResponse(out.model_dump(mode="json"), status_code=200)
+    return out
+
+
+@router.get("/{dataset_id}/grants", response_model=GrantList)
+def list_grants(dataset_id: str, session: SessionDep, tenant: TenantDep) -> GrantList:
+    """Owner only: every grant of the dataset, revoked ones included (the audit trail)."""
+    dataset = dataset_for(session, tenant, dataset_id, need="own")
+    return GrantList(items=[grant_out(view) for view in grants_of(session, dataset.id)])
+
+
+@router.delete("/{dataset_id}/grants/{grantee}", response_model=GrantOut)
+def revoke_grant(
+    dataset_id: str, grantee: str, services: ServicesDep, session: SessionDep, tenant: TenantDep
+) -> GrantOut:
+    """Owner only: revoke a tenant's active grant (the row stays, with ``revoked_at``). The
+    analyst loses the dataset at once; it keeps read access to the jobs it already submitted."""
+    dataset = dataset_for(session, tenant, dataset_id, need="own")
+    session.close()
+    with services.db.write_transaction() as tx:
+        out = grant_out(revoke_access(tx, dataset=dataset, grantee_name=grantee, owner=tenant))
+    log.info("access revoked", extra={"dataset_id": dataset.id, "tenant_id": tenant.id})
+    return out

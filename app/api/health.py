@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -12,6 +13,7 @@ from sqlalchemy import text
 
 from app.api.deps import ServicesDep
 from app.bootstrap import migration_head
+from app.problems import Problem
 from app.service_metrics import collect_metrics
 
 router = APIRouter(tags=["health"])
@@ -69,7 +71,15 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                      "description": "Prometheus text exposition format"}},
 )
-def metrics(services: ServicesDep) -> Response:
+def metrics(services: ServicesDep, request: Request) -> Response:
+    token = services.settings.metrics_token
+    if token is not None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), token.get_secret_value().encode()
+        ):
+            raise Problem(status=401, slug="unauthorized", detail="/metrics needs the metrics token",
+                          headers={"WWW-Authenticate": "Bearer"})
     with services.db.read_session() as session:
-        registry = collect_metrics(session)
+        registry = collect_metrics(session, per_dataset=token is not None)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -15,7 +15,8 @@ from sqlalchemy.exc import IntegrityError
 from app import ledger, privacy
 from app.api.routing import ReleasingRoute
 from app.api.event_stream import EVENT_STREAM_MEDIA_TYPE, StreamTiming, job_event_stream, wants_event_stream
-from app.api.deps import ServicesDep, SessionDep, TenantDep, dataset_of_tenant, job_of_tenant
+from app.access import dataset_for, job_for, visible_jobs
+from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
 from app.job_settlement import mark_dispatched
 from app.job_views import add_job_event, job_out
@@ -31,7 +32,7 @@ log = logging.getLogger("privtrain.api.jobs")
 
 
 def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCreate) -> tuple[JobPlan, PrivacyBudget]:
-    dataset = dataset_of_tenant(session, tenant, spec.dataset_id)
+    dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     plan = plan_job(
@@ -125,6 +126,9 @@ def submit(
     try:
         with services.db.write_transaction() as tx:
             budget = ledger.lock_budget(tx, spec.dataset_id)
+            # Access again under the budget lock, which grants and revokes also take: a revoke
+            # that committed while this request was planning wins (app/grants.py).
+            dataset_for(tx, tenant, spec.dataset_id, need="submit")
             _check_active_job_cap(tx, tenant.id, services.settings.max_active_jobs_per_tenant)
             job = Job(
                 tenant_id=tenant.id,
@@ -195,15 +199,16 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
 ) -> JobList:
-    query = select(Job).where(Job.tenant_id == tenant.id)
+    """The caller's own jobs and, on datasets it owns, every analyst's jobs too."""
+    query = select(Job).where(visible_jobs(tenant))
     if dataset_id:
         query = query.where(Job.dataset_id == dataset_id)
     if status:
         query = query.where(Job.status == status)
     if cursor:
         (last_id,) = decode_cursor(cursor, arity=1)
-        last = session.get(Job, str(last_id))
-        if last is None or last.tenant_id != tenant.id:
+        last = session.scalar(select(Job).where(Job.id == str(last_id), visible_jobs(tenant)))
+        if last is None:
             raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor")
         query = query.where(
             (Job.created_at < last.created_at)
@@ -216,13 +221,13 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobOut)
 def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
-    return job_out(job_of_tenant(session, tenant, job_id))
+    return job_out(job_for(session, tenant, job_id, need="read"))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
 def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> JobOut:
     """Cancel: a queued job is released at once; a running one stops at its next check."""
-    job = job_of_tenant(session, tenant, job_id)
+    job = job_for(session, tenant, job_id, need="cancel")
     session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
         budget = ledger.lock_budget(tx, job.dataset_id)
@@ -275,7 +280,7 @@ def events(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> list[JobEventOut] | StreamingResponse:
     """The job's events in order: a JSON page, or (Accept: text/event-stream) a live SSE stream."""
-    job = job_of_tenant(session, tenant, job_id)
+    job = job_for(session, tenant, job_id, need="read")
     if wants_event_stream(accept):
         resume_after = max(after, _last_event_id(last_event_id))
         session.close()  # the stream polls with its own short sessions
@@ -318,7 +323,7 @@ def _artifact_ready(job: Job, blob: str | None) -> str:
 
 @router.get("/{job_id}/model", response_class=FileResponse)
 def download_model(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> FileResponse:
-    job = job_of_tenant(session, tenant, job_id)
+    job = job_for(session, tenant, job_id, need="read")
     key = _artifact_ready(job, job.model_blob)
     return FileResponse(
         services.blobs.path(key),
@@ -341,9 +346,9 @@ def download_report(
     tenant: TenantDep,
     format: Annotated[Literal["json", "html"], Query(description="json (default) or html")] = "json",
 ) -> Response:
-    job = job_of_tenant(session, tenant, job_id)
+    job = job_for(session, tenant, job_id, need="read")
     key = _artifact_ready(job, job.report_blob)
     report = json.loads(services.blobs.path(key).read_text())
     if format == "html":
-        return html_report_response(session, job, report)
+        return html_report_response(session, job, report, viewer_tenant_id=tenant.id)
     return JSONResponse(report)

@@ -35,8 +35,14 @@ def render_report_html(
     steps: StepSeries | None,
     steps_unavailable: str | None = None,
     dashboard_links: bool = False,
+    full_ledger: bool = True,
 ) -> str:
-    """The page. ``history`` is the dataset's ledger up to the report's "after" snapshot."""
+    """The page. ``history`` is the dataset's ledger up to the report's "after" snapshot.
+
+    ``full_ledger`` False (the viewer is an analyst, not the dataset's owner): other tenants'
+    jobs must not show, so the ledger table keeps only this job's entries and the budget's own
+    (opening, raises), and the timeline plot — whose steps are other jobs' spends — is left out.
+    """
     epsilon = report["epsilon"]
     mechanism = report["mechanism"]
     ledger_section = report["ledger"]
@@ -52,7 +58,7 @@ def render_report_html(
     ))
     commit_index = _commit_index(history, int(ledger_section["commit_entry_seq"]))
     ledger_svg = None
-    if history:
+    if history and full_ledger:
         ledger_svg = Markup(plots.ledger_timeline_svg(
             times=[p.created_at for p in history],
             committed=[p.committed_epsilon for p in history],
@@ -76,7 +82,12 @@ def render_report_html(
         rdp_svg=rdp_svg,
         rdp_rows=list(zip(report["rdp_curve"]["orders"], report["rdp_curve"]["values"], strict=True)),
         ledger_svg=ledger_svg,
-        history=history,
+        history=history if full_ledger else [
+            p for p in history if p.job_id is None or p.job_id == report["job_id"]
+        ],
+        hidden_entries=0 if full_ledger else sum(
+            1 for p in history if p.job_id is not None and p.job_id != report["job_id"]
+        ),
         commit_verified=commit_verified,
         dashboard_links=dashboard_links,
     )

@@ -23,18 +23,23 @@ from app.reporting.html_report import render_report_html
 from app.reporting.ledger_history import ledger_history, opening_budget
 from app.reporting.step_series import SeriesUnavailable, StepSeries, epsilon_by_steps
 
-_CACHE: OrderedDict[tuple[str, str, str, bool], str] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, str, str, bool, bool], str] = OrderedDict()
 _CACHE_SIZE = 32
 _CACHE_LOCK = threading.Lock()
 
 
-def report_html_for_job(session: Session, job: Job, report: dict[str, Any], *, dashboard_links: bool = False) -> str:
-    """The HTML page of a succeeded job's report (the caller checked tenant and status)."""
+def report_html_for_job(
+    session: Session, job: Job, report: dict[str, Any], *, viewer_tenant_id: str,
+    dashboard_links: bool = False,
+) -> str:
+    """The HTML page of a succeeded job's report (the caller checked access and status); the
+    dataset's whole ledger shows only when the viewer owns the dataset."""
     dataset = session.get(Dataset, job.dataset_id)
     budget = session.get(PrivacyBudget, job.dataset_id)
     assert dataset is not None and budget is not None
+    full_ledger = dataset.tenant_id == viewer_tenant_id
     content = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
-    key = (job.id, content, budget.last_hash, dashboard_links)
+    key = (job.id, content, budget.last_hash, dashboard_links, full_ledger)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
@@ -54,7 +59,8 @@ def report_html_for_job(session: Session, job: Job, report: dict[str, Any], *, d
     except SeriesUnavailable as exc:
         unavailable = str(exc)
     html = render_report_html(
-        report, history=history, steps=steps, steps_unavailable=unavailable, dashboard_links=dashboard_links
+        report, history=history, steps=steps, steps_unavailable=unavailable,
+        dashboard_links=dashboard_links, full_ledger=full_ledger,
     )
     with _CACHE_LOCK:
         _CACHE[key] = html

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +40,10 @@ class DatasetOut(BaseModel):
     budget: BudgetOut
     created_at: UtcDateTime
     links: dict[str, str]
+    role: Literal["owner", "analyst"] = Field(
+        default="owner",
+        description="the caller's role: owner (uploaded it) or analyst (granted access by the owner)",
+    )
 
 
 class DatasetList(BaseModel):
@@ -88,3 +92,27 @@ class LedgerEntryOut(BaseModel):
 class LedgerPage(BaseModel):
     items: list[LedgerEntryOut]
     next_cursor: str | None
+
+
+class GrantCreate(BaseModel):
+    """The owner grants another tenant (by name) the analyst role on the dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(min_length=1, max_length=200, description="the analyst tenant's name")
+
+
+class GrantOut(BaseModel):
+    """One grant; revoked grants stay listed (audit trail) with ``revoked_at`` set."""
+
+    dataset_id: str
+    tenant: str = Field(description="the grantee tenant's name")
+    granted_at: UtcDateTime
+    granted_by: str = Field(description="the name of the tenant that granted access")
+    revoked_at: UtcDateTime | None
+    revoked_by: str | None
+    active: bool
+
+
+class GrantList(BaseModel):
+    items: list[GrantOut]

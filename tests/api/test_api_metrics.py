@@ -9,6 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from pydantic import SecretStr
+
 from app.config import Settings
 from app.db import Database
 from app.models import Job
@@ -27,6 +29,9 @@ def _samples(text: str) -> dict[tuple[str, tuple], float]:
 def test_metrics_reflect_jobs_and_the_ledger(
     alice: TestClient, settings: Settings, database: Database, digits_csv: bytes
 ) -> None:
+    """Per-dataset gauges are exported only to the holder of the metrics token."""
+    settings.metrics_token = SecretStr("m" * 40)
+    operator = {"Authorization": "Bearer " + "m" * 40}
     dataset = upload(alice, digits_csv).json()
     spec = dp_sgd_spec(dataset["id"], target_epsilon=1.0)
     spec["training"] = {"steps": 5, "batch_size": 64, "learning_rate": 0.5}
@@ -34,7 +39,8 @@ def test_metrics_reflect_jobs_and_the_ledger(
     queued = alice.post("/v1/jobs", json=spec).json()
     assert JobRunner(settings, db=database).run(done["id"]) == "succeeded"
 
-    samples = _samples(alice.get("/metrics").text)
+    assert alice.get("/metrics").status_code == 401  # a tenant's API key is not the metrics token
+    samples = _samples(alice.get("/metrics", headers=operator).text)
     assert samples[("privtrain_jobs", (("status", "succeeded"),))] == 1
     assert samples[("privtrain_jobs", (("status", "queued"),))] == 1
     wait = samples[("privtrain_job_queue_wait_seconds", (("quantile", "0.5"),))]
@@ -46,7 +52,7 @@ def test_metrics_reflect_jobs_and_the_ledger(
     assert samples[("privtrain_epsilon_reserved", key)] == pytest.approx(budget["reserved_epsilon"])
     assert budget["committed_epsilon"] > 0 and budget["reserved_epsilon"] > 0
     assert samples[("privtrain_running_jobs_with_heartbeat", ())] == 0
-    assert queued["id"] not in alice.get("/metrics").text  # job ids are never labels
+    assert queued["id"] not in alice.get("/metrics", headers=operator).text  # job ids are never labels
 
 
 def test_heartbeat_age_is_the_oldest_running_jobs(
@@ -62,7 +68,7 @@ def test_heartbeat_age_is_the_oldest_running_jobs(
             job.status, job.started_at = "running", now - dt.timedelta(seconds=60)
             job.heartbeat_at = now - dt.timedelta(seconds=age)
     with database.session() as session:
-        registry = collect_metrics(session, now=now)
+        registry = collect_metrics(session, per_dataset=False, now=now)
     assert registry.get_sample_value("privtrain_worker_heartbeat_age_max_seconds") == pytest.approx(42.0)
     assert registry.get_sample_value("privtrain_running_jobs_with_heartbeat") == 2
     wait = registry.get_sample_value("privtrain_job_queue_wait_seconds", {"quantile": "0.99"})
@@ -86,3 +92,10 @@ def test_readyz_names_a_schema_behind_this_code(app_client: TestClient, database
     finally:
         with database.write_transaction() as tx:
             tx.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": migration_head()})
+
+
+def test_open_metrics_are_aggregate_only(alice: TestClient, digits_csv: bytes) -> None:
+    dataset = upload(alice, digits_csv).json()
+    text = alice.get("/metrics", headers={"Authorization": ""}).text
+    assert "privtrain_jobs" in text
+    assert dataset["id"] not in text and "privtrain_epsilon_committed" not in text

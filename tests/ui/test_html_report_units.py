@@ -62,7 +62,7 @@ def test_no_curve_is_drawn_when_the_event_cannot_be_rebuilt(ui_world: UiWorld, r
         with pytest.raises(SeriesUnavailable, match="differs"):
             epsilon_by_steps(job, dataset, tampered)
         tampered["ledger"]["commit_entry_hash"] = "0" * 64
-        page = parse(report_html_for_job(session, job, tampered))
+        page = parse(report_html_for_job(session, job, tampered, viewer_tenant_id=dataset.tenant_id))
     assert "differs from the event in the report" in text_of(page.by_id("epsilon-steps-unavailable"))
     assert "✗" in text_of(page.by_id("commit-verified")), "a hash the ledger does not hold is flagged"
     assert len(page.tags("svg")) == 2
@@ -82,7 +82,8 @@ def test_rendering_imports_neither_torch_nor_pyplot(ui_world: UiWorld, report_js
         db = Database({ui_world.settings.resolved_database_url!r})
         with db.read_session() as session:
             job = session.get(Job, {ui_world.job_id!r})
-            html = report_html_for_job(session, job, json.load(open({str(report_path)!r})))
+            html = report_html_for_job(session, job, json.load(open({str(report_path)!r})),
+                                       viewer_tenant_id=job.tenant_id)
         assert html.count("<svg") == 3
         import matplotlib
         assert matplotlib.get_backend().lower() == "agg", matplotlib.get_backend()
