@@ -68,6 +68,9 @@ class ApiKey(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_datasets_tenant_idempotency"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ds"))
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
@@ -83,6 +86,8 @@ class Dataset(Base):
     task: Mapped[str] = mapped_column(String(16))
     n_classes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     feature_names: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

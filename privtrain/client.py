@@ -204,10 +204,13 @@ class Client:
         format: str | None = None,  # noqa: A002 - the API's parameter name
         label_column: str | None = "label",
         task: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G).
 
         ``format`` and ``name`` default to the file's suffix and name when ``source`` is a path.
+        One Idempotency-Key per call, reused by every retry: a retried upload whose answer was
+        lost is answered with the dataset already registered, never a second one.
         """
         if isinstance(source, bytes):
             data = source
@@ -229,9 +232,10 @@ class Client:
             "name": name or inferred_name, "format": fmt, "epsilon": epsilon, "delta": delta,
             "label_column": label_column if fmt == "csv" else None, "task": task,
         }
+        headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(
             self._call(
-                "POST", "/v1/datasets", replay_safe=False, content=content, headers=headers,
+                "POST", "/v1/datasets", replay_safe=True, content=content, headers=headers,
                 params={k: v for k, v in params.items() if v is not None},
             )
         )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import unicodedata
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
 
 from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
@@ -17,9 +20,10 @@ from app.api.routing import ReleasingRoute
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.grants import GrantView, grant_access, grants_of, revoke_access
 from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, parse_dataset
-from app.models import Dataset, LedgerEntry, PrivacyBudget
+from app.models import Dataset, LedgerEntry, PrivacyBudget, Tenant
 from app.pagination import cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
+from app.services import Services
 from app.schemas.datasets import (
     BudgetIncrease,
     BudgetView,
@@ -80,6 +84,33 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
     )
 
 
+def _upload_hash(
+    *, sha256: str, name: str, fmt: str, epsilon: float, delta: float, label_column: str | None,
+    task: str | None,
+) -> str:
+    """What an upload asked for: its body's digest and every parameter."""
+    request = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon, "delta": delta,
+               "label_column": label_column, "task": task}
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def _replayed_upload(services: Services, tenant: Tenant, key: str, digest: str) -> JSONResponse | None:
+    """The dataset an earlier upload with this key registered (200), a 422 if the key was used
+    for a different upload, or None if the key is new."""
+    with services.db.read_session() as session:
+        dataset = session.scalar(
+            select(Dataset).where(Dataset.tenant_id == tenant.id, Dataset.idempotency_key == key)
+        )
+        if dataset is None:
+            return None
+        if dataset.request_hash != digest:
+            raise Problem(status=422, slug="idempotency-key-reused",
+                          detail="this Idempotency-Key was used with a different upload")
+        budget = session.get(PrivacyBudget, dataset.id)
+        assert budget is not None
+        return JSONResponse(dataset_out(dataset, budget).model_dump(mode="json"), status_code=200)
+
+
 @router.post("", status_code=201, response_model=DatasetOut)
 async def upload_dataset(
     request: Request,
@@ -91,8 +122,13 @@ async def upload_dataset(
     delta: Annotated[float, Query(gt=0, lt=1, allow_inf_nan=False)],
     label_column: Annotated[str | None, Query(max_length=200)] = None,
     task: Annotated[Literal["classification", "regression"] | None, Query()] = None,
-) -> DatasetOut:
-    """Stream the raw body to disk while hashing it, validate it, then register it with a budget."""
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> DatasetOut | JSONResponse:
+    """Stream the raw body to disk while hashing it, validate it, then register it with a budget.
+
+    With an Idempotency-Key, a retried upload (same key, same body and parameters) answers 200
+    with the dataset the first one registered: never a second dataset with its own budget.
+    """
     _check_name(name)
     settings = services.settings
     declared = request.headers.get("content-length")
@@ -114,6 +150,15 @@ async def upload_dataset(
                 detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
             ) from exc
         sha256 = pending.finish()
+        request_digest = _upload_hash(
+            sha256=sha256, name=name, fmt=format, epsilon=epsilon, delta=delta,
+            label_column=label_column, task=task,
+        )
+        if idempotency_key:
+            replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
+            if replay is not None:
+                pending.discard()
+                return replay
         limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features)
         try:
             parsed = await run_in_threadpool(
@@ -153,12 +198,21 @@ async def upload_dataset(
                 task=str(facts["task"]),
                 n_classes=facts["n_classes"],
                 feature_names=feature_names,
+                idempotency_key=idempotency_key,
+                request_hash=request_digest if idempotency_key else None,
             )
             session.add(dataset)
             session.flush()
             budget = ledger.open_budget(session, dataset=dataset, epsilon=epsilon, delta=delta)
             session.flush()
             out = dataset_out(dataset, budget)
+    except IntegrityError:
+        replay = _replayed_upload(services, tenant, idempotency_key, request_digest) if idempotency_key else None
+        if replay is None:
+            if created:
+                services.blobs.delete(key)
+            raise
+        return replay  # a concurrent retry with the same key registered it first (same blob)
     except BaseException:
         if created:
             services.blobs.delete(key)

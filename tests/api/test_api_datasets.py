@@ -152,3 +152,24 @@ def test_fresh_budget_view(alice: TestClient, digits_csv: bytes) -> None:
     assert budget["remaining_epsilon"] == pytest.approx(8.0, rel=1e-4)
     assert len(budget["per_order"]) >= 15
     assert alice.get(f"/v1/datasets/{dataset_id}/ledger").json()["items"] == []
+
+
+def test_upload_with_an_idempotency_key_registers_once(
+    alice: TestClient, database: Database, settings: Settings, digits_csv: bytes
+) -> None:
+    headers = {"Idempotency-Key": "upload-2026-11-21"}
+    first = alice.post("/v1/datasets", headers=headers, content=digits_csv, params={
+        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+    again = alice.post("/v1/datasets", headers=headers, content=digits_csv, params={
+        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    blobs_before = sorted(p.name for p in settings.blob_dir.rglob("*") if p.is_file())
+    other = alice.post("/v1/datasets", headers=headers, content=digits_csv, params={
+        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 4, "delta": 1e-5})
+    assert other.status_code == 422 and other.json()["type"] == "/problems/idempotency-key-reused"
+    with database.session() as session:
+        assert session.scalar(select(func.count()).select_from(Dataset)) == 1
+        assert session.scalar(select(func.count()).select_from(PrivacyBudget)) == 1
+    assert sorted(p.name for p in settings.blob_dir.rglob("*") if p.is_file()) == blobs_before
+    assert not [p for p in settings.tmp_dir.rglob("*") if p.is_file()]  # no temp file left behind

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from privtrain import Client, RateLimited, ServerError, TransportError
+from privtrain import Client, InvalidRequest, RateLimited, ServerError, TransportError
 from privtrain.resources import Dataset
 from privtrain.retry import RetryPolicy, parse_retry_after
 from tests.client.conftest import BASE_URL, AppTransport, recording_sleep, tiny_spec, wrap
@@ -133,19 +133,22 @@ def test_the_active_job_cap_is_rate_limited_and_retried(
     ]
 
 
-def test_uploads_are_not_resent_when_the_server_may_have_acted(
+def test_a_retried_upload_registers_one_dataset(
     make_client: Callable[..., Client], client: Client, digits_csv: bytes, sleeps: list[float]
 ) -> None:
-    """A 502 after an upload may hide a registered dataset (with its own budget): not resent.
-    A refused connection never reached the server: resent."""
+    """A 502 after the server registered the upload: the retry carries the same Idempotency-Key
+    and gets the dataset back, so there is one dataset with one budget, not two."""
     gateway = FailFirst("/v1/datasets", [502], after_app=True)
-    with pytest.raises(ServerError):
-        make_client(gateway).upload_dataset(digits_csv, name="d", format="csv", epsilon=1, delta=1e-5)
-    assert len(gateway.seen) == 1 and sleeps == []
-    refused = FailFirst("/v1/datasets", [httpx.ConnectError("refused")])
-    dataset = make_client(refused).upload_dataset(digits_csv, name="d2", format="csv", epsilon=1, delta=1e-5)
-    assert len(refused.seen) == 2 and dataset.n_rows == 1437
-    assert sorted(d.name for d in client.list_datasets()) == ["d", "d2"]
+    dataset = make_client(gateway).upload_dataset(digits_csv, name="d", format="csv", epsilon=1, delta=1e-5)
+    keys = [r.headers["Idempotency-Key"] for r in gateway.seen]
+    assert len(keys) == 2 and keys[0] == keys[1] and sleeps == [0.5]
+    assert [d.id for d in client.list_datasets()] == [dataset.id]
+    assert client.ledger(dataset.id) == []  # one budget, nothing spent
+    with pytest.raises(InvalidRequest) as reused:  # the same key for a different upload
+        client.upload_dataset(digits_csv, name="other", format="csv", epsilon=1, delta=1e-5,
+                              idempotency_key=keys[0])
+    assert reused.value.slug == "idempotency-key-reused"
+    assert len(client.list_datasets()) == 1
 
 
 def test_a_streamed_file_upload_is_resent_whole(
