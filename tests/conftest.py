@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sqlalchemy import func, select
 from fastapi.testclient import TestClient
 
 from app.auth import generate_api_key, get_or_create_tenant, register_api_key
 from app.bootstrap import migrate
 from app.config import Settings
 from app.db import Database
+from app.models import Job, LedgerEntry
 from app.main import create_app
 
 
@@ -118,3 +120,23 @@ def dp_sgd_spec(dataset_id: str, **privacy: object) -> dict[str, object]:
         "privacy": privacy or {"target_epsilon": 4.0},
         "training": {"epochs": 2, "batch_size": 64, "learning_rate": 0.5},
     }
+
+
+def spec_for(dataset_id: str, name: str, hyperparameters: dict | None = None, **privacy: object) -> dict:
+    """A small logistic-regression job spec for algorithm `name` (target ε 4 unless given)."""
+    return {
+        "dataset_id": dataset_id,
+        "model": {"name": "logistic-regression", "params": {}},
+        "algorithm": {"name": name, "hyperparameters": hyperparameters or {}},
+        "privacy": privacy or {"target_epsilon": 4.0},
+        "training": {"epochs": 2, "batch_size": 64, "learning_rate": 0.5},
+    }
+
+
+def counts(database: Database) -> tuple[int, int]:
+    """(jobs, ledger entries) stored: what a refused request must leave unchanged."""
+    with database.read_session() as session:
+        return (
+            session.scalar(select(func.count()).select_from(Job)) or 0,
+            session.scalar(select(func.count()).select_from(LedgerEntry)) or 0,
+        )

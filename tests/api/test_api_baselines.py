@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
 
 from app.config import Settings
 from app.db import Database
-from app.models import Job, LedgerEntry
-from tests.conftest import RecordingDispatcher, digits_split, upload
+from tests.conftest import counts, spec_for, RecordingDispatcher, digits_split, upload
 from worker.runner import JobRunner
 from worker.training.artifacts import load_model
 
@@ -25,29 +23,6 @@ EXPECTED_FIELDS = {
     "auto-s": {"clipping_norm", "gamma", "momentum", "weight_decay", "optimizer"},
     "dp-psac": {"clipping_norm", "r", "momentum", "weight_decay", "optimizer"},
 }
-
-
-@pytest.fixture
-def dataset_id(alice: TestClient, digits_csv: bytes) -> str:
-    return upload(alice, digits_csv).json()["id"]
-
-
-def spec_for(dataset_id: str, name: str, hyperparameters: dict | None = None, **privacy: object) -> dict:
-    return {
-        "dataset_id": dataset_id,
-        "model": {"name": "logistic-regression", "params": {}},
-        "algorithm": {"name": name, "hyperparameters": hyperparameters or {}},
-        "privacy": privacy or {"target_epsilon": 4.0},
-        "training": {"epochs": 2, "batch_size": 64, "learning_rate": 0.5},
-    }
-
-
-def counts(database: Database) -> tuple[int, int]:
-    with database.read_session() as session:
-        return (
-            session.scalar(select(func.count()).select_from(Job)) or 0,
-            session.scalar(select(func.count()).select_from(LedgerEntry)) or 0,
-        )
 
 
 def test_baselines_are_in_the_catalogue(alice: TestClient) -> None:

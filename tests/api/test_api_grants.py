@@ -8,19 +8,12 @@ from sqlalchemy import select
 
 from app.db import Database
 from app.models import DatasetGrant, Tenant
-from tests.conftest import dp_sgd_spec, new_key, upload
+from tests.conftest import dp_sgd_spec, new_key
 
 
 @pytest.fixture
 def bob(database: Database) -> dict[str, str]:
     return {"Authorization": f"Bearer {new_key(database, 'bob')}"}
-
-
-@pytest.fixture
-def dataset_id(alice: TestClient, digits_csv: bytes) -> str:
-    response = upload(alice, digits_csv)
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
 
 
 def _tenant_id(database: Database, name: str) -> str:

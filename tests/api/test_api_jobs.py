@@ -6,24 +6,10 @@ import copy
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
 
 from app.db import Database
-from app.models import Job, LedgerEntry
-from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
-
-
-@pytest.fixture
-def dataset_id(alice: TestClient, digits_csv: bytes) -> str:
-    return upload(alice, digits_csv).json()["id"]
-
-
-def counts(database: Database) -> tuple[int, int]:
-    with database.read_session() as session:
-        return (
-            session.scalar(select(func.count()).select_from(Job)) or 0,
-            session.scalar(select(func.count()).select_from(LedgerEntry)) or 0,
-        )
+from app.models import Job
+from tests.conftest import counts, RecordingDispatcher, dp_sgd_spec, upload
 
 
 def test_estimate_prices_without_storing(alice: TestClient, dataset_id: str, database: Database) -> None:
