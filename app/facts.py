@@ -16,3 +16,25 @@ class DatasetFacts:
     @property
     def n_features(self) -> int:
         return math.prod(self.feature_shape)
+
+
+@dataclass(frozen=True)
+class PublicClassList:
+    """A classification dataset's public class list and where it came from (privacy.md §1)."""
+
+    names: tuple[str, ...]
+    source: str  # "declared" (by the owner at upload) | "observed" (taken from the labels found)
+
+
+def public_class_list(
+    *, task: str, n_classes: int | None, class_names: list[str] | None, declared: bool
+) -> PublicClassList | None:
+    """The list shown to everyone who may read the dataset; None for regression.
+
+    Datasets registered before class lists were recorded have no names: their list is the label
+    indices 0 .. n_classes - 1, which were taken from the labels found ("observed").
+    """
+    if task != "classification" or n_classes is None:
+        return None
+    names = tuple(class_names) if class_names else tuple(str(i) for i in range(n_classes))
+    return PublicClassList(names=names, source="declared" if declared else "observed")

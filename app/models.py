@@ -18,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     String,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -70,6 +71,7 @@ class Dataset(Base):
     __tablename__ = "datasets"
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_datasets_tenant_idempotency"),
+        Index("ix_datasets_tenant_sha256", "tenant_id", "sha256"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ds"))
@@ -86,6 +88,10 @@ class Dataset(Base):
     task: Mapped[str] = mapped_column(String(16))
     n_classes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     feature_names: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    class_names: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    """The public class list, index = label; NULL for rows registered before it was recorded."""
+    classes_declared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """True when the owner declared the list at upload; False when it was taken from the labels."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

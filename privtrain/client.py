@@ -11,7 +11,7 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 from urllib.parse import quote
@@ -204,6 +204,7 @@ class Client:
         format: str | None = None,  # noqa: A002 - the API's parameter name
         label_column: str | None = "label",
         task: str | None = None,
+        classes: Sequence[str] | None = None,
         idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G).
@@ -211,6 +212,9 @@ class Client:
         ``format`` and ``name`` default to the file's suffix and name when ``source`` is a path.
         One Idempotency-Key per call, reused by every retry: a retried upload whose answer was
         lost is answered with the dataset already registered, never a second one.
+        ``classes`` declares the public class list (label i is ``classes[i]``); without it, the
+        labels found become the public list. Bytes already registered raise the
+        ``dataset-already-registered`` problem, which names the existing dataset.
         """
         if isinstance(source, bytes):
             data = source
@@ -231,6 +235,7 @@ class Client:
         params = {
             "name": name or inferred_name, "format": fmt, "epsilon": epsilon, "delta": delta,
             "label_column": label_column if fmt == "csv" else None, "task": task,
+            "classes": ",".join(classes) if classes is not None else None,
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(

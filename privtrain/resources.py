@@ -60,13 +60,19 @@ class Dataset(Resource):
     id: str
     name: str
     format: str
-    sha256: str
-    size_bytes: int
+    sha256: str | None
+    """The content hash: shown to the dataset's owner only (None for analysts)."""
+    size_bytes: int | None
+    """Shown to the dataset's owner only (None for analysts)."""
     n_rows: int
     feature_shape: list[int]
     n_features: int
     task: str
     n_classes: int | None
+    classes: list[str] | None
+    """The public class list (label i is classes[i]); None for regression."""
+    classes_source: str | None
+    """"declared" by the owner at upload, or "observed" (taken from the labels found)."""
     label_column: str | None
     budget: Budget = _parsed(Budget.from_api)
     created_at: dt.datetime | None = _parsed(_time)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import unicodedata
+from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -13,13 +14,23 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
 from app.api.routing import ReleasingRoute
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.grants import GrantView, grant_access, grants_of, revoke_access
-from app.ingest import DatasetValidationError, IngestLimits, dataset_facts, parse_dataset
+from app.facts import public_class_list
+from app.ingest import (
+    DatasetValidationError,
+    IngestLimits,
+    ParsedDataset,
+    check_labels_in_classes,
+    dataset_facts,
+    parse_class_list,
+    parse_dataset,
+)
 from app.models import Dataset, LedgerEntry, PrivacyBudget, Tenant
 from app.pagination import cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
@@ -62,19 +73,27 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         "ledger": f"/v1/datasets/{dataset.id}/ledger",
         "grants": f"/v1/datasets/{dataset.id}/grants",
     }
-    if role != "owner":
+    owner = role == "owner"
+    if not owner:
         links = {name: href for name, href in links.items() if name not in OWNER_LINKS}
+    classes = public_class_list(
+        task=dataset.task, n_classes=dataset.n_classes, class_names=dataset.class_names,
+        declared=dataset.classes_declared,
+    )
     return DatasetOut(
         id=dataset.id,
         name=dataset.name,
         format=dataset.format,
-        sha256=dataset.sha256,
-        size_bytes=dataset.size_bytes,
+        # Exact functions of the rows: the owner's view only (privacy.md §1).
+        sha256=dataset.sha256 if owner else None,
+        size_bytes=dataset.size_bytes if owner else None,
         n_rows=dataset.n_rows,
         feature_shape=list(dataset.feature_shape),
         n_features=dataset.n_features,
         task=dataset.task,
         n_classes=dataset.n_classes,
+        classes=list(classes.names) if classes else None,
+        classes_source=classes.source if classes else None,  # type: ignore[arg-type]
         label_column=dataset.label_column,
         feature_names=dataset.feature_names,
         budget={"epsilon": budget.epsilon, "delta": budget.delta},
@@ -86,11 +105,13 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
 
 def _upload_hash(
     *, sha256: str, name: str, fmt: str, epsilon: float, delta: float, label_column: str | None,
-    task: str | None,
+    task: str | None, classes: tuple[str, ...] | None,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
-    request = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon, "delta": delta,
-               "label_column": label_column, "task": task}
+    request: dict[str, object] = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon,
+                                  "delta": delta, "label_column": label_column, "task": task}
+    if classes is not None:  # absent from digests made before class lists existed
+        request["classes"] = list(classes)
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -111,6 +132,71 @@ def _replayed_upload(services: Services, tenant: Tenant, key: str, digest: str) 
         return JSONResponse(dataset_out(dataset, budget).model_dump(mode="json"), status_code=200)
 
 
+class ContentAlreadyRegistered(Exception):
+    """The tenant already registered these exact bytes: one content, one budget (privacy.md §4)."""
+
+    def __init__(self, existing: Dataset) -> None:
+        super().__init__(existing.id)
+        self.dataset_id = existing.id
+        self.name = existing.name
+
+
+def _registered_with_content(session: Session, tenant_id: str, sha256: str) -> Dataset | None:
+    return session.scalar(
+        select(Dataset)
+        .where(Dataset.tenant_id == tenant_id, Dataset.sha256 == sha256)
+        .order_by(Dataset.created_at, Dataset.id)
+        .limit(1)
+    )
+
+
+def _already_registered_problem(exc: ContentAlreadyRegistered) -> Problem:
+    return Problem(
+        status=409,
+        slug="dataset-already-registered",
+        detail=(
+            f"these bytes are already registered as dataset {exc.dataset_id} ({exc.name!r}); a "
+            "second registration would give the same rows a second budget. To spend more on them, "
+            f"raise that dataset's budget with POST /v1/datasets/{exc.dataset_id}/budget (recorded "
+            "in its ledger and shown in every later report)"
+        ),
+        extra={"existing_dataset_id": exc.dataset_id,
+               "links": {"existing": f"/v1/datasets/{exc.dataset_id}",
+                         "raise_budget": f"/v1/datasets/{exc.dataset_id}/budget"}},
+    )
+
+
+def _refuse_known_content(services: Services, tenant: Tenant, sha256: str) -> None:
+    """Early, cheap check before parsing; the binding check runs again under the tenant lock."""
+    with services.db.read_session() as session:
+        existing = _registered_with_content(session, tenant.id, sha256)
+        if existing is not None:
+            raise _already_registered_problem(ContentAlreadyRegistered(existing))
+
+
+def _observed_classes_notice(n_classes: int) -> str:
+    return (
+        f"no class list was declared, so the {n_classes} labels found (0 to {n_classes - 1}) became "
+        "this dataset's public class list: everyone who may read the dataset sees it. Declare the "
+        "list at upload (classes=name0,name1,...) to make it independent of the rows."
+    )
+
+
+def _parse_upload(
+    path: Path, *, fmt: str, label_column: str | None, task: str | None,
+    classes: tuple[str, ...] | None, limits: IngestLimits,
+) -> ParsedDataset:
+    """Validate the upload; a declared class list makes the task classification and bounds labels."""
+    if classes is not None:
+        if task not in (None, "classification"):
+            raise DatasetValidationError("bad-class-list", "a class list needs task=classification")
+        task = "classification"
+    parsed = parse_dataset(path, fmt=fmt, label_column=label_column, task=task, limits=limits)
+    if classes is not None:
+        check_labels_in_classes(parsed.y, classes)
+    return parsed
+
+
 @router.post("", status_code=201, response_model=DatasetOut)
 async def upload_dataset(
     request: Request,
@@ -122,15 +208,28 @@ async def upload_dataset(
     delta: Annotated[float, Query(gt=0, lt=1, allow_inf_nan=False)],
     label_column: Annotated[str | None, Query(max_length=200)] = None,
     task: Annotated[Literal["classification", "regression"] | None, Query()] = None,
+    classes: Annotated[str | None, Query(
+        max_length=120_000,
+        description="the public class list, comma-separated (label i is the i-th name). Declared, "
+        "it is independent of the rows; when omitted, the labels found become the public list.",
+    )] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> DatasetOut | JSONResponse:
     """Stream the raw body to disk while hashing it, validate it, then register it with a budget.
 
     With an Idempotency-Key, a retried upload (same key, same body and parameters) answers 200
-    with the dataset the first one registered: never a second dataset with its own budget.
+    with the dataset the first one registered: never a second dataset with its own budget. Bytes
+    the tenant already registered otherwise get 409 ``dataset-already-registered``.
     """
     _check_name(name)
     settings = services.settings
+    limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features)
+    try:
+        class_list = parse_class_list(classes, max_classes=limits.max_classes)
+    except DatasetValidationError as exc:
+        raise Problem(
+            status=422, slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason}
+        ) from exc
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > settings.max_upload_bytes:
         raise Problem(
@@ -152,18 +251,18 @@ async def upload_dataset(
         sha256 = pending.finish()
         request_digest = _upload_hash(
             sha256=sha256, name=name, fmt=format, epsilon=epsilon, delta=delta,
-            label_column=label_column, task=task,
+            label_column=label_column, task=task, classes=class_list,
         )
         if idempotency_key:
             replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
             if replay is not None:
                 pending.discard()
                 return replay
-        limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features)
+        _refuse_known_content(services, tenant, sha256)
         try:
             parsed = await run_in_threadpool(
-                parse_dataset, pending.path, fmt=format, label_column=label_column, task=task,
-                limits=limits,
+                _parse_upload, pending.path, fmt=format, label_column=label_column, task=task,
+                classes=class_list, limits=limits,
             )
         except DatasetValidationError as exc:
             raise Problem(
@@ -182,8 +281,16 @@ async def upload_dataset(
     except BaseException:
         pending.discard()
         raise
+    n_classes = len(class_list) if class_list is not None else facts["n_classes"]
+    notices = [] if class_list is not None or n_classes is None else [_observed_classes_notice(n_classes)]
     try:
         with services.db.write_transaction() as session:
+            # One registration per content and tenant: serialised on the tenant row, so two
+            # concurrent uploads of the same bytes cannot both pass the check.
+            session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+            existing = _registered_with_content(session, tenant.id, sha256)
+            if existing is not None:
+                raise ContentAlreadyRegistered(existing)
             dataset = Dataset(
                 tenant_id=tenant.id,
                 name=name,
@@ -196,7 +303,10 @@ async def upload_dataset(
                 feature_shape=[int(v) for v in facts["feature_shape"]],
                 n_features=int(facts["n_features"]),
                 task=str(facts["task"]),
-                n_classes=facts["n_classes"],
+                n_classes=n_classes,
+                class_names=list(class_list) if class_list is not None else (
+                    [str(i) for i in range(n_classes)] if n_classes is not None else None),
+                classes_declared=class_list is not None,
                 feature_names=feature_names,
                 idempotency_key=idempotency_key,
                 request_hash=request_digest if idempotency_key else None,
@@ -205,7 +315,7 @@ async def upload_dataset(
             session.flush()
             budget = ledger.open_budget(session, dataset=dataset, epsilon=epsilon, delta=delta)
             session.flush()
-            out = dataset_out(dataset, budget)
+            out = dataset_out(dataset, budget).model_copy(update={"notices": notices})
     except IntegrityError:
         replay = _replayed_upload(services, tenant, idempotency_key, request_digest) if idempotency_key else None
         if replay is None:
@@ -213,6 +323,14 @@ async def upload_dataset(
                 services.blobs.delete(key)
             raise
         return replay  # a concurrent retry with the same key registered it first (same blob)
+    except ContentAlreadyRegistered as exc:
+        # Never delete the blob here: it is content-addressed, and the registered dataset with
+        # the same bytes uses it (even when this request wrote it first, in a race).
+        if idempotency_key:  # a concurrent retry with the same key won the race
+            replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
+            if replay is not None:
+                return replay
+        raise _already_registered_problem(exc) from None
     except BaseException:
         if created:
             services.blobs.delete(key)

@@ -23,6 +23,8 @@ Reason = Literal[
     "bad-labels",
     "unknown-task",
     "malformed-csv",
+    "bad-class-list",
+    "label-not-in-classes",
 ]
 
 REASONS: tuple[Reason, ...] = get_args(Reason)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.reporting.html_report import render_report_html
+from app.reporting.redaction import report_for_viewer
 from app.reporting.ledger_history import ledger_history, opening_budget
 from app.reporting.step_series import SeriesUnavailable, StepSeries, epsilon_by_steps
 
@@ -38,6 +39,7 @@ def report_html_for_job(
     budget = session.get(PrivacyBudget, job.dataset_id)
     assert dataset is not None and budget is not None
     full_ledger = dataset.tenant_id == viewer_tenant_id
+    report = report_for_viewer(report, viewer_owns_dataset=full_ledger)
     content = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
     key = (job.id, content, budget.last_hash, dashboard_links, full_ledger)
     with _CACHE_LOCK:

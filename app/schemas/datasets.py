@@ -28,13 +28,28 @@ class DatasetOut(BaseModel):
     id: str
     name: str
     format: str
-    sha256: str
-    size_bytes: int
+    sha256: str | None = Field(
+        description="SHA-256 of the uploaded bytes: an exact function of the rows, so the owner's "
+        "view only (null for analysts)",
+    )
+    size_bytes: int | None = Field(
+        description="size of the uploaded bytes: an exact function of the rows, so the owner's view "
+        "only (null for analysts)",
+    )
     n_rows: int
     feature_shape: list[int]
     n_features: int
     task: str
     n_classes: int | None
+    classes: list[str] | None = Field(
+        default=None,
+        description="the public class list (label i is classes[i]); null for regression",
+    )
+    classes_source: Literal["declared", "observed"] | None = Field(
+        default=None,
+        description="declared: the owner gave the list at upload; observed: it was taken from the "
+        "labels found in the upload, and became public when the dataset was registered",
+    )
     label_column: str | None
     feature_names: list[str] | None
     budget: BudgetOut
@@ -43,6 +58,10 @@ class DatasetOut(BaseModel):
     role: Literal["owner", "analyst"] = Field(
         default="owner",
         description="the caller's role: owner (uploaded it) or analyst (granted access by the owner)",
+    )
+    notices: list[str] = Field(
+        default_factory=list,
+        description="things the owner should know about this registration (upload response only)",
     )
 
 

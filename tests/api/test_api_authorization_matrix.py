@@ -12,6 +12,8 @@ not know exist, and such a 404 is byte-for-byte the 404 of an id that does not e
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,20 +135,37 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     database.dispose()
 
 
+SHARED_SHA256 = hashlib.sha256(_small_csv(1)).hexdigest()
+OTHER_SHA256 = hashlib.sha256(_small_csv(2)).hexdigest()
+"""Exact functions of the rows (privacy.md §1): only each dataset's owner may see them."""
+
+
 def _forbidden_strings(ids: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """What each caller must never see: other tenants' object ids, names and tenant ids."""
+    """What each caller must never see: other tenants' object ids, names and tenant ids, and the
+    content hash of any dataset it does not own."""
     shared = (ids["ds_shared"], SHARED_NAME)
-    other = (ids["ds_other"], OTHER_NAME, ids["job_other"], ids[f"tenant:{OTHER}"], TENANT_NAMES[OTHER])
+    other = (ids["ds_other"], OTHER_NAME, ids["job_other"], ids[f"tenant:{OTHER}"], TENANT_NAMES[OTHER],
+             OTHER_SHA256)
     unseen = {
         OWNER: other,
-        ANALYST: other + (ids["job_owner"], ids["job_revoked"], ids[f"tenant:{REVOKED}"], TENANT_NAMES[REVOKED]),
-        OTHER: shared + (ids["job_owner"], ids["job_analyst"], ids["job_revoked"])
+        ANALYST: other + (ids["job_owner"], ids["job_revoked"], ids[f"tenant:{REVOKED}"], TENANT_NAMES[REVOKED],
+                          SHARED_SHA256),
+        OTHER: shared + (ids["job_owner"], ids["job_analyst"], ids["job_revoked"], SHARED_SHA256)
         + tuple(ids[f"tenant:{c}"] for c in (OWNER, ANALYST, REVOKED))
         + tuple(TENANT_NAMES[c] for c in (OWNER, ANALYST, REVOKED)),
-        REVOKED: other + (ids["job_owner"], ids["job_analyst"], ids[f"tenant:{ANALYST}"], TENANT_NAMES[ANALYST]),
+        REVOKED: other + (ids["job_owner"], ids["job_analyst"], ids[f"tenant:{ANALYST}"], TENANT_NAMES[ANALYST],
+                          SHARED_SHA256),
     }
-    everything = tuple(sorted(set(ids.values()) | {SHARED_NAME, OTHER_NAME} | set(TENANT_NAMES.values())))
+    everything = tuple(sorted(set(ids.values()) | {SHARED_NAME, OTHER_NAME, SHARED_SHA256, OTHER_SHA256}
+                              | set(TENANT_NAMES.values())))
     return {**unseen, **{caller: everything for caller in ANONYMOUS_CALLERS}}
+
+
+def _leaked_sizes(body: str, caller: str) -> list[int]:
+    """Byte sizes of datasets the caller does not own, as standalone numbers in the body."""
+    shared, other = len(_small_csv(1)), len(_small_csv(2))
+    sizes = {OWNER: (other,), OTHER: (shared,)}.get(caller, (shared, other))
+    return [size for size in sizes if re.search(rf"(?<![0-9A-Za-z.]){size}(?![0-9A-Za-z.])", body)]
 
 
 # ------------------------------------------------------------------------------------ the table
@@ -348,7 +367,8 @@ def test_authorization_matrix(world: World, case: Case, caller: str) -> None:
     assert response.status_code == expected, f"{case.label} as {caller}: {response.status_code} {response.text[:300]}"
     # A problem's ``instance`` echoes the caller's own request path: that reveals nothing.
     body = response.content.decode("utf-8", errors="replace").replace(case.path(world), "")
-    leaked = [s for s in world.forbidden[caller] if s in body]
+    leaked: list[object] = [s for s in world.forbidden[caller] if s in body]
+    leaked += _leaked_sizes(body, caller)
     known = KNOWN_LEAKS.get((case.label, caller))
     if known is not None:
         assert leaked, f"{case.label} no longer leaks: remove it from KNOWN_LEAKS"
@@ -394,8 +414,10 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
     view = world.client.get(f"/v1/datasets/{world.ids['ds_shared']}", headers=world.headers[ANALYST]).json()
     assert set(view) <= {
         "id", "name", "format", "sha256", "size_bytes", "n_rows", "feature_shape", "n_features", "task",
-        "n_classes", "label_column", "feature_names", "budget", "created_at", "links", "role",
+        "n_classes", "classes", "classes_source", "label_column", "feature_names", "budget", "created_at",
+        "links", "role", "notices",
     }
+    assert view["sha256"] is None and view["size_bytes"] is None
     rows = _small_csv(1).decode().splitlines()[1:4]
     for case in CASES:
         if case.method == "GET" and not case.route.startswith("/ui/jobs/{job_id}/events"):

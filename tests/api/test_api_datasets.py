@@ -130,7 +130,8 @@ def test_datasets_are_tenant_scoped(alice: TestClient, digits_csv: bytes, bob_he
 def test_list_paginates(alice: TestClient) -> None:
     ids = set()
     for i in range(5):
-        ids.add(upload(alice, b"a,label\n1,0\n2,1\n3,0\n", name=f"d{i}", delta=0.1).json()["id"])
+        body = f"a,label\n1,0\n2,1\n{i},0\n".encode()  # one content, one dataset: vary the bytes
+        ids.add(upload(alice, body, name=f"d{i}", delta=0.1).json()["id"])
     seen: list[str] = []
     cursor = None
     while True:
