@@ -8,6 +8,7 @@ COPY pyproject.toml README.md constraints.txt alembic.ini ./
 COPY app ./app
 COPY worker ./worker
 COPY migrations ./migrations
+COPY privtrain ./privtrain
 RUN useradd --uid 10001 --create-home privtrain && mkdir -p /data && chown privtrain /data
 ENV PRIVTRAIN_DATA_DIR=/data
 

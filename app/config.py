@@ -77,6 +77,12 @@ class Settings(BaseSettings):
         default=True, description="run the reconciler loop inside the API process"
     )
     max_physical_batch_size: int = Field(default=256, gt=0)
+    secure_noise: bool = Field(
+        default=True,
+        description="Gaussian noise in secure mode (each value the sum of 4 draws / 2, against "
+        "floating-point attacks on the sampler; Holohan & Braghin 2021); can only be turned off "
+        "outside production (benchmarks, tests)",
+    )
     ui_session_secret: SecretStr | None = Field(
         default=None,
         description="signs the dashboard's session cookies (at least 32 characters); required in "
@@ -157,6 +163,8 @@ class Settings(BaseSettings):
             problems.append("PRIVTRAIN_BROKER_URL must point to Redis in production")
         if self.ui_session_secret is None:
             problems.append("PRIVTRAIN_UI_SESSION_SECRET must be set in production")
+        if not self.secure_noise:
+            problems.append("PRIVTRAIN_SECURE_NOISE cannot be turned off in production")
         if problems:
             raise UnsafeSettingsError("; ".join(problems))
 

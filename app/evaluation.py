@@ -41,9 +41,9 @@ class EvaluationPlan:
             return LaplaceEvent(noise_multiplier=self.noise_multiplier, count=1)
         return GaussianEvent(noise_multiplier=self.noise_multiplier, count=1)
 
-    def release(self, *, raw_sum: float, noise: float) -> float:
-        """The released metric: (sum + noise) / (f·n)."""
-        return (raw_sum + noise) / self.expected_holdout_rows
+    def normalise(self, *, noisy_sum: float) -> float:
+        """The released metric: (sum + noise) / (f·n), post-processing by the public f·n."""
+        return noisy_sum / self.expected_holdout_rows
 
     def describe(self) -> dict[str, object]:
         return {

@@ -26,6 +26,7 @@ from app.model_catalogue import ModelIncompatible, UnknownModel, get_model
 from app.models import Dataset, PrivacyBudget
 from app.privacy import PrivacyEvent
 from app.problems import Problem
+from privtrain.directed_rounding import format_remaining
 from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
 
 
@@ -57,6 +58,8 @@ class JobPlan:
     curve: tuple[float, ...]
     epsilon_ledger: float
     epsilon_prv: float | None
+    epsilon_prv_method: str | None = None
+    """Which single-job method gave ``epsilon_prv`` (app.privacy.single_job.METHODS)."""
 
     @property
     def noise_std_on_sum(self) -> float:
@@ -165,7 +168,7 @@ def plan_job(
         )
     delta = spec.privacy.delta if spec.privacy.delta is not None else dataset_delta
     if delta >= 1.0 / facts.n_rows:
-        raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {1 / facts.n_rows:.3g}")
+        raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {format_remaining(1 / facts.n_rows)}")
 
     def event_for_sigma(noise_multiplier: float) -> PrivacyEvent:
         return compose_job_event(
@@ -199,7 +202,10 @@ def plan_job(
         event_json=privacy.event_to_json(event),
         curve=curve,
         epsilon_ledger=privacy.ledger_epsilon(curve, delta),
-        epsilon_prv=privacy.prv_epsilon(event, delta),
+        epsilon_prv=(tight := privacy.single_job_epsilon(
+            event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian
+        )).epsilon,
+        epsilon_prv_method=tight.method,
     )
 
 

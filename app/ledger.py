@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app import privacy
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget, utcnow
+from privtrain.directed_rounding import format_remaining
 
 RESERVE, TOUCH, COMMIT, RELEASE, ADJUST = "RESERVE", "TOUCH", "COMMIT", "RELEASE", "ADJUST"
 ENTRY_KINDS = (RESERVE, TOUCH, COMMIT, RELEASE, ADJUST)
@@ -347,7 +348,8 @@ def adjust(
     if epsilon == budget.epsilon and delta == budget.delta:
         raise InvalidAdjustment("the new budget equals the current one")
     if delta >= 1.0 / n_rows:
-        raise InvalidAdjustment(f"delta must stay below 1/n = {1.0 / n_rows:.3g}")
+        # an upper limit on δ: rounded down, so the message never suggests a δ above it
+        raise InvalidAdjustment(f"delta must stay below 1/n = {format_remaining(1.0 / n_rows)}")
     details = {
         "epsilon_from": budget.epsilon,
         "epsilon_to": epsilon,

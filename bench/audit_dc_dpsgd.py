@@ -37,6 +37,7 @@ from worker.auditing import (
 )
 from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator
 from worker.optimizers.dc_projection import StreamingProjection
+from worker.optimizers.secure_random import SecureRandom
 
 C1, C2, P, DELTA = 1.0, 0.1, 0.1, 1e-5
 
@@ -75,7 +76,7 @@ def audit_rows(*, claimed: float, canaries: int, guess_fraction: float, seed: in
         started = time.perf_counter()
         result = audit_one_step(design=design, aggregator=aggregator, noise=noise, delta=DELTA,
                                 guess_fraction=guess_fraction,
-                                generator=torch.Generator().manual_seed(seed))
+                                generator=SecureRandom.from_seed(seed))
         rows.append({
             "claimed_epsilon": claimed, "configuration": name, "sigma": round(sigma, 4),
             "canaries": result.canaries, "guesses": result.guesses, "correct": result.correct,

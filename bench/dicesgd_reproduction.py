@@ -57,6 +57,7 @@ from app.schemas.jobs import JobCreate, TrainingSpec
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.models import build_model
@@ -103,7 +104,7 @@ def run_toy(method: str, *, c2: float | None, steps: int, q: float, batch: float
     hooks = TrainingHooks(on_step_end=lambda _: path.append(float(model[0].weight.item())))
     config = DPSGDConfig(steps=steps, sampling_probability=q, noise_multiplier=sigma, clipping_norm=1.0,
                          learning_rate=lr, loss="mse", expected_batch_size=batch)
-    generator = torch.Generator().manual_seed(seed)
+    generator = SecureRandom.from_seed(seed)
     if method == "dp-sgd":
         train_dp_sgd(model, X, y, config=config, generator=generator, hooks=hooks,
                      aggregator=PerSampleMapAggregator(AbadiClip(1.0)))
@@ -227,7 +228,7 @@ def train_mnist(method: str, *, clip: float, lr: float, epsilon: float, X: np.nd
         model=model, X=torch.from_numpy(X), y=torch.from_numpy(y), task="classification", spec=plan.spec,
         noise_multiplier=sigma, sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps, max_physical_batch_size=BATCH,
-        generator=torch.Generator().manual_seed(seed + 1000), hooks=TrainingHooks(), resume_from=None,
+        generator=SecureRandom.from_seed(seed + 1000), hooks=TrainingHooks(), resume_from=None,
         device=torch.device("cpu"),
     ))
     with torch.no_grad():
@@ -275,7 +276,7 @@ def mnist_noise_off_part() -> dict:
                                 generator=torch.Generator().manual_seed(seed))
             config = DPSGDConfig(steps=steps, sampling_probability=batch / len(X), noise_multiplier=0.0,
                                  clipping_norm=clip, learning_rate=2.0, expected_batch_size=batch)
-            generator = torch.Generator().manual_seed(seed + 1000)
+            generator = SecureRandom.from_seed(seed + 1000)
             if method == "dp-sgd":
                 train_dp_sgd(model, X, y, config=config, generator=generator,
                              aggregator=PerSampleMapAggregator(AbadiClip(clip)))

@@ -22,16 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
+from bench.timing import interleaved_medians
 from bench.step_time import CASES, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
+from worker.optimizers.secure_random import SecureRandom
 
 Stepper = Callable[[int], None]
 LOCAL_CASES = {
@@ -45,7 +46,7 @@ def _vmap_stepper(dice: bool) -> Callable[[Case, torch.device], Stepper]:
 
     def make(case: Case, device: torch.device) -> Stepper:
         model, (X, y) = _model(case, device), _data(case, device)
-        generator = torch.Generator(device=device).manual_seed(3)
+        generator = SecureRandom.from_seed(3, device)
         n = X.shape[0]
         batch = float(case.batch_size)
         aggregator = ErrorFeedbackAggregator(
@@ -81,18 +82,6 @@ def steppers() -> dict[str, Callable[[Case, torch.device], Stepper]]:
     }
 
 
-def interleaved_times(runs: dict[str, Stepper], *, steps: int, repeats: int) -> dict[str, float]:
-    for run in runs.values():
-        run(2)  # warm-up
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run(steps)
-            samples[name].append((time.perf_counter() - start) / steps)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=["logreg-b256", "mlp-b256", "cnn-b128"])
@@ -114,7 +103,7 @@ def main() -> None:
     for key in args.cases:
         case = LOCAL_CASES[key]
         runs = {name: make(case, device) for name, make in steppers().items()}
-        times = interleaved_times(runs, steps=args.steps, repeats=args.repeats)
+        times = interleaved_medians(runs, per_sample=args.steps, repeats=args.repeats)
         results[key] = times
         for name, seconds in times.items():
             same_engine = "dp-sgd (vmap)" if name.endswith("(vmap)") else "dp-sgd"

@@ -22,6 +22,7 @@ from app.facts import DatasetFacts
 from app.schemas.jobs import TrainingSpec
 from worker.optimizers import ht_algorithms as loops
 from worker.optimizers.ht_mechanisms import Polytope
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import get_trainer
 from worker.trainers.base import TrainingRequest
@@ -62,7 +63,7 @@ def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np
               "training": training.model_dump(mode="json")},
         noise_multiplier=sigma, sampling_probability=plan.sampling_probability,
         expected_batch_size=plan.expected_batch_size, steps=plan.steps, max_physical_batch_size=1024,
-        generator=torch.Generator().manual_seed(seed), hooks=TrainingHooks(), resume_from=None,
+        generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
         device=torch.device("cpu"),
     )
     start = time.perf_counter()
@@ -75,6 +76,19 @@ def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np
                       steps=plan.steps, seconds=seconds)
 
 
+class NonPrivate:
+    """The non-private reference's "mechanisms": exact argmax, values unchanged (bench only)."""
+
+    def select_exponential(self, scores: torch.Tensor, *, epsilon: float, sensitivity: float) -> int:
+        return int(torch.argmax(scores))
+
+    def report_noisy_max(self, scores: torch.Tensor, *, scale: float, sensitivity: float) -> int:
+        return int(torch.argmax(scores))
+
+    def laplace_release(self, values: torch.Tensor, *, scale: float, sensitivity: float) -> torch.Tensor:
+        return values.to(torch.float64).clone()
+
+
 def non_private_fw(X: np.ndarray, y: np.ndarray, *, iterations: int, loss: str, radius: float = 1.0,
                    constraint: str = "l1_ball", seed: int = 0) -> np.ndarray:
     """Plain stochastic FW on the same kind of disjoint blocks: mean gradient, best vertex."""
@@ -82,9 +96,9 @@ def non_private_fw(X: np.ndarray, y: np.ndarray, *, iterations: int, loss: str, 
     config = loops.FWConfig(
         polytope=Polytope(constraint, radius, X.shape[1]),  # type: ignore[arg-type]
         iterations=iterations, block_size=X.shape[0] / iterations, kappa=1e15, beta=1.0, loss=loss,
-        epsilon_step=1e18, score_sensitivity=1.0)
-    return loops.run_ht_frank_wolfe(data, config, generator=torch.Generator().manual_seed(seed),
-                                    hooks=TrainingHooks()).weights.numpy()
+        epsilon_step=1.0, score_sensitivity=1.0)
+    return loops.run_ht_frank_wolfe(data, config, generator=SecureRandom.from_seed(seed),
+                                    hooks=TrainingHooks(), noise=NonPrivate()).weights.numpy()
 
 
 def non_private_iht(X: np.ndarray, y: np.ndarray, *, iterations: int, sparsity: int, step: float,
@@ -92,6 +106,7 @@ def non_private_iht(X: np.ndarray, y: np.ndarray, *, iterations: int, sparsity: 
     """Plain IHT on disjoint blocks: no truncation, exact top-s, projection onto the ℓ2 ball."""
     data = loops.RowAccess(torch.from_numpy(X), torch.from_numpy(y))
     config = loops.SparseLinRegConfig(iterations=iterations, block_size=X.shape[0] / iterations, sparsity=sparsity,
-                                      truncation=1e300, step=step, radius=radius, laplace_scale=0.0)
-    return loops.run_ht_sparse_linreg(data, config, generator=torch.Generator().manual_seed(seed),
-                                      hooks=TrainingHooks()).weights.numpy()
+                                      truncation=1e300, step=step, radius=radius, laplace_scale=1.0,
+                                      sensitivity=1.0)
+    return loops.run_ht_sparse_linreg(data, config, generator=SecureRandom.from_seed(seed),
+                                      hooks=TrainingHooks(), noise=NonPrivate()).weights.numpy()

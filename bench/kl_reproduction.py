@@ -37,6 +37,7 @@ from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.models import build_model
@@ -177,7 +178,7 @@ def _model() -> nn.Module:
 
 def _batch(problem: Problem, job: Any, seed: int, fast: bool) -> FullBatch:
     common = dict(X=problem.X, y=problem.y, loss="mse", lipschitz=L0, normaliser=float(problem.n),
-                  max_physical_batch_size=4096, generator=torch.Generator().manual_seed(10_000 + seed))
+                  max_physical_batch_size=4096, generator=SecureRandom.from_seed(10_000 + seed))
     return LeastSquaresBatch(**common, problem=problem) if fast else FullBatch(**common)  # type: ignore[arg-type]
 
 
@@ -199,7 +200,7 @@ def run_entry(
             model=model, X=problem.X, y=problem.y, task="regression", spec=job.spec,
             noise_multiplier=job.noise_multiplier, sampling_probability=1.0,
             expected_batch_size=float(problem.n), steps=job.plan.steps, max_physical_batch_size=4096,
-            generator=torch.Generator().manual_seed(10_000 + seed), hooks=TrainingHooks(),
+            generator=SecureRandom.from_seed(10_000 + seed), hooks=TrainingHooks(),
             resume_from=None, device=torch.device("cpu"),
         )
         import worker.trainers.kl_family as trainers

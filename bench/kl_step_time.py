@@ -30,6 +30,7 @@ from app.algorithms.kl_family import adaptive_constants
 from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
 from worker.optimizers.kl_noisy_gd import InnerSolver, InnerState, inner_step
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum
+from worker.optimizers.secure_random import SecureRandom
 from worker.training.models import build_model
 
 
@@ -60,7 +61,7 @@ def _setup(case: Case) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 def _batch(X: torch.Tensor, y: torch.Tensor, chunk: int) -> FullBatch:
     return FullBatch(X=X, y=y, loss="cross_entropy", lipschitz=1.0, normaliser=float(len(X)),
-                     max_physical_batch_size=chunk, generator=torch.Generator().manual_seed(2))
+                     max_physical_batch_size=chunk, generator=SecureRandom.from_seed(2))
 
 
 def steppers(case: Case, chunk: int) -> dict[str, Callable[[], None]]:

@@ -31,6 +31,7 @@ from sklearn.model_selection import train_test_split
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.models import build_model
@@ -82,7 +83,7 @@ def train_and_score(method: str, *, clip: float, lr: float, epsilon: float | Non
             model=model, X=Xt, y=yt, task="classification", spec=plan.spec,
             noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps, max_physical_batch_size=BATCH,
-            generator=torch.Generator().manual_seed(seed), hooks=TrainingHooks(), resume_from=None,
+            generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
             device=torch.device("cpu"),
         ))
     model.eval()

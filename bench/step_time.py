@@ -32,6 +32,7 @@ from torch import nn
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.models import build_model
@@ -130,7 +131,7 @@ def algorithm_stepper(name: str) -> Callable[[Case, torch.device], Callable[[int
         plan = plan_job(spec, dataset, dataset_delta=1e-6, max_steps=10**9)
         model, (X, y) = _model(case, device), _data(case, device)
         trainer = get_trainer(name)
-        generator = torch.Generator(device=device).manual_seed(2)
+        generator = SecureRandom.from_seed(2, device)
 
         def run(steps: int) -> None:
             trainer(TrainingRequest(

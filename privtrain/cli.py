@@ -17,6 +17,7 @@ import httpx
 
 from privtrain import __version__
 from privtrain.client import DEFAULT_URL, Client
+from privtrain.directed_rounding import format_guarantee, format_remaining
 from privtrain.errors import PrivtrainError
 from privtrain.events import ProgressSource, poll_progress
 from privtrain.output import Column, key_values, table, to_json
@@ -66,6 +67,17 @@ class CliState:
                 on_retry=_say_retry,
             )
         return self._client
+
+
+def _up(value: float | None) -> str | None:
+    """A guarantee (ε or δ spent, charged, reserved, committed) for a table: rounded toward +∞ so
+    it never reads smaller than it is; None stays None (shown as '-')."""
+    return None if value is None else format_guarantee(value)
+
+
+def _down(value: float | None) -> str | None:
+    """A remaining budget for a table: rounded toward −∞ so it never reads larger than it is."""
+    return None if value is None else format_remaining(value)
 
 
 def _say_retry(notice: RetryNotice) -> None:
@@ -168,8 +180,8 @@ DATASET_COLUMNS: list[Column[Dataset]] = [
     Column("FEATURES", lambda d: "x".join(map(str, d.feature_shape or []))),
     Column("TASK", lambda d: d.task),
     Column("CLASSES", lambda d: d.n_classes),
-    Column("ε_G", lambda d: d.budget.epsilon),
-    Column("δ_G", lambda d: d.budget.delta),
+    Column("ε_G", lambda d: _up(d.budget.epsilon)),
+    Column("δ_G", lambda d: _up(d.budget.delta)),
     Column("CREATED", lambda d: d.created_at),
 ]
 
@@ -177,7 +189,7 @@ LEDGER_COLUMNS: list[Column[LedgerEntry]] = [
     Column("SEQ", lambda e: e.seq),
     Column("KIND", lambda e: e.kind),
     Column("JOB", lambda e: e.job_id),
-    Column("ε", lambda e: e.epsilon),
+    Column("ε", lambda e: _up(e.epsilon)),
     Column("ACTOR", lambda e: e.actor, 30),
     Column("CREATED", lambda e: e.created_at),
     Column("HASH", lambda e: e.hash[:12]),
@@ -187,17 +199,26 @@ LEDGER_COLUMNS: list[Column[LedgerEntry]] = [
 def _dataset_block(d: Dataset) -> str:
     return key_values([
         ("id", d.id), ("name", d.name), ("format", d.format), ("rows", d.n_rows),
-        ("feature shape", d.feature_shape), ("task", d.task), ("classes", d.n_classes),
-        ("label column", d.label_column), ("budget ε_G", d.budget.epsilon), ("budget δ_G", d.budget.delta),
-        ("sha256", d.sha256), ("size (bytes)", d.size_bytes), ("created", d.created_at),
+        ("feature shape", d.feature_shape), ("task", d.task), ("classes", _class_list(d)),
+        ("label column", d.label_column), ("budget ε_G", _up(d.budget.epsilon)), ("budget δ_G", _up(d.budget.delta)),
+        ("sha256", d.sha256 or "(the owner's view only)"),
+        ("size (bytes)", d.size_bytes if d.size_bytes is not None else "(the owner's view only)"),
+        ("created", d.created_at),
     ])
+
+
+def _class_list(d: Dataset) -> str | None:
+    if not d.classes:
+        return None
+    source = "declared" if d.classes_source == "declared" else "taken from the labels found"
+    return f"{len(d.classes)}: {', '.join(d.classes)} ({source})"
 
 
 def _budget_block(b: BudgetStatus) -> str:
     return key_values([
-        ("dataset", b.dataset_id), ("budget ε_G", b.epsilon), ("budget δ_G", b.delta),
-        ("committed ε", b.committed_epsilon), ("reserved ε", b.reserved_epsilon),
-        ("spent ε", b.spent_epsilon), ("remaining ε", b.remaining_epsilon),
+        ("dataset", b.dataset_id), ("budget ε_G", _up(b.epsilon)), ("budget δ_G", _up(b.delta)),
+        ("committed ε", _up(b.committed_epsilon)), ("reserved ε", _up(b.reserved_epsilon)),
+        ("spent ε", _up(b.spent_epsilon)), ("remaining ε", _down(b.remaining_epsilon)),
         ("ledger entries", b.entries), ("last hash", b.last_hash),
     ])
 
@@ -215,19 +236,27 @@ def datasets() -> None:
 @click.option("--format", "fmt", type=click.Choice(["csv", "npz"]), help="default: from the suffix")
 @click.option("--label-column", default="label", show_default=True, help="CSV label column")
 @click.option("--task", type=click.Choice(["classification", "regression"]), help="default: inferred by the server")
+@click.option("--classes", help="the public class list, comma-separated (label i is the i-th name); "
+              "default: the labels found become public")
 @json_flag
 def datasets_upload(
     path: Path, name: str | None, epsilon: float, delta: float, fmt: str | None,
-    label_column: str, task: str | None,
+    label_column: str, task: str | None, classes: str | None,
 ) -> None:
-    """Upload a CSV (header + label column) or NPZ (X, y) file with its budget."""
+    """Upload a CSV (header + label column) or NPZ (X, y) file with its budget.
+
+    The same bytes can be registered once: a second upload is refused and names the dataset that
+    holds them (raise its budget instead).
+    """
     try:
         dataset = _state().client().upload_dataset(
-            path, name=name, epsilon=epsilon, delta=delta, format=fmt, label_column=label_column, task=task
+            path, name=name, epsilon=epsilon, delta=delta, format=fmt, label_column=label_column, task=task,
+            classes=classes.split(",") if classes is not None else None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    emit(dataset, lambda: _dataset_block(dataset))
+    notices = [str(n) for n in dataset.raw.get("notices", [])]
+    emit(dataset, lambda: "\n".join([_dataset_block(dataset), *(f"note: {n}" for n in notices)]))
 
 
 @datasets.command("list")
@@ -357,7 +386,7 @@ JOB_COLUMNS: list[Column[Job]] = [
     Column("MODEL", lambda j: j.model),
     Column("DATASET", lambda j: j.dataset_id),
     Column("STEPS", lambda j: f"{j.steps_run}/{j.steps_planned}"),
-    Column("ε", lambda j: j.epsilon_ledger),
+    Column("ε", lambda j: _up(j.epsilon_ledger)),
     Column("CREATED", lambda j: j.created_at),
 ]
 
@@ -373,10 +402,10 @@ def _estimate_block(e: Estimate) -> str:
     return key_values([
         ("noise multiplier σ", e.noise_multiplier), ("sampling probability q", e.sampling_probability),
         ("steps", e.steps), ("noise std on the sum", e.noise_std_on_sum), ("sensitivity", e.sensitivity),
-        (f"ε (ledger) at δ={e.delta:g}", e.epsilon_ledger), ("ε (PRV, tighter)", e.epsilon_prv),
-        ("ε of the evaluation", e.evaluation_epsilon), ("admissible now", e.admissible),
-        ("budget remaining ε", e.budget_remaining_epsilon),
-        ("largest admissible target ε", e.largest_admissible_epsilon),
+        (f"ε (ledger) at δ={_up(e.delta)}", _up(e.epsilon_ledger)), (f"ε (single job, {e.epsilon_prv_method or 'tightest'})", _up(e.epsilon_prv)),
+        ("ε of the evaluation", _up(e.evaluation_epsilon)), ("admissible now", e.admissible),
+        ("budget remaining ε", _down(e.budget_remaining_epsilon)),
+        ("largest admissible target ε", _down(e.largest_admissible_epsilon)),
     ])
 
 
@@ -384,8 +413,8 @@ def _job_block(j: Job) -> str:
     return key_values([
         ("id", j.id), ("status", j.status), ("dataset", j.dataset_id), ("algorithm", j.algorithm),
         ("model", j.model), ("steps", f"{j.steps_run}/{j.steps_planned}"),
-        ("noise multiplier σ", j.noise_multiplier), (f"ε (ledger) at δ={j.delta:g}", j.epsilon_ledger),
-        ("ε (PRV, tighter)", j.epsilon_prv), ("attempt", j.attempt), ("cancel requested", j.cancel_requested),
+        ("noise multiplier σ", j.noise_multiplier), (f"ε (ledger) at δ={_up(j.delta)}", _up(j.epsilon_ledger)),
+        ("ε (single job, tightest)", _up(j.epsilon_prv)), ("attempt", j.attempt), ("cancel requested", j.cancel_requested),
         ("error", j.error_code), ("metrics", j.metrics), ("created", j.created_at),
         ("started", j.started_at), ("finished", j.finished_at),
     ])
@@ -514,7 +543,7 @@ def jobs_download(job_id: str, out_dir: Path) -> None:
         {**files, "guarantee": report.get("guarantee")},
         lambda: key_values([
             ("model", model_path), ("report", report_path), ("guarantee", report.get("guarantee")),
-            ("ε (ledger)", epsilon.get("ledger")), ("δ", epsilon.get("delta")),
+            ("ε (ledger)", _up(epsilon.get("ledger"))), ("δ", _up(epsilon.get("delta"))),
         ]),
     )
 

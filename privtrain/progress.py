@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
+from privtrain.directed_rounding import format_guarantee
 from privtrain.resources import Job
 
 
@@ -34,8 +35,8 @@ def render(progress: JobProgress, *, width: int = 30) -> str:
     done = min(progress.steps_done, planned)
     filled = round(width * done / planned)
     bar = "#" * filled + "-" * (width - filled)
-    eps = "—" if progress.epsilon_spent is None else f"{progress.epsilon_spent:.4g}"
-    budget = f"{progress.job.epsilon_ledger:.4g}" if progress.job.epsilon_ledger is not None else "?"
+    eps = format_guarantee(progress.epsilon_spent)
+    budget = format_guarantee(progress.job.epsilon_ledger) if progress.job.epsilon_ledger is not None else "?"
     return (
         f"{progress.job.id} [{bar}] {progress.steps_done}/{progress.steps_planned} steps"
         f"  ε spent {eps} of {budget}  {progress.job.status}"

@@ -135,6 +135,9 @@ class Estimate(Resource):
     delta: float
     epsilon_ledger: float
     epsilon_prv: float | None
+    """The tightest valid single-job ε the service computed (never above epsilon_ledger)."""
+    epsilon_prv_method: str | None
+    """Which method produced it (prv, pld, gaussian-dp, pure-dp-optimal, rdp-single-job, rdp)."""
     noise_std_on_sum: float
     sensitivity: float
     admissible: bool

@@ -510,3 +510,39 @@ def run_idempotent_race(live: LiveService, *, n: int = 20) -> None:
         assert_ledger_state(
             live, client, dataset["id"], curve=curve, k=1, admitted_ids=ids, genesis=genesis, exhausted=False
         )
+
+
+def run_duplicate_upload_race(live: LiveService, *, n: int = 8) -> None:
+    """n concurrent uploads of the same bytes by one tenant: one dataset, one budget; every other
+    upload is a 409 naming it, and no blob or temp file is lost or left behind."""
+    key = live.tenant_key("frank")
+    barrier = threading.Barrier(n)
+    answers: list[tuple[int, Any] | None] = [None] * n
+    params = {"name": "digits", "format": "csv", "label_column": "label", "epsilon": 4.0, "delta": DATASET_DELTA}
+
+    def one(index: int) -> None:
+        with live.client(key) as client:
+            client.get("/healthz")
+            barrier.wait(timeout=60)
+            response = client.post("/v1/datasets", params=params, content=digits_csv())
+            answers[index] = (response.status_code, response.json())
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"upload-{i}") for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=REQUEST_TIMEOUT_S + 90)
+    assert all(a is not None for a in answers), answers
+    statuses = sorted(a[0] for a in answers if a is not None)
+    assert statuses == [201] + [409] * (n - 1), statuses
+    registered = next(a[1] for a in answers if a is not None and a[0] == 201)
+    for status, body in (a for a in answers if a is not None and a[0] == 409):
+        assert body["type"] == "/problems/dataset-already-registered"
+        assert body["existing_dataset_id"] == registered["id"]
+    with live.client(key) as client:
+        listed = client.get("/v1/datasets", params={"limit": 200}).json()["items"]
+        assert [d["id"] for d in listed] == [registered["id"]]
+        assert client.get(f"/v1/datasets/{registered['id']}/budget").json()["entries"] == 0
+    blobs = [p for p in live.settings.blob_dir.rglob("*") if p.is_file()]
+    assert any(p.name == registered["sha256"] for p in blobs), "the registered dataset's blob must survive"
+    assert not [p for p in live.settings.tmp_dir.rglob("*") if p.is_file()], "no temp file left behind"

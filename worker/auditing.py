@@ -38,6 +38,7 @@ from worker.optimizers.dc_dpsgd import tail_count
 from worker.optimizers.dp_sgd import BatchAggregator
 from worker.optimizers.noise import privatise_sum
 from worker.optimizers.per_sample import supported_module
+from worker.optimizers.secure_random import SecureRandom
 
 __all__ = [
     "AuditResult",
@@ -92,11 +93,11 @@ class CanaryDesign:
 
 
 def canary_batch(
-    design: CanaryDesign, generator: torch.Generator
+    design: CanaryDesign, generator: SecureRandom
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(X, y, included): the included canaries' rows, then the fillers' rows (all-zero features,
     target 0, the spare slot: a zero gradient)."""
-    included = torch.rand(design.canaries, generator=generator, dtype=torch.float64) < 0.5
+    included = generator.uniform(design.canaries, dtype=torch.float64).cpu() < 0.5
     chosen = torch.nonzero(included).squeeze(1)
     X = torch.zeros(chosen.numel() + design.fillers, design.marker_size + 1)
     X[: chosen.numel(), : design.marker_size] = design.marker_weight / math.sqrt(design.marker_size)
@@ -162,7 +163,7 @@ def audit_one_step(
     guess_fraction: float = 0.8,
     confidence: float = 0.95,
     max_physical_batch_size: int = 4096,
-    generator: torch.Generator,
+    generator: SecureRandom,
 ) -> AuditResult:
     """Run one released step on a canary batch and return the audit's ε lower bound at δ."""
     X, y, included = canary_batch(design, generator)

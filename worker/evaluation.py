@@ -10,17 +10,24 @@ import torch
 from torch import nn
 
 from app.evaluation import EvaluationPlan
+from worker.optimizers import discrete_samplers
+from worker.optimizers.secure_random import SecureRandom
 
 EVAL_CHUNK_ROWS = 4096
 
 
-def secure_rng() -> np.random.Generator:
-    """A numpy generator seeded with 128 bits from the OS CSPRNG (privacy.md §2)."""
-    return np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+def secure_random(*, secure_gaussian: bool = True) -> SecureRandom:
+    """A fresh OS-seeded CPU SecureRandom (NumPy Philox, 256-bit seed; privacy.md §2).
+
+    Hold-out coins and the evaluation noise are drawn on its NumPy stream; each use gets its own.
+    """
+    return SecureRandom.from_os_entropy("cpu", secure_gaussian=secure_gaussian)
 
 
 def holdout_mask(n_rows: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Independent per-row coins, so adding a row changes one side of the split only."""
+    """Independent per-row coins, so adding a row changes one side of the split only.
+
+    ``rng`` is a SecureRandom's ``numpy`` stream (fixed seeds in tests only)."""
     return rng.random(n_rows) < fraction
 
 
@@ -33,7 +40,7 @@ def load_or_draw_holdout(path: Path, n_rows: int, fraction: float) -> np.ndarray
         mask = np.load(path, allow_pickle=False)
         if mask.shape == (n_rows,) and mask.dtype == np.bool_:
             return mask
-    mask = holdout_mask(n_rows, fraction, secure_rng())
+    mask = holdout_mask(n_rows, fraction, secure_random().numpy)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, mask, allow_pickle=False)
@@ -60,14 +67,27 @@ def metric_sum(model: nn.Module, X: torch.Tensor, y: torch.Tensor, plan: Evaluat
     return total
 
 
-def draw_noise(plan: EvaluationPlan, rng: np.random.Generator) -> float:
-    """One draw of the charged noise: Laplace(b) or N(0, std²), with b / std = plan.noise_scale."""
+def noisy_sum(plan: EvaluationPlan, raw_sum: float, random: SecureRandom) -> float:
+    """The metric's sum with the charged noise: Laplace(b) or N(0, std²), b / std = plan.noise_scale.
+
+    Laplace: snapped to a power-of-two grid with exact discrete Laplace noise, so the released
+    double does not reveal the true sum (Mironov 2012) and the mechanism is exactly (Δ/b)-DP.
+    Gaussian: the stream's Gaussian (secure mode when on). Both on the CPU stream.
+    """
+    if random.device.type != "cpu":
+        raise ValueError("evaluation noise is drawn from a CPU SecureRandom")
     if plan.mechanism == "laplace":
-        return float(rng.laplace(0.0, plan.noise_scale))
-    return float(rng.normal(0.0, plan.noise_scale))
+        released = discrete_samplers.snapped_laplace(
+            random.numpy, np.array([raw_sum], dtype=np.float64), scale=plan.noise_scale,
+            l1_sensitivity=plan.sensitivity,
+        )
+        return float(released[0])
+    return raw_sum + float(random.normal((), std=plan.noise_scale, dtype=torch.float64))
 
 
-def release(model: nn.Module, X: torch.Tensor, y: torch.Tensor, plan: EvaluationPlan) -> dict[str, object]:
+def release(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, plan: EvaluationPlan, *, secure_gaussian: bool = True
+) -> dict[str, object]:
     raw = metric_sum(model, X, y, plan)
-    value = plan.release(raw_sum=raw, noise=draw_noise(plan, secure_rng()))
+    value = plan.normalise(noisy_sum=noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian)))
     return {plan.metric: value, **plan.describe()}

@@ -6,7 +6,10 @@ import datetime as dt
 from typing import Any
 
 from app import privacy
+from app.algorithms import get_algorithm
+from app.facts import public_class_list
 from app.models import Dataset, Job, LedgerEntry
+from privtrain.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
 
@@ -16,14 +19,43 @@ CAVEATS = (
     "tuned on the same data in earlier jobs are covered only insofar as those jobs were also "
     "charged to this ledger).",
     "The ledger ε is derived from the Rényi-DP curve on a fixed order grid and is what the budget "
-    "is charged; the PRV ε is a tighter single-job upper bound for this job alone and is not "
-    "used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid filter.",
-    "The row count n of the dataset is public; dataset facts (n, feature shape, classes) are "
-    "treated as public by design.",
-    "Noise was drawn from generators seeded per job from the operating system's CSPRNG (the "
-    "streams themselves are PyTorch's and NumPy's generators); floating-point effects of sampled "
-    "noise are not accounted for.",
+    "is charged. The single-job ε (prv_upper_bound, with the method that produced it in "
+    "single_job_method) is the smallest valid bound of several methods for this job alone; it is "
+    "not used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid "
+    "filter.",
+    "Public by design: the row count n, the feature shape and names, the task and the class list, "
+    "as the owner declared them at upload. The content hash and the byte size are exact functions "
+    "of the rows: only the dataset's owner sees them.",
+    "Every privacy-protecting draw (noise, sampling, hold-out coins, selections) came from a per-job "
+    "stream with at least 128 secret bits from the operating system's CSPRNG (NumPy Philox with a "
+    "256-bit seed on the CPU; two independently keyed Philox generators on CUDA), never stored "
+    "outside the worker. Gaussian noise is drawn in secure mode when the service's secure_noise "
+    "setting is on (each value the sum of four draws, halved; Holohan & Braghin 2021), as it must "
+    "be in production. Laplace noise and selections are sampled exactly with integer arithmetic on "
+    "a power-of-two grid (no Mironov-style floating-point leak), with the grid's rounding paid for "
+    "by slightly more noise. Floating-point effects of the Gaussian sampler beyond secure mode are "
+    "not accounted for.",
 )
+
+OBSERVED_CLASSES_CAVEAT = (
+    "No class list was declared at upload, so the list shown was taken from the labels found: it is "
+    "an exact function of the rows, made public when the dataset was registered, and not covered by "
+    "this guarantee."
+)
+
+
+def budget_raise_caveat(adjustments: list[dict[str, Any]]) -> str:
+    """What a raised budget means: a running total, not a guarantee fixed in advance."""
+    seqs = ", ".join(str(a["seq"]) for a in adjustments)
+    return (
+        f"The owner raised this dataset's budget {len(adjustments)} time(s) (ADJUST entries {seqs}). "
+        "Releases admitted before the first raise are covered by the budget in force then, which was "
+        "fixed before they ran. For everything since, the budget in force now is a running total of "
+        "what the ledger has charged, not a guarantee fixed in advance: a raise decided after seeing "
+        "earlier results is itself a choice that depends on the data, and the privacy filter's "
+        "theorem assumes a budget chosen beforehand. A bound that stays valid under such raises (a "
+        "privacy odometer; Rogers, Roth, Ullman & Vadhan 2016) needs more δ and is not computed here."
+    )
 
 
 NORMALISATION = {
@@ -32,6 +64,15 @@ NORMALISATION = {
     "disjoint-blocks": "per block, divided by the public expected block size",
 }
 """How each sampling scheme's releases are normalised (privacy.md §2: public constants only)."""
+
+
+def _class_list_fields(dataset: Dataset) -> dict[str, Any]:
+    """The public class list and whether the owner declared it (privacy.md §1)."""
+    classes = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
+                                class_names=dataset.class_names, declared=dataset.classes_declared)
+    if classes is None:
+        return {}
+    return {"classes": list(classes.names), "classes_source": classes.source}
 
 
 def _sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) -> dict[str, Any]:
@@ -62,12 +103,9 @@ def build_report(
     event = privacy.event_from_json(actual_event)
     caveats = list(CAVEATS)
     if adjustments:
-        caveats.insert(
-            0,
-            f"The owner raised this dataset's budget {len(adjustments)} time(s) (ADJUST entries "
-            f"{', '.join(str(a['seq']) for a in adjustments)}): the total guarantee of all releases "
-            "from this dataset is the budget in force now, not the one it was registered with.",
-        )
+        caveats.insert(0, budget_raise_caveat(adjustments))
+    if not dataset.classes_declared and dataset.task == "classification":
+        caveats.append(OBSERVED_CLASSES_CAVEAT)
     if metrics is not None:
         caveats.append(
             "The released evaluation metric is noisy by design (its mechanism is stated); the "
@@ -83,16 +121,18 @@ def build_report(
         "dataset": {
             "id": dataset.id,
             "name": dataset.name,
+            # The owner's copy only: app.reporting.redaction drops it for anyone else.
             "sha256": dataset.sha256,
             "n_rows": dataset.n_rows,
             "feature_shape": dataset.feature_shape,
             "task": dataset.task,
             "n_classes": dataset.n_classes,
+            **_class_list_fields(dataset),
         },
         "privacy_unit": "one row of the uploaded dataset",
         "neighbouring_relation": "add/remove one row",
         "guarantee": (
-            f"({job.epsilon_ledger:.4g}, {job.delta:.3g})-differential privacy for one row, "
+            f"({format_guarantee(job.epsilon_ledger)}, {format_guarantee(job.delta)})-differential privacy for one row, "
             "as charged to the dataset's ledger"
         ),
         "model": {"name": job.model_name, "params": job.spec["model"]["params"], "sha256": model_sha256},
@@ -120,8 +160,11 @@ def build_report(
             "ledger_definition": "RDP curve converted at δ/|orders| (the ledger's currency)",
             "rdp_at_delta": eps_rdp,
             "rdp_best_order": order,
-            "prv_upper_bound": privacy.prv_epsilon(event, job.delta),
-            "prv_label": "tight single-job upper bound (prv-accountant); not used by the ledger",
+            "prv_upper_bound": (tight := privacy.single_job_epsilon(
+                event, job.delta, zcdp_is_gaussian=get_algorithm(job.algorithm).zcdp_leaves_are_gaussian
+            )).epsilon,
+            "single_job_method": tight.method,
+            "prv_label": tight.detail,
         },
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},
         "accountant": {"name": privacy.ACCOUNTANT_NAME, "version": privacy.ACCOUNTANT_VERSION},

@@ -3,7 +3,8 @@
 Every state change is one database transaction that first locks the dataset's budget row, so the
 job row and the ledger always move together. A retried attempt (after a lost worker) runs inside
 the same reservation: it is claimed again but never reserves or touches again, and resumes from
-its checkpoint with the same generator state and hold-out split. Messages of an old attempt are
+its checkpoint with the same SecureRandom state and hold-out split (both secret: worker storage
+only, never in a log line, event, report or model artifact). Messages of an old attempt are
 no-ops. Errors shown to users are generic codes; tracebacks go to operator logs only
 (privacy.md §1).
 """
@@ -38,7 +39,7 @@ from app.model_catalogue import get_model
 from app.models import Dataset, Job, PrivacyBudget, utcnow
 from app.storage import BlobStore
 from worker import evaluation as dp_evaluation
-from worker.optimizers.dp_sgd import secure_generator
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.report import build_report
 from worker.trainers import TrainingRequest, get_trainer, preflight
@@ -46,6 +47,15 @@ from worker.training.artifacts import load_training_state, save_model, save_trai
 from worker.training.models import build_model
 
 log = logging.getLogger("privtrain.worker")
+
+
+def _init_generator() -> torch.Generator:
+    """Model initialisation's own generator (non-private: init is data-independent).
+
+    Deliberately a plain torch.Generator, separate from the job's SecureRandom, so building the
+    model never consumes or shares the noise stream; OS-seeded only so jobs do not all start alike.
+    """
+    return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,7 @@ class JobRunner:
         model = self._build_model(job, dataset)
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
         checkpoint = self._private_path(job.id, ".safetensors")
-        resume: TrainingState | None = load_training_state(checkpoint) if checkpoint.exists() else None
+        resume = self._resumable(job.id, checkpoint, device)
         hooks, timed_out = self._hooks(claimed, checkpoint)
         result = get_trainer(job.algorithm)(
             TrainingRequest(
@@ -219,7 +229,8 @@ class JobRunner:
                 expected_batch_size=claimed.plan.expected_batch_size,
                 steps=job.steps_planned,
                 max_physical_batch_size=self.settings.max_physical_batch_size,
-                generator=secure_generator(device), hooks=hooks,
+                generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
+                hooks=hooks,
                 resume_from=resume, device=device,
             )
         )
@@ -228,8 +239,28 @@ class JobRunner:
         metrics = None
         if claimed.evaluation is not None:
             assert X_eval is not None and y_eval is not None
-            metrics = dp_evaluation.release(model, X_eval, y_eval, claimed.evaluation)
+            metrics = dp_evaluation.release(
+                model, X_eval, y_eval, claimed.evaluation, secure_gaussian=self.settings.secure_noise
+            )
         return Outcome(result=result, model_path=self._write_model(claimed, model, n_outputs), metrics=metrics)
+
+    @staticmethod
+    def _resumable(job_id: str, checkpoint: Path, device: torch.device) -> TrainingState | None:
+        """The checkpoint to resume from, or None to start over inside the same reservation.
+
+        A checkpoint whose noise state this worker cannot continue (written before the noise
+        source changed, or on another device type) is discarded: restarting is sound, because a
+        checkpoint is never released, and only the final model of the attempt that finishes is.
+        """
+        if not checkpoint.exists():
+            return None
+        state = load_training_state(checkpoint)
+        if not SecureRandom.can_restore(state.generator_state, device):
+            log.warning("checkpoint not resumable; restarting the job inside its reservation",
+                        extra={"job_id": job_id, "device_type": device.type})
+            checkpoint.unlink(missing_ok=True)
+            return None
+        return state
 
     @staticmethod
     def _build_model(job: Job, dataset: Dataset) -> torch.nn.Module:
@@ -238,7 +269,7 @@ class JobRunner:
             job.spec["model"]["params"],
             input_shape=tuple(dataset.feature_shape),
             n_outputs=get_model(job.model_name).n_outputs(facts_of(dataset)),
-            generator=secure_generator("cpu"),
+            generator=_init_generator(),
         )
 
     def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:

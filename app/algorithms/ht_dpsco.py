@@ -231,8 +231,9 @@ class FWHyperparameters(_HTBase):
     biweight_c: float = _positive(4.685, "the biweight's cut-off c", le=1e6)
     selection: Literal["gumbel", "laplace-noisy-max"] = Field(
         default="gumbel",
-        description="'gumbel': the exponential mechanism exactly (Gumbel-max); 'laplace-noisy-max': "
-        "report-noisy-max with Laplace(2Δσ) noise (a different ε-DP selection)",
+        description="'gumbel' (the historical name): the exponential mechanism, sampled exactly with "
+        "integer arithmetic; 'laplace-noisy-max': report-noisy-max with discrete Laplace(2Δσ) noise on a "
+        "power-of-two grid (a different ε-DP selection)",
     )
 
 

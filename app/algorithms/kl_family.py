@@ -485,6 +485,10 @@ class _KLAlgorithm(AlgorithmDefinition):
         "specs/kl-spider.md and privacy.md"
     )
     unit_based: bool = True
+    # Checked in worker/optimizers/kl_*.py: every release (FullBatch.release / noisy_gradient /
+    # noisy_scalar) adds N(0, s²) noise to a clipped sum, a difference or a norm of L2-sensitivity
+    # Δ; every stop and noise choice reads released values only (a Gaussian zCDP filter).
+    zcdp_leaves_are_gaussian = True
 
     def plan(
         self,

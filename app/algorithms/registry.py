@@ -52,6 +52,9 @@ class AlgorithmDefinition:
     paper: ClassVar[str]
     summary: ClassVar[str]
     Hyperparameters: ClassVar[type[BaseModel]]
+    zcdp_leaves_are_gaussian: ClassVar[bool] = False
+    """True only when every release behind the plan's ZCDPEvent leaves is Gaussian noise on a
+    bounded-L2 sum: the report may then use the exact Gaussian-DP bound (app.privacy.single_job)."""
 
     def validate_hyperparameters(self, raw: dict[str, Any]) -> BaseModel:
         try:

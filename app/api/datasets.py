@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import unicodedata
-from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -22,11 +21,10 @@ from app.api.routing import ReleasingRoute
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.grants import GrantView, grant_access, grants_of, revoke_access
 from app.facts import public_class_list
+from privtrain.directed_rounding import format_remaining
 from app.ingest import (
     DatasetValidationError,
     IngestLimits,
-    ParsedDataset,
-    check_labels_in_classes,
     dataset_facts,
     parse_class_list,
     parse_dataset,
@@ -182,21 +180,6 @@ def _observed_classes_notice(n_classes: int) -> str:
     )
 
 
-def _parse_upload(
-    path: Path, *, fmt: str, label_column: str | None, task: str | None,
-    classes: tuple[str, ...] | None, limits: IngestLimits,
-) -> ParsedDataset:
-    """Validate the upload; a declared class list makes the task classification and bounds labels."""
-    if classes is not None:
-        if task not in (None, "classification"):
-            raise DatasetValidationError("bad-class-list", "a class list needs task=classification")
-        task = "classification"
-    parsed = parse_dataset(path, fmt=fmt, label_column=label_column, task=task, limits=limits)
-    if classes is not None:
-        check_labels_in_classes(parsed.y, classes)
-    return parsed
-
-
 @router.post("", status_code=201, response_model=DatasetOut)
 async def upload_dataset(
     request: Request,
@@ -261,8 +244,8 @@ async def upload_dataset(
         _refuse_known_content(services, tenant, sha256)
         try:
             parsed = await run_in_threadpool(
-                _parse_upload, pending.path, fmt=format, label_column=label_column, task=task,
-                classes=class_list, limits=limits,
+                parse_dataset, pending.path, fmt=format, label_column=label_column, task=task,
+                limits=limits, classes=class_list,
             )
         except DatasetValidationError as exc:
             raise Problem(
@@ -275,7 +258,7 @@ async def upload_dataset(
             raise Problem(
                 status=422,
                 slug="invalid-budget",
-                detail=f"delta must be below 1/n = {1.0 / facts['n_rows']:.3g} for n = {facts['n_rows']} rows",
+                detail=f"delta must be below 1/n = {format_remaining(1.0 / facts['n_rows'])} for n = {facts['n_rows']} rows",
             )
         key, created = services.blobs.adopt(pending.path, sha256)
     except BaseException:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from app import ledger, privacy
 from app.api.routing import ReleasingRoute
 from app.api.event_stream import EVENT_STREAM_MEDIA_TYPE, StreamTiming, job_event_stream, wants_event_stream
-from app.access import dataset_for, job_for, visible_jobs
+from app.access import dataset_for, job_for, relation_to, visible_jobs
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
 from app.job_settlement import mark_dispatched
@@ -23,9 +23,11 @@ from app.job_views import add_job_event, job_out
 from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
 from app.pagination import decode_cursor, encode_cursor
 from app.problems import Problem
+from app.reporting.redaction import report_for_viewer
 from app.reporting.responses import html_report_response
 from app.schemas.jobs import JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
 from app.services import Services
+from privtrain.directed_rounding import format_guarantee, format_remaining
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.jobs")
@@ -51,6 +53,7 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget) -> PrivacyEstimate:
         delta=plan.delta,
         epsilon_ledger=plan.epsilon_ledger,
         epsilon_prv=plan.epsilon_prv,
+        epsilon_prv_method=plan.epsilon_prv_method,
         noise_std_on_sum=plan.noise_std_on_sum,
         sensitivity=plan.plan.sensitivity,
         admissible=witness is not None,
@@ -157,8 +160,10 @@ def submit(
                     status=409,
                     slug="insufficient-privacy-budget",
                     detail=(
-                        f"the job costs ε = {plan.epsilon_ledger:.4g} at δ = {plan.delta:.3g} "
-                        "and does not fit the dataset's remaining budget"
+                        # the cost is a guarantee (rounded up), what remains is rounded down
+                        f"the job costs ε = {format_guarantee(plan.epsilon_ledger)} at "
+                        f"δ = {format_guarantee(plan.delta)} and does not fit the dataset's "
+                        f"remaining budget of ε = {format_remaining(exc.remaining_epsilon)}"
                     ),
                     extra={
                         "remaining_epsilon": exc.remaining_epsilon,
@@ -351,4 +356,5 @@ def download_report(
     report = json.loads(services.blobs.path(key).read_text())
     if format == "html":
         return html_report_response(session, job, report, viewer_tenant_id=tenant.id)
-    return JSONResponse(report)
+    owner = relation_to(session, tenant, job) == "dataset-owner"
+    return JSONResponse(report_for_viewer(report, viewer_owns_dataset=owner))

@@ -1,6 +1,6 @@
 """Parsing and validation of uploaded datasets (CSV, NPZ); torch-free, shared by API and worker."""
 
-from app.ingest.classes import check_labels_in_classes, parse_class_list
+from app.ingest.classes import parse_class_list
 from app.ingest.dataset import TASKS, IngestFacts, ParsedDataset, Task, dataset_facts
 from app.ingest.errors import REASONS, DatasetValidationError, Reason
 from app.ingest.limits import IngestLimits
@@ -16,7 +16,6 @@ __all__ = [
     "ParsedDataset",
     "Reason",
     "Task",
-    "check_labels_in_classes",
     "dataset_facts",
     "parse_class_list",
     "parse_dataset",

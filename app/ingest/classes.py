@@ -16,6 +16,7 @@ import numpy as np
 
 from app.ingest.errors import DatasetValidationError
 from app.ingest.numeric import first_true
+from app.ingest.registry import RowPositions
 
 MAX_CLASS_NAME_CHARS = 100
 
@@ -44,7 +45,7 @@ def parse_class_list(raw: str | None, *, max_classes: int) -> tuple[str, ...] | 
     return names
 
 
-def check_labels_in_classes(y: np.ndarray, classes: tuple[str, ...]) -> None:
+def check_labels_in_classes(y: np.ndarray, classes: tuple[str, ...], *, rows: RowPositions) -> None:
     """Every label must index the declared list (0 .. len(classes) - 1).
 
     The detail names the row, never the label's value (values are the private data).
@@ -53,7 +54,15 @@ def check_labels_in_classes(y: np.ndarray, classes: tuple[str, ...]) -> None:
     if row is not None:
         raise DatasetValidationError(
             "label-not-in-classes",
-            f"the label of data row {row + 1} is not an index into the declared class list "
-            f"of {len(classes)} classes (labels must be 0 to {len(classes) - 1})",
+            f"the label at {rows.describe(row)} is not an index into the declared class list of "
+            f"{len(classes)} classes (labels must be 0 to {len(classes) - 1})",
         )
 
+
+def task_for_class_list(task: str | None, classes: tuple[str, ...] | None) -> str | None:
+    """A declared class list means classification; asking for regression with one is an error."""
+    if classes is None:
+        return task
+    if task not in (None, "classification"):
+        raise DatasetValidationError("bad-class-list", "a class list needs task=classification")
+    return "classification"

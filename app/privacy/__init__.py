@@ -1,4 +1,5 @@
-"""Torch-free privacy math for privtrain: events, RDP curves, the Rényi filter, calibration, PRV.
+"""Torch-free privacy math for privtrain: events, RDP curves, the Rényi filter, calibration, PRV and
+the tight single-job ε of the report.
 
 Every number produced here is meant to be a true upper bound on privacy loss (privacy.md): costs
 and epsilons are rounded up, capacities down (see :mod:`app.privacy.rounding`).
@@ -23,6 +24,7 @@ from app.privacy.events import (
 from app.privacy.orders import ORDERS, ORDERS_VERSION
 from app.privacy.prv import prv_epsilon
 from app.privacy.rdp import rdp_curve
+from app.privacy.single_job import SingleJobEpsilon, single_job_epsilon
 from app.privacy.versions import ACCOUNTANT_NAME, ACCOUNTANT_VERSION
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "PrivacyEvent",
     "PrivacyEventError",
     "PureDPEvent",
+    "SingleJobEpsilon",
     "ZCDPEvent",
     "add_curves",
     "admission_order",
@@ -53,5 +56,6 @@ __all__ = [
     "prv_epsilon",
     "rdp_curve",
     "remaining_epsilon",
+    "single_job_epsilon",
     "subtract_curves",
 ]

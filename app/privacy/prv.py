@@ -4,7 +4,8 @@ PRV composition is not a valid privacy filter over adaptively chosen jobs (priva
 this number never touches the ledger. It is the accountant's *upper* bound (third value of
 ``compute_epsilon``); whenever the computation cannot be trusted the answer is None and the
 report shows only the RDP number. Events containing zCDP or exponential-mechanism leaves have no
-PRV here and also give None.
+PRV here and also give None; :mod:`app.privacy.single_job` rewrites such leaves into dominating
+mechanisms before calling this, and is what the report and the API show.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from privtrain.directed_rounding import format_guarantee
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -83,7 +85,7 @@ def epsilon_vs_steps_svg(
             axes.plot([final_steps], [final_prv], "s", color=_COLOURS["committed"], mfc="white",
                       label="PRV bound (this job)")
         axes.set_xlabel("training steps k")
-        axes.set_ylabel(f"ε at δ = {delta:.3g}")
+        axes.set_ylabel(f"ε at δ = {format_guarantee(delta, digits=3)}")  # δ of a guarantee: rounded up
         axes.set_xlim(left=0)
         axes.set_ylim(bottom=0)
         figure.legend(loc="outside lower center", ncols=3, frameon=False, fontsize=8)

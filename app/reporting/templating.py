@@ -15,11 +15,14 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from privtrain.directed_rounding import format_guarantee, format_remaining
+
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
 def format_number(value: Any, digits: int = 6) -> str:
-    """Numbers for people: ``digits`` significant digits; ints, None and text unchanged."""
+    """Numbers for people: ``digits`` significant digits, nearest; ints, None and text unchanged.
+    Not for privacy figures: those use the directed ``guarantee`` and ``remaining`` filters."""
     if value is None:
         return "—"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -29,6 +32,22 @@ def format_number(value: Any, digits: int = 6) -> str:
     if math.isnan(value) or math.isinf(value):
         return str(value)
     return f"{value:.{digits}g}"
+
+
+def _is_real(value: Any) -> bool:  # noqa: ANN401 - any template value
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def guarantee_number(value: Any, *, digits: int = 6) -> str:  # noqa: ANN401 - any template value
+    """An ε or δ that states a guarantee (charged, reserved, committed, a job's ε or δ), rounded
+    toward +∞: nearest rounding could print less than holds (3.00012 as ``3``)."""
+    return format_guarantee(value, digits=digits) if _is_real(value) or value is None else str(value)
+
+
+def remaining_number(value: Any, *, digits: int = 6) -> str:  # noqa: ANN401 - any template value
+    """A remaining budget (remaining ε, largest admissible ε), rounded toward −∞: it must never
+    promise budget that is not there."""
+    return format_remaining(value, digits=digits) if _is_real(value) or value is None else str(value)
 
 
 def exact_number(value: Any) -> str:
@@ -57,6 +76,8 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["num"] = format_number
+    env.filters["guarantee"] = guarantee_number
+    env.filters["remaining"] = remaining_number
     env.filters["exact"] = exact_number
     env.filters["pretty_json"] = pretty_json
     env.globals["percent"] = percent

@@ -104,7 +104,14 @@ class PrivacyEstimate(BaseModel):
     delta: float
     epsilon_ledger: float = Field(description="ε at δ from the RDP curve: what the ledger charges")
     epsilon_prv: float | None = Field(
-        description="tight single-job ε upper bound from prv-accountant (not used by the ledger)"
+        description="the tightest valid single-job ε upper bound the service computes for this job "
+        "alone (PRV, PLD, exact Gaussian-DP, optimal pure-DP composition or RDP; never below a valid "
+        "bound, never above epsilon_ledger); not used by the ledger"
+    )
+    epsilon_prv_method: str | None = Field(
+        default=None,
+        description="which method produced epsilon_prv: prv, pld, gaussian-dp, pure-dp-optimal, "
+        "rdp-single-job or rdp (the ledger's own number)",
     )
     noise_std_on_sum: float
     sensitivity: float

@@ -4,6 +4,7 @@ tiny linear- and logistic-regression datasets; and the 422 problems for invalid 
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.algorithms.kl_family import BUDGET_UNITS
 from app.config import Settings
+from app.privacy.single_job import gaussian_dp_epsilon
 from app.db import Database
 from tests.conftest import upload
 from worker.runner import JobRunner
@@ -67,7 +69,12 @@ def test_linear_regression_job_runs_and_settles_within_its_reservation(
     assert body["epsilon_ledger"] == pytest.approx(3.0, rel=1e-3) and body["epsilon_ledger"] <= 3.0 + 1e-9
     assert body["sampling_probability"] == 1.0 and body["sensitivity"] == 3.0
     assert body["steps"] == (40 if name == "noisy-gd" else BUDGET_UNITS)
-    assert body["epsilon_prv"] is None  # zCDP leaves have no PRV: the RDP number is the report's
+    # The KL family's zCDP leaves are Gaussian releases: a valid single-job bound below the ledger's,
+    # and for noisy-gd (40 Gaussians with noise multiplier σ) exactly the μ-GDP value, μ = √40/σ.
+    assert body["epsilon_prv"] is not None and 0 < body["epsilon_prv"] <= body["epsilon_ledger"]
+    if name == "noisy-gd":
+        mu = math.sqrt(40) / body["noise_multiplier"]
+        assert body["epsilon_prv"] == pytest.approx(gaussian_dp_epsilon(mu=mu, delta=body["delta"]), rel=1e-9)
 
     job = alice.post("/v1/jobs", json=spec).json()
     assert JobRunner(settings, db=database).run(job["id"]) == "succeeded"

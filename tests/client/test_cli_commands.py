@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from privtrain.cli import CliEnvironment, cli
+from privtrain.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport, WorkerThreads
 
 Run = Callable[..., Result]
@@ -58,7 +59,8 @@ def test_datasets_commands(run: Run, digits_path: Path, digits_csv: bytes) -> No
     assert (uploaded["name"], uploaded["n_rows"], uploaded["budget"]) == ("digits-train", 1437, {"epsilon": 8.0, "delta": 1e-5})
     assert uploaded["sha256"] == hashlib.sha256(digits_csv).hexdigest()
     assert [d["id"] for d in ok_json(run("--json", "datasets", "list"))] == [ds]
-    assert ok_json(run("datasets", "show", ds, "--json")) == uploaded
+    assert len(uploaded.pop("notices")) == 1  # the observed class list became public: said once
+    assert ok_json(run("datasets", "show", ds, "--json")) == {**uploaded, "notices": []}
 
     table = run("datasets", "list")
     assert table.exit_code == 0
@@ -103,7 +105,13 @@ def test_estimate_from_flags_and_from_a_yaml_spec(run: Run, dataset_id: str, tmp
     assert fixed.exit_code == 0, fixed.stderr
     shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in fixed.stdout.splitlines())
     assert shown["noise multiplier σ"] == "3" and shown["admissible now"] == "yes"
-    assert float(shown["ε (ledger) at δ=1e-05"]) < from_flags["epsilon_ledger"]
+    exact = ok_json(run("jobs", "estimate", "--spec", str(spec), "--noise-multiplier", "3", "--json"))
+    label = f"ε (ledger) at δ={format_guarantee(exact['delta'])}"
+    # a guarantee is printed rounded up, the remaining budget rounded down (never to nearest)
+    assert float(shown[label]) >= exact["epsilon_ledger"]
+    assert float(shown[label]) < from_flags["epsilon_ledger"]
+    assert float(shown["budget remaining ε"]) <= exact["budget_remaining_epsilon"]
+    assert float(shown["largest admissible target ε"]) <= exact["largest_admissible_epsilon"]
 
 
 def test_submit_list_show_events_cancel(run: Run, dataset_id: str, dispatcher: WorkerThreads) -> None:
@@ -193,3 +201,23 @@ def test_usage_errors_exit_2(run: Run, dataset_id: str, tmp_path: Path) -> None:
 def test_url_and_key_flags_override_the_environment(run: Run, api_key: str) -> None:
     result = run("--url", BASE_URL, "--api-key", api_key, "--json", "models", env={"PRIVTRAIN_API_KEY": "pt_nope"})
     assert result.exit_code == 0 and json.loads(result.stdout)
+
+
+def test_upload_declares_classes_and_a_second_upload_of_the_same_bytes_is_refused(
+    run: Run, digits_path: Path
+) -> None:
+    names = ",".join(f"digit-{i}" for i in range(10))
+    shown = run("datasets", "upload", str(digits_path), "--epsilon", "8", "--delta", "1e-5", "--classes", names)
+    assert shown.exit_code == 0, shown.stderr
+    assert "10: digit-0, digit-1" in shown.stdout and "(declared)" in shown.stdout
+    assert "note:" not in shown.stdout  # a declared list needs no notice
+    again = run("datasets", "upload", str(digits_path), "--name", "copy", "--epsilon", "8", "--delta", "1e-5")
+    assert again.exit_code == 1
+    assert "/problems/dataset-already-registered" in again.stderr and "raise that dataset's budget" in again.stderr
+
+
+def test_upload_without_classes_says_the_observed_list_is_now_public(run: Run, digits_path: Path) -> None:
+    shown = run("datasets", "upload", str(digits_path), "--epsilon", "8", "--delta", "1e-5")
+    assert shown.exit_code == 0, shown.stderr
+    assert "taken from the labels found" in shown.stdout
+    assert "note: no class list was declared" in shown.stdout

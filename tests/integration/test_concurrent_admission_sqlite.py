@@ -16,6 +16,7 @@ from tests.concurrency_helpers import (
     LiveService,
     concurrency_settings,
     live_server,
+    run_duplicate_upload_race,
     run_idempotent_race,
     run_single_dataset_race,
     run_two_dataset_race,
@@ -48,3 +49,7 @@ def test_two_datasets_race_independently(live: LiveService) -> None:
 
 def test_same_idempotency_key_under_concurrency_makes_one_job(live: LiveService) -> None:
     run_idempotent_race(live)
+
+
+def test_concurrent_uploads_of_the_same_bytes_register_one_dataset(live: LiveService) -> None:
+    run_duplicate_upload_race(live)

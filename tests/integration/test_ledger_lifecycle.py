@@ -24,9 +24,11 @@ pytestmark = pytest.mark.integration
 FORBIDDEN_KEYS = re.compile(r"loss|grad|(?<!clipping_)norm(?!al)|clip_count|clipped|error_vector|per_sample", re.I)
 
 
-def _digits_dataset(client: TestClient, **params: object) -> dict:
+def _digits_dataset(client: TestClient, *, first_row: int, **params: object) -> dict:
+    """The digits training split from ``first_row`` on: each test's upload is its own content (one
+    content, one budget: the same bytes cannot be registered twice by one tenant)."""
     X_train, _, y_train, _ = digits_split()
-    response = upload(client, to_csv(X_train, y_train), **params)
+    response = upload(client, to_csv(X_train[first_row:], y_train[first_row:]), **params)
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -41,7 +43,7 @@ def _keys(value: object) -> list[str]:
 
 def test_dp_evaluation_is_released_charged_and_nothing_else_leaks(embedded: tuple[TestClient, Path, Database]) -> None:
     client, log_path, db = embedded
-    dataset = _digits_dataset(client, name="eval")
+    dataset = _digits_dataset(client, first_row=0, name="eval")
     spec = dp_sgd_spec(dataset["id"], target_epsilon=6.0)
     spec["training"] = {"epochs": 10, "batch_size": 128, "learning_rate": 2.0}
     spec["evaluation"] = {"holdout_fraction": 0.25, "mechanism": "laplace", "epsilon": 0.5}
@@ -71,7 +73,7 @@ def test_dp_evaluation_is_released_charged_and_nothing_else_leaks(embedded: tupl
 
 def test_budget_raise_is_an_adjust_entry_flagged_in_later_reports(embedded: tuple[TestClient, Path, Database]) -> None:
     client, log_path, db = embedded
-    dataset = _digits_dataset(client, name="raise", epsilon=2)
+    dataset = _digits_dataset(client, first_row=1, name="raise", epsilon=2)
     path = f"/v1/datasets/{dataset['id']}/budget"
     lower = client.post(path, json={"epsilon": 1.0})
     assert lower.status_code == 422 and lower.json()["type"] == "/problems/invalid-budget"
@@ -90,6 +92,7 @@ def test_budget_raise_is_an_adjust_entry_flagged_in_later_reports(embedded: tupl
     report = client.get(f"/v1/jobs/{job['id']}/report").json()
     assert report["ledger"]["budget_adjustments"][0]["epsilon_to"] == 4.0
     assert "raised this dataset's budget" in report["caveats"][0]
+    assert "running total" in report["caveats"][0] and "not a guarantee fixed in advance" in report["caveats"][0]
     assert verify_ledger(db, dataset_id=dataset["id"]).ok
 
 
@@ -102,7 +105,7 @@ def test_killed_worker_is_retried_inside_the_same_reservation(tmp_path: Path) ->
     db = Database(settings.resolved_database_url)
     with TestClient(create_app(settings)) as client:
         client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
-        dataset = _digits_dataset(client, name="crash")
+        dataset = _digits_dataset(client, first_row=2, name="crash")
         spec = dp_sgd_spec(dataset["id"], target_epsilon=4.0)
         spec["training"] = {"steps": 1500, "batch_size": 64, "learning_rate": 0.5}
         job = client.post("/v1/jobs", json=spec).json()
@@ -140,7 +143,7 @@ def test_job_over_its_time_limit_is_stopped_and_commits_its_reservation(tmp_path
     log_path = tmp_path / "worker.log"
     with running_worker(settings, log_path), TestClient(create_app(settings)) as client:
         client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
-        dataset = _digits_dataset(client, name="slow")
+        dataset = _digits_dataset(client, first_row=3, name="slow")
         spec = dp_sgd_spec(dataset["id"], target_epsilon=2.0)
         # the job's own limit (5 s), below the service's (600 s)
         spec["training"] = {"steps": 200_000, "batch_size": 64, "learning_rate": 0.1, "time_limit_s": 5.0}

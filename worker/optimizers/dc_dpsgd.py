@@ -6,10 +6,11 @@ data part Σ_{i∈S} clip_{c(i)}(g_i) of a step and ``sensitivity`` its add/remo
 batch size and steps. The derivations of Δ (2·c1 − c2 for RANK, c1 for THRESHOLD) and of the
 joint accounting of the tracked threshold are in :mod:`app.algorithms.dc_dpsgd`.
 
-A step, in the order the job's generator is used (all of it data-independent randomness):
+A step, in the order the job's SecureRandom is used (all of it data-independent randomness):
 
-1. a 62-bit projection key for this step (W_t is then keyed by (key, step, block), see
-   :mod:`worker.optimizers.dc_projection`), so checkpoint/resume reproduces W_t exactly;
+1. W_t is keyed by (job key, step, block): the job's 128-bit projection key comes from
+   ``SecureRandom.derive_key`` (no draw; the secret behind it is in the checkpointed state), so
+   checkpoint/resume reproduces W_t exactly (see :mod:`worker.optimizers.dc_projection`);
 2. the trace noise N(0, σ_tr²) for every row of the batch (drawn even when σ_tr = 0);
 3. RANK only: a uniformly random permutation of the batch, the tie-breaking order;
 4. per-sample gradients → λ_i (per-sample normalised, so λ_i depends on record i and W_t only),
@@ -36,8 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from worker.optimizers.dc_projection import StepProjection, StreamingProjection
+from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StepProjection, StreamingProjection
 from worker.optimizers.per_sample import iter_per_sample_grads, per_sample_norms, trainable_parameters
+from worker.optimizers.secure_random import SecureRandom
 
 __all__ = [
     "TAU_MAX",
@@ -125,10 +127,6 @@ def add_clipped(
 # ----------------------------------------------------------------------------- shared step setup
 
 
-def _step_key(generator: torch.Generator) -> int:
-    return int(torch.randint(0, 1 << 62, (1,), generator=generator, device=generator.device).item())
-
-
 def _zeros_like_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {
         name: torch.zeros_like(p, memory_format=torch.contiguous_format)
@@ -158,12 +156,11 @@ class _DCAggregator:
         return sum(self.projection.scope_sizes(trainable_parameters(model)).values())
 
     def _begin(
-        self, model: nn.Module, n: int, step: int, generator: torch.Generator
+        self, model: nn.Module, n: int, step: int, generator: SecureRandom
     ) -> tuple[StepProjection, torch.Tensor]:
         blocks = self.projection.layout(trainable_parameters(model))
-        key = _step_key(generator)
-        trace_noise = torch.randn(n, generator=generator, device=generator.device,
-                                  dtype=torch.float64).mul_(self.sigma_tr)
+        key = generator.derive_key(PROJECTION_KEY_PURPOSE)
+        trace_noise = generator.normal(n, std=self.sigma_tr, dtype=torch.float64)
         return StepProjection(self.projection, blocks, key, step), trace_noise
 
 
@@ -194,11 +191,11 @@ class RankAggregator(_DCAggregator):
         step: int,
         loss: str,
         max_physical_batch_size: int,
-        generator: torch.Generator,
+        generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
         n = X.shape[0]
         projection, trace_noise = self._begin(model, n, step, generator)
-        order = torch.randperm(n, generator=generator, device=generator.device)
+        order = generator.permutation(n)
         total = _zeros_like_params(model)
         with torch.no_grad():
             kept: dict[str, torch.Tensor] | None = None
@@ -250,10 +247,9 @@ class ThresholdTracker:
         if not (self.expected_batch_size > 0 and self.expected_batch_size < float("inf")):
             raise ValueError(f"expected_batch_size must be positive, got {self.expected_batch_size}")
 
-    def next_tau(self, tau: float, count: int, generator: torch.Generator) -> float:
+    def next_tau(self, tau: float, count: int, generator: SecureRandom) -> float:
         """τ_{t+1} from τ_t and the (private) tail count; draws the count's noise."""
-        noise = float(torch.randn((), generator=generator, device=generator.device,
-                                  dtype=torch.float64))
+        noise = float(generator.normal((), std=1.0, dtype=torch.float64))
         released_fraction = (count + self.count_noise_std * noise) / self.expected_batch_size
         exponent = self.eta * (released_fraction - self.target_fraction)
         exponent = min(max(exponent, -700.0), 700.0)
@@ -310,7 +306,7 @@ class ThresholdAggregator(_DCAggregator):
         step: int,
         loss: str,
         max_physical_batch_size: int,
-        generator: torch.Generator,
+        generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
         n = X.shape[0]
         tau = self.current_tau(model)

@@ -8,9 +8,10 @@ orthonormal basis of colspan(W_t). For a per-sample gradient g_i restricted to t
     p_i = W_tᵀ g_i[J]   (rows of P = G_J·W_t, B×k),   M = W_tᵀW_t   (k×k, SPD),
 
 because W(WᵀW)⁻¹Wᵀ is the orthogonal projector onto colspan(W) whatever basis spans it. So no QR
-and no dense V: W_t is generated block by block of rows from a counter-based stream keyed by
-(seed, step, block index) — a fresh ``torch.Generator`` seeded by a hash of the triple (mt19937 on
-the CPU, Philox on CUDA) — used once for P and M and dropped. λ_i ∈ [0, 1] depends on record i and
+and no dense V: W_t is generated block by block of rows from a counter-based stream: the job's
+128-bit projection key (``SecureRandom.derive_key``) with (step, block index) in the counter —
+NumPy Philox4x64 on the CPU, two keyed CUDA generators on CUDA
+(:func:`worker.optimizers.secure_random.keyed_uniform`) — used once for P and M and dropped. λ_i ∈ [0, 1] depends on record i and
 the data-independent W_t only (per-sample normalisation; never a batch-level normaliser), which is
 the precondition of DC-DPSGD's sensitivity bounds (specs/dc-dpsgd.md §2.5).
 
@@ -24,12 +25,12 @@ Cholesky factor of M and |S|·k² for the triangular solve. Extra memory: one W 
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from worker.optimizers.secure_random import SecureRandom, keyed_uniform
 
 __all__ = [
     "DEFAULT_BLOCK_ELEMENTS",
@@ -37,44 +38,43 @@ __all__ = [
     "GramAccumulator",
     "StepProjection",
     "StreamingProjection",
-    "block_seed",
     "gram_traces",
     "weibull_entries",
+    "weibull_from_uniform",
 ]
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 22
 """Entries of W per generated block (16 MiB in float32) unless block_rows is given."""
 
 
+PROJECTION_KEY_PURPOSE = b"dc-dpsgd-W"
+"""The purpose the job's projection key is derived for (``SecureRandom.derive_key``)."""
+
+
+def weibull_from_uniform(u: torch.Tensor, *, theta: float) -> torch.Tensor:
+    """(−ln(1 − u))^θ in place for u ∈ [0, 1): Weibull(shape 1/θ, scale 1), mean Γ(1 + θ).
+
+    P(X > x) = exp(−x^{1/θ}), i.e. sub-Weibull(θ) in the paper's Def. A.1. 1 − u lies in (0, 1],
+    so −ln(1 − u) is finite.
+    """
+    if not (theta > 0 and theta < float("inf")):
+        raise ValueError(f"theta must be positive and finite, got {theta}")
+    exponential = torch.log1p(u.neg_()).neg_().clamp_min_(0.0)  # −ln(1 − u) ≥ 0
+    return exponential if theta == 1.0 else exponential.pow_(theta)
+
+
 def weibull_entries(
     shape: Sequence[int],
     *,
     theta: float,
-    generator: torch.Generator,
+    generator: SecureRandom,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """I.i.d. (−ln U)^θ with U ~ Uniform(0, 1]: Weibull(shape 1/θ, scale 1), mean Γ(1 + θ).
-
-    P(X > x) = exp(−x^{1/θ}), i.e. sub-Weibull(θ) in the paper's Def. A.1. ``torch.rand`` is on
-    [0, 1), so U = 1 − rand lies in (0, 1] and −ln U is finite.
-    """
+    """I.i.d. Weibull(shape 1/θ, scale 1) entries from the job's stream (see weibull_from_uniform)."""
     if not (theta > 0 and theta < float("inf")):
         raise ValueError(f"theta must be positive and finite, got {theta}")
-    device = generator.device if device is None else torch.device(device)
-    u = torch.rand(tuple(shape), generator=generator, device=device, dtype=dtype)
-    exponential = torch.log1p(-u).neg_().clamp_min_(0.0)  # −ln(1 − rand) ≥ 0
-    return exponential if theta == 1.0 else exponential.pow_(theta)
-
-
-def block_seed(seed: int, step: int, block: int) -> int:
-    """A 63-bit seed for block ``block`` of step ``step``'s W: a hash of the triple (a counter-based key)."""
-    for name, value in (("seed", seed), ("step", step), ("block", block)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    payload = struct.pack("<QQQ", seed % (1 << 64), step % (1 << 64), block % (1 << 64))
-    digest = hashlib.blake2b(payload, digest_size=8, person=b"dc-dpsgd-W").digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    return weibull_from_uniform(generator.uniform(tuple(shape), dtype=dtype, device=device), theta=theta)
 
 
 @dataclass(frozen=True)
@@ -208,32 +208,36 @@ class StreamingProjection:
         return blocks
 
     def w_block(
-        self, seed: int, step: int, block: Block, *, device: torch.device | str,
+        self, key: bytes, step: int, block: Block, *, device: torch.device | str,
         dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
-        """Rows [start, stop) of W_t for this block: deterministic in (seed, step, block.index)."""
-        device = torch.device(device)
-        generator = torch.Generator(device=device)
-        generator.manual_seed(block_seed(seed, step, block.index))
-        return weibull_entries((block.rows, self.k), theta=self.theta, generator=generator,
-                               device=device, dtype=dtype)
+        """Rows [start, stop) of W_t for this block: deterministic in (key, step, block.index).
+
+        ``key`` is the job's secret 128-bit projection key; (step, block.index) are the counter.
+        """
+        for name, value in (("step", step), ("block", block.index)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        u = keyed_uniform(key, counter=(step, block.index), shape=(block.rows, self.k), dtype=dtype,
+                          device=device)
+        return weibull_from_uniform(u, theta=self.theta)
 
     def dense_w(
-        self, seed: int, step: int, parameters: Mapping[str, torch.Tensor], *,
+        self, key: bytes, step: int, parameters: Mapping[str, torch.Tensor], *,
         device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         """The whole d_J × k matrix W_t (tests and small scopes only: the loop never builds it)."""
         blocks = self.layout(parameters)
-        return torch.cat([self.w_block(seed, step, b, device=device, dtype=dtype) for b in blocks])
+        return torch.cat([self.w_block(key, step, b, device=device, dtype=dtype) for b in blocks])
 
 
 @dataclass
 class StepProjection:
-    """One step's W_t (seed, step): λ for chunks of per-sample gradients; M computed once."""
+    """One step's W_t (key, step): λ for chunks of per-sample gradients; M computed once."""
 
     projection: StreamingProjection
     blocks: list[Block]
-    seed: int
+    key: bytes
     step: int
     _M: torch.Tensor | None = field(default=None, repr=False)
 
@@ -249,7 +253,7 @@ class StepProjection:
             return torch.zeros(0, dtype=torch.float64, device=device)
         dtype = torch.float64 if first.dtype == torch.float64 else torch.float32
         for block in self.blocks:
-            W = self.projection.w_block(self.seed, self.step, block, device=device, dtype=dtype)
+            W = self.projection.w_block(self.key, self.step, block, device=device, dtype=dtype)
             G = grads[block.name].reshape(m, -1)[:, block.start : block.stop]
             accumulator.add(G, W)
             del W

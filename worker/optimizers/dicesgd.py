@@ -50,6 +50,7 @@ from worker.optimizers.per_sample import (
     per_sample_norms,
     trainable_parameters,
 )
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 __all__ = [
@@ -259,7 +260,7 @@ class ErrorFeedbackAggregator:
         step: int,
         loss: str,
         max_physical_batch_size: int,
-        generator: torch.Generator,
+        generator: SecureRandom,
     ) -> TensorDict:
         """Σ_i φ(g_i) + B·ψ(e_t), and e ← e_t − ψ(e_t) + Σ_i (1 − w_i)·g_i / B (module doc)."""
         params = trainable_parameters(model)
@@ -353,7 +354,7 @@ def train_dicesgd(
     *,
     config: DPSGDConfig,
     aggregator: ErrorFeedbackAggregator,
-    generator: torch.Generator,
+    generator: SecureRandom,
     hooks: TrainingHooks | None = None,
     resume_from: TrainingState | None = None,
     device: torch.device | None = None,

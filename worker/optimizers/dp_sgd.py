@@ -6,7 +6,7 @@ Privacy (add/remove neighbours, privacy.md §2). Each step t:
 2. s_t = Σ_{i∈B_t} clip_C(g_i), clip_C(g) = g · min(1, C/||g||), ||·|| the flat L2 norm over all
    trainable parameters. Adding or removing one row changes s_t by one clipped term, so the
    add/remove L2 sensitivity of s_t is C (no factor 2: that is replace-one).
-3. Release s_t + N(0, σ²C² I): one Gaussian vector per step, from the job's generator.
+3. Release s_t + N(0, σ²C² I): one Gaussian vector per step, from the job's SecureRandom.
    Steps 1-3 are the Poisson-subsampled Gaussian mechanism with noise multiplier σ and rate q,
    composed T = `steps` times, which is exactly the event the API charged.
 4. Divide by the PUBLIC expected batch size q·n (never |B_t|) and take an SGD step with
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -38,6 +37,7 @@ from worker.optimizers.per_sample import (
     trainable_parameters,
 )
 from worker.optimizers.sampling import poisson_sample
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     "TrainingHooks",
     "TrainingResult",
     "TrainingState",
-    "secure_generator",
     "train_dp_sgd",
 ]
 
@@ -117,7 +116,7 @@ class BatchAggregator(Protocol):
     `sensitivity` is the add/remove L2 sensitivity of that sum for every possible batch; the
     loop adds N(0, (σ·sensitivity)² I). Per-sample maps (clipping, normalisation) are one kind;
     rules that look at the whole batch (DC-DPSGD's rank rule) implement this directly.
-    `generator` may be used for data-independent randomness only.
+    `generator` (the job's SecureRandom) may be used for data-independent randomness only.
     """
 
     @property
@@ -132,7 +131,7 @@ class BatchAggregator(Protocol):
         step: int,
         loss: str,
         max_physical_batch_size: int,
-        generator: torch.Generator,
+        generator: SecureRandom,
     ) -> dict[str, torch.Tensor]: ...
 
 
@@ -155,7 +154,7 @@ class PerSampleMapAggregator:
         step: int,
         loss: str,
         max_physical_batch_size: int,
-        generator: torch.Generator,
+        generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
         return clipped_grad_sum(
             model, X, y, loss=loss, per_sample_map=self.per_sample_map,
@@ -187,18 +186,6 @@ def _make_optimizer(params: list[nn.Parameter], config: DPSGDConfig) -> torch.op
     )
 
 
-def secure_generator(device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator for one job's noise and sampling, seeded with 64 bits from os.urandom.
-
-    privacy.md §2: the seed comes from the OS CSPRNG per job (never a fixed or time-based seed);
-    the stream itself is PyTorch's generator for `device` (mt19937 on CPU, Philox on CUDA).
-    Create it on the model's device: noise is drawn there.
-    """
-    generator = torch.Generator(device=torch.device(device))
-    generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
-    return generator
-
-
 def _cpu_copy(value: object) -> object:
     """Deep copy with tensors detached to the CPU: a snapshot never aliases live training state."""
     if isinstance(value, torch.Tensor):
@@ -213,7 +200,7 @@ def _cpu_copy(value: object) -> object:
 
 
 def _snapshot(
-    step: int, model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator
+    step: int, model: nn.Module, optimizer: torch.optim.Optimizer, generator: SecureRandom
 ) -> TrainingState:
     optimizer_state = _cpu_copy(optimizer.state_dict())
     assert isinstance(optimizer_state, dict)
@@ -231,7 +218,7 @@ def train_dp_sgd(
     y: torch.Tensor,
     *,
     config: DPSGDConfig,
-    generator: torch.Generator,
+    generator: SecureRandom,
     hooks: TrainingHooks | None = None,
     resume_from: TrainingState | None = None,
     device: torch.device | None = None,
@@ -239,8 +226,8 @@ def train_dp_sgd(
 ) -> TrainingResult:
     """Train `model` in place with DP-SGD for `config.steps` steps in total.
 
-    `generator` supplies both the Poisson sampling and the noise (use `secure_generator` on the
-    model's device in production; fixed seeds only in tests). X/y may stay on the CPU: only each
+    `generator` supplies both the Poisson sampling and the noise (`SecureRandom.from_os_entropy`
+    on the model's device in production; `SecureRandom.from_seed` in tests only). X/y may stay on the CPU: only each
     physical chunk is moved to `device` (default: the model's device). With `resume_from`, the
     model, optimizer and generator are restored and the run continues from that step, so the
     final parameters are bit-identical to an uninterrupted run on the same hardware.
@@ -258,10 +245,12 @@ def train_dp_sgd(
         raise ValueError("model has no trainable parameters")
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    if not isinstance(generator, SecureRandom):
+        raise TypeError("privacy-protecting draws must come from a SecureRandom, not a torch.Generator")
     if generator.device.type != device.type:
         raise ValueError(
             f"the generator is on {generator.device} but training runs on {device}; "
-            "create it with secure_generator(device)"
+            "create it with SecureRandom.from_os_entropy(device, ...)"
         )
     model.to(device)
     model.train()

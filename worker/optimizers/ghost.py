@@ -94,6 +94,7 @@ from torch import nn
 
 from worker.optimizers.losses import LossSpec, get_loss, prepare_targets
 from worker.optimizers.per_sample import PARAMETER_FREE_MODULES, PerSampleMap, trainable_parameters
+from worker.optimizers.secure_random import SecureRandom
 
 __all__ = [
     "GHOST_CONTAINERS",
@@ -909,7 +910,7 @@ class GhostClipAggregator:
         step: int,
         loss: str,
         max_physical_batch_size: int,
-        generator: torch.Generator,
+        generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
         return ghost_clipped_grad_sum(
             model, X, y, loss=loss, per_sample_map=self.per_sample_map,

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from worker.optimizers.ht_mechanisms import (
-    GeneratorNoise,
+    ExactNoise,
     NoiseSource,
     Polytope,
     assign_blocks,
@@ -29,6 +29,7 @@ from worker.optimizers.ht_mechanisms import (
     project_l2_ball,
 )
 from worker.optimizers.ht_robust_mean import robust_mean_sum
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 
 __all__ = [
@@ -132,7 +133,7 @@ def _clip(values: torch.Tensor, level: float) -> torch.Tensor:
     return torch.nan_to_num(values, nan=0.0).clamp(-level, level)
 
 
-def _blocks(data: RowAccess, iterations: int, generator: torch.Generator) -> list[torch.Tensor]:
+def _blocks(data: RowAccess, iterations: int, generator: SecureRandom) -> list[torch.Tensor]:
     assignment = assign_blocks(data.n_rows, iterations, generator)
     order = torch.argsort(assignment, stable=True)
     counts = torch.bincount(assignment, minlength=iterations).tolist()
@@ -168,10 +169,10 @@ def fw_gradient_estimate(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, conf
     return robust_mean_sum(grads, kappa=config.kappa, beta=config.beta) / config.block_size
 
 
-def run_ht_frank_wolfe(data: RowAccess, config: FWConfig, *, generator: torch.Generator,
+def run_ht_frank_wolfe(data: RowAccess, config: FWConfig, *, generator: SecureRandom,
                        hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
     """Alg 1: robust mean of the block's per-sample gradients → exponential mechanism → FW step."""
-    noise = noise or GeneratorNoise(generator)
+    noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
     w = config.polytope.start(torch.float64, data.X.device)
     for t, index in enumerate(blocks):
@@ -210,12 +211,12 @@ def _squared_loss_gradient(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, *,
     return 2.0 * (X.T @ (X @ w - y)) / normaliser
 
 
-def run_ht_private_lasso(data: RowAccess, config: LassoConfig, *, generator: torch.Generator,
+def run_ht_private_lasso(data: RowAccess, config: LassoConfig, *, generator: SecureRandom,
                          hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
     """Alg 2: full-data gradient (2/n)Σx̃(⟨x̃,w⟩ − ỹ) of the clipped data → exp. mechanism → FW step.
     Every row enters every iteration's gradient; the data are read and clipped once (the clip is
     a fixed per-row map, so this is the same quantity, spec §7.1)."""
-    noise = noise or GeneratorNoise(generator)
+    noise = noise or ExactNoise(generator)
     X, y = data.take(torch.arange(data.n_rows, device=data.X.device))
     X, y = _clip(X, config.truncation), _clip(y, config.truncation)
     w = config.polytope.start(torch.float64, data.X.device)
@@ -243,6 +244,8 @@ class SparseLinRegConfig:
     step: float
     radius: float
     laplace_scale: float
+    sensitivity: float
+    """λ: the ℓ∞ sensitivity of the vector Peeling selects from and releases (laplace_scale = σ·λ)."""
 
 
 def linreg_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, config: SparseLinRegConfig) -> torch.Tensor:
@@ -251,10 +254,10 @@ def linreg_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, config: 
     return w - config.step * (X.T @ (X @ w - y)) / config.block_size
 
 
-def run_ht_sparse_linreg(data: RowAccess, config: SparseLinRegConfig, *, generator: torch.Generator,
+def run_ht_sparse_linreg(data: RowAccess, config: SparseLinRegConfig, *, generator: SecureRandom,
                          hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
     """Alg 3: w − (η₀/m)Σx̃(⟨x̃,w⟩ − ỹ) on the block → Peeling → projection onto the ℓ2 ball."""
-    noise = noise or GeneratorNoise(generator)
+    noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
     w = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)
     for t, index in enumerate(blocks):
@@ -262,7 +265,8 @@ def run_ht_sparse_linreg(data: RowAccess, config: SparseLinRegConfig, *, generat
             return LoopOutcome(w, t, True)
         X, y = data.take(index)
         half = linreg_half_step(X, y, w, config)
-        w = project_l2_ball(peeling(half, sparsity=config.sparsity, scale=config.laplace_scale, noise=noise),
+        w = project_l2_ball(peeling(half, sparsity=config.sparsity, scale=config.laplace_scale,
+                                   sensitivity=config.sensitivity, noise=noise),
                             config.radius)
         _step_done(hooks, t + 1)
     return LoopOutcome(w, config.iterations, False)
@@ -281,6 +285,8 @@ class SparseOptConfig:
     step: float
     loss: str
     laplace_scale: float
+    sensitivity: float
+    """λ: the ℓ∞ sensitivity of the vector Peeling selects from and releases (laplace_scale = σ·λ)."""
     l2: float = 0.0
     regulariser_in_estimator: bool = True
 
@@ -295,16 +301,17 @@ def sparse_opt_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, conf
     return w - config.step * estimate
 
 
-def run_ht_sparse_opt(data: RowAccess, config: SparseOptConfig, *, generator: torch.Generator,
+def run_ht_sparse_opt(data: RowAccess, config: SparseOptConfig, *, generator: SecureRandom,
                       hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
     """Alg 5: robust mean of the block's per-sample gradients at w^t (spec A5) → step → Peeling."""
-    noise = noise or GeneratorNoise(generator)
+    noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
     w = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)
     for t, index in enumerate(blocks):
         if _stop(hooks):
             return LoopOutcome(w, t, True)
         X, y = data.take(index)
-        w = peeling(sparse_opt_half_step(X, y, w, config), sparsity=config.sparsity, scale=config.laplace_scale, noise=noise)
+        w = peeling(sparse_opt_half_step(X, y, w, config), sparsity=config.sparsity, scale=config.laplace_scale,
+                    sensitivity=config.sensitivity, noise=noise)
         _step_done(hooks, t + 1)
     return LoopOutcome(w, config.iterations, False)

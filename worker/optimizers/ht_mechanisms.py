@@ -1,10 +1,14 @@
 """The DP selection and release mechanisms of the heavy-tailed family, and the block split.
 
-Every random draw comes from the job's ``torch.Generator`` through a :class:`NoiseSource`, so
-tests can count draws (spec U7e) or inject a stream. Noise is drawn in float64 on the
-generator's device, and always drawn, whatever the scale, so the stream never depends on the
-configuration. (Floating-point samplers have known side channels, Mironov 2012; documented, not
-mitigated here, spec §5.)
+Every privacy-protecting draw comes from the job's :class:`SecureRandom` through a
+:class:`NoiseSource`, so tests can count draws (spec U7e) or inject a stream. The production source,
+:class:`ExactNoise`, samples with integer arithmetic (``worker.optimizers.discrete_samplers``):
+the exponential mechanism exactly, report-noisy-max and the Laplace releases on a power-of-two
+grid with discrete Laplace noise. Textbook floating-point samplers leak (Mironov 2012: the set of
+doubles a Laplace release can take depends on the true value); these do not, and each keeps the
+ε the ledger charges (the grid's rounding is paid for by slightly more noise, proved in that
+module). Selections run on the CPU over d candidates; the chosen index or the released values are
+returned on the caller's device.
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import numpy as np
 import torch
 
+from worker.optimizers import discrete_samplers
+from worker.optimizers.secure_random import SecureRandom
+
 __all__ = [
-    "GeneratorNoise",
+    "ExactNoise",
     "NoiseSource",
     "Polytope",
     "assign_blocks",
@@ -26,33 +34,52 @@ __all__ = [
 
 
 class NoiseSource(Protocol):
-    def gumbel(self, n: int) -> torch.Tensor: ...
-    def laplace(self, shape: tuple[int, ...], scale: float) -> torch.Tensor: ...
+    """The three mechanisms of the family, each ε-DP exactly as charged."""
+
+    def select_exponential(self, scores: torch.Tensor, *, epsilon: float, sensitivity: float) -> int: ...
+    def report_noisy_max(self, scores: torch.Tensor, *, scale: float, sensitivity: float) -> int: ...
+    def laplace_release(self, values: torch.Tensor, *, scale: float, sensitivity: float) -> torch.Tensor: ...
+
+
+def _cpu_float64(values: torch.Tensor) -> np.ndarray:
+    return values.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
 @dataclass
-class GeneratorNoise:
-    """Gumbel(0, 1) and Laplace(0, b) from the job's generator (inverse-CDF on uniforms)."""
+class ExactNoise:
+    """The mechanisms sampled exactly from the job's SecureRandom (its CPU NumPy stream)."""
 
-    generator: torch.Generator
+    generator: SecureRandom
 
-    @property
-    def device(self) -> torch.device:
-        return self.generator.device
+    def __post_init__(self) -> None:
+        if not isinstance(self.generator, SecureRandom):
+            raise TypeError("ExactNoise draws from a SecureRandom, not a torch.Generator")
 
-    def _uniform_open(self, shape: tuple[int, ...]) -> torch.Tensor:
-        u = torch.rand(shape, generator=self.generator, dtype=torch.float64, device=self.device)
-        tiny = torch.finfo(torch.float64).tiny
-        return u.clamp_(min=tiny, max=1.0 - 2.0**-53)
+    def select_exponential(self, scores: torch.Tensor, *, epsilon: float, sensitivity: float) -> int:
+        """P(i) ∝ exp(ε·u_i/(2Δ)), sampled exactly: ε-DP and ε-bounded-range."""
+        return discrete_samplers.exponential_mechanism(
+            self.generator.numpy, _cpu_float64(scores), epsilon=epsilon, sensitivity=sensitivity
+        )
 
-    def gumbel(self, n: int) -> torch.Tensor:
-        return -torch.log(-torch.log(self._uniform_open((n,))))
+    def report_noisy_max(self, scores: torch.Tensor, *, scale: float, sensitivity: float) -> int:
+        """argmax u_i + discrete Laplace(scale), ties at random: (2Δ/scale)-DP; −inf never wins."""
+        return discrete_samplers.report_noisy_max(
+            self.generator.numpy, _cpu_float64(scores), scale=scale, sensitivity=sensitivity
+        )
 
-    def laplace(self, shape: tuple[int, ...], scale: float) -> torch.Tensor:
-        if not (scale >= 0 and scale < float("inf")):
-            raise ValueError(f"Laplace scale must be finite and >= 0, got {scale}")
-        u = self._uniform_open(shape) - 0.5
-        return -scale * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+    def laplace_release(self, values: torch.Tensor, *, scale: float, sensitivity: float) -> torch.Tensor:
+        """Each value + Laplace-like noise on a grid: each coordinate is (Δ/scale)-DP.
+
+        The sampler's rounding slack is per coordinate, so giving it the L1 sensitivity Δ·k of the
+        k values keeps each coordinate's guarantee at Δ/scale (the charge: k Laplace mechanisms).
+        """
+        flat = _cpu_float64(values).reshape(-1)
+        if flat.size == 0:
+            return values.to(torch.float64).clone()
+        released = discrete_samplers.snapped_laplace(
+            self.generator.numpy, flat, scale=scale, l1_sensitivity=sensitivity * flat.size
+        )
+        return torch.from_numpy(released).reshape(values.shape).to(values.device)
 
 
 @dataclass(frozen=True)
@@ -89,31 +116,35 @@ class Polytope:
 
 def exponential_mechanism(scores: torch.Tensor, *, epsilon: float, sensitivity: float, noise: NoiseSource,
                           selection: Literal["gumbel", "laplace-noisy-max"] = "gumbel") -> int:
-    """argmax of ε·u/(2Δ) + Gumbel: exactly P(v) ∝ exp(ε·u_v/(2Δ)) without normalising exp
-    (no overflow). 'laplace-noisy-max': argmax u + Lap(2Δ/ε), also ε-DP, a different law."""
+    """'gumbel' (the catalogue's name for it): the exponential mechanism P(v) ∝ exp(ε·u_v/(2Δ)),
+    sampled exactly. 'laplace-noisy-max': argmax u + Lap(2Δ/ε) on a grid, also ε-DP, a different
+    law."""
     if not (epsilon > 0 and sensitivity > 0):
         raise ValueError("epsilon and sensitivity must be positive")
     scores = scores.to(torch.float64)
     if selection == "gumbel":
-        return int(torch.argmax(scores * (epsilon / (2.0 * sensitivity)) + noise.gumbel(scores.numel())))
-    return int(torch.argmax(scores + noise.laplace((scores.numel(),), 2.0 * sensitivity / epsilon)))
+        return noise.select_exponential(scores, epsilon=epsilon, sensitivity=sensitivity)
+    return noise.report_noisy_max(scores, scale=2.0 * sensitivity / epsilon, sensitivity=sensitivity)
 
 
-def peeling(v: torch.Tensor, *, sparsity: int, scale: float, noise: NoiseSource) -> torch.Tensor:
+def peeling(v: torch.Tensor, *, sparsity: int, scale: float, sensitivity: float, noise: NoiseSource) -> torch.Tensor:
     """Alg 4: s rounds of report-noisy-max of |v_j| + Lap(b) over the unchosen j, with FRESH
-    noise each round, then v_S + Lap(b) with a fresh, independent vector (s·d + d draws)."""
+    noise each round (each (2λ/b)-DP for ℓ∞ sensitivity λ), then v_S + Lap(b) with fresh,
+    independent noise (s Laplace mechanisms, each λ/b). Chosen coordinates are masked with −inf,
+    which is public (it depends only on earlier released choices)."""
     d = v.numel()
     if not 1 <= sparsity <= d:
         raise ValueError(f"sparsity must be in [1, {d}], got {sparsity}")
     v = v.to(torch.float64)
-    selection_noise = noise.laplace((sparsity, d), scale)
-    release_noise = noise.laplace((d,), scale)
-    magnitude = torch.nan_to_num(v.abs(), nan=0.0)
+    magnitude = torch.nan_to_num(v.abs(), nan=0.0, posinf=torch.finfo(torch.float64).max)
     chosen = torch.zeros(d, dtype=torch.bool, device=v.device)
-    for round_noise in selection_noise:
-        noisy = torch.where(chosen, torch.full_like(magnitude, -torch.inf), magnitude + round_noise)
-        chosen[int(torch.argmax(noisy))] = True
-    return torch.where(chosen, v + release_noise, torch.zeros_like(v))
+    for _ in range(sparsity):
+        candidates = torch.where(chosen, torch.full_like(magnitude, -torch.inf), magnitude)
+        chosen[noise.report_noisy_max(candidates, scale=scale, sensitivity=sensitivity)] = True
+    released = noise.laplace_release(v[chosen], scale=scale, sensitivity=sensitivity)
+    out = torch.zeros_like(v)
+    out[chosen] = released
+    return out
 
 
 def project_l2_ball(w: torch.Tensor, radius: float) -> torch.Tensor:
@@ -121,7 +152,8 @@ def project_l2_ball(w: torch.Tensor, radius: float) -> torch.Tensor:
     return w / torch.clamp(torch.linalg.vector_norm(w) / radius, min=1.0)
 
 
-def assign_blocks(n_rows: int, blocks: int, generator: torch.Generator) -> torch.Tensor:
+def assign_blocks(n_rows: int, blocks: int, generator: SecureRandom) -> torch.Tensor:
     """Each row independently and uniformly to one of ``blocks`` blocks (privacy.md §2): adding
-    a row changes one block only, and the other rows keep their blocks."""
-    return torch.randint(0, blocks, (n_rows,), generator=generator, device=generator.device)
+    a row changes one block only, and the other rows keep their blocks. Exact integers from the
+    job's SecureRandom (NumPy stream), on its device."""
+    return generator.randint(blocks, (n_rows,))

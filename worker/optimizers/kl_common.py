@@ -28,6 +28,7 @@ from worker.optimizers.per_sample import (
     per_sample_norms,
     trainable_parameters,
 )
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 __all__ = [
@@ -80,7 +81,7 @@ class FullBatch:
     normaliser: float
     """The PUBLIC n (registered n times 1 − hold-out fraction), never len(X)."""
     max_physical_batch_size: int
-    generator: torch.Generator
+    generator: SecureRandom
     observer: ReleaseObserver | None = None
     passes: int = 0
     """Full passes over the data so far (a difference counts two): the public compute meter."""
@@ -112,8 +113,8 @@ class FullBatch:
         return self.release(kind, model, self.clipped_sum(model), noise_std=noise_std)
 
     def noisy_scalar(self, kind: str, model: nn.Module, value: float, *, noise_std: float) -> float:
-        """value + N(0, s²): a scalar Gaussian release from the job's generator."""
-        noise = torch.randn((), generator=self.generator, device=self.generator.device, dtype=torch.float64)
+        """value + N(0, s²): a scalar Gaussian release from the job's SecureRandom."""
+        noise = self.generator.normal((), std=1.0, dtype=torch.float64)
         released = float(value) + float(noise) * noise_std * NOISE_SAFETY
         if self.observer is not None:
             self.observer(kind, flat_params(model).double(), torch.tensor([released], dtype=torch.float64), noise_std)
@@ -199,7 +200,7 @@ class Progress:
 
 
 def snapshot(
-    *, step: int, model: nn.Module, generator: torch.Generator,
+    *, step: int, model: nn.Module, generator: SecureRandom,
     tensors: dict[str, torch.Tensor], scalars: dict[str, Any],
 ) -> TrainingState:
     """A TrainingState whose optimizer_state carries the algorithm's private tensors (slot 0) and
@@ -215,7 +216,7 @@ def snapshot(
     )
 
 
-def restore(state: TrainingState, model: nn.Module, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def restore(state: TrainingState, model: nn.Module, generator: SecureRandom) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Load model and generator; return the algorithm's tensors and scalars of a ``snapshot``."""
     model.load_state_dict(state.model_state, strict=True)
     generator.set_state(state.generator_state)

@@ -6,24 +6,24 @@ from collections.abc import Mapping
 
 import torch
 
+from worker.optimizers.secure_random import SecureRandom
+
 __all__ = ["gaussian_noise_like", "privatise_sum"]
 
 
 def gaussian_noise_like(
-    tensors: Mapping[str, torch.Tensor], *, std: float, generator: torch.Generator
+    tensors: Mapping[str, torch.Tensor], *, std: float, generator: SecureRandom
 ) -> dict[str, torch.Tensor]:
     """One independent N(0, std²) draw per element of every tensor, in the mapping's order.
 
-    Drawn from `generator` (a per-job CSPRNG-seeded generator in production, privacy.md §2) on
-    each tensor's device, which must be the generator's device type. Drawn even when std == 0,
-    so the generator stream does not depend on the configuration.
+    Drawn from the job's `SecureRandom` (OS-seeded, ≥ 128 secret bits, privacy.md §2; secure
+    mode per the service setting) on each tensor's device, which must be the stream's device
+    type. Drawn even when std == 0, so the stream does not depend on the configuration.
     """
     if not (std >= 0 and std < float("inf")):
         raise ValueError(f"noise std must be finite and >= 0, got {std}")
     return {
-        name: torch.randn(
-            t.shape, generator=generator, device=t.device, dtype=t.dtype
-        ).mul_(std)
+        name: generator.normal(t.shape, std=std, dtype=t.dtype, device=t.device)
         for name, t in tensors.items()
     }
 
@@ -33,7 +33,7 @@ def privatise_sum(
     *,
     noise_std: float,
     normaliser: float,
-    generator: torch.Generator,
+    generator: SecureRandom,
 ) -> dict[str, torch.Tensor]:
     """(Σ mapped g_i + N(0, noise_std² I)) / normaliser — the only release of a step.
 

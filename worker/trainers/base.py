@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from app.registry import Registry
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 
@@ -29,7 +30,8 @@ class TrainingRequest:
     expected_batch_size: float
     steps: int
     max_physical_batch_size: int
-    generator: torch.Generator
+    generator: SecureRandom
+    """The job's secret stream for every privacy-protecting draw (never a torch.Generator)."""
     hooks: TrainingHooks
     resume_from: TrainingState | None
     device: torch.device

@@ -5,9 +5,9 @@ The gradient noise on the sum is σ·Δ with Δ the aggregator's sensitivity (2�
 which is the catalogue's ``PrivacyPlan.sensitivity``; with threshold tracking, the tail count
 gets N(0, (r·σ)²) — the σ_b that the event's σ_eff = σ/sqrt(1 + 1/r²) was computed from.
 
-Checkpoints. The loop's checkpoint holds model, optimizer and generator state; W_t, the trace
-noise and the tie-breaking order are redrawn from the restored generator, so they need nothing
-more. The tracked threshold τ_t is extra state: it is written into the checkpoint's first
+Checkpoints. The loop's checkpoint holds model, optimizer and SecureRandom state; W_t (keyed by
+the job key derived from that state), the trace noise and the tie-breaking order are redrawn from
+the restored stream, so they need nothing more. The tracked threshold τ_t is extra state: it is written into the checkpoint's first
 optimizer param group under :data:`TAU_CHECKPOINT_KEY` (param groups are stored as JSON by
 worker.training.artifacts and restored by ``Optimizer.load_state_dict``; the optimizers ignore
 unknown keys) and read back on resume, so a resumed run is bit-identical to an uninterrupted

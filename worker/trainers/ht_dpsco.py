@@ -152,6 +152,7 @@ def run_ht_sparse_linreg_job(request: TrainingRequest) -> TrainingResult:
     config = SparseLinRegConfig(
         iterations=r.iterations, block_size=r.block_size, sparsity=r.sparsity, truncation=r.truncation,
         step=r.step, radius=r.radius, laplace_scale=request.noise_multiplier * r.sensitivity,
+        sensitivity=r.sensitivity,
     )
     return _finish(request, run_ht_sparse_linreg(job.data, config, generator=request.generator, hooks=request.hooks))
 
@@ -164,6 +165,7 @@ def run_ht_sparse_opt_job(request: TrainingRequest) -> TrainingResult:
     config = SparseOptConfig(
         iterations=r.iterations, block_size=r.block_size, sparsity=r.sparsity, scale=r.scale, beta=r.beta,
         step=r.step, loss=r.loss, laplace_scale=request.noise_multiplier * r.sensitivity,
+        sensitivity=r.sensitivity,
         l2=h.l2_regularisation if r.loss == "logistic" else 0.0,
         regulariser_in_estimator=h.regulariser_in_estimator,
     )

@@ -120,7 +120,8 @@ def _validate_config(
 
 def _rebuild(config: Mapping[str, object], state: Mapping[str, torch.Tensor]) -> nn.Module:
     name, params, input_shape, n_outputs = _validate_config(config)
-    # A throwaway seeded generator: the init is overwritten, and the global RNG stays untouched.
+    # A throwaway seeded generator (non-private: the init is overwritten, and the global RNG
+    # stays untouched); privacy-protecting draws use SecureRandom, never torch.Generator.
     model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs,
                         generator=torch.Generator().manual_seed(0))
     try:

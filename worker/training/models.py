@@ -64,7 +64,9 @@ def build_model(
 ) -> nn.Module:
     """Build the registered model `name` on the CPU.
 
-    `generator` makes initialisation reproducible without changing PyTorch's default init
+    `generator` is a plain `torch.Generator`, deliberately NOT the job's SecureRandom: init is
+    data-independent and must not share (or consume) the noise stream, so the runner seeds its own
+    generator from os.urandom. It makes initialisation reproducible without changing PyTorch's default init
     distributions: one 63-bit seed is drawn from it and the layers are constructed under
     `torch.random.fork_rng` with the CPU default generator seeded by that seed, so the caller's
     global RNG state is left exactly as it was. (fork_rng touches process-global state, so do not
@@ -81,6 +83,8 @@ def build_model(
         raise ValueError(f"model params must be a mapping, got {type(params).__name__}")
     if generator is None:
         return builder(params, input_shape=shape, n_outputs=outputs)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError("build_model takes its own torch.Generator, never the job's noise stream")
     seed = int(
         torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device).item()
     )

@@ -58,6 +58,8 @@ class Case:
     label_column: str | None = "label"
     task: str | None = None
     limits: IngestLimits = field(default_factory=IngestLimits)
+    classes: tuple[str, ...] | None = None
+    """A class list declared by the owner at upload."""
     detail_names: tuple[str, ...] = ()
     """Substrings the detail must contain: the position of the problem."""
     hidden: tuple[str, ...] = ()
@@ -173,6 +175,20 @@ CASES = [
         detail_names=("line 3",),
         hidden=(SECRET,),
     ),
+    Case(
+        "bad-class-list",
+        _text("a,label\n1,0\n2,1\n"),
+        task="regression",
+        classes=("no", "yes"),
+        detail_names=("task=classification",),
+    ),
+    Case(
+        "label-not-in-classes",
+        _text("a,label\n1,0\n2,1\n3,7\n"),
+        classes=("a", "b", "c"),
+        detail_names=("line 4", "3 classes", "0 to 2"),
+        hidden=("7",),
+    ),
 ]
 
 
@@ -183,6 +199,7 @@ def _reject(
     label_column: str | None = "label",
     task: str | None = None,
     limits: IngestLimits | None = None,
+    classes: tuple[str, ...] | None = None,
 ) -> DatasetValidationError:
     with pytest.raises(DatasetValidationError) as caught:
         parse_dataset(
@@ -191,6 +208,7 @@ def _reject(
             label_column=label_column,
             task=task,
             limits=limits or IngestLimits(),
+            classes=classes,
         )
     return caught.value
 
@@ -207,6 +225,7 @@ def test_reason(case: Case, tmp_path: Path) -> None:
         label_column=case.label_column,
         task=case.task,
         limits=case.limits,
+        classes=case.classes,
     )
     assert error.reason == case.reason, error.detail
     for name in case.detail_names:

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingState
 from worker.training.artifacts import (
     CONFIG_KEY,
@@ -189,7 +190,7 @@ def test_training_state_round_trip(tmp_path: Path) -> None:
             "state": {0: {"momentum_buffer": momentum}, 1: {"momentum_buffer": None}},
             "param_groups": [{"lr": 0.1, "momentum": 0.9, "foreach": None, "params": [0, 1]}],
         },
-        generator_state=torch.Generator().manual_seed(5).get_state(),
+        generator_state=SecureRandom.from_seed(5).get_state(),
     )
     save_training_state(tmp_path / "c.safetensors", state)
     loaded = load_training_state(tmp_path / "c.safetensors")

@@ -43,6 +43,7 @@ from worker.optimizers.per_sample_maps import (
     PSACClip,
     build_per_sample_map,
 )
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.models import build_model
@@ -262,7 +263,7 @@ def _request(plan: JobPlan, model: nn.Module, X: torch.Tensor, y: torch.Tensor,
         sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size,
         steps=plan.plan.steps, max_physical_batch_size=64,
-        generator=torch.Generator().manual_seed(seed), hooks=TrainingHooks(), resume_from=None,
+        generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
         device=torch.device("cpu"),
     )
 

@@ -19,6 +19,7 @@ from app import privacy
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.models import build_model
@@ -65,7 +66,7 @@ def test_dp_sgd_trainer_draws_the_charged_noise(evaluation: dict | None) -> None
             sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size,
             steps=plan.plan.steps, max_physical_batch_size=64,
-            generator=torch.Generator().manual_seed(1), hooks=TrainingHooks(), resume_from=None,
+            generator=SecureRandom.from_seed(1), hooks=TrainingHooks(), resume_from=None,
             device=torch.device("cpu"),
         )
     )

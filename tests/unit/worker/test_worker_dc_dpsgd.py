@@ -30,12 +30,13 @@ from worker.optimizers.dc_dpsgd import (
 from worker.optimizers.dc_projection import (
     GramAccumulator,
     StepProjection,
+    PROJECTION_KEY_PURPOSE,
     StreamingProjection,
-    block_seed,
     weibull_entries,
 )
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.per_sample import iter_per_sample_grads, trainable_parameters
+from worker.optimizers.secure_random import SecureRandom, keyed_uniform
 from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.trainers.dc_dpsgd import TAU_CHECKPOINT_KEY
@@ -44,7 +45,18 @@ from worker.training.models import build_model
 
 
 def _seeded(seed: int, device: str = "cpu") -> torch.Generator:
+    """Test data and model init only (non-private)."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def _rng(seed: int) -> SecureRandom:
+    """A fixed-seed noise stream: tests only."""
+    return SecureRandom.from_seed(seed)
+
+
+def _key(seed: int) -> bytes:
+    """The 128-bit projection key of the job whose stream is _rng(seed)."""
+    return _rng(seed).derive_key(PROJECTION_KEY_PURPOSE)
 
 
 def _flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -65,7 +77,7 @@ def _qr_traces(G: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("theta", [0.5, 1.0, 2.0])
 def test_weibull_sampler_has_the_sub_weibull_law(theta: float, dtype: torch.dtype) -> None:
     n = 200_000
-    x = weibull_entries((n,), theta=theta, generator=_seeded(int(10 * theta)), dtype=dtype)
+    x = weibull_entries((n,), theta=theta, generator=_rng(int(10 * theta)), dtype=dtype)
     x = x.double().numpy()
     assert x.min() >= 0.0 and np.isfinite(x).all()
     ks = stats.kstest(x, lambda v: 1.0 - np.exp(-np.power(v, 1.0 / theta)))
@@ -81,7 +93,7 @@ def test_weibull_sampler_has_the_sub_weibull_law(theta: float, dtype: torch.dtyp
 def test_gram_route_equals_qr_route() -> None:
     d, k, B = 2000, 50, 16
     gen = _seeded(0)
-    W = weibull_entries((d, k), theta=2.0, generator=gen, dtype=torch.float64)
+    W = weibull_entries((d, k), theta=2.0, generator=_rng(0), dtype=torch.float64)
     # Heavy-tailed, sparse-ish and dense gradients, various scales (λ must be scale-free).
     G = torch.from_numpy(np.random.default_rng(0).standard_t(1.5, size=(B, d)))
     G[:4] *= (torch.rand(4, d, generator=gen, dtype=torch.float64) < 0.01)
@@ -138,9 +150,9 @@ def test_streamed_projection_of_parameter_chunks_equals_qr(dtype: torch.dtype) -
     gen = _seeded(3)
     grads = {"w": torch.randn(16, 40, 30, generator=gen, dtype=dtype),
              "b": torch.randn(16, 800, generator=gen, dtype=dtype)}
-    step = StepProjection(projection, blocks, seed=11, step=5)
+    step = StepProjection(projection, blocks, key=_key(11), step=5)
     traces = step.traces(grads)
-    W = projection.dense_w(11, 5, params, dtype=dtype)
+    W = projection.dense_w(_key(11), 5, params, dtype=dtype)
     G = torch.cat([grads["w"].reshape(16, -1), grads["b"]], dim=1)
     torch.testing.assert_close(traces, _qr_traces(G, W), rtol=1e-9 if dtype == torch.float64 else 1e-4,
                                atol=0)
@@ -153,7 +165,7 @@ def test_mean_trace_is_about_k_over_d() -> None:
     """T11 (first part), §1.5: E[λ] ≈ k/d for dense gradients (d = 5000, k = 200 → 0.04)."""
     params = {"w": torch.zeros(5000)}
     projection = StreamingProjection(k=200, theta=2.0)
-    traces = StepProjection(projection, projection.layout(params), seed=1, step=0).traces(
+    traces = StepProjection(projection, projection.layout(params), key=_key(1), step=0).traces(
         {"w": torch.randn(64, 5000, generator=_seeded(2))}
     )
     assert float(traces.mean()) == pytest.approx(0.04, rel=0.05)
@@ -178,7 +190,7 @@ def test_non_negative_heavy_tailed_v_selects_sparse_gradients_more_often() -> No
     blocks = projection.layout({"w": torch.zeros(d)})
     sparse_traces, dense_traces, sparse_in_tail, tail_total = [], [], 0, 0
     for step in range(steps):
-        traces = StepProjection(projection, blocks, seed=3, step=step).traces(
+        traces = StepProjection(projection, blocks, key=_key(4), step=step).traces(
             {"w": _sparse_and_dense_rows(half, d, 20, gen)}
         )
         sparse_traces.append(traces[:half])
@@ -213,9 +225,9 @@ def _rank_inclusion_counts(
     monkeypatch.setattr(dc_module, "rank_tail_mask", spy)
     aggregator = RankAggregator(c1=1.0, c2=0.1, projection=StreamingProjection(k=4, theta=2.0),
                                 sigma_tr=sigma_tr, p=0.1)
-    gen = _seeded(21)
-    for _ in range(steps):
-        aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy",
+    gen = _rng(21)
+    for step in range(steps):  # W_t is keyed by the step: a fresh one every call
+        aggregator.clipped_sum(model, X, y, step=step, loss="cross_entropy",
                                max_physical_batch_size=64, generator=gen)
     return counts, ranked
 
@@ -250,20 +262,25 @@ def test_large_trace_noise_makes_the_rank_selection_uniform(monkeypatch: pytest.
 def test_same_seed_and_step_reproduce_w_and_traces() -> None:
     params = {"a": torch.zeros(3, 4), "b": torch.zeros(7)}
     projection = StreamingProjection(k=8, theta=2.0, block_rows=5)
-    W = projection.dense_w(123, 4, params)
+    key = _key(123)
+    W = projection.dense_w(key, 4, params)
     assert W.shape == (19, 8)
-    assert torch.equal(W, projection.dense_w(123, 4, params))
-    assert not torch.equal(W, projection.dense_w(123, 5, params))  # another step
-    assert not torch.equal(W, projection.dense_w(124, 4, params))  # another seed
+    assert torch.equal(W, projection.dense_w(key, 4, params))
+    assert not torch.equal(W, projection.dense_w(key, 5, params))  # another step
+    assert not torch.equal(W, projection.dense_w(_key(124), 4, params))  # another job key
     blocks = projection.layout(params)
-    first, second = (projection.w_block(123, 4, b, device="cpu") for b in blocks[:2])
+    first, second = (projection.w_block(key, 4, b, device="cpu") for b in blocks[:2])
     assert not torch.equal(first, second)  # blocks are not copies of one another
-    assert len({block_seed(1, 2, 3), block_seed(1, 3, 2), block_seed(2, 1, 3), block_seed(1, 2, 4)}) == 4
+    streams = {tuple(keyed_uniform(key, counter=c, shape=4).tolist()) for c in ((2, 3), (3, 2), (2, 4), (0, 0))}
+    assert len(streams) == 4  # (step, block) counters never share a stream
+    flipped = bytes([key[0] ^ 0x80]) + key[1:]  # one bit of the 128-bit key
+    assert not torch.equal(keyed_uniform(key, counter=(2, 3), shape=4),
+                           keyed_uniform(flipped, counter=(2, 3), shape=4))
 
     grads = {"a": torch.randn(6, 3, 4, generator=_seeded(0)), "b": torch.randn(6, 7, generator=_seeded(1))}
-    lam = StepProjection(projection, blocks, 123, 4).traces(grads)
-    assert torch.equal(lam, StepProjection(projection, blocks, 123, 4).traces(grads))
-    assert not torch.equal(lam, StepProjection(projection, blocks, 123, 5).traces(grads))
+    lam = StepProjection(projection, blocks, key, 4).traces(grads)
+    assert torch.equal(lam, StepProjection(projection, blocks, key, 4).traces(grads))
+    assert not torch.equal(lam, StepProjection(projection, blocks, key, 5).traces(grads))
 
 
 # ----------------------------------------------------------------------------- T4 k ≥ d_J
@@ -357,7 +374,7 @@ def test_clipping_uses_the_norm_of_the_full_gradient_not_the_scope() -> None:
     c2 = 0.01
     aggregator = RankAggregator(c1=1.0, c2=c2, projection=StreamingProjection(k=2, scope=("1.bias",)), p=0.1)
     total = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=8,
-                                   generator=_seeded(2))
+                                   generator=_rng(2))
     torch.testing.assert_close(_flat(total), full * (c2 / full.norm()), rtol=1e-5, atol=1e-9)
 
 
@@ -365,16 +382,16 @@ def _manual_step(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, mode: st
                  p: float, tau: float, sigma_tr: float, projection: StreamingProjection, seed: int,
                  step: int) -> tuple[torch.Tensor, int]:
     """An independent re-implementation of one aggregator step: dense W, QR, explicit sort."""
-    replay = _seeded(seed)
-    key = int(torch.randint(0, 1 << 62, (1,), generator=replay).item())
+    replay = _rng(seed)
+    key = replay.derive_key(PROJECTION_KEY_PURPOSE)
     n = X.shape[0]
-    noise = torch.randn(n, generator=replay, dtype=torch.float64) * sigma_tr
+    noise = replay.normal(n, std=1.0, dtype=torch.float64) * sigma_tr
     W = projection.dense_w(key, step, trainable_parameters(model))  # the same public W_t
     grads = next(iter_per_sample_grads(model, X, y, loss="cross_entropy", max_physical_batch_size=n))
     G = torch.cat([g.reshape(n, -1) for g in grads.values()], dim=1).double()
     noisy = _qr_traces(G, W) + noise
     if mode == "rank":
-        order = torch.randperm(n, generator=replay).tolist()
+        order = replay.permutation(n).tolist()
         m = math.floor(round(p * n, 9))
         ranked = sorted(order, key=lambda i: -float(noisy[i]))  # stable: ties keep `order`
         tail = set(ranked[:m])
@@ -403,7 +420,7 @@ def test_aggregator_equals_an_independent_implementation(mode: str, chunk: int) 
     else:
         aggregator = ThresholdAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr)
     total = aggregator.clipped_sum(model, X, y, step=3, loss="cross_entropy", max_physical_batch_size=chunk,
-                                   generator=_seeded(77))
+                                   generator=_rng(77))
     expected, n_tail = _manual_step(model, X, y, mode=mode, c1=c1, c2=c2, p=p, tau=tau, sigma_tr=sigma_tr,
                                     projection=projection, seed=77, step=3)
     assert 0 < n_tail < 40
@@ -486,7 +503,7 @@ def test_fuzzed_neighbours_through_the_real_aggregators() -> None:
                            ThresholdAggregator(c1=c1, c2=c2, projection=projection, tau=0.3)):
             sums = [
                 _flat(aggregator.clipped_sum(model, X[rows], y[rows], step=trial, loss="cross_entropy",
-                                             max_physical_batch_size=64, generator=_seeded(trial)))
+                                             max_physical_batch_size=64, generator=_rng(trial)))
                 for rows in (list(range(n + 1)), keep)
             ]
             assert float((sums[0] - sums[1]).norm()) <= aggregator.sensitivity * (1 + 1e-5)
@@ -500,7 +517,7 @@ def test_an_empty_batch_gives_a_zero_sum_and_still_releases_the_noisy_count() ->
     for aggregator in (RankAggregator(c1=1.0, c2=0.1, projection=projection),
                        ThresholdAggregator(c1=1.0, c2=0.1, projection=projection, tau=0.5, tracker=tracker)):
         total = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=4,
-                                       generator=_seeded(1))
+                                       generator=_rng(1))
         assert set(total) == {"1.weight", "1.bias"} and all(not bool(t.any()) for t in total.values())
     assert aggregator.tau != 0.5  # τ moved: the count's noise was drawn and released
 
@@ -540,20 +557,19 @@ def test_exactly_one_gaussian_vector_per_step(mode: str) -> None:
     hooks = TrainingHooks(on_step_end=lambda _: snapshots.append(model[1].weight.detach().clone()))
     config = DPSGDConfig(steps=steps, sampling_probability=q, noise_multiplier=sigma, clipping_norm=1.0,
                          learning_rate=1.0, max_physical_batch_size=8, expected_batch_size=B)
-    train_dp_sgd(model, X, y, config=config, generator=_seeded(99), hooks=hooks, aggregator=aggregator)
+    train_dp_sgd(model, X, y, config=config, generator=_rng(99), hooks=hooks, aggregator=aggregator)
     updates = -torch.diff(torch.stack(snapshots).double(), dim=0)
 
-    replay = _seeded(99)
+    replay = _rng(99)  # the projection key is derived, not drawn: no draw for it
     expected = []
     for _ in range(steps):
-        size = int((torch.rand(n, generator=replay, dtype=torch.float64) < q).sum())
-        torch.randint(0, 1 << 62, (1,), generator=replay)
-        torch.randn(size, generator=replay, dtype=torch.float64)
+        size = int((replay.uniform(n, dtype=torch.float64) < q).sum())
+        replay.normal(size, std=0.3, dtype=torch.float64)
         if mode == "rank":
-            torch.randperm(size, generator=replay)
+            replay.permutation(size)
         else:
-            torch.randn((), generator=replay, dtype=torch.float64)
-        expected.append(torch.randn(k, d, generator=replay) * sigma * aggregator.sensitivity / B)
+            replay.normal((), std=1.0, dtype=torch.float64)
+        expected.append(replay.normal((k, d), std=1.0, dtype=torch.float32) * sigma * aggregator.sensitivity / B)
     torch.testing.assert_close(updates, torch.stack(expected).double(), rtol=0, atol=2e-5)
 
 
@@ -596,7 +612,7 @@ def test_trainer_draws_the_charged_noise(name: str, hyper: dict, monkeypatch: py
     seen_trackers: list[ThresholdTracker] = []
     original = ThresholdTracker.next_tau
 
-    def spy(self: ThresholdTracker, tau: float, count: int, generator: torch.Generator) -> float:
+    def spy(self: ThresholdTracker, tau: float, count: int, generator: SecureRandom) -> float:
         seen_trackers.append(self)
         return original(self, tau, count, generator)
 
@@ -610,7 +626,7 @@ def test_trainer_draws_the_charged_noise(name: str, hyper: dict, monkeypatch: py
             model=model, X=X, y=y, task="classification", spec=plan.spec, noise_multiplier=sigma,
             sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps,
-            max_physical_batch_size=64, generator=_seeded(1), hooks=TrainingHooks(), resume_from=None,
+            max_physical_batch_size=64, generator=_rng(1), hooks=TrainingHooks(), resume_from=None,
             device=torch.device("cpu"),
         )
     )
@@ -636,7 +652,7 @@ def test_tail_count_noise_has_std_sigma_b() -> None:
     """b̃ = (count + N(0, σ_b²))/B is recoverable from τ's update; its noise has std σ_b."""
     sigma_b, B, eta, p = 3.0, 50.0, 0.01, 0.1
     tracker = ThresholdTracker(target_fraction=p, eta=eta, count_noise_std=sigma_b, expected_batch_size=B)
-    gen = _seeded(8)
+    gen = _rng(8)
     tau, noise = 1.0, []
     for _ in range(4000):
         new = tracker.next_tau(tau, 5, gen)
@@ -651,7 +667,7 @@ def test_tail_count_noise_has_std_sigma_b() -> None:
 
 
 def test_tracked_threshold_reaches_the_target_tail_fraction() -> None:
-    gen = _seeded(9)
+    gen = _rng(9)
     B, p = 256, 0.1
     rng = np.random.default_rng(10)  # synthetic traces λ ~ Beta(2, 30)
     tracker = ThresholdTracker(target_fraction=p, eta=0.2, count_noise_std=10.0, expected_batch_size=B)
@@ -679,7 +695,7 @@ def test_rank_tail_fraction_is_floor_p_exactly_in_training(monkeypatch: pytest.M
     aggregator = RankAggregator(c1=1.0, c2=0.1, projection=StreamingProjection(k=5), p=0.1)
     config = DPSGDConfig(steps=15, sampling_probability=0.2, noise_multiplier=1.0, clipping_norm=1.9,
                          learning_rate=0.1)
-    train_dp_sgd(model, X, y, config=config, generator=_seeded(3), aggregator=aggregator)
+    train_dp_sgd(model, X, y, config=config, generator=_rng(3), aggregator=aggregator)
     assert len(sizes) == 15
     assert all(tail == math.floor(0.1 * size) for size, tail in sizes)
 
@@ -697,7 +713,7 @@ def _threshold_request(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, se
     }
     return TrainingRequest(model=model, X=X, y=y, task="classification", spec=spec, noise_multiplier=0.8,
                            sampling_probability=0.25, expected_batch_size=15.0, steps=12,
-                           max_physical_batch_size=16, generator=_seeded(seed), hooks=hooks,
+                           max_physical_batch_size=16, generator=_rng(seed), hooks=hooks,
                            resume_from=resume, device=torch.device("cpu"))
 
 
@@ -746,7 +762,7 @@ def test_rank_result_does_not_depend_on_the_chunk_size() -> None:
         aggregator = RankAggregator(c1=0.5, c2=0.05, projection=StreamingProjection(k=7), p=0.2)
         config = DPSGDConfig(steps=5, sampling_probability=0.5, noise_multiplier=1.0, clipping_norm=0.95,
                              learning_rate=0.1, max_physical_batch_size=chunk)
-        train_dp_sgd(model, X, y, config=config, generator=_seeded(3), aggregator=aggregator)
+        train_dp_sgd(model, X, y, config=config, generator=_rng(3), aggregator=aggregator)
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
     torch.testing.assert_close(run(3), run(256), rtol=1e-9, atol=1e-12)
@@ -776,7 +792,7 @@ def test_dc_dpsgd_learns_digits(name: str) -> None:
             model=model, X=X_train_t, y=torch.tensor(y_train), task="classification",
             spec={"algorithm": {"name": name, "hyperparameters": hyper}, "training": {"learning_rate": 1.0}},
             noise_multiplier=1.0, sampling_probability=q, expected_batch_size=q * len(X_train),
-            steps=300, max_physical_batch_size=256, generator=_seeded(1), hooks=TrainingHooks(),
+            steps=300, max_physical_batch_size=256, generator=_rng(1), hooks=TrainingHooks(),
             resume_from=None, device=torch.device("cpu"),
         )
     )

@@ -16,17 +16,23 @@ from worker.optimizers.dp_sgd import (
     DPSGDConfig,
     TrainingHooks,
     TrainingState,
-    secure_generator,
     train_dp_sgd,
 )
 from worker.optimizers.noise import privatise_sum
 from worker.optimizers.sampling import poisson_sample
+from worker.optimizers.secure_random import SecureRandom
 from worker.training.artifacts import load_training_state, save_training_state
 from worker.training.models import build_model
 
 
 def _seeded(seed: int) -> torch.Generator:
+    """Test data and model init only (non-private)."""
     return torch.Generator().manual_seed(seed)
+
+
+def _rng(seed: int) -> SecureRandom:
+    """A fixed-seed noise stream: tests only."""
+    return SecureRandom.from_seed(seed)
 
 
 def _config(**overrides: object) -> DPSGDConfig:
@@ -59,8 +65,8 @@ def test_privatise_sum_adds_one_gaussian_of_std_sigma_c_over_expected_batch() ->
     """Privatisation fed known gradient sums: recover the noise and test its law."""
     sigma, clip, n, q = 1.7, 0.4, 500, 0.04
     normaliser = q * n
-    gen = _seeded(3)
-    known = {"w": torch.randn(3, 4, generator=gen), "b": torch.randn(5, generator=gen)}
+    gen = _rng(3)
+    known = {"w": torch.randn(3, 4, generator=_seeded(3)), "b": torch.randn(5, generator=_seeded(4))}
     recovered: dict[str, list[torch.Tensor]] = {"w": [], "b": []}
     for _ in range(1000):
         out = privatise_sum(known, noise_std=sigma * clip, normaliser=normaliser, generator=gen)
@@ -97,7 +103,7 @@ def test_end_to_end_noise_equals_the_charged_gaussian() -> None:
     hooks = TrainingHooks(on_step_end=lambda _: snapshots.append(model[1].weight.detach().clone()))
     config = _config(steps=steps, sampling_probability=q, noise_multiplier=sigma,
                      clipping_norm=clip, learning_rate=1.0, max_physical_batch_size=16)
-    result = train_dp_sgd(model, X, y, config=config, generator=_seeded(99), hooks=hooks)
+    result = train_dp_sgd(model, X, y, config=config, generator=_rng(99), hooks=hooks)
     assert result.steps_run == steps and not result.stopped_early
 
     updates = torch.diff(torch.stack(snapshots).double(), dim=0)  # (steps, k, d)
@@ -106,11 +112,11 @@ def test_end_to_end_noise_equals_the_charged_gaussian() -> None:
 
     # The exact stream: per step one Poisson draw (n float64 uniforms), then ONE N(0, σ²C²)
     # draw per parameter element — no second draw, no per-sample noise.
-    replay = _seeded(99)
+    replay = _rng(99)
     expected = []
     for _ in range(steps):
-        torch.rand(n, generator=replay, dtype=torch.float64)
-        expected.append(torch.randn(k, d, generator=replay) * (sigma * clip) / (q * n))
+        replay.uniform(n, dtype=torch.float64)
+        expected.append(replay.normal((k, d), std=sigma * clip, dtype=torch.float32) / (q * n))
     torch.testing.assert_close(noise_on_update, torch.stack(expected).double(),
                                rtol=0, atol=2e-5)
 
@@ -120,7 +126,7 @@ def test_end_to_end_noise_equals_the_charged_gaussian() -> None:
 
 def test_poisson_batch_sizes_have_binomial_mean_and_variance() -> None:
     n, q, reps = 1000, 0.1, 2000
-    gen = _seeded(11)
+    gen = _rng(11)
     counts = torch.zeros(n)
     sizes = []
     for _ in range(reps):
@@ -142,13 +148,13 @@ def test_poisson_batch_sizes_have_binomial_mean_and_variance() -> None:
 def test_poisson_sampling_rejects_invalid_rates() -> None:
     for q in (0.0, -0.1, 1.5, float("nan")):
         with pytest.raises(ValueError):
-            poisson_sample(10, sampling_probability=q, generator=_seeded(0))
+            poisson_sample(10, sampling_probability=q, generator=_rng(0))
 
 
 def test_empty_batches_still_take_a_noisy_step(monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
 
-    def spy(n: int, *, sampling_probability: float, generator: torch.Generator) -> torch.Tensor:
+    def spy(n: int, *, sampling_probability: float, generator: SecureRandom) -> torch.Tensor:
         batch = poisson_sample(n, sampling_probability=sampling_probability, generator=generator)
         sizes.append(batch.numel())
         return batch
@@ -166,7 +172,7 @@ def test_empty_batches_still_take_a_noisy_step(monkeypatch: pytest.MonkeyPatch) 
         weights.append(model[1].weight.detach().clone())
 
     config = _config(steps=30, sampling_probability=0.02)
-    result = train_dp_sgd(model, X, y, config=config, generator=_seeded(3),
+    result = train_dp_sgd(model, X, y, config=config, generator=_rng(3),
                           hooks=TrainingHooks(on_step_end=on_step_end))
     assert result.steps_run == 30 and done == list(range(1, 31))
     empty_steps = [i for i, size in enumerate(sizes) if size == 0]
@@ -188,8 +194,8 @@ def test_update_is_divided_by_the_expected_not_the_realised_batch_size() -> None
     with torch.no_grad():
         model[0].weight.copy_(w0)
 
-    replay = _seeded(seed)
-    in_batch = torch.rand(n, generator=replay, dtype=torch.float64) < q
+    replay = _rng(seed)
+    in_batch = replay.uniform(n, dtype=torch.float64) < q
     assert int(in_batch.sum()) != q * n  # otherwise the test could not tell them apart
     # mse per-sample gradient of (w·x − y)² is 2(w·x − y)·x.
     residual = X @ w0[0] - y
@@ -201,7 +207,7 @@ def test_update_is_divided_by_the_expected_not_the_realised_batch_size() -> None
 
     config = _config(steps=1, sampling_probability=q, noise_multiplier=0.0, clipping_norm=clip,
                      learning_rate=lr, loss="mse")
-    train_dp_sgd(model, X, y, config=config, generator=_seeded(seed))
+    train_dp_sgd(model, X, y, config=config, generator=_rng(seed))
     torch.testing.assert_close(model[0].weight.detach(), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -212,7 +218,7 @@ def test_chunk_size_does_not_change_training() -> None:
         X = torch.randn(50, 4, generator=_seeded(1), dtype=torch.float64)
         y = torch.randint(0, 3, (50,), generator=_seeded(2))
         config = _config(steps=5, sampling_probability=0.5, max_physical_batch_size=chunk)
-        train_dp_sgd(model, X, y, config=config, generator=_seeded(3))
+        train_dp_sgd(model, X, y, config=config, generator=_rng(3))
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
     torch.testing.assert_close(run(1), run(256), rtol=1e-12, atol=1e-12)
@@ -247,14 +253,14 @@ def test_should_stop_cancels_before_the_next_step() -> None:
         return calls["n"] > 3
 
     done: list[int] = []
-    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_seeded(42),
+    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(42),
                           hooks=TrainingHooks(should_stop=should_stop, on_step_end=done.append))
     assert result.steps_run == 3 and result.stopped_early
     assert done == [1, 2, 3]
 
     reference, _, _ = _mlp_problem()
     three_steps = dataclasses.replace(RESUME_CONFIG, steps=3)
-    train_dp_sgd(reference, X, y, config=three_steps, generator=_seeded(42))
+    train_dp_sgd(reference, X, y, config=three_steps, generator=_rng(42))
     for a, b in zip(_params(model), _params(reference), strict=True):
         assert torch.equal(a, b)
 
@@ -262,7 +268,7 @@ def test_should_stop_cancels_before_the_next_step() -> None:
 @pytest.mark.parametrize("via_file", [False, True], ids=["in-memory", "safetensors-file"])
 def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) -> None:
     reference, X, y = _mlp_problem()
-    train_dp_sgd(reference, X, y, config=RESUME_CONFIG, generator=_seeded(42))
+    train_dp_sgd(reference, X, y, config=RESUME_CONFIG, generator=_rng(42))
 
     checkpoints: list[TrainingState] = []
 
@@ -278,7 +284,7 @@ def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) 
     interrupted, _, _ = _mlp_problem()
     steps_done: list[int] = []
     result = train_dp_sgd(
-        interrupted, X, y, config=RESUME_CONFIG, generator=_seeded(42),
+        interrupted, X, y, config=RESUME_CONFIG, generator=_rng(42),
         hooks=TrainingHooks(save_checkpoint=save, checkpoint_every=5,
                             on_step_end=steps_done.append,
                             should_stop=lambda: len(steps_done) == 7),
@@ -289,7 +295,7 @@ def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) 
     # A retry: a fresh process with a different init and a different seed; state is restored.
     resumed, _, _ = _mlp_problem(init_seed=9)
     done: list[int] = []
-    result = train_dp_sgd(resumed, X, y, config=RESUME_CONFIG, generator=_seeded(12345),
+    result = train_dp_sgd(resumed, X, y, config=RESUME_CONFIG, generator=_rng(12345),
                           resume_from=checkpoints[0], hooks=TrainingHooks(on_step_end=done.append))
     assert result.steps_run == RESUME_CONFIG.steps and not result.stopped_early
     assert done == list(range(6, 13))
@@ -300,16 +306,16 @@ def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) 
 def test_resume_at_the_end_runs_no_more_steps_and_bad_steps_are_refused() -> None:
     model, X, y = _mlp_problem()
     states: list[TrainingState] = []
-    train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_seeded(1),
+    train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(1),
                  hooks=TrainingHooks(save_checkpoint=states.append, checkpoint_every=4))
     assert [s.step for s in states] == [4, 8, 12]
     before = _params(model)
-    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_seeded(1),
+    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(1),
                           resume_from=states[-1])
     assert result.steps_run == 12 and not result.stopped_early
     assert all(torch.equal(a, b) for a, b in zip(before, _params(model), strict=True))
     with pytest.raises(ValueError, match="cannot resume"):
-        train_dp_sgd(model, X, y, config=_config(steps=3), generator=_seeded(1),
+        train_dp_sgd(model, X, y, config=_config(steps=3), generator=_rng(1),
                      resume_from=states[0])
 
 
@@ -343,13 +349,21 @@ def test_batchnorm_and_mismatched_data_are_refused() -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     X, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
     with pytest.raises(ValueError, match="BatchNorm"):
-        train_dp_sgd(model, X, y, config=_config(), generator=_seeded(0))
+        train_dp_sgd(model, X, y, config=_config(), generator=_rng(0))
     good = nn.Sequential(nn.Linear(3, 2))
     with pytest.raises(ValueError, match="rows"):
-        train_dp_sgd(good, X, y[:5], config=_config(), generator=_seeded(0))
+        train_dp_sgd(good, X, y[:5], config=_config(), generator=_rng(0))
 
 
 def test_secure_generators_are_independently_seeded() -> None:
-    a, b = secure_generator(), secure_generator("cpu")
+    a = SecureRandom.from_os_entropy("cpu", secure_gaussian=True)
+    b = SecureRandom.from_os_entropy(torch.device("cpu"), secure_gaussian=True)
     assert a.device == torch.device("cpu")
-    assert not torch.equal(torch.rand(8, generator=a), torch.rand(8, generator=b))
+    assert not torch.equal(a.uniform(8), b.uniform(8))
+
+
+def test_a_torch_generator_is_refused_for_noise() -> None:
+    model = nn.Sequential(nn.Linear(3, 2))
+    X, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    with pytest.raises(TypeError, match="SecureRandom"):
+        train_dp_sgd(model, X, y, config=_config(), generator=torch.Generator().manual_seed(0))

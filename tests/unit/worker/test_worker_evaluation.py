@@ -12,6 +12,7 @@ from app.evaluation import InvalidEvaluation, plan_evaluation
 from app.facts import DatasetFacts
 from app.schemas.jobs import EvaluationSpec
 from worker import evaluation
+from worker.optimizers.secure_random import SecureRandom
 
 CLASSIFICATION = DatasetFacts(n_rows=1000, feature_shape=(3,), task="classification", n_classes=2)
 REGRESSION = DatasetFacts(n_rows=1000, feature_shape=(3,), task="regression", n_classes=None)
@@ -20,11 +21,15 @@ REGRESSION = DatasetFacts(n_rows=1000, feature_shape=(3,), task="regression", n_
 def test_laplace_noise_matches_the_charged_event() -> None:
     plan = plan_evaluation(EvaluationSpec(holdout_fraction=0.2, mechanism="laplace", epsilon=0.5), CLASSIFICATION)
     assert plan.event() == privacy.LaplaceEvent(noise_multiplier=2.0, count=1)
-    rng = np.random.default_rng(0)
-    draws = np.array([evaluation.draw_noise(plan, rng) for _ in range(20_000)])
+    rng = SecureRandom.from_seed(0)
+    draws = np.array([evaluation.noisy_sum(plan, 0.0, rng) for _ in range(20_000)])
     # Laplace(b = sensitivity / ε = 2): KS test against the charged distribution
     assert stats.kstest(draws, stats.laplace(scale=2.0).cdf).pvalue > 1e-3
-    assert plan.release(raw_sum=150.0, noise=0.0) == pytest.approx(150.0 / 200.0)
+    # the released sums lie on one power-of-two grid whatever the true sum (no Mironov leak)
+    grid = 2.0 ** (1 - 40)
+    for raw in (0.0, 150.0, 1.0 / 3.0):
+        assert all(evaluation.noisy_sum(plan, raw, rng) % grid == 0.0 for _ in range(200))
+    assert plan.normalise(noisy_sum=150.0) == pytest.approx(150.0 / 200.0)
 
 
 def test_gaussian_noise_matches_the_charged_event_for_regression() -> None:
@@ -33,9 +38,10 @@ def test_gaussian_noise_matches_the_charged_event_for_regression() -> None:
     )
     assert plan.sensitivity == 4.0 and plan.noise_scale == 12.0
     assert plan.event() == privacy.GaussianEvent(noise_multiplier=3.0, count=1)
-    rng = np.random.default_rng(1)
-    draws = np.array([evaluation.draw_noise(plan, rng) for _ in range(20_000)])
-    assert stats.kstest(draws, stats.norm(scale=12.0).cdf).pvalue > 1e-3
+    for secure in (False, True):
+        rng = SecureRandom.from_seed(1, secure_gaussian=secure)
+        draws = np.array([evaluation.noisy_sum(plan, 0.0, rng) for _ in range(20_000)])
+        assert stats.kstest(draws, stats.norm(scale=12.0).cdf).pvalue > 1e-3
 
 
 def test_invalid_evaluations() -> None:

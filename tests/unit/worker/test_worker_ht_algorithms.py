@@ -27,6 +27,7 @@ from worker.optimizers.ht_algorithms import (
     sparse_opt_half_step,
 )
 from worker.optimizers.ht_mechanisms import Polytope
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import ht_dpsco as trainers
 from worker.trainers.base import TrainingRequest, get_trainer
@@ -35,8 +36,8 @@ from worker.training.models import build_model
 ADVERSARIAL = [1e300, -1e300, 1e8, -1e8, 0.0]
 
 
-def _gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def _gen(seed: int = 0) -> SecureRandom:
+    return SecureRandom.from_seed(seed)
 
 
 def _data(n: int = 600, d: int = 20, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +86,7 @@ def test_linreg_half_step_add_remove_sensitivity() -> None:
     X, y = _data()
     s, R = 4, 1.0
     config = SparseLinRegConfig(iterations=1, block_size=100.0, sparsity=s, truncation=1.7, step=0.3, radius=R,
-                                laplace_scale=1.0)
+                                laplace_scale=1.0, sensitivity=1.0)
     bound = cal.linreg_sensitivity(truncation=1.7, step=0.3, sparsity=s, radius=R, block_size=100.0)
     rng = np.random.default_rng(2)
     for _ in range(10):
@@ -102,7 +103,7 @@ def test_sparse_opt_half_step_add_remove_sensitivity(loss: str) -> None:
     if loss == "logistic":
         y = torch.sign(y) + (y == 0)
     config = SparseOptConfig(iterations=1, block_size=80.0, sparsity=3, scale=0.7, beta=1.0, step=0.4, loss=loss,
-                             laplace_scale=1.0, l2=0.01)
+                             laplace_scale=1.0, sensitivity=1.0, l2=0.01)
     tight = cal.sparse_opt_sensitivity(scale=0.7, step=0.4, block_size=80.0, box=False)
     w = torch.zeros(X.shape[1], dtype=torch.float64)
     w[[1, 5]] = torch.tensor([3.0, -2.0], dtype=torch.float64)
@@ -144,10 +145,10 @@ def _configs(d: int, T: int) -> dict[str, Any]:
                                                   score_sensitivity=0.1)),
         "linreg": (loops.run_ht_sparse_linreg, SparseLinRegConfig(iterations=T, block_size=40.0, sparsity=3,
                                                                   truncation=2.0, step=0.5, radius=1.0,
-                                                                  laplace_scale=0.01)),
+                                                                  laplace_scale=0.01, sensitivity=0.01)),
         "opt": (loops.run_ht_sparse_opt, SparseOptConfig(iterations=T, block_size=40.0, sparsity=3, scale=1.0,
                                                          beta=1.0, step=0.5, loss="half_squared",
-                                                         laplace_scale=0.01)),
+                                                         laplace_scale=0.01, sensitivity=0.01)),
     }
 
 
@@ -232,7 +233,7 @@ def test_alg3_without_noise_or_truncation_is_iht_and_recovers_the_support() -> N
     w_star[rng.choice(200, 5, replace=False)] = rng.choice([-0.2, 0.2], size=5)  # ‖w*‖₂ ≈ 0.45 ≤ ½ (Thm 7)
     problem = linear_problem(rng, n=5000, w_star=w_star, features="gaussian_unit", noise="normal")
     config = SparseLinRegConfig(iterations=10, block_size=500.0, sparsity=5, truncation=1e12, step=0.9, radius=1.0,
-                                laplace_scale=1e-12)
+                                laplace_scale=1e-12, sensitivity=1e-12)
     data = RowAccess(torch.from_numpy(problem.X), torch.from_numpy(problem.y))
     w = loops.run_ht_sparse_linreg(data, config, generator=_gen(), hooks=TrainingHooks()).weights
     assert set(np.flatnonzero(w.numpy())) == set(np.flatnonzero(w_star))
@@ -253,7 +254,7 @@ def test_alg1_without_noise_or_truncation_is_plain_frank_wolfe_on_the_same_block
     X, y = torch.from_numpy(problem.X), torch.from_numpy(problem.y)
     T, d = 12, 30
     config = FWConfig(polytope=Polytope("l1_ball", 1.0, d), iterations=T, block_size=250.0, kappa=1e12, beta=1.0,
-                      loss="squared", epsilon_step=1e15, score_sensitivity=1.0)
+                      loss="squared", epsilon_step=1e9, score_sensitivity=1.0)
     w = loops.run_ht_frank_wolfe(RowAccess(X, y), config, generator=_gen(3), hooks=TrainingHooks()).weights
     blocks = loops._blocks(RowAccess(X, y), T, _gen(3))
     plain = torch.zeros(d, dtype=torch.float64)
@@ -360,16 +361,19 @@ class DeviceNoise:
     """The same CPU noise stream, delivered on ``target``: identical draws on every backend."""
 
     def __init__(self, seed: int, target: torch.device) -> None:
-        from worker.optimizers.ht_mechanisms import GeneratorNoise
+        from worker.optimizers.ht_mechanisms import ExactNoise
 
-        self.source = GeneratorNoise(torch.Generator().manual_seed(seed))
+        self.source = ExactNoise(SecureRandom.from_seed(seed))
         self.target = target
 
-    def gumbel(self, n: int) -> torch.Tensor:
-        return self.source.gumbel(n).to(self.target)
+    def select_exponential(self, scores: torch.Tensor, *, epsilon: float, sensitivity: float) -> int:
+        return self.source.select_exponential(scores.cpu(), epsilon=epsilon, sensitivity=sensitivity)
 
-    def laplace(self, shape: tuple[int, ...], scale: float) -> torch.Tensor:
-        return self.source.laplace(shape, scale).to(self.target)
+    def report_noisy_max(self, scores: torch.Tensor, *, scale: float, sensitivity: float) -> int:
+        return self.source.report_noisy_max(scores.cpu(), scale=scale, sensitivity=sensitivity)
+
+    def laplace_release(self, values: torch.Tensor, *, scale: float, sensitivity: float) -> torch.Tensor:
+        return self.source.laplace_release(values.cpu(), scale=scale, sensitivity=sensitivity).to(self.target)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="T14: needs a CUDA device")

@@ -10,29 +10,34 @@ import torch
 from scipy import stats
 
 from worker.optimizers.ht_mechanisms import (
-    GeneratorNoise,
+    ExactNoise,
     Polytope,
     assign_blocks,
     exponential_mechanism,
     peeling,
     project_l2_ball,
 )
+from worker.optimizers.secure_random import SecureRandom
 
 
-def _noise(seed: int = 0) -> GeneratorNoise:
-    return GeneratorNoise(torch.Generator().manual_seed(seed))
+def _noise(seed: int = 0) -> ExactNoise:
+    return ExactNoise(SecureRandom.from_seed(seed))
 
 
-class CountingNoise(GeneratorNoise):
-    """Counts every scalar drawn, by distribution."""
+class CountingNoise(ExactNoise):
+    """Records every mechanism call: (kind, number of candidates or values)."""
 
     def __init__(self, seed: int = 0) -> None:
-        super().__init__(torch.Generator().manual_seed(seed))
-        self.laplace_draws: list[tuple[int, ...]] = []
+        super().__init__(SecureRandom.from_seed(seed))
+        self.calls: list[tuple[str, int]] = []
 
-    def laplace(self, shape: tuple[int, ...], scale: float) -> torch.Tensor:
-        self.laplace_draws.append(shape)
-        return super().laplace(shape, scale)
+    def report_noisy_max(self, scores: torch.Tensor, *, scale: float, sensitivity: float) -> int:
+        self.calls.append(("select", int(torch.isfinite(scores).sum())))
+        return super().report_noisy_max(scores, scale=scale, sensitivity=sensitivity)
+
+    def laplace_release(self, values: torch.Tensor, *, scale: float, sensitivity: float) -> torch.Tensor:
+        self.calls.append(("release", values.numel()))
+        return super().laplace_release(values, scale=scale, sensitivity=sensitivity)
 
 
 # ----------------------------------------------------------------------------- U6
@@ -40,25 +45,29 @@ class CountingNoise(GeneratorNoise):
 
 def test_exponential_mechanism_matches_softmax_chi_square() -> None:
     scores = torch.tensor([0.0, 0.3, -0.2, 0.9], dtype=torch.float64)
-    eps, sens, draws = 2.0, 0.5, 200_000
+    eps, sens, draws = 2.0, 0.5, 4000
     noise = _noise(1)
     logits = scores * eps / (2 * sens)
-    gumbel = noise.gumbel(4 * draws).reshape(draws, 4)
-    counts = np.bincount(torch.argmax(logits + gumbel, dim=1).numpy(), minlength=4)
-    expected = torch.softmax(logits, dim=0).numpy() * draws
-    assert stats.chisquare(counts, expected).pvalue > 1e-3
-    # the public function draws the same way, one selection per call
-    picks = [exponential_mechanism(scores, epsilon=eps, sensitivity=sens, noise=noise) for _ in range(2000)]
-    assert stats.chisquare(np.bincount(picks, minlength=4), torch.softmax(logits, 0).numpy() * 2000).pvalue > 1e-3
+    picks = [exponential_mechanism(scores, epsilon=eps, sensitivity=sens, noise=noise) for _ in range(draws)]
+    expected = torch.softmax(logits, 0).numpy() * draws
+    assert stats.chisquare(np.bincount(picks, minlength=4), expected).pvalue > 1e-3
 
 
 def test_limits_and_no_overflow() -> None:
     scores = torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64) * 1e6
     noise = _noise(2)
-    assert all(exponential_mechanism(scores, epsilon=1e12, sensitivity=1.0, noise=noise) == 1 for _ in range(50))
-    picks = [exponential_mechanism(scores / 1e6, epsilon=1e-12, sensitivity=1.0, noise=noise) for _ in range(3000)]
+    assert all(exponential_mechanism(scores, epsilon=1e6, sensitivity=1.0, noise=noise) == 1 for _ in range(50))
+    picks = [exponential_mechanism(scores / 1e6, epsilon=1e-9, sensitivity=1.0, noise=noise) for _ in range(3000)]
     assert stats.chisquare(np.bincount(picks, minlength=3)).pvalue > 1e-3
     assert exponential_mechanism(scores, epsilon=1.0, sensitivity=1e-3, noise=noise) == 1  # logits ~1e9, finite
+
+
+def test_laplace_noisy_max_selection_is_the_report_noisy_max_of_the_scores() -> None:
+    scores = torch.tensor([0.0, 5.0, 1.0], dtype=torch.float64)
+    noise = _noise(3)
+    picks = [exponential_mechanism(scores, epsilon=20.0, sensitivity=0.1, noise=noise,
+                                   selection="laplace-noisy-max") for _ in range(200)]
+    assert picks.count(1) >= 199  # noise scale 2Δ/ε = 0.01 against a gap of 4
 
 
 def test_exact_privacy_ratio_of_one_fw_selection() -> None:
@@ -88,7 +97,7 @@ def test_polytope_vertices_and_scores() -> None:
 
 def test_peeling_without_noise_is_the_top_s_by_magnitude() -> None:
     v = torch.tensor([0.1, -5.0, 3.0, 0.0, -4.0, 2.0], dtype=torch.float64)
-    out = peeling(v, sparsity=3, scale=1e-12, noise=_noise())
+    out = peeling(v, sparsity=3, scale=1e-12, sensitivity=1e-12, noise=_noise())
     assert set(torch.nonzero(out).flatten().tolist()) == {1, 2, 4}
     assert torch.allclose(out[[1, 2, 4]], v[[1, 2, 4]], atol=1e-9)
 
@@ -96,7 +105,7 @@ def test_peeling_without_noise_is_the_top_s_by_magnitude() -> None:
 def test_peeling_has_exactly_s_distinct_non_zeros() -> None:
     noise = _noise(4)
     for _ in range(50):
-        out = peeling(torch.zeros(30, dtype=torch.float64), sparsity=7, scale=1.0, noise=noise)
+        out = peeling(torch.zeros(30, dtype=torch.float64), sparsity=7, scale=1.0, sensitivity=1.0, noise=noise)
         assert int((out != 0).sum()) == 7
 
 
@@ -107,21 +116,40 @@ def test_release_noise_is_fresh_mean_absolute_value_is_b() -> None:
     noise, b = _noise(5), 0.7
     released = []
     for _ in range(1500):
-        out = peeling(torch.zeros(2000, dtype=torch.float64), sparsity=10, scale=b, noise=noise)
+        out = peeling(torch.zeros(2000, dtype=torch.float64), sparsity=10, scale=b, sensitivity=0.35, noise=noise)
         released.append(out[out != 0])
     mean_abs = float(torch.cat(released).abs().mean())
     assert mean_abs == pytest.approx(b, rel=0.03)
 
 
-def test_peeling_draws_s_times_d_plus_d_laplace_values() -> None:
+def test_peeling_makes_s_fresh_selections_then_one_release_of_s_values() -> None:
+    """Spec U7e: fresh noise per round. Round k selects among the d - k unchosen coordinates;
+    the release draws new noise for exactly the s chosen ones."""
     noise = CountingNoise()
-    peeling(torch.ones(40, dtype=torch.float64), sparsity=6, scale=0.1, noise=noise)
-    assert sum(math.prod(shape) for shape in noise.laplace_draws) == 6 * 40 + 40
+    peeling(torch.ones(40, dtype=torch.float64), sparsity=6, scale=0.1, sensitivity=0.05, noise=noise)
+    assert noise.calls == [("select", 40 - k) for k in range(6)] + [("release", 6)]
 
 
-def test_laplace_sampler_has_the_right_law() -> None:
-    draws = _noise(6).laplace((200_000,), 2.5).numpy()
+def test_laplace_release_has_the_right_law_and_lies_on_one_grid() -> None:
+    """KS against Laplace(b); every output, for two different true values, is a multiple of one
+    power of two (Mironov's attack needs the reachable outputs to depend on the true value)."""
+    noise = _noise(6)
+    draws = noise.laplace_release(torch.zeros(200_000, dtype=torch.float64), scale=2.5, sensitivity=1.0).numpy()
     assert stats.kstest(draws, stats.laplace(scale=2.5).cdf).pvalue > 1e-3
+    shifted = noise.laplace_release(torch.full((1000,), 1.0 / 3.0, dtype=torch.float64), scale=2.5,
+                                    sensitivity=1.0).numpy()
+    grid = 2.0 ** (math.floor(math.log2(2.5)) - 40)
+    for values in (draws[:1000], shifted):
+        assert np.all(np.mod(values, grid) == 0.0)
+
+
+def test_float_samplers_are_gone_from_the_mechanisms() -> None:
+    """The old inverse-CDF Laplace and Gumbel draws on doubles are no longer reachable."""
+    import worker.optimizers.ht_mechanisms as mechanisms
+
+    assert not hasattr(mechanisms, "GeneratorNoise")
+    with pytest.raises(TypeError):
+        ExactNoise(torch.Generator())  # type: ignore[arg-type]
 
 
 def test_projection_keeps_support() -> None:
@@ -137,8 +165,8 @@ def test_projection_keeps_support() -> None:
 
 def test_block_assignment_is_per_row_and_stable_when_a_row_is_added() -> None:
     """Adding a row (at the end) keeps every other row's block: the first n draws are identical."""
-    first = assign_blocks(1000, 7, torch.Generator().manual_seed(9))
-    second = assign_blocks(1001, 7, torch.Generator().manual_seed(9))
+    first = assign_blocks(1000, 7, SecureRandom.from_seed(9))
+    second = assign_blocks(1001, 7, SecureRandom.from_seed(9))
     assert torch.equal(first, second[:1000])
     counts = torch.bincount(first, minlength=7)
     assert int(counts.sum()) == 1000 and int(counts.min()) > 100

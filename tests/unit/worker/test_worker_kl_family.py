@@ -27,6 +27,7 @@ from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from worker.optimizers.kl_common import FullBatch, assign_flat
 from worker.optimizers.per_sample import iter_per_sample_grads
+from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.artifacts import load_training_state, save_training_state
@@ -69,7 +70,7 @@ def _request(job: JobPlan, model: torch.nn.Module, X: torch.Tensor, y: torch.Ten
         spec=job.spec, noise_multiplier=job.noise_multiplier,
         sampling_probability=job.plan.sampling_probability,
         expected_batch_size=job.plan.expected_batch_size, steps=job.plan.steps,
-        max_physical_batch_size=64, generator=torch.Generator().manual_seed(seed),
+        max_physical_batch_size=64, generator=SecureRandom.from_seed(seed),
         hooks=hooks or TrainingHooks(), resume_from=resume_from, device=torch.device("cpu"),
     )
 
@@ -188,7 +189,7 @@ def test_kl_spider_draws_the_charged_noise() -> None:
     clip_of = {r.difference_noise: r.difference_clip for r in schedule.rounds if r.differences}
     probe = _model("regression", SPIDER_FEATURES)
     exact = FullBatch(X=X, y=y, loss="mse", lipschitz=1.0, normaliser=float(SPIDER_N),
-                      max_physical_batch_size=512, generator=torch.Generator())
+                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0))
     z, drawn = [], 0.0
     for index, (kind, point, released, std) in enumerate(releases):
         assign_flat(probe, point)
@@ -223,7 +224,7 @@ def test_adaptive_noisy_gd_draws_the_charged_noise() -> None:
     assert len(norms) == len(gradients) >= 10
     probe = _model("regression", SPIDER_FEATURES)
     exact = FullBatch(X=X, y=y, loss="mse", lipschitz=1.0, normaliser=float(SPIDER_N),
-                      max_physical_batch_size=512, generator=torch.Generator())
+                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0))
     z_norm, z_grad, drawn = [], [], 0.0
     for (_, point, noisy_norm, norm_std), (_, grad_point, noisy_grad, grad_std) in zip(norms, gradients, strict=True):
         assert norm_std == constants.norm_noise and torch.equal(point, grad_point)

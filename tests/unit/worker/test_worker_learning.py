@@ -8,6 +8,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
+from worker.optimizers.secure_random import SecureRandom
 from worker.training.models import build_model
 
 
@@ -26,7 +27,7 @@ def test_dp_logistic_regression_learns_digits() -> None:
     config = DPSGDConfig(steps=300, sampling_probability=0.05, noise_multiplier=1.0,
                          clipping_norm=1.0, learning_rate=1.0)
     result = train_dp_sgd(model, X_train_t, y_train_t, config=config,
-                          generator=torch.Generator().manual_seed(1))
+                          generator=SecureRandom.from_seed(1))
     assert result.steps_run == 300
 
     model.eval()
