@@ -172,6 +172,13 @@ def _refuse_known_content(services: Services, tenant: Tenant, sha256: str) -> No
             raise _already_registered_problem(ContentAlreadyRegistered(existing))
 
 
+def _inferred_task_notice(task: str) -> str:
+    return (
+        f"no task was given, so it was inferred from the labels ({task}) and is now public. Give "
+        "task= at upload to make it independent of the rows."
+    )
+
+
 def _observed_classes_notice(n_classes: int) -> str:
     return (
         f"no class list was declared, so the {n_classes} labels found (0 to {n_classes - 1}) became "
@@ -266,6 +273,8 @@ async def upload_dataset(
         raise
     n_classes = len(class_list) if class_list is not None else facts["n_classes"]
     notices = [] if class_list is not None or n_classes is None else [_observed_classes_notice(n_classes)]
+    if task is None and class_list is None:
+        notices.insert(0, _inferred_task_notice(str(facts["task"])))
     try:
         with services.db.write_transaction() as session:
             # One registration per content and tenant: serialised on the tenant row, so two

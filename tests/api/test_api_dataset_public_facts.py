@@ -139,8 +139,11 @@ def test_a_declared_class_list_does_not_depend_on_the_rows(alice: TestClient) ->
     for view in observed:
         assert view["classes_source"] == "observed"
         assert view["classes"] == [str(i) for i in range(view["n_classes"])]
-        assert len(view["notices"]) == 1
-        assert "public class list" in view["notices"][0] and "classes=" in view["notices"][0]
+        task_notice, classes_notice = view["notices"]  # neither the task nor the list was given
+        assert "inferred from the labels (classification)" in task_notice and "task=" in task_notice
+        assert "public class list" in classes_notice and "classes=" in classes_notice
+    given_task = upload(alice, _labelled(9, labels), name="t", task="classification", delta=1e-3).json()
+    assert len(given_task["notices"]) == 1 and "class list" in given_task["notices"][0]
     # The notice belongs to the upload response; later reads do not repeat it.
     assert alice.get(f"/v1/datasets/{observed[0]['id']}").json()["notices"] == []
 

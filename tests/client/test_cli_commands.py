@@ -59,7 +59,7 @@ def test_datasets_commands(run: Run, digits_path: Path, digits_csv: bytes) -> No
     assert (uploaded["name"], uploaded["n_rows"], uploaded["budget"]) == ("digits-train", 1437, {"epsilon": 8.0, "delta": 1e-5})
     assert uploaded["sha256"] == hashlib.sha256(digits_csv).hexdigest()
     assert [d["id"] for d in ok_json(run("--json", "datasets", "list"))] == [ds]
-    assert len(uploaded.pop("notices")) == 1  # the observed class list became public: said once
+    assert len(uploaded.pop("notices")) == 2  # the inferred task and observed class list: said once
     assert ok_json(run("datasets", "show", ds, "--json")) == {**uploaded, "notices": []}
 
     table = run("datasets", "list")

@@ -30,7 +30,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, red
     log_path = root / "worker.log"
     with running_worker(settings, log_path):
         with TestClient(create_app(settings)) as client:
-            client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
+            client.headers["Authorization"] = f"Bearer {new_key(db, 'distributed')}"
             yield client, log_path
     db.dispose()
 
