@@ -125,6 +125,15 @@ def _raw(value: Any) -> Any:  # noqa: ANN401 - JSON
     return value
 
 
+PROBLEM_HINTS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "/problems/dataset-already-registered": lambda extra: (
+        f"hint: privtrain datasets raise-budget {extra.get('existing_dataset_id', 'DATASET_ID')} "
+        "--epsilon NEW_EPSILON --reason '…'"
+    ),
+}
+"""What to type next, for problems whose way out is another CLI command."""
+
+
 def report_error(error: PrivtrainError, *, as_json: bool) -> None:
     """The problem's title and detail (plus its type and extra members) on stderr."""
     if as_json and error.problem:
@@ -140,6 +149,9 @@ def report_error(error: PrivtrainError, *, as_json: bool) -> None:
     for item in error.extra.get("errors", []) or []:
         if isinstance(item, dict):
             click.echo(f"  - {'.'.join(map(str, item.get('loc', [])))}: {item.get('msg', '')}", err=True)
+    hint = PROBLEM_HINTS.get(error.type or "")
+    if hint is not None:
+        click.echo(hint(dict(error.extra)), err=True)
 
 
 class ApiErrorGroup(click.Group):

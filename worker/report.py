@@ -26,16 +26,33 @@ CAVEATS = (
     "Public by design: the row count n, the feature shape and names, the task and the class list, "
     "as the owner declared them at upload. The content hash and the byte size are exact functions "
     "of the rows: only the dataset's owner sees them.",
-    "Every privacy-protecting draw (noise, sampling, hold-out coins, selections) came from a per-job "
-    "stream with at least 128 secret bits from the operating system's CSPRNG (NumPy Philox with a "
-    "256-bit seed on the CPU; two independently keyed Philox generators on CUDA), never stored "
-    "outside the worker. Gaussian noise is drawn in secure mode when the service's secure_noise "
-    "setting is on (each value the sum of four draws, halved; Holohan & Braghin 2021), as it must "
-    "be in production. Laplace noise and selections are sampled exactly with integer arithmetic on "
-    "a power-of-two grid (no Mironov-style floating-point leak), with the grid's rounding paid for "
-    "by slightly more noise. Floating-point effects of the Gaussian sampler beyond secure mode are "
-    "not accounted for.",
 )
+
+NOISE_SOURCE = {
+    "stream": "per job, at least 128 secret bits from the operating system's CSPRNG: NumPy Philox "
+    "with a 256-bit seed on the CPU, two independently keyed Philox generators on CUDA; the state "
+    "never leaves the worker",
+    "laplace_and_selections": "sampled exactly with integer arithmetic on a power-of-two grid "
+    "(discrete Laplace, exact exponential mechanism), the grid's rounding paid for by more noise",
+}
+
+
+def noise_caveat(*, secure_gaussian: bool) -> str:
+    """How this job's noise was drawn, and what is not accounted for."""
+    gaussian = (
+        "Gaussian noise was drawn in secure mode (each value the sum of four draws, halved; Holohan "
+        "& Braghin 2021); floating-point effects of the sampler beyond that are not accounted for."
+        if secure_gaussian else
+        "Gaussian noise was NOT drawn in secure mode (the service's secure_noise setting was off, "
+        "which production refuses): floating-point effects of the sampler are not accounted for."
+    )
+    return (
+        "Every privacy-protecting draw (noise, sampling, hold-out coins, selections) came from a "
+        "per-job stream with at least 128 secret bits from the operating system's CSPRNG, never "
+        "stored outside the worker. Laplace noise and selections were sampled exactly with integer "
+        "arithmetic on a power-of-two grid (no Mironov-style floating-point leak), the grid's "
+        f"rounding paid for by slightly more noise. {gaussian}"
+    )
 
 OBSERVED_CLASSES_CAVEAT = (
     "No class list was declared at upload, so the list shown was taken from the labels found: it is "
@@ -99,9 +116,11 @@ def build_report(
     metrics: dict[str, Any] | None,
     algorithm_notes: dict[str, Any],
     model_sha256: str,
+    secure_gaussian: bool,
 ) -> dict[str, Any]:
+    """``secure_gaussian``: whether the worker that finished the job drew Gaussians in secure mode."""
     event = privacy.event_from_json(actual_event)
-    caveats = list(CAVEATS)
+    caveats = [*CAVEATS, noise_caveat(secure_gaussian=secure_gaussian)]
     if adjustments:
         caveats.insert(0, budget_raise_caveat(adjustments))
     if not dataset.classes_declared and dataset.task == "classification":
@@ -166,6 +185,7 @@ def build_report(
             "single_job_method": tight.method,
             "prv_label": tight.detail,
         },
+        "noise": {**NOISE_SOURCE, "gaussian_secure_mode": secure_gaussian},
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},
         "accountant": {"name": privacy.ACCOUNTANT_NAME, "version": privacy.ACCOUNTANT_VERSION},
         "released_metrics": metrics,

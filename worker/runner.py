@@ -384,6 +384,7 @@ class JobRunner:
                 metrics=outcome.metrics,
                 algorithm_notes=algorithm_notes(job, claimed.plan),
                 model_sha256=model_sha,
+                secure_gaussian=self.settings.secure_noise,
             )
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             job.status = "succeeded"

@@ -214,6 +214,8 @@ def test_upload_declares_classes_and_a_second_upload_of_the_same_bytes_is_refuse
     again = run("datasets", "upload", str(digits_path), "--name", "copy", "--epsilon", "8", "--delta", "1e-5")
     assert again.exit_code == 1
     assert "/problems/dataset-already-registered" in again.stderr and "raise that dataset's budget" in again.stderr
+    existing = json.loads(run("datasets", "list", "--json").stdout)[0]["id"]
+    assert f"hint: privtrain datasets raise-budget {existing} --epsilon" in again.stderr
 
 
 def test_upload_without_classes_says_the_observed_list_is_now_public(run: Run, digits_path: Path) -> None:

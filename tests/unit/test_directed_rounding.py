@@ -103,35 +103,9 @@ def test_missing_and_non_finite_values_are_spelled_out() -> None:
 
 def test_the_reports_guarantee_sentence_rounds_the_charged_epsilon_up() -> None:
     """worker/report.py states the job's (ε, δ); nearest rounding printed ε = 3.00012 as ``3``."""
-    from types import SimpleNamespace
+    from tests.report_fixtures import small_report
 
-    from app import privacy
-    from worker.report import build_report
-
-    class Row(SimpleNamespace):
-        """A stand-in for a database row: columns not given read as None."""
-
-        def __getattr__(self, name: str) -> None:
-            return None
-
-    event = privacy.event_to_json(
-        privacy.PoissonSampledGaussianEvent(sampling_probability=0.01, noise_multiplier=1.1, count=10)
-    )
-    job = Row(
-        id="job_1", delta=1e-05, epsilon_ledger=3.00012, model_name="logistic-regression",
-        algorithm="dp-sgd", sampling_probability=0.01, noise_multiplier=1.1, steps_planned=10,
-        steps_run=10, event=event,
-        spec={"model": {"params": {}}, "algorithm": {"hyperparameters": {}}, "training": {}},
-    )
-    dataset = Row(id="ds_1", name="d", sha256="0" * 64, n_rows=1000, feature_shape=[4],
-                              task="classification", n_classes=2)
-    report = build_report(
-        job=job, dataset=dataset, sensitivity=1.0, expected_batch_size=10.0, sampling="poisson",  # type: ignore[arg-type]
-        sensitivity_norm="l2", actual_event=event, budget_before={}, budget_after={},
-        commit_entry=SimpleNamespace(seq=3, hash="ab" * 32), adjustments=[], metrics=None,  # type: ignore[arg-type]
-        algorithm_notes={}, model_sha256="cd" * 32,
-    )
-    sentence = report["guarantee"]
+    sentence = small_report(epsilon_ledger=3.00012)["guarantee"]
     assert sentence.startswith("(3.001, 1e-05)-differential privacy for one row"), sentence
     epsilon, delta = sentence[1:].split(")")[0].split(", ")
-    assert float(epsilon) >= job.epsilon_ledger and float(delta) >= job.delta
+    assert float(epsilon) >= 3.00012 and float(delta) >= 1e-05

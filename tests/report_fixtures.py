@@ -1,0 +1,38 @@
+"""A report built by the worker's own builder from stand-in rows, for tests of what it says."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from app import privacy
+from worker.report import build_report
+
+
+class Row(SimpleNamespace):
+    """A stand-in for a database row: columns not given read as None."""
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+def small_report(*, epsilon_ledger: float = 3.00012, secure_gaussian: bool = True,
+                 adjustments: list[dict[str, Any]] | None = None, classes_declared: bool = False) -> dict[str, Any]:
+    """The report of a 10-step DP-SGD job (q = 0.01, σ = 1.1) with the given charged ε."""
+    event = privacy.event_to_json(
+        privacy.PoissonSampledGaussianEvent(sampling_probability=0.01, noise_multiplier=1.1, count=10)
+    )
+    job = Row(
+        id="job_1", delta=1e-05, epsilon_ledger=epsilon_ledger, model_name="logistic-regression",
+        algorithm="dp-sgd", sampling_probability=0.01, noise_multiplier=1.1, steps_planned=10,
+        steps_run=10, event=event,
+        spec={"model": {"params": {}}, "algorithm": {"hyperparameters": {}}, "training": {}},
+    )
+    dataset = Row(id="ds_1", name="d", sha256="0" * 64, n_rows=1000, feature_shape=[4],
+                  task="classification", n_classes=2, classes_declared=classes_declared)
+    return build_report(
+        job=job, dataset=dataset, sensitivity=1.0, expected_batch_size=10.0, sampling="poisson",  # type: ignore[arg-type]
+        sensitivity_norm="l2", actual_event=event, budget_before={}, budget_after={},
+        commit_entry=SimpleNamespace(seq=3, hash="ab" * 32), adjustments=adjustments or [],  # type: ignore[arg-type]
+        metrics=None, algorithm_notes={}, model_sha256="cd" * 32, secure_gaussian=secure_gaussian,
+    )
