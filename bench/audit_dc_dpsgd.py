@@ -25,7 +25,6 @@ import sys
 import time
 import warnings
 
-import torch
 from opacus.accountants.utils import get_noise_multiplier
 
 from app import privacy
