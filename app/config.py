@@ -77,6 +77,32 @@ class Settings(BaseSettings):
         default=True, description="run the reconciler loop inside the API process"
     )
     max_physical_batch_size: int = Field(default=256, gt=0)
+    max_model_parameters: int = Field(
+        default=50_000_000, gt=0,
+        description="a job whose model (with its params, on the dataset's feature shape) has more "
+        "trainable parameters is refused at estimate and submission (422 model-incompatible)",
+    )
+    max_activation_bytes: int = Field(
+        default=8 * 1024**3, gt=0,
+        description="a job is refused when one physical batch (max_physical_batch_size rows) "
+        "would need more float32 memory than this for its activations and per-sample gradients",
+    )
+    max_decompressed_bytes: int = Field(
+        default=1024**3, gt=0,
+        description="an NPZ upload whose members declare more uncompressed bytes is refused before "
+        "anything is decompressed (parsing needs about twice this in API memory)",
+    )
+    max_compression_ratio: int = Field(
+        default=200, gt=0,
+        description="an NPZ upload may decompress to at most this many times its size on disk "
+        "(beyond the first 64 MiB)",
+    )
+    max_concurrent_uploads: int = Field(
+        default=4, gt=0, description="uploads the API process parses at once, all tenants together"
+    )
+    max_concurrent_uploads_per_tenant: int = Field(
+        default=2, gt=0, description="uploads one tenant may have in flight at once per API process"
+    )
     secure_noise: bool = Field(
         default=True,
         description="Gaussian noise in secure mode (each value the sum of 4 draws / 2, against "

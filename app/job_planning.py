@@ -22,7 +22,7 @@ from app.algorithms import (
 )
 from app.evaluation import EvaluationPlan, InvalidEvaluation, plan_evaluation
 from app.facts import DatasetFacts
-from app.model_catalogue import ModelIncompatible, UnknownModel, get_model
+from app.model_catalogue import ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
 from app.models import Dataset, PrivacyBudget
 from app.privacy import PrivacyEvent
 from app.problems import Problem
@@ -126,8 +126,11 @@ def plan_job(
     dataset_delta: float,
     max_steps: int,
     max_time_limit_s: float | None = None,
+    model_limits: ModelSizeLimits | None = None,
 ) -> JobPlan:
-    """Validate the spec against the catalogues and price it; raises 422 problems."""
+    """Validate the spec against the catalogues and price it; raises 422 problems.
+
+    ``model_limits``: the service's model-size limits (default: the process settings)."""
     facts = facts_of(dataset)
     try:
         algorithm = get_algorithm(spec.algorithm.name)
@@ -138,7 +141,7 @@ def plan_job(
     except UnknownModel:
         raise _invalid("unknown-model", f"unknown model '{spec.model.name}'") from None
     try:
-        model_params = model.validate(spec.model.params, facts)
+        model_params = model.validate(spec.model.params, facts, limits=model_limits)
     except ModelIncompatible as exc:
         raise _invalid("model-incompatible", str(exc)) from None
     try:
@@ -155,6 +158,12 @@ def plan_job(
         )
     except (InvalidHyperparameters, InvalidEvaluation) as exc:
         raise _invalid("invalid-job-spec", str(exc)) from None
+    except ArithmeticError as exc:  # a formula overflowed: the hyperparameters are out of range
+        raise _invalid(
+            "invalid-job-spec",
+            f"the algorithm's formulas overflow for these hyperparameters ({type(exc).__name__}); "
+            "choose values within the documented ranges",
+        ) from None
     if plan.steps > max_steps:
         raise _invalid(
             "invalid-job-spec", f"the job would run {plan.steps} steps; the limit is {max_steps}"
@@ -185,8 +194,11 @@ def plan_job(
             )
         except privacy.CalibrationError as exc:
             raise _invalid("calibration-failed", str(exc)) from None
-    event = event_for_sigma(sigma)
-    curve = privacy.rdp_curve(event)
+    try:
+        event = event_for_sigma(sigma)
+        curve = privacy.rdp_curve(event)
+    except privacy.PrivacyEventError as exc:
+        raise _invalid("invalid-job-spec", f"the job's privacy cost cannot be computed: {exc}") from None
     normalised = spec.model_dump(mode="json")
     normalised["model"]["params"] = model_params
     normalised["algorithm"]["hyperparameters"] = hyperparameters.model_dump(mode="json")
@@ -203,7 +215,7 @@ def plan_job(
         curve=curve,
         epsilon_ledger=privacy.ledger_epsilon(curve, delta),
         epsilon_prv=(tight := privacy.single_job_epsilon(
-            event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian
+            event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian, numeric=False
         )).epsilon,
         epsilon_prv_method=tight.method,
     )

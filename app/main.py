@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,10 +10,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import catalogue, datasets, health, jobs, ui
+from app.api.ui_session import session_secret
 from app.bootstrap import register_bootstrap_key
 from app.config import Settings, get_settings
 from app.problems import document_problems, install_problem_handlers
-from app.rate_limit import RateLimiter, RateLimitMiddleware
+from app.rate_limit import RateLimiter, RateLimitMiddleware, principal_resolver
 from app.services import JobDispatcher, Services, build_services
 
 
@@ -59,6 +61,10 @@ def create_app(
         app.add_middleware(
             RateLimitMiddleware,
             limiter=RateLimiter(per_minute=settings.rate_limit_per_minute, burst=settings.rate_limit_burst),
+            principal=principal_resolver(
+                secret=functools.cache(lambda: session_secret(settings)),
+                max_age_s=settings.ui_session_max_age_s,
+            ),
         )
     install_problem_handlers(app)
     document_problems(app)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.config import Settings, get_settings
 from app.facts import DatasetFacts
 from app.registry import Registry, UnknownName
 
@@ -49,6 +50,41 @@ class CNN2Params(_Params):
     )
 
 
+_FLOAT32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What a model costs in memory, computed without torch from its params and feature shape."""
+
+    parameters: int
+    """Trainable parameters: the same count as torch's sum(p.numel() for p in parameters())."""
+    activations: int
+    """Values one example's forward pass produces (its input and every layer's output)."""
+
+    def batch_bytes(self, batch_size: int) -> int:
+        """Float32 bytes one physical batch holds: forward and backward activations, and one
+        per-sample gradient per row (the per-sample engine materialises chunk × parameters)."""
+        return batch_size * _FLOAT32_BYTES * (2 * self.activations + self.parameters)
+
+
+@dataclass(frozen=True)
+class ModelSizeLimits:
+    """The service's bounds on a model, checked before any budget is reserved."""
+
+    max_parameters: int
+    max_activation_bytes: int
+    physical_batch_size: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ModelSizeLimits:
+        return cls(
+            max_parameters=settings.max_model_parameters,
+            max_activation_bytes=settings.max_activation_bytes,
+            physical_batch_size=settings.max_physical_batch_size,
+        )
+
+
 @dataclass(frozen=True)
 class ModelDefinition:
     name: str
@@ -56,9 +92,22 @@ class ModelDefinition:
     params_model: type[BaseModel]
     tasks: frozenset[str]
     check_shape: Callable[[BaseModel, DatasetFacts], None]
+    size: Callable[[BaseModel, DatasetFacts, int], ModelSize]
+    """(params, facts, n_outputs) → the model's size; runs only after check_shape passed."""
 
-    def validate(self, params: dict[str, Any], facts: DatasetFacts) -> dict[str, Any]:
-        """Validate params (defaults filled) and compatibility; returns the normalised params."""
+    def validate(
+        self,
+        params: dict[str, Any],
+        facts: DatasetFacts,
+        *,
+        limits: ModelSizeLimits | None = None,
+    ) -> dict[str, Any]:
+        """Validate params (defaults filled), compatibility and size; returns the normalised params.
+
+        ``limits`` defaults to the process settings, so the planner needs no extra argument; a
+        model too large for the worker is refused here instead of failing there after its
+        privacy reservation was made (and committed).
+        """
         try:
             parsed = self.params_model.model_validate(params)
         except ValidationError as exc:
@@ -70,7 +119,31 @@ class ModelDefinition:
                 f"model '{self.name}' supports {sorted(self.tasks)}, the dataset is {facts.task}"
             )
         self.check_shape(parsed, facts)
+        self._check_size(
+            self.size(parsed, facts, self.n_outputs(facts)),
+            limits or ModelSizeLimits.from_settings(get_settings()),
+        )
         return parsed.model_dump(mode="json")
+
+    def parameter_count(self, params: dict[str, Any], facts: DatasetFacts) -> int:
+        """Trainable parameters of the model the worker would build; params must be valid."""
+        parsed = self.params_model.model_validate(params)
+        return self.size(parsed, facts, self.n_outputs(facts)).parameters
+
+    def _check_size(self, size: ModelSize, limits: ModelSizeLimits) -> None:
+        if size.parameters > limits.max_parameters:
+            raise ModelIncompatible(
+                f"model '{self.name}' with these params has {size.parameters} trainable "
+                f"parameters on this dataset; the service's limit is {limits.max_parameters}"
+            )
+        needed = size.batch_bytes(limits.physical_batch_size)
+        if needed > limits.max_activation_bytes:
+            raise ModelIncompatible(
+                f"model '{self.name}' with these params needs about {needed} bytes of activations "
+                f"and per-sample gradients per physical batch of {limits.physical_batch_size} rows "
+                f"({size.parameters} parameters, {size.activations} activations per row); the "
+                f"service's limit is {limits.max_activation_bytes} bytes"
+            )
 
     def n_outputs(self, facts: DatasetFacts) -> int:
         if facts.task == "regression":
@@ -112,6 +185,61 @@ def cnn2_output_hw(height: int, width: int) -> tuple[int, int] | None:
     return out_h, out_w
 
 
+def _linear_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    """Flatten → Linear(d, k): logistic and linear regression."""
+    d = facts.n_features
+    return ModelSize(parameters=d * n_outputs + n_outputs, activations=d + n_outputs)
+
+
+def _mlp_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    """Flatten → (Linear, activation) per hidden size → Linear(last, k)."""
+    assert isinstance(params, MLPParams)
+    width, parameters, activations = facts.n_features, 0, facts.n_features
+    for size in [*params.hidden_sizes, n_outputs]:
+        parameters += width * size + size
+        activations += 2 * size  # the Linear's output and the activation's
+        width = size
+    return ModelSize(parameters=parameters, activations=activations - n_outputs)
+
+
+def _cnn_image(params: CNN2Params, facts: DatasetFacts) -> tuple[int, int, int]:
+    if len(facts.feature_shape) == 3:
+        channels, height, width = facts.feature_shape
+        return channels, height, width
+    assert params.image_shape is not None  # _cnn_shape refused flat rows without one
+    return params.image_shape
+
+
+def _cnn_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    """Mirrors worker.training.models._cnn2_gn layer by layer (tests pin it against torch)."""
+    assert isinstance(params, CNN2Params)
+    channels, height, width = _cnn_image(params, facts)
+    out = cnn2_output_hw(height, width)
+    assert out is not None  # _cnn_shape refused images that are too small
+
+    def conv1(size: int) -> int:
+        return (size + 6 - 8) // 2 + 1
+
+    def conv2(size: int) -> int:
+        return (size - 1 - 4) // 2 + 1
+
+    h1, w1 = conv1(height), conv1(width)
+    h2, w2 = conv2(h1), conv2(w1)
+    flat = 32 * out[0] * out[1]
+    parameters = (
+        (channels * 16 * 8 * 8 + 16) + 2 * 16  # conv1, GroupNorm(16)
+        + (16 * 32 * 4 * 4 + 32) + 2 * 32  # conv2, GroupNorm(32)
+        + (flat * 32 + 32) + (32 * n_outputs + n_outputs)  # FC 32, output
+    )
+    activations = (
+        channels * height * width
+        + 3 * 16 * h1 * w1 + 16 * (h1 - 1) * (w1 - 1)  # conv, norm, tanh, pool
+        + 3 * 32 * h2 * w2 + flat  # conv, norm, tanh, pool (= flatten)
+        + 2 * 32 + n_outputs
+    )
+    return ModelSize(parameters=parameters, activations=activations)
+
+
 def _cnn_shape(params: BaseModel, facts: DatasetFacts) -> None:
     assert isinstance(params, CNN2Params)
     shape = facts.feature_shape
@@ -144,6 +272,7 @@ register_model(
         params_model=NoParams,
         tasks=frozenset({"classification"}),
         check_shape=_any_shape,
+        size=_linear_size,
     )
 )
 register_model(
@@ -153,6 +282,7 @@ register_model(
         params_model=NoParams,
         tasks=frozenset({"regression"}),
         check_shape=_any_shape,
+        size=_linear_size,
     )
 )
 register_model(
@@ -162,6 +292,7 @@ register_model(
         params_model=MLPParams,
         tasks=frozenset({"classification", "regression"}),
         check_shape=_any_shape,
+        size=_mlp_size,
     )
 )
 register_model(
@@ -174,5 +305,6 @@ register_model(
         params_model=CNN2Params,
         tasks=frozenset({"classification", "regression"}),
         check_shape=_cnn_shape,
+        size=_cnn_size,
     )
 )

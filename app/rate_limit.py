@@ -4,13 +4,14 @@ Why in the API process and not a proxy: the limit is per API key, which only the
 identify, and it must answer with the same RFC 9457 problem format as every other error. Keys
 are identified by a digest (never the key itself) and the table is bounded (least recently
 used keys are forgotten first), so an attacker cycling random keys cannot grow it without
-bound. Limits are per API process; with several processes behind a balancer the effective limit
+bound. The principal is the API key whatever carries it: a Bearer header and a dashboard session
+cookie (which holds the same digest, signed) draw on one bucket, so the cookie is no way around
+the limit. Limits are per API process; with several processes behind a balancer the effective limit
 is the sum — documented, and conservative enough for the purpose (protecting the service).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -18,11 +19,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.ui_session import COOKIE_NAME, decode_session
+from app.auth import key_digest
 from app.problems import Problem, problem_response
 
-__all__ = ["RateLimitMiddleware", "RateLimiter"]
+__all__ = ["PrincipalOf", "RateLimitMiddleware", "RateLimiter", "bearer_principal", "principal_resolver"]
+
+PrincipalOf = Callable[[Scope], "str | None"]
+"""The API key digest a request acts as, or None for an anonymous request (not limited)."""
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -65,25 +72,50 @@ class RateLimiter:
             return (1.0 - bucket.tokens) / self.rate
 
 
-def _bearer_key_id(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
+def _header(scope: Scope, name: bytes) -> str | None:
+    for header, value in scope.get("headers", ()):
+        if header == name:
+            return value.decode("latin-1")
     return None
+
+
+def bearer_principal(scope: Scope) -> str | None:
+    """The digest of the Bearer key, as the database stores it (``app.auth.key_digest``)."""
+    scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return key_digest(token.strip())
+    return None
+
+
+def principal_resolver(*, secret: Callable[[], bytes], max_age_s: float) -> PrincipalOf:
+    """Bearer first (as the dashboard authenticates), else a validly signed session cookie's
+    key digest: the same string for the same key, so both share one bucket. A forged or expired
+    cookie, or one from before login, names no principal."""
+
+    def principal(scope: Scope) -> str | None:
+        bearer = bearer_principal(scope)
+        if bearer is not None:
+            return bearer
+        cookie = cookie_parser(_header(scope, b"cookie") or "").get(COOKIE_NAME)
+        if not cookie:
+            return None
+        session = decode_session(cookie, secret(), max_age_s=max_age_s)
+        return session.key_digest if session is not None and isinstance(session.key_digest, str) else None
+
+    return principal
 
 
 class RateLimitMiddleware:
     """Pure ASGI middleware (no body buffering, streaming untouched)."""
 
-    def __init__(self, app: ASGIApp, *, limiter: RateLimiter) -> None:
+    def __init__(self, app: ASGIApp, *, limiter: RateLimiter, principal: PrincipalOf = bearer_principal) -> None:
         self.app = app
         self.limiter = limiter
+        self.principal = principal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") not in EXEMPT_PATHS:
-            key_id = _bearer_key_id(scope)
+            key_id = self.principal(scope)
             wait = self.limiter.acquire(key_id) if key_id is not None else None
             if wait is not None:
                 retry_after = max(1, math.ceil(wait))

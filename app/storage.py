@@ -70,12 +70,18 @@ class BlobStore:
     def begin(self, *, max_bytes: int | None = None) -> PendingBlob:
         return PendingBlob(self.tmp_dir, max_bytes=max_bytes)
 
-    def adopt(self, pending_path: Path, sha256: str) -> tuple[str, bool]:
-        """Move a finished temp file to its content address; returns (key, newly_created)."""
+    def adopt(self, pending_path: Path, sha256: str, *, keep_pending: bool = False) -> tuple[str, bool]:
+        """Move a finished temp file to its content address; returns (key, newly_created).
+
+        When the blob already exists the temp file is a duplicate and is removed, unless
+        ``keep_pending``: an upload keeps its copy until its dataset row is committed, so that
+        it can restore the blob if a concurrent, failed upload of the same bytes removed it.
+        """
         key = self.key_for(sha256)
         target = self.path(key)
         if target.is_file():
-            pending_path.unlink(missing_ok=True)
+            if not keep_pending:
+                pending_path.unlink(missing_ok=True)
             return key, False
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(pending_path, target)

@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 from privtrain.client import Client  # noqa: E402
 from privtrain.errors import (  # noqa: E402
+    AlreadyRegistered,
     BudgetExceeded,
     Conflict,
     IdempotencyKeyReused,
@@ -38,7 +39,7 @@ from privtrain.resources import (  # noqa: E402
 from privtrain.specs import build_job_spec  # noqa: E402
 
 __all__ = [
-    "Algorithm", "BudgetExceeded", "BudgetStatus", "Client", "Conflict", "Dataset", "Estimate",
+    "AlreadyRegistered", "Algorithm", "BudgetExceeded", "BudgetStatus", "Client", "Conflict", "Dataset", "Estimate",
     "IdempotencyKeyReused", "IntegrityError", "InvalidRequest", "Job", "JobEvent", "LedgerEntry",
     "ModelInfo", "NotFound", "PayloadTooLarge", "PrivtrainError", "RateLimited", "ServerError",
     "TransportError", "Unauthorized", "WaitTimeout", "build_job_spec", "__version__",

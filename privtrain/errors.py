@@ -109,9 +109,20 @@ class BudgetExceeded(Conflict):
         return float(value) if value is not None else None
 
 
-@problem_types("rate-limited", "too-many-active-jobs", statuses=(429,))
+@problem_types("dataset-already-registered")
+class AlreadyRegistered(Conflict):
+    """These bytes are already a dataset of this tenant: raise that dataset's budget instead."""
+
+    @property
+    def existing_dataset_id(self) -> str | None:
+        value = self.problem.get("existing_dataset_id")
+        return str(value) if value is not None else None
+
+
+@problem_types("rate-limited", "too-many-active-jobs", "too-many-uploads", statuses=(429,))
 class RateLimited(PrivtrainError):
-    """Too many requests (or too many active jobs), still refused after the client's retries."""
+    """Too many requests (or active jobs, or concurrent uploads), still refused after the client's
+    retries."""
 
 
 @problem_types("internal-error", statuses=(500, 502, 503, 504))

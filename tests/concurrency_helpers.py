@@ -61,8 +61,10 @@ def digits_csv() -> bytes:
 
 def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
     """Test settings for the races; the in-process reconciler is off so that nothing but the
-    submissions touches the ledger or the dispatcher while the test counts them."""
-    values: dict[str, object] = {"max_upload_bytes": 5_000_000, "run_reconciler": False}
+    submissions touches the ledger or the dispatcher while the test counts them, and the upload
+    slots are wide enough that the upload race is decided by the database, not by the 429 cap."""
+    values: dict[str, object] = {"max_upload_bytes": 5_000_000, "run_reconciler": False,
+                                 "max_concurrent_uploads": 64, "max_concurrent_uploads_per_tenant": 64}
     values.update(overrides)
     return make_settings(data_dir, **values)
 

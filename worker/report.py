@@ -100,6 +100,15 @@ def _sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) 
     return {"sensitivity": sensitivity, "sensitivity_norm": norm}
 
 
+def report_single_job_epsilon(actual_event: dict[str, Any], *, delta: float, algorithm: str) -> privacy.SingleJobEpsilon:
+    """The report's single-job ε: numeric accountants in a time- and memory-capped child process,
+    the closed forms when it gives up. Slow, so computed before the commit transaction."""
+    return privacy.capped_single_job_epsilon(
+        privacy.event_from_json(actual_event), delta,
+        zcdp_is_gaussian=get_algorithm(algorithm).zcdp_leaves_are_gaussian,
+    )
+
+
 def build_report(
     *,
     job: Job,
@@ -117,9 +126,13 @@ def build_report(
     algorithm_notes: dict[str, Any],
     model_sha256: str,
     secure_gaussian: bool,
+    single_job: privacy.SingleJobEpsilon | None = None,
 ) -> dict[str, Any]:
-    """``secure_gaussian``: whether the worker that finished the job drew Gaussians in secure mode."""
+    """``secure_gaussian``: whether the worker that finished the job drew Gaussians in secure mode.
+    ``single_job``: :func:`report_single_job_epsilon` of ``actual_event``, computed by the caller
+    outside any database transaction; computed here (same cap) when not given."""
     event = privacy.event_from_json(actual_event)
+    tight = single_job or report_single_job_epsilon(actual_event, delta=job.delta, algorithm=job.algorithm)
     caveats = [*CAVEATS, noise_caveat(secure_gaussian=secure_gaussian)]
     if adjustments:
         caveats.insert(0, budget_raise_caveat(adjustments))
@@ -179,9 +192,7 @@ def build_report(
             "ledger_definition": "RDP curve converted at δ/|orders| (the ledger's currency)",
             "rdp_at_delta": eps_rdp,
             "rdp_best_order": order,
-            "prv_upper_bound": (tight := privacy.single_job_epsilon(
-                event, job.delta, zcdp_is_gaussian=get_algorithm(job.algorithm).zcdp_leaves_are_gaussian
-            )).epsilon,
+            "prv_upper_bound": tight.epsilon,
             "single_job_method": tight.method,
             "prv_label": tight.detail,
         },

@@ -41,7 +41,7 @@ from app.storage import BlobStore
 from worker import evaluation as dp_evaluation
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
-from worker.report import build_report
+from worker.report import build_report, report_single_job_epsilon
 from worker.trainers import TrainingRequest, get_trainer, preflight
 from worker.training.artifacts import load_training_state, save_model, save_training_state
 from worker.training.models import build_model
@@ -359,6 +359,9 @@ class JobRunner:
         assert outcome.model_path is not None
         model_key, model_sha = self.blobs.put_file(outcome.model_path)
         steps_run = outcome.result.steps_run
+        actual = claimed.event_json(steps_run, evaluated=True)
+        # Numeric accountants may take a while: never under the database write lock.
+        single_job = report_single_job_epsilon(actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm)
         with self.db.write_transaction() as tx:
             owned = self._lock_own_job(tx, claimed)
             if owned is None:
@@ -366,7 +369,6 @@ class JobRunner:
             budget, job = owned
             before = ledger.budget_summary(budget)
             job.steps_run = steps_run
-            actual = claimed.event_json(steps_run, evaluated=True)
             entry = ledger.commit(tx, budget, job=job, actual_event=actual, actor=self.actor, reason="succeeded")
             tx.flush()
             report = build_report(
@@ -385,6 +387,7 @@ class JobRunner:
                 algorithm_notes=algorithm_notes(job, claimed.plan),
                 model_sha256=model_sha,
                 secure_gaussian=self.settings.secure_noise,
+                single_job=single_job,
             )
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             job.status = "succeeded"

@@ -81,6 +81,9 @@ PAPER_PRESET_LABEL: Final[str] = "the paper's §6.2 experimental settings (prese
 
 Preset = Literal["theory", "paper-experiments"]
 
+MAX_CONDITION_NUMBER: Final[float] = 1e6
+"""Largest γ/μ accepted: keeps s = ⌈c(γ/μ)²s*⌉ and T = ⌈c(γ/μ)log n⌉ finite integers."""
+
 
 def _positive(default: float, description: str, *, le: float = 1e6) -> Any:
     return Field(default=default, gt=0, le=le, description=description)
@@ -431,8 +434,12 @@ class _SparseBase(_HTBase):
 
     @model_validator(mode="after")
     def _mu_below_gamma(self) -> _SparseBase:
-        if self.mu > self.gamma:
-            raise ValueError(f"mu ({self.mu}) must be <= gamma ({self.gamma})")
+        # s and T grow like (γ/μ)² and γ/μ: a tiny μ overflowed them (mu = 1e-300 was a 500).
+        if not self.gamma / MAX_CONDITION_NUMBER <= self.mu <= self.gamma:
+            raise ValueError(
+                f"mu must be in [gamma/{MAX_CONDITION_NUMBER:g}, gamma] = "
+                f"[{self.gamma / MAX_CONDITION_NUMBER:g}, {self.gamma:g}], got {self.mu!r}"
+            )
         return self
 
     def sparsity_level(self, d: int) -> int:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +30,7 @@ from app.ingest import (
     parse_dataset,
 )
 from app.models import Dataset, LedgerEntry, PrivacyBudget, Tenant
-from app.pagination import cursor_time, decode_cursor, encode_cursor
+from app.pagination import cursor_id, cursor_seq, cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.services import Services
 from app.schemas.datasets import (
@@ -45,6 +45,7 @@ from app.schemas.datasets import (
     LedgerPage,
 )
 from app.storage import UploadTooLarge
+from app.upload_slots import UploadSlotDep
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.datasets")
@@ -187,15 +188,46 @@ def _observed_classes_notice(n_classes: int) -> str:
     )
 
 
+def _lock_blob_key(session: Session, key: str) -> None:
+    """Serialise registrations and clean-ups of one content-addressed blob until commit.
+
+    On PostgreSQL a transaction-scoped advisory lock on the key: a clean-up cannot check "no row
+    uses this blob" and then delete it while another upload of the same bytes (any tenant) commits
+    its row in between. SQLite's write transactions are already serialised (BEGIN IMMEDIATE).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        lock_id = int.from_bytes(hashlib.sha256(f"blob:{key}".encode()).digest()[:8], "big", signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:lock_id)"), {"lock_id": lock_id})
+
+
+def _discard_unreferenced_blob(services: Services, *, key: str) -> None:
+    """Delete a blob this upload created but did not register, unless a dataset row uses it.
+
+    Blobs are content-addressed, so a concurrent upload of the same bytes may have registered
+    the very blob this failed upload wrote: the committed rows decide, not this request's fate.
+    The check and the delete share one write transaction (on SQLite it serialises with every
+    registration). If the check itself fails the blob is kept: a stray blob is harmless, a
+    registered dataset without its bytes is not.
+    """
+    try:
+        with services.db.write_transaction() as session:
+            _lock_blob_key(session, key)
+            if session.scalar(select(Dataset.id).where(Dataset.blob_key == key).limit(1)) is None:
+                services.blobs.delete(key)
+    except Exception:  # noqa: BLE001 - cleanup must not mask the request's own outcome
+        log.warning("could not check whether blob %s is referenced; kept", key, exc_info=True)
+
+
 @router.post("", status_code=201, response_model=DatasetOut)
 async def upload_dataset(
     request: Request,
     services: ServicesDep,
     tenant: TenantDep,
+    _upload_slot: UploadSlotDep,
     name: Annotated[str, Query(min_length=1, max_length=200)],
     format: Annotated[str, Query(description="csv or npz")],
     epsilon: Annotated[float, Query(gt=0, le=100, allow_inf_nan=False)],
-    delta: Annotated[float, Query(gt=0, lt=1, allow_inf_nan=False)],
+    delta: Annotated[float, Query(ge=1e-30, lt=1, allow_inf_nan=False, description="δ of the budget, in [1e-30, 1) (app.privacy.ranges.DELTA_MIN)")],
     label_column: Annotated[str | None, Query(max_length=200)] = None,
     task: Annotated[Literal["classification", "regression"] | None, Query()] = None,
     classes: Annotated[str | None, Query(
@@ -213,7 +245,9 @@ async def upload_dataset(
     """
     _check_name(name)
     settings = services.settings
-    limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features)
+    limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features,
+                          max_decompressed_bytes=settings.max_decompressed_bytes,
+                          max_compression_ratio=settings.max_compression_ratio)
     try:
         class_list = parse_class_list(classes, max_classes=limits.max_classes)
     except DatasetValidationError as exc:
@@ -267,7 +301,7 @@ async def upload_dataset(
                 slug="invalid-budget",
                 detail=f"delta must be below 1/n = {format_remaining(1.0 / facts['n_rows'])} for n = {facts['n_rows']} rows",
             )
-        key, created = services.blobs.adopt(pending.path, sha256)
+        key, created = services.blobs.adopt(pending.path, sha256, keep_pending=True)
     except BaseException:
         pending.discard()
         raise
@@ -275,58 +309,62 @@ async def upload_dataset(
     notices = [] if class_list is not None or n_classes is None else [_observed_classes_notice(n_classes)]
     if task is None and class_list is None:
         notices.insert(0, _inferred_task_notice(str(facts["task"])))
+    registered = False
     try:
-        with services.db.write_transaction() as session:
-            # One registration per content and tenant: serialised on the tenant row, so two
-            # concurrent uploads of the same bytes cannot both pass the check.
-            session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
-            existing = _registered_with_content(session, tenant.id, sha256)
-            if existing is not None:
-                raise ContentAlreadyRegistered(existing)
-            dataset = Dataset(
-                tenant_id=tenant.id,
-                name=name,
-                format=format,
-                sha256=sha256,
-                blob_key=key,
-                size_bytes=pending.size,
-                label_column=label_column,
-                n_rows=int(facts["n_rows"]),
-                feature_shape=[int(v) for v in facts["feature_shape"]],
-                n_features=int(facts["n_features"]),
-                task=str(facts["task"]),
-                n_classes=n_classes,
-                class_names=list(class_list) if class_list is not None else (
-                    [str(i) for i in range(n_classes)] if n_classes is not None else None),
-                classes_declared=class_list is not None,
-                feature_names=feature_names,
-                idempotency_key=idempotency_key,
-                request_hash=request_digest if idempotency_key else None,
-            )
-            session.add(dataset)
-            session.flush()
-            budget = ledger.open_budget(session, dataset=dataset, epsilon=epsilon, delta=delta)
-            session.flush()
-            out = dataset_out(dataset, budget).model_copy(update={"notices": notices})
-    except IntegrityError:
-        replay = _replayed_upload(services, tenant, idempotency_key, request_digest) if idempotency_key else None
-        if replay is None:
-            if created:
-                services.blobs.delete(key)
-            raise
-        return replay  # a concurrent retry with the same key registered it first (same blob)
-    except ContentAlreadyRegistered as exc:
-        # Never delete the blob here: it is content-addressed, and the registered dataset with
-        # the same bytes uses it (even when this request wrote it first, in a race).
-        if idempotency_key:  # a concurrent retry with the same key won the race
-            replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
-            if replay is not None:
-                return replay
-        raise _already_registered_problem(exc) from None
-    except BaseException:
-        if created:
-            services.blobs.delete(key)
-        raise
+        try:
+            with services.db.write_transaction() as session:
+                # One registration per content and tenant: serialised on the tenant row, so two
+                # concurrent uploads of the same bytes cannot both pass the check.
+                session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+                _lock_blob_key(session, key)  # a failed upload's clean-up cannot race this row
+                existing = _registered_with_content(session, tenant.id, sha256)
+                if existing is not None:
+                    raise ContentAlreadyRegistered(existing)
+                dataset = Dataset(
+                    tenant_id=tenant.id,
+                    name=name,
+                    format=format,
+                    sha256=sha256,
+                    blob_key=key,
+                    size_bytes=pending.size,
+                    label_column=label_column,
+                    n_rows=int(facts["n_rows"]),
+                    feature_shape=[int(v) for v in facts["feature_shape"]],
+                    n_features=int(facts["n_features"]),
+                    task=str(facts["task"]),
+                    n_classes=n_classes,
+                    class_names=list(class_list) if class_list is not None else (
+                        [str(i) for i in range(n_classes)] if n_classes is not None else None),
+                    classes_declared=class_list is not None,
+                    feature_names=feature_names,
+                    idempotency_key=idempotency_key,
+                    request_hash=request_digest if idempotency_key else None,
+                )
+                session.add(dataset)
+                session.flush()
+                budget = ledger.open_budget(session, dataset=dataset, epsilon=epsilon, delta=delta)
+                session.flush()
+                out = dataset_out(dataset, budget).model_copy(update={"notices": notices})
+            registered = True
+        except IntegrityError:
+            # A concurrent upload with the same key registered first: a replay (200), or 422
+            # idempotency-key-reused if it was a different upload; either way ours is not stored.
+            replay = _replayed_upload(services, tenant, idempotency_key, request_digest) if idempotency_key else None
+            if replay is None:
+                raise
+            return replay
+        except ContentAlreadyRegistered as exc:
+            if idempotency_key:  # a concurrent retry with the same key won the race
+                replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
+                if replay is not None:
+                    return replay
+            raise _already_registered_problem(exc) from None
+        if not created:  # the blob was another upload's: restore it if that one failed and removed it
+            services.blobs.adopt(pending.path, sha256)
+    finally:
+        if created and not registered:
+            _discard_unreferenced_blob(services, key=key)
+        pending.discard()
     log.info("dataset registered", extra={"dataset_id": out.id, "tenant_id": tenant.id})
     return out
 
@@ -341,8 +379,7 @@ def list_datasets(
     """The datasets the caller owns or holds an unrevoked grant on, each with its ``role``."""
     query = select(Dataset, PrivacyBudget).join(PrivacyBudget).where(visible_datasets(tenant))
     if cursor:
-        created, last_id = decode_cursor(cursor, arity=2)
-        created_at = cursor_time(created)
+        created_at, last_id = decode_cursor(cursor, fields=(cursor_time, cursor_id))
         query = query.where(
             or_(
                 Dataset.created_at < created_at,
@@ -417,7 +454,7 @@ def get_ledger(
     dataset = dataset_for(session, tenant, dataset_id, need="own")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
-    after = int(decode_cursor(cursor, arity=1)[0]) if cursor else 0
+    (after,) = decode_cursor(cursor, fields=(cursor_seq,)) if cursor else (0,)
     entries = list(
         session.scalars(
             select(LedgerEntry)

@@ -20,8 +20,9 @@ from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
 from app.job_settlement import mark_dispatched
 from app.job_views import add_job_event, job_out
+from app.model_catalogue import ModelSizeLimits
 from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
-from app.pagination import decode_cursor, encode_cursor
+from app.pagination import cursor_id, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.reporting.redaction import report_for_viewer
 from app.reporting.responses import html_report_response
@@ -40,6 +41,7 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
     plan = plan_job(
         spec, dataset, dataset_delta=budget.delta, max_steps=services.settings.max_steps,
         max_time_limit_s=services.settings.job_time_limit_s,
+        model_limits=ModelSizeLimits.from_settings(services.settings),
     )
     return plan, budget
 
@@ -211,8 +213,8 @@ def list_jobs(
     if status:
         query = query.where(Job.status == status)
     if cursor:
-        (last_id,) = decode_cursor(cursor, arity=1)
-        last = session.scalar(select(Job).where(Job.id == str(last_id), visible_jobs(tenant)))
+        (last_id,) = decode_cursor(cursor, fields=(cursor_id,))
+        last = session.scalar(select(Job).where(Job.id == last_id, visible_jobs(tenant)))
         if last is None:
             raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor")
         query = query.where(

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+RATIO_FREE_BYTES = 64 * 1024**2
+"""Decompressed bytes any NPZ may reach whatever its compression ratio: small, very regular
+arrays (one-hot labels, blank images) compress far better than 200×, and 64 MiB is cheap to parse."""
+
 
 @dataclass(frozen=True)
 class IngestLimits:
@@ -14,8 +18,14 @@ class IngestLimits:
     """Product of the feature shape (CSV: columns minus the label column)."""
     max_field_chars: int = 256
     """Characters in one CSV field, header names included."""
-    max_decompressed_bytes: int = 2 * 1024**3
-    """Sum of the NPZ members' declared uncompressed sizes."""
+    max_decompressed_bytes: int = 1024**3
+    """Sum of the NPZ members' uncompressed sizes. Parsing holds the arrays and their float32
+    copy, about twice this, so 1 GiB keeps a few concurrent uploads well inside a 24 GiB machine
+    while still admitting 1e6 rows × 266 float32 features or MNIST-sized uint8 images. (The
+    product max_rows × max_features × 4 bytes, 400 GB, could never be held, hence its own cap.)"""
+    max_compression_ratio: int = 200
+    """NPZ uncompressed bytes per byte on disk, above RATIO_FREE_BYTES: bounds the work a small
+    upload can cause (a 2 MB file declaring 2 GiB is 1000×; real numeric data is far below 200×)."""
     max_classes: int = 1000
 
     def __post_init__(self) -> None:
@@ -23,3 +33,13 @@ class IngestLimits:
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"IngestLimits.{field.name} must be a positive integer")
+
+    def decompressed_allowance(self, *, compressed_bytes: int) -> tuple[int, str]:
+        """The most bytes an NPZ of ``compressed_bytes`` may inflate to, and the limit's wording."""
+        by_ratio = max(self.max_compression_ratio * compressed_bytes, RATIO_FREE_BYTES)
+        if by_ratio < self.max_decompressed_bytes:
+            return by_ratio, (
+                f"{by_ratio} bytes for an upload of {compressed_bytes} bytes (the compression "
+                f"ratio limit is {self.max_compression_ratio}, above {RATIO_FREE_BYTES} bytes)"
+            )
+        return self.max_decompressed_bytes, f"{self.max_decompressed_bytes} bytes"

@@ -2,9 +2,10 @@
 
 An upload is untrusted: the zip directory and each .npy header are read and checked against the
 limits first (declared sizes, dtype, shape), so a zip bomb or a header that lies about its shape
-is refused before numpy allocates or inflates anything. Arrays are then read only through
+is refused before numpy allocates or inflates anything. The declared total is bounded absolutely
+and relative to the upload's size on disk (compression ratio). Arrays are then read only through
 numpy with allow_pickle=False, and only from stored or deflated members, whose decompression
-zipfile bounds per read.
+zipfile bounds per read; the bytes actually inflated are counted against the same allowance.
 """
 
 from __future__ import annotations
@@ -58,19 +59,58 @@ class _NpyHeader:
 @register_reader("npz")
 def read_npz(path: Path, *, label_column: str | None, limits: IngestLimits) -> RawDataset:
     """Parse an NPZ upload; ``label_column`` is ignored because ``y`` is the label by definition."""
+    allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
     with _open_zip(path) as archive:
-        features_info, labels_info = _inspect_members(archive, limits=limits)
+        features_info, labels_info = _inspect_members(archive, allowance=allowance)
         features_header = _read_header(archive, features_info)
         labels_header = _read_header(archive, labels_info)
         _check_shapes(features_header, labels_header, limits=limits)
-        features = _load(archive, features_header)
-        labels = _load(archive, labels_header)
+        features = _load(archive, features_header, allowance=allowance)
+        labels = _load(archive, labels_header, allowance=allowance)
     return RawDataset(
         X=_features_float32(features),
         labels=_labels_float64(labels),
         feature_names=None,
         rows=RowPositions(),
     )
+
+
+class _Allowance:
+    """Decompressed bytes this upload may still produce: checked on the declared sizes first,
+    then decremented by every byte actually inflated (should a member ever yield more)."""
+
+    def __init__(self, *, limit: int, wording: str) -> None:
+        self.limit = limit
+        self.wording = wording
+        self.remaining = limit
+
+    @classmethod
+    def of(cls, limits: IngestLimits, *, compressed_bytes: int) -> _Allowance:
+        limit, wording = limits.decompressed_allowance(compressed_bytes=compressed_bytes)
+        return cls(limit=limit, wording=wording)
+
+    def refuse(self, what: str) -> DatasetValidationError:
+        return DatasetValidationError(
+            "too-large-decompressed", f"{what}; the limit is {self.wording}"
+        )
+
+    def spend(self, n_bytes: int) -> None:
+        self.remaining -= n_bytes
+        if self.remaining < 0:
+            raise self.refuse(f"the archive decompressed to more than {self.limit} bytes")
+
+
+class _CountedMember:
+    """A member opened for reading whose inflated bytes are charged to the allowance."""
+
+    def __init__(self, member: IO[bytes], *, allowance: _Allowance) -> None:
+        self._member = member
+        self._allowance = allowance
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._member.read(size)
+        self._allowance.spend(len(data))
+        return data
 
 
 def _open_zip(path: Path) -> zipfile.ZipFile:
@@ -83,7 +123,7 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
 
 
 def _inspect_members(
-    archive: zipfile.ZipFile, *, limits: IngestLimits
+    archive: zipfile.ZipFile, *, allowance: _Allowance
 ) -> tuple[zipfile.ZipInfo, zipfile.ZipInfo]:
     """Find X and y and refuse the archive on its declared sizes alone, before inflating a byte."""
     infos = archive.infolist()
@@ -95,12 +135,8 @@ def _inspect_members(
             f"the archive has no {' and no '.join(missing)}; an .npz dataset needs arrays X and y",
         )
     declared = sum(info.file_size for info in infos)
-    if declared > limits.max_decompressed_bytes:
-        raise DatasetValidationError(
-            "too-large-decompressed",
-            f"the archive's members declare {declared} bytes uncompressed; the limit is "
-            f"{limits.max_decompressed_bytes}",
-        )
+    if declared > allowance.limit:
+        raise allowance.refuse(f"the archive's members declare {declared} bytes uncompressed")
     for name in (_FEATURES, _LABELS):
         info = by_name[name]
         if info.flag_bits & _ENCRYPTED_FLAG:
@@ -184,11 +220,16 @@ def _check_shapes(features: _NpyHeader, labels: _NpyHeader, *, limits: IngestLim
         )
 
 
-def _load(archive: zipfile.ZipFile, header: _NpyHeader) -> np.ndarray:
+def _load(archive: zipfile.ZipFile, header: _NpyHeader, *, allowance: _Allowance) -> np.ndarray:
     name = header.info.filename
     try:
         with archive.open(header.info) as member:
-            loaded = np.load(member, allow_pickle=False)
+            # read_array is what np.load runs on a .npy stream; only read() is needed from it.
+            loaded = np.lib.format.read_array(
+                _CountedMember(member, allowance=allowance), allow_pickle=False
+            )
+    except DatasetValidationError:
+        raise
     except _MEMBER_ERRORS as exc:
         raise DatasetValidationError(
             "invalid-npz", f"{name} could not be read: it is truncated or corrupt"

@@ -24,7 +24,7 @@ from app.privacy.events import (
 from app.privacy.orders import ORDERS, ORDERS_VERSION
 from app.privacy.prv import prv_epsilon
 from app.privacy.rdp import rdp_curve
-from app.privacy.single_job import SingleJobEpsilon, single_job_epsilon
+from app.privacy.single_job import SingleJobEpsilon, capped_single_job_epsilon, single_job_epsilon
 from app.privacy.versions import ACCOUNTANT_NAME, ACCOUNTANT_VERSION
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "admission_order",
     "calibrate_noise_multiplier",
     "capacity_curve",
+    "capped_single_job_epsilon",
     "epsilon_from_rdp",
     "event_from_json",
     "event_to_json",

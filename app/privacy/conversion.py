@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from app.privacy.curves import validate_curve
 from app.privacy.errors import PrivacyEventError
 from app.privacy.orders import ORDERS, Curve
+from app.privacy.ranges import DELTA_MIN
 from app.privacy.rounding import round_down_sum, round_up_sum
 
 
 def validate_delta(delta: float) -> float:
-    """delta must be a finite number in (0, 1); anything else has no meaningful conversion."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
-        raise PrivacyEventError(f"delta must be in (0, 1), got {delta!r}")
+    """delta must be in [DELTA_MIN, 1): smaller ones underflow in delta / |ORDERS| and log(delta)."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not DELTA_MIN <= float(delta) < 1.0:
+        raise PrivacyEventError(f"delta must be in [{DELTA_MIN:g}, 1), got {delta!r}")
     return float(delta)
 
 

@@ -45,6 +45,15 @@ from app.privacy.rounding import round_up
 # this margin, ~15x the worst error seen; tests/unit/privacy re-check it against mpmath.
 SUBSAMPLED_GAUSSIAN_ABS_MARGIN: Final[float] = 1e-11
 
+PRV_SIGMA_RANGE: Final[tuple[float, float]] = (1e-3, 1e6)
+"""σ range in which prv-accountant's series is called. Below ~1e-155 its fractional-order loop
+overflows and never ends (issue "one request must never take the service down"); outside this
+range the Gaussian bound a/(2σ²) is used instead (valid: subsampling never increases RDP)."""
+
+_SLOW_SERIES_SIGMA: Final[float] = 1e3
+"""For σ above this and q ≈ 1/2 (σ²·|log(1/q − 1)| < 1) the fractional-order series needs up to
+~10^6 terms (≈ 0.25 s per order at σ = 1e6); RDP is non-decreasing in the order, so ⌈a⌉ is used there."""
+
 _SMALLEST_POSITIVE: Final[float] = math.ulp(0.0)
 
 _L = TypeVar("_L")
@@ -83,7 +92,7 @@ def _per_use(event_type: type[_L]) -> Callable[[Callable[[_L, float], float]], C
             if count == 0:
                 return zero_curve()
             return tuple(
-                _checked_total(per_use(event, order), count=count, event=event)  # type: ignore[arg-type]
+                _checked_total(_guarded(per_use, event, order), count=count, event=event)  # type: ignore[arg-type]
                 for order in ORDERS
             )
 
@@ -91,6 +100,16 @@ def _per_use(event_type: type[_L]) -> Callable[[Callable[[_L, float], float]], C
         return per_use
 
     return register
+
+
+def _guarded(per_use: Callable[[_L, float], float], event: _L, order: float) -> float:
+    """A formula's arithmetic failure (overflow, division by an underflowed σ²) is a refusal."""
+    try:
+        return per_use(event, order)
+    except (ArithmeticError, ValueError) as exc:
+        if isinstance(exc, PrivacyEventError):
+            raise
+        raise PrivacyEventError(f"RDP of {event!r} at order {order} failed: {exc}") from exc
 
 
 def _checked_total(value: float, *, count: int, event: object) -> float:
@@ -107,14 +126,18 @@ def _checked_total(value: float, *, count: int, event: object) -> float:
 
 
 def _gaussian(noise_multiplier: float, order: float) -> float:
-    return order / (2.0 * noise_multiplier * noise_multiplier)
+    """a/(2σ²), computed as (a/2)·(1/σ)² so a tiny σ overflows to inf (refused) instead of 0/0."""
+    inverse = 1.0 / noise_multiplier
+    return (order / 2.0) * inverse * inverse
 
 
 @_per_use(PoissonSampledGaussianEvent)
 def _subsampled_gaussian_rdp(event: PoissonSampledGaussianEvent, order: float) -> float:
-    q = event.sampling_probability
-    if q == 1.0:
-        return _gaussian(event.noise_multiplier, order)
+    q, sigma = event.sampling_probability, event.noise_multiplier
+    if q == 1.0 or not PRV_SIGMA_RANGE[0] <= sigma <= PRV_SIGMA_RANGE[1]:
+        return _gaussian(sigma, order)
+    if not float(order).is_integer() and _slow_fractional_series(q, sigma):
+        order = float(math.ceil(order))
     mechanism = PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=event.noise_multiplier)
     try:
         with np.errstate(over="ignore", under="ignore"):
@@ -124,6 +147,11 @@ def _subsampled_gaussian_rdp(event: PoissonSampledGaussianEvent, order: float) -
     if math.isnan(value) or value < -SUBSAMPLED_GAUSSIAN_ABS_MARGIN:
         raise PrivacyEventError(f"RDP of {event!r} at order {order} is invalid ({value!r})")
     return max(value, 0.0) + SUBSAMPLED_GAUSSIAN_ABS_MARGIN
+
+
+def _slow_fractional_series(q: float, sigma: float) -> bool:
+    """True where prv-accountant's fractional-order series converges slowly (q near 1/2, large σ)."""
+    return sigma > _SLOW_SERIES_SIGMA and sigma * sigma * abs(math.log1p(-q) - math.log(q)) < 1.0
 
 
 @_per_use(GaussianEvent)

@@ -88,6 +88,16 @@ grow with ε (measured 5-50 s per call for ε ≈ 40-300), and beyond it no ε m
 
 _MAX_ORDER: Final[float] = 1e7
 
+PURE_DP_MAX_COUNT: Final[int] = 200_000
+"""pure-dp-optimal sums k + 1 binomial terms per bisection step (~200 steps): above this count it
+is skipped (rdp-single-job still bounds the job), so its time and memory stay bounded."""
+
+NUMERIC_TIMEOUT_S: Final[float] = 120.0
+"""Wall-clock cap of the numeric accountants in :func:`capped_single_job_epsilon`."""
+
+NUMERIC_MEMORY_BYTES: Final[int] = 16 * 2**30
+"""Address-space cap of the child process that runs them (σ = 0.01 once needed 23 GB)."""
+
 
 @dataclass(frozen=True)
 class SingleJobEpsilon:
@@ -102,8 +112,15 @@ class SingleJobEpsilon:
 
 
 @lru_cache(maxsize=512)
-def single_job_epsilon(event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: bool) -> SingleJobEpsilon:
-    """The minimum over the valid methods that succeeded; the ledger's RDP number at worst."""
+def single_job_epsilon(
+    event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: bool, numeric: bool,
+) -> SingleJobEpsilon:
+    """The minimum over the valid methods that succeeded; the ledger's RDP number at worst.
+
+    ``numeric=False`` runs the closed forms only (gaussian-dp, pure-dp-optimal, rdp-single-job,
+    rdp): bounded time and memory, for the request path. ``numeric=True`` adds prv-accountant /
+    PLD, whose cost is not bounded: call it off the request path, under :func:`capped_single_job_epsilon`.
+    """
     delta = validate_delta(delta)
     leaves = _aggregate(iter_leaves(event))
     candidates: list[SingleJobEpsilon] = []
@@ -111,7 +128,7 @@ def single_job_epsilon(event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: b
     if leaves and _all_gaussian(leaves, zcdp_is_gaussian=zcdp_is_gaussian):
         exact |= _attempt(candidates, "gaussian-dp", _GAUSSIAN_DP_LABEL,
                           lambda: gaussian_dp_epsilon(mu=_gdp_mu(leaves), delta=delta))
-    elif leaves and (eps0 := _common_pure_epsilon(leaves)) is not None:
+    elif leaves and (eps0 := _common_pure_epsilon(leaves)) is not None and _pure_count(leaves) <= PURE_DP_MAX_COUNT:
         count = sum(leaf.count for leaf in leaves)  # type: ignore[union-attr]
         exact |= _attempt(candidates, "pure-dp-optimal", _PURE_DP_LABEL,
                           lambda: pure_dp_composition_epsilon(epsilon0=eps0, count=count, delta=delta))
@@ -119,12 +136,87 @@ def single_job_epsilon(event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: b
              lambda: rdp_single_job_epsilon(event, delta))
     candidates.append(SingleJobEpsilon(ledger_epsilon(rdp_curve(event), delta), "rdp", _RDP_LABEL))
     cheap_bound = min(c.epsilon for c in candidates)
-    if (not exact and leaves and cheap_bound <= NUMERIC_MAX_EPSILON
+    if (numeric and not exact and leaves and cheap_bound <= NUMERIC_MAX_EPSILON
             and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian)):
         dominating = _dominating_event(leaves)
         if not _attempt(candidates, "prv", _PRV_LABEL, lambda: prv_epsilon(dominating, delta)):
             _attempt(candidates, "pld", _PLD_LABEL, lambda: pld_epsilon(dominating, delta))
     return min(candidates, key=lambda c: c.epsilon)
+
+
+def _pure_count(leaves: tuple[PrivacyEvent, ...]) -> int:
+    return sum(getattr(leaf, "count") for leaf in leaves)
+
+
+# ----------------------------------------------------------------------------- time-capped numeric
+
+
+def capped_single_job_epsilon(
+    event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: bool, timeout_s: float | None = None,
+) -> SingleJobEpsilon:
+    """The numeric single-job ε, run in a child process under a wall-clock and memory cap.
+
+    When the child gives up (deadline, memory, crash) the closed-form answer is returned, its
+    detail saying "numeric accountant not available: <reason>". A killed child cannot hold a
+    lock or leak memory into the caller, which a thread could."""
+    closed = single_job_epsilon(event, delta, zcdp_is_gaussian=zcdp_is_gaussian, numeric=False)
+    limit = NUMERIC_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        return _run_capped(event, delta, zcdp_is_gaussian=zcdp_is_gaussian, timeout_s=limit)
+    except _NumericUnavailable as exc:
+        return replace(closed, detail=f"{closed.detail}; numeric accountant not available: {exc}")
+    except Exception as exc:  # noqa: BLE001 - e.g. no child process allowed here: the closed form stands
+        reason = f"could not start the accountant process ({type(exc).__name__})"
+        return replace(closed, detail=f"{closed.detail}; numeric accountant not available: {reason}")
+
+
+class _NumericUnavailable(Exception):
+    """The numeric accountants did not answer in time or within memory."""
+
+
+def _run_capped(event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: bool, timeout_s: float) -> SingleJobEpsilon:
+    import multiprocessing
+
+    if timeout_s <= 0:
+        raise _NumericUnavailable("time cap is 0 s")
+    context = multiprocessing.get_context("spawn")  # never fork a worker holding torch/DB state
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_numeric_child, args=(sender, event, delta, zcdp_is_gaussian), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout_s):
+            raise _NumericUnavailable(f"gave up after the {timeout_s:g} s time cap")
+        try:
+            outcome = receiver.recv()
+        except EOFError:
+            raise _NumericUnavailable(f"the accountant process died (exit code {child.exitcode})") from None
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.kill()
+        child.join(5)
+    if isinstance(outcome, SingleJobEpsilon):
+        return outcome
+    raise _NumericUnavailable(str(outcome))
+
+
+def _numeric_child(sender: object, event: PrivacyEvent, delta: float, zcdp_is_gaussian: bool) -> None:
+    """Child process body: cap the address space, compute, send the result or the reason."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (NUMERIC_MEMORY_BYTES, NUMERIC_MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):
+        pass  # no cap on this platform; the deadline still holds
+    try:
+        outcome: object = single_job_epsilon(event, delta, zcdp_is_gaussian=zcdp_is_gaussian, numeric=True)
+    except MemoryError:
+        outcome = f"over the {NUMERIC_MEMORY_BYTES / 2**30:g} GiB memory cap"
+    except Exception as exc:  # noqa: BLE001 - any failure is reported as the reason for the fallback
+        outcome = f"{type(exc).__name__}: {exc}"
+    sender.send(outcome)  # type: ignore[attr-defined]
+    sender.close()  # type: ignore[attr-defined]
 
 
 _RDP_LABEL: Final[str] = "the ledger's RDP number (no tighter single-job bound applied)"

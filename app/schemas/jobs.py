@@ -4,9 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.privacy.ranges import DELTA_MIN, NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN, range_text
 from app.schemas.types import UtcDateTime
+
+_SIGMA_RANGE = range_text(NOISE_MULTIPLIER_MIN, NOISE_MULTIPLIER_MAX)
+_DELTA_RANGE = range_text(DELTA_MIN, 1.0, high_open=True)
+
+
+def _sigma_field(description: str) -> Any:
+    """σ's documented range, checked by :func:`_check_sigma` so the message states the range."""
+    return Field(default=None, description=f"{description}; within {_SIGMA_RANGE}",
+                 json_schema_extra={"minimum": NOISE_MULTIPLIER_MIN, "maximum": NOISE_MULTIPLIER_MAX})
+
+
+def _check_sigma(value: float | None) -> float | None:
+    if value is not None and not NOISE_MULTIPLIER_MIN <= value <= NOISE_MULTIPLIER_MAX:
+        raise ValueError(f"noise_multiplier must be in {_SIGMA_RANGE}, got {value!r}")
+    return value
 
 
 class _Strict(BaseModel):
@@ -27,10 +43,20 @@ class PrivacySpec(_Strict):
     """Either a target ε (the server calibrates σ) or an explicit noise multiplier σ."""
 
     target_epsilon: float | None = Field(default=None, gt=0, le=100)
-    noise_multiplier: float | None = Field(default=None, gt=0, le=1e5)
+    noise_multiplier: float | None = _sigma_field("σ: noise std / sensitivity (the algorithm's one scalar)")
     delta: float | None = Field(
-        default=None, gt=0, lt=1, description="defaults to the dataset's δ"
+        default=None, description=f"defaults to the dataset's δ; within {_DELTA_RANGE}",
+        json_schema_extra={"minimum": DELTA_MIN, "exclusiveMaximum": 1},
     )
+
+    _sigma_in_range = field_validator("noise_multiplier")(_check_sigma)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_in_range(cls, value: float | None) -> float | None:
+        if value is not None and not DELTA_MIN <= value < 1.0:
+            raise ValueError(f"delta must be in {_DELTA_RANGE}, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> PrivacySpec:
@@ -72,12 +98,12 @@ class EvaluationSpec(_Strict):
     epsilon: float | None = Field(
         default=None, gt=0, le=10, description="Laplace: pure ε of the released metric"
     )
-    noise_multiplier: float | None = Field(
-        default=None, gt=0, le=1e5, description="Gaussian: noise std / sensitivity"
-    )
+    noise_multiplier: float | None = _sigma_field("Gaussian: noise std / sensitivity")
     error_clip: float | None = Field(
         default=None, gt=0, le=1e12, description="regression: public bound on a squared error"
     )
+
+    _sigma_in_range = field_validator("noise_multiplier")(_check_sigma)
 
     @model_validator(mode="after")
     def _mechanism_parameter(self) -> EvaluationSpec:

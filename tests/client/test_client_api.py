@@ -237,3 +237,12 @@ def test_wait_times_out_on_a_job_nobody_runs(client: Client, dataset: Dataset) -
     job = client.submit(tiny_spec(dataset.id))
     with pytest.raises(WaitTimeout, match="still queued"):
         client.wait(job.id, timeout=0.1, poll_interval=0.02, progress=False)
+
+
+def test_uploading_registered_bytes_raises_already_registered(client: Client, digits_csv: bytes) -> None:
+    from privtrain import AlreadyRegistered
+
+    first = client.upload_dataset(digits_csv, name="first", format="csv", epsilon=1, delta=1e-5)
+    with pytest.raises(AlreadyRegistered) as refused:
+        client.upload_dataset(digits_csv, name="second", format="csv", epsilon=1, delta=1e-5)
+    assert refused.value.status == 409 and refused.value.existing_dataset_id == first.id

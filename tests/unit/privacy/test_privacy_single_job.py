@@ -73,8 +73,8 @@ def test_gaussian_dp_far_tail_is_finite_and_monotone() -> None:
 
 def test_zcdp_declared_gaussian_equals_the_gaussian_event() -> None:
     rho = 0.02
-    zcdp = single_job_epsilon(ZCDPEvent(rho=rho, count=30), DELTA, zcdp_is_gaussian=True)
-    gaussian = single_job_epsilon(GaussianEvent(1.0 / math.sqrt(2.0 * rho), 30), DELTA, zcdp_is_gaussian=False)
+    zcdp = single_job_epsilon(ZCDPEvent(rho=rho, count=30), DELTA, zcdp_is_gaussian=True, numeric=True)
+    gaussian = single_job_epsilon(GaussianEvent(1.0 / math.sqrt(2.0 * rho), 30), DELTA, zcdp_is_gaussian=False, numeric=True)
     assert zcdp.method == gaussian.method == "gaussian-dp"
     assert zcdp.epsilon == pytest.approx(gaussian.epsilon, rel=1e-12)
     assert zcdp.epsilon == pytest.approx(gaussian_dp_epsilon(mu=math.sqrt(2 * rho * 30), delta=DELTA), rel=1e-12)
@@ -82,8 +82,8 @@ def test_zcdp_declared_gaussian_equals_the_gaussian_event() -> None:
 
 def test_zcdp_not_declared_gaussian_uses_the_zcdp_conversion_and_is_larger() -> None:
     event = ZCDPEvent(rho=0.02, count=30)
-    arbitrary = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False)
-    gaussian = single_job_epsilon(event, DELTA, zcdp_is_gaussian=True)
+    arbitrary = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
+    gaussian = single_job_epsilon(event, DELTA, zcdp_is_gaussian=True, numeric=True)
     assert arbitrary.method == "rdp-single-job" and gaussian.epsilon < arbitrary.epsilon < _ledger(event)
     rho = 0.6  # the continuous optimum of CKS's conversion at δ, by a dense independent scan
     scan = min(
@@ -129,7 +129,7 @@ def test_pure_dp_composition_inverse_is_valid_and_tight() -> None:
 def test_exponential_mechanism_gets_a_bound_below_the_ledger() -> None:
     for event in (ExponentialMechanismEvent(0.1, 100), ExponentialMechanismEvent(2.0, 3),
                   ExponentialMechanismEvent(0.01, 100_000)):
-        result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False)
+        result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
         assert result.method in ("pure-dp-optimal", "rdp-single-job") and result.epsilon < _ledger(event)
         # never below the exact optimum of k ε0-DP composition when that is what won
         if result.method == "pure-dp-optimal":
@@ -143,7 +143,7 @@ def test_exponential_mechanism_gets_a_bound_below_the_ledger() -> None:
 
 @pytest.mark.parametrize("sigma, count", [(1.0, 1), (2.0, 50), (5.0, 1000)])
 def test_gaussian_against_dp_accounting_pld(sigma: float, count: int) -> None:
-    ours = single_job_epsilon(GaussianEvent(sigma, count), DELTA, zcdp_is_gaussian=False)
+    ours = single_job_epsilon(GaussianEvent(sigma, count), DELTA, zcdp_is_gaussian=False, numeric=True)
     assert ours.method == "gaussian-dp"
     pessimistic = _dp_accounting_gaussian(sigma, count, pessimistic=True)
     optimistic = _dp_accounting_gaussian(sigma, count, pessimistic=False)
@@ -154,7 +154,7 @@ def test_gaussian_against_dp_accounting_pld(sigma: float, count: int) -> None:
 
 @pytest.mark.parametrize("q, sigma, count", [(0.01, 1.0, 1000), (0.2, 5.0, 100), (0.05, 2.0, 300)])
 def test_subsampled_gaussian_against_dp_accounting_pld(q: float, sigma: float, count: int) -> None:
-    ours = single_job_epsilon(PoissonSampledGaussianEvent(q, sigma, count), DELTA, zcdp_is_gaussian=False)
+    ours = single_job_epsilon(PoissonSampledGaussianEvent(q, sigma, count), DELTA, zcdp_is_gaussian=False, numeric=True)
     assert ours.method in ("prv", "pld")
     optimistic = _dp_accounting_gaussian(sigma, count, q=q, pessimistic=False)
     pessimistic = _dp_accounting_gaussian(sigma, count, q=q, pessimistic=True)
@@ -164,7 +164,7 @@ def test_subsampled_gaussian_against_dp_accounting_pld(q: float, sigma: float, c
 def test_prv_failure_case_now_has_a_number() -> None:
     """q = 0.1, σ = 0.6, T = 50: prv-accountant fails; the PLD fallback answers."""
     event = PoissonSampledGaussianEvent(0.1, 0.6, 50)
-    result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False)
+    result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
     assert isinstance(result, SingleJobEpsilon) and result.method == "pld"
     assert result.epsilon <= _ledger(event)
     optimistic = _dp_accounting_gaussian(0.6, 50, q=0.1, pessimistic=False)
@@ -174,8 +174,8 @@ def test_prv_failure_case_now_has_a_number() -> None:
 
 def test_mixed_zcdp_and_laplace_uses_a_numeric_accountant_only_when_gaussian() -> None:
     event = ComposedEvent((ZCDPEvent(0.05, 40), LaplaceEvent(10.0, 1)))
-    gaussian = single_job_epsilon(event, DELTA, zcdp_is_gaussian=True)
-    arbitrary = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False)
+    gaussian = single_job_epsilon(event, DELTA, zcdp_is_gaussian=True, numeric=True)
+    arbitrary = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
     assert gaussian.method in ("prv", "pld") and arbitrary.method == "rdp-single-job"
     assert gaussian.epsilon < arbitrary.epsilon <= _ledger(event)
 
@@ -188,7 +188,7 @@ def test_failing_methods_are_skipped_never_trusted(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(single_job, "pld_epsilon", lambda *_: -1.0)
     monkeypatch.setattr(single_job, "rdp_single_job_epsilon", lambda *_: 1 / 0)
     event = PoissonSampledGaussianEvent(0.01, 1.0, 100)
-    result = single_job.single_job_epsilon(event, DELTA, zcdp_is_gaussian=False)
+    result = single_job.single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
     single_job.single_job_epsilon.cache_clear()
     assert result.method == "rdp" and result.epsilon == _ledger(event)
 
@@ -213,10 +213,10 @@ _EVENTS = st.one_of(_LEAVES, st.lists(_LEAVES, min_size=1, max_size=3).map(lambd
 def test_every_event_gets_a_valid_bound_never_above_the_ledger(
     event: PrivacyEvent, delta: float, gaussian: bool
 ) -> None:
-    result = single_job_epsilon(event, delta, zcdp_is_gaussian=gaussian)
+    result = single_job_epsilon(event, delta, zcdp_is_gaussian=gaussian, numeric=True)
     assert result.method in METHODS and result.detail
     assert math.isfinite(result.epsilon) and 0.0 <= result.epsilon <= _ledger(event, delta)
-    looser = single_job_epsilon(event, delta * 10, zcdp_is_gaussian=gaussian)
+    looser = single_job_epsilon(event, delta * 10, zcdp_is_gaussian=gaussian, numeric=True)
     assert looser.epsilon <= result.epsilon
 
 
@@ -269,7 +269,7 @@ def test_every_catalogue_event_gets_a_number() -> None:
         gaussian = ALGORITHMS.get(name).zcdp_leaves_are_gaussian
         for event in (training, ComposedEvent((training, LaplaceEvent(20.0, 1))),
                       ComposedEvent((training, GaussianEvent(20.0, 1)))):
-            result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=gaussian)
+            result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=gaussian, numeric=True)
             assert result.method in METHODS and 0.0 <= result.epsilon <= _ledger(event), name
             kinds.update(type(leaf).__name__ for leaf in _leaves(event))
     assert {"ZCDPEvent", "ExponentialMechanismEvent", "PureDPEvent", "LaplaceEvent"} <= kinds
@@ -288,7 +288,7 @@ def _leaves(event: PrivacyEvent) -> list[PrivacyEvent]:
 
 def test_an_event_with_no_uses_is_free() -> None:
     empty = ComposedEvent((GaussianEvent(1.0, 0), PureDPEvent(1.0, 0)))
-    assert single_job_epsilon(empty, DELTA, zcdp_is_gaussian=False).epsilon == 0.0
+    assert single_job_epsilon(empty, DELTA, zcdp_is_gaussian=False, numeric=True).epsilon == 0.0
 
 
 def test_pure_dp_composition_matches_the_known_exact_value() -> None:

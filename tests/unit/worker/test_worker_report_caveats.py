@@ -29,3 +29,21 @@ def test_an_observed_class_list_is_a_caveat_and_a_declared_one_is_not() -> None:
     assert any("No class list was declared" in c for c in observed["caveats"])
     assert not any("No class list was declared" in c for c in declared["caveats"])
     assert observed["dataset"]["classes"] == ["0", "1"] and observed["dataset"]["classes_source"] == "observed"
+
+
+def test_report_has_a_numeric_prv_bound_for_an_ordinary_dp_sgd_job() -> None:
+    from tests.report_fixtures import small_report
+
+    epsilon = small_report()["epsilon"]
+    assert epsilon["single_job_method"] == "prv"
+    assert epsilon["prv_upper_bound"] <= epsilon["ledger"]
+
+
+def test_report_falls_back_with_a_reason_when_the_numeric_accountant_times_out(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from app.privacy import single_job
+    from tests.report_fixtures import small_report
+
+    monkeypatch.setattr(single_job, "NUMERIC_TIMEOUT_S", 1e-6)
+    epsilon = small_report()["epsilon"]
+    assert epsilon["single_job_method"] in {"rdp-single-job", "rdp"}
+    assert "numeric accountant not available" in epsilon["prv_label"]
