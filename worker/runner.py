@@ -391,6 +391,9 @@ class JobRunner:
             )
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             job.status = "succeeded"
+            # The report's single-job ε (numeric accountants, the event actually run) replaces the
+            # closed-form one computed at submission: the job and its report state one number.
+            job.epsilon_prv = single_job.epsilon
             job.metrics = outcome.metrics
             job.model_blob, job.model_sha256, job.report_blob = model_key, model_sha, report_key
             job.finished_at = utcnow()

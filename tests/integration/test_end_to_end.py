@@ -59,6 +59,10 @@ def test_dp_sgd_job_end_to_end(embedded: tuple[TestClient, Path, Database], tmp_
     assert report["neighbouring_relation"] == "add/remove one row"
     assert report["epsilon"]["ledger"] <= 8.0 + 1e-9
     assert report["epsilon"]["prv_upper_bound"] < report["epsilon"]["ledger"]
+    # the estimate's closed-form bound, then the worker's numeric one, which the job now states too
+    assert estimate["epsilon_prv_method"] == "rdp-single-job" and report["epsilon"]["single_job_method"] == "prv"
+    assert report["epsilon"]["prv_upper_bound"] <= estimate["epsilon_prv"]
+    assert job["epsilon_prv"] == report["epsilon"]["prv_upper_bound"]
     assert report["mechanism"]["noise_multiplier"] == job["noise_multiplier"]
     assert report["mechanism"]["steps_run"] == job["steps_planned"]
     ledger = client.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]
