@@ -20,7 +20,7 @@ class DatasetFacts:
 
 @dataclass(frozen=True)
 class PublicClassList:
-    """A classification dataset's public class list and where it came from (privacy.md §1)."""
+    """A classification dataset's public class list and where it came from (docs/privacy-model.md §2)."""
 
     names: tuple[str, ...]
     source: str  # "declared" (by the owner at upload) | "observed" (taken from the labels found)

@@ -26,8 +26,8 @@ from app.model_catalogue import ModelIncompatible, ModelSizeLimits, UnknownModel
 from app.models import Dataset, PrivacyBudget
 from app.privacy import PrivacyEvent
 from app.problems import Problem
-from privtrain.directed_rounding import format_remaining
 from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
+from privtrain.directed_rounding import format_remaining
 
 
 def compose_job_event(

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from app import privacy
-from worker.report import build_report
+from worker.report import build_report, report_single_job_epsilon
 
 
 class Row(SimpleNamespace):
@@ -35,4 +35,5 @@ def small_report(*, epsilon_ledger: float = 3.00012, secure_gaussian: bool = Tru
         sensitivity_norm="l2", actual_event=event, budget_before={}, budget_after={},
         commit_entry=SimpleNamespace(seq=3, hash="ab" * 32), adjustments=adjustments or [],  # type: ignore[arg-type]
         metrics=None, algorithm_notes={}, model_sha256="cd" * 32, secure_gaussian=secure_gaussian,
+        single_job=report_single_job_epsilon(event, delta=job.delta, algorithm=job.algorithm),
     )

@@ -17,7 +17,7 @@ EVAL_CHUNK_ROWS = 4096
 
 
 def secure_random(*, secure_gaussian: bool = True) -> SecureRandom:
-    """A fresh OS-seeded CPU SecureRandom (NumPy Philox, 256-bit seed; privacy.md §2).
+    """A fresh OS-seeded CPU SecureRandom (NumPy Philox, 256-bit seed; docs/privacy-model.md §5).
 
     Hold-out coins and the evaluation noise are drawn on its NumPy stream; each use gets its own.
     """

@@ -84,7 +84,7 @@ NORMALISATION = {
 
 
 def _class_list_fields(dataset: Dataset) -> dict[str, Any]:
-    """The public class list and whether the owner declared it (privacy.md §1)."""
+    """The public class list and whether the owner declared it (docs/privacy-model.md §2)."""
     classes = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
                                 class_names=dataset.class_names, declared=dataset.classes_declared)
     if classes is None:
@@ -126,13 +126,12 @@ def build_report(
     algorithm_notes: dict[str, Any],
     model_sha256: str,
     secure_gaussian: bool,
-    single_job: privacy.SingleJobEpsilon | None = None,
+    single_job: privacy.SingleJobEpsilon,
 ) -> dict[str, Any]:
     """``secure_gaussian``: whether the worker that finished the job drew Gaussians in secure mode.
     ``single_job``: :func:`report_single_job_epsilon` of ``actual_event``, computed by the caller
-    outside any database transaction; computed here (same cap) when not given."""
+    outside any database transaction (it may be slow)."""
     event = privacy.event_from_json(actual_event)
-    tight = single_job or report_single_job_epsilon(actual_event, delta=job.delta, algorithm=job.algorithm)
     caveats = [*CAVEATS, noise_caveat(secure_gaussian=secure_gaussian)]
     if adjustments:
         caveats.insert(0, budget_raise_caveat(adjustments))
@@ -192,9 +191,9 @@ def build_report(
             "ledger_definition": "RDP curve converted at δ/|orders| (the ledger's currency)",
             "rdp_at_delta": eps_rdp,
             "rdp_best_order": order,
-            "prv_upper_bound": tight.epsilon,
-            "single_job_method": tight.method,
-            "prv_label": tight.detail,
+            "prv_upper_bound": single_job.epsilon,
+            "single_job_method": single_job.method,
+            "prv_label": single_job.detail,
         },
         "noise": {**NOISE_SOURCE, "gaussian_secure_mode": secure_gaussian},
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},

@@ -191,7 +191,7 @@ class JobRunner:
             fmt=dataset.format,
             label_column=dataset.label_column,
             task=dataset.task,
-            limits=IngestLimits(max_rows=self.settings.max_rows, max_features=self.settings.max_features),
+            limits=IngestLimits.from_settings(self.settings),
         )
         return torch.from_numpy(parsed.X), torch.from_numpy(parsed.y)
 

@@ -83,7 +83,7 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         id=dataset.id,
         name=dataset.name,
         format=dataset.format,
-        # Exact functions of the rows: the owner's view only (privacy.md §1).
+        # Exact functions of the rows: the owner's view only (docs/privacy-model.md §2).
         sha256=dataset.sha256 if owner else None,
         size_bytes=dataset.size_bytes if owner else None,
         n_rows=dataset.n_rows,
@@ -132,7 +132,7 @@ def _replayed_upload(services: Services, tenant: Tenant, key: str, digest: str) 
 
 
 class ContentAlreadyRegistered(Exception):
-    """The tenant already registered these exact bytes: one content, one budget (privacy.md §4)."""
+    """The tenant already registered these exact bytes: one content, one budget (docs/privacy-model.md §3)."""
 
     def __init__(self, existing: Dataset) -> None:
         super().__init__(existing.id)
@@ -245,9 +245,7 @@ async def upload_dataset(
     """
     _check_name(name)
     settings = services.settings
-    limits = IngestLimits(max_rows=settings.max_rows, max_features=settings.max_features,
-                          max_decompressed_bytes=settings.max_decompressed_bytes,
-                          max_compression_ratio=settings.max_compression_ratio)
+    limits = IngestLimits.from_settings(settings)
     try:
         class_list = parse_class_list(classes, max_classes=limits.max_classes)
     except DatasetValidationError as exc:

@@ -1,6 +1,6 @@
 """The public class list of a classification dataset: declared by the owner, or taken from labels.
 
-Why it matters (privacy.md §1): whatever a non-owner can see about a dataset must be a fact the
+Why it matters (docs/privacy-model.md §2): whatever a non-owner can see about a dataset must be a fact the
 owner chose to make public. Deriving the number of classes as ``max(label) + 1`` makes it an exact
 function of the rows: two datasets that differ in one row can differ in it. So the owner may
 declare the list at upload (``classes=benign,malignant``: label ``i`` is the ``i``-th name) and it

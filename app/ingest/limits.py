@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 RATIO_FREE_BYTES = 64 * 1024**2
 """Decompressed bytes any NPZ may reach whatever its compression ratio: small, very regular
@@ -33,6 +37,14 @@ class IngestLimits:
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"IngestLimits.{field.name} must be a positive integer")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> IngestLimits:
+        """The service's limits: the API that admits an upload and the worker that re-reads it
+        must apply the same ones, or a dataset the API accepted could fail in the worker."""
+        return cls(max_rows=settings.max_rows, max_features=settings.max_features,
+                   max_decompressed_bytes=settings.max_decompressed_bytes,
+                   max_compression_ratio=settings.max_compression_ratio)
 
     def decompressed_allowance(self, *, compressed_bytes: int) -> tuple[int, str]:
         """The most bytes an NPZ of ``compressed_bytes`` may inflate to, and the limit's wording."""

@@ -1,6 +1,6 @@
 """The tightest valid ε of ONE job at δ, for the report: the minimum over several valid methods.
 
-The ledger charges RDP (privacy.md §4) because RDP composes into a valid filter over adaptively
+The ledger charges RDP because RDP composes into a valid filter over adaptively
 chosen jobs; the numbers below are valid for a single job only and never touch the ledger. Each
 method is a true upper bound on its own, so the answer is the minimum over the methods that
 succeeded, and the one that won is named. A method that raises or returns a non-finite value is
@@ -123,25 +123,43 @@ def single_job_epsilon(
     """
     delta = validate_delta(delta)
     leaves = _aggregate(iter_leaves(event))
-    candidates: list[SingleJobEpsilon] = []
-    exact = False
-    if leaves and _all_gaussian(leaves, zcdp_is_gaussian=zcdp_is_gaussian):
-        exact |= _attempt(candidates, "gaussian-dp", _GAUSSIAN_DP_LABEL,
-                          lambda: gaussian_dp_epsilon(mu=_gdp_mu(leaves), delta=delta))
-    elif leaves and (eps0 := _common_pure_epsilon(leaves)) is not None and _pure_count(leaves) <= PURE_DP_MAX_COUNT:
-        count = sum(leaf.count for leaf in leaves)  # type: ignore[union-attr]
-        exact |= _attempt(candidates, "pure-dp-optimal", _PURE_DP_LABEL,
-                          lambda: pure_dp_composition_epsilon(epsilon0=eps0, count=count, delta=delta))
-    _attempt(candidates, "rdp-single-job", _rdp_single_job_label(leaves),
-             lambda: rdp_single_job_epsilon(event, delta))
-    candidates.append(SingleJobEpsilon(ledger_epsilon(rdp_curve(event), delta), "rdp", _RDP_LABEL))
-    cheap_bound = min(c.epsilon for c in candidates)
-    if (numeric and not exact and leaves and cheap_bound <= NUMERIC_MAX_EPSILON
-            and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian)):
+    candidates, exact = _closed_forms(event, leaves, delta, zcdp_is_gaussian=zcdp_is_gaussian)
+    if numeric and _numeric_applies(leaves, candidates, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
         dominating = _dominating_event(leaves)
         if not _attempt(candidates, "prv", _PRV_LABEL, lambda: prv_epsilon(dominating, delta)):
             _attempt(candidates, "pld", _PLD_LABEL, lambda: pld_epsilon(dominating, delta))
     return min(candidates, key=lambda c: c.epsilon)
+
+
+def _closed_forms(
+    event: PrivacyEvent, leaves: tuple[PrivacyEvent, ...], delta: float, *, zcdp_is_gaussian: bool,
+) -> tuple[list[SingleJobEpsilon], bool]:
+    """The closed-form candidates, and whether an exact profile (gaussian-dp, pure-dp-optimal)
+    was among them: then no numeric accountant can do better."""
+    candidates: list[SingleJobEpsilon] = []
+    exact = False
+    if leaves and _all_gaussian(leaves, zcdp_is_gaussian=zcdp_is_gaussian):
+        exact = _attempt(candidates, "gaussian-dp", _GAUSSIAN_DP_LABEL,
+                         lambda: gaussian_dp_epsilon(mu=_gdp_mu(leaves), delta=delta))
+    elif leaves and (eps0 := _common_pure_epsilon(leaves)) is not None and (
+            count := _pure_count(leaves)) <= PURE_DP_MAX_COUNT:
+        exact = _attempt(candidates, "pure-dp-optimal", _PURE_DP_LABEL,
+                         lambda: pure_dp_composition_epsilon(epsilon0=eps0, count=count, delta=delta))
+    _attempt(candidates, "rdp-single-job", _rdp_single_job_label(leaves),
+             lambda: rdp_single_job_epsilon(event, delta))
+    candidates.append(SingleJobEpsilon(ledger_epsilon(rdp_curve(event), delta), "rdp", _RDP_LABEL))
+    return candidates, exact
+
+
+def _numeric_applies(
+    leaves: tuple[PrivacyEvent, ...], candidates: list[SingleJobEpsilon], *, exact: bool,
+    zcdp_is_gaussian: bool,
+) -> bool:
+    """prv/PLD can only improve on the closed forms for inexact, non-empty events whose cheap
+    bound is small enough for their grids (NUMERIC_MAX_EPSILON) and whose leaves they model."""
+    cheap_bound = min(c.epsilon for c in candidates)
+    return (not exact and bool(leaves) and cheap_bound <= NUMERIC_MAX_EPSILON
+            and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian))
 
 
 def _pure_count(leaves: tuple[PrivacyEvent, ...]) -> int:
@@ -159,15 +177,20 @@ def capped_single_job_epsilon(
     When the child gives up (deadline, memory, crash) the closed-form answer is returned, its
     detail saying "numeric accountant not available: <reason>". A killed child cannot hold a
     lock or leak memory into the caller, which a thread could."""
-    closed = single_job_epsilon(event, delta, zcdp_is_gaussian=zcdp_is_gaussian, numeric=False)
+    delta = validate_delta(delta)
+    leaves = _aggregate(iter_leaves(event))
+    candidates, exact = _closed_forms(event, leaves, delta, zcdp_is_gaussian=zcdp_is_gaussian)
+    closed = min(candidates, key=lambda c: c.epsilon)
+    if not _numeric_applies(leaves, candidates, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
+        return closed  # nothing for a child process to improve on
     limit = NUMERIC_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         return _run_capped(event, delta, zcdp_is_gaussian=zcdp_is_gaussian, timeout_s=limit)
     except _NumericUnavailable as exc:
-        return replace(closed, detail=f"{closed.detail}; numeric accountant not available: {exc}")
+        reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - e.g. no child process allowed here: the closed form stands
         reason = f"could not start the accountant process ({type(exc).__name__})"
-        return replace(closed, detail=f"{closed.detail}; numeric accountant not available: {reason}")
+    return replace(closed, detail=f"{closed.detail}; numeric accountant not available: {reason}")
 
 
 class _NumericUnavailable(Exception):

@@ -1,6 +1,6 @@
 """What a report shows to whom: exact functions of the rows are the dataset owner's only.
 
-The worker writes one immutable report per job, for the dataset's owner (privacy.md §1, §5): its
+The worker writes one immutable report per job, for the dataset's owner (docs/privacy-model.md §2): its
 dataset block keeps the content hash, which anchors the report to the exact bytes trained on.
 The hash is an exact, noise-free function of the rows, so anyone else (an analyst who submitted
 the job) gets the report with the dataset named by id and name only.

@@ -137,7 +137,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 SHARED_SHA256 = hashlib.sha256(_small_csv(1)).hexdigest()
 OTHER_SHA256 = hashlib.sha256(_small_csv(2)).hexdigest()
-"""Exact functions of the rows (privacy.md §1): only each dataset's owner may see them."""
+"""Exact functions of the rows (docs/privacy-model.md §2): only each dataset's owner may see them."""
 
 
 def _forbidden_strings(ids: Mapping[str, str]) -> dict[str, tuple[str, ...]]:

@@ -1,4 +1,4 @@
-"""Only declared-public facts reach non-owners, and one content gets one budget (privacy.md §1, §4).
+"""Only declared-public facts reach non-owners, and one content gets one budget (docs/privacy-model.md §2, §3).
 
 Each test here fails on the service as it was before: analysts saw the content hash and byte size,
 the class count was max(label) + 1, and re-uploading the same bytes registered a second dataset

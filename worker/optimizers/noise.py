@@ -16,7 +16,7 @@ def gaussian_noise_like(
 ) -> dict[str, torch.Tensor]:
     """One independent N(0, std²) draw per element of every tensor, in the mapping's order.
 
-    Drawn from the job's `SecureRandom` (OS-seeded, ≥ 128 secret bits, privacy.md §2; secure
+    Drawn from the job's `SecureRandom` (OS-seeded, ≥ 128 secret bits, docs/privacy-model.md §5; secure
     mode per the service setting) on each tensor's device, which must be the stream's device
     type. Drawn even when std == 0, so the stream does not depend on the configuration.
     """

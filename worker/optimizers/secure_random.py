@@ -1,4 +1,4 @@
-"""The one source of every draw that protects privacy in the worker (privacy.md §2).
+"""The one source of every draw that protects privacy in the worker (docs/privacy-model.md §5).
 
 Why not ``torch.Generator``: PyTorch's CPU generator (mt19937) keeps only the low 32 bits of a
 ``manual_seed``, so 2^32 guesses rebuild a job's noise, and CUDA's Philox has a 64-bit key.

@@ -1,5 +1,5 @@
 """The report says how this job's noise was drawn, what a raised budget means, and whether the
-class list was declared (privacy.md §5: caveats state what the guarantee does not cover)."""
+class list was declared: caveats state what the guarantee does not cover."""
 
 from __future__ import annotations
 
