@@ -28,6 +28,7 @@ from app.privacy import (
     rdp_curve,
     single_job_epsilon,
 )
+from app.privacy.prv import EPS_ERROR
 from app.privacy.single_job import (
     METHODS,
     gaussian_dp_delta,
@@ -217,7 +218,10 @@ def test_every_event_gets_a_valid_bound_never_above_the_ledger(
     assert result.method in METHODS and result.detail
     assert math.isfinite(result.epsilon) and 0.0 <= result.epsilon <= _ledger(event, delta)
     looser = single_job_epsilon(event, delta * 10, zcdp_is_gaussian=gaussian, numeric=True)
-    assert looser.epsilon <= result.epsilon
+    # Exact and closed-form bounds are monotone in δ; prv-accountant's and the PLD's upper bounds
+    # are each valid but carry a discretisation error up to EPS_ERROR, so two of them may cross.
+    numeric = {result.method, looser.method} & {"prv", "pld"}
+    assert looser.epsilon <= result.epsilon + (EPS_ERROR if numeric else 0.0)
 
 
 @settings(max_examples=40, deadline=None)
