@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from app.models import Job, JobEvent
-from app.schemas.jobs import JobOut
+from app.schemas.jobs import JobEventOut, JobOut
 
 
 def job_out(job: Job) -> JobOut:
@@ -40,7 +41,22 @@ def job_out(job: Job) -> JobOut:
 
 
 def add_job_event(session: Session, job_id: str, kind: str, payload: dict[str, Any]) -> JobEvent:
-    """Append a progress/lifecycle event. Callers pass public values only (privacy.md §1)."""
-    event = JobEvent(job_id=job_id, kind=kind, payload=payload)
+    """Append a progress/lifecycle event numbered after the job's last one. Callers pass public
+    values only (docs/privacy-model.md §1).
+
+    Why an UPDATE … RETURNING on the job row: it bumps ``event_count`` and takes the row's write
+    lock in one statement, so the worker and the API (cancel) can never number two events alike,
+    on PostgreSQL or SQLite, and numbers are never reused.
+    """
+    seq = session.execute(
+        update(Job).where(Job.id == job_id).values(event_count=Job.event_count + 1)
+        .returning(Job.event_count).execution_options(synchronize_session=False)
+    ).scalar_one()
+    event = JobEvent(job_id=job_id, seq=seq, kind=kind, payload=payload)
     session.add(event)
     return event
+
+
+def event_out(event: JobEvent) -> JobEventOut:
+    """An event as clients see it: ``seq`` is its number within the job."""
+    return JobEventOut(seq=event.seq, kind=event.kind, payload=event.payload, created_at=event.created_at)

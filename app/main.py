@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import catalogue, datasets, health, jobs, ui
+from app.api import catalogue, datasets, grants, health, jobs, ui
 from app.api.ui_session import session_secret
 from app.bootstrap import register_bootstrap_key
 from app.config import Settings, get_settings
@@ -68,6 +68,6 @@ def create_app(
         )
     install_problem_handlers(app)
     document_problems(app)
-    for module in (datasets, jobs, catalogue, health, ui):
+    for module in (datasets, grants, jobs, catalogue, health, ui):
         app.include_router(module.router)
     return app

@@ -67,6 +67,25 @@ class ApiKey(Base):
     revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class UiSession(Base):
+    """A dashboard session, kept server-side so that logout and key revocation end it.
+
+    The cookie carries a random token; only its SHA-256 digest is stored, so a database reader
+    cannot replay sessions. A session is live while ``ended_at`` is NULL, ``expires_at`` is in
+    the future and its API key is not revoked.
+    """
+
+    __tablename__ = "ui_sessions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("uis"))
+    token_digest: Mapped[str] = mapped_column(String(64), unique=True)
+    api_key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
 class Dataset(Base):
     __tablename__ = "datasets"
     __table_args__ = (
@@ -98,31 +117,42 @@ class Dataset(Base):
 
 
 class DatasetGrant(Base):
-    """An analyst tenant's access to another tenant's dataset.
+    """An owner's invitation to an analyst tenant, and (once accepted) that tenant's access.
 
-    Why rows are never deleted: a revoke sets ``revoked_at`` and keeps the row, so the grants
-    table is an audit trail of who could submit jobs against the dataset when. A re-grant after a
-    revoke adds a new row. At most one active (unrevoked) grant per dataset and grantee: a
-    partial unique index, so concurrent grants cannot create two.
+    Why an invitation: access is only ever held with the analyst's consent, so no owner can
+    impose datasets on another tenant's listings. The owner names the tenant; the row is stored
+    under that name whether or not such a tenant exists (the answer never tells which), and only
+    a tenant of that name can accept it. Access needs ``accepted_at`` set and neither
+    ``revoked_at`` nor ``declined_at``.
+
+    Why rows are never deleted: a revoke (or a withdrawn invitation) sets ``revoked_at`` and keeps
+    the row, so the grants table is an audit trail of who could submit jobs against the dataset
+    when. A re-invitation after a revoke or a decline adds a new row. At most one live row
+    (neither revoked nor declined) per dataset and grantee name: a partial unique index, so
+    concurrent invitations cannot create two.
     """
 
     __tablename__ = "dataset_grants"
     __table_args__ = (
         Index(
-            "uq_dataset_grants_active",
+            "uq_dataset_grants_live",
             "dataset_id",
-            "grantee_tenant_id",
+            "grantee_name",
             unique=True,
-            sqlite_where=text("revoked_at IS NULL"),
-            postgresql_where=text("revoked_at IS NULL"),
+            sqlite_where=text("revoked_at IS NULL AND declined_at IS NULL"),
+            postgresql_where=text("revoked_at IS NULL AND declined_at IS NULL"),
         ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
-    grantee_tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    grantee_name: Mapped[str] = mapped_column(String(200), index=True)
+    grantee_tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), index=True, nullable=True)
+    """Set when the tenant named ``grantee_name`` accepts; NULL while the invitation is pending."""
     granted_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     granted_by: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    accepted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    declined_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_by: Mapped[str | None] = mapped_column(ForeignKey("tenants.id"), nullable=True)
 
@@ -204,15 +234,23 @@ class Job(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    event_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many events the job has: the last event's per-job ``seq`` (bumped atomically)."""
 
 
 class JobEvent(Base):
-    """Progress and lifecycle events of a job; payloads carry public values only."""
+    """Progress and lifecycle events of a job; payloads carry public values only.
+
+    Why ``seq`` per job: the global row id would tell every tenant how busy the service is;
+    clients see (and resume from) 1, 2, 3 … within the job.
+    """
 
     __tablename__ = "job_events"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(32))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

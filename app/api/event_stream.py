@@ -26,6 +26,7 @@ from sqlalchemy import select
 
 from app.db import Database
 from app.models import TERMINAL_STATUSES, Job, JobEvent
+from app.job_views import event_out
 from app.schemas.jobs import JobEventOut
 
 __all__ = ["EVENT_STREAM_MEDIA_TYPE", "StreamTiming", "format_event", "job_event_stream", "wants_event_stream"]
@@ -61,11 +62,10 @@ def _poll(db: Database, job_id: str, after: int) -> tuple[list[JobEventOut], boo
     with db.read_session() as session:
         status = session.scalar(select(Job.status).where(Job.id == job_id))
         rows = session.scalars(
-            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after)
-            .order_by(JobEvent.id).limit(BATCH)
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
+            .order_by(JobEvent.seq).limit(BATCH)
         ).all()
-        events = [JobEventOut(seq=e.id, kind=e.kind, payload=e.payload, created_at=e.created_at)
-                  for e in rows]
+        events = [event_out(e) for e in rows]
     return events, status in TERMINAL_STATUSES
 
 

@@ -19,7 +19,7 @@ from app.access import dataset_for, job_for, relation_to, visible_jobs
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
 from app.job_settlement import mark_dispatched
-from app.job_views import add_job_event, job_out
+from app.job_views import add_job_event, event_out, job_out
 from app.model_catalogue import ModelSizeLimits
 from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
 from app.pagination import cursor_id, decode_cursor, encode_cursor
@@ -302,13 +302,11 @@ def events(
         )
     rows = session.scalars(
         select(JobEvent)
-        .where(JobEvent.job_id == job.id, JobEvent.id > after)
-        .order_by(JobEvent.id)
+        .where(JobEvent.job_id == job.id, JobEvent.seq > after)
+        .order_by(JobEvent.seq)
         .limit(limit)
     )
-    return [
-        JobEventOut(seq=e.id, kind=e.kind, payload=e.payload, created_at=e.created_at) for e in rows
-    ]
+    return [event_out(e) for e in rows]
 
 
 def _last_event_id(header: str | None) -> int:

@@ -254,7 +254,7 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
     job = job_of_tenant(db_session, viewer.tenant, job_id)
     dataset = db_session.get(Dataset, job.dataset_id)
     events = list(db_session.scalars(
-        select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id.desc()).limit(200)
+        select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.seq.desc()).limit(200)
     ))
     return _page("job.html", viewer=viewer, job=job, dataset=dataset, events=events,
                  live=job.status not in TERMINAL_STATUSES)
