@@ -2,8 +2,10 @@
 v1 router uses.
 
 Roles on a dataset: its ``owner`` (the tenant that uploaded it) and ``analyst`` tenants the owner
-granted access to (until the grant is revoked). What each role may do is one table per object
-kind below, not branches in the routers, so the rules can be read (and tested) in one place.
+invited and that accepted (until the grant is revoked). A pending or declined invitation is no
+role at all: the dataset stays out of the tenant's listings and answers it 404 (app/grants.py).
+What each role may do is one table per object kind below, not branches in the routers, so the
+rules can be read (and tested) in one place.
 
 Two kinds of refusal, on purpose:
 - 404 ``not-found`` when the caller has no role on the object: answered exactly like an id that
@@ -21,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import ColumnElement, Select, exists, or_, select
+from sqlalchemy import ColumnElement, Select, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from app.models import Dataset, DatasetGrant, Job, Tenant
@@ -58,11 +60,20 @@ class DatasetAccess:
     role: Role
 
 
-def active_grant_datasets(tenant_id: str) -> Select[tuple[str]]:
-    """Ids of the datasets a tenant holds an unrevoked grant on."""
-    return select(DatasetGrant.dataset_id).where(
-        DatasetGrant.grantee_tenant_id == tenant_id, DatasetGrant.revoked_at.is_(None)
+def _active_grant_of(tenant_id: str) -> ColumnElement[bool]:
+    """SQL filter: grants that make ``tenant_id`` an analyst. It accepted the invitation itself
+    (``grantee_tenant_id`` is set on acceptance only), and the owner has not revoked it since."""
+    return and_(
+        DatasetGrant.grantee_tenant_id == tenant_id,
+        DatasetGrant.accepted_at.is_not(None),
+        DatasetGrant.revoked_at.is_(None),
+        DatasetGrant.declined_at.is_(None),
     )
+
+
+def active_grant_datasets(tenant_id: str) -> Select[tuple[str]]:
+    """Ids of the datasets a tenant holds an accepted, unrevoked grant on."""
+    return select(DatasetGrant.dataset_id).where(_active_grant_of(tenant_id))
 
 
 def owned_datasets(tenant_id: str) -> Select[tuple[str]]:
@@ -70,7 +81,7 @@ def owned_datasets(tenant_id: str) -> Select[tuple[str]]:
 
 
 def visible_datasets(tenant: Tenant) -> ColumnElement[bool]:
-    """SQL filter: the datasets a tenant has a role on (owned, or granted and not revoked)."""
+    """SQL filter: the datasets a tenant has a role on (owned, or granted, accepted and not revoked)."""
     return or_(Dataset.tenant_id == tenant.id, Dataset.id.in_(active_grant_datasets(tenant.id)))
 
 
@@ -82,13 +93,7 @@ def visible_jobs(tenant: Tenant) -> ColumnElement[bool]:
 def has_active_grant(session: Session, *, dataset_id: str, tenant_id: str) -> bool:
     return bool(
         session.scalar(
-            select(
-                exists().where(
-                    DatasetGrant.dataset_id == dataset_id,
-                    DatasetGrant.grantee_tenant_id == tenant_id,
-                    DatasetGrant.revoked_at.is_(None),
-                )
-            )
+            select(exists().where(DatasetGrant.dataset_id == dataset_id, _active_grant_of(tenant_id)))
         )
     )
 

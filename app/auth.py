@@ -10,6 +10,7 @@ from collections.abc import Callable
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from app.dashboard_sessions import end_sessions_of_key
 from app.models import ApiKey, Tenant, utcnow
 
 KEY_PREFIX = "pt_"
@@ -78,9 +79,11 @@ def find_api_keys(session: Session, ref: str) -> list[ApiKey]:
 
 def revoke_api_key(session: Session, api_key: ApiKey) -> bool:
     """Mark a key revoked (the row stays for the audit trail); False if it already was.
-    A revoked key authenticates nobody: it answers 401 exactly like an unknown key."""
+    A revoked key authenticates nobody: it answers 401 exactly like an unknown key, and its
+    dashboard sessions end (their lookup refuses a revoked key too; this records when)."""
     if api_key.revoked_at is not None:
         return False
     api_key.revoked_at = utcnow()
+    end_sessions_of_key(session, api_key.id, now=api_key.revoked_at)
     session.flush()
     return True

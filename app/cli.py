@@ -17,12 +17,14 @@ from app.auth import (
     register_api_key,
     revoke_api_key,
 )
-from app.bootstrap import ensure_embedded_key, migrate, register_bootstrap_key
-from app.config import get_settings
-from app.db import Database
+from app.bootstrap import ensure_embedded_key, migrate, migration_head, register_bootstrap_key
+from app.config import Settings, get_settings
+from app.db import Database, is_sqlite
 from app.logging_setup import configure_logging
 
 WORKER_STOP_TIMEOUT_S = 15
+EXIT_NO_DATABASE = 3
+"""Exit status of an admin command that found no usable database (argparse's usage errors are 2)."""
 
 
 def worker_command(queue: str, *, loglevel: str = "INFO") -> list[str]:
@@ -33,6 +35,74 @@ def worker_command(queue: str, *, loglevel: str = "INFO") -> list[str]:
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         f"--loglevel={loglevel}",
     ]
+
+
+def _shown_url(url: str) -> str:
+    """The database URL as it may be printed: without its password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(an unparseable URL)"
+
+
+def _no_database_message(settings: Settings, *, command: str, reason: str) -> str:
+    """Say where the command looked and how to point it elsewhere (instead of a traceback)."""
+    data_dir_source = (
+        "from PRIVTRAIN_DATA_DIR" if "PRIVTRAIN_DATA_DIR" in os.environ
+        else f"the default: .privtrain in the current directory, {os.getcwd()}"
+    )
+    database_source = (
+        "from PRIVTRAIN_DATABASE_URL" if settings.database_url
+        else "the default: privtrain.db in the data directory"
+    )
+    return "\n".join([
+        f"privtrain-admin {command}: {reason}",
+        f"  data directory: {settings.data_dir.resolve()}  ({data_dir_source})",
+        f"  database:       {_shown_url(settings.resolved_database_url)}  ({database_source})",
+        "Run it where the service's .privtrain directory is (where `make run` or `privtrain-admin "
+        "serve` ran), or point to it:",
+        f"  PRIVTRAIN_DATA_DIR=/path/to/.privtrain privtrain-admin {command} …",
+        f"  PRIVTRAIN_DATABASE_URL=postgresql+psycopg://user@host/db privtrain-admin {command} …",
+        "(`privtrain-admin migrate` creates a new, empty database with the same settings.)",
+    ])
+
+
+def database_problem(settings: Settings) -> str | None:
+    """Why the admin commands cannot use the configured database, or None when they can.
+
+    Checked before connecting, so a SQLite file that does not exist is not created as a side
+    effect, and a database that exists but was never migrated is named as such.
+    """
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = settings.resolved_database_url
+    if is_sqlite(url):
+        path = make_url(url).database
+        if path and path != ":memory:" and not os.path.exists(path):
+            return "there is no privtrain database here (the database file does not exist)"
+    db = Database(url)
+    try:
+        with db.engine.connect() as connection:
+            revision = MigrationContext.configure(connection).get_current_revision()
+    except SQLAlchemyError as exc:
+        first_line = str(exc.orig if getattr(exc, "orig", None) is not None else exc).splitlines()[0]
+        return f"cannot open the database ({first_line})"
+    finally:
+        db.dispose()
+    head = migration_head()
+    if revision is None:
+        return "the database exists but holds no privtrain tables (it was never migrated)"
+    if revision != head:
+        return (
+            f"the database is at migration {revision}, this version needs {head}: run "
+            "`privtrain-admin migrate` with the same settings first"
+        )
+    return None
 
 
 def cmd_migrate(_args: argparse.Namespace) -> int:
@@ -145,6 +215,19 @@ def _exit_on_sigterm(_signum: int, _frame: object) -> None:
     raise SystemExit(SIGTERM_EXIT)
 
 
+def _start_worker(queue: str, *, loglevel: str) -> subprocess.Popen[bytes]:
+    """serve's worker child, tied to this process: it gets SIGTERM when serve dies, even by SIGKILL
+    (prctl where available, plus its own watch of the parent pid), so no worker is orphaned."""
+    from worker.parent_watch import PARENT_PID_ENV, die_with_parent
+
+    return subprocess.Popen(
+        worker_command(queue, loglevel=loglevel),
+        start_new_session=True,  # Ctrl-C reaches the API; we stop the worker ourselves
+        env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
+        preexec_fn=die_with_parent(),  # noqa: PLW1509 - serve has no other threads yet
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Embedded mode: migrations, the bootstrap key, one worker process, then the API."""
     import uvicorn
@@ -156,20 +239,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.check_safe()
     migrate(settings)
     db = Database(settings.resolved_database_url)
+    from app.key_banner import print_start_banner
+
+    key, key_file = None, None
     if settings.bootstrap_api_key:
         register_bootstrap_key(db, settings.bootstrap_api_key)
-        key_note = "API key: the value of PRIVTRAIN_BOOTSTRAP_API_KEY"
     else:
-        key, path = ensure_embedded_key(settings, db)
-        key_note = f"API key: {key}   (also in {path}, mode 0600)"
+        key, key_file = ensure_embedded_key(settings, db)
     db.dispose()
     worker = None
     if not args.no_worker:
-        worker = subprocess.Popen(
-            worker_command(settings.task_queue, loglevel=settings.log_level),
-            start_new_session=True,  # Ctrl-C reaches the API; we stop the worker ourselves
-        )
-    print(f"privtrain on http://{args.host}:{args.port}  ({key_note})", flush=True)
+        worker = _start_worker(settings.task_queue, loglevel=settings.log_level)
+    print_start_banner(sys.stderr, url=f"http://{args.host}:{args.port}", key=key, key_file=key_file)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
     # installed before it started. With the default handler that kills this process before the
     # `finally` below can stop the worker; this handler turns it into an exception instead.
@@ -203,28 +284,40 @@ def build_parser() -> argparse.ArgumentParser:
     key = sub.add_parser("create-key", help="create an API key and print it once")
     key.add_argument("--tenant", default=DEFAULT_TENANT)
     key.add_argument("--label", default="")
-    key.set_defaults(func=cmd_create_key)
+    key.set_defaults(func=cmd_create_key, needs_database=True)
     revoke = sub.add_parser(
         "revoke-key", help="revoke an API key (it then answers 401 like an unknown key)"
     )
     revoke.add_argument("key", help="the key's id (key_…), the key itself, or its 8-character prefix")
-    revoke.set_defaults(func=cmd_revoke_key)
+    revoke.set_defaults(func=cmd_revoke_key, needs_database=True)
     keys = sub.add_parser("list-keys", help="list API keys: id, prefix, tenant, label, state")
     keys.add_argument("--tenant", default=None)
-    keys.set_defaults(func=cmd_list_keys)
+    keys.set_defaults(func=cmd_list_keys, needs_database=True)
     sub.add_parser("worker", help="run one Celery worker process").set_defaults(func=cmd_worker)
     verify = sub.add_parser("verify-ledger", help="audit the privacy ledger; exit 1 on any mismatch")
     verify.add_argument("--dataset", default=None, help="one dataset id (default: all)")
-    verify.set_defaults(func=cmd_verify_ledger)
+    verify.set_defaults(func=cmd_verify_ledger, needs_database=True)
     reconcile = sub.add_parser("reconcile", help="settle lost jobs and re-send lost messages")
     reconcile.add_argument("--loop", action="store_true", help="repeat every PRIVTRAIN_RECONCILE_INTERVAL_S")
-    reconcile.set_defaults(func=cmd_reconcile)
+    reconcile.set_defaults(func=cmd_reconcile, needs_database=True)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    if not getattr(args, "needs_database", False):
+        return int(args.func(args))
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    settings = get_settings()
+    reason = database_problem(settings)
+    if reason is None:
+        try:
+            return int(args.func(args))
+        except (OperationalError, ProgrammingError) as exc:  # e.g. the database went away mid-way
+            reason = f"the database failed ({str(exc.orig or exc).splitlines()[0]})"
+    print(_no_database_message(settings, command=args.command, reason=reason), file=sys.stderr)
+    return EXIT_NO_DATABASE
 
 
 if __name__ == "__main__":

@@ -73,6 +73,15 @@ class Settings(BaseSettings):
         default=300.0, gt=0, le=86_400,
         description="an event stream ends after this long; clients resume with Last-Event-ID",
     )
+    sse_max_streams_per_key: int = Field(
+        default=8, ge=1, le=100_000,
+        description="open event streams one API key may hold per API process (Bearer and dashboard "
+        "together); past it a new stream is a 429 too-many-streams",
+    )
+    sse_max_streams_total: int = Field(
+        default=256, ge=1, le=1_000_000,
+        description="open event streams per API process, all keys together; past it a 429",
+    )
     run_reconciler: bool = Field(
         default=True, description="run the reconciler loop inside the API process"
     )
@@ -102,6 +111,24 @@ class Settings(BaseSettings):
     )
     max_concurrent_uploads_per_tenant: int = Field(
         default=2, gt=0, description="uploads one tenant may have in flight at once per API process"
+    )
+    max_concurrent_plans: int = Field(
+        default=2, gt=0,
+        description="privacy computations (estimates, submissions) in flight per API process; pricing is "
+        "pure-Python CPU work serialised by the interpreter lock, so more slots add contention, not throughput",
+    )
+    max_concurrent_plans_per_key: int = Field(
+        default=1, gt=0, description="privacy computations one API key may have in flight per API process"
+    )
+    upload_idle_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="an upload that sends nothing for this long is refused (408)"
+    )
+    upload_min_rate_bytes_per_s: float = Field(
+        default=16_384.0, gt=0,
+        description="after the grace period, an upload slower than this on average is refused (408)",
+    )
+    upload_rate_grace_s: float = Field(
+        default=10.0, ge=0, le=3600, description="seconds before the minimum upload rate is enforced"
     )
     secure_noise: bool = Field(
         default=True,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app import ledger, privacy
+from app import ledger, privacy, suggestions
 from app.algorithms import (
+    ALGORITHMS,
     AlgorithmDefinition,
     InvalidHyperparameters,
     PrivacyPlan,
@@ -22,10 +23,20 @@ from app.algorithms import (
 )
 from app.evaluation import EvaluationPlan, InvalidEvaluation, plan_evaluation
 from app.facts import DatasetFacts
-from app.model_catalogue import ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
+from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
 from app.models import Dataset, PrivacyBudget
 from app.privacy import PrivacyEvent
+from app.privacy.admissible import (
+    FilterState,
+    largest_admissible_steps,
+    linear_steps_guess,
+    smallest_admissible_noise_multiplier,
+)
+from app.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
+from app.privacy.orders import Curve
+from app.privacy.ranges import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
 from app.problems import Problem
+from app.registry import Registry
 from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
 from privtrain.directed_rounding import format_remaining
 
@@ -75,30 +86,149 @@ class JobPlan:
         )
 
 
-def largest_admissible_epsilon(job: JobPlan, budget: PrivacyBudget) -> float:
-    """The largest target ε the same spec could be given and still be admitted now.
+@dataclass(frozen=True)
+class StepsCharge:
+    """How ``training.steps`` enters an algorithm's charge, for the largest-steps search."""
 
-    Admission is monotone in σ, so bisect (in log σ) for the smallest admitted σ; its ledger ε
-    is the answer (the target that calibrates to that σ). 0 when no σ ≤ 1e6 fits.
+    composes: bool
+    """True when a job of T steps costs exactly ``plan.event_for(σ, T)``: T uses composed, so the
+    charge grows with T, and T changes nothing else the charge depends on (σ is relative to the
+    sensitivity, which may itself depend on T)."""
+    reason: str | None = None
+    """Why the search does not apply, when it does not."""
+
+
+STEPS_CHARGES: Registry[StepsCharge] = Registry("steps charge")
+"""Every algorithm of the catalogue, by name (a test checks that none is missing): read off the
+``event_for`` each plan builds in app/algorithms/."""
+
+_COMPOSED = StepsCharge(composes=True)
+_PARALLEL_BLOCKS = StepsCharge(
+    composes=False,
+    reason="each row is used in one iteration only (parallel composition over disjoint blocks), "
+    "so this algorithm's charge is the same for every number of steps",
+)
+_BUDGET_UNITS = StepsCharge(
+    composes=False,
+    reason="this algorithm splits its ρ into budget units that it schedules itself; "
+    "training.steps does not change its charge",
+)
+for _name in (
+    "dp-sgd", "dp-adam", "dp-psac", "auto-s", "dc-dpsgd", "dc-dpsgd-threshold",  # Poisson Gaussian × T
+    "dicesgd", "dicesgd-adam", "dicesgd-auto",  # Gaussian × T
+    "noisy-gd",  # zCDP × T
+    "ht-private-lasso",  # exponential mechanism × T
+):
+    STEPS_CHARGES.add(_name, _COMPOSED)
+for _name in ("ht-dp-fw", "ht-sparse-linreg", "ht-sparse-opt"):
+    STEPS_CHARGES.add(_name, _PARALLEL_BLOCKS)
+for _name in ("kl-spider", "adaptive-noisy-gd", "proximal-point"):
+    STEPS_CHARGES.add(_name, _BUDGET_UNITS)
+
+
+@dataclass(frozen=True)
+class JobChoices:
+    """What an estimate offers besides the price: what would remain, and the nearest specs that fit.
+
+    Every number is the filter's own answer for the budget as it stands (committed + reserved).
     """
 
-    def admitted(sigma: float) -> bool:
-        return ledger.check_admissible(budget, privacy.rdp_curve(job.event_for_sigma(sigma))) is not None
+    remaining_after_epsilon: float | None
+    largest_admissible_epsilon: float
+    smallest_admissible_noise_multiplier: float | None
+    smallest_admissible_noise_multiplier_reason: str | None
+    largest_admissible_steps: int | None
+    largest_admissible_steps_reason: str | None
 
-    low, high = 1e-4, 1e6
-    if not admitted(high):
+
+def filter_state(budget: PrivacyBudget) -> FilterState:
+    """The budget's filter as the ledger sees it (the same curves ``ledger.check_admissible`` uses)."""
+    return FilterState(
+        committed=tuple(budget.committed),
+        reserved=tuple(budget.reserved),
+        capacity=ledger.capacity(budget.epsilon, budget.delta),
+    )
+
+
+def _computable(build: Callable[[], PrivacyEvent]) -> Curve | None:
+    """The event's curve, or None where its RDP overflows (a cost the filter could never admit)."""
+    try:
+        return privacy.rdp_curve(build())
+    except privacy.PrivacyEventError:
+        return None
+
+
+def _smallest_sigma(job: JobPlan, state: FilterState) -> float | None:
+    """Smallest σ admitted now for the job's steps, searched over calibration's whole range.
+
+    Admission is monotone in σ for every algorithm of the catalogue (each event's RDP falls as its
+    noise grows), so a bisection in log σ finds the boundary.
+    """
+    return smallest_admissible_noise_multiplier(
+        cost_of_sigma=lambda sigma: _computable(lambda: job.event_for_sigma(sigma)),
+        state=state, low=MIN_NOISE_MULTIPLIER, high=MAX_NOISE_MULTIPLIER,
+    )
+
+
+def _ledger_epsilon_at(job: JobPlan, sigma: float | None) -> float:
+    """The largest target ε the spec could be given and still be admitted: the ledger ε of the
+    smallest admitted σ (the target that calibrates to it); 0 when no σ ≤ 1e6 fits."""
+    if sigma is None:
         return 0.0
-    if admitted(low):
-        return privacy.ledger_epsilon(privacy.rdp_curve(job.event_for_sigma(low)), job.delta)
-    for _ in range(60):
-        middle = math.sqrt(low * high)
-        if admitted(middle):
-            high = middle
-        else:
-            low = middle
-        if high / low < 1 + 1e-6:
-            break
-    return privacy.ledger_epsilon(privacy.rdp_curve(job.event_for_sigma(high)), job.delta)
+    return privacy.ledger_epsilon(privacy.rdp_curve(job.event_for_sigma(sigma)), job.delta)
+
+
+def _accepted_sigma(sigma: float | None, job: JobPlan) -> tuple[float | None, str | None]:
+    """The smallest admitted σ a spec may name (within the validated range), or why there is none."""
+    if sigma is None or sigma > NOISE_MULTIPLIER_MAX:
+        what = f"{job.plan.steps} steps" + ("" if job.evaluation is None else " with the evaluation")
+        return None, (
+            f"no noise multiplier up to {NOISE_MULTIPLIER_MAX:g} (the largest accepted) lets "
+            f"{what} fit the remaining budget"
+        )
+    return max(sigma, NOISE_MULTIPLIER_MIN), None
+
+
+def _largest_steps(job: JobPlan, state: FilterState, *, max_steps: int) -> tuple[int | None, str | None]:
+    """The most steps at the job's σ that fit now (at most ``max_steps``), or why there is none."""
+    charge = STEPS_CHARGES.get(job.algorithm.name) if job.algorithm.name in STEPS_CHARGES else None
+    if charge is None:
+        return None, f"no steps rule is declared for algorithm '{job.algorithm.name}'"
+    if not charge.composes:
+        return None, charge.reason
+
+    def cost_of_steps(steps: int) -> Curve | None:
+        return _computable(lambda: compose_job_event(
+            job.plan, job.evaluation, noise_multiplier=job.noise_multiplier, steps=steps, evaluated=True
+        ))
+
+    without_steps = cost_of_steps(0)
+    guess = None if without_steps is None else linear_steps_guess(
+        cost_without_steps=without_steps, cost_at=job.curve, steps=job.plan.steps, state=state
+    )
+    steps = largest_admissible_steps(cost_of_steps=cost_of_steps, state=state, max_steps=max_steps, guess=guess)
+    if steps is None:
+        what = "one step" if job.evaluation is None else "one step with the evaluation"
+        return None, f"not even {what} at σ = {job.noise_multiplier:g} fits the remaining budget"
+    return steps, None
+
+
+def job_choices(job: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> JobChoices:
+    """The estimate's choices for ``job`` against ``budget`` now; bounded: a bisection in σ (at
+    most 27 closed-form curves) and a search in steps (a few from a linear guess, at most
+    2·log2(max_steps) + 2)."""
+    state = filter_state(budget)
+    smallest = _smallest_sigma(job, state)
+    sigma, sigma_reason = _accepted_sigma(smallest, job)
+    steps, steps_reason = _largest_steps(job, state, max_steps=max_steps)
+    return JobChoices(
+        remaining_after_epsilon=state.remaining_epsilon_after(job.curve, delta=budget.delta),
+        largest_admissible_epsilon=_ledger_epsilon_at(job, smallest),
+        smallest_admissible_noise_multiplier=sigma,
+        smallest_admissible_noise_multiplier_reason=sigma_reason,
+        largest_admissible_steps=steps,
+        largest_admissible_steps_reason=steps_reason,
+    )
 
 
 def facts_of(dataset: Dataset) -> DatasetFacts:
@@ -135,11 +265,25 @@ def plan_job(
     try:
         algorithm = get_algorithm(spec.algorithm.name)
     except UnknownAlgorithm:
-        raise _invalid("unknown-algorithm", f"unknown algorithm '{spec.algorithm.name}'") from None
+        raise _invalid("unknown-algorithm", suggestions.unknown_name(
+            kind="algorithm", name=spec.algorithm.name, known=ALGORITHMS.names()
+        )) from None
     try:
         model = get_model(spec.model.name)
     except UnknownModel:
-        raise _invalid("unknown-model", f"unknown model '{spec.model.name}'") from None
+        raise _invalid("unknown-model", suggestions.unknown_name(
+            kind="model", name=spec.model.name, known=MODELS.names()
+        )) from None
+    misnamed_param = suggestions.unknown_field(
+        given=spec.model.params, model=model.params_model, where="model.params"
+    )
+    if misnamed_param:
+        raise _invalid("model-incompatible", misnamed_param)
+    misnamed_hyperparameter = suggestions.unknown_field(
+        given=spec.algorithm.hyperparameters, model=algorithm.Hyperparameters, where="algorithm.hyperparameters"
+    )
+    if misnamed_hyperparameter:
+        raise _invalid("invalid-job-spec", misnamed_hyperparameter)
     try:
         model_params = model.validate(spec.model.params, facts, limits=model_limits)
     except ModelIncompatible as exc:

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app.models import Job, JobEvent
+from app.models import TERMINAL_STATUSES, Job, JobEvent
 from app.schemas.jobs import JobEventOut, JobOut
+
+EpsilonBasis = Literal["reserved", "committed"]
+
+
+@dataclass(frozen=True)
+class JobEpsilon:
+    """The one ε to show for a job, and what it is: a reservation (still running) or a spend."""
+
+    value: float
+    basis: EpsilonBasis
+
+
+def job_epsilon(job: Job) -> JobEpsilon:
+    """Committed ε once the job has ended, reserved ε while it is queued or running.
+
+    Why: a job that stopped early or was cancelled spends less than it reserved, and the rest goes
+    back to the budget; showing the reservation after the end would overstate what it cost. A
+    finished job with no recorded commitment (a row older than the column, never backfilled) keeps
+    the reserved basis rather than pretending to know its spend.
+    """
+    if job.status in TERMINAL_STATUSES and job.epsilon_committed is not None:
+        return JobEpsilon(value=job.epsilon_committed, basis="committed")
+    return JobEpsilon(value=job.epsilon_ledger, basis="reserved")
 
 
 def job_out(job: Job) -> JobOut:
@@ -16,6 +40,7 @@ def job_out(job: Job) -> JobOut:
     if job.status == "succeeded":
         links["model"] = f"/v1/jobs/{job.id}/model"
         links["report"] = f"/v1/jobs/{job.id}/report"
+    shown = job_epsilon(job)
     return JobOut(
         id=job.id,
         dataset_id=job.dataset_id,
@@ -27,7 +52,10 @@ def job_out(job: Job) -> JobOut:
         steps_planned=job.steps_planned,
         steps_run=job.steps_run,
         delta=job.delta,
+        epsilon=shown.value,
+        epsilon_basis=shown.basis,
         epsilon_ledger=job.epsilon_ledger,
+        epsilon_committed=job.epsilon_committed,
         epsilon_prv=job.epsilon_prv,
         attempt=job.attempt,
         cancel_requested=job.cancel_requested,

@@ -273,6 +273,8 @@ def commit(
         raise LedgerStateError(f"job {job.id}: actual cost exceeds its reservation")
     budget.reserved = _reserved_of_other_open_jobs(session, budget.dataset_id, job.id)
     budget.committed = list(privacy.add_curves(tuple(budget.committed), actual))
+    # The one place a job's spend is recorded on its row: every view reads it from here.
+    job.epsilon_committed = curve_epsilon(actual, job.delta)
     entry = _append(
         session,
         budget,
@@ -306,6 +308,7 @@ def release(
     if TOUCH in kinds:
         raise LedgerStateError(f"job {job.id} touched the data; it must commit, not release")
     budget.reserved = _reserved_of_other_open_jobs(session, budget.dataset_id, job.id)
+    job.epsilon_committed = 0.0  # ended without opening the data: nothing was spent
     return _append(
         session,
         budget,

@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import catalogue, datasets, grants, health, jobs, ui
+from app.api import catalogue, datasets, grants, health, invitations, jobs, ui
+from app.api.docs_pages import install_docs_pages
 from app.api.ui_session import session_secret
 from app.bootstrap import register_bootstrap_key
 from app.config import Settings, get_settings
@@ -55,7 +56,10 @@ def create_app(
         version="0.1.0",
         summary="Differentially private model training with an auditable privacy budget ledger.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load from a CDN; app.api.docs_pages serves them locally
+        redoc_url=None,
     )
+    install_docs_pages(app)
     app.state.services = services
     if settings.rate_limit_per_minute > 0:
         app.add_middleware(
@@ -68,6 +72,6 @@ def create_app(
         )
     install_problem_handlers(app)
     document_problems(app)
-    for module in (datasets, grants, jobs, catalogue, health, ui):
+    for module in (datasets, grants, invitations, jobs, catalogue, health, ui):
         app.include_router(module.router)
     return app

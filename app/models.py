@@ -111,6 +111,8 @@ class Dataset(Base):
     """The public class list, index = label; NULL for rows registered before it was recorded."""
     classes_declared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """True when the owner declared the list at upload; False when it was taken from the labels."""
+    preparation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The owner's declared preparation (app.ingest.preparation canonical form); NULL: none."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -216,6 +218,10 @@ class Job(Base):
     steps_run: Mapped[int] = mapped_column(Integer, default=0)
     delta: Mapped[float] = mapped_column(Float)
     epsilon_ledger: Mapped[float] = mapped_column(Float)
+    """The reserved charge: ledger ε of the planned run, held against the budget while it runs."""
+    epsilon_committed: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Ledger ε of what the job actually spent (its COMMIT curve; 0.0 when it ended with a RELEASE
+    only); NULL until the job ends, and for jobs finished before migration 0008 could backfill."""
     epsilon_prv: Mapped[float | None] = mapped_column(Float, nullable=True)
     event: Mapped[dict[str, Any]] = mapped_column(JSON)
     reserved_curve: Mapped[list[float]] = mapped_column(JSON)

@@ -20,6 +20,8 @@ from sqlalchemy.exc import OperationalError as SQLAlchemyOperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyPoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app import json_errors, suggestions
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_BASE = "/problems/"
 
@@ -84,18 +86,64 @@ _HTTP_SLUGS = {
 }
 
 
-def _clean_validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+def _body_model(request: Request) -> type[BaseModel] | None:
+    """The pydantic model the route reads its JSON body into, if it has one."""
+    body_field = getattr(request.scope.get("route"), "body_field", None)
+    annotation = getattr(getattr(body_field, "field_info", None), "annotation", None)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _message(error: Mapping[str, Any], body_model: type[BaseModel] | None) -> str:
+    """pydantic's message, but an unknown field says so and names the field meant (if close)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "extra_forbidden" and body_model is not None and loc[:1] == ("body",):
+        hint = suggestions.extra_field_hint(model=body_model, loc=loc[1:])
+        return f"unknown field; {hint}" if hint else "unknown field"
+    return str(error.get("msg", ""))
+
+
+def _is_typo(error: Mapping[str, Any], body_model: type[BaseModel] | None) -> bool:
+    """An unknown body field close to a field that is accepted there."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") != "extra_forbidden" or body_model is None or len(loc) < 2 or loc[0] != "body":
+        return False
+    return bool(suggestions.close_matches(str(loc[-1]), suggestions.fields_at(body_model, loc[1:-1]) or []))
+
+
+def _clean_validation_errors(
+    exc: RequestValidationError, *, body_model: type[BaseModel] | None = None
+) -> list[dict[str, Any]]:
     """Location and message only: the offending input is not echoed back (it may be large)."""
     cleaned = []
     for error in exc.errors():
         cleaned.append(
             {
                 "loc": [str(part) for part in error.get("loc", ())],
-                "msg": str(error.get("msg", "")),
+                "msg": _message(error, body_model),
                 "type": str(error.get("type", "")),
             }
         )
     return cleaned
+
+
+def _validation_problem(request: Request, exc: RequestValidationError) -> Problem:
+    """422 ``validation-error``; a body that is not JSON at all says where it stops being JSON."""
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        position = json_errors.describe(
+            body=exc.body, error=errors[0], fallback=str(errors[0].get("msg", ""))
+        )
+        return Problem(
+            status=422, slug="validation-error", detail=f"the request body is not valid JSON: {position.text}",
+            extra={"errors": _clean_validation_errors(exc), **position.members()},
+        )
+    body_model = _body_model(request)
+    cleaned = _clean_validation_errors(exc, body_model=body_model)
+    # A misspelt field also makes the field meant "missing"; the spelling is the one to report.
+    typos = [clean for clean, error in zip(cleaned, errors, strict=True) if _is_typo(error, body_model)]
+    first = (typos or cleaned or [{"loc": [], "msg": "invalid request"}])[0]
+    detail = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
+    return Problem(status=422, slug="validation-error", detail=detail, extra={"errors": cleaned})
 
 
 def install_problem_handlers(app: FastAPI) -> None:
@@ -105,13 +153,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _clean_validation_errors(exc)
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        detail = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
-        problem = Problem(
-            status=422, slug="validation-error", detail=detail, extra={"errors": errors}
-        )
-        return problem_response(problem, request)
+        return problem_response(_validation_problem(request, exc), request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -5,8 +5,8 @@ identify, and it must answer with the same RFC 9457 problem format as every othe
 are identified by a digest (never the key itself) and the table is bounded (least recently
 used keys are forgotten first), so an attacker cycling random keys cannot grow it without
 bound. The principal is the API key whatever carries it: a Bearer header and a dashboard session
-cookie (which holds the same digest, signed) draw on one bucket, so the cookie is no way around
-the limit. Limits are per API process; with several processes behind a balancer the effective limit
+cookie (which names the key's digest, signed, next to its session token) draw on one bucket, so
+the cookie is no way around the limit; reading it costs an HMAC, no database lookup. Limits are per API process; with several processes behind a balancer the effective limit
 is the sum — documented, and conservative enough for the purpose (protecting the service).
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.ui_session import COOKIE_NAME, decode_session
+from app.api.ui_session import COOKIE_NAME, SessionCookie, decode_cookie
 from app.auth import key_digest
 from app.problems import Problem, problem_response
 
@@ -90,7 +90,9 @@ def bearer_principal(scope: Scope) -> str | None:
 def principal_resolver(*, secret: Callable[[], bytes], max_age_s: float) -> PrincipalOf:
     """Bearer first (as the dashboard authenticates), else a validly signed session cookie's
     key digest: the same string for the same key, so both share one bucket. A forged or expired
-    cookie, or one from before login, names no principal."""
+    cookie, or one from before login, names no principal. A signed cookie whose session has
+    ended still counts against its key (it was that key's), so replaying it is no way around
+    the limit either; it authenticates nothing (the dashboard looks the session up)."""
 
     def principal(scope: Scope) -> str | None:
         bearer = bearer_principal(scope)
@@ -99,8 +101,8 @@ def principal_resolver(*, secret: Callable[[], bytes], max_age_s: float) -> Prin
         cookie = cookie_parser(_header(scope, b"cookie") or "").get(COOKIE_NAME)
         if not cookie:
             return None
-        session = decode_session(cookie, secret(), max_age_s=max_age_s)
-        return session.key_digest if session is not None and isinstance(session.key_digest, str) else None
+        decoded = decode_cookie(cookie, secret(), max_age_s=max_age_s)
+        return decoded.key_digest if isinstance(decoded, SessionCookie) else None
 
     return principal
 

@@ -8,62 +8,31 @@ client never holds an open connection waiting for a slot.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
 from app.api.deps import ServicesDep, TenantDep
+from app.capped_slots import CappedSlots, SlotsFull
 from app.problems import Problem
 
 RETRY_AFTER_S = 10
 
 
-class UploadSlotsFull(RuntimeError):
-    """No upload slot is free for this tenant (``scope`` says which cap was reached)."""
-
-    def __init__(self, *, scope: str, limit: int) -> None:
-        super().__init__(f"{scope} limit of {limit} concurrent uploads reached")
-        self.scope = scope
-        self.limit = limit
+UploadSlotsFull = SlotsFull
+"""No upload slot is free for this tenant (``scope``: ``per-tenant`` or ``total``)."""
 
 
-class UploadSlots:
-    """Bounded semaphores, one for the process and one per tenant, never waited on."""
+class UploadSlots(CappedSlots):
+    """Upload slots: one count for the process and one per tenant (app.capped_slots)."""
 
     def __init__(self, *, total: int, per_tenant: int) -> None:
-        self.total = total
-        self.per_tenant = per_tenant
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._by_tenant: dict[str, int] = {}
+        super().__init__(total=total, per_owner=per_tenant, owner_scope="per-tenant", what="uploads")
 
-    def acquire(self, tenant_id: str) -> None:
-        """Take a slot or raise UploadSlotsFull; every acquire must be paired with a release."""
-        with self._lock:
-            held = self._by_tenant.get(tenant_id, 0)
-            if held >= self.per_tenant:
-                raise UploadSlotsFull(scope="per-tenant", limit=self.per_tenant)
-            if self._in_flight >= self.total:
-                raise UploadSlotsFull(scope="total", limit=self.total)
-            self._by_tenant[tenant_id] = held + 1
-            self._in_flight += 1
-
-    def release(self, tenant_id: str) -> None:
-        with self._lock:
-            held = self._by_tenant.get(tenant_id, 0)
-            if held < 1 or self._in_flight < 1:
-                raise RuntimeError("upload slot released more often than acquired")
-            if held == 1:
-                del self._by_tenant[tenant_id]
-            else:
-                self._by_tenant[tenant_id] = held - 1
-            self._in_flight -= 1
-
-    def in_flight(self, tenant_id: str | None = None) -> int:
-        with self._lock:
-            return self._in_flight if tenant_id is None else self._by_tenant.get(tenant_id, 0)
+    @property
+    def per_tenant(self) -> int:
+        return self.per_owner
 
 
 def slots_of(app: FastAPI, *, total: int, per_tenant: int) -> UploadSlots:

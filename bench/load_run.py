@@ -125,6 +125,7 @@ def main() -> None:
             env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(Path(tmp) / "data"),
                    "PRIVTRAIN_DATABASE_URL": database_url, "PRIVTRAIN_BROKER_URL": args.redis,
                    "PRIVTRAIN_RATE_LIMIT_PER_MINUTE": "0", "PRIVTRAIN_MAX_ACTIVE_JOBS_PER_TENANT": "1000000",
+                   "PRIVTRAIN_MAX_CONCURRENT_PLANS": "1000", "PRIVTRAIN_MAX_CONCURRENT_PLANS_PER_KEY": "1000",
                    "PRIVTRAIN_LOG_LEVEL": "WARNING"}
             settings = Settings(data_dir=Path(tmp) / "data", database_url=database_url,
                                 broker_url=args.redis)

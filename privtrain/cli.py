@@ -26,6 +26,8 @@ from privtrain.resources import (
     BudgetStatus,
     Dataset,
     Estimate,
+    Grant,
+    Invitation,
     Job,
     JobEvent,
     LedgerEntry,
@@ -248,22 +250,29 @@ def datasets() -> None:
 @click.option("--format", "fmt", type=click.Choice(["csv", "npz"]), help="default: from the suffix")
 @click.option("--label-column", default="label", show_default=True, help="CSV label column")
 @click.option("--task", type=click.Choice(["classification", "regression"]), help="default: inferred by the server")
-@click.option("--classes", help="the public class list, comma-separated (label i is the i-th name); "
-              "default: the labels found become public")
+@click.option("--classes", help="the public class list, comma-separated; labels are matched by name "
+              "(never shifted); default: the labels found become public")
+@click.option("--preparation", help='public data preparation as JSON, or @FILE holding it: '
+              '{"drop": ["id"], "one_hot": {"sex": ["f", "m"]}, "scale": {"age": {"bounds": [0, 120]}}}')
 @json_flag
 def datasets_upload(
     path: Path, name: str | None, epsilon: float, delta: float, fmt: str | None,
-    label_column: str, task: str | None, classes: str | None,
+    label_column: str, task: str | None, classes: str | None, preparation: str | None,
 ) -> None:
     """Upload a CSV (header + label column) or NPZ (X, y) file with its budget.
 
     The same bytes can be registered once: a second upload is refused and names the dataset that
     holds them (raise its budget instead).
     """
+    if preparation is not None and preparation.startswith("@"):
+        try:
+            preparation = Path(preparation[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.UsageError(f"--preparation {preparation}: {exc}") from None
     try:
         dataset = _state().client().upload_dataset(
             path, name=name, epsilon=epsilon, delta=delta, format=fmt, label_column=label_column, task=task,
-            classes=classes.split(",") if classes is not None else None,
+            classes=classes.split(",") if classes is not None else None, preparation=preparation,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -314,7 +323,116 @@ def datasets_raise_budget(dataset_id: str, epsilon: float, delta: float | None, 
 def datasets_ledger(dataset_id: str) -> None:
     """The append-only, hash-chained ledger entries, oldest first."""
     entries = _state().client().ledger(dataset_id)
-    emit(entries, lambda: table(entries, LEDGER_COLUMNS))
+
+    def human() -> str:
+        # In words below the table: a RELEASE returns budget, it is not a second charge.
+        said = [f"#{e.seq}  {e.raw['explanation']}" for e in entries if e.raw.get("explanation")]
+        return table(entries, LEDGER_COLUMNS) + ("\n\nwhat happened\n" + "\n".join(said) if said else "")
+
+    emit(entries, human)
+
+
+# ---------------------------------------------------------------------- sharing
+
+GRANT_COLUMNS: list[Column[Grant]] = [
+    Column("TENANT", lambda g: g.tenant, 30),
+    Column("STATUS", lambda g: g.status),
+    Column("INVITED", lambda g: g.granted_at),
+    Column("BY", lambda g: g.granted_by, 30),
+    Column("ACCEPTED", lambda g: g.accepted_at),
+    Column("DECLINED", lambda g: g.declined_at),
+    Column("REVOKED", lambda g: g.revoked_at),
+]
+
+INVITATION_COLUMNS: list[Column[Invitation]] = [
+    Column("ID", lambda i: i.id),
+    Column("DATASET", lambda i: i.dataset_name, 30),
+    Column("OWNER", lambda i: i.owner, 30),
+    Column("ε_G", lambda i: _up(i.budget.epsilon)),
+    Column("δ_G", lambda i: _up(i.budget.delta)),
+    Column("INVITED", lambda i: i.invited_at),
+]
+
+
+def _grant_block(g: Grant) -> str:
+    return key_values([
+        ("dataset", g.dataset_id), ("tenant", g.tenant), ("status", g.status), ("invited", g.granted_at),
+        ("invited by", g.granted_by), ("accepted", g.accepted_at), ("declined", g.declined_at),
+        ("revoked", g.revoked_at), ("revoked by", g.revoked_by),
+    ])
+
+
+def _invitation_block(i: Invitation) -> str:
+    return key_values([
+        ("id", i.id), ("dataset", i.dataset_name), ("owner", i.owner), ("status", i.status),
+        ("budget ε_G", _up(i.budget.epsilon)), ("budget δ_G", _up(i.budget.delta)), ("invited", i.invited_at),
+        ("accepted", i.accepted_at), ("declined", i.declined_at),
+    ])
+
+
+@datasets.command("grant")
+@click.argument("dataset_id")
+@click.argument("tenant")
+@json_flag
+def datasets_grant(dataset_id: str, tenant: str) -> None:
+    """Invite TENANT (by name) to analyse your dataset; it has access once it accepts.
+
+    The answer is the same whether or not a tenant of that name exists; inviting again shows
+    the pending invitation or active grant.
+    """
+    grant = _state().client().grant(dataset_id, tenant)
+    hint = f"note: access starts when {tenant} runs: privtrain invitations accept {dataset_id}"
+    emit(grant, lambda: _grant_block(grant) + ("\n" + hint if grant.status == "invited" else ""))
+
+
+@datasets.command("grants")
+@click.argument("dataset_id")
+@json_flag
+def datasets_grants(dataset_id: str) -> None:
+    """Every invitation and grant of your dataset, oldest first (the audit trail)."""
+    found = _state().client().grants(dataset_id)
+    emit(found, lambda: table(found, GRANT_COLUMNS))
+
+
+@datasets.command("revoke")
+@click.argument("dataset_id")
+@click.argument("tenant")
+@json_flag
+def datasets_revoke(dataset_id: str, tenant: str) -> None:
+    """Revoke TENANT's access, or withdraw its pending invitation (it keeps its past jobs)."""
+    grant = _state().client().revoke_grant(dataset_id, tenant)
+    emit(grant, lambda: _grant_block(grant))
+
+
+@cli.group()
+def invitations() -> None:
+    """Invitations other tenants sent you: accept one to analyse their dataset."""
+
+
+@invitations.command("list")
+@json_flag
+def invitations_list() -> None:
+    """Pending invitations addressed to you, newest first."""
+    found = _state().client().invitations()
+    emit(found, lambda: table(found, INVITATION_COLUMNS))
+
+
+@invitations.command("accept")
+@click.argument("invitation_id")
+@json_flag
+def invitations_accept(invitation_id: str) -> None:
+    """Accept: the dataset appears in `privtrain datasets list` and you may submit jobs on it."""
+    invitation = _state().client().accept_invitation(invitation_id)
+    emit(invitation, lambda: _invitation_block(invitation))
+
+
+@invitations.command("decline")
+@click.argument("invitation_id")
+@json_flag
+def invitations_decline(invitation_id: str) -> None:
+    """Decline (the owner sees it declined and may invite you again)."""
+    invitation = _state().client().decline_invitation(invitation_id)
+    emit(invitation, lambda: _invitation_block(invitation))
 
 
 # ---------------------------------------------------------------------- job specs from flags
@@ -391,6 +509,15 @@ def spec_from_context(ctx: click.Context) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- jobs
 
+def _job_epsilon(j: Job) -> tuple[float, str | None]:
+    """The job's one ε and its basis: committed once it ended, reserved while it runs (the
+    server decides; a server without ``epsilon`` gives the reservation and no basis)."""
+    raw = j.raw
+    if raw.get("epsilon") is None:
+        return j.epsilon_ledger, None
+    return float(raw["epsilon"]), str(raw.get("epsilon_basis") or "reserved")
+
+
 JOB_COLUMNS: list[Column[Job]] = [
     Column("ID", lambda j: j.id),
     Column("STATUS", lambda j: j.status),
@@ -398,9 +525,26 @@ JOB_COLUMNS: list[Column[Job]] = [
     Column("MODEL", lambda j: j.model),
     Column("DATASET", lambda j: j.dataset_id),
     Column("STEPS", lambda j: f"{j.steps_run}/{j.steps_planned}"),
-    Column("ε", lambda j: _up(j.epsilon_ledger)),
+    Column("ε", lambda j: _up(_job_epsilon(j)[0])),
+    Column("BASIS", lambda j: _job_epsilon(j)[1]),
     Column("CREATED", lambda j: j.created_at),
 ]
+
+METRIC_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("METRIC", lambda m: m.get("metric")),
+    Column("RELEASED", lambda m: m.get(str(m.get("metric")))),
+    Column("95% INTERVAL", lambda m: _interval_text(m.get("interval"))),
+    Column("NOISE SCALE", lambda m: m.get("noise_scale")),
+    Column("MECHANISM", lambda m: m.get("mechanism")),
+    Column("CLAMPED", lambda m: m.get("clamped")),
+]
+"""A released DP metric beside its noise scale and interval (not privacy figures: 4 digits)."""
+
+
+def _interval_text(interval: object) -> str | None:
+    if not isinstance(interval, dict):
+        return None
+    return f"[{float(interval['low']):.4g}, {float(interval['high']):.4g}]"
 
 EVENT_COLUMNS: list[Column[JobEvent]] = [
     Column("SEQ", lambda e: e.seq),
@@ -410,26 +554,58 @@ EVENT_COLUMNS: list[Column[JobEvent]] = [
 ]
 
 
+ESTIMATE_EPSILONS_NOTE = (
+    "remaining ε is what a plain Gaussian job could still get; the largest target ε is what this "
+    "spec's own curve fits into the same room"
+)
+
+
+def _or_reason(value: str | int | None, reason: object) -> object:
+    """A choice the server computed, or why it could not (servers before these fields: '-')."""
+    return value if value is not None else reason
+
+
 def _estimate_block(e: Estimate) -> str:
+    # Newer fields come from ``raw``, so this CLI also prints estimates of older servers.
+    raw = e.raw
+    differ = _down(e.budget_remaining_epsilon) != _down(e.largest_admissible_epsilon)
     return key_values([
         ("noise multiplier σ", e.noise_multiplier), ("sampling probability q", e.sampling_probability),
         ("steps", e.steps), ("noise std on the sum", e.noise_std_on_sum), ("sensitivity", e.sensitivity),
         (f"ε (ledger) at δ={_up(e.delta)}", _up(e.epsilon_ledger)), (f"ε (single job, {e.epsilon_prv_method or 'tightest'})", _up(e.epsilon_prv)),
         ("ε of the evaluation", _up(e.evaluation_epsilon)), ("admissible now", e.admissible),
         ("budget remaining ε", _down(e.budget_remaining_epsilon)),
+        ("budget remaining ε after this job", _down(raw.get("budget_remaining_after_epsilon"))),
         ("largest admissible target ε", _down(e.largest_admissible_epsilon)),
+        ("largest admissible steps at this σ", _or_reason(
+            raw.get("largest_admissible_steps"), raw.get("largest_admissible_steps_reason"))),
+        ("smallest admissible σ at these steps", _or_reason(
+            _up(raw.get("smallest_admissible_noise_multiplier")),
+            raw.get("smallest_admissible_noise_multiplier_reason"))),
+        *([("remaining ε vs largest target ε", ESTIMATE_EPSILONS_NOTE)] if differ else []),
     ])
 
 
 def _job_block(j: Job) -> str:
-    return key_values([
+    """Key/values, then the released metrics as a table. A finished job states the ε it committed
+    (a stopped-early or cancelled job committed less than it reserved), a running one its reservation."""
+    epsilon, basis = _job_epsilon(j)
+    label = f"ε {basis or '(ledger)'} at δ={_up(j.delta)}"
+    released = basis == "committed" and j.steps_run < j.steps_planned
+    block = key_values([
         ("id", j.id), ("status", j.status), ("dataset", j.dataset_id), ("algorithm", j.algorithm),
         ("model", j.model), ("steps", f"{j.steps_run}/{j.steps_planned}"),
-        ("noise multiplier σ", j.noise_multiplier), (f"ε (ledger) at δ={_up(j.delta)}", _up(j.epsilon_ledger)),
-        ("ε (single job, tightest)", _up(j.epsilon_prv)), ("attempt", j.attempt), ("cancel requested", j.cancel_requested),
-        ("error", j.error_code), ("metrics", j.metrics), ("created", j.created_at),
+        ("noise multiplier σ", j.noise_multiplier), (label, _up(epsilon)),
+        *([("rest of the reservation", "released to the budget")] if released else []),
+        # a cancelled or failed job's single-job ε is its planned run's: not what it spent
+        *([] if j.status in ("cancelled", "failed") else [("ε (single job, tightest)", _up(j.epsilon_prv))]),
+        ("attempt", j.attempt), ("cancel requested", j.cancel_requested),
+        ("error", j.error_code), ("created", j.created_at),
         ("started", j.started_at), ("finished", j.finished_at),
     ])
+    if not j.metrics:
+        return block
+    return f"{block}\n\nreleased DP metrics\n{table([j.metrics], METRIC_COLUMNS)}"
 
 
 @cli.group()

@@ -8,6 +8,7 @@ are retried as :mod:`privtrain.retry` allows; list endpoints are followed page b
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import uuid
@@ -27,6 +28,8 @@ from privtrain.resources import (
     BudgetStatus,
     Dataset,
     Estimate,
+    Grant,
+    Invitation,
     Job,
     JobEvent,
     LedgerEntry,
@@ -205,6 +208,7 @@ class Client:
         label_column: str | None = "label",
         task: str | None = None,
         classes: Sequence[str] | None = None,
+        preparation: Mapping[str, Any] | str | None = None,
         idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G).
@@ -215,6 +219,9 @@ class Client:
         ``classes`` declares the public class list (label i is ``classes[i]``); without it, the
         labels found become the public list. Bytes already registered raise the
         ``dataset-already-registered`` problem, which names the existing dataset.
+        ``preparation`` declares, publicly, how the rows become features (a dict or its JSON text):
+        ``{"drop": [...], "one_hot": {column: [categories]}, "scale": {column or "*": {"bounds":
+        [lo, hi]} or {"center": c, "scale": s}}}``; see the README's "Preparing your data".
         """
         if isinstance(source, bytes):
             data = source
@@ -236,6 +243,8 @@ class Client:
             "name": name or inferred_name, "format": fmt, "epsilon": epsilon, "delta": delta,
             "label_column": label_column if fmt == "csv" else None, "task": task,
             "classes": ",".join(classes) if classes is not None else None,
+            "preparation": preparation if isinstance(preparation, str | None) else json.dumps(
+                preparation, separators=(",", ":"), allow_nan=False),
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(
@@ -249,7 +258,8 @@ class Client:
         return self._pages("/v1/datasets", Dataset.from_api, {"limit": page_size})
 
     def list_datasets(self, *, page_size: int = 50) -> list[Dataset]:
-        """All of the tenant's datasets, newest first (every page)."""
+        """All the datasets you own or accepted an invitation to, newest first (every page).
+        Listing items leave out ``classes`` and the feature names: :meth:`get_dataset` has them."""
         return list(self.iter_datasets(page_size=page_size))
 
     def get_dataset(self, dataset_id: str) -> Dataset:
@@ -277,6 +287,49 @@ class Client:
     def ledger(self, dataset_id: str, *, page_size: int = 100) -> list[LedgerEntry]:
         """The dataset's whole append-only ledger, oldest entry first."""
         return list(self.iter_ledger(dataset_id, page_size=page_size))
+
+    # ------------------------------------------------------------------ sharing
+
+    def grant(self, dataset_id: str, tenant: str) -> Grant:
+        """Invite ``tenant`` (by name) to take the analyst role on your dataset.
+
+        The invitation is ``invited`` until that tenant accepts it; the server answers alike
+        whether or not such a tenant exists. Inviting a name again returns its pending
+        invitation or active grant, so this is retried like a read.
+        """
+        return Grant.from_api(
+            self._call("POST", f"/v1/datasets/{_segment(dataset_id)}/grants", replay_safe=True, json={"tenant": tenant})
+        )
+
+    def iter_grants(self, dataset_id: str, *, page_size: int = 50) -> Iterator[Grant]:
+        return self._pages(f"/v1/datasets/{_segment(dataset_id)}/grants", Grant.from_api, {"limit": page_size})
+
+    def grants(self, dataset_id: str, *, page_size: int = 50) -> list[Grant]:
+        """Every invitation and grant of your dataset, oldest first: the audit trail (every page)."""
+        return list(self.iter_grants(dataset_id, page_size=page_size))
+
+    def revoke_grant(self, dataset_id: str, tenant: str) -> Grant:
+        """Revoke the tenant's active grant, or withdraw its pending invitation."""
+        path = f"/v1/datasets/{_segment(dataset_id)}/grants/{_segment(tenant)}"
+        return Grant.from_api(self._call("DELETE", path, replay_safe=False))
+
+    def iter_invitations(self, *, page_size: int = 50) -> Iterator[Invitation]:
+        return self._pages("/v1/invitations", Invitation.from_api, {"limit": page_size})
+
+    def invitations(self, *, page_size: int = 50) -> list[Invitation]:
+        """Pending invitations addressed to you, newest first (every page)."""
+        return list(self.iter_invitations(page_size=page_size))
+
+    def accept_invitation(self, invitation_id: str) -> Invitation:
+        """Accept: you become an analyst of the dataset (``invitation_id`` is its dataset id)."""
+        return Invitation.from_api(
+            self._call("POST", f"/v1/invitations/{_segment(invitation_id)}/accept", replay_safe=False)
+        )
+
+    def decline_invitation(self, invitation_id: str) -> Invitation:
+        return Invitation.from_api(
+            self._call("POST", f"/v1/invitations/{_segment(invitation_id)}/decline", replay_safe=False)
+        )
 
     # ------------------------------------------------------------------ catalogues
 

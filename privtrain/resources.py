@@ -79,6 +79,43 @@ class Dataset(Resource):
 
 
 @dataclasses.dataclass(frozen=True)
+class Grant(Resource):
+    """An invitation the owner sent, and the access it gives once accepted (owner's view).
+
+    ``status``: ``invited`` (no access until the tenant accepts), ``active``, ``declined`` or
+    ``revoked`` (the owner ended it, or withdrew the invitation).
+    """
+
+    dataset_id: str
+    tenant: str
+    """The name the owner invited; the server does not say whether such a tenant exists."""
+    status: str
+    active: bool
+    granted_by: str
+    revoked_by: str | None
+    granted_at: dt.datetime | None = _parsed(_time)
+    accepted_at: dt.datetime | None = _parsed(_time)
+    declined_at: dt.datetime | None = _parsed(_time)
+    revoked_at: dt.datetime | None = _parsed(_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class Invitation(Resource):
+    """An invitation addressed to you: accept it to become an analyst of the dataset. ``id`` is
+    the dataset's id (one invitation per dataset and tenant)."""
+
+    id: str
+    dataset_id: str
+    dataset_name: str
+    owner: str
+    status: str
+    budget: Budget = _parsed(Budget.from_api)
+    invited_at: dt.datetime | None = _parsed(_time)
+    accepted_at: dt.datetime | None = _parsed(_time)
+    declined_at: dt.datetime | None = _parsed(_time)
+
+
+@dataclasses.dataclass(frozen=True)
 class BudgetStatus(Resource):
     """``GET /v1/datasets/{id}/budget``: what is spent, reserved and left (ε at the dataset's δ)."""
 
@@ -144,6 +181,12 @@ class Estimate(Resource):
     budget_remaining_epsilon: float
     largest_admissible_epsilon: float
     evaluation_epsilon: float | None
+    budget_remaining_after_epsilon: float | None = None
+    """What would remain if this job were admitted now (None when it does not fit)."""
+    smallest_admissible_noise_multiplier: float | None = None
+    smallest_admissible_noise_multiplier_reason: str | None = None
+    largest_admissible_steps: int | None = None
+    largest_admissible_steps_reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,7 +114,17 @@ def sse_progress(client: Client, job_id: str, *, poll_interval: float) -> Iterat
                 epsilon_spent = _epsilon(event, epsilon_spent)
 
 
+ACCESS_REVOKED = "access-revoked"
+"""The server's last message on a stream whose reader lost access; it carries no job data."""
+
+
 def events_from_stream(lines: Iterable[str]) -> Iterator[JobEvent]:
-    """Job events from an event-stream body (each ``data`` is one JobEventOut as JSON)."""
+    """Job events from an event-stream body (each ``data`` is one JobEventOut as JSON).
+
+    ``access-revoked`` (the key was revoked or the job may no longer be read) ends the body; the
+    caller's reconnect then meets the server's 401/404 and raises it as a proper error.
+    """
     for message in parse_sse(lines):
+        if message.event == ACCESS_REVOKED:
+            return
         yield JobEvent.from_api(json.loads(message.data))

@@ -62,9 +62,10 @@ def digits_csv() -> bytes:
 def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
     """Test settings for the races; the in-process reconciler is off so that nothing but the
     submissions touches the ledger or the dispatcher while the test counts them, and the upload
-    slots are wide enough that the upload race is decided by the database, not by the 429 cap."""
+    and pricing slots are wide enough that the races are decided by the database, not by 429 caps."""
     values: dict[str, object] = {"max_upload_bytes": 5_000_000, "run_reconciler": False,
-                                 "max_concurrent_uploads": 64, "max_concurrent_uploads_per_tenant": 64}
+                                 "max_concurrent_uploads": 64, "max_concurrent_uploads_per_tenant": 64,
+                                 "max_concurrent_plans": 64, "max_concurrent_plans_per_key": 64}
     values.update(overrides)
     return make_settings(data_dir, **values)
 
@@ -100,7 +101,9 @@ def live_server(settings: Settings) -> Iterator[LiveService]:
     app = create_app(settings, dispatcher=dispatcher)
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        # A long keep-alive: on a loaded runner a client may reuse a connection more than uvicorn's
+        # default 5 s later, and a server closing it at that moment resets the next request.
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_keep_alive=120)
     )
     crashed: list[BaseException] = []
 

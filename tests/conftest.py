@@ -20,6 +20,20 @@ from app.models import Job, LedgerEntry
 from app.main import create_app
 
 
+@pytest.fixture(autouse=True)
+def _restore_root_logging() -> Iterator[None]:
+    """Entry points under test (``privtrain-admin`` commands run in-process) configure logging
+    for the process; put the root logger back so a handler bound to one test's stderr does not
+    write into a later test's captured output."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @dataclass
 class RecordingDispatcher:
     """Stands in for Celery in API tests: records what would have been sent."""

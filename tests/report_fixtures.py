@@ -17,14 +17,16 @@ class Row(SimpleNamespace):
 
 
 def small_report(*, epsilon_ledger: float = 3.00012, secure_gaussian: bool = True,
-                 adjustments: list[dict[str, Any]] | None = None, classes_declared: bool = False) -> dict[str, Any]:
-    """The report of a 10-step DP-SGD job (q = 0.01, σ = 1.1) with the given charged ε."""
+                 adjustments: list[dict[str, Any]] | None = None, classes_declared: bool = False,
+                 steps_planned: int = 10) -> dict[str, Any]:
+    """The report of a 10-step DP-SGD job (q = 0.01, σ = 1.1) with the given reserved ε; with
+    ``steps_planned`` above 10 it stopped early."""
     event = privacy.event_to_json(
         privacy.PoissonSampledGaussianEvent(sampling_probability=0.01, noise_multiplier=1.1, count=10)
     )
     job = Row(
         id="job_1", delta=1e-05, epsilon_ledger=epsilon_ledger, model_name="logistic-regression",
-        algorithm="dp-sgd", sampling_probability=0.01, noise_multiplier=1.1, steps_planned=10,
+        algorithm="dp-sgd", sampling_probability=0.01, noise_multiplier=1.1, steps_planned=steps_planned,
         steps_run=10, event=event,
         spec={"model": {"params": {}}, "algorithm": {"hyperparameters": {}}, "training": {}},
     )

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from app.evaluation import EvaluationPlan
+from app.evaluation import (
+    CONFIDENCE,
+    EvaluationPlan,
+    gaussian_half_width,
+    released_metric,
+    snapped_laplace_half_width,
+)
 from worker.optimizers import discrete_samplers
 from worker.optimizers.secure_random import SecureRandom
 
@@ -85,9 +93,44 @@ def noisy_sum(plan: EvaluationPlan, raw_sum: float, random: SecureRandom) -> flo
     return raw_sum + float(random.normal((), std=plan.noise_scale, dtype=torch.float64))
 
 
+@dataclass(frozen=True)
+class NoiseTail:
+    """What a mechanism's noise on the sum looks like, for the interval beside the metric."""
+
+    distribution: str
+    half_width: Callable[[EvaluationPlan, float], float]  # (plan, alpha) -> w, P(|noise| > w) ≤ alpha
+
+
+def _snapped_laplace_half_width(plan: EvaluationPlan, alpha: float) -> float:
+    """From the same public grid and integer scale that :func:`noisy_sum` samples with."""
+    parameters = discrete_samplers.snapped_laplace_parameters(
+        scale=plan.noise_scale, l1_sensitivity=plan.sensitivity, dimension=1
+    )
+    return snapped_laplace_half_width(grid=parameters.grid, noise_units=parameters.noise_units, alpha=alpha)
+
+
+NOISE_TAILS: dict[str, NoiseTail] = {
+    "laplace": NoiseTail(
+        distribution="snapped Laplace: exact discrete Laplace on a power-of-two grid; noise_scale "
+        "is its Laplace scale b on the metric (b on the sum divided by f·n)",
+        half_width=_snapped_laplace_half_width,
+    ),
+    "gaussian": NoiseTail(
+        distribution="Gaussian; noise_scale is its standard deviation on the metric (on the sum "
+        "divided by f·n)",
+        half_width=lambda plan, alpha: gaussian_half_width(std=plan.noise_scale, alpha=alpha),
+    ),
+}
+
+
 def release(
     model: nn.Module, X: torch.Tensor, y: torch.Tensor, plan: EvaluationPlan, *, secure_gaussian: bool = True
 ) -> dict[str, object]:
+    """The released metric, clamped to its range, with its noise scale and a 95% interval."""
     raw = metric_sum(model, X, y, plan)
-    value = plan.normalise(noisy_sum=noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian)))
-    return {plan.metric: value, **plan.describe()}
+    noisy = noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian))
+    tail = NOISE_TAILS[plan.mechanism]
+    return released_metric(
+        plan, noisy_sum=noisy, noise_distribution=tail.distribution,
+        noise_half_width_on_sum=tail.half_width(plan, (1.0 - CONFIDENCE) / 2.0),
+    )

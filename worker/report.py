@@ -8,7 +8,10 @@ from typing import Any
 from app import privacy
 from app.algorithms import get_algorithm
 from app.facts import public_class_list
+from app.ingest.preparation import preparation_report
+from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
+from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from privtrain.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
@@ -130,7 +133,9 @@ def build_report(
 ) -> dict[str, Any]:
     """``secure_gaussian``: whether the worker that finished the job drew Gaussians in secure mode.
     ``single_job``: :func:`report_single_job_epsilon` of ``actual_event``, computed by the caller
-    outside any database transaction (it may be slow)."""
+    outside any database transaction (it may be slow). ``budget_before``: the ledger just before
+    this job's COMMIT without this job (:func:`app.reporting.budget_change.budget_without_job`);
+    ``budget_after``: right after it."""
     event = privacy.event_from_json(actual_event)
     caveats = [*CAVEATS, noise_caveat(secure_gaussian=secure_gaussian)]
     if adjustments:
@@ -140,10 +145,24 @@ def build_report(
     if metrics is not None:
         caveats.append(
             "The released evaluation metric is noisy by design (its mechanism is stated); the "
-            "hold-out rows were chosen by independent per-row coins and not used for training."
+            "hold-out rows were chosen by independent per-row coins and not used for training. It "
+            "is clamped to the metric's valid range (post-processing, no privacy cost); its interval "
+            "is computed from public quantities only."
         )
     curve = privacy.rdp_curve(event)
     eps_rdp, order = privacy.epsilon_from_rdp(curve, job.delta)
+    committed = curve_epsilon(curve, job.delta)  # what app.ledger.commit recorded on the job
+    guarantee = (
+        f"({format_guarantee(committed)}, {format_guarantee(job.delta)})-differential privacy for one "
+        "row: the ε this job committed to the dataset's ledger"
+    )
+    if job.steps_run < job.steps_planned:
+        units = "budget units" if "steps_are_budget_units" in algorithm_notes else "steps"
+        guarantee += (
+            f". It ran {job.steps_run} of {job.steps_planned} {units}; committed ε "
+            f"{format_guarantee(committed)} (it had reserved ε {format_guarantee(job.epsilon_ledger)}), "
+            "the rest of the reservation was released"
+        )
     return {
         "report_version": REPORT_VERSION,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
@@ -160,12 +179,10 @@ def build_report(
             "n_classes": dataset.n_classes,
             **_class_list_fields(dataset),
         },
+        "preparation": preparation_report(dataset.preparation),
         "privacy_unit": "one row of the uploaded dataset",
         "neighbouring_relation": "add/remove one row",
-        "guarantee": (
-            f"({format_guarantee(job.epsilon_ledger)}, {format_guarantee(job.delta)})-differential privacy for one row, "
-            "as charged to the dataset's ledger"
-        ),
+        "guarantee": guarantee,
         "model": {"name": job.model_name, "params": job.spec["model"]["params"], "sha256": model_sha256},
         "algorithm": {
             "name": job.algorithm,
@@ -187,8 +204,10 @@ def build_report(
         "reserved_event": job.event,
         "epsilon": {
             "delta": job.delta,
-            "ledger": privacy.ledger_epsilon(curve, job.delta),
-            "ledger_definition": "RDP curve converted at δ/|orders| (the ledger's currency)",
+            "ledger": committed,
+            "ledger_definition": "RDP curve converted at δ/|orders| (the ledger's currency) of the "
+            "event this job ran: what it committed",
+            "reserved": job.epsilon_ledger,
             "rdp_at_delta": eps_rdp,
             "rdp_best_order": order,
             "prv_upper_bound": single_job.epsilon,
@@ -201,7 +220,14 @@ def build_report(
         "released_metrics": metrics,
         "ledger": {
             "before": budget_before,
+            "before_definition": BEFORE_DEFINITION.format(before_seq=commit_entry.seq - 1),
+            "charge": job_charge(
+                committed_epsilon=committed, reserved_epsilon=job.epsilon_ledger, curve=curve,
+                orders=privacy.ORDERS, orders_version=privacy.ORDERS_VERSION, steps_run=job.steps_run,
+                steps_planned=job.steps_planned, commit_entry=commit_entry,
+            ),
             "after": budget_after,
+            "after_definition": AFTER_DEFINITION.format(after_seq=budget_after.get("entries", commit_entry.seq)),
             "commit_entry_seq": commit_entry.seq,
             "commit_entry_hash": commit_entry.hash,
             "budget_adjustments": adjustments,

@@ -31,9 +31,11 @@ from app.algorithms import PrivacyPlan, get_algorithm
 from app.config import Settings
 from app.db import Database
 from app.evaluation import EvaluationPlan
-from app.ingest import IngestLimits, parse_dataset
+from app.facts import public_class_list
+from app.ingest import IngestLimits, parse_dataset, preparation_from_json
 from app.job_planning import compose_job_event, facts_of, rebuild_plan
 from app.job_settlement import settle_failed_job
+from app.reporting.budget_change import budget_without_job
 from app.job_views import add_job_event
 from app.model_catalogue import get_model
 from app.models import Dataset, Job, PrivacyBudget, utcnow
@@ -106,6 +108,16 @@ def algorithm_notes(job: Job, plan: PrivacyPlan) -> dict:
     return algorithm.report_notes(hyper, plan, noise_multiplier=job.noise_multiplier, delta=job.delta)
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What a claim needs that is computed before its transaction; ``refusal`` fails the job."""
+
+    dataset_id: str
+    plan: PrivacyPlan | None
+    evaluation: EvaluationPlan | None
+    refusal: str | None
+
+
 class JobRunner:
     def __init__(self, settings: Settings, *, db: Database | None = None) -> None:
         self.settings = settings
@@ -115,19 +127,39 @@ class JobRunner:
 
     # ------------------------------------------------------------------ claim
 
-    def _dataset_id(self, job_id: str) -> str | None:
+    def _prepare(self, job_id: str) -> _Prepared | None:
+        """Re-derive the job's charge and check it against its model, before any lock is taken.
+
+        Why outside the claim's transaction: building a model (and planning) can take seconds for
+        large models, and on SQLite the write transaction blocks every other writer meanwhile
+        (another tenant's upload, a submission). A job's spec and dataset facts never change
+        after submission, so what is computed here still holds when the claim commits.
+        """
         with self.db.read_session() as session:
             job = session.get(Job, job_id)
-            return job.dataset_id if job is not None else None
+            dataset = session.get(Dataset, job.dataset_id) if job is not None else None
+        if job is None or dataset is None:
+            return None
+        try:
+            plan, evaluation = replan(job, dataset)
+        except Exception:
+            log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
+            return _Prepared(dataset_id=dataset.id, plan=None, evaluation=None, refusal="plan-mismatch")
+        try:  # checks that need the model but not the data: fail before TOUCH
+            preflight(job.algorithm, self._build_model(job, dataset), job.spec)
+        except ValueError:
+            log.exception("job spec does not fit its model", extra={"job_id": job_id})
+            return _Prepared(dataset_id=dataset.id, plan=plan, evaluation=evaluation, refusal="invalid-for-model")
+        return _Prepared(dataset_id=dataset.id, plan=plan, evaluation=evaluation, refusal=None)
 
     def claim(self, job_id: str) -> Claimed | None:
-        """queued → running (attempt + 1) and, on the first attempt, TOUCH — one transaction."""
-        dataset_id = self._dataset_id(job_id)
-        if dataset_id is None:
+        """queued → running (attempt + 1) and, on the first attempt, TOUCH — one short transaction."""
+        prepared = self._prepare(job_id)
+        if prepared is None:
             log.warning("unknown job", extra={"job_id": job_id})
             return None
         with self.db.write_transaction() as tx:
-            budget = ledger.lock_budget(tx, dataset_id)
+            budget = ledger.lock_budget(tx, prepared.dataset_id)
             claimed = tx.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.cancel_requested.is_(False))
@@ -137,25 +169,16 @@ class JobRunner:
                 log.info("job not claimable (duplicate or late message)", extra={"job_id": job_id})
                 return None
             job = tx.get(Job, job_id, populate_existing=True)
-            dataset = tx.get(Dataset, dataset_id)
+            dataset = tx.get(Dataset, prepared.dataset_id)
             assert job is not None and dataset is not None
-            try:
-                plan, evaluation = replan(job, dataset)
-            except Exception:
-                log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
-                settle_failed_job(tx, budget, job, error_code="plan-mismatch", actor=self.actor)
-                return None
-            try:  # checks that need the model but not the data: fail before TOUCH
-                preflight(job.algorithm, self._build_model(job, dataset), job.spec)
-            except ValueError:
-                log.exception("job spec does not fit its model", extra={"job_id": job_id})
-                settle_failed_job(tx, budget, job, error_code="invalid-for-model", actor=self.actor)
+            if prepared.refusal is not None or prepared.plan is None:
+                settle_failed_job(tx, budget, job, error_code=prepared.refusal or "plan-mismatch", actor=self.actor)
                 return None
             if job.touched_at is None:
                 ledger.touch(tx, budget, job=job, actor=self.actor)
                 job.touched_at = utcnow()
             add_job_event(tx, job.id, "started", {"attempt": job.attempt, "steps_planned": job.steps_planned})
-        return Claimed(job=job, dataset=dataset, plan=plan, evaluation=evaluation)
+        return Claimed(job=job, dataset=dataset, plan=prepared.plan, evaluation=prepared.evaluation)
 
     # ------------------------------------------------------------------ run
 
@@ -186,12 +209,20 @@ class JobRunner:
                 outcome.model_path.unlink(missing_ok=True)
 
     def _load_data(self, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows as the model sees them: labels mapped to the dataset's public class list (by
+        name, exactly as at upload) and the owner's declared preparation applied (columns dropped,
+        one-hot encoded, scaled and clipped to declared bounds: a public map of each row, no privacy cost)."""
+        limits = IngestLimits.from_settings(self.settings)
+        public = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
+                                   class_names=dataset.class_names, declared=dataset.classes_declared)
         parsed = parse_dataset(
             self.blobs.path(dataset.blob_key),
             fmt=dataset.format,
             label_column=dataset.label_column,
             task=dataset.task,
-            limits=IngestLimits.from_settings(self.settings),
+            limits=limits,
+            classes=public.names if public is not None else None,
+            preparation=preparation_from_json(dataset.preparation, limits=limits),
         )
         return torch.from_numpy(parsed.X), torch.from_numpy(parsed.y)
 
@@ -274,6 +305,8 @@ class JobRunner:
 
     def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:
         job, dataset = claimed.job, claimed.dataset
+        classes = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
+                                    class_names=dataset.class_names, declared=dataset.classes_declared)
         self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".safetensors")
         os.close(fd)
@@ -290,6 +323,9 @@ class JobRunner:
                 "job_id": job.id,
                 "dataset_id": dataset.id,
                 "feature_names": dataset.feature_names,
+                # Output i is classes[i]; the features were prepared as declared before training.
+                "classes": list(classes.names) if classes is not None else None,
+                "preparation": dataset.preparation,
             },
         )
         return path
@@ -367,10 +403,12 @@ class JobRunner:
             if owned is None:
                 return "stale"
             budget, job = owned
-            before = ledger.budget_summary(budget)
+
+            committed_before = list(budget.committed)
             job.steps_run = steps_run
             entry = ledger.commit(tx, budget, job=job, actual_event=actual, actor=self.actor, reason="succeeded")
             tx.flush()
+            before = budget_without_job(budget, committed_before=committed_before, commit_entry=entry)
             report = build_report(
                 job=job,
                 dataset=claimed.dataset,

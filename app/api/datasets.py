@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import unicodedata
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -13,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select, text
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
@@ -24,10 +25,13 @@ from privtrain.directed_rounding import format_remaining
 from app.ingest import (
     DatasetValidationError,
     IngestLimits,
+    Preparation,
     dataset_facts,
     parse_class_list,
     parse_dataset,
+    parse_preparation,
 )
+from app.ledger_explanations import explain_entries, jobs_of
 from app.models import Dataset, LedgerEntry, PrivacyBudget, Tenant
 from app.pagination import cursor_id, cursor_seq, cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
@@ -40,7 +44,8 @@ from app.schemas.datasets import (
     LedgerEntryOut,
     LedgerPage,
 )
-from app.storage import UploadTooLarge
+from app.storage import PendingBlob, UploadTooLarge
+from app.upload_pace import UploadPace, UploadTooSlow, receive_paced
 from app.upload_slots import UploadSlotDep
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=ReleasingRoute)
@@ -61,7 +66,11 @@ OWNER_LINKS = ("ledger", "grants")
 """Links only the owner can follow; an analyst's view does not advertise them."""
 
 
-def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner") -> DatasetOut:
+def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner", listing: bool = False) -> DatasetOut:
+    """One dataset as its caller may see it. A ``listing`` item leaves out the two per-dataset
+    lists that grow with the data (feature names: up to 100,000 × 256 characters; the class
+    list: up to 1,000 names), so a page of 200 stays a few hundred KB however wide the
+    datasets are; ``GET /v1/datasets/{id}`` has them."""
     links = {
         "self": f"/v1/datasets/{dataset.id}",
         "budget": f"/v1/datasets/{dataset.id}/budget",
@@ -71,8 +80,8 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
     owner = role == "owner"
     if not owner:
         links = {name: href for name, href in links.items() if name not in OWNER_LINKS}
-    classes = public_class_list(
-        task=dataset.task, n_classes=dataset.n_classes, class_names=dataset.class_names,
+    classes = public_class_list(  # a listing does not load the names (deferred): only the source is used
+        task=dataset.task, n_classes=dataset.n_classes, class_names=None if listing else dataset.class_names,
         declared=dataset.classes_declared,
     )
     return DatasetOut(
@@ -87,10 +96,11 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         n_features=dataset.n_features,
         task=dataset.task,
         n_classes=dataset.n_classes,
-        classes=list(classes.names) if classes else None,
+        classes=list(classes.names) if classes and not listing else None,
         classes_source=classes.source if classes else None,  # type: ignore[arg-type]
         label_column=dataset.label_column,
-        feature_names=dataset.feature_names,
+        preparation=None if listing else dataset.preparation,  # declared, public; bounded, yet left out of listings
+        feature_names=None if listing else dataset.feature_names,
         budget={"epsilon": budget.epsilon, "delta": budget.delta},
         created_at=dataset.created_at,
         links=links,
@@ -100,13 +110,15 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
 
 def _upload_hash(
     *, sha256: str, name: str, fmt: str, epsilon: float, delta: float, label_column: str | None,
-    task: str | None, classes: tuple[str, ...] | None,
+    task: str | None, classes: tuple[str, ...] | None, preparation: Preparation | None = None,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
     request: dict[str, object] = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon,
                                   "delta": delta, "label_column": label_column, "task": task}
     if classes is not None:  # absent from digests made before class lists existed
         request["classes"] = list(classes)
+    if preparation is not None:  # absent from digests made before preparations existed
+        request["preparation"] = preparation.to_json()
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -176,9 +188,13 @@ def _inferred_task_notice(task: str) -> str:
     )
 
 
-def _observed_classes_notice(n_classes: int) -> str:
+def _observed_classes_notice(names: tuple[str, ...]) -> str:
+    n_classes = len(names)
+    found = (f"the {n_classes} labels found (0 to {n_classes - 1})"
+             if names == tuple(str(i) for i in range(n_classes)) else
+             f"the {n_classes} distinct labels found, sorted (a label's class is its position in the list),")
     return (
-        f"no class list was declared, so the {n_classes} labels found (0 to {n_classes - 1}) became "
+        f"no class list was declared, so {found} became "
         "this dataset's public class list: everyone who may read the dataset sees it. Declare the "
         "list at upload (classes=name0,name1,...) to make it independent of the rows."
     )
@@ -225,11 +241,26 @@ async def upload_dataset(
     epsilon: Annotated[float, Query(gt=0, le=100, allow_inf_nan=False)],
     delta: Annotated[float, Query(ge=1e-30, lt=1, allow_inf_nan=False, description="δ of the budget, in [1e-30, 1) (app.privacy.ranges.DELTA_MIN)")],
     label_column: Annotated[str | None, Query(max_length=200)] = None,
-    task: Annotated[Literal["classification", "regression"] | None, Query()] = None,
+    task: Annotated[Literal["classification", "regression"] | None, Query(
+        description="inferred only when the labels leave no doubt (text: classification; fractions: "
+        "regression; whole numbers 0..K-1: classification); whole numbers not starting at 0 (1, 2) "
+        "are refused as ambiguous unless task= or classes= is given",
+    )] = None,
     classes: Annotated[str | None, Query(
         max_length=120_000,
-        description="the public class list, comma-separated (label i is the i-th name). Declared, "
-        "it is independent of the rows; when omitted, the labels found become the public list.",
+        description="the public class list, comma-separated; declaring it means task=classification. "
+        "Labels are matched by name (benign, or 2 with classes=1,2: never shifted); when no name is a "
+        "number a label may also be an index 0..K-1. Declared, it is independent of the rows; when "
+        "omitted, the labels found become the public list.",
+    )] = None,
+    preparation: Annotated[str | None, Query(
+        description='the data preparation, a JSON object declared public: {"drop": ["patient_id"], '
+        '"one_hot": {"sex": ["female", "male"]}, "scale": {"age": {"bounds": [0, 120]}, '
+        '"*": {"center": 0, "scale": 10}}}. Dropped columns are never parsed or used; a one-hot column becomes '
+        "one 0/1 feature per declared category (any other value is refused); bounds clip and "
+        "min-max scale to [0, 1] (or \"range\": [-1, 1]); center/scale standardise. The worker "
+        "applies it when it loads the rows. \"labels\": \"indices\" makes labels indices into a declared "
+        "class list whose names are numbers. At most 16,000 characters (\"*\" scales every feature).",
     )] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> DatasetOut | JSONResponse:
@@ -244,6 +275,7 @@ async def upload_dataset(
     limits = IngestLimits.from_settings(settings)
     try:
         class_list = parse_class_list(classes, max_classes=limits.max_classes)
+        declared_preparation = parse_preparation(preparation, limits=limits)
     except DatasetValidationError as exc:
         raise Problem(
             status=422, slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason}
@@ -257,19 +289,68 @@ async def upload_dataset(
         )
     pending = services.blobs.begin(max_bytes=settings.max_upload_bytes)
     try:
-        try:
-            async for chunk in request.stream():
-                pending.write(chunk)
-        except UploadTooLarge as exc:
-            raise Problem(
-                status=413,
-                slug="payload-too-large",
-                detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
-            ) from exc
+        await receive_paced(request.stream(), pending.write, pace=UploadPace.from_settings(settings))
+    except UploadTooLarge as exc:
+        pending.discard()
+        raise Problem(
+            status=413,
+            slug="payload-too-large",
+            detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
+        ) from exc
+    except UploadTooSlow as exc:
+        pending.discard()
+        raise _too_slow_problem(exc, UploadPace.from_settings(settings)) from None
+    except BaseException:
+        pending.discard()
+        raise
+    # Everything after the body (hashing, parsing, the registration transaction) is blocking
+    # work: it runs in a worker thread, so a registration waiting on the database lock never
+    # stalls the event loop (and with it every other request).
+    return await run_in_threadpool(
+        _register_upload, services=services, tenant=tenant, pending=pending, limits=limits,
+        upload=UploadRequest(name=name, fmt=format, epsilon=epsilon, delta=delta, label_column=label_column,
+                             task=task, class_list=class_list, idempotency_key=idempotency_key,
+                             preparation=declared_preparation),
+    )
+
+
+def _too_slow_problem(exc: UploadTooSlow, pace: UploadPace) -> Problem:
+    why = (f"nothing arrived for {pace.idle_timeout_s:g} s" if exc.reason == "idle" else
+           f"the body arrived slower than {pace.min_rate_bytes_per_s:g} bytes/s on average")
+    return Problem(
+        status=408, slug="upload-too-slow",
+        detail=f"upload refused after {exc.received} bytes in {exc.elapsed_s:.1f} s: {why}; nothing was stored",
+        extra={"reason": exc.reason}, headers={"Connection": "close"},
+    )
+
+
+@dataclass(frozen=True)
+class UploadRequest:
+    """What an upload asked for, besides its body."""
+
+    name: str
+    fmt: str
+    epsilon: float
+    delta: float
+    label_column: str | None
+    task: str | None
+    class_list: tuple[str, ...] | None
+    idempotency_key: str | None
+    preparation: Preparation | None = None
+
+
+def _register_upload(
+    *, services: Services, tenant: Tenant, pending: PendingBlob, limits: IngestLimits, upload: UploadRequest,
+) -> DatasetOut | JSONResponse:
+    """Validate a received body and register it with its budget (blocking: runs in a thread)."""
+    name, format, epsilon, delta = upload.name, upload.fmt, upload.epsilon, upload.delta
+    label_column, task, class_list, idempotency_key = (
+        upload.label_column, upload.task, upload.class_list, upload.idempotency_key)
+    try:
         sha256 = pending.finish()
         request_digest = _upload_hash(
             sha256=sha256, name=name, fmt=format, epsilon=epsilon, delta=delta,
-            label_column=label_column, task=task, classes=class_list,
+            label_column=label_column, task=task, classes=class_list, preparation=upload.preparation,
         )
         if idempotency_key:
             replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
@@ -278,9 +359,9 @@ async def upload_dataset(
                 return replay
         _refuse_known_content(services, tenant, sha256)
         try:
-            parsed = await run_in_threadpool(
-                parse_dataset, pending.path, fmt=format, label_column=label_column, task=task,
-                limits=limits, classes=class_list,
+            parsed = parse_dataset(
+                pending.path, fmt=format, label_column=label_column, task=task, limits=limits, classes=class_list,
+                preparation=upload.preparation,
             )
         except DatasetValidationError as exc:
             raise Problem(
@@ -288,6 +369,7 @@ async def upload_dataset(
             ) from exc
         facts = dataset_facts(parsed)
         feature_names = list(parsed.feature_names) if parsed.feature_names else None
+        public_classes = parsed.classes
         del parsed
         if delta >= 1.0 / facts["n_rows"]:
             raise Problem(
@@ -299,8 +381,9 @@ async def upload_dataset(
     except BaseException:
         pending.discard()
         raise
-    n_classes = len(class_list) if class_list is not None else facts["n_classes"]
-    notices = [] if class_list is not None or n_classes is None else [_observed_classes_notice(n_classes)]
+    class_names = public_classes.names if public_classes is not None else None
+    n_classes = len(class_names) if class_names is not None else None
+    notices = [] if class_list is not None or class_names is None else [_observed_classes_notice(class_names)]
     if task is None and class_list is None:
         notices.insert(0, _inferred_task_notice(str(facts["task"])))
     registered = False
@@ -327,9 +410,9 @@ async def upload_dataset(
                     n_features=int(facts["n_features"]),
                     task=str(facts["task"]),
                     n_classes=n_classes,
-                    class_names=list(class_list) if class_list is not None else (
-                        [str(i) for i in range(n_classes)] if n_classes is not None else None),
+                    class_names=list(class_names) if class_names is not None else None,
                     classes_declared=class_list is not None,
+                    preparation=upload.preparation.to_json() if upload.preparation is not None else None,
                     feature_names=feature_names,
                     idempotency_key=idempotency_key,
                     request_hash=request_digest if idempotency_key else None,
@@ -370,8 +453,15 @@ def list_datasets(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
 ) -> DatasetList:
-    """The datasets the caller owns or holds an unrevoked grant on, each with its ``role``."""
-    query = select(Dataset, PrivacyBudget).join(PrivacyBudget).where(visible_datasets(tenant))
+    """The datasets the caller owns or holds an accepted, unrevoked grant on, each with its
+    ``role``. Items are bounded summaries: no feature names, no class list (see ``dataset_out``)."""
+
+    query = (
+        select(Dataset, PrivacyBudget)
+        .join(PrivacyBudget)
+        .where(visible_datasets(tenant))
+        .options(defer(Dataset.feature_names), defer(Dataset.class_names), defer(Dataset.preparation))  # megabytes on wide datasets
+    )
     if cursor:
         created_at, last_id = decode_cursor(cursor, fields=(cursor_time, cursor_id))
         query = query.where(
@@ -384,7 +474,8 @@ def list_datasets(
         query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)
     ).all()
     items = [
-        dataset_out(d, b, role="owner" if d.tenant_id == tenant.id else "analyst") for d, b in rows[:limit]
+        dataset_out(d, b, role="owner" if d.tenant_id == tenant.id else "analyst", listing=True)
+        for d, b in rows[:limit]
     ]
     next_cursor = None
     if len(rows) > limit:
@@ -457,6 +548,9 @@ def get_ledger(
             .limit(limit + 1)
         )
     )
+
+    page = entries[:limit]
+    explanations = explain_entries(page, jobs=jobs_of(session, page), dataset_delta=budget.delta)
     items = [
         LedgerEntryOut(
             seq=e.seq,
@@ -465,6 +559,7 @@ def get_ledger(
             event=e.event,
             curve=e.curve,
             epsilon=ledger.curve_epsilon(e.curve, budget.delta) if e.curve else None,
+            explanation=explanation,
             orders_version=e.orders_version,
             accountant=e.accountant,
             accountant_version=e.accountant_version,
@@ -474,7 +569,7 @@ def get_ledger(
             prev_hash=e.prev_hash,
             hash=e.hash,
         )
-        for e in entries[:limit]
+        for e, explanation in zip(page, explanations, strict=True)
     ]
     next_cursor = encode_cursor([entries[limit - 1].seq]) if len(entries) > limit else None
     return LedgerPage(items=items, next_cursor=next_cursor)

@@ -22,8 +22,9 @@ MIN_FREE_DISK_BYTES = 256 * 1024 * 1024
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """Liveness: no I/O, so a slow database never gets the process restarted."""
+async def healthz() -> dict[str, str]:
+    """Liveness: no I/O, so a slow database never gets the process restarted; answered on the
+    event loop, so a thread pool busy with slow requests does not make the process look dead."""
     return {"status": "ok"}
 
 

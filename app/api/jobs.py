@@ -6,22 +6,33 @@ import json
 import logging
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from sqlalchemy import func, select, update
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.exc import IntegrityError
 
 from app import ledger, privacy
 from app.api.routing import ReleasingRoute
-from app.api.event_stream import EVENT_STREAM_MEDIA_TYPE, StreamTiming, job_event_stream, wants_event_stream
+from app.api.event_stream import (
+    EVENT_STREAM_MEDIA_TYPE,
+    EventStreamResponse,
+    event_stream_response,
+    reserve_stream_slot,
+    resume_point,
+    wants_event_stream,
+)
+from app.api.stream_access import api_reader, bearer_key_digest
+from app.api.planning_slots import PlanningSlotDep
+from app.api.stream_slots import StreamSlot
 from app.access import dataset_for, job_for, relation_to, visible_jobs
 from app.api.deps import ServicesDep, SessionDep, TenantDep
-from app.job_planning import JobPlan, largest_admissible_epsilon, plan_job, request_hash
+from app.job_cancel import JobNotCancellable, cancel_job
+from app.job_planning import JobPlan, job_choices, plan_job, request_hash
 from app.job_settlement import mark_dispatched
 from app.job_views import add_job_event, event_out, job_out
 from app.model_catalogue import ModelSizeLimits
-from app.models import Job, JobEvent, PrivacyBudget, Tenant, utcnow
+from app.models import Job, JobEvent, PrivacyBudget, Tenant
 from app.pagination import cursor_id, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.reporting.redaction import report_for_viewer
@@ -46,8 +57,9 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
     return plan, budget
 
 
-def _estimate(plan: JobPlan, budget: PrivacyBudget) -> PrivacyEstimate:
+def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> PrivacyEstimate:
     witness = ledger.check_admissible(budget, plan.curve)
+    choices = job_choices(plan, budget, max_steps=max_steps)
     return PrivacyEstimate(
         noise_multiplier=plan.noise_multiplier,
         sampling_probability=plan.plan.sampling_probability,
@@ -61,7 +73,12 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget) -> PrivacyEstimate:
         admissible=witness is not None,
         witness_order=privacy.ORDERS[witness] if witness is not None else None,
         budget_remaining_epsilon=ledger.remaining_epsilon(budget),
-        largest_admissible_epsilon=largest_admissible_epsilon(plan, budget),
+        budget_remaining_after_epsilon=choices.remaining_after_epsilon,
+        largest_admissible_epsilon=choices.largest_admissible_epsilon,
+        smallest_admissible_noise_multiplier=choices.smallest_admissible_noise_multiplier,
+        smallest_admissible_noise_multiplier_reason=choices.smallest_admissible_noise_multiplier_reason,
+        largest_admissible_steps=choices.largest_admissible_steps,
+        largest_admissible_steps_reason=choices.largest_admissible_steps_reason,
         evaluation_epsilon=(
             privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta)
             if plan.evaluation
@@ -71,10 +88,14 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget) -> PrivacyEstimate:
 
 
 @router.post("/estimate", response_model=PrivacyEstimate)
-def estimate(spec: JobCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> PrivacyEstimate:
-    """Dry run: the noise, steps and ε the job would be charged, and whether it fits now."""
+def estimate(
+    _planning: PlanningSlotDep, spec: JobCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep,
+) -> PrivacyEstimate:
+    """Dry run: the noise, steps and ε the job would be charged, whether it fits now, what would
+    remain, and the nearest choices that fit (most steps at this σ, least σ at these steps).
+    Capped per key and per process (429 ``too-many-computations``): pricing is CPU-bound."""
     plan, budget = _plan(services, session, tenant, spec)
-    return _estimate(plan, budget)
+    return _estimate(plan, budget, max_steps=services.settings.max_steps)
 
 
 def _replay(session: SessionDep, tenant: Tenant, key: str, rhash: str) -> Job | None:
@@ -113,6 +134,7 @@ def _check_active_job_cap(tx: Session, tenant_id: str, cap: int) -> None:
 
 @router.post("", status_code=202, response_model=JobOut)
 def submit(
+    _planning: PlanningSlotDep,
     spec: JobCreate,
     services: ServicesDep,
     session: SessionDep,
@@ -234,37 +256,14 @@ def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
 def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> JobOut:
     """Cancel: a queued job is released at once; a running one stops at its next check."""
+
     job = job_for(session, tenant, job_id, need="cancel")
     session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
-        budget = ledger.lock_budget(tx, job.dataset_id)
-        result = tx.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status == "queued")
-            .values(status="cancelled", cancel_requested=True, finished_at=utcnow())
-        )
-        fresh = tx.get(Job, job.id, populate_existing=True)
-        assert fresh is not None
-        if result.rowcount == 1 and fresh.touched_at is None:
-            ledger.release(tx, budget, job=fresh, actor=f"tenant:{tenant.id}", reason="cancelled before start")
-            add_job_event(tx, fresh.id, "cancelled", {"steps_run": 0})
-        elif result.rowcount == 1:
-            # Requeued after a lost worker: the data was opened and the lost attempt's steps are
-            # not known exactly, so the whole reservation is committed, as for a crash.
-            ledger.commit(
-                tx, budget, job=fresh, actual_event=fresh.event, actor=f"tenant:{tenant.id}",
-                reason="cancelled after a lost attempt",
-            )
-            add_job_event(tx, fresh.id, "cancelled", {"steps_run": fresh.steps_run})
-        elif fresh.status == "running":
-            fresh.cancel_requested = True
-            add_job_event(tx, fresh.id, "cancel-requested", {})
-        else:
-            raise Problem(
-                status=409,
-                slug="job-not-cancellable",
-                detail=f"the job is already {fresh.status}",
-            )
+        try:
+            fresh = cancel_job(tx, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}")
+        except JobNotCancellable as ended:
+            raise Problem(status=409, slug="job-not-cancellable", detail=str(ended)) from None
         out = job_out(fresh)
     return out
 
@@ -278,6 +277,8 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
 )
 def events(
     job_id: str,
+    request: Request,
+    reserved: Annotated[StreamSlot | None, Depends(reserve_stream_slot)],
     session: SessionDep,
     tenant: TenantDep,
     services: ServicesDep,
@@ -285,35 +286,27 @@ def events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     accept: Annotated[str | None, Header()] = None,
     last_event_id: Annotated[str | None, Header()] = None,
-) -> list[JobEventOut] | StreamingResponse:
-    """The job's events in order: a JSON page, or (Accept: text/event-stream) a live SSE stream."""
+) -> list[JobEventOut] | EventStreamResponse:
+    """The job's events in order (``seq`` = 1, 2, 3 … within the job): a JSON page, or (Accept:
+    text/event-stream) a live SSE stream, capped per API key (429 ``too-many-streams``) and ended
+    at the first poll after the key or its tenant loses access to the job."""
     job = job_for(session, tenant, job_id, need="read")
     if wants_event_stream(accept):
-        resume_after = max(after, _last_event_id(last_event_id))
         session.close()  # the stream polls with its own short sessions
-        settings = services.settings
-        timing = StreamTiming(poll_interval_s=settings.sse_poll_interval_s,
-                              keepalive_s=settings.sse_keepalive_s,
-                              max_stream_s=settings.sse_max_stream_s)
-        return StreamingResponse(
-            job_event_stream(db=services.db, job_id=job.id, after=resume_after, timing=timing),
-            media_type=EVENT_STREAM_MEDIA_TYPE,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        principal = bearer_key_digest(request)
+        assert principal is not None  # TenantDep authenticated a Bearer key
+        return event_stream_response(
+            app=request.app, services=services, principal=principal, job_id=job.id,
+            after=resume_point(after, last_event_id),
+            still_allowed=api_reader(key_digest=principal, job_id=job.id), reserved=reserved,
         )
     rows = session.scalars(
         select(JobEvent)
-        .where(JobEvent.job_id == job.id, JobEvent.seq > after)
+        .where(JobEvent.job_id == job.id, JobEvent.seq > resume_point(after, None))  # clamped: 2**70 overflowed
         .order_by(JobEvent.seq)
         .limit(limit)
     )
     return [event_out(e) for e in rows]
-
-
-def _last_event_id(header: str | None) -> int:
-    """Last-Event-ID as a sequence number; anything else (absent, garbage) means from the start."""
-    if header is None or not header.strip().isdigit():
-        return 0
-    return min(int(header.strip()), 2**62)
 
 
 def _artifact_ready(job: Job, blob: str | None) -> str:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import codecs
 import csv
+import json
 import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from app.ingest.columns import ColumnPlan, plan_columns
 from app.ingest.errors import DatasetValidationError
 from app.ingest.limits import IngestLimits
 from app.ingest.numeric import first_non_finite
-from app.ingest.registry import RawDataset, RowPositions, register_reader
+from app.ingest.preparation import Preparation
+from app.ingest.registry import RawDataset, RawLabels, RowPositions, TextLabels, register_reader
 
 _BOM = codecs.BOM_UTF8
 _FIELD_LIMIT_MESSAGE = "field larger than field limit"
@@ -73,8 +77,11 @@ def _line_budget(n_fields: int, limits: IngestLimits) -> int:
 
 
 @register_reader("csv")
-def read_csv(path: Path, *, label_column: str | None, limits: IngestLimits) -> RawDataset:
-    """Parse a CSV upload; every field, the label included, must be a finite number."""
+def read_csv(
+    path: Path, *, label_column: str | None, limits: IngestLimits, preparation: Preparation | None
+) -> RawDataset:
+    """Parse a CSV upload. Feature fields must be finite numbers unless the owner declared their
+    column dropped (never read) or one-hot encoded; labels may be numbers or text."""
     if label_column is None:
         raise DatasetValidationError(
             "missing-label-column", "a CSV dataset needs label_column; none was given"
@@ -84,26 +91,24 @@ def read_csv(path: Path, *, label_column: str | None, limits: IngestLimits) -> R
         reader = csv.reader(lines, strict=True)
         try:
             header = _read_header(reader, label_column=label_column, limits=limits)
+            plan = plan_columns(header, label_column=label_column, preparation=preparation, limits=limits)
             lines.max_line_bytes = _line_budget(len(header), limits)
-            values, line_numbers = _read_body(reader, lines=lines, header=header, limits=limits)
+            body = _read_body(reader, lines=lines, header=header, plan=plan, limits=limits)
         except csv.Error as exc:
             raise _structure_error(exc, line=lines.line_number) from None
 
-    table = np.frombuffer(values, dtype=np.float64).reshape(len(line_numbers), len(header))
-    label_index = header.index(label_column)
-    feature_names = header[:label_index] + header[label_index + 1 :]
-    rows = RowPositions(line_numbers=np.frombuffer(line_numbers, dtype=np.int64).copy())
-    X = _features_float32(table, label_index=label_index)
+    rows = RowPositions(line_numbers=np.frombuffer(body.line_numbers, dtype=np.int64).copy())
+    X = body.features(plan)
     bad = first_non_finite(X)
     if bad is not None:
         row, column = bad
         raise DatasetValidationError(
             "non-finite",
-            f"{rows.describe(row)}, column {feature_names[column]!r}: the number is too large "
+            f"{rows.describe(row)}, column {plan.feature_names[column]!r}: the number is too large "
             "for float32",
         )
     return RawDataset(
-        X=X, labels=table[:, label_index].copy(), feature_names=feature_names, rows=rows
+        X=X, labels=body.labels(), feature_names=plan.feature_names, rows=rows, scaling=plan.scaling
     )
 
 
@@ -120,6 +125,13 @@ def _read_header(
             "too-many-columns",
             f"the header has {len(header)} columns; at most {limits.max_features} feature "
             "columns plus the label column are allowed",
+        )
+    header_chars = sum(map(len, header))
+    if header_chars > limits.max_header_chars:
+        raise DatasetValidationError(
+            "header-too-long",
+            f"the header's names have {header_chars} characters together; at most "
+            f"{limits.max_header_chars} are allowed (shorter column names fit more columns)",
         )
     positions: dict[str, int] = {}
     for position, name in enumerate(header, start=1):
@@ -147,16 +159,101 @@ def _read_header(
     return tuple(header)
 
 
+_LABEL_CACHE_PER_CLASS = 8
+"""Raw label fields remembered per possible class (spacing variants of one name each count)."""
+
+
+class _Body:
+    """What the data rows hold, in flat typed buffers (8 bytes a value, not a Python object each)."""
+
+    def __init__(self, *, max_classes: int, label_column: str) -> None:
+        self.numbers: array[float] = array("d")
+        """The numeric feature fields, row after row."""
+        self.categories: array[int] = array("q")
+        """Each one-hot field's category offset, row after row."""
+        self.label_numbers: array[float] = array("d")
+        """Each label as a number; NaN where it is text."""
+        self.label_codes: array[int] | None = array("q")
+        self.label_texts: dict[str, int] = {}
+        """Distinct label texts (trimmed), kept while a class list could hold them (max_classes)."""
+        self.line_numbers: array[int] = array("q")
+        self._max_classes = max_classes
+        self._label_column = label_column
+        self._seen: dict[str, tuple[float, int]] = {}
+        """Raw label field → (number, code): a class label is parsed once, not once per row."""
+
+    def add_label(self, field: str, *, line: int) -> None:
+        seen = self._seen.get(field)
+        if seen is None:
+            seen = self._first_sight(field, line=line)
+        number, code = seen
+        self.label_numbers.append(number)
+        if self.label_codes is not None:
+            self.label_codes.append(code)
+
+    def _first_sight(self, field: str, *, line: int) -> tuple[float, int]:
+        number = _label_number(field, column=self._label_column, line=line)
+        if self.label_codes is None:
+            return number, -1
+        text = field.strip()
+        code = self.label_texts.get(text)
+        if code is None:
+            if len(self.label_texts) > self._max_classes:  # more than any class list: numbers only
+                self.label_codes, self.label_texts, self._seen = None, {}, {}
+                return number, -1
+            code = self.label_texts[text] = len(self.label_texts)
+        if len(self._seen) < _LABEL_CACHE_PER_CLASS * (self._max_classes + 1):
+            self._seen[field] = (number, code)
+        return number, code
+
+    def labels(self) -> RawLabels:
+        codes = self.label_codes
+        return RawLabels(
+            numbers=np.frombuffer(self.label_numbers, dtype=np.float64).copy(),
+            texts=TextLabels(
+                codes=np.frombuffer(codes, dtype=np.int64).copy() if codes is not None else None,
+                distinct=tuple(self.label_texts),
+            ),
+        )
+
+    def features(self, plan: ColumnPlan) -> np.ndarray:
+        """The float32 feature matrix: numbers where the plan puts them, one-hot groups as 0/1."""
+        n_rows = len(self.line_numbers)
+        X = np.zeros((n_rows, plan.n_features), dtype=np.float32)
+        numbers = np.frombuffer(self.numbers, dtype=np.float64).reshape(n_rows, len(plan.numeric_positions))
+        with np.errstate(over="ignore"):
+            X[:, plan.numeric_features] = numbers
+        categories = np.frombuffer(self.categories, dtype=np.int64).reshape(n_rows, len(plan.one_hot))
+        every_row = np.arange(n_rows)
+        for group, column in enumerate(plan.one_hot):
+            X[every_row, column.first_feature + categories[:, group]] = 1.0
+        return X
+
+
+def _fields_at(positions: tuple[int, ...]) -> Callable[[list[str]], Sequence[str]]:
+    """The fields at ``positions`` of a row, as fast as itemgetter allows."""
+    if len(positions) >= 2:
+        return itemgetter(*positions)
+    if positions:
+        (only,) = positions
+        return lambda row: (row[only],)
+    return lambda row: ()
+
+
 def _read_body(
     reader: Iterator[list[str]],
     *,
     lines: _Utf8Lines,
     header: tuple[str, ...],
+    plan: ColumnPlan,
     limits: IngestLimits,
-) -> tuple[array[float], array[int]]:
-    """All data rows as one flat float64 buffer (8 bytes a value, not a Python float each)."""
-    values: array[float] = array("d")
-    line_numbers: array[int] = array("q")
+) -> _Body:
+    """Every data row into typed buffers. The loop is the hot path (a million rows): checks that
+    pass cost one expression each, and the error wording lives in helpers called on failure."""
+    body = _Body(max_classes=limits.max_classes, label_column=header[plan.label_position])
+    numeric_fields = _fields_at(plan.numeric_positions)
+    n_fields, max_chars, label_position = len(header), limits.max_field_chars, plan.label_position
+    isfinite = math.isfinite
     blank_line: int | None = None
     last_line = lines.line_number
     for row in reader:
@@ -171,48 +268,96 @@ def _read_body(
                 "ragged-row",
                 f"line {blank_line} is blank: 0 fields where the header has {len(header)}",
             )
-        if len(line_numbers) == limits.max_rows:
+        if len(body.line_numbers) == limits.max_rows:
             raise DatasetValidationError(
                 "too-many-rows",
                 f"line {line}: the file has more than {limits.max_rows} data rows",
             )
-        values.extend(_parse_row(row, header=header, line=line, limits=limits))
-        line_numbers.append(line)
-    if not line_numbers:
+        if len(row) != n_fields or max(map(len, row)) > max_chars:
+            raise _shape_error(row, header=header, line=line, limits=limits)
+        fields = numeric_fields(row)
+        try:
+            parsed = list(map(float, fields))
+        except ValueError:
+            parsed = None  # the error message quotes the field, so it must not become a cause
+        if parsed is None or not all(map(isfinite, parsed)):
+            raise _number_error(fields, plan=plan, header=header, line=line)
+        body.numbers.extend(parsed)
+        if plan.one_hot:
+            body.categories.extend(_categories(row, plan=plan, line=line))
+        body.add_label(row[label_position], line=line)
+        body.line_numbers.append(line)
+    if not body.line_numbers:
         raise DatasetValidationError("empty-dataset", "the header is followed by no data rows")
-    return values, line_numbers
+    return body
 
 
-def _parse_row(
-    row: list[str], *, header: tuple[str, ...], line: int, limits: IngestLimits
-) -> list[float]:
+def _shape_error(row: list[str], *, header: tuple[str, ...], line: int, limits: IngestLimits) -> DatasetValidationError:
     if len(row) != len(header):
-        raise DatasetValidationError(
+        return DatasetValidationError(
             "ragged-row", f"line {line} has {len(row)} fields where the header has {len(header)}"
         )
-    if max(map(len, row)) > limits.max_field_chars:
-        column = next(i for i, field in enumerate(row) if len(field) > limits.max_field_chars)
-        raise DatasetValidationError(
-            "field-too-long",
-            f"line {line}, column {header[column]!r}: the field is longer than "
-            f"{limits.max_field_chars} characters",
-        )
+    column = next(i for i, field in enumerate(row) if len(field) > limits.max_field_chars)
+    return DatasetValidationError(
+        "field-too-long",
+        f"line {line}, column {header[column]!r}: the field is longer than "
+        f"{limits.max_field_chars} characters",
+    )
+
+
+def _number_error(
+    fields: Sequence[str], *, plan: ColumnPlan, header: tuple[str, ...], line: int
+) -> DatasetValidationError:
+    """The first field that is not a number, else the first that is not finite."""
+    for position, field in zip(plan.numeric_positions, fields, strict=True):
+        if not _is_number(field):
+            return DatasetValidationError("non-numeric", _non_numeric_detail(header[position], line=line))
+    position = next(p for p, field in zip(plan.numeric_positions, fields, strict=True)
+                    if not math.isfinite(float(field)))
+    return DatasetValidationError(
+        "non-finite",
+        f"line {line}, column {header[position]!r}: NaN and infinite values are not allowed",
+    )
+
+
+def _non_numeric_detail(column: str, *, line: int) -> str:
+    """Names the column and the owner's choices; the field itself (private) is never quoted."""
+    name = json.dumps(column)
+    return (
+        f"line {line}, column {column!r}: the field is not a number. Declare at upload what to do "
+        f'with a text column, in preparation=: leave it out with {{"drop": [{name}]}}, or encode it '
+        f'one-hot over categories you declare public with {{"one_hot": {{{name}: ["category 1", '
+        '"category 2"]}}. Naming a column that identifies a person as the privacy unit (one person, '
+        "several rows) is planned but not yet available."
+    )
+
+
+def _categories(row: list[str], *, plan: ColumnPlan, line: int) -> list[int]:
+    codes: list[int] = []
+    for column in plan.one_hot:
+        code = column.categories.get(row[column.position].strip())
+        if code is None:
+            raise DatasetValidationError(
+                "unknown-category",
+                f"line {line}, column {column.name!r}: the field is not one of the "
+                f"{len(column.categories)} categories declared for it in preparation.one_hot "
+                "(compared as text, after trimming spaces)",
+            )
+        codes.append(code)
+    return codes
+
+
+def _label_number(field: str, *, column: str, line: int) -> float:
+    """The label as a number, or NaN when it is text (a class name); non-finite numbers are refused."""
     try:
-        parsed = list(map(float, row))
+        number = float(field)
     except ValueError:
-        parsed = None  # the error message quotes the field, so it must not become a cause
-    if parsed is None:
-        column = next(i for i, field in enumerate(row) if not _is_number(field))
+        return math.nan
+    if not math.isfinite(number):
         raise DatasetValidationError(
-            "non-numeric", f"line {line}, column {header[column]!r}: the field is not a number"
+            "non-finite", f"line {line}, column {column!r}: NaN and infinite values are not allowed"
         )
-    if not all(map(math.isfinite, parsed)):
-        column = next(i for i, value in enumerate(parsed) if not math.isfinite(value))
-        raise DatasetValidationError(
-            "non-finite",
-            f"line {line}, column {header[column]!r}: NaN and infinite values are not allowed",
-        )
-    return parsed
+    return number
 
 
 def _is_number(field: str) -> bool:
@@ -221,16 +366,6 @@ def _is_number(field: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _features_float32(table: np.ndarray, *, label_index: int) -> np.ndarray:
-    """Copy every column but the label into float32 without a float64 intermediate."""
-    n_rows, n_columns = table.shape
-    X = np.empty((n_rows, n_columns - 1), dtype=np.float32)
-    with np.errstate(over="ignore"):
-        X[:, :label_index] = table[:, :label_index]
-        X[:, label_index:] = table[:, label_index + 1 :]
-    return X
 
 
 def _structure_error(exc: csv.Error, *, line: int) -> DatasetValidationError:

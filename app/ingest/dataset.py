@@ -12,6 +12,15 @@ Task = Literal["classification", "regression"]
 TASKS: tuple[Task, ...] = get_args(Task)
 
 
+@dataclass(frozen=True)
+class ClassList:
+    """A classification dataset's class list: label index i is ``names[i]``."""
+
+    names: tuple[str, ...]
+    declared: bool
+    """True when the owner declared it at upload; False when it was taken from the labels found."""
+
+
 @dataclass(frozen=True, eq=False)
 class ParsedDataset:
     """A dataset that passed every check; consumers need not re-validate it.
@@ -26,11 +35,14 @@ class ParsedDataset:
     """int64 class indices for classification, float32 targets for regression; shape (n,)."""
     task: Task
     n_classes: int | None
-    """Largest label + 1 for classification; None for regression."""
+    """The class list's length for classification; None for regression."""
     feature_shape: tuple[int, ...]
     """X.shape[1:]."""
     feature_names: tuple[str, ...] | None
-    """CSV header minus the label column, in file order; None for NPZ."""
+    """The features' names in order (the CSV header minus the label and dropped columns, one-hot
+    columns expanded as ``column=category``); None for NPZ."""
+    classes: ClassList | None = None
+    """The class list the labels were mapped to; None for regression."""
 
 
 class IngestFacts(TypedDict):

@@ -15,6 +15,7 @@ Reason = Literal[
     "bad-encoding",
     "too-many-rows",
     "too-many-columns",
+    "header-too-long",
     "empty-dataset",
     "invalid-npz",
     "missing-array",
@@ -25,6 +26,9 @@ Reason = Literal[
     "malformed-csv",
     "bad-class-list",
     "label-not-in-classes",
+    "ambiguous-task",
+    "bad-preparation",
+    "unknown-category",
 ]
 
 REASONS: tuple[Reason, ...] = get_args(Reason)

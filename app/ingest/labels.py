@@ -1,15 +1,23 @@
-"""Turns validated label values into a task, its label array and the number of classes."""
+"""Turns the label column into a task, its label array and (for classification) the class list.
+
+The task is the owner's to state (``task=``, or ``classes=`` which means classification). It is
+inferred only when the labels leave no doubt: text labels are classes, fractional numbers are
+targets, whole numbers 0..K-1 are class indices. Whole numbers that do not start at 0 (1 and 2;
+25 to 346) could be either, and such an upload is refused until the owner says which.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.ingest.dataset import TASKS, Task
+from app.ingest.classes import classes_from_indices, classes_from_numbers, classes_from_texts, map_to_declared
+from app.ingest.dataset import TASKS, ClassList, Task
 from app.ingest.errors import DatasetValidationError
 from app.ingest.numeric import as_float32, first_non_finite, first_true
-from app.ingest.registry import RowPositions
+from app.ingest.registry import RawLabels, RowPositions
 
 
 @dataclass(frozen=True, eq=False)
@@ -18,7 +26,11 @@ class Labels:
 
     y: np.ndarray = field(repr=False)
     task: Task
-    n_classes: int | None
+    classes: ClassList | None
+
+    @property
+    def n_classes(self) -> int | None:
+        return len(self.classes.names) if self.classes is not None else None
 
 
 def check_task(task: str | None) -> Task | None:
@@ -34,58 +46,91 @@ def check_task(task: str | None) -> Task | None:
     )
 
 
-def infer_task(labels: np.ndarray, *, max_classes: int) -> Task:
-    """Classification iff the labels look like class indices: whole numbers 0..K-1, K >= 2.
+AMBIGUOUS_TASK = (
+    "the labels are whole numbers that do not start at 0, so they could be class labels (like 1 and "
+    "2) or numeric targets (like counts or scores). Say which at upload: task=classification (the "
+    "distinct values become the class list, each label matched by its value; or declare the list "
+    "with classes=, e.g. classes=1,2) or task=regression"
+)
 
-    Requiring the smallest label to be 0 keeps integer-valued targets (counts, scores, prices in
+
+def infer_task(labels: RawLabels, *, max_classes: int) -> Task:
+    """The task when the labels leave no doubt; refuses ``ambiguous-task`` otherwise.
+
+    Requiring class indices to start at 0 keeps integer-valued targets (counts, scores, prices in
     whole units; sklearn's diabetes target, 25..346) from being taken for hundreds of classes.
     """
-    if labels.size == 0 or not bool(np.all(labels == np.floor(labels))):
-        return "regression"
-    smallest, largest = float(labels.min()), float(labels.max())
-    if smallest == 0 and 0 < largest < max_classes:
+    if labels.first_text() is not None:
         return "classification"
-    return "regression"
+    numbers = labels.numbers
+    if not bool(np.all(numbers == np.floor(numbers))):
+        return "regression"
+    if float(numbers.min()) == 0:
+        return "classification" if 0 < float(numbers.max()) < max_classes else "regression"
+    if np.unique(numbers).size > max_classes:  # too many values to be classes
+        return "regression"
+    raise DatasetValidationError("ambiguous-task", AMBIGUOUS_TASK)
 
 
 def resolve_labels(
-    labels: np.ndarray, *, task: Task | None, max_classes: int, rows: RowPositions
+    labels: RawLabels,
+    *,
+    task: Task | None,
+    classes: tuple[str, ...] | None,
+    max_classes: int,
+    rows: RowPositions,
+    labels_are_indices: bool = False,
 ) -> Labels:
-    """Apply the requested (or, when None, inferred) task's rules to finite float64 labels."""
+    """Apply the declared list, or the requested (or, when None, inferred) task's rules."""
+    if classes is not None:
+        y = map_to_declared(labels, classes, rows=rows, by_index=labels_are_indices)
+        if y.min() == y.max():
+            raise DatasetValidationError(
+                "bad-labels", f"all {y.size} labels are the same class; classification needs at least 2"
+            )
+        return Labels(y=y, task="classification", classes=ClassList(names=classes, declared=True))
     resolved = task or infer_task(labels, max_classes=max_classes)
-    if resolved == "classification":
-        return _classification(labels, max_classes=max_classes, rows=rows)
-    return _regression(labels, rows=rows)
+    return _BY_TASK[resolved](labels, max_classes=max_classes, rows=rows)
 
 
-def _classification(labels: np.ndarray, *, max_classes: int, rows: RowPositions) -> Labels:
-    checks = (
-        (labels != np.floor(labels), "classification labels must be whole numbers"),
-        (labels < 0, "classification labels must not be negative"),
-        (labels >= max_classes, f"classification labels must be below {max_classes}"),
-    )
-    for mask, rule in checks:
-        row = first_true(mask)
+def _classification(labels: RawLabels, *, max_classes: int, rows: RowPositions) -> Labels:
+    if labels.first_text() is not None:
+        y, names = classes_from_texts(labels, max_classes=max_classes, rows=rows)
+    else:
+        numbers = labels.numbers
+        row = first_true(numbers != np.floor(numbers))
         if row is not None:
-            raise DatasetValidationError("bad-labels", f"the label at {rows.describe(row)}: {rule}")
-    y = labels.astype(np.int64)
-    if y.min() == y.max():
+            raise DatasetValidationError(
+                "bad-labels",
+                f"the label at {rows.describe(row)}: classification labels must be whole numbers or text",
+            )
+        from_labels = classes_from_indices if float(numbers.min()) == 0 else classes_from_numbers
+        y, names = from_labels(numbers, max_classes=max_classes, rows=rows)
+    return Labels(y=y, task="classification", classes=ClassList(names=names, declared=False))
+
+
+def _regression(labels: RawLabels, *, max_classes: int, rows: RowPositions) -> Labels:
+    del max_classes  # a regression has no classes
+    text = labels.first_text()
+    if text is not None:
         raise DatasetValidationError(
             "bad-labels",
-            f"all {y.size} labels are the same class; classification needs at least 2",
+            f"the label at {rows.describe(text)} is not a number; task=regression needs numeric labels",
         )
-    return Labels(y=y, task="classification", n_classes=int(y.max()) + 1)
-
-
-def _regression(labels: np.ndarray, *, rows: RowPositions) -> Labels:
-    if labels.size < 2:
+    if labels.numbers.size < 2:
         raise DatasetValidationError(
-            "bad-labels", f"regression needs at least 2 rows; the dataset has {labels.size}"
+            "bad-labels", f"regression needs at least 2 rows; the dataset has {labels.numbers.size}"
         )
-    y = as_float32(labels)
+    y = as_float32(labels.numbers)
     bad = first_non_finite(y)
     if bad is not None:
         raise DatasetValidationError(
             "non-finite", f"the label at {rows.describe(bad[0])} is too large for float32"
         )
-    return Labels(y=y, task="regression", n_classes=None)
+    return Labels(y=y, task="regression", classes=None)
+
+
+_BY_TASK: dict[Task, Callable[..., Labels]] = {
+    "classification": _classification,
+    "regression": _regression,
+}

@@ -22,6 +22,10 @@ class IngestLimits:
     """Product of the feature shape (CSV: columns minus the label column)."""
     max_field_chars: int = 256
     """Characters in one CSV field, header names included."""
+    max_header_chars: int = 2_000_000
+    """Characters in all the CSV header's names together. The feature names are stored with the
+    dataset and returned in its full view, so this bounds that view at a few MB: 100,000 columns
+    of 20 characters fit, 100,000 of 256 (25.6 million characters) do not."""
     max_decompressed_bytes: int = 1024**3
     """Sum of the NPZ members' uncompressed sizes. Parsing holds the arrays and their float32
     copy, about twice this, so 1 GiB keeps a few concurrent uploads well inside a 24 GiB machine

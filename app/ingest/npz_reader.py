@@ -20,10 +20,12 @@ from typing import IO
 
 import numpy as np
 
+from app.ingest.columns import ScalingGroup
 from app.ingest.errors import DatasetValidationError
 from app.ingest.limits import IngestLimits
 from app.ingest.numeric import as_float32, first_non_finite
-from app.ingest.registry import RawDataset, RowPositions, register_reader
+from app.ingest.preparation import SCALE_ALL, Preparation, check_preparation_for_format
+from app.ingest.registry import RawDataset, RawLabels, RowPositions, register_reader
 
 _FEATURES = "X.npy"
 _LABELS = "y.npy"
@@ -57,8 +59,15 @@ class _NpyHeader:
 
 
 @register_reader("npz")
-def read_npz(path: Path, *, label_column: str | None, limits: IngestLimits) -> RawDataset:
-    """Parse an NPZ upload; ``label_column`` is ignored because ``y`` is the label by definition."""
+def read_npz(
+    path: Path, *, label_column: str | None, limits: IngestLimits, preparation: Preparation | None
+) -> RawDataset:
+    """Parse an NPZ upload; ``label_column`` is ignored because ``y`` is the label by definition.
+
+    Its features have no names, so of a declared preparation only ``scale["*"]`` applies.
+    """
+    check_preparation_for_format(preparation, has_column_names=False)
+    everything = preparation.scale.get(SCALE_ALL) if preparation is not None else None
     allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
     with _open_zip(path) as archive:
         features_info, labels_info = _inspect_members(archive, allowance=allowance)
@@ -69,9 +78,10 @@ def read_npz(path: Path, *, label_column: str | None, limits: IngestLimits) -> R
         labels = _load(archive, labels_header, allowance=allowance)
     return RawDataset(
         X=_features_float32(features),
-        labels=_labels_float64(labels),
+        labels=RawLabels(numbers=_labels_float64(labels)),
         feature_names=None,
         rows=RowPositions(),
+        scaling=(ScalingGroup(features=None, scaling=everything),) if everything is not None else (),
     )
 
 

@@ -1,4 +1,4 @@
-"""The entry point: one call from an uploaded file to a validated dataset."""
+"""The entry point: one call from an uploaded file to a validated, prepared dataset."""
 
 from __future__ import annotations
 
@@ -6,32 +6,43 @@ from pathlib import Path
 
 # Imported for their side effect: each registers its reader.
 from app.ingest import csv_reader, npz_reader  # noqa: F401
-from app.ingest.classes import check_labels_in_classes, task_for_class_list
+from app.ingest.classes import task_for_class_list
 from app.ingest.dataset import ParsedDataset
+from app.ingest.errors import DatasetValidationError
 from app.ingest.labels import check_task, resolve_labels
 from app.ingest.limits import IngestLimits
-from app.ingest.registry import get_reader, supported_formats
+from app.ingest.numeric import first_non_finite
+from app.ingest.preparation import Preparation
+from app.ingest.registry import RawDataset, get_reader, supported_formats
+from app.ingest.scaling import apply_scaling
 
 SUPPORTED_FORMATS: tuple[str, ...] = supported_formats()
 
 
 def parse_dataset(
     path: Path, *, fmt: str, label_column: str | None, task: str | None, limits: IngestLimits,
-    classes: tuple[str, ...] | None = None,
+    classes: tuple[str, ...] | None = None, preparation: Preparation | None = None,
 ) -> ParsedDataset:
-    """Read and validate an upload, or raise DatasetValidationError naming what is wrong and where.
+    """Read, validate and prepare an upload, or raise DatasetValidationError naming what is wrong
+    and where.
 
     Format and task are checked before the file is opened, so a bad request costs no I/O. With a
-    declared class list (``classes``) the task is classification and every label must index it.
+    declared class list (``classes``) the task is classification and labels are matched to it by
+    name. The declared ``preparation`` is applied: dropped columns are never read, one-hot columns
+    are expanded, and the features come back scaled as declared, ready to train on.
     """
     reader = get_reader(fmt)
     requested = check_task(task_for_class_list(task, classes))
-    raw = reader(path, label_column=label_column, limits=limits)
+    if preparation is not None and preparation.labels_are_indices and classes is None:
+        raise DatasetValidationError(
+            "bad-preparation", 'preparation: "labels": "indices" needs a declared class list (classes=)'
+        )
+    raw = reader(path, label_column=label_column, limits=limits, preparation=preparation)
     labels = resolve_labels(
-        raw.labels, task=requested, max_classes=limits.max_classes, rows=raw.rows
+        raw.labels, task=requested, classes=classes, max_classes=limits.max_classes, rows=raw.rows,
+        labels_are_indices=preparation is not None and preparation.labels_are_indices,
     )
-    if classes is not None:
-        check_labels_in_classes(labels.y, classes, rows=raw.rows)
+    _scale(raw)
     return ParsedDataset(
         X=raw.X,
         y=labels.y,
@@ -39,4 +50,22 @@ def parse_dataset(
         n_classes=labels.n_classes,
         feature_shape=tuple(int(size) for size in raw.X.shape[1:]),
         feature_names=raw.feature_names,
+        classes=labels.classes,
+    )
+
+
+def _scale(raw: RawDataset) -> None:
+    """Apply the declared scaling; a standardised value beyond float32 is refused, naming the cell."""
+    if not raw.scaling:
+        return
+    apply_scaling(raw.X, raw.scaling)
+    bad = first_non_finite(raw.X)
+    if bad is None:
+        return
+    row, *cell = bad
+    column = f"column {raw.feature_names[cell[0]]!r}" if raw.feature_names is not None else f"feature {tuple(cell)}"
+    raise DatasetValidationError(
+        "non-finite",
+        f"{raw.rows.describe(row)}, {column}: the scaled value is too large for float32; check the "
+        "center and scale declared for it",
     )

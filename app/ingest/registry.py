@@ -9,8 +9,10 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from app.ingest.columns import ScalingGroup
 from app.ingest.errors import DatasetValidationError
 from app.ingest.limits import IngestLimits
+from app.ingest.preparation import Preparation
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,20 +29,50 @@ class RowPositions:
 
 
 @dataclass(frozen=True, eq=False)
+class TextLabels:
+    """The label column's texts, for files whose labels may be words ("benign", "malignant")."""
+
+    codes: np.ndarray | None = field(repr=False)
+    """int64 (n,): each row's label as a position in ``distinct``; None when the column holds
+    more distinct texts than a class list may have (then they can only be numbers)."""
+    distinct: tuple[str, ...] = field(repr=False)
+    """The distinct label texts (trimmed), in the order first found."""
+
+
+@dataclass(frozen=True, eq=False)
+class RawLabels:
+    """The label column as read, before a task gives it a meaning."""
+
+    numbers: np.ndarray = field(repr=False)
+    """float64 (n,): each label as a number; NaN where the label is text, not a number
+    (labels that are numbers are always finite: readers refuse the others)."""
+    texts: TextLabels | None = None
+    """None for array formats, whose labels are always numbers."""
+
+    def first_text(self) -> int | None:
+        """The first row whose label is not a number, or None when every label is one."""
+        text = np.isnan(self.numbers)
+        return int(np.argmax(text)) if text.any() else None
+
+
+@dataclass(frozen=True, eq=False)
 class RawDataset:
     """A reader's output: features are checked, the labels not yet interpreted as a task."""
 
     X: np.ndarray = field(repr=False)
-    """float32, finite, shape (n, *feature_shape)."""
-    labels: np.ndarray = field(repr=False)
-    """float64, finite, shape (n,)."""
+    """float32, finite, shape (n, *feature_shape); dropped and one-hot columns already applied,
+    the declared scaling not yet."""
+    labels: RawLabels
     feature_names: tuple[str, ...] | None
     rows: RowPositions
+    scaling: tuple[ScalingGroup, ...] = ()
+    """The declared scaling of the features, for the caller to apply."""
 
 
 class Reader(Protocol):
     def __call__(
-        self, path: Path, *, label_column: str | None, limits: IngestLimits
+        self, path: Path, *, label_column: str | None, limits: IngestLimits,
+        preparation: Preparation | None,
     ) -> RawDataset: ...
 
 

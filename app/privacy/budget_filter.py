@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
-from app.privacy.conversion import conversion_terms, per_order_delta
+from app.privacy.conversion import conversion_terms, per_order_log_delta
 from app.privacy.curves import validate_curve
 from app.privacy.orders import ORDERS
 from app.privacy.rounding import round_up
@@ -55,11 +55,11 @@ def remaining_epsilon(*, used: Sequence[float], capacity: Sequence[float], delta
     """
     used_values = validate_curve(used, name="used")
     capacity_values = validate_curve(capacity, name="capacity")
-    order_delta = per_order_delta(delta)
+    log_order_delta = per_order_log_delta(delta)
     rho_remaining = max((cap - u) / order for cap, u, order in zip(capacity_values, used_values, ORDERS, strict=True))
     if not rho_remaining > 0.0:
         return 0.0
-    epsilon = min(order * rho_remaining + sum(conversion_terms(order, order_delta)) for order in ORDERS)
+    epsilon = min(order * rho_remaining + sum(conversion_terms(order, log_order_delta)) for order in ORDERS)
     backoff = _REMAINING_RELATIVE_BACKOFF * abs(epsilon) + _REMAINING_CAPACITY_BACKOFF * max(capacity_values)
     epsilon -= backoff
     if not math.isfinite(epsilon) or epsilon <= 0.0:

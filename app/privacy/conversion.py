@@ -9,24 +9,32 @@ minimised over the orders of the grid. The ledger splits its delta evenly over t
 (union bound over the per-order filters), so the ledger's epsilon is the conversion at
 delta / |ORDERS|, and the capacity at order a is that same formula solved for r. Epsilons are
 rounded up, capacities down (privacy.md §4).
+
+Everything works with log delta, never with a product or quotient of delta: rows stored before
+new budgets were held to DELTA_MIN may carry a subnormal delta (5e-324), whose delta / |ORDERS|
+underflows to 0. log of a subnormal is exact enough (and finite), so every function here is
+total on 0 < delta < 1 and the tiny delta just costs a larger, still finite, epsilon.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 from app.privacy.curves import validate_curve
 from app.privacy.errors import PrivacyEventError
 from app.privacy.orders import ORDERS, Curve
-from app.privacy.ranges import DELTA_MIN
 from app.privacy.rounding import round_down_sum, round_up_sum
 
 
 def validate_delta(delta: float) -> float:
-    """delta must be in [DELTA_MIN, 1): smaller ones underflow in delta / |ORDERS| and log(delta)."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not DELTA_MIN <= float(delta) < 1.0:
-        raise PrivacyEventError(f"delta must be in [{DELTA_MIN:g}, 1), got {delta!r}")
+    """The math's domain, 0 < delta < 1, subnormals included: stored rows may hold any such delta.
+
+    New inputs are held to the narrower app.privacy.ranges.DELTA_MIN at the API edge.
+    """
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
+        raise PrivacyEventError(f"delta must be in (0, 1), got {delta!r}")
     return float(delta)
 
 
@@ -40,42 +48,54 @@ def validate_epsilon(epsilon: float) -> float:
     return value
 
 
-def per_order_delta(delta: float) -> float:
-    """The delta each order's filter gets: delta / |ORDERS| (union bound)."""
-    return validate_delta(delta) / len(ORDERS)
+def per_order_log_delta(delta: float) -> float:
+    """log of the delta each order's filter gets, delta / |ORDERS| (union bound), without underflow.
 
-
-def conversion_terms(order: float, delta: float) -> tuple[float, float]:
-    """The two delta-dependent terms added to r at order a: eps(a) = r + t0 + t1."""
-    return math.log1p(-1.0 / order), -(math.log(delta) + math.log(order)) / (order - 1.0)
-
-
-def epsilon_from_rdp(curve: Sequence[float], delta: float) -> tuple[float, float]:
-    """(epsilon, best order) of an RDP curve at ``delta``; epsilon rounded up, clamped at 0."""
-    values = validate_curve(curve, name="RDP curve", allow_inf=True)
+    The quotient is formed while it is a normal float, so the ledger's numbers for every delta it
+    ever accepted stay bit-identical; below that the logs are subtracted (delta / 20 would round,
+    even to 0, and a rounded-up delta would understate epsilon).
+    """
     delta = validate_delta(delta)
+    share = delta / len(ORDERS)
+    if share >= sys.float_info.min:
+        return math.log(share)
+    return math.log(delta) - math.log(len(ORDERS))
+
+
+def conversion_terms(order: float, log_delta: float) -> tuple[float, float]:
+    """The two delta-dependent terms added to r at order a: eps(a) = r + t0 + t1 (given log delta)."""
+    return math.log1p(-1.0 / order), -(log_delta + math.log(order)) / (order - 1.0)
+
+
+def _epsilon_at_log_delta(curve: Sequence[float], log_delta: float) -> tuple[float, float]:
+    values = validate_curve(curve, name="RDP curve", allow_inf=True)
     best_epsilon = math.inf
     best_order = ORDERS[0]
     for order, rdp in zip(ORDERS, values, strict=True):
         if math.isinf(rdp):
             continue
-        candidate = round_up_sum((rdp, *conversion_terms(order, delta)))
+        candidate = round_up_sum((rdp, *conversion_terms(order, log_delta)))
         if candidate < best_epsilon:
             best_epsilon, best_order = candidate, order
     return max(0.0, best_epsilon), best_order
 
 
+def epsilon_from_rdp(curve: Sequence[float], delta: float) -> tuple[float, float]:
+    """(epsilon, best order) of an RDP curve at ``delta``; epsilon rounded up, clamped at 0."""
+    return _epsilon_at_log_delta(curve, math.log(validate_delta(delta)))
+
+
 def ledger_epsilon(curve: Sequence[float], delta: float) -> float:
     """The epsilon the ledger reports for a curve: the conversion at delta / |ORDERS|."""
-    return epsilon_from_rdp(curve, per_order_delta(delta))[0]
+    return _epsilon_at_log_delta(curve, per_order_log_delta(delta))[0]
 
 
 def capacity_curve(epsilon: float, delta: float) -> Curve:
     """C(a): the largest RDP at order a that converts to (epsilon, delta/|ORDERS|); rounded down, >= 0."""
     epsilon = validate_epsilon(epsilon)
-    order_delta = per_order_delta(delta)
+    log_order_delta = per_order_log_delta(delta)
     capacity: list[float] = []
     for order in ORDERS:
-        t0, t1 = conversion_terms(order, order_delta)
+        t0, t1 = conversion_terms(order, log_order_delta)
         capacity.append(max(0.0, round_down_sum((epsilon, -t0, -t1))))
     return tuple(capacity)

@@ -35,6 +35,7 @@ from app.privacy.events import (
     PureDPEvent,
     iter_leaves,
 )
+from app.privacy.ranges import DELTA_MIN
 from app.privacy.rounding import round_up
 
 EPS_ERROR: Final[float] = 0.01
@@ -95,8 +96,13 @@ def _pure_dp(event: PureDPEvent) -> PrivacyRandomVariable:
 
 @lru_cache(maxsize=512)
 def prv_epsilon(event: PrivacyEvent, delta: float) -> float | None:
-    """prv-accountant's upper bound on epsilon of this one event at ``delta``, or None."""
+    """prv-accountant's upper bound on epsilon of this one event at ``delta``, or None.
+
+    None below DELTA_MIN (only rows stored before it was enforced): its delta_error would be
+    subnormal or 0, where the accountant's numerics are not trustworthy."""
     delta = validate_delta(delta)
+    if delta < DELTA_MIN:
+        return None
     counts: dict[PrivacyEvent, int] = {}
     for leaf in iter_leaves(event):
         if type(leaf) not in _FACTORIES:

@@ -16,7 +16,9 @@ NOISE_MULTIPLIER_MAX: Final[float] = 1e5
 wider ([1e-4, 1e6]) but never lands below 1e-3 for a target ε ≤ 100."""
 
 DELTA_MIN: Final[float] = 1e-30
-"""Smallest δ: δ/|ORDERS| and log δ stay normal floats (5e-324 made every ledger page fail)."""
+"""Smallest δ a new budget or job may ask for: below it prv-accountant's δ error underflows and
+no ε means anything. The ledger math itself works in log δ and stays total on 0 < δ < 1, so rows
+stored before this bound was enforced (δ = 5e-324) still get finite, conservative numbers."""
 
 
 def range_text(low: float, high: float, *, high_open: bool = False) -> str:

@@ -55,6 +55,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import gammaln, log_ndtr
 
 from app.privacy.conversion import epsilon_from_rdp, ledger_epsilon, validate_delta
+from app.privacy.errors import PrivacyEventError
 from app.privacy.events import (
     ComposedEvent,
     ExponentialMechanismEvent,
@@ -67,6 +68,7 @@ from app.privacy.events import (
     iter_leaves,
 )
 from app.privacy.prv import prv_epsilon
+from app.privacy.ranges import DELTA_MIN
 from app.privacy.rdp import rdp_curve
 from app.privacy.rounding import round_up, round_up_sum
 
@@ -124,7 +126,7 @@ def single_job_epsilon(
     delta = validate_delta(delta)
     leaves = _aggregate(iter_leaves(event))
     candidates, exact = _closed_forms(event, leaves, delta, zcdp_is_gaussian=zcdp_is_gaussian)
-    if numeric and _numeric_applies(leaves, candidates, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
+    if numeric and _numeric_applies(leaves, candidates, delta, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
         dominating = _dominating_event(leaves)
         if not _attempt(candidates, "prv", _PRV_LABEL, lambda: prv_epsilon(dominating, delta)):
             _attempt(candidates, "pld", _PLD_LABEL, lambda: pld_epsilon(dominating, delta))
@@ -152,13 +154,14 @@ def _closed_forms(
 
 
 def _numeric_applies(
-    leaves: tuple[PrivacyEvent, ...], candidates: list[SingleJobEpsilon], *, exact: bool,
+    leaves: tuple[PrivacyEvent, ...], candidates: list[SingleJobEpsilon], delta: float, *, exact: bool,
     zcdp_is_gaussian: bool,
 ) -> bool:
     """prv/PLD can only improve on the closed forms for inexact, non-empty events whose cheap
-    bound is small enough for their grids (NUMERIC_MAX_EPSILON) and whose leaves they model."""
+    bound is small enough for their grids (NUMERIC_MAX_EPSILON) and whose leaves they model, at a
+    delta inside the validated range (a stored sub-DELTA_MIN delta gets the closed forms only)."""
     cheap_bound = min(c.epsilon for c in candidates)
-    return (not exact and bool(leaves) and cheap_bound <= NUMERIC_MAX_EPSILON
+    return (not exact and bool(leaves) and cheap_bound <= NUMERIC_MAX_EPSILON and delta >= DELTA_MIN
             and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian))
 
 
@@ -181,7 +184,7 @@ def capped_single_job_epsilon(
     leaves = _aggregate(iter_leaves(event))
     candidates, exact = _closed_forms(event, leaves, delta, zcdp_is_gaussian=zcdp_is_gaussian)
     closed = min(candidates, key=lambda c: c.epsilon)
-    if not _numeric_applies(leaves, candidates, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
+    if not _numeric_applies(leaves, candidates, delta, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
         return closed  # nothing for a child process to improve on
     limit = NUMERIC_TIMEOUT_S if timeout_s is None else timeout_s
     try:
@@ -390,7 +393,8 @@ def gaussian_dp_epsilon(*, mu: float, delta: float) -> float:
     if not (math.isfinite(mu) and mu > 0.0):
         raise ValueError(f"μ must be finite and >= 0, got {mu!r}")
     # δ_μ(ε) ≤ Φ(−ε/μ + μ/2) ≤ δ once ε ≥ μ²/2 + μ·sqrt(2 log(1/δ)): a valid upper end.
-    upper = mu * mu / 2.0 + mu * math.sqrt(2.0 * math.log(1.0 / delta)) + 1.0
+    # −log δ, not log(1/δ): 1/δ overflows to inf for a subnormal δ.
+    upper = mu * mu / 2.0 + mu * math.sqrt(-2.0 * math.log(delta)) + 1.0
     return _smallest_epsilon(lambda eps: gaussian_dp_log_delta(mu=mu, epsilon=eps), delta=delta, upper=upper)
 
 
@@ -440,6 +444,8 @@ def pld_epsilon(event: PrivacyEvent, delta: float) -> float:
     from dp_accounting.pld import common, privacy_loss_distribution as pld_module
 
     delta = validate_delta(delta)
+    if delta < DELTA_MIN:
+        raise PrivacyEventError(f"no PLD bound below delta = {DELTA_MIN:g}")  # skipped, like a failure
     leaves = _aggregate(iter_leaves(event))
     if not leaves:
         return 0.0

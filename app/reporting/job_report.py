@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.ledger_explanations import jobs_of
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.reporting.html_report import render_report_html
 from app.reporting.redaction import report_for_viewer
@@ -53,7 +54,8 @@ def report_html_for_job(
         .order_by(LedgerEntry.seq)
     ))
     opening_epsilon, opening_delta = opening_budget(session, budget)
-    history = ledger_history(entries, opening_epsilon=opening_epsilon, opening_delta=opening_delta)
+    history = ledger_history(entries, opening_epsilon=opening_epsilon, opening_delta=opening_delta,
+                             jobs=jobs_of(session, entries))
     steps: StepSeries | None = None
     unavailable: str | None = None
     try:

@@ -9,14 +9,15 @@ with no COMMIT/RELEASE yet; ADJUST changes the budget (ε_G, δ_G) from its entr
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import ledger, privacy
-from app.models import LedgerEntry, PrivacyBudget
+from app.ledger_explanations import explain_entry
+from app.models import Job, LedgerEntry, PrivacyBudget
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class LedgerPoint:
     total_epsilon: float
     budget_epsilon: float
     budget_delta: float
+    explanation: str = ""
+    """What the entry did, in words (app.ledger_explanations): a RELEASE gives budget back."""
 
 
 def opening_budget(session: Session, budget: PrivacyBudget) -> tuple[float, float]:
@@ -51,10 +54,13 @@ def opening_budget(session: Session, budget: PrivacyBudget) -> tuple[float, floa
 
 
 def ledger_history(
-    entries: Iterable[LedgerEntry], *, opening_epsilon: float, opening_delta: float
+    entries: Iterable[LedgerEntry], *, opening_epsilon: float, opening_delta: float,
+    jobs: Mapping[str, Job] | None = None,
 ) -> list[LedgerPoint]:
     """One point per entry, in seq order; ε of curves at the δ_G in force at that entry.
-    ``entries`` must start at seq 1 (a prefix of the ledger)."""
+    ``entries`` must start at seq 1 (a prefix of the ledger). ``jobs`` (rows by id, see
+    :func:`app.ledger_explanations.jobs_of`) lets explanations name steps run and how jobs ended."""
+    jobs = jobs or {}
     ordered = sorted(entries, key=lambda e: e.seq)
     budget_epsilon, budget_delta = opening_epsilon, opening_delta
     committed: tuple[float, ...] = tuple(ledger.zero_curve())
@@ -88,6 +94,11 @@ def ledger_history(
                 total_epsilon=ledger.curve_epsilon(total, budget_delta),
                 budget_epsilon=budget_epsilon,
                 budget_delta=budget_delta,
+                explanation=explain_entry(
+                    kind=entry.kind, job_id=entry.job_id, curve=entry.curve, details=entry.details or {},
+                    job=jobs.get(entry.job_id) if entry.job_id else None,
+                    dataset_delta=budget_delta,
+                ),
             )
         )
     return points

@@ -80,7 +80,7 @@ def epsilon_vs_steps_svg(
     def draw(figure: Figure) -> None:
         axes = figure.add_subplot()
         axes.plot(steps, epsilon, color=_COLOURS["line"], label="ledger ε, first k steps")
-        axes.plot([final_steps], [final_ledger], "o", color=_COLOURS["mark"], label="charged ε (ledger)")
+        axes.plot([final_steps], [final_ledger], "o", color=_COLOURS["mark"], label="committed ε (ledger)")
         if final_prv is not None:
             axes.plot([final_steps], [final_prv], "s", color=_COLOURS["committed"], mfc="white",
                       label="PRV bound (this job)")
@@ -117,7 +117,7 @@ def ledger_timeline_svg(
     """Cumulative ε of committed and of committed + reserved entries over time, and the budget."""
 
     def draw(figure: Figure) -> None:
-        from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+        from matplotlib.dates import AutoDateLocator, DateFormatter
 
         axes = figure.add_subplot()
         axes.step(times, budget, where="post", color=_COLOURS["budget"], linestyle="--", label="budget ε_G")
@@ -126,9 +126,13 @@ def ledger_timeline_svg(
         if marker_index is not None and 0 <= marker_index < len(times):
             axes.plot([times[marker_index]], [committed[marker_index]], "o", color=_COLOURS["mark"],
                       label="this job's COMMIT")
-        locator = AutoDateLocator()
-        axes.xaxis.set_major_locator(locator)
-        axes.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        axes.xaxis.set_major_locator(AutoDateLocator(maxticks=6))
+        # Whole readable times, never bare seconds with an offset: a day or less shows clock
+        # times, a longer span month-day and time.
+        span = (max(times) - min(times)) if times else dt.timedelta(0)
+        axes.xaxis.set_major_formatter(DateFormatter("%H:%M:%S" if span <= dt.timedelta(days=1) else "%m-%d %H:%M",
+                                                     tz=dt.UTC))
+        axes.set_xlabel("time (UTC)")
         axes.set_ylabel("ε at the budget's δ")
         axes.set_ylim(bottom=0)
         figure.legend(loc="outside lower center", ncols=4, frameon=False, fontsize=8)

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.privacy.ranges import DELTA_MIN
 from app.schemas.types import UtcDateTime
 
 
@@ -15,7 +16,7 @@ class BudgetIncrease(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     epsilon: float = Field(gt=0, le=100)
-    delta: float | None = Field(default=None, gt=0, lt=1, description="defaults to the current δ")
+    delta: float | None = Field(default=None, ge=DELTA_MIN, lt=1, description="defaults to the current δ")
     reason: str = Field(default="", max_length=500)
 
 
@@ -43,7 +44,8 @@ class DatasetOut(BaseModel):
     n_classes: int | None
     classes: list[str] | None = Field(
         default=None,
-        description="the public class list (label i is classes[i]); null for regression",
+        description="the public class list (label i is classes[i]); null for regression, and null "
+        "in GET /v1/datasets items (a list can be long: read it from GET /v1/datasets/{id})",
     )
     classes_source: Literal["declared", "observed"] | None = Field(
         default=None,
@@ -51,7 +53,17 @@ class DatasetOut(BaseModel):
         "labels found in the upload, and became public when the dataset was registered",
     )
     label_column: str | None
-    feature_names: list[str] | None
+    preparation: dict[str, Any] | None = Field(
+        default=None,
+        description="the data preparation the owner declared at upload (drop, one_hot, scale), "
+        "applied by the worker when it loads the rows; public, because it does not depend on the "
+        "rows. null when none was declared, and null in GET /v1/datasets items (read it from "
+        "GET /v1/datasets/{id})",
+    )
+    feature_names: list[str] | None = Field(
+        description="the CSV header's feature columns; null for NPZ, and null in GET /v1/datasets "
+        "items (a wide dataset's names run to megabytes: read them from GET /v1/datasets/{id})",
+    )
     budget: BudgetOut
     created_at: UtcDateTime
     links: dict[str, str]
@@ -97,7 +109,11 @@ class LedgerEntryOut(BaseModel):
     job_id: str | None
     event: dict[str, Any] | None
     curve: list[float] | None
-    epsilon: float | None
+    epsilon: float | None = Field(description="ε of the entry's curve at the dataset's δ_G")
+    explanation: str = Field(
+        description="what the entry did to the budget, in words; ε in it is at the job's δ "
+        "(a RELEASE returns budget: it is never a charge)"
+    )
     orders_version: str
     accountant: str
     accountant_version: str
@@ -111,27 +127,3 @@ class LedgerEntryOut(BaseModel):
 class LedgerPage(BaseModel):
     items: list[LedgerEntryOut]
     next_cursor: str | None
-
-
-class GrantCreate(BaseModel):
-    """The owner grants another tenant (by name) the analyst role on the dataset."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: str = Field(min_length=1, max_length=200, description="the analyst tenant's name")
-
-
-class GrantOut(BaseModel):
-    """One grant; revoked grants stay listed (audit trail) with ``revoked_at`` set."""
-
-    dataset_id: str
-    tenant: str = Field(description="the grantee tenant's name")
-    granted_at: UtcDateTime
-    granted_by: str = Field(description="the name of the tenant that granted access")
-    revoked_at: UtcDateTime | None
-    revoked_by: str | None
-    active: bool
-
-
-class GrantList(BaseModel):
-    items: list[GrantOut]

@@ -143,9 +143,42 @@ class PrivacyEstimate(BaseModel):
     sensitivity: float
     admissible: bool
     witness_order: float | None
-    budget_remaining_epsilon: float
+    budget_remaining_epsilon: float = Field(
+        description="the dataset's unused budget as one number: the largest ε a job shaped like a "
+        "plain Gaussian mechanism (RDP ρ·α) could be calibrated to and still fit now. It is the "
+        "same for every spec, so it compares datasets and moments; what THIS spec can still get "
+        "is largest_admissible_epsilon, which differs because the filter's capacity is a curve "
+        "over Rényi orders and a job uses it by its own curve's shape (DP-SGD's subsampled "
+        "Gaussian fits more ε into the same room; see the README, 'Two numbers for what is left')"
+    )
+    budget_remaining_after_epsilon: float | None = Field(
+        default=None,
+        description="budget_remaining_epsilon as the ledger would show it right after admitting "
+        "this job (its curve added to committed + reserved); null when the job is not admissible",
+    )
     largest_admissible_epsilon: float = Field(
-        description="the largest target ε this spec could be given and still be admitted now"
+        description="the largest target ε this spec (same steps, sampling and evaluation) could "
+        "be given and still be admitted now: the ledger ε of smallest_admissible_noise_multiplier. "
+        "Measured with this spec's own curve, so it may exceed budget_remaining_epsilon"
+    )
+    smallest_admissible_noise_multiplier: float | None = Field(
+        default=None,
+        description="the smallest σ (within relative 1e-6, admitted side) that admits this spec's "
+        "steps now, in the accepted range of privacy.noise_multiplier; null with "
+        "smallest_admissible_noise_multiplier_reason when none does",
+    )
+    smallest_admissible_noise_multiplier_reason: str | None = Field(
+        default=None, description="why smallest_admissible_noise_multiplier is null"
+    )
+    largest_admissible_steps: int | None = Field(
+        default=None,
+        description="the most training.steps this spec could run at its σ (noise_multiplier) and "
+        "still be admitted now, at most the service's step limit (as epochs: steps × "
+        "sampling_probability); null with largest_admissible_steps_reason when the algorithm's "
+        "charge does not grow with steps or not even one step fits",
+    )
+    largest_admissible_steps_reason: str | None = Field(
+        default=None, description="why largest_admissible_steps is null"
     )
     evaluation_epsilon: float | None = Field(
         default=None, description="ledger ε of the DP evaluation alone (part of epsilon_ledger)"
@@ -164,7 +197,22 @@ class JobOut(BaseModel):
     steps_planned: int
     steps_run: int
     delta: float
-    epsilon_ledger: float
+    epsilon: float = Field(
+        description="the job's ε at delta: epsilon_committed once it has ended (succeeded, failed "
+        "or cancelled), epsilon_ledger while it is queued or running; epsilon_basis says which"
+    )
+    epsilon_basis: Literal["reserved", "committed"] = Field(
+        description="'committed': what the job spent; 'reserved': what the ledger holds for it now"
+    )
+    epsilon_ledger: float = Field(
+        description="the reserved charge: ledger ε of the planned run, held while the job runs. "
+        "A job that stops early or is cancelled commits less and the rest is released"
+    )
+    epsilon_committed: float | None = Field(
+        default=None,
+        description="ledger ε of what the job actually spent (its COMMIT entry; 0 when its whole "
+        "reservation was released); null until the job ends",
+    )
     epsilon_prv: float | None
     attempt: int
     cancel_requested: bool

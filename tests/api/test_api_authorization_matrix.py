@@ -1,9 +1,10 @@
 """Authorization matrix: every route of the app × every kind of caller → the expected status,
 and no other tenant's data in any body.
 
-Callers: the dataset's owner, an analyst it granted, a tenant with no role (it has its own
-dataset and job), an analyst whose grant was revoked (it keeps its own past job), no key, a
-malformed Authorization header, and a deleted (revoked) key of the owner.
+Callers: the dataset's owner, an analyst it invited and that accepted, a tenant with no role (it
+has its own dataset and job), an analyst whose grant was revoked (it keeps its own past job), no
+key, a malformed Authorization header, and a deleted (revoked) key of the owner. A third tenant
+holds a pending invitation to the shared dataset, which gives it nothing.
 
 The table is the spec. ``test_every_route_is_in_the_matrix`` enumerates ``app.routes``: a new
 endpoint fails it until its rows are added here. 404 (never 403) answers objects a caller may
@@ -113,9 +114,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         for grantee in (ANALYST, REVOKED, "tn-spare-gina"):
             name = TENANT_NAMES.get(grantee, grantee)
             assert client.post(f"/v1/datasets/{ids['ds_shared']}/grants", headers=headers[OWNER],
-                               json={"tenant": name}).status_code == 201
+                               json={"tenant": name}).status_code == 202
+        for grantee in (ANALYST, REVOKED):  # gina's invitation stays pending
+            assert client.post(f"/v1/invitations/{ids['ds_shared']}/accept",
+                               headers=headers[grantee]).status_code == 200
         assert client.post(f"/v1/datasets/{ids['ds_other']}/grants", headers=headers[OTHER],
-                           json={"tenant": "tn-spare-gina"}).status_code == 201
+                           json={"tenant": "tn-spare-gina"}).status_code == 202
         ids["job_owner"] = _submit(client, headers[OWNER], ids["ds_shared"])
         ids["job_analyst"] = _submit(client, headers[ANALYST], ids["ds_shared"])
         ids["job_revoked"] = _submit(client, headers[REVOKED], ids["ds_shared"])
@@ -253,7 +257,7 @@ def _grant_body(world: World) -> dict[str, str]:
 CASES: tuple[Case, ...] = (
     Case("GET", "/openapi.json", "schema", everyone(200)),
     Case("GET", "/docs", "schema", everyone(200)),
-    Case("GET", "/docs/oauth2-redirect", "schema", everyone(200)),
+    Case("GET", "/docs/assets/{name}", "schema", everyone(200), params={"name": "=swagger-ui-bundle.js"}),
     Case("GET", "/redoc", "schema", everyone(200)),
     Case("GET", "/healthz", "liveness", everyone(200)),
     Case("GET", "/readyz", "readiness", everyone(200)),
@@ -265,6 +269,7 @@ CASES: tuple[Case, ...] = (
          query={"name": "upload", "format": "csv", "label_column": "label", "epsilon": "1", "delta": "1e-5"},
          content=lambda world: _small_csv(3)),
     Case("GET", "/v1/datasets", "list", v1(200, 200, 200, 200)),
+    Case("GET", "/v1/invitations", "list", v1(200, 200, 200, 200)),
     *(
         case
         for target, params, read, own in (
@@ -279,14 +284,21 @@ CASES: tuple[Case, ...] = (
             Case("GET", "/v1/datasets/{dataset_id}/ledger", target, own, params=params),
             Case("GET", "/v1/datasets/{dataset_id}/grants", target, own, params=params),
             Case("POST", "/v1/datasets/{dataset_id}/grants", target,
-                 {c: 201 if s == 200 else s for c, s in own.items()}, params=params, json=_grant_body),
+                 {c: 202 if s == 200 else s for c, s in own.items()}, params=params, json=_grant_body),
             Case("DELETE", "/v1/datasets/{dataset_id}/grants/{grantee}", target, own,
                  params={**params, "grantee": "=tn-spare-gina"}),
+            # Nobody in the matrix holds a pending invitation (the analyst accepted its own): the
+            # addressee's 200 is in test_api_invitations.py.
+            Case("POST", "/v1/invitations/{invitation_id}/accept", target, v1(404, 404, 404, 404),
+                 params={"invitation_id": params["dataset_id"]}),
+            Case("POST", "/v1/invitations/{invitation_id}/decline", target, v1(404, 404, 404, 404),
+                 params={"invitation_id": params["dataset_id"]}),
             Case("POST", "/v1/jobs/estimate", target, read, json=lambda w, p=params: _spec(w.ids[p["dataset_id"]])),
             Case("POST", "/v1/jobs", target, {c: 202 if s == 200 else s for c, s in read.items()},
                  json=lambda w, p=params: _spec(w.ids[p["dataset_id"]], epsilon=0.3)),
-            Case("GET", "/ui/datasets/{dataset_id}", target,  # the dashboard: owners only
-                 ui(*(200 if c == (OWNER if params is SHARED else OTHER) else 404 for c in TENANT_CALLERS)),
+            Case("GET", "/ui/datasets/{dataset_id}", target,  # the dashboard: owners and accepted analysts
+                 ui(*(200 if c in ((OWNER, ANALYST) if params is SHARED else (OTHER,)) else 404
+                      for c in TENANT_CALLERS)),
                  params=params),
         )
     ),
@@ -314,6 +326,12 @@ CASES: tuple[Case, ...] = (
     Case("GET", "/ui/login", "login form", everyone(200)),
     Case("POST", "/ui/login", "login without CSRF token", everyone(403)),
     Case("POST", "/ui/logout", "logout without CSRF token", everyone(403)),
+    Case("POST", "/ui/jobs/{job_id}/cancel", "cancel without CSRF token", everyone(403),
+         params={"job_id": "=job_missing"}),
+    Case("POST", "/ui/invitations/{dataset_id}/accept", "accept without CSRF token", everyone(403),
+         params={"dataset_id": "ds_shared"}),
+    Case("POST", "/ui/invitations/{dataset_id}/decline", "decline without CSRF token", everyone(403),
+         params={"dataset_id": "ds_shared"}),
     Case("GET", "/ui/datasets", "dashboard list", ui(200, 200, 200, 200)),
     Case("GET", "/ui/jobs", "dashboard list", ui(200, 200, 200, 200)),
 )
@@ -414,7 +432,7 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
     view = world.client.get(f"/v1/datasets/{world.ids['ds_shared']}", headers=world.headers[ANALYST]).json()
     assert set(view) <= {
         "id", "name", "format", "sha256", "size_bytes", "n_rows", "feature_shape", "n_features", "task",
-        "n_classes", "classes", "classes_source", "label_column", "feature_names", "budget", "created_at",
+        "n_classes", "classes", "classes_source", "label_column", "feature_names", "preparation", "budget", "created_at",
         "links", "role", "notices",
     }
     assert view["sha256"] is None and view["size_bytes"] is None

@@ -41,7 +41,8 @@ cursor_payloads = st.one_of(
 @pytest.fixture
 def routes(alice: TestClient, dataset_id: str) -> list[str]:
     """Every paginated route (``grep -rn decode_cursor app``)."""
-    return ["/v1/datasets", f"/v1/datasets/{dataset_id}/ledger", "/v1/jobs"]
+    return ["/v1/datasets", f"/v1/datasets/{dataset_id}/ledger", "/v1/jobs", "/v1/invitations",
+            f"/v1/datasets/{dataset_id}/grants"]
 
 
 def _get(client: TestClient, route: str, cursor: str) -> Any:

@@ -18,6 +18,7 @@ from app.config import Settings
 from app.db import Database
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from tests.conftest import to_csv, upload
+from tests.sharing import share
 
 
 def _counts(database: Database) -> tuple[int, int, int]:
@@ -34,8 +35,7 @@ def _files(root: Path) -> list[str]:
 
 
 def _grant(alice: TestClient, dataset_id: str, bob_headers: dict[str, str]) -> None:
-    bob_name = "bob"
-    assert alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": bob_name}).status_code == 201
+    share(alice, dataset_id=dataset_id, grantee_name="bob", grantee=bob_headers)
     assert alice.get(f"/v1/datasets/{dataset_id}", headers=bob_headers).status_code == 200
 
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.event_stream import StreamTiming, job_event_stream, wants_event_stream
+from app.api.event_stream import AccessCheck, StreamTiming, job_event_stream, resume_point, wants_event_stream
 from app.bootstrap import migrate
 from app.db import Database
 from app.main import create_app
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
+from tests.event_seq_race import race_event_writers
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -120,6 +122,36 @@ def test_accept_header_parsing() -> None:
     assert not wants_event_stream("text/event-streamx")
 
 
+def _drive(database: Database, job_id: str, *, after: int, on_sleep: Callable[[int], None],
+           still_allowed: AccessCheck = lambda _session: True) -> tuple[str, list[float]]:
+    """Run the async generator to its end on a fake clock; ``on_sleep(n)`` runs at the n-th sleep."""
+    now = [0.0]
+    sleeps: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+        on_sleep(len(sleeps))
+
+    async def collect() -> str:
+        stream = job_event_stream(
+            db=database, job_id=job_id, after=after,
+            timing=StreamTiming(poll_interval_s=1.0, keepalive_s=100.0, max_stream_s=1000.0),
+            still_allowed=still_allowed, limiter=anyio.CapacityLimiter(1), clock=lambda: now[0], sleep=fake_sleep,
+        )
+        return "".join([chunk async for chunk in stream])  # ends by itself
+
+    return anyio.run(collect), sleeps
+
+
+def test_resume_point_is_the_later_of_after_and_last_event_id() -> None:
+    assert resume_point(0, None) == 0
+    assert resume_point(3, "5") == 5 and resume_point(7, "5") == 7
+    assert resume_point(2, "x-1") == 2 and resume_point(2, "-4") == 2  # unusable: from `after`
+    assert resume_point(0, " 9 ") == 9
+    assert resume_point(0, str(2**70)) == 2**62
+
+
 def test_stream_picks_up_events_written_while_it_runs(
     sse_client: tuple[TestClient, Database], digits_csv: bytes
 ) -> None:
@@ -127,22 +159,67 @@ def test_stream_picks_up_events_written_while_it_runs(
     client, database = sse_client
     job_id = _queued_job(client, digits_csv)
     listed = client.get(f"/v1/jobs/{job_id}/events").json()
-    now = [0.0]
-    sleeps: list[float] = []
 
-    def fake_sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        now[0] += seconds
-        if len(sleeps) == 2:
+    def cancel_at_second_sleep(n: int) -> None:
+        if n == 2:
             client.post(f"/v1/jobs/{job_id}/cancel")  # lands between two polls
 
-    stream = job_event_stream(
-        db=database, job_id=job_id, after=listed[-1]["seq"],
-        timing=StreamTiming(poll_interval_s=1.0, keepalive_s=100.0, max_stream_s=1000.0),
-        clock=lambda: now[0], sleep=fake_sleep,
-    )
-    body = "".join(stream)  # ends by itself once the job is terminal
+    body, sleeps = _drive(database, job_id, after=listed[-1]["seq"], on_sleep=cancel_at_second_sleep)
     messages, _ = _parse(body)
     assert messages and all(int(m["id"]) > listed[-1]["seq"] for m in messages)
     assert messages[-1]["data"]["kind"] == messages[-1]["event"]
     assert len(sleeps) == 2
+
+
+def test_stream_ends_with_access_revoked_and_no_job_data_once_access_is_lost(
+    sse_client: tuple[TestClient, Database], digits_csv: bytes
+) -> None:
+    client, database = sse_client
+    job_id = _queued_job(client, digits_csv)
+    allowed = [True]
+    checks: list[bool] = []
+
+    def still_allowed(_session: object) -> bool:
+        checks.append(allowed[0])
+        return allowed[0]
+
+    def revoke_at_third_sleep(n: int) -> None:
+        if n == 3:
+            allowed[0] = False
+            client.post(f"/v1/jobs/{job_id}/cancel")  # new events exist, but must not be sent
+
+    body, sleeps = _drive(database, job_id, after=0, on_sleep=revoke_at_third_sleep, still_allowed=still_allowed)
+    assert checks == [True, True, True, False], "access is checked at every poll"
+    assert len(sleeps) == 3
+    assert body.endswith("event: access-revoked\ndata: {}\n\n")
+    messages, _ = _parse(body)
+    kinds = [m["event"] for m in messages]
+    assert kinds[-1] == "access-revoked" and messages[-1]["data"] == {} and "id" not in messages[-1]
+    assert "cancel-requested" not in kinds and "cancelled" not in kinds
+
+
+def test_each_jobs_events_are_numbered_from_one_without_gaps(
+    sse_client: tuple[TestClient, Database], digits_csv: bytes
+) -> None:
+    """Per-job seq: a job's numbers say nothing about other tenants' jobs (the global row id did)."""
+    client, _ = sse_client
+    first = _queued_job(client, digits_csv)
+    dataset_id = client.get(f"/v1/jobs/{first}").json()["dataset_id"]
+    second = client.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=1.0)).json()["id"]
+    client.post(f"/v1/jobs/{first}/cancel")
+    for job_id in (first, second):
+        listed = client.get(f"/v1/jobs/{job_id}/events").json()
+        assert [e["seq"] for e in listed] == list(range(1, len(listed) + 1))
+        streamed, _ = _parse(client.get(f"/v1/jobs/{job_id}/events", headers=SSE).text)
+        assert [int(m["id"]) for m in streamed] == [e["seq"] for e in listed]
+    assert len(client.get(f"/v1/jobs/{first}/events").json()) > len(client.get(f"/v1/jobs/{second}/events").json())
+    page = client.get(f"/v1/jobs/{first}/events", params={"after": 1, "limit": 1}).json()
+    assert [e["seq"] for e in page] == [2]
+
+
+def test_concurrent_writers_never_number_two_events_alike_on_sqlite(
+    sse_client: tuple[TestClient, Database], digits_csv: bytes
+) -> None:
+    client, database = sse_client
+    job_id = _queued_job(client, digits_csv)
+    race_event_writers(database, job_id, cancel=lambda: client.post(f"/v1/jobs/{job_id}/cancel").status_code)

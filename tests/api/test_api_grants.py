@@ -1,4 +1,5 @@
-"""Per-dataset roles: the owner grants and revokes analysts; what each role can do through the API."""
+"""Per-dataset roles: the owner invites analysts, they accept, the owner revokes; what each role
+can do through the API. (The invitation flow itself: test_api_invitations.py.)"""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from sqlalchemy import select
 from app.db import Database
 from app.models import DatasetGrant, Tenant
 from tests.conftest import dp_sgd_spec, new_key
+from tests.sharing import share
 
 
 @pytest.fixture
@@ -29,31 +31,43 @@ def _problem(response: object, status: int, slug: str) -> None:
     assert response.json()["type"] == f"/problems/{slug}"  # type: ignore[attr-defined]
 
 
-def test_grant_is_idempotent_and_listed(alice: TestClient, bob: dict[str, str], dataset_id: str) -> None:
+def test_an_invitation_is_idempotent_and_listed(alice: TestClient, bob: dict[str, str], dataset_id: str) -> None:
     created = alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
-    assert created.status_code == 201, created.text
+    assert created.status_code == 202, created.text
     grant = created.json()
-    assert grant["tenant"] == "bob" and grant["granted_by"] == "alice"
-    assert grant["active"] is True and grant["revoked_at"] is None and grant["dataset_id"] == dataset_id
+    assert grant["tenant"] == "bob" and grant["granted_by"] == "alice" and grant["dataset_id"] == dataset_id
+    assert grant["status"] == "invited" and grant["active"] is False
+    assert grant["accepted_at"] is None and grant["declined_at"] is None and grant["revoked_at"] is None
     again = alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
-    assert again.status_code == 200 and again.json()["granted_at"] == grant["granted_at"]
-    listed = alice.get(f"/v1/datasets/{dataset_id}/grants").json()["items"]
-    assert [g["tenant"] for g in listed] == ["bob"]
+    assert again.status_code == 200 and again.json() == grant
+    listed = alice.get(f"/v1/datasets/{dataset_id}/grants").json()
+    assert [(g["tenant"], g["status"]) for g in listed["items"]] == [("bob", "invited")]
+    assert listed["next_cursor"] is None
+    # Accepted, a re-invitation still returns the one live row (now active).
+    assert alice.post(f"/v1/invitations/{dataset_id}/accept", headers=bob).status_code == 200
+    active = alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
+    assert active.status_code == 200 and active.json()["status"] == "active" and active.json()["active"] is True
+    assert active.json()["granted_at"] == grant["granted_at"] and active.json()["accepted_at"] is not None
 
 
 def test_grant_errors(alice: TestClient, bob: dict[str, str], dataset_id: str) -> None:
-    _problem(alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "nobody"}), 404, "not-found")
     _problem(alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "alice"}), 422, "invalid-grant")
     _problem(alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob", "x": 1}), 422, "validation-error")
-    _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/bob"), 404, "not-found")  # never granted
+    for name in ('""', f'"{"x" * 201}"', '"bo\\u0000b"', '"\\ud800"', '"line\\nbreak"'):
+        raw = alice.post(f"/v1/datasets/{dataset_id}/grants", content=f'{{"tenant": {name}}}',
+                         headers={"Content-Type": "application/json"})
+        _problem(raw, 422, "validation-error")
+    _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/bob"), 404, "not-found")  # never invited
     _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/nobody"), 404, "not-found")
+    _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/bo%00b"), 404, "not-found")
     _problem(alice.post("/v1/datasets/ds_missing/grants", json={"tenant": "bob"}), 404, "not-found")
+    assert alice.get(f"/v1/datasets/{dataset_id}/grants").json()["items"] == []  # nothing left behind
 
 
 def test_analyst_sees_facts_and_budget_and_submits_but_not_owner_only_things(
     alice: TestClient, bob: dict[str, str], dataset_id: str, database: Database
 ) -> None:
-    assert alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"}).status_code == 201
+    share(alice, dataset_id=dataset_id, grantee_name="bob", grantee=bob)
     owner_job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=1.0)).json()
 
     listed = alice.get("/v1/datasets", headers=bob).json()["items"]
@@ -97,12 +111,13 @@ def test_analyst_sees_facts_and_budget_and_submits_but_not_owner_only_things(
 def test_revoke_keeps_the_row_ends_access_but_not_the_analysts_own_jobs(
     alice: TestClient, bob: dict[str, str], dataset_id: str
 ) -> None:
-    alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
+    share(alice, dataset_id=dataset_id, grantee_name="bob", grantee=bob)
     job = alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(dataset_id, target_epsilon=1.0)).json()
 
     revoked = alice.delete(f"/v1/datasets/{dataset_id}/grants/bob")
     assert revoked.status_code == 200, revoked.text
     assert revoked.json()["active"] is False and revoked.json()["revoked_by"] == "alice"
+    assert revoked.json()["status"] == "revoked" and revoked.json()["accepted_at"] is not None
     assert revoked.json()["revoked_at"] is not None
 
     assert alice.get("/v1/datasets", headers=bob).json()["items"] == []
@@ -120,17 +135,19 @@ def test_revoke_keeps_the_row_ends_access_but_not_the_analysts_own_jobs(
     assert [j["id"] for j in alice.get("/v1/jobs", headers=bob).json()["items"]] == [job["id"]]
     _problem(alice.post(f"/v1/jobs/{job['id']}/cancel", headers=bob), 403, "forbidden")
 
-    # A re-grant works and adds a row; the revoked one stays in the audit trail.
-    assert alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"}).status_code == 201
+    # A re-invitation adds a row (the revoked one stays in the audit trail) and needs a new yes.
+    assert alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"}).status_code == 202
+    _problem(alice.get(f"/v1/datasets/{dataset_id}", headers=bob), 404, "not-found")
+    assert alice.post(f"/v1/invitations/{dataset_id}/accept", headers=bob).status_code == 200
     trail = alice.get(f"/v1/datasets/{dataset_id}/grants").json()["items"]
-    assert [g["active"] for g in trail] == [False, True]
+    assert [(g["status"], g["active"]) for g in trail] == [("revoked", False), ("active", True)]
     assert alice.get(f"/v1/datasets/{dataset_id}", headers=bob).status_code == 200
 
 
 def test_analyst_cancels_own_job_and_owner_can_cancel_an_analysts_job(
     alice: TestClient, bob: dict[str, str], dataset_id: str, database: Database
 ) -> None:
-    alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
+    share(alice, dataset_id=dataset_id, grantee_name="bob", grantee=bob)
     first = alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(dataset_id, target_epsilon=1.0)).json()
     second = alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(dataset_id, target_epsilon=1.5)).json()
     owner_job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=1.0)).json()
@@ -155,7 +172,7 @@ def test_a_revoke_that_commits_while_a_submission_is_planned_wins(
     admitted for an analyst after its revoke committed, even a request already in flight."""
     import app.api.jobs as jobs_api
 
-    alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
+    share(alice, dataset_id=dataset_id, grantee_name="bob", grantee=bob)
     real_plan_job = jobs_api.plan_job
 
     def plan_then_revoke(*args: object, **named: object) -> object:
@@ -170,13 +187,16 @@ def test_a_revoke_that_commits_while_a_submission_is_planned_wins(
     assert alice.get("/v1/jobs", headers=bob).json()["items"] == []
 
 
-def test_at_most_one_active_grant_per_tenant_in_the_database(
+def test_at_most_one_live_row_per_name_in_the_database(
     alice: TestClient, bob: dict[str, str], dataset_id: str, database: Database
 ) -> None:
     from sqlalchemy.exc import IntegrityError
 
-    alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"})
-    bob_id, alice_id = _tenant_id(database, "bob"), _tenant_id(database, "alice")
-    with pytest.raises(IntegrityError):
-        with database.write_transaction() as tx:
-            tx.add(DatasetGrant(dataset_id=dataset_id, grantee_tenant_id=bob_id, granted_by=alice_id))
+    alice_id = _tenant_id(database, "alice")
+    for accepted in (False, True):  # a pending invitation, then an active grant
+        if accepted:
+            assert alice.post(f"/v1/invitations/{dataset_id}/accept", headers=bob).status_code == 200
+        else:
+            assert alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"}).status_code == 202
+        with pytest.raises(IntegrityError), database.write_transaction() as tx:
+            tx.add(DatasetGrant(dataset_id=dataset_id, grantee_name="bob", granted_by=alice_id))

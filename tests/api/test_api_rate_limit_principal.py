@@ -1,21 +1,24 @@
 """The rate limit follows the API key, whatever carries it: Bearer header or dashboard cookie.
 
-Before, the limiter keyed on the Bearer header only, so the signed session cookie (which holds
-the key's digest) was a way around it. Now both draw on one bucket per key.
+Before, the limiter keyed on the Bearer header only, so the dashboard's session cookie was a way
+around it. Now both draw on one bucket per key: the signed cookie names the key's digest next to
+its server-side session token, so the limiter needs no database lookup.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.ui_session import COOKIE_NAME, UiSession, encode_session
+from app.api.ui_session import COOKIE_NAME, SessionCookie, decode_cookie, encode_cookie, session_secret
 from app.auth import key_digest
 from app.bootstrap import migrate
+from app.config import Settings
 from app.db import Database
 from app.main import create_app
 from tests.conftest import RecordingDispatcher, make_settings, new_key
@@ -24,8 +27,9 @@ BURST = 5
 
 
 class World:
-    def __init__(self, app: object, database: Database) -> None:
+    def __init__(self, app: object, database: Database, settings: Settings) -> None:
         self.app = app
+        self.settings = settings
         self.alice = new_key(database, "alice")
         self.bob = new_key(database, "bob")
 
@@ -55,7 +59,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     database = Database(settings.resolved_database_url)
     app = create_app(settings, dispatcher=RecordingDispatcher())
     with TestClient(app):  # run the lifespan
-        yield World(app, database)
+        yield World(app, database, settings)
     database.dispose()
 
 
@@ -93,7 +97,9 @@ def test_cookie_and_bearer_share_one_bucket_per_key(world: World) -> None:
 
 def test_a_forged_cookie_cannot_spend_another_keys_bucket(world: World) -> None:
     """Only a validly signed cookie names a principal: a forged one is anonymous (and unauthenticated)."""
-    forged = encode_session(UiSession(key_digest=key_digest(world.alice), csrf_token="x", issued_at=0.0),
-                            b"not-the-secret")
+    real = decode_cookie(world.cookie(world.alice), session_secret(world.settings), max_age_s=60)
+    assert isinstance(real, SessionCookie) and real.key_digest == key_digest(world.alice)
+    forged = encode_cookie(SessionCookie(token=real.token, key_digest=real.key_digest, issued_at=time.time()),
+                           b"not-the-secret")
     assert 429 not in _statuses(world.client(), "/ui/datasets", BURST + 2, _with_cookie(forged))
     assert _statuses(world.client(world.alice), "/v1/datasets", BURST) == [200] * BURST

@@ -12,7 +12,7 @@ import pytest
 from privtrain import Client
 from privtrain.progress import JobProgress, ProgressBar
 from privtrain.resources import Dataset, Job
-from privtrain.sse import parse_sse, sse_progress
+from privtrain.sse import events_from_stream, parse_sse, sse_progress
 from tests.client.conftest import BASE_URL, AppTransport, WorkerThreads, tiny_spec, wrap
 
 
@@ -30,6 +30,13 @@ def test_the_parser_follows_the_event_stream_format() -> None:
     assert [(m.id, m.event, m.data) for m in messages] == [
         ("3", "progress", '{"a":\n1}'), ("4", "succeeded", "{}"), ("4", "message", "no-id-or-event"),
     ]
+
+
+def test_access_revoked_ends_the_events_without_a_job_event() -> None:
+    event = {"seq": 1, "kind": "progress", "payload": {"step": 3}, "created_at": "2026-11-24T00:00:00Z"}
+    body = ["id: 1", "event: progress", f"data: {json.dumps(event)}", "",
+            "event: access-revoked", "data: {}", "", "id: 2", "event: progress", f"data: {json.dumps(event)}", ""]
+    assert [e.kind for e in events_from_stream(body)] == ["progress"]
 
 
 @pytest.fixture

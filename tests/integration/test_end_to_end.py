@@ -68,7 +68,9 @@ def test_dp_sgd_job_end_to_end(embedded: tuple[TestClient, Path, Database], tmp_
     ledger = client.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]
     assert [e["kind"] for e in ledger] == ["RESERVE", "TOUCH", "COMMIT"]
     assert report["ledger"]["commit_entry_hash"] == ledger[2]["hash"]
-    assert report["ledger"]["before"]["reserved_epsilon"] > 0
+    # "before" is the ledger without this job (nothing else ran); the charge is what it committed
+    assert report["ledger"]["before"]["reserved_epsilon"] == report["ledger"]["before"]["committed_epsilon"] == 0
+    assert report["ledger"]["charge"]["epsilon_committed"] == job["epsilon_committed"] == job["epsilon"]
     assert report["ledger"]["after"]["reserved_epsilon"] == 0
 
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget").json()
@@ -105,6 +107,8 @@ def test_cancel_while_running_commits_the_steps_run(embedded: tuple[TestClient, 
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget").json()
     assert 0 < budget["committed_epsilon"] < job["epsilon_ledger"]
     assert budget["reserved_epsilon"] == 0.0
+    assert final["epsilon_basis"] == "committed" and final["epsilon"] == final["epsilon_committed"]
+    assert final["epsilon"] == pytest.approx(budget["committed_epsilon"], rel=1e-9)
 
 
 def test_worker_failure_after_touch_commits_the_reservation(embedded: tuple[TestClient, Path, Database]) -> None:

@@ -5,6 +5,7 @@ browser tests build a second one with a plain name for the README's screenshots.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,26 @@ class UiWorld:
         if key:
             client.headers["Authorization"] = f"Bearer {key}"
         return client
+
+    def upload_dataset(self, key: str, *, name: str, epsilon: float = 8.0) -> str:
+        """A new dataset of the key's tenant (300 rows, 4 features, two classes); its id."""
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big"))  # distinct bytes
+        X = rng.random((300, 4))
+        y = (X[:, 0] > 0.5).astype(int)
+        response = self.client(key).post("/v1/datasets", content=to_csv(X, y), params={
+            "name": name, "format": "csv", "label_column": "label", "epsilon": epsilon, "delta": 1e-5})
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def submit_job(self, key: str, *, dataset_id: str, steps: int = 10) -> str:
+        """A queued job (the test app's dispatcher only records it; nothing runs it)."""
+        response = self.client(key).post("/v1/jobs", json=job_spec(dataset_id, steps=steps, evaluation=False))
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    def invite(self, owner_key: str, *, dataset_id: str, tenant: str) -> None:
+        response = self.client(owner_key).post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": tenant})
+        assert response.status_code == 202, response.text
 
     def logged_in(self, key: str) -> TestClient:
         """A browser-like client that logged in through the form."""

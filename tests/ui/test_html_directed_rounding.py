@@ -12,13 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 
+from app.budget_gauge import BudgetGauge
+from app.job_views import job_epsilon
 from app.reporting.html_report import render_report_html
 from app.reporting.ledger_history import LedgerPoint
 from app.reporting.templating import render
 from tests.ui.conftest import UiWorld
 from tests.ui.html_probe import Element, Page, parse, text_of
 
-GUARANTEE_FIELDS = {"epsilon", "delta", "committed_epsilon", "reserved_epsilon", "spent_epsilon"}
+GUARANTEE_FIELDS = {"epsilon", "delta", "committed_epsilon", "reserved_epsilon", "spent_epsilon", "job_epsilon",
+                    "epsilon_spent"}
 REMAINING_FIELDS = {"remaining_epsilon"}
 REPORT_GUARANTEE_IDS = ("epsilon-ledger", "epsilon-prv", "epsilon-rdp", "delta")
 
@@ -62,6 +65,7 @@ def test_report_rounds_guarantees_up_and_the_remaining_budget_down(report_json: 
     report["rdp_curve"]["values"] = [v + 1.2e-6 for v in report["rdp_curve"]["values"]]
     report["ledger"]["before"] = _budget(committed=0.0, reserved=CHARGED, remaining=REMAINING + 3)
     report["ledger"]["after"] = _budget(committed=CHARGED, reserved=0.0, remaining=REMAINING)
+    report["ledger"]["charge"]["epsilon_committed"] = CHARGED
     page = parse(render_report_html(report, history=[], steps=None))
     assert text_of(page.by_id("epsilon-ledger")) == "3.00001"  # nearest printed "3"
     for element_id in REPORT_GUARANTEE_IDS:
@@ -69,13 +73,19 @@ def test_report_rounds_guarantees_up_and_the_remaining_budget_down(report_json: 
         assert _shown(cell) >= Decimal(repr(float(cell.attrs["data-value"]))), element_id
     (remaining,) = page.with_attr("data-field", "after.remaining_epsilon")
     assert text_of(remaining) == "1.83186"  # nearest printed "1.83187", more than is left
-    assert _check_fields(page) == 12
+    (charge,) = page.with_attr("data-field", "charge.committed_epsilon")
+    assert text_of(charge) == "3.00001"  # the job's charge, beside before and after
+    assert _check_fields(page) == 13
     curve = [e for e in page.inside(page.by_id("rdp-curve")) if "data-value" in e.attrs]
     assert curve and all(_shown(e) >= Decimal(repr(float(e.attrs["data-value"]))) for e in curve)
 
 
 def _page_context() -> dict[str, object]:
-    return {"nonce": "n", "csrf_token": "", "tenant_name": "alice"}
+    return {"nonce": "n", "csrf_token": "", "tenant_name": "alice", "epsilon_of": job_epsilon}
+
+
+GAUGE = BudgetGauge(committed_percent=40.0, reserved_percent=10.0, free_percent=50.0, remaining_epsilon=REMAINING_4,
+                    remaining_if_released_epsilon=REMAINING_4 + 1)
 
 
 def _job() -> SimpleNamespace:
@@ -83,7 +93,8 @@ def _job() -> SimpleNamespace:
         id="job_1", dataset_id="ds_1", status="succeeded", algorithm="dp-sgd", model_name="logistic-regression",
         steps_run=4, steps_planned=4, epsilon_ledger=CHARGED_4, epsilon_prv=2.50004, delta=1e-05,
         noise_multiplier=1.1, sampling_probability=0.01, error_code=None, metrics=None, spec={},
-        created_at=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        created_at=dt.datetime(2024, 1, 1, tzinfo=dt.UTC), epsilon_committed=CHARGED_4, attempt=1,
+        cancel_requested=False, started_at=None, finished_at=None,
     )
 
 
@@ -91,8 +102,9 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
     budget = _budget(committed=CHARGED_4, reserved=1.20004, remaining=REMAINING_4)
     dataset = SimpleNamespace(id="ds_1", name="d", n_rows=100, task="classification", sha256="0" * 64)
 
-    datasets = parse(render("datasets.html", items=[{"dataset": dataset, "budget": budget}], limit=50,
-                            **_page_context()))
+    datasets = parse(render("datasets.html", items=[{"dataset": dataset, "budget": budget, "gauge": GAUGE,
+                                                     "shared_by": None}],
+                            limit=50, invitations=[], more_invitations=False, **_page_context()))
     assert _check_fields(datasets) == 3
     (committed,) = datasets.with_attr("data-field", "committed_epsilon")
     (remaining,) = datasets.with_attr("data-field", "remaining_epsilon")
@@ -101,21 +113,27 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
     point = LedgerPoint(seq=2, kind="COMMIT", job_id="job_1", actor="alice", created_at=dt.datetime(2024, 1, 1),
                         hash="cd" * 32, entry_epsilon=CHARGED_4, committed_epsilon=CHARGED_4,
                         total_epsilon=CHARGED_4, budget_epsilon=9.0, budget_delta=1e-05)
-    one = parse(render("dataset.html", dataset=dataset, budget=budget, history=[point], ledger_svg=None,
-                       jobs=[_job()], **_page_context()))
-    assert _check_fields(one) == 4
+    one = parse(render("dataset.html", dataset=dataset, budget=budget, budget_bar=GAUGE, role="owner", shared_by=None,
+                       history=[point], ledger_svg=None, jobs=[_job()], **_page_context()))
+    assert _check_fields(one) == 5
     (row,) = one.with_attr("data-seq", "2")
     ledger_cells = [e for e in one.inside(row) if e.tag == "td" and e.attrs.get("class") == "num"]
     assert [text_of(e) for e in ledger_cells] == ["3.001"] * 3
     (gauge,) = [e for e in one.elements if e.attrs.get("class") == "gauge"]
     assert "committed 3.001," in gauge.attrs["aria-label"] and "remaining 1.831 " in gauge.attrs["aria-label"]
 
-    jobs = parse(render("jobs.html", jobs=[_job()], dataset_names={}, live=[], **_page_context()))
-    (cell,) = [e for e in jobs.elements if e.tag == "td" and "data-value" in e.attrs]
+    jobs = parse(render("jobs.html", jobs=[_job()], dataset_names={}, live=[], live_config={}, **_page_context()))
+    (cell,) = jobs.with_attr("data-field", "job_epsilon")
     assert text_of(cell) == "3.001"
 
-    job = render("job.html", job=_job(), dataset=None, events=[], live=False, **_page_context())
-    assert "3.00012 · 2.50004 at δ = 1e-05" in job  # a declared δ prints as it was typed
+    running = SimpleNamespace(**{**vars(_job()), "status": "running", "epsilon_committed": None})
+    for job in (_job(), running):
+        html = render("job.html", job=job, dataset=None, events=[], live=job.status == "running", may_cancel=True,
+                      epsilon_spent=CHARGED_4, live_config={}, **_page_context())
+        assert "3.00012 · 2.50004 at δ = 1e-05" in html  # a declared δ prints as it was typed
+        page = parse(html)
+        assert _check_fields(page) == (2 if job is running else 1)
+        assert {text_of(e) for e in page.with_attr("data-field")} == {"3.001"}
 
 
 @pytest.mark.parametrize("path", ["/ui/datasets", "/ui/datasets/{dataset_id}", "/ui/jobs/{job_id}/report"])
@@ -127,6 +145,6 @@ def test_the_worlds_pages_never_print_on_the_unsafe_side(ui_world: UiWorld, path
 
 def test_the_worlds_jobs_page_rounds_the_charged_epsilon_up(ui_world: UiWorld) -> None:
     page = parse(ui_world.logged_in(ui_world.alice_key).get("/ui/jobs").text)
-    cells = [e for e in page.elements if e.tag == "td" and "data-value" in e.attrs]
-    assert len(cells) == 2
+    cells = page.with_attr("data-field", "job_epsilon")
+    assert len(cells) >= 2
     assert all(_shown(e) >= Decimal(repr(float(e.attrs["data-value"]))) for e in cells)

@@ -71,24 +71,19 @@ def test_rdp_curve_metrics_caveats_and_event_are_all_there(report_html: str, rep
     assert [float(v) for v in page.values_in(page.by_id("rdp-curve"))] == report_json["rdp_curve"]["values"]
     caveats = [text_of(li) for li in page.inside(page.by_id("caveats")) if li.tag == "li"]
     assert caveats == [" ".join(c.split()) for c in report_json["caveats"]]
-    assert report_json["released_metrics"], "the fixture job releases a DP metric"
+    metrics = report_json["released_metrics"]
+    assert metrics, "the fixture job releases a DP metric"
     shown_metrics = [float(v) for v in page.values_in(page.by_id("released-metrics"))]
-    assert report_json["released_metrics"]["accuracy"] in shown_metrics
-    numeric = [v for v in _leaves(report_json["released_metrics"]) if isinstance(v, float)]
-    assert sorted(shown_metrics) == sorted(numeric)
+    # the metric, then its interval, then its noise scale: each beside the others, from the JSON
+    assert shown_metrics == [metrics["accuracy"], metrics["interval"]["low"], metrics["interval"]["high"],
+                             metrics["noise_scale"]]
+    assert json.loads(page.by_id("released-metrics-json").text) == metrics
+    assert "public quantities only" in text_of(page.by_id("released-metrics-note"))
     shown_event = json.loads(page.by_id("event-json").text)
     assert shown_event == report_json["event"]
     assert report_json["ledger"]["budget_adjustments"], "the fixture raised the budget"
     rows = [e for e in page.inside(page.by_id("adjustments")) if e.tag == "tr"]
     assert len(rows) == 1 + len(report_json["ledger"]["budget_adjustments"])
-
-
-def _leaves(value: object) -> list[object]:
-    if isinstance(value, dict):
-        return [leaf for item in value.values() for leaf in _leaves(item)]
-    if isinstance(value, list):
-        return [leaf for item in value for leaf in _leaves(item)]
-    return [value]
 
 
 def test_epsilon_by_steps_is_recomputed_with_the_accountant(report_html: str, report_json: dict) -> None:

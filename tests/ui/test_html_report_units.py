@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from app import ledger
-from app.api.ui_session import UiSession, decode_session, encode_session
+from app.api.ui_session import LoginFormCookie, SessionCookie, decode_cookie, encode_cookie
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.reporting import SeriesUnavailable, epsilon_by_steps, ledger_history, opening_budget
 from app.reporting.job_report import report_html_for_job
@@ -94,17 +94,19 @@ def test_rendering_imports_neither_torch_nor_pyplot(ui_world: UiWorld, report_js
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_session_codec_round_trips_and_rejects_tampering() -> None:
-    session = UiSession(key_digest="a" * 64, csrf_token="t", issued_at=1000.0)
-    value = encode_session(session, b"k" * 32)
-    assert decode_session(value, b"k" * 32, max_age_s=100, now=1050.0) == session
-    assert decode_session(value, b"k" * 32, max_age_s=100, now=1100.0) is None  # expired
-    assert decode_session(value, b"k" * 32, max_age_s=100, now=900.0) is None  # from the future
-    assert decode_session(value, b"x" * 32, max_age_s=100, now=1050.0) is None  # other secret
-    payload, signature = value.split(".")
-    forged_payload = encode_session(UiSession(key_digest="b" * 64, csrf_token="t", issued_at=1000.0),
-                                    b"k" * 32).split(".")[0]
-    assert decode_session(f"{forged_payload}.{signature}", b"k" * 32, max_age_s=100, now=1050.0) is None
+def test_cookie_codec_round_trips_and_rejects_tampering() -> None:
+    for cookie in (SessionCookie(token="tok", key_digest="a" * 64, issued_at=1000.0),
+                   LoginFormCookie(csrf_token="t", issued_at=1000.0)):
+        value = encode_cookie(cookie, b"k" * 32)
+        assert decode_cookie(value, b"k" * 32, max_age_s=100, now=1050.0) == cookie
+        assert decode_cookie(value, b"k" * 32, max_age_s=100, now=1100.0) is None  # too old
+        assert decode_cookie(value, b"k" * 32, max_age_s=100, now=900.0) is None  # from the future
+        assert decode_cookie(value, b"x" * 32, max_age_s=100, now=1050.0) is None  # other secret
+    value = encode_cookie(SessionCookie(token="tok", key_digest="a" * 64, issued_at=1000.0), b"k" * 32)
+    signature = value.split(".")[1]
+    forged_payload = encode_cookie(SessionCookie(token="tok", key_digest="b" * 64, issued_at=1000.0),
+                                   b"k" * 32).split(".")[0]
+    assert decode_cookie(f"{forged_payload}.{signature}", b"k" * 32, max_age_s=100, now=1050.0) is None
 
 
 @given(total=st.integers(min_value=1, max_value=10**7), points=st.integers(min_value=2, max_value=200))

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from privtrain.directed_rounding import format_remaining
 from tests.ui.conftest import HOSTILE_NAME, UiWorld, csrf_token_of
 from tests.ui.html_probe import parse, text_of
 
@@ -39,10 +40,17 @@ def test_datasets_page_shows_the_budget_the_api_reports(ui_world: UiWorld, alice
         assert float(cell.attrs["data-value"]) == budget[field]
     assert budget["committed_epsilon"] > 0 and budget["reserved_epsilon"] > 0, "fixture has both"
     (gauge,) = [e for e in page.inside(row) if e.attrs.get("class") == "gauge"]
-    widths = [float(re.search(r"width: ([0-9.]+)%", e.attrs["style"]).group(1))  # type: ignore[union-attr]
-              for e in page.inside(gauge)]
-    assert widths[0] == pytest.approx(100 * budget["committed_epsilon"] / budget["epsilon"], abs=0.01)
-    assert widths[0] + widths[1] == pytest.approx(100 * budget["spent_epsilon"] / budget["epsilon"], abs=0.02)
+    committed, reserved = [float(re.search(r"width: ([0-9.]+)%", e.attrs["style"]).group(1))  # type: ignore[union-attr]
+                           for e in page.inside(gauge)]
+    free = 100 - committed - reserved
+    assert free == pytest.approx(100 * budget["remaining_epsilon"] / budget["epsilon"], abs=0.02), \
+        "the empty part of the bar is what a new job can get"
+    assert committed < 100 * budget["committed_epsilon"] / budget["epsilon"] - 5, "not committed ε ÷ budget ε"
+    assert reserved > 0
+    label = gauge.attrs["aria-label"]
+    assert float(gauge.attrs["data-used-percent"]) == pytest.approx(committed + reserved, abs=0.02)
+    assert "% of what a new job could have had on a fresh budget" in label
+    assert f"remaining {format_remaining(budget['remaining_epsilon'], digits=4)} of ε 9" in label
     assert HOSTILE_NAME not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
     _assert_self_contained(html)
 
@@ -55,9 +63,11 @@ def test_dataset_page_lists_the_whole_ledger_with_a_plot(ui_world: UiWorld, alic
     assert sorted(int(r.attrs["data-seq"]) for r in rows) == [e["seq"] for e in entries]
     by_seq = {int(r.attrs["data-seq"]): r for r in rows}
     for entry in entries:
-        (hash_cell,) = [e for e in page.inside(by_seq[entry["seq"]]) if e.attrs.get("class") == "hash"]
+        (hash_cell,) = [e for e in page.inside(by_seq[entry["seq"]]) if "hash" in e.attrs.get("class", "").split()]
         assert hash_cell.attrs["title"] == entry["hash"]
         assert entry["kind"] in text_of(by_seq[entry["seq"]])
+        (explained,) = [e for e in page.inside(by_seq[entry["seq"]]) if e.attrs.get("class") == "explanation"]
+        assert entry["explanation"] and text_of(explained).strip() == entry["explanation"]  # the API's words
     assert {"ADJUST", "RESERVE", "TOUCH", "COMMIT"} <= {e["kind"] for e in entries}
     assert page.inside(page.by_id("plot-ledger"))[0].tag == "svg"
     assert text_of(page.by_id("dataset-name")) == " ".join(HOSTILE_NAME.split())
@@ -69,7 +79,7 @@ def test_jobs_page_streams_live_status_under_a_nonce_csp(ui_world: UiWorld, alic
     page = parse(response.text)
     statuses = {r.attrs["data-job-id"]: text_of([e for e in page.inside(r) if e.attrs.get("class", "").startswith("status")][0])
                 for r in page.with_attr("data-job-id")}
-    assert statuses == {ui_world.job_id: "succeeded", ui_world.queued_job_id: "queued"}
+    assert statuses[ui_world.job_id] == "succeeded" and statuses[ui_world.queued_job_id] == "queued"
     (script,) = page.tags("script")
     nonce = script.attrs["nonce"]
     csp = response.headers["content-security-policy"]

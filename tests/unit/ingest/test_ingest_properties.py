@@ -46,7 +46,7 @@ def test_csv_round_trip(
                 quoting=csv.QUOTE_ALL if quote_all else csv.QUOTE_MINIMAL,
             )
             writer.writerow(names[:label_at] + ["label"] + names[label_at:])
-            for features, label in zip(X.tolist(), y.tolist()):
+            for features, label in zip(X.tolist(), y.tolist(), strict=True):
                 cells = [repr(v) for v in features]
                 writer.writerow(cells[:label_at] + [str(label)] + cells[label_at:])
         parsed = parse_dataset(

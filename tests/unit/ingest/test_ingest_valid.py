@@ -12,6 +12,8 @@ from sklearn.datasets import load_diabetes, load_digits  # type: ignore[import-u
 
 from app.ingest import (
     SUPPORTED_FORMATS,
+    ClassList,
+    DatasetValidationError,
     IngestLimits,
     ParsedDataset,
     dataset_facts,
@@ -30,7 +32,7 @@ def _write_table(
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator=newline)
         writer.writerow(header)
-        for features, label in zip(X.tolist(), y.tolist()):
+        for features, label in zip(X.tolist(), y.tolist(), strict=True):
             cells = [repr(float(v)) for v in features]
             writer.writerow(cells[:label_at] + [repr(label)] + cells[label_at:])
     return names
@@ -124,11 +126,16 @@ def test_no_newline_at_end_of_file(tmp_path: Path) -> None:
     np.testing.assert_array_equal(_parse_csv(path).X[:, 0], [1.0, 2.0])
 
 
-def test_diabetes_is_inferred_as_regression(tmp_path: Path) -> None:
+def test_diabetes_needs_its_task_stated(tmp_path: Path) -> None:
+    """Whole-number targets from 25 to 346 could be 214 classes: the owner must say which
+    (before issue 14 this was silently inferred as regression, and {1, 2} too)."""
     diabetes = load_diabetes()
     path = tmp_path / "diabetes.csv"
     _write_table(path, X=diabetes.data, y=diabetes.target, label_at=diabetes.data.shape[1])
-    parsed = _parse_csv(path)
+    with pytest.raises(DatasetValidationError) as refused:
+        _parse_csv(path)
+    assert refused.value.reason == "ambiguous-task" and "task=regression" in refused.value.detail
+    parsed = _parse_csv(path, task="regression")
     assert parsed.task == "regression"
     assert parsed.n_classes is None
     assert parsed.y.dtype == np.float32
@@ -144,13 +151,19 @@ def test_integral_float_labels_are_classes(tmp_path: Path) -> None:
     np.testing.assert_array_equal(parsed.y, [0, 3, 1])
 
 
-def test_labels_not_starting_at_zero_infer_regression_unless_asked(tmp_path: Path) -> None:
+def test_labels_not_starting_at_zero_need_a_task_and_are_then_names(tmp_path: Path) -> None:
+    """{1, 2} is ambiguous; as classification the values are names: 2 classes, never an empty
+    class 0 (before issue 14: regression when inferred, 3 classes when asked)."""
     path = tmp_path / "one_based.csv"
-    path.write_text("a,label\n1,1\n2,2\n", encoding="utf-8")
-    assert _parse_csv(path).task == "regression"
+    path.write_text("a,label\n1,1\n2,2\n3,2\n", encoding="utf-8")
+    with pytest.raises(DatasetValidationError) as refused:
+        _parse_csv(path)
+    assert refused.value.reason == "ambiguous-task"
     asked = _parse_csv(path, task="classification")
-    assert (asked.task, asked.n_classes) == ("classification", 3)
-    np.testing.assert_array_equal(asked.y, [1, 2])
+    assert (asked.task, asked.n_classes) == ("classification", 2)
+    assert asked.classes == ClassList(names=("1", "2"), declared=False)
+    np.testing.assert_array_equal(asked.y, [0, 1, 1])
+    assert _parse_csv(path, task="regression").task == "regression"
 
 
 def test_explicit_regression_on_class_labels(digits_csv: tuple[Path, list[str]]) -> None:

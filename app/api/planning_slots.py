@@ -1,0 +1,67 @@
+"""Caps on privacy computations in flight: per API key and in total, per API process.
+
+Why: pricing a job (calibrating σ to a target ε, the largest admissible ε, the admissibility
+searches of an estimate) evaluates Rényi curves, each up to about 0.1 s of pure-Python CPU at
+fractional orders. Every such computation is bounded (ranges and bracketed searches), but forty of
+them at once from one key used to fill the thread pool that every sync route shares and hold the
+interpreter lock, so ``/healthz`` and other tenants waited seconds. With a few slots per process,
+the rest of the service keeps its threads and most of the CPU; a caller beyond the cap gets 429
+``too-many-computations`` with ``Retry-After`` at once, before authentication or any database work.
+
+The principal is the presented Bearer key's digest (as for the rate limit): a bogus key only spends
+its own per-key cap, and its slot comes back when authentication fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+
+from app.capped_slots import CappedSlots, SlotsFull
+from app.config import Settings
+from app.problems import Problem
+from app.rate_limit import bearer_principal
+
+__all__ = ["PlanningSlotDep", "RETRY_AFTER_S", "planning_slots_of"]
+
+RETRY_AFTER_S = 2
+
+
+def planning_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
+    """The app's registry, made on first use (each app, and so each test, has its own)."""
+    slots = getattr(app.state, "planning_slots", None)
+    if slots is None:
+        slots = CappedSlots(total=settings.max_concurrent_plans, per_owner=settings.max_concurrent_plans_per_key,
+                            owner_scope="per-key", what="privacy computations")
+        app.state.planning_slots = slots
+    return slots
+
+
+async def planning_slot(request: Request) -> AsyncIterator[None]:
+    """Hold a slot for the request's duration (estimates and submissions), or answer 429."""
+    principal = bearer_principal(request.scope)
+    if principal is None:  # the route answers 401 without computing anything
+        yield
+        return
+    slots = planning_slots_of(request.app, request.app.state.services.settings)
+    try:
+        slots.acquire(principal)
+    except SlotsFull as exc:
+        raise Problem(
+            status=429,
+            slug="too-many-computations",
+            detail=f"too many privacy computations in flight ({exc.scope} limit {exc.limit}); pricing a job "
+            f"takes up to a few seconds, so wait for your other estimates or submissions and retry in "
+            f"{RETRY_AFTER_S} s",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+            extra={"limit": exc.limit, "scope": exc.scope},
+        ) from exc
+    try:
+        yield
+    finally:
+        slots.release(principal)
+
+
+PlanningSlotDep = Annotated[None, Depends(planning_slot)]
