@@ -13,9 +13,9 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
+from app.api.slot_problems import app_registry, slots_full_problem
 from app.api.deps import ServicesDep, TenantDep
 from app.capped_slots import CappedSlots, SlotsFull
-from app.problems import Problem
 
 RETRY_AFTER_S = 10
 
@@ -37,11 +37,7 @@ class UploadSlots(CappedSlots):
 
 def slots_of(app: FastAPI, *, total: int, per_tenant: int) -> UploadSlots:
     """The app's registry, made on first use (each app, and so each test client, has its own)."""
-    slots = getattr(app.state, "upload_slots", None)
-    if slots is None:
-        slots = UploadSlots(total=total, per_tenant=per_tenant)
-        app.state.upload_slots = slots
-    return slots
+    return app_registry(app, attribute="upload_slots", make=lambda: UploadSlots(total=total, per_tenant=per_tenant))
 
 
 async def upload_slot(
@@ -57,14 +53,8 @@ async def upload_slot(
     try:
         slots.acquire(tenant.id)
     except UploadSlotsFull as exc:
-        raise Problem(
-            status=429,
-            slug="too-many-uploads",
-            detail=f"too many uploads in progress ({exc.scope} limit {exc.limit}); retry in "
-            f"{RETRY_AFTER_S} s",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-            extra={"limit": exc.limit, "scope": exc.scope},
-        ) from exc
+        raise slots_full_problem(exc, slug="too-many-uploads", summary="too many uploads in progress",
+                                 advice=f"retry in {RETRY_AFTER_S} s", retry_after_s=RETRY_AFTER_S) from exc
     try:
         yield
     finally:

@@ -19,9 +19,9 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
+from app.api.slot_problems import app_registry, slots_full_problem
 from app.capped_slots import CappedSlots, SlotsFull
 from app.config import Settings
-from app.problems import Problem
 from app.rate_limit import bearer_principal
 
 __all__ = ["PlanningSlotDep", "RETRY_AFTER_S", "planning_slots_of"]
@@ -31,12 +31,9 @@ RETRY_AFTER_S = 2
 
 def planning_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
     """The app's registry, made on first use (each app, and so each test, has its own)."""
-    slots = getattr(app.state, "planning_slots", None)
-    if slots is None:
-        slots = CappedSlots(total=settings.max_concurrent_plans, per_owner=settings.max_concurrent_plans_per_key,
-                            owner_scope="per-key", what="privacy computations")
-        app.state.planning_slots = slots
-    return slots
+    return app_registry(app, attribute="planning_slots", make=lambda: CappedSlots(
+        total=settings.max_concurrent_plans, per_owner=settings.max_concurrent_plans_per_key,
+        owner_scope="per-key", what="privacy computations"))
 
 
 async def planning_slot(request: Request) -> AsyncIterator[None]:
@@ -49,15 +46,10 @@ async def planning_slot(request: Request) -> AsyncIterator[None]:
     try:
         slots.acquire(principal)
     except SlotsFull as exc:
-        raise Problem(
-            status=429,
-            slug="too-many-computations",
-            detail=f"too many privacy computations in flight ({exc.scope} limit {exc.limit}); pricing a job "
-            f"takes up to a few seconds, so wait for your other estimates or submissions and retry in "
-            f"{RETRY_AFTER_S} s",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-            extra={"limit": exc.limit, "scope": exc.scope},
-        ) from exc
+        raise slots_full_problem(
+            exc, slug="too-many-computations", summary="too many privacy computations in flight",
+            advice=f"pricing a job takes up to a few seconds, so wait for your other estimates or submissions "
+            f"and retry in {RETRY_AFTER_S} s", retry_after_s=RETRY_AFTER_S) from exc
     try:
         yield
     finally:

@@ -13,9 +13,9 @@ import threading
 
 from fastapi import FastAPI
 
+from app.api.slot_problems import app_registry, slots_full_problem
 from app.capped_slots import CappedSlots, SlotsFull
 from app.config import Settings
-from app.problems import Problem
 
 __all__ = ["RETRY_AFTER_S", "StreamSlot", "stream_slots_of", "take_stream_slot"]
 
@@ -43,12 +43,9 @@ class StreamSlot:
 
 def stream_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
     """The app's registry, made on first use (each app, and so each test, has its own)."""
-    slots = getattr(app.state, "stream_slots", None)
-    if slots is None:
-        slots = CappedSlots(total=settings.sse_max_streams_total, per_owner=settings.sse_max_streams_per_key,
-                            owner_scope="per-key", what="event streams")
-        app.state.stream_slots = slots
-    return slots
+    return app_registry(app, attribute="stream_slots", make=lambda: CappedSlots(
+        total=settings.sse_max_streams_total, per_owner=settings.sse_max_streams_per_key,
+        owner_scope="per-key", what="event streams"))
 
 
 def take_stream_slot(app: FastAPI, settings: Settings, *, principal: str) -> StreamSlot:
@@ -57,12 +54,7 @@ def take_stream_slot(app: FastAPI, settings: Settings, *, principal: str) -> Str
     try:
         slots.acquire(principal)
     except SlotsFull as exc:
-        raise Problem(
-            status=429,
-            slug="too-many-streams",
-            detail=f"too many open event streams ({exc.scope} limit {exc.limit}); close one or retry in "
-            f"{RETRY_AFTER_S} s",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-            extra={"limit": exc.limit, "scope": exc.scope},
-        ) from exc
+        raise slots_full_problem(exc, slug="too-many-streams", summary="too many open event streams",
+                                 advice=f"close one or retry in {RETRY_AFTER_S} s",
+                                 retry_after_s=RETRY_AFTER_S) from exc
     return StreamSlot(slots=slots, principal=principal)

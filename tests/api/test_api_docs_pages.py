@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.main import create_app
 from tests.conftest import RecordingDispatcher
+from tests.live_app import serving
 
 PAGES = ("/docs", "/redoc")
 ORIGIN = "http://testserver"
@@ -92,12 +89,6 @@ def test_openapi_json_is_still_served(app_client: TestClient) -> None:
 # ---------------------------------------------------------------------------------- in a browser
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from app.bootstrap import migrate
@@ -105,18 +96,8 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     settings: Settings = make_settings(tmp_path_factory.mktemp("docs") / "data")
     migrate(settings)
-    port = _free_port()
-    app = create_app(settings, dispatcher=RecordingDispatcher())
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(create_app(settings, dispatcher=RecordingDispatcher())) as url:
+        yield url
 
 
 def _rendered(url: str) -> tuple[str, str]:

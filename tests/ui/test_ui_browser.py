@@ -16,15 +16,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-import uvicorn
 from sqlalchemy import update
 
 from app import ledger
@@ -33,6 +29,7 @@ from app.job_settlement import settle_failed_job
 from app.job_views import add_job_event
 from app.models import Job, utcnow
 from tests.ui.conftest import UiWorld, built_world
+from tests.live_app import serving
 
 try:
     from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
@@ -55,12 +52,6 @@ def _chromium_path() -> str | None:
     if configured:
         return configured if Path(configured).exists() else None
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,18 +83,8 @@ def demo_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiWorld]:
 
 @pytest.fixture(scope="module")
 def live_url(demo_world: UiWorld) -> Iterator[str]:
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(demo_world.app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(demo_world.app) as url:
+        yield url
 
 
 class _Problems:
