@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import difflib
 import json
 import math
 from array import array
@@ -148,10 +149,7 @@ def _read_header(
             )
         positions[name] = position
     if label_column not in positions:
-        raise DatasetValidationError(
-            "missing-label-column",
-            f"label column {label_column!r} is not among the {len(header)} header columns",
-        )
+        raise DatasetValidationError("missing-label-column", _missing_label_detail(label_column, header))
     if len(header) == 1:
         raise DatasetValidationError(
             "empty-dataset", "the header has no feature columns besides the label column"
@@ -310,6 +308,11 @@ def _number_error(
 ) -> DatasetValidationError:
     """The first field that is not a number, else the first that is not finite."""
     for position, field in zip(plan.numeric_positions, fields, strict=True):
+        if not field.strip():
+            return DatasetValidationError(
+                "empty-field", f"line {line}, column {header[position]!r} is empty: every feature needs a "
+                "number (fill or drop the rows with missing values before upload)",
+            )
         if not _is_number(field):
             return DatasetValidationError("non-numeric", _non_numeric_detail(header[position], line=line))
     position = next(p for p, field in zip(plan.numeric_positions, fields, strict=True)
@@ -318,6 +321,23 @@ def _number_error(
         "non-finite",
         f"line {line}, column {header[position]!r}: NaN and infinite values are not allowed",
     )
+
+
+MAX_LISTED_COLUMNS = 20
+
+
+def _missing_label_detail(label_column: str, header: Sequence[str]) -> str:
+    """Which columns were found (the header is public schema), with a hint for the usual causes:
+    a near-miss of the name, or a file separated by semicolons read as one column."""
+    if len(header) == 1 and header[0].count(";") >= 1:
+        return (f"label column {label_column!r} was not found: the header is a single column holding "
+                f"{header[0].count(';') + 1} names separated by ';'. This file looks semicolon-separated; "
+                "save it with commas as separators (the format is RFC 4180 CSV)")
+    listed = ", ".join(repr(name) for name in header[:MAX_LISTED_COLUMNS])
+    more = f" and {len(header) - MAX_LISTED_COLUMNS} more" if len(header) > MAX_LISTED_COLUMNS else ""
+    close = difflib.get_close_matches(label_column, list(header), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"label column {label_column!r} is not among the {len(header)} header columns ({listed}{more}){hint}"
 
 
 def _non_numeric_detail(column: str, *, line: int) -> str:

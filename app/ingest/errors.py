@@ -10,6 +10,7 @@ Reason = Literal[
     "duplicate-column",
     "ragged-row",
     "non-numeric",
+    "empty-field",
     "non-finite",
     "field-too-long",
     "bad-encoding",

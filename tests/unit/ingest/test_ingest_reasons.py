@@ -78,7 +78,7 @@ CASES = [
     Case(
         "missing-label-column",
         _text("a,target\n1,0\n2,1\n"),
-        detail_names=("'label'",),
+        detail_names=("'label'", "('a', 'target')"),  # the columns found
     ),
     Case(
         "duplicate-column",
@@ -96,6 +96,11 @@ CASES = [
         _text(f"a,b,label\n1,2,0\n3,4,1\n5,{SECRET},0\n"),
         detail_names=("line 4", "'b'"),
         hidden=(SECRET,),
+    ),
+    Case(
+        "empty-field",
+        _text("a,b,label\n1,2,0\n3,,1\n"),
+        detail_names=("line 3", "column 'b' is empty"),
     ),
     Case(
         "non-finite",
@@ -246,6 +251,19 @@ def test_every_reason_has_a_case() -> None:
     assert sorted(case.reason for case in CASES) == sorted(REASONS)
 
 
+def test_a_missing_label_column_suggests_a_near_miss_and_recognises_semicolons(tmp_path: Path) -> None:
+    near = tmp_path / "near.csv"
+    near.write_text("x1,x2,labels\n1,2,0\n")
+    error = _reject(near, fmt="csv", label_column="label", task=None, limits=IngestLimits(), classes=None,
+                    preparation=None)
+    assert error.reason == "missing-label-column" and "did you mean 'labels'?" in error.detail
+    semicolons = tmp_path / "semicolons.csv"
+    semicolons.write_text("x1;x2;label\n1;2;0\n")
+    error = _reject(semicolons, fmt="csv", label_column="label", task=None, limits=IngestLimits(), classes=None,
+                    preparation=None)
+    assert error.reason == "missing-label-column" and "semicolon-separated" in error.detail
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.reason for case in CASES])
 def test_reason(case: Case, tmp_path: Path) -> None:
     error = _reject(
@@ -315,9 +333,9 @@ def test_line_numbers_count_multiline_quoted_fields(tmp_path: Path) -> None:
     assert "line 6" in error.detail
 
 
-def test_empty_field_is_non_numeric(tmp_path: Path) -> None:
-    error = _reject(_text("a,b,label\n1,,0\n")(tmp_path))
-    assert (error.reason, "'b'" in error.detail) == ("non-numeric", True)
+def test_an_empty_field_is_named_as_empty_not_as_text(tmp_path: Path) -> None:
+    error = _reject(_text("a,b,label\n1, ,0\n")(tmp_path))
+    assert (error.reason, "line 2, column 'b' is empty" in error.detail) == ("empty-field", True)
 
 
 @pytest.mark.parametrize(
