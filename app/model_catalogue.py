@@ -1,7 +1,7 @@
 """The model catalogue, torch-free: names, parameter schemas and shape checks.
 
 The worker builds the torch module registered under the same name
-(``worker.training.models``); checking shapes here turns a model that cannot take a dataset
+(``privtrain.architectures``); checking shapes here turns a model that cannot take a dataset
 into a 422 at submission instead of a worker crash.
 """
 
@@ -211,7 +211,7 @@ def _cnn_image(params: CNN2Params, facts: DatasetFacts) -> tuple[int, int, int]:
 
 
 def _cnn_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
-    """Mirrors worker.training.models._cnn2_gn layer by layer (tests pin it against torch)."""
+    """Mirrors privtrain.architectures._cnn2_gn layer by layer (tests pin it against torch)."""
     assert isinstance(params, CNN2Params)
     channels, height, width = _cnn_image(params, facts)
     out = cnn2_output_hw(height, width)

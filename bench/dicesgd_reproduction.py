@@ -60,7 +60,7 @@ from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 DELTA = 1e-5
 PAPER_ROW = "dicesgd C2=C1, paper C.4 noise (NOT DP)"

@@ -2,7 +2,7 @@
 
 For each target ε it uploads the training split as a fresh dataset whose budget is exactly that ε,
 submits one dp-sgd job with target ε, waits, downloads the model, rebuilds it with the documented
-``worker.training.artifacts.load_model`` and scores it on the held-out 20%. Repeats per seed
+``privtrain.load_model`` and scores it on the held-out 20%. Repeats per seed
 (each job draws its own noise seed from the OS CSPRNG; ``--repeats`` runs are independent).
 
     .venv/bin/python -m bench.digits_accuracy --url http://127.0.0.1:8000 --key "$(cat .privtrain/api-key)"
@@ -23,7 +23,7 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from worker.training.artifacts import load_model
+from privtrain.model_files import load_model
 
 # Fixed before looking at results: one configuration per ε from a small grid (B ∈ {128, 256},
 # epochs ∈ {10, 20, 40}, lr ∈ {1, 2, 4}, C = 1); see docs/benchmarks.md for the caveat.

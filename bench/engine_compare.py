@@ -42,7 +42,7 @@ from torch import nn
 from worker.optimizers.ghost import ghost_clipped_grad_sum
 from worker.optimizers.losses import get_loss
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 CLIP = 1.0
 Step = Callable[[], list[torch.Tensor]]

@@ -27,7 +27,7 @@ from worker.optimizers.state import TrainingHooks
 from worker.trainers import get_trainer
 from worker.trainers.base import TrainingRequest
 from worker.trainers.ht_dpsco import linear_layer
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 __all__ = ["PrivateRun", "non_private_fw", "non_private_iht", "run_private"]
 

@@ -40,7 +40,7 @@ from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 D = 5
 EPSILON, DELTA = 1.0, 1e-8

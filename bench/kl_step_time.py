@@ -31,7 +31,7 @@ from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
 from worker.optimizers.kl_noisy_gd import InnerSolver, InnerState, inner_step
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum
 from worker.optimizers.secure_random import SecureRandom
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from app.schemas.jobs import JobCreate
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 CLIPS = (0.1, 1.0)
 LEARNING_RATES = (0.05, 0.2)

@@ -45,8 +45,9 @@ from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.report import build_report, report_single_job_epsilon
 from worker.trainers import TrainingRequest, get_trainer, preflight
-from worker.training.artifacts import load_training_state, save_model, save_training_state
-from worker.training.models import build_model
+from privtrain.model_files import save_model
+from worker.training.artifacts import load_training_state, save_training_state
+from privtrain.architectures import build_model
 
 log = logging.getLogger("privtrain.worker")
 

@@ -15,7 +15,7 @@ from app.config import Settings
 from app.db import Database
 from tests.conftest import counts, spec_for, RecordingDispatcher, digits_split, upload
 from worker.runner import JobRunner
-from worker.training.artifacts import load_model
+from privtrain.model_files import load_model
 
 BASELINES = ["dp-adam", "auto-s", "dp-psac"]
 EXPECTED_FIELDS = {

@@ -26,7 +26,7 @@ from bench.breast_cancer_csv import CLASSES, preparation, training_csv
 from tests.conftest import upload
 from tests.sharing import share
 from worker.runner import JobRunner
-from worker.training.artifacts import load_model
+from privtrain.model_files import load_model
 
 
 def _stored(database: Database, settings: Settings) -> tuple[int, int, int, list[Path]]:

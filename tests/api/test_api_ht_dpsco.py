@@ -11,7 +11,7 @@ from app.config import Settings
 from app.db import Database
 from tests.conftest import to_csv, upload
 from worker.runner import JobRunner
-from worker.training.artifacts import load_model
+from privtrain.model_files import load_model
 
 
 def _standardised(X: np.ndarray) -> np.ndarray:

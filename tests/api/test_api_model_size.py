@@ -18,7 +18,7 @@ from app.db import Database
 from app.facts import DatasetFacts
 from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 HUGE_MLP = {"hidden_sizes": [16384] * 8, "activation": "relu"}
 # ~17 M parameters: under the parameter limit, but 256 per-sample gradients of it are ~17 GB.

@@ -18,7 +18,7 @@ from app.db import Database
 from app.models import Dataset
 from tests.conftest import digits_split, dp_sgd_spec, to_csv, upload
 from tests.worker_process import wait_for_status
-from worker.training.artifacts import load_model
+from privtrain.model_files import load_model
 
 pytestmark = pytest.mark.integration
 

@@ -17,14 +17,9 @@ from torch import nn
 
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingState
-from worker.training.artifacts import (
-    CONFIG_KEY,
-    load_model,
-    load_training_state,
-    save_model,
-    save_training_state,
-)
-from worker.training.models import MODEL_REGISTRY, build_model
+from privtrain.model_files import CONFIG_KEY, load_model, save_model
+from worker.training.artifacts import load_training_state, save_training_state
+from privtrain.architectures import MODEL_REGISTRY, build_model
 
 # (name, params, input_shape, n_outputs, task)
 ZooCase = tuple[str, dict[str, object], list[int], int, str]

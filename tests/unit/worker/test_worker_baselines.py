@@ -46,7 +46,7 @@ from worker.optimizers.per_sample_maps import (
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 MAPS = {"auto-s": lambda c: AutoSClip(c, gamma=0.01), "psac": lambda c: PSACClip(c, r=0.01)}
 

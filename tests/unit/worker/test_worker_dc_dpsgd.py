@@ -41,7 +41,7 @@ from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.trainers.dc_dpsgd import TAU_CHECKPOINT_KEY
 from worker.training.artifacts import load_training_state, save_training_state
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 
 def _seeded(seed: int, device: str = "cpu") -> torch.Generator:

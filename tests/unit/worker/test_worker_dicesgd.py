@@ -39,7 +39,7 @@ from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.artifacts import load_training_state, save_training_state
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 
 def _seeded(seed: int) -> torch.Generator:

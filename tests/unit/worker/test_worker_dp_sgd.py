@@ -22,7 +22,7 @@ from worker.optimizers.noise import privatise_sum
 from worker.optimizers.sampling import poisson_sample
 from worker.optimizers.secure_random import SecureRandom
 from worker.training.artifacts import load_training_state, save_training_state
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 
 def _seeded(seed: int) -> torch.Generator:

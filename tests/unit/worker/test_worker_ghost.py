@@ -35,7 +35,7 @@ from worker.optimizers.per_sample import (
     trainable_parameters,
 )
 from worker.optimizers.secure_random import SecureRandom
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 MODES = ("bk", "retain", "recompute")
 

@@ -31,7 +31,7 @@ from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import ht_dpsco as trainers
 from worker.trainers.base import TrainingRequest, get_trainer
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 ADVERSARIAL = [1e300, -1e300, 1e8, -1e8, 0.0]
 

@@ -9,7 +9,7 @@ from sklearn.preprocessing import StandardScaler
 
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.secure_random import SecureRandom
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 
 def test_dp_logistic_regression_learns_digits() -> None:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from worker.optimizers.per_sample import check_supported
-from worker.training.models import MODEL_REGISTRY, build_model, register_model
+from privtrain.architectures import MODEL_REGISTRY, build_model, register_model
 
 # (name, params, input_shape, n_outputs) — one representative configuration per zoo entry.
 ZOO_CASES: list[tuple[str, dict[str, object], tuple[int, ...], int]] = [

@@ -21,7 +21,7 @@ from worker.optimizers.per_sample import (
     supported_module,
     trainable_parameters,
 )
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 # (id, model name, params, input_shape, n_outputs, loss)
 Case = tuple[str, str, dict[str, object], tuple[int, ...], int, str]

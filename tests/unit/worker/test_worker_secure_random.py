@@ -22,7 +22,7 @@ from worker.optimizers import secure_random as secure_random_module
 from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StreamingProjection
 from worker.optimizers.secure_random import SecureRandom, keyed_uniform, paired_normal, paired_uniform
 from worker.runner import JobRunner
-from worker.training.models import build_model
+from privtrain.architectures import build_model
 
 # ----------------------------------------------------------------------------- seed bits
 
