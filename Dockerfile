@@ -13,13 +13,13 @@ RUN useradd --uid 10001 --create-home privtrain && mkdir -p /data && chown privt
 ENV PRIVTRAIN_DATA_DIR=/data
 
 FROM base AS api
-RUN pip install -c constraints.txt ./client .
+RUN pip install -c constraints.txt "./client[yaml]" .
 USER privtrain
 EXPOSE 8000
 CMD ["uvicorn", "app.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]
 
 FROM base AS worker
 # The default index's Linux wheel of torch carries CUDA; pin the same version as development.
-RUN pip install "torch==2.13.0" && pip install -c constraints.txt ./client ".[worker]"
+RUN pip install "torch==2.13.0" && pip install -c constraints.txt "./client[yaml]" ".[worker]"
 USER privtrain
 CMD ["privtrain-admin", "worker"]

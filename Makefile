@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test venv migrate lint bench clean
+.PHONY: run test venv migrate lint docs bench clean
 
 $(STAMP): pyproject.toml client/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ./client -e '.[worker,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e './client[yaml]' -e '.[worker,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,5 +25,15 @@ test: $(STAMP)
 migrate: $(STAMP)
 	$(BIN)/privtrain-admin migrate
 
+## Build the documentation site into site/ (strict: a broken link or a missing page fails).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
+## Lint, format check and type check (configuration in pyproject.toml).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
 clean:
-	rm -rf $(VENV) .privtrain .pytest_cache
+	rm -rf $(VENV) .privtrain .pytest_cache site

@@ -7,7 +7,7 @@ role at all: the dataset stays out of the tenant's listings and answers it 404 (
 What each role may do is one table per object kind below, not branches in the routers, so the
 rules can be read (and tested) in one place.
 
-Two kinds of refusal, on purpose:
+Two kinds of refusal, on purpose (domain errors, app/errors.py; the API answers them as problems):
 - 404 ``not-found`` when the caller has no role on the object: answered exactly like an id that
   does not exist, so nobody learns that another tenant's dataset or job exists.
 - 403 ``forbidden`` when the caller can see the object but lacks the permission (an analyst
@@ -27,7 +27,7 @@ from sqlalchemy import ColumnElement, Select, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from app.models import Dataset, DatasetGrant, Job, Tenant
-from app.problems import Problem, not_found
+from app.errors import forbidden, not_found
 
 Role = Literal["owner", "analyst"]
 DatasetNeed = Literal["read", "submit", "own"]
@@ -50,10 +50,6 @@ JOB_PERMISSIONS: Mapping[JobNeed, frozenset[JobRelation]] = {
 }
 
 
-def forbidden(detail: str) -> Problem:
-    return Problem(status=403, slug="forbidden", detail=detail)
-
-
 @dataclass(frozen=True)
 class DatasetAccess:
     dataset: Dataset
@@ -71,12 +67,12 @@ def _active_grant_of(tenant_id: str) -> ColumnElement[bool]:
     )
 
 
-def active_grant_datasets(tenant_id: str) -> Select[tuple[str]]:
+def active_grant_datasets(tenant_id: str) -> Select[str]:
     """Ids of the datasets a tenant holds an accepted, unrevoked grant on."""
     return select(DatasetGrant.dataset_id).where(_active_grant_of(tenant_id))
 
 
-def owned_datasets(tenant_id: str) -> Select[tuple[str]]:
+def owned_datasets(tenant_id: str) -> Select[str]:
     return select(Dataset.id).where(Dataset.tenant_id == tenant_id)
 
 

@@ -90,7 +90,8 @@ def database_problem(settings: Settings) -> str | None:
         with db.engine.connect() as connection:
             revision = MigrationContext.configure(connection).get_current_revision()
     except SQLAlchemyError as exc:
-        first_line = str(exc.orig if getattr(exc, "orig", None) is not None else exc).splitlines()[0]
+        cause = getattr(exc, "orig", None)  # the driver's error, on a DBAPIError
+        first_line = str(cause if cause is not None else exc).splitlines()[0]
         return f"cannot open the database ({first_line})"
     finally:
         db.dispose()
@@ -178,8 +179,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     """Settle jobs whose worker vanished and re-send lost messages, once or every interval."""
     import threading
 
+    from app.reconciler import reconcile_once, run_periodically
     from app.services import CeleryDispatcher
-    from worker.reconciler import reconcile_once, run_periodically
 
     settings = get_settings()
     configure_logging(settings.log_level)
@@ -218,7 +219,7 @@ def _exit_on_sigterm(_signum: int, _frame: object) -> None:
 def _start_worker(queue: str, *, loglevel: str) -> subprocess.Popen[bytes]:
     """serve's worker child, tied to this process: it gets SIGTERM when serve dies, even by SIGKILL
     (prctl where available, plus its own watch of the parent pid), so no worker is orphaned."""
-    from worker.parent_watch import PARENT_PID_ENV, die_with_parent
+    from app.parent_death import PARENT_PID_ENV, die_with_parent
 
     return subprocess.Popen(
         worker_command(queue, loglevel=loglevel),

@@ -23,23 +23,44 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRIVTRAIN_", extra="ignore")
 
-    environment: Literal["development", "test", "production"] = "development"
-    data_dir: Path = Path(".privtrain")
+    environment: Literal["development", "test", "production"] = Field(
+        default="development",
+        description="production refuses SQLite, the filesystem broker, a missing dashboard session "
+        "secret and PRIVTRAIN_SECURE_NOISE=false",
+    )
+    data_dir: Path = Field(
+        default=Path(".privtrain"),
+        description="blobs (datasets, models, reports), the SQLite file, broker folders, checkpoints",
+    )
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL; default: SQLite file in the data dir"
     )
     broker_url: str | None = Field(
         default=None, description="Celery broker; default: kombu filesystem:// in the data dir"
     )
-    bootstrap_api_key: str | None = None
-    max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
-    max_rows: int = Field(default=1_000_000, gt=0)
-    max_features: int = Field(default=100_000, gt=0)
-    max_steps: int = Field(default=1_000_000, gt=0)
-    task_queue: str = "gpu"
-    heartbeat_interval_s: float = Field(default=5.0, gt=0)
-    checkpoint_every_steps: int = Field(default=200, ge=0)
-    max_attempts: int = Field(default=3, ge=1, le=20)
+    bootstrap_api_key: str | None = Field(
+        default=None,
+        description="if set (at least 24 characters), registered for the 'default' tenant at start; "
+        "never echoed",
+    )
+    max_upload_bytes: int = Field(
+        default=512 * 1024 * 1024, gt=0, description="larger uploads are refused (413)"
+    )
+    max_rows: int = Field(default=1_000_000, gt=0, description="most rows a dataset may have")
+    max_features: int = Field(default=100_000, gt=0, description="most features a dataset may have")
+    max_steps: int = Field(default=1_000_000, gt=0, description="the most optimizer steps a job may plan")
+    task_queue: str = Field(default="gpu", description="the Celery queue the workers consume")
+    heartbeat_interval_s: float = Field(
+        default=5.0, gt=0, description="how often a worker reports progress and checks for a cancel"
+    )
+    checkpoint_every_steps: int = Field(
+        default=200, ge=0,
+        description="training checkpoints every this many steps, kept on worker storage only (0: off)",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, le=20,
+        description="attempts of a job whose worker vanished, all inside one reservation",
+    )
     job_time_limit_s: float = Field(
         default=24 * 3600.0, gt=0, description="a job running longer is stopped; its reservation is committed"
     )
@@ -54,12 +75,16 @@ class Settings(BaseSettings):
     redispatch_after_s: float = Field(
         default=120.0, gt=0, description="re-send a queued job's message after this long"
     )
-    reconcile_interval_s: float = Field(default=15.0, gt=0)
+    reconcile_interval_s: float = Field(
+        default=15.0, gt=0, description="how often the reconciler loop runs inside the API process"
+    )
     rate_limit_per_minute: float = Field(
         default=1200.0, ge=0, le=1e7,
         description="requests per minute per API key and API process (0: no limit)",
     )
-    rate_limit_burst: int = Field(default=200, ge=1, le=1_000_000)
+    rate_limit_burst: int = Field(
+        default=200, ge=1, le=1_000_000, description="the token bucket's size: requests one key may burst"
+    )
     max_active_jobs_per_tenant: int = Field(
         default=50, ge=1, le=1_000_000, description="queued + running jobs a tenant may have at once"
     )
@@ -85,7 +110,10 @@ class Settings(BaseSettings):
     run_reconciler: bool = Field(
         default=True, description="run the reconciler loop inside the API process"
     )
-    max_physical_batch_size: int = Field(default=256, gt=0)
+    max_physical_batch_size: int = Field(
+        default=256, gt=0,
+        description="rows per per-sample-gradient chunk (bounds memory, never changes results)",
+    )
     max_model_parameters: int = Field(
         default=50_000_000, gt=0,
         description="a job whose model (with its params, on the dataset's feature shape) has more "
@@ -149,7 +177,9 @@ class Settings(BaseSettings):
         description="if set, /metrics requires 'Authorization: Bearer <token>' and adds the "
         "per-dataset ε gauges (labelled by dataset id); unset, /metrics is open and aggregate only",
     )
-    log_level: str = "INFO"
+    log_level: str = Field(
+        default="INFO", description="JSON logs on stderr at this level; they never contain private values"
+    )
 
     @field_validator("bootstrap_api_key")
     @classmethod
@@ -166,7 +196,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _time_limit_below_visibility_timeout(self) -> "Settings":
+    def _time_limit_below_visibility_timeout(self) -> Settings:
         if not self.uses_filesystem_broker and self.job_time_limit_s >= self.redis_visibility_timeout_s:
             raise ValueError(
                 f"PRIVTRAIN_JOB_TIME_LIMIT_S ({self.job_time_limit_s:g}) must be below "

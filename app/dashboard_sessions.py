@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, delete, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.changed_rows import changed_rows
 from app.models import ApiKey, UiSession, utcnow
 
 __all__ = [
@@ -100,27 +101,28 @@ def _live(session: Session, which: ColumnElement[bool], *, now: dt.datetime | No
 
 def end_session(session: Session, session_id: str, *, now: dt.datetime | None = None) -> bool:
     """Logout: False if the session had already ended."""
-    result = session.execute(
+    ended = changed_rows(
+        session,
         update(UiSession).where(UiSession.id == session_id, UiSession.ended_at.is_(None))
-        .values(ended_at=now or utcnow()).execution_options(synchronize_session=False)
+        .values(ended_at=now or utcnow()).execution_options(synchronize_session=False),
     )
-    return bool(result.rowcount)
+    return bool(ended)
 
 
 def end_sessions_of_key(session: Session, api_key_id: str, *, now: dt.datetime | None = None) -> int:
     """Key revocation: every live session of the key ends (lookups refuse them anyway)."""
-    result = session.execute(
+    return changed_rows(
+        session,
         update(UiSession).where(UiSession.api_key_id == api_key_id, UiSession.ended_at.is_(None))
-        .values(ended_at=now or utcnow()).execution_options(synchronize_session=False)
+        .values(ended_at=now or utcnow()).execution_options(synchronize_session=False),
     )
-    return int(result.rowcount or 0)
 
 
 def purge_old_sessions(session: Session, *, now: dt.datetime | None = None) -> int:
     """Delete sessions ended or expired more than PURGE_AFTER ago (they can never be used again)."""
     cutoff = (now or utcnow()) - PURGE_AFTER
-    result = session.execute(
+    return changed_rows(
+        session,
         delete(UiSession).where(or_(UiSession.ended_at < cutoff, UiSession.expires_at < cutoff))
-        .execution_options(synchronize_session=False)
+        .execution_options(synchronize_session=False),
     )
-    return int(result.rowcount or 0)

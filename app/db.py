@@ -1,7 +1,7 @@
 """Database engine and sessions.
 
 SQLite runs in WAL mode with foreign keys on, and admission uses ``BEGIN IMMEDIATE`` so that two
-writers can never both read the same budget (privacy.md §4); PostgreSQL uses ``SELECT … FOR UPDATE``
+writers can never both read the same budget (docs/privacy-model.md#ledger); PostgreSQL uses ``SELECT … FOR UPDATE``
 on the budget row instead.
 """
 

@@ -1,9 +1,13 @@
-"""Public facts of a registered dataset: what a job's plan and cost may depend on (privacy.md §1)."""
+"""Public facts of a registered dataset: what a job's plan and cost may depend on.
+
+See docs/privacy-model.md#public-facts.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -23,7 +27,7 @@ class PublicClassList:
     """A classification dataset's public class list and where it came from (docs/privacy-model.md §2)."""
 
     names: tuple[str, ...]
-    source: str  # "declared" (by the owner at upload) | "observed" (taken from the labels found)
+    source: Literal["declared", "observed"]  # by the owner at upload | taken from the labels found
 
 
 def public_class_list(

@@ -68,7 +68,7 @@ class InvitationView:
         return grant_status(self.grant)
 
 
-def _views() -> Select[tuple[DatasetGrant, str, str, float, float]]:
+def _views() -> Select[DatasetGrant, str, str, float, float]:
     """Invitations with their dataset's name, owner and budget; the columns only, so a dataset's
     feature names (megabytes on a wide one) are never loaded for a listing."""
     owner = aliased(Tenant)
@@ -80,7 +80,7 @@ def _views() -> Select[tuple[DatasetGrant, str, str, float, float]]:
     )
 
 
-def _view(row: Row[tuple[DatasetGrant, str, str, float, float]]) -> InvitationView:
+def _view(row: Row[DatasetGrant, str, str, float, float]) -> InvitationView:
     grant, dataset_name, owner, epsilon, delta = row
     return InvitationView(grant=grant, dataset_name=dataset_name, owner=owner, epsilon=epsilon, delta=delta)
 

@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from app import ledger, privacy, suggestions
 from app.algorithms import (
     ALGORITHMS,
     AlgorithmDefinition,
     InvalidHyperparameters,
+    MissingTrainingFields,
     PrivacyPlan,
     UnknownAlgorithm,
     get_algorithm,
@@ -35,7 +38,7 @@ from app.privacy.admissible import (
 from app.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from app.privacy.orders import Curve
 from app.privacy.ranges import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
-from app.problems import Problem
+from app.errors import InvalidInput
 from app.registry import Registry
 from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
 from privtrain.directed_rounding import format_remaining
@@ -59,8 +62,12 @@ def compose_job_event(
 @dataclass(frozen=True)
 class JobPlan:
     spec: dict[str, Any]
-    algorithm: AlgorithmDefinition
+    algorithm: AlgorithmDefinition[Any]
     model_name: str
+    hyperparameters: BaseModel
+    """As the catalogue validated them (defaults and the privacy target filled in)."""
+    training: TrainingSpec
+    """As the algorithm accepted it (unused fields refused, a full-batch batch_size filled in)."""
     plan: PrivacyPlan
     evaluation: EvaluationPlan | None
     noise_multiplier: float
@@ -245,8 +252,8 @@ def request_hash(spec: JobCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _invalid(slug: str, detail: str) -> Problem:
-    return Problem(status=422, slug=slug, detail=detail)
+def _invalid(slug: str, detail: str) -> InvalidInput:
+    return InvalidInput(slug=slug, detail=detail)
 
 
 def plan_job(
@@ -258,7 +265,7 @@ def plan_job(
     max_time_limit_s: float | None = None,
     model_limits: ModelSizeLimits | None = None,
 ) -> JobPlan:
-    """Validate the spec against the catalogues and price it; raises 422 problems.
+    """Validate the spec against the catalogues and price it; raises :class:`app.errors.InvalidInput`.
 
     ``model_limits``: the service's model-size limits (default: the process settings)."""
     facts = facts_of(dataset)
@@ -294,12 +301,21 @@ def plan_job(
             algorithm.validate_hyperparameters(spec.algorithm.hyperparameters),
             target_epsilon=spec.privacy.target_epsilon,
         )
+        training = algorithm.accept_training(spec.training, facts)
         plan = algorithm.plan(
             hyperparameters,
-            spec.training,
+            training,
             facts,
             training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
         )
+    except MissingTrainingFields as exc:  # the request's own missing-field error, as before
+        raise InvalidInput(
+            slug="validation-error", detail=f"body.training.{exc.fields[0]}: Field required",
+            extra={"errors": [
+                {"loc": ["body", "training", field], "msg": "Field required", "type": "missing"}
+                for field in exc.fields
+            ]},
+        ) from None
     except (InvalidHyperparameters, InvalidEvaluation) as exc:
         raise _invalid("invalid-job-spec", str(exc)) from None
     except ArithmeticError as exc:  # a formula overflowed: the hyperparameters are out of range
@@ -346,11 +362,14 @@ def plan_job(
     normalised = spec.model_dump(mode="json")
     normalised["model"]["params"] = model_params
     normalised["algorithm"]["hyperparameters"] = hyperparameters.model_dump(mode="json")
+    normalised["training"] = training.model_dump(mode="json")
     normalised["privacy"]["delta"] = delta
     return JobPlan(
         spec=normalised,
         algorithm=algorithm,
         model_name=model.name,
+        hyperparameters=hyperparameters,
+        training=training,
         plan=plan,
         evaluation=evaluation,
         noise_multiplier=sigma,
@@ -365,13 +384,23 @@ def plan_job(
     )
 
 
-def rebuild_plan(
-    stored_spec: dict[str, Any], algorithm_name: str, dataset: Dataset
-) -> tuple[PrivacyPlan, EvaluationPlan | None]:
-    """The plan of an admitted job, from its stored (normalised) spec and the dataset's facts.
+@dataclass(frozen=True)
+class RebuiltJob:
+    """An admitted job re-derived from its stored spec: every part re-validated, none trusted."""
 
-    The worker uses it to check that what it runs is what was charged; the HTML report to redraw
-    ε against steps. The stored spec already holds every default the planner filled in.
+    plan: PrivacyPlan
+    evaluation: EvaluationPlan | None
+    hyperparameters: BaseModel
+    training: TrainingSpec
+
+
+def rebuild_job(stored_spec: dict[str, Any], algorithm_name: str, dataset: Dataset) -> RebuiltJob:
+    """The plan of an admitted job, from its stored (normalised) spec and the dataset's facts,
+    with the hyperparameters and training spec it was priced with (re-validated here).
+
+    The worker uses it to check that what it runs is what was charged, and trains with its
+    hyperparameters; the HTML report redraws ε against steps. The stored spec already holds
+    every default the planner filled in.
     """
     facts = facts_of(dataset)
     evaluation_spec = stored_spec.get("evaluation")
@@ -385,4 +414,12 @@ def rebuild_plan(
         hyperparameters, training, facts,
         training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
     )
-    return plan, evaluation
+    return RebuiltJob(plan=plan, evaluation=evaluation, hyperparameters=hyperparameters, training=training)
+
+
+def rebuild_plan(
+    stored_spec: dict[str, Any], algorithm_name: str, dataset: Dataset
+) -> tuple[PrivacyPlan, EvaluationPlan | None]:
+    """The (plan, evaluation) part of :func:`rebuild_job`."""
+    rebuilt = rebuild_job(stored_spec, algorithm_name, dataset)
+    return rebuilt.plan, rebuilt.evaluation

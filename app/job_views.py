@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from sqlalchemy import update
-from sqlalchemy.orm import Session
-
-from app.models import TERMINAL_STATUSES, Job, JobEvent
+from app.jobs.status import TERMINAL_STATUSES, JobStatus
+from app.models import Job, JobEvent
 from app.schemas.jobs import JobEventOut, JobOut
 
 EpsilonBasis = Literal["reserved", "committed"]
@@ -37,7 +35,7 @@ def job_epsilon(job: Job) -> JobEpsilon:
 
 def job_out(job: Job) -> JobOut:
     links = {"self": f"/v1/jobs/{job.id}", "events": f"/v1/jobs/{job.id}/events"}
-    if job.status == "succeeded":
+    if job.status == JobStatus.SUCCEEDED:
         links["model"] = f"/v1/jobs/{job.id}/model"
         links["report"] = f"/v1/jobs/{job.id}/report"
     shown = job_epsilon(job)
@@ -66,23 +64,6 @@ def job_out(job: Job) -> JobOut:
         finished_at=job.finished_at,
         links=links,
     )
-
-
-def add_job_event(session: Session, job_id: str, kind: str, payload: dict[str, Any]) -> JobEvent:
-    """Append a progress/lifecycle event numbered after the job's last one. Callers pass public
-    values only (docs/privacy-model.md §1).
-
-    Why an UPDATE … RETURNING on the job row: it bumps ``event_count`` and takes the row's write
-    lock in one statement, so the worker and the API (cancel) can never number two events alike,
-    on PostgreSQL or SQLite, and numbers are never reused.
-    """
-    seq = session.execute(
-        update(Job).where(Job.id == job_id).values(event_count=Job.event_count + 1)
-        .returning(Job.event_count).execution_options(synchronize_session=False)
-    ).scalar_one()
-    event = JobEvent(job_id=job_id, seq=seq, kind=kind, payload=payload)
-    session.add(event)
-    return event
 
 
 def event_out(event: JobEvent) -> JobEventOut:

@@ -3,7 +3,8 @@
 Every function runs inside the caller's transaction, after :func:`lock_budget` has locked the
 dataset's budget row (``SELECT … FOR UPDATE`` on PostgreSQL; the whole transaction is
 ``BEGIN IMMEDIATE`` on SQLite). Entries are append-only and hash-chained; the totals on the budget
-row are a cache of what the entries and the open jobs imply (privacy.md §4).
+row are a cache of what the entries and the open jobs imply (docs/privacy-model.md §7). Which
+entry a job's transition writes is decided one level up, in app.jobs.lifecycle.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -208,6 +210,8 @@ def _reserved_of_other_open_jobs(session: Session, dataset_id: str, settling_job
     )
     total: tuple[float, ...] = tuple(zero_curve())
     for curve in curves:
+        if curve is None:  # reserve() always records one
+            raise LedgerStateError(f"a RESERVE entry of dataset {dataset_id} has no curve")
         total = privacy.add_curves(total, tuple(curve))
     return list(total)
 
@@ -321,7 +325,7 @@ def release(
     )
 
 
-def curve_epsilon(curve: tuple[float, ...] | list[float], delta: float) -> float:
+def curve_epsilon(curve: Sequence[float], delta: float) -> float:
     """Ledger ε of a curve; an all-zero curve (nothing spent) is exactly 0, not the conversion's slack."""
     if not any(curve):
         return 0.0
@@ -367,7 +371,7 @@ def adjust(
 
 
 def adjustments(session: Session, dataset_id: str) -> list[dict[str, Any]]:
-    """Every ADJUST entry of a dataset, for reports (privacy.md §4: shown in every later report)."""
+    """Every ADJUST entry of a dataset, for reports (docs/privacy-model.md §4: shown in every later report)."""
     entries = session.scalars(
         select(LedgerEntry)
         .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.kind == ADJUST)

@@ -1,7 +1,7 @@
 """Independent audit of the privacy ledger: re-derive everything the ledger claims from its entries.
 
 A data owner hands the result to an auditor, so nothing here trusts the caches or the code paths
-that wrote the ledger (privacy.md §4): the hash chain is recomputed, every curve is re-derived
+that wrote the ledger (docs/privacy-model.md#ledger): the hash chain is recomputed, every curve is re-derived
 from its event JSON with the current accountant, every job's lifecycle is walked, the cached
 totals are rebuilt, and every admission is replayed against the budget in force when it was made.
 
@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 
 from app import ledger, privacy
 from app.db import Database
-from app.models import JOB_STATUSES, TERMINAL_STATUSES, Dataset, Job, LedgerEntry, PrivacyBudget
+from app.jobs.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.privacy.curves import validate_curve
 from app.privacy.orders import Curve
 
@@ -56,7 +57,7 @@ PROBLEM_CODES: Final[dict[str, str]] = {
 
 JOB_KINDS: Final[frozenset[str]] = frozenset({ledger.RESERVE, ledger.TOUCH, ledger.COMMIT, ledger.RELEASE})
 CURVE_KINDS: Final[frozenset[str]] = frozenset({ledger.RESERVE, ledger.COMMIT, ledger.RELEASE})
-OPEN_STATUSES: Final[frozenset[str]] = frozenset(JOB_STATUSES) - TERMINAL_STATUSES
+OPEN_STATUSES: Final[frozenset[JobStatus]] = ACTIVE_STATUSES
 COMMITTED_RELATIVE_TOLERANCE: Final[float] = 1e-12
 """Committed is folded in seq order, as the ledger does, so it should agree exactly."""
 RESERVED_RELATIVE_TOLERANCE: Final[float] = 1e-9
@@ -413,8 +414,8 @@ def check_lifecycle(data: _DatasetLedger) -> Iterator[AuditProblem]:
         for seq, text in trail.violations:
             yield data.problem(seq, "lifecycle", text)
     for job in data.own_jobs:
-        trail = data.trails.get(job.id)
-        if trail is None or trail.reserve is None:
+        job_trail = data.trails.get(job.id)
+        if job_trail is None or job_trail.reserve is None:
             yield data.problem(None, "lifecycle", f"job {job.id} has no RESERVE entry")
 
 
@@ -471,7 +472,7 @@ def check_job_status(data: _DatasetLedger) -> Iterator[AuditProblem]:
             yield data.problem(None, "unsettled-terminal-job", f"job {job.id} is {job.status} but unsettled")
         elif job.status in OPEN_STATUSES and settled:
             yield data.problem(None, "settled-open-job", f"job {job.id} is {job.status} but already settled")
-        elif job.status not in JOB_STATUSES:
+        elif job.status not in frozenset(JobStatus):
             yield data.problem(None, "unknown-job-status", f"job {job.id} has status {job.status!r}")
 
 
@@ -487,7 +488,7 @@ def _recomputed_reserved(data: _DatasetLedger) -> Curve:
 
 
 def check_totals(data: _DatasetLedger) -> Iterator[AuditProblem]:
-    """The budget row's totals are only a cache; the entries are the truth (privacy.md §4)."""
+    """The budget row's totals are only a cache; the entries are the truth (docs/privacy-model.md#ledger)."""
     if data.budget is None:
         return
     committed, reserved = _recomputed_committed(data), _recomputed_reserved(data)

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import ledger
+from app.jobs.status import JobStatus
 from app.models import Job, LedgerEntry
 from privtrain.directed_rounding import format_guarantee
 
@@ -77,10 +78,10 @@ def _how_the_job_ended(job: Job | None) -> str:
     if job is None:
         return "ended before using all of it"
     ran = f"{job.steps_run} of {job.steps_planned} steps"
-    endings = {
-        "succeeded": f"stopped after {ran}" if job.steps_run < job.steps_planned else "finished",
-        "cancelled": f"was cancelled after {ran}",
-        "failed": f"failed ({job.error_code}) after {ran}",
+    endings: dict[str, str] = {
+        JobStatus.SUCCEEDED: f"stopped after {ran}" if job.steps_run < job.steps_planned else "finished",
+        JobStatus.CANCELLED: f"was cancelled after {ran}",
+        JobStatus.FAILED: f"failed ({job.error_code}) after {ran}",
     }
     return endings.get(job.status, f"ran {ran}")
 

@@ -1,7 +1,7 @@
 """Structured JSON logging, configured by entry points only (never at import).
 
 Records carry ids (job, dataset, tenant) through ``extra=``; private values never go into logs
-(privacy.md §1), so the formatter has no way to print arbitrary objects beyond their ``str``.
+(docs/privacy-model.md#worker-secrets), so the formatter has no way to print arbitrary objects beyond their ``str``.
 """
 
 from __future__ import annotations

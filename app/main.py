@@ -11,11 +11,13 @@ from fastapi import FastAPI
 
 from app.api import catalogue, datasets, grants, health, invitations, jobs, ui
 from app.api.docs_pages import install_docs_pages
+from app.api.domain_errors import install_domain_error_handler
 from app.api.ui_session import session_secret
 from app.bootstrap import register_bootstrap_key
 from app.config import Settings, get_settings
 from app.problems import document_problems, install_problem_handlers
 from app.rate_limit import RateLimiter, RateLimitMiddleware, principal_resolver
+from app.reconciler import run_periodically
 from app.services import JobDispatcher, Services, build_services
 
 
@@ -36,8 +38,6 @@ def create_app(
         stop = threading.Event()
         reconciler = None
         if settings.run_reconciler:
-            from worker.reconciler import run_periodically  # torch-free
-
             reconciler = threading.Thread(
                 target=run_periodically,
                 args=(services.db, settings, services.dispatcher, stop),
@@ -71,6 +71,7 @@ def create_app(
             ),
         )
     install_problem_handlers(app)
+    install_domain_error_handler(app)
     document_problems(app)
     for module in (datasets, grants, invitations, jobs, catalogue, health, ui):
         app.include_router(module.router)

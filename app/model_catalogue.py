@@ -248,7 +248,7 @@ def _cnn_shape(params: BaseModel, facts: DatasetFacts) -> None:
             raise ModelIncompatible(
                 f"image_shape {list(params.image_shape)} differs from the dataset's {list(shape)}"
             )
-        image = shape
+        image: tuple[int, ...] = shape
     elif params.image_shape is not None:
         image = tuple(params.image_shape)
         if math.prod(image) != facts.n_features:

@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.jobs.status import JobStatus
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -208,7 +210,8 @@ class Job(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    """A :class:`app.jobs.status.JobStatus`; only app.jobs.lifecycle changes it."""
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     algorithm: Mapped[str] = mapped_column(String(64))
     model_name: Mapped[str] = mapped_column(String(64))
@@ -261,6 +264,3 @@ class JobEvent(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})

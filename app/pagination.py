@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.problems import Problem
+from app.errors import InvalidInput
 
 __all__ = [
     "CursorField", "MAX_CURSOR_CHARS", "cursor_id", "cursor_seq", "cursor_time", "decode_cursor",
@@ -34,8 +34,8 @@ _MAX_SEQ = 2**63 - 1  # a signed 64-bit column: larger integers overflow the dri
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _invalid() -> Problem:
-    return Problem(status=422, slug="invalid-cursor", detail="malformed cursor")
+def _invalid() -> InvalidInput:
+    return InvalidInput(slug="invalid-cursor", detail="malformed cursor")
 
 
 def encode_cursor(values: list[Any]) -> str:

@@ -1,7 +1,8 @@
 """RFC 9457 problem details with a stable ``type`` per error.
 
 Every error the API returns goes through :class:`Problem`, so clients can switch on ``type``
-(``/problems/<slug>``) and never need to parse prose.
+(``/problems/<slug>``) and never need to parse prose. Routes raise problems; code below them
+raises :mod:`app.errors` domain errors, which ``app.api.domain_errors`` turns into problems.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ PROBLEM_BASE = "/problems/"
 
 
 class Problem(Exception):
-    """An error with a stable slug; raise it anywhere below a router."""
+    """An HTTP error with a stable slug; raise it in the API layer (app/api/)."""
 
     def __init__(
         self,

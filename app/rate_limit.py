@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from starlette.requests import cookie_parser
@@ -73,7 +73,8 @@ class RateLimiter:
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for header, value in scope.get("headers", ()):
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())  # ASGI: (name, value) byte pairs
+    for header, value in headers:
         if header == name:
             return value.decode("latin-1")
     return None

@@ -18,7 +18,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
-from app.models import JOB_STATUSES, Job, PrivacyBudget
+from app.jobs.status import JobStatus
+from app.models import Job, PrivacyBudget
 
 __all__ = ["RECENT_JOBS", "collect_metrics"]
 
@@ -36,8 +37,11 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def _seconds(pairs: Sequence[tuple[dt.datetime, dt.datetime]]) -> list[float]:
-    return [(_utc(end) - _utc(start)).total_seconds() for start, end in pairs]
+def _seconds(pairs: Sequence[tuple[dt.datetime | None, dt.datetime | None]]) -> list[float]:
+    """Durations of the (start, end) pairs; the queries already select only rows with both set."""
+    return [
+        (_utc(end) - _utc(start)).total_seconds() for start, end in pairs if start is not None and end is not None
+    ]
 
 
 def collect_metrics(
@@ -50,7 +54,7 @@ def collect_metrics(
 
     jobs = Gauge("privtrain_jobs", "Jobs by status", ["status"], registry=registry)
     counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-    for status in JOB_STATUSES:
+    for status in JobStatus:
         jobs.labels(status=status).set(counts.get(status, 0))
 
     waits = _seconds(session.execute(
@@ -75,8 +79,9 @@ def collect_metrics(
     heartbeats = [
         (now - _utc(beat)).total_seconds()
         for (beat,) in session.execute(
-            select(Job.heartbeat_at).where(Job.status == "running", Job.heartbeat_at.is_not(None))
+            select(Job.heartbeat_at).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at.is_not(None))
         ).all()
+        if beat is not None
     ]
     Gauge("privtrain_worker_heartbeat_age_max_seconds",
           "Oldest heartbeat among running jobs (0 when none run)",

@@ -20,14 +20,15 @@ class CeleryDispatcher:
     """Sends by task name so the API never imports the worker's torch code."""
 
     def __init__(self, settings: Settings) -> None:
-        from worker.celery_app import create_celery
+        from app.queue import RUN_JOB_TASK, create_celery  # Celery loads only where a dispatcher is built
 
+        self._task = RUN_JOB_TASK
         self._celery = create_celery(settings)
         self._queue = settings.task_queue
 
     def dispatch(self, job_id: str) -> None:
         self._celery.send_task(
-            "privtrain.run_job", args=[job_id], task_id=job_id, queue=self._queue
+            self._task, args=[job_id], task_id=job_id, queue=self._queue
         )
 
     def ping(self) -> None:

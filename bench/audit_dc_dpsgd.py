@@ -1,4 +1,5 @@
-"""One-run privacy audit of DC-DPSGD: the published code's noise against the service's (spec T18).
+"""One-run privacy audit of DC-DPSGD: the published code's noise against the service's
+(docs/reproductions.md#one-run-privacy-audit-of-dc-dpsgd).
 
 For each claimed ε, one step (q = 1) of each configuration is audited with gradient canaries
 (worker.auditing; Steinke, Nasr, Jagielski 2023):

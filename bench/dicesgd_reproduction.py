@@ -6,7 +6,8 @@ Three parts, one command, a few minutes on a 2-core CPU (one torch thread):
    own calibration: DP-SGD's multiplier z* and σ1 = z*/B; DiceSGD's σ and σ1 = σ·(1/B + 2·C2)
    for C2 = C1 and C2 = C1/B; and the paper's Appendix C.4 σ1 = z*·√6/B (not a guarantee).
 
-1. Clipping-bias toy (specs/dicesgd.md T9 in one dimension): ξ = 180 points ~ N(0, 0.3²) and 20
+1. Clipping-bias toy in one dimension (docs/reproductions.md#dicesgd-vs-dp-sgd-at-equal-ledger-ε):
+   ξ = 180 points ~ N(0, 0.3²) and 20
    outliers ~ N(8, 0.3²), squared loss (x − ξ)² (per-sample gradient 2(x − ξ)), C1 = 1.
    (a) noise off (a bench-only σ = 0 through the worker API, not reachable through the service):
        full-batch trajectories of DPSGD-GC, DiceSGD (C2 = C1) and DiceSGD (C2 = 0.2 < bias);
@@ -24,7 +25,7 @@ Three parts, one command, a few minutes on a 2-core CPU (one torch thread):
    Methods: dp-sgd (clip C); dicesgd with C1 = C and C2 = C1 (Algorithm 2's scale, the bias-free
    regime) or C2 = C1/B (the authors' code, r = 1); and — NOT a DP guarantee, for reference only —
    dicesgd (C2 = C1/B, and C2 = C1) at the paper's Appendix C.4 noise σ1 = z*·√6·C1/B (z* =
-   DP-SGD's multiplier for the same ε; = spec §3.4 (P-c) with G̃ = 3·C1², what the paper's
+   DP-SGD's multiplier for the same ε; = the theorem's model with G̃ = 3·C1², what the paper's
    experiments ran).
    σ for every DP row comes from the service's planner (app.job_planning.plan_job).
    The tuning itself is not privacy-accounted (caveat).
@@ -225,7 +226,7 @@ def train_mnist(method: str, *, clip: float, lr: float, epsilon: float, X: np.nd
     model = build_model("logistic-regression", {}, input_shape=(784,), n_outputs=10,
                         generator=torch.Generator().manual_seed(seed))
     get_trainer(name)(TrainingRequest(
-        model=model, X=torch.from_numpy(X), y=torch.from_numpy(y), task="classification", spec=plan.spec,
+        model=model, X=torch.from_numpy(X), y=torch.from_numpy(y), task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
         noise_multiplier=sigma, sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps, max_physical_batch_size=BATCH,
         generator=SecureRandom.from_seed(seed + 1000), hooks=TrainingHooks(), resume_from=None,

@@ -1,9 +1,10 @@
-"""Synthetic data of the heavy-tailed DP-SCO paper's experiments (spec §4.3, §6.1, §6.3).
+"""Synthetic data of the heavy-tailed DP-SCO paper's experiments (its §6;
+docs/reproductions.md#heavy-tailed-high-dimensional-dp-sco-hu-ni-xiao-wang--reproductions).
 
-Conventions (spec E5, E8): "N(0, v)" and "Lognormal(0, σ²)" take VARIANCES (numpy's lognormal
-gets σ = √σ²); log-gamma(c) is scipy's ``loggamma``; log-logistic(c) is scipy's ``fisk`` (no
-finite mean for c = 0.1 — it violates Assumption 3, spec §4.3); logistic(u, s) and Laplace(5)
-are numpy's. Every generator takes a ``numpy.random.Generator``; nothing here touches the
+Conventions where the paper is ambiguous: "N(0, v)" and "Lognormal(0, σ²)" take VARIANCES
+(numpy's lognormal gets σ = √σ²); log-gamma(c) is scipy's ``loggamma``; log-logistic(c) is
+scipy's ``fisk`` (no finite mean for c = 0.1 — it violates Assumption 3); logistic(u, s) and
+Laplace(5) are numpy's. Every generator takes a ``numpy.random.Generator``; nothing here touches the
 service, so these are public synthetic data for tests and reproductions only.
 """
 
@@ -49,7 +50,7 @@ NOISES: dict[str, Sampler] = {
 
 
 def second_moment(features: str, d: int) -> np.ndarray:
-    """E[xxᵀ] of i.i.d. features, in closed form (spec §6.3)."""
+    """E[xxᵀ] of i.i.d. features, in closed form."""
     if features == "lognormal":
         s2 = 0.6
         return (math.exp(s2) - 1) * math.exp(s2) * np.eye(d) + math.exp(s2) * np.ones((d, d))
@@ -58,7 +59,8 @@ def second_moment(features: str, d: int) -> np.ndarray:
 
 
 def few_spike_l1(rng: np.random.Generator, d: int, spikes: int = 2) -> np.ndarray:
-    """w* with ``spikes`` entries ±1/spikes: ‖w*‖₁ = 1, informative (spec §6.1 caveat, §6.8)."""
+    """w* with ``spikes`` entries ±1/spikes: ‖w*‖₁ = 1, informative (a dense w* of ℓ1 norm 1 has so
+    small an ℓ2 norm that w = 0 is already near-optimal)."""
     w = np.zeros(d)
     support = rng.choice(d, size=spikes, replace=False)
     w[support] = rng.choice([-1.0, 1.0], size=spikes) / spikes
@@ -90,13 +92,13 @@ def linear_problem(rng: np.random.Generator, *, n: int, w_star: np.ndarray, feat
 
 def logistic_problem(rng: np.random.Generator, *, n: int, w_star: np.ndarray, features: str,
                      noise: str) -> LinearProblem:
-    """y = sign(⟨x, w*⟩ + ζ) ∈ {−1, +1} (spec §6.1)."""
+    """y = sign(⟨x, w*⟩ + ζ) ∈ {−1, +1}."""
     X = FEATURES[features](rng, (n, w_star.size))
     z = X @ w_star + NOISES[noise](rng, (n,))
     return LinearProblem(X=X, y=np.where(z >= 0, 1.0, -1.0), w_star=w_star, features=features)
 
 
 def excess_risk_linear(w: np.ndarray, w_star: np.ndarray, features: str) -> float:
-    """L(w) − L(w*) = (w − w*)ᵀ E[xxᵀ] (w − w*) for the squared loss without ½ (spec §6.3)."""
+    """L(w) − L(w*) = (w − w*)ᵀ E[xxᵀ] (w − w*) for the squared loss without ½."""
     diff = np.asarray(w, dtype=np.float64) - w_star
     return float(diff @ second_moment(features, diff.size) @ diff)

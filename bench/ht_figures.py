@@ -1,5 +1,6 @@
 """Estimation error of the heavy-tailed DP-SCO family against n, ε and s*, beside the
-non-private counterpart (the paper's Fig. 1(b)/(c) and Fig. 7 settings, spec §6).
+non-private counterpart (the paper's Fig. 1(b)/(c) and Fig. 7 settings;
+docs/reproductions.md#heavy-tailed-high-dimensional-dp-sco-hu-ni-xiao-wang--reproductions).
 
     .venv/bin/python -m bench.ht_figures fw-vs-n        # Alg 1, Fig 1(b): ε = 1, n = 1e4 … 9e4
     .venv/bin/python -m bench.ht_figures fw-vs-eps      # Alg 1, n = 3e4, ε = 0.5 … 10
@@ -9,7 +10,7 @@ non-private counterpart (the paper's Fig. 1(b)/(c) and Fig. 7 settings, spec §6
 
 Each writes docs/figures/ht_<name>.png and prints a markdown table (mean ± sd over seeds).
 Public constants (τ, γ) come from the generating distribution, computed on a FRESH sample
-that is not the training data (spec S4), never from the training sample. Seeds and grid sizes
+that is not the training data, never from the training sample. Seeds and grid sizes
 are kept small so that each command runs in a few minutes on the 2-core machine.
 """
 

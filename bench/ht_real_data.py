@@ -1,4 +1,4 @@
-"""Real-data check (spec S8, §6.2): scikit-learn's bundled diabetes (regression: Alg 1, 2, 3) and
+"""Real-data check: scikit-learn's bundled diabetes (regression: Alg 1, 2, 3) and
 breast-cancer (classification: Alg 1 logistic, Alg 5) sets, no download needed.
 
     .venv/bin/python -m bench.ht_real_data [--seeds 5]

@@ -3,7 +3,7 @@
 The catalogue entry plans the job from public facts, σ is calibrated against the target ε with
 the ledger's own calibration (``app.privacy.calibrate_noise_multiplier``), and the registered
 worker trainer runs it and writes the linear model; the weights are read back from that model.
-The non-private counterpart (spec §6.3) is the same loop with the noise removed (ε → ∞) and no
+The non-private counterpart is the same loop with the noise removed (ε → ∞) and no
 truncation (κ, K → ∞).
 """
 
@@ -18,6 +18,7 @@ import torch
 
 from app import privacy
 from app.algorithms import get_algorithm
+from app.algorithms.ht_calibration import PHI_BOUND
 from app.facts import DatasetFacts
 from app.schemas.jobs import TrainingSpec
 from worker.optimizers import ht_algorithms as loops
@@ -47,9 +48,8 @@ def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np
     n, d = X.shape
     classes = 2 if task == "classification" else None
     facts = DatasetFacts(n_rows=n, feature_shape=(d,), task=task, n_classes=classes)
-    training = TrainingSpec.model_validate(
-        {**({"steps": steps} if steps else {"epochs": 1}), "batch_size": 1, "learning_rate": 1.0})
     algorithm = get_algorithm(name)
+    training = algorithm.accept_training(TrainingSpec(steps=steps, epochs=None if steps else 1), facts)
     hyper = algorithm.validate_hyperparameters(hyperparameters)
     plan = algorithm.plan(hyper, training, facts)
     sigma = privacy.calibrate_noise_multiplier(
@@ -59,8 +59,7 @@ def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np
                         input_shape=(d,), n_outputs=classes or 1)
     request = TrainingRequest(
         model=model, X=torch.from_numpy(X), y=torch.from_numpy(y), task=task,
-        spec={"algorithm": {"hyperparameters": hyper.model_dump(mode="json")},
-              "training": training.model_dump(mode="json")},
+        hyperparameters=hyper, training=training,
         noise_multiplier=sigma, sampling_probability=plan.sampling_probability,
         expected_batch_size=plan.expected_batch_size, steps=plan.steps, max_physical_batch_size=1024,
         generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
@@ -96,7 +95,7 @@ def non_private_fw(X: np.ndarray, y: np.ndarray, *, iterations: int, loss: str, 
     config = loops.FWConfig(
         polytope=Polytope(constraint, radius, X.shape[1]),  # type: ignore[arg-type]
         iterations=iterations, block_size=X.shape[0] / iterations, kappa=1e15, beta=1.0, loss=loss,
-        epsilon_step=1.0, score_sensitivity=1.0)
+        epsilon_step=1.0, score_sensitivity=1.0, term_bound=PHI_BOUND)
     return loops.run_ht_frank_wolfe(data, config, generator=SecureRandom.from_seed(seed),
                                     hooks=TrainingHooks(), noise=NonPrivate()).weights.numpy()
 

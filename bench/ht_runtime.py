@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.ht_runtime            # → docs/figures/ht_runtime.png + a markdown table
 
 Alg 1, 3 and 5 are single pass over disjoint blocks, so their time should grow linearly in n·d
-(spec §7.1: O(nd + T·s·d)); Alg 2 reads all rows every iteration (O(T·nd)). One CPU thread,
+(O(nd + T·s·d)); Alg 2 reads all rows every iteration (O(T·nd)). One CPU thread,
 lognormal features (n ≤ 1.6·10⁵ at d = 200, d ≤ 800 at n = 2·10⁴), best of 3 runs, so that
 the whole run stays within a few minutes. The machine is shared: single timings are noisy.
 """

@@ -1,9 +1,9 @@
-"""KL family reproduction (specs/kl-spider.md §7.5): excess empirical risk against n at fixed ε on
+"""KL family reproduction (docs/reproductions.md, KL-condition family): excess empirical risk against n at fixed ε on
 a synthetic PL least-squares problem, for KL-Spider (κ = 2), adaptive noisy GD, the proximal-point
 method, the catalogue's noisy GD (Alg 4) and textbook full-batch noisy GD as the baseline.
 
 Every run is the worker's own loop (worker/optimizers/kl_*.py) with the job's σ calibrated by the
-API's own planner at the target ε. Only the gradient ARITHMETIC is replaced, by the spec's "fast
+API's own planner at the target ε. Only the gradient ARITHMETIC is replaced, by a "fast
 path" for least squares: f(w; x, y) = (⟨w, x⟩ + b − y)² with ‖x‖ ≤ 1, |y| ≤ 1, so the per-example
 gradient is 2r_i·(x_i, 1) and ‖∇f‖ ≤ 2√2(‖(w, b)‖ + 1). When that data-independent bound is ≤ L0
 no clip binds and Σ_i clip(∇f_i) = n·2(S w̃ − b̃) from sufficient statistics (S = X̃ᵀX̃/n); else the
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from app.algorithms.kl_family import NOISE_SAFETY, units_for
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
@@ -154,7 +155,7 @@ def _job(name: str, hyper: dict[str, Any], steps: int, n: int) -> Any:
         "dataset_id": "ds_bench", "model": {"name": "linear-regression"},
         "algorithm": {"name": name, "hyperparameters": hyper},
         "privacy": {"target_epsilon": EPSILON, "delta": DELTA},
-        "training": {"steps": steps, "batch_size": n, "learning_rate": 1.0},
+        "training": {"steps": steps},
     })
     dataset = Dataset(n_rows=n, feature_shape=[D], task="regression", n_classes=None)
     return plan_job(spec, dataset, dataset_delta=DELTA, max_steps=10_000_000)
@@ -178,7 +179,8 @@ def _model() -> nn.Module:
 
 def _batch(problem: Problem, job: Any, seed: int, fast: bool) -> FullBatch:
     common = dict(X=problem.X, y=problem.y, loss="mse", lipschitz=L0, normaliser=float(problem.n),
-                  max_physical_batch_size=4096, generator=SecureRandom.from_seed(10_000 + seed))
+                  max_physical_batch_size=4096, generator=SecureRandom.from_seed(10_000 + seed),
+                  noise_safety=NOISE_SAFETY, units_for=units_for)
     return LeastSquaresBatch(**common, problem=problem) if fast else FullBatch(**common)  # type: ignore[arg-type]
 
 
@@ -197,7 +199,8 @@ def run_entry(
     else:
         model = _model()
         request = TrainingRequest(
-            model=model, X=problem.X, y=problem.y, task="regression", spec=job.spec,
+            model=model, X=problem.X, y=problem.y, task="regression",
+            hyperparameters=job.hyperparameters, training=job.training,
             noise_multiplier=job.noise_multiplier, sampling_probability=1.0,
             expected_batch_size=float(problem.n), steps=job.plan.steps, max_physical_batch_size=4096,
             generator=SecureRandom.from_seed(10_000 + seed), hooks=TrainingHooks(),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import adaptive_constants
+from app.algorithms.kl_family import NOISE_SAFETY, adaptive_constants, units_for
 from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
 from worker.optimizers.kl_noisy_gd import InnerSolver, InnerState, inner_step
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum
@@ -61,7 +61,8 @@ def _setup(case: Case) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 def _batch(X: torch.Tensor, y: torch.Tensor, chunk: int) -> FullBatch:
     return FullBatch(X=X, y=y, loss="cross_entropy", lipschitz=1.0, normaliser=float(len(X)),
-                     max_physical_batch_size=chunk, generator=SecureRandom.from_seed(2))
+                     max_physical_batch_size=chunk, generator=SecureRandom.from_seed(2),
+                     noise_safety=NOISE_SAFETY, units_for=units_for)
 
 
 def steppers(case: Case, chunk: int) -> dict[str, Callable[[], None]]:

@@ -80,7 +80,7 @@ def train_and_score(method: str, *, clip: float, lr: float, epsilon: float | Non
         })
         plan = plan_job(spec, dataset, dataset_delta=DELTA, max_steps=10**7)
         get_trainer(method)(TrainingRequest(
-            model=model, X=Xt, y=yt, task="classification", spec=plan.spec,
+            model=model, X=Xt, y=yt, task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
             noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps, max_physical_batch_size=BATCH,
             generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,

@@ -77,7 +77,7 @@ def dp_sgd_stepper(case: Case, device: torch.device, source: SecureRandom) -> Ca
 
     def run(steps: int) -> None:
         trainer(TrainingRequest(
-            model=model, X=X, y=y, task="classification", spec=plan.spec,
+            model=model, X=X, y=y, task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
             noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size, steps=steps,
             max_physical_batch_size=case.batch_size, generator=source, hooks=TrainingHooks(),

@@ -2,7 +2,7 @@
 
 The app runs in a real uvicorn server on a background thread of the test process, so the sync
 endpoints run in the server's threadpool and the submissions really race on the database
-(privacy.md §4: admission is one transaction holding the dataset's budget lock; concurrent
+(docs/privacy-model.md#ledger: admission is one transaction holding the dataset's budget lock; concurrent
 submissions can never overspend). The expected number of admissions k is computed here from the
 privacy module itself, by folding the job's own curve through the Rényi filter.
 """

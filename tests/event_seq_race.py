@@ -14,7 +14,7 @@ from collections.abc import Callable
 from sqlalchemy import select, update
 
 from app.db import Database
-from app.job_views import add_job_event
+from app.jobs.events import add_job_event
 from app.models import Job, JobEvent, utcnow
 
 WRITERS = 4

@@ -1,4 +1,6 @@
-"""One-run privacy audit of a DP-SGD-style step with gradient canaries (specs/dc-dpsgd.md §6 T18).
+"""One-run privacy audit of a DP-SGD-style step with gradient canaries.
+
+Usage and results: docs/evaluation-and-auditing.md#auditing-the-noise-empirically.
 
 Why: a printed ε is only as good as the code that adds the noise. This harness runs the REAL
 aggregators of the worker (projection, split, clipping) and the real noise function on a dataset
@@ -73,7 +75,8 @@ class CanaryProbe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         slots = x[:, self.marker_size].long()
-        return self.marker(x[:, : self.marker_size]) + self.probe(slots)
+        scores: torch.Tensor = self.marker(x[:, : self.marker_size]) + self.probe(slots)
+        return scores
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def load_or_draw_holdout(path: Path, n_rows: int, fraction: float) -> np.ndarray
     The mask is secret (it says which rows were trained on); it stays on worker storage.
     """
     if path.exists():
-        mask = np.load(path, allow_pickle=False)
+        mask: np.ndarray = np.load(path, allow_pickle=False)
         if mask.shape == (n_rows,) and mask.dtype == np.bool_:
             return mask
     mask = holdout_mask(n_rows, fraction, secure_random().numpy)

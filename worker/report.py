@@ -1,4 +1,4 @@
-"""The privacy report of a finished job (privacy.md §5): everything an auditor needs."""
+"""The privacy report of a finished job (docs/privacy-model.md §7): everything an auditor needs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from app import privacy
 from app.algorithms import get_algorithm
 from app.facts import public_class_list
 from app.ingest.preparation import preparation_report
+from app.jobs.status import JobStatus
 from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
@@ -83,7 +84,7 @@ NORMALISATION = {
     "full-batch": "divided by the public registered number of training rows n",
     "disjoint-blocks": "per block, divided by the public expected block size",
 }
-"""How each sampling scheme's releases are normalised (privacy.md §2: public constants only)."""
+"""How each sampling scheme's releases are normalised (docs/privacy-model.md §2: public constants only)."""
 
 
 def _class_list_fields(dataset: Dataset) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def build_report(
         "report_version": REPORT_VERSION,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
         "job_id": job.id,
-        "status": "succeeded",
+        "status": JobStatus.SUCCEEDED,
         "dataset": {
             "id": dataset.id,
             "name": dataset.name,

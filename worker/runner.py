@@ -1,12 +1,13 @@
 """A job's life on a worker: claim → touch → train → evaluate → write artifacts → commit.
 
-Every state change is one database transaction that first locks the dataset's budget row, so the
-job row and the ledger always move together. A retried attempt (after a lost worker) runs inside
+Every state change is a transition of app.jobs.lifecycle (one database transaction that first
+locks the dataset's budget row, so the job row and the ledger always move together; the module
+states the privacy rules). Only the torch work is here. A retried attempt (after a lost worker) runs inside
 the same reservation: it is claimed again but never reserves or touches again, and resumes from
 its checkpoint with the same SecureRandom state and hold-out split (both secret: worker storage
 only, never in a log line, event, report or model artifact). Messages of an old attempt are
 no-ops. Errors shown to users are generic codes; tracebacks go to operator logs only
-(privacy.md §1).
+(docs/privacy-model.md §1).
 """
 
 from __future__ import annotations
@@ -20,25 +21,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import update
-from sqlalchemy.orm import Session
+from pydantic import BaseModel
 
-from app import ledger, privacy
+from app import privacy
 from app.algorithms import PrivacyPlan, get_algorithm
 from app.config import Settings
 from app.db import Database
 from app.evaluation import EvaluationPlan
 from app.facts import public_class_list
 from app.ingest import IngestLimits, parse_dataset, preparation_from_json
-from app.job_planning import compose_job_event, facts_of, rebuild_plan
-from app.job_settlement import settle_failed_job
-from app.reporting.budget_change import budget_without_job
-from app.job_views import add_job_event
+from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
+from app.jobs import lifecycle
+from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
-from app.models import Dataset, Job, PrivacyBudget, utcnow
+from app.models import Dataset, Job
+from app.schemas.jobs import TrainingSpec
 from app.storage import BlobStore
 from worker import evaluation as dp_evaluation
 from worker.optimizers.secure_random import SecureRandom
@@ -67,12 +68,20 @@ class Claimed:
     dataset: Dataset
     plan: PrivacyPlan
     evaluation: EvaluationPlan | None
+    hyperparameters: BaseModel
+    """Re-validated from the stored spec by the catalogue (what the trainer reads)."""
+    training: TrainingSpec
 
     @property
     def attempt(self) -> int:
         return self.job.attempt
 
-    def event_json(self, steps: int, *, evaluated: bool) -> dict:
+    @property
+    def held(self) -> lifecycle.Attempt:
+        """This attempt's hold on the job, as the lifecycle transitions check it."""
+        return lifecycle.Attempt(job_id=self.job.id, dataset_id=self.dataset.id, number=self.job.attempt)
+
+    def event_json(self, steps: int, *, evaluated: bool) -> dict[str, Any]:
         event = compose_job_event(
             self.plan, self.evaluation,
             noise_multiplier=self.job.noise_multiplier, steps=steps, evaluated=evaluated,
@@ -92,31 +101,33 @@ def _actor() -> str:
     return f"worker:{socket.gethostname()}:{os.getpid()}"
 
 
-def replan(job: Job, dataset: Dataset) -> tuple[PrivacyPlan, EvaluationPlan | None]:
+def replan(job: Job, dataset: Dataset) -> RebuiltJob:
     """Rebuild the plan from the stored spec; the worker refuses a job whose charge differs."""
-    plan, evaluation = rebuild_plan(job.spec, job.algorithm, dataset)
+    rebuilt = rebuild_job(job.spec, job.algorithm, dataset)
+    plan, evaluation = rebuilt.plan, rebuilt.evaluation
     charged = privacy.event_to_json(
         compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=plan.steps, evaluated=True)
     )
     if charged != job.event or plan.steps != job.steps_planned:
         raise RuntimeError("the job's stored event differs from its re-derived plan")
-    return plan, evaluation
+    return rebuilt
 
 
-def algorithm_notes(job: Job, plan: PrivacyPlan) -> dict:
-    algorithm = get_algorithm(job.algorithm)
-    hyper = algorithm.validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
-    return algorithm.report_notes(hyper, plan, noise_multiplier=job.noise_multiplier, delta=job.delta)
+def algorithm_notes(job: Job, plan: PrivacyPlan, hyperparameters: BaseModel) -> dict[str, Any]:
+    return get_algorithm(job.algorithm).report_notes(
+        hyperparameters, plan, noise_multiplier=job.noise_multiplier, delta=job.delta
+    )
 
 
 @dataclass(frozen=True)
 class _Prepared:
     """What a claim needs that is computed before its transaction; ``refusal`` fails the job."""
 
-    dataset_id: str
+    dataset: Dataset
     plan: PrivacyPlan | None
     evaluation: EvaluationPlan | None
     refusal: str | None
+    rebuilt: RebuiltJob | None = None
 
 
 class JobRunner:
@@ -142,16 +153,17 @@ class JobRunner:
         if job is None or dataset is None:
             return None
         try:
-            plan, evaluation = replan(job, dataset)
+            rebuilt = replan(job, dataset)
+            plan, evaluation = rebuilt.plan, rebuilt.evaluation
         except Exception:
             log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
-            return _Prepared(dataset_id=dataset.id, plan=None, evaluation=None, refusal="plan-mismatch")
+            return _Prepared(dataset=dataset, plan=None, evaluation=None, refusal="plan-mismatch")
         try:  # checks that need the model but not the data: fail before TOUCH
-            preflight(job.algorithm, self._build_model(job, dataset), job.spec)
+            preflight(job.algorithm, self._build_model(job, dataset), rebuilt.hyperparameters)
         except ValueError:
             log.exception("job spec does not fit its model", extra={"job_id": job_id})
-            return _Prepared(dataset_id=dataset.id, plan=plan, evaluation=evaluation, refusal="invalid-for-model")
-        return _Prepared(dataset_id=dataset.id, plan=plan, evaluation=evaluation, refusal=None)
+            return _Prepared(dataset=dataset, plan=plan, evaluation=evaluation, refusal="invalid-for-model")
+        return _Prepared(dataset=dataset, plan=plan, evaluation=evaluation, refusal=None, rebuilt=rebuilt)
 
     def claim(self, job_id: str) -> Claimed | None:
         """queued → running (attempt + 1) and, on the first attempt, TOUCH — one short transaction."""
@@ -159,27 +171,17 @@ class JobRunner:
         if prepared is None:
             log.warning("unknown job", extra={"job_id": job_id})
             return None
-        with self.db.write_transaction() as tx:
-            budget = ledger.lock_budget(tx, prepared.dataset_id)
-            claimed = tx.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == "queued", Job.cancel_requested.is_(False))
-                .values(status="running", attempt=Job.attempt + 1, started_at=utcnow(), heartbeat_at=utcnow())
-            ).rowcount
-            if claimed != 1:
+        refusal = prepared.refusal or ("plan-mismatch" if prepared.plan is None or prepared.rebuilt is None else None)
+        job = lifecycle.claim(self.db, job_id=job_id, dataset_id=prepared.dataset.id, actor=self.actor, refusal=refusal)
+        if job is None:
+            if refusal is None:
                 log.info("job not claimable (duplicate or late message)", extra={"job_id": job_id})
-                return None
-            job = tx.get(Job, job_id, populate_existing=True)
-            dataset = tx.get(Dataset, prepared.dataset_id)
-            assert job is not None and dataset is not None
-            if prepared.refusal is not None or prepared.plan is None:
-                settle_failed_job(tx, budget, job, error_code=prepared.refusal or "plan-mismatch", actor=self.actor)
-                return None
-            if job.touched_at is None:
-                ledger.touch(tx, budget, job=job, actor=self.actor)
-                job.touched_at = utcnow()
-            add_job_event(tx, job.id, "started", {"attempt": job.attempt, "steps_planned": job.steps_planned})
-        return Claimed(job=job, dataset=dataset, plan=prepared.plan, evaluation=prepared.evaluation)
+            return None
+        assert prepared.plan is not None and prepared.rebuilt is not None  # else refused: no job
+        return Claimed(
+            job=job, dataset=prepared.dataset, plan=prepared.plan, evaluation=prepared.evaluation,
+            hyperparameters=prepared.rebuilt.hyperparameters, training=prepared.rebuilt.training,
+        )
 
     # ------------------------------------------------------------------ run
 
@@ -192,11 +194,11 @@ class JobRunner:
         except Exception:
             log.exception("job failed", extra={"job_id": job_id})
             self.fail(claimed, error_code="training-failed")
-            return "failed"
+            return JobStatus.FAILED
         try:
             if outcome.timed_out:
                 self.fail(claimed, error_code="time-limit")
-                return "failed"
+                return JobStatus.FAILED
             if outcome.result.stopped_early:
                 return self.settle_stopped(claimed, outcome.result.steps_run)
             assert outcome.model_path is not None
@@ -204,7 +206,7 @@ class JobRunner:
         except Exception:
             log.exception("finishing the job failed", extra={"job_id": job_id})
             self.fail(claimed, error_code="artifact-write-failed")
-            return "failed"
+            return JobStatus.FAILED
         finally:
             if outcome.model_path is not None:
                 outcome.model_path.unlink(missing_ok=True)
@@ -255,7 +257,8 @@ class JobRunner:
         hooks, timed_out = self._hooks(claimed, checkpoint)
         result = get_trainer(job.algorithm)(
             TrainingRequest(
-                model=model, X=X, y=y, task=dataset.task, spec=job.spec,
+                model=model, X=X, y=y, task=dataset.task,
+                hyperparameters=claimed.hyperparameters, training=claimed.training,
                 noise_multiplier=job.noise_multiplier,
                 sampling_probability=job.sampling_probability,
                 expected_batch_size=claimed.plan.expected_batch_size,
@@ -352,21 +355,10 @@ class JobRunner:
             spent = privacy.ledger_epsilon(
                 privacy.rdp_curve(claimed.plan.event_for(job.noise_multiplier, step)), job.delta
             )
-            with self.db.write_transaction() as tx:
-                mine = tx.execute(
-                    update(Job)
-                    .where(Job.id == job.id, Job.status == "running", Job.attempt == claimed.attempt)
-                    .values(steps_run=step, heartbeat_at=utcnow())
-                ).rowcount
-                if mine != 1:  # a newer attempt owns the job, or it was settled: stop quietly
-                    state["stop"] = True
-                    return
-                add_job_event(
-                    tx, job.id, "progress",
-                    {"step": step, "steps_planned": job.steps_planned, "epsilon_spent": spent},
-                )
-                current = tx.get(Job, job.id, populate_existing=True)
-                state["stop"] = bool(current is not None and current.cancel_requested)
+            # True once a cancel was asked for, or a newer attempt owns the job: stop quietly.
+            state["stop"] = lifecycle.record_progress(
+                self.db, attempt=claimed.held, step=step, steps_planned=job.steps_planned, epsilon_spent=spent,
+            )
 
         def save(training_state: TrainingState) -> None:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -382,16 +374,6 @@ class JobRunner:
 
     # ------------------------------------------------------------------ settlement
 
-    def _lock_own_job(self, tx: Session, claimed: Claimed) -> tuple[PrivacyBudget, Job] | None:
-        """Lock the budget and re-read the job; None if this attempt no longer owns it."""
-        budget = ledger.lock_budget(tx, claimed.dataset.id)
-        job = tx.get(Job, claimed.job.id, populate_existing=True)
-        assert job is not None
-        if job.status != "running" or job.attempt != claimed.attempt:
-            log.warning("stale attempt finished; ignoring", extra={"job_id": job.id, "attempt": claimed.attempt})
-            return None
-        return budget, job
-
     def succeed(self, claimed: Claimed, outcome: Outcome) -> str:
         assert outcome.model_path is not None
         model_key, model_sha = self.blobs.put_file(outcome.model_path)
@@ -399,72 +381,56 @@ class JobRunner:
         actual = claimed.event_json(steps_run, evaluated=True)
         # Numeric accountants may take a while: never under the database write lock.
         single_job = report_single_job_epsilon(actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm)
-        with self.db.write_transaction() as tx:
-            owned = self._lock_own_job(tx, claimed)
-            if owned is None:
-                return "stale"
-            budget, job = owned
 
-            committed_before = list(budget.committed)
-            job.steps_run = steps_run
-            entry = ledger.commit(tx, budget, job=job, actual_event=actual, actor=self.actor, reason="succeeded")
-            tx.flush()
-            before = budget_without_job(budget, committed_before=committed_before, commit_entry=entry)
+        def write_report(commit: lifecycle.CommitRecord) -> str:
             report = build_report(
-                job=job,
+                job=commit.job,
                 dataset=claimed.dataset,
                 sensitivity=claimed.plan.sensitivity,
                 expected_batch_size=claimed.plan.expected_batch_size,
                 sampling=claimed.plan.sampling,
                 sensitivity_norm=claimed.plan.sensitivity_norm,
                 actual_event=actual,
-                budget_before=before,
-                budget_after=ledger.budget_summary(budget),
-                commit_entry=entry,
-                adjustments=ledger.adjustments(tx, claimed.dataset.id),
+                budget_before=commit.budget_before,
+                budget_after=commit.budget_after,
+                commit_entry=commit.commit_entry,
+                adjustments=commit.adjustments,
                 metrics=outcome.metrics,
-                algorithm_notes=algorithm_notes(job, claimed.plan),
+                algorithm_notes=algorithm_notes(commit.job, claimed.plan, claimed.hyperparameters),
                 model_sha256=model_sha,
                 secure_gaussian=self.settings.secure_noise,
                 single_job=single_job,
             )
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
-            job.status = "succeeded"
-            # The report's single-job ε (numeric accountants, the event actually run) replaces the
-            # closed-form one computed at submission: the job and its report state one number.
-            job.epsilon_prv = single_job.epsilon
-            job.metrics = outcome.metrics
-            job.model_blob, job.model_sha256, job.report_blob = model_key, model_sha, report_key
-            job.finished_at = utcnow()
-            add_job_event(
-                tx, job.id, "succeeded",
-                {"steps_run": steps_run, "epsilon_spent": report["epsilon"]["ledger"]},
-            )
+            return report_key
+
+        success = lifecycle.Success(
+            steps_run=steps_run, actual_event=actual, model_blob=model_key, model_sha256=model_sha,
+            metrics=outcome.metrics, epsilon_prv=single_job.epsilon,
+        )
+        if not lifecycle.succeed(self.db, attempt=claimed.held, success=success, actor=self.actor,
+                                 write_report=write_report):
+            return self._stale(claimed)
         self._cleanup(claimed.job.id)
         log.info("job succeeded", extra={"job_id": claimed.job.id})
-        return "succeeded"
+        return JobStatus.SUCCEEDED
 
     def settle_stopped(self, claimed: Claimed, steps_run: int) -> str:
         """Cancel after TOUCH: commit the steps that ran (no evaluation was released), release the rest."""
-        with self.db.write_transaction() as tx:
-            owned = self._lock_own_job(tx, claimed)
-            if owned is None:
-                return "stale"
-            budget, job = owned
-            job.steps_run = steps_run
-            actual = claimed.event_json(steps_run, evaluated=False)
-            ledger.commit(tx, budget, job=job, actual_event=actual, actor=self.actor, reason="cancelled")
-            job.status = "cancelled"
-            job.finished_at = utcnow()
-            add_job_event(tx, job.id, "cancelled", {"steps_run": steps_run})
+        actual = claimed.event_json(steps_run, evaluated=False)
+        if not lifecycle.stop_early(self.db, attempt=claimed.held, steps_run=steps_run, actual_event=actual,
+                                    actor=self.actor):
+            return self._stale(claimed)
         self._cleanup(claimed.job.id)
-        return "cancelled"
+        return JobStatus.CANCELLED
 
     def fail(self, claimed: Claimed, *, error_code: str) -> None:
-        with self.db.write_transaction() as tx:
-            owned = self._lock_own_job(tx, claimed)
-            if owned is None:
-                return
-            budget, job = owned
-            settle_failed_job(tx, budget, job, error_code=error_code, actor=self.actor)
+        if not lifecycle.fail(self.db, attempt=claimed.held, error_code=error_code, actor=self.actor):
+            self._stale(claimed)
+            return
         self._cleanup(claimed.job.id)
+
+    @staticmethod
+    def _stale(claimed: Claimed) -> str:
+        log.warning("stale attempt finished; ignoring", extra={"job_id": claimed.job.id, "attempt": claimed.attempt})
+        return "stale"

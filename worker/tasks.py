@@ -7,6 +7,7 @@ from functools import lru_cache
 from celery import shared_task
 
 from app.config import get_settings
+from app.queue import RUN_JOB_TASK
 from worker.runner import JobRunner
 
 
@@ -15,6 +16,6 @@ def _runner() -> JobRunner:
     return JobRunner(get_settings())
 
 
-@shared_task(name="privtrain.run_job", acks_late=True, ignore_result=True)
+@shared_task(name=RUN_JOB_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints
 def run_job(job_id: str) -> str:
     return _runner().run(job_id)

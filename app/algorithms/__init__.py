@@ -4,6 +4,7 @@ Torch-free on purpose: the API computes and reserves a job's privacy cost before
 the data; the worker looks up its implementation by the same name.
 """
 
+from app.algorithms.errors import MissingTrainingFields, UnusedTrainingField
 from app.algorithms.registry import (
     ALGORITHMS,
     AlgorithmDefinition,
@@ -24,8 +25,10 @@ __all__ = [
     "ALGORITHMS",
     "AlgorithmDefinition",
     "InvalidHyperparameters",
+    "MissingTrainingFields",
     "PrivacyPlan",
     "UnknownAlgorithm",
+    "UnusedTrainingField",
     "get_algorithm",
     "register_algorithm",
 ]

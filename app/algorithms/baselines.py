@@ -1,4 +1,4 @@
-"""Baselines of the DP-SGD family (specs/dc-dpsgd.md §5): DP-Adam, Auto-S (≡ NSGD), DP-PSAC.
+"""Baselines of the DP-SGD family (docs/algorithms/dp-sgd.md): DP-Adam, Auto-S (≡ NSGD), DP-PSAC.
 
 All three are the DP-SGD mechanism with a different per-sample map g ↦ ḡ (or, for DP-Adam, a
 different post-processing of the release). Per step t, with Poisson sampling at rate q:
@@ -6,7 +6,7 @@ different post-processing of the release). Per step t, with Poisson sampling at 
     s_t = Σ_{i∈B_t} ḡ_i + N(0, σ²·S² I),   then   s_t / B    (B = q·m, the PUBLIC expected batch)
 
 where S is a bound on ||ḡ|| that holds for EVERY possible gradient g. Adding or removing one row
-adds or removes one term of norm ≤ S, so the add/remove L2 sensitivity of s_t is S (privacy.md §2;
+adds or removes one term of norm ≤ S, so the add/remove L2 sensitivity of s_t is S (docs/privacy-model.md#neighbours;
 no factor 2 — that would be replace-one). Each step is therefore the Poisson-subsampled Gaussian
 mechanism with noise multiplier σ and rate q (q = 1: a plain Gaussian); T steps compose. Dividing by
 the public B and any optimizer update (SGD, momentum, Adam) are post-processing. The event is built
@@ -26,7 +26,7 @@ trainers check that the map's norm bound equals ``sensitivity(hyperparameters)``
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -87,20 +87,21 @@ class DPPSACHyperparameters(_NormalisingHyperparameters):
     )
 
 
-class _PerSampleMapAlgorithm(PoissonGaussianAlgorithm):
+_MapH = TypeVar("_MapH", DPAdamHyperparameters, AutoSHyperparameters, DPPSACHyperparameters)
+
+
+class _PerSampleMapAlgorithm(PoissonGaussianAlgorithm[_MapH]):
     """DP-SGD's event with sensitivity = the per-sample map's norm bound S."""
 
     family = "dp-sgd"
 
-    def sensitivity(self, hyperparameters: BaseModel) -> float:
+    def sensitivity(self, hyperparameters: _MapH) -> float:
         """S, the bound on every mapped per-sample gradient: the add/remove sensitivity of the sum."""
-        assert isinstance(hyperparameters, self.Hyperparameters)
-        return float(hyperparameters.clipping_norm)  # type: ignore[attr-defined]
-
+        return float(hyperparameters.clipping_norm)
 
 
 @register_algorithm
-class DPAdam(_PerSampleMapAlgorithm):
+class DPAdam(_PerSampleMapAlgorithm[DPAdamHyperparameters]):
     name = "dp-adam"
     paper = (
         "Abadi et al. 2016 (CCS) mechanism with Adam (Kingma & Ba 2015) as post-processing, "
@@ -115,7 +116,7 @@ class DPAdam(_PerSampleMapAlgorithm):
 
 
 @register_algorithm
-class AutoS(_PerSampleMapAlgorithm):
+class AutoS(_PerSampleMapAlgorithm[AutoSHyperparameters]):
     name = "auto-s"
     paper = (
         "Bu, Wang, Zha, Karypis 2023, Automatic Clipping: Differentially Private Deep Learning Made "
@@ -130,7 +131,7 @@ class AutoS(_PerSampleMapAlgorithm):
 
 
 @register_algorithm
-class DPPSAC(_PerSampleMapAlgorithm):
+class DPPSAC(_PerSampleMapAlgorithm[DPPSACHyperparameters]):
     name = "dp-psac"
     paper = (
         "Xia, Shen, Yu, Wang, Tang, Zheng, Liu, Yang 2023, Differentially Private Learning with "

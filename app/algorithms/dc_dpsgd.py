@@ -5,9 +5,10 @@ Two per-sample clip norms: each step, every sample of the Poisson batch gets a "
 data-independent sub-Weibull(θ) vectors; J the projection scope), optionally λ̃_i = λ_i + N(0, σ_tr²).
 "Tail" samples are clipped to c1, "body" samples to c2 ≤ c1 (norm of the FULL per-sample
 gradient), the clipped gradients are summed, ONE Gaussian vector N(0, σ²Δ² I) is added and the
-sum is divided by the public expected batch size B = q·m. specs/dc-dpsgd.md §1.3.
+sum is divided by the public expected batch size B = q·m. docs/algorithms/dc-dpsgd.md#what-it-does.
 
-Privacy (privacy.md §2, add/remove neighbours; specs/dc-dpsgd.md §2.3, §2.5). Fix the public,
+Privacy (add/remove: docs/privacy-model.md#neighbours;
+docs/algorithms/dc-dpsgd.md#privacy-calibration-as-we-charge-it). Fix the public,
 data-independent randomness of a step (V_t, the trace noise of each record, the tie-breaking
 order; all i.i.d. per record, so the copies for the records of D and of D' = D ∪ {z} can be
 coupled record by record). λ̃_i then depends on record i and that randomness only (per-sample
@@ -18,7 +19,7 @@ has add/remove L2 sensitivity
   (a) keeps m and z enters the top m: z adds ≤ c1 and the old m-th sample drops from c1 to c2,
   changing by ≤ c1 − c2, total ≤ 2·c1 − c2; (b) keeps m, z body: ≤ c2; (c) m grows by one and
   z is tail: ≤ c1; (d) m grows, z body, one body sample promoted: ≤ c2 + (c1 − c2) = c1.
-  Hence Δ = 2·c1 − c2, and it is attained (spec §2.3 item 4, test T7).
+  Hence Δ = 2·c1 − c2, and it is attained (docs/algorithms/dc-dpsgd.md#rank-rule-sensitivity).
 * ``dc-dpsgd-threshold`` (tail iff λ̃_i > τ_t with τ_t public): c(i) depends on record i only,
   so adding z adds one term of norm ≤ c1: Δ = c1.
 
@@ -28,19 +29,21 @@ Poisson-subsampled Gaussian mechanism with noise multiplier σ (the noise std on
 exactly DP-SGD's event, at the FULL ε (no ε_tr/ε_dp split; the trace noise σ_tr has no privacy
 role). These bounds are already add/remove bounds: no halving of a replace-one value is involved.
 
-Private threshold tracking (``dc-dpsgd-threshold`` with ``tracking``; spec §2.5, Andrew et al.
-2021). Each step ALSO releases the noisy tail count b̃_t = (Σ_{i∈S} 1[λ̃_i > τ_t] + N(0, σ_b²))/B
-and sets τ_{t+1} = τ_t·exp(η_τ·(b̃_t − p)). The count has add/remove sensitivity 1 and is a sum
-over the same Poisson sample as the gradient, so the joint release per step is ONE subsampled
-Gaussian of the stacked vector (s/c1, count·σ/σ_b) with noise σ per coordinate and sensitivity
-sqrt(1 + σ²/σ_b²), i.e. a subsampled Gaussian with noise multiplier
-σ_eff = (σ⁻² + σ_b⁻²)^(-1/2). The user specifies ``threshold_noise_ratio`` r and the worker draws
-σ_b = r·σ, so σ_eff = σ / sqrt(1 + 1/r²); the event built for σ charges σ_eff, and calibration
-solves for σ through that builder. τ_t is a function of released values and public constants.
+Private threshold tracking (``dc-dpsgd-threshold`` with ``tracking``; Andrew et al. 2021;
+docs/algorithms/dc-dpsgd.md#threshold-tracking). Each step ALSO releases the noisy tail count
+b̃_t = (Σ_{i∈S} 1[λ̃_i > τ_t] + N(0, σ_b²))/B and sets τ_{t+1} = τ_t·exp(η_τ·(b̃_t − p)). The
+count has add/remove sensitivity 1 and is a sum over the same Poisson sample as the gradient, so
+the joint release per step is ONE subsampled Gaussian of the stacked vector (s/c1, count·σ/σ_b)
+with noise σ per coordinate and sensitivity sqrt(1 + σ²/σ_b²), i.e. a subsampled Gaussian with
+noise multiplier σ_eff = (σ⁻² + σ_b⁻²)^(-1/2). The user specifies ``threshold_noise_ratio`` r and
+the worker draws σ_b = r·σ, so σ_eff = σ / sqrt(1 + 1/r²); the event built for σ charges σ_eff,
+and calibration solves for σ through that builder. τ_t is a function of released values and
+public constants.
 
-The paper's own ε_tr + ε_dp calibration (Thm 5.1) is NOT a valid guarantee (spec §2.3-§2.4) and is
-never charged: :func:`paper_claimed_epsilon` computes it only so that a report can show it under
-the label :data:`PAPER_CLAIM_LABEL`.
+The paper's own ε_tr + ε_dp calibration (Thm 5.1) is NOT a valid guarantee
+(docs/algorithms/dc-dpsgd.md#why-the-papers-calibration-does-not-hold) and is never charged:
+:func:`paper_claimed_epsilon` computes it only so that a report can show it under the label
+:data:`PAPER_CLAIM_LABEL`.
 """
 
 from __future__ import annotations
@@ -179,12 +182,12 @@ def _event_builder(
 
 
 @register_algorithm
-class DCDPSGDRank(PoissonGaussianAlgorithm):
+class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
     name = "dc-dpsgd"
     family = "dc-dpsgd"
     paper = (
         "Sha et al., Clip Body and Tail Separately: High Probability Guarantees for DPSGD with "
-        "Heavy Tails (arXiv); sound calibration per privtrain specs/dc-dpsgd.md §2.5"
+        "Heavy Tails (arXiv); sound calibration per privtrain docs/algorithms/dc-dpsgd.md"
     )
     summary = (
         "Per-sample projected traces on a fresh random sub-Weibull subspace; the top p of the "
@@ -194,20 +197,18 @@ class DCDPSGDRank(PoissonGaussianAlgorithm):
     )
     Hyperparameters = DCDPSGDHyperparameters
 
-    def sensitivity(self, hyperparameters: BaseModel) -> float:
-        assert isinstance(hyperparameters, DCDPSGDHyperparameters)
+    def sensitivity(self, hyperparameters: DCDPSGDHyperparameters) -> float:
         return rank_sensitivity(hyperparameters.tail_clip, hyperparameters.c2)
 
     def paper_claimed_epsilon(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: DCDPSGDHyperparameters,
         plan: PrivacyPlan,
         *,
         noise_multiplier: float,
         delta: float,
     ) -> PaperClaim:
         """The paper's Thm 5.1 number for this job — for a report label only, never charged."""
-        assert isinstance(hyperparameters, DCDPSGDHyperparameters)
         return paper_claimed_epsilon(
             sampling_probability=plan.sampling_probability,
             steps=plan.steps,
@@ -218,7 +219,7 @@ class DCDPSGDRank(PoissonGaussianAlgorithm):
 
     def report_notes(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: DCDPSGDHyperparameters,
         plan: PrivacyPlan,
         *,
         noise_multiplier: float,
@@ -235,7 +236,7 @@ class DCDPSGDRank(PoissonGaussianAlgorithm):
 
 
 @register_algorithm
-class DCDPSGDThreshold(PoissonGaussianAlgorithm):
+class DCDPSGDThreshold(PoissonGaussianAlgorithm[DCDPSGDThresholdHyperparameters]):
     name = "dc-dpsgd-threshold"
     family = "dc-dpsgd"
     paper = DCDPSGDRank.paper
@@ -247,24 +248,23 @@ class DCDPSGDThreshold(PoissonGaussianAlgorithm):
     )
     Hyperparameters = DCDPSGDThresholdHyperparameters
 
-    def sensitivity(self, hyperparameters: BaseModel) -> float:
-        assert isinstance(hyperparameters, DCDPSGDThresholdHyperparameters)
+    def sensitivity(self, hyperparameters: DCDPSGDThresholdHyperparameters) -> float:
         return hyperparameters.tail_clip
 
-    def event_builder(self, hyperparameters: BaseModel, q: float) -> Callable[[float, int], PrivacyEvent]:
-        assert isinstance(hyperparameters, DCDPSGDThresholdHyperparameters)
+    def event_builder(
+        self, hyperparameters: DCDPSGDThresholdHyperparameters, q: float
+    ) -> Callable[[float, int], PrivacyEvent]:
         ratio = hyperparameters.threshold_noise_ratio if hyperparameters.tracking else None
         return _event_builder(q, ratio)
 
     def report_notes(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: DCDPSGDThresholdHyperparameters,
         plan: PrivacyPlan,
         *,
         noise_multiplier: float,
         delta: float,
     ) -> dict[str, Any]:
-        assert isinstance(hyperparameters, DCDPSGDThresholdHyperparameters)
         notes: dict[str, Any] = {
             "sensitivity_rule": "per-sample threshold rule: the clip of a row depends on that row "
             "and public randomness only, so the add/remove sensitivity is c1",
@@ -291,7 +291,8 @@ class PaperClaim:
     The paper accounts the trace noise and the gradient noise as two separate subsampled
     Gaussians (traces with sensitivity 1 and noise σ_tr; gradients with its noise multiplier
     σ_dp) composed by adding epsilons, each at δ (the authors' code: total 2δ). Its gradient
-    sensitivity and rank coupling are wrong (specs/dc-dpsgd.md §2.3), so this number must only
+    sensitivity and rank coupling are wrong
+    (docs/algorithms/dc-dpsgd.md#why-the-papers-calibration-does-not-hold), so this number must only
     ever be shown with :data:`PAPER_CLAIM_LABEL`. With σ_tr = 0 the paper claims nothing (∞).
     """
 
@@ -307,7 +308,8 @@ class PaperClaim:
             details={"epsilon_trace": self.epsilon_trace, "epsilon_gradient": self.epsilon_gradient},
             explanation=(
                 "The paper composes a 'trace' ε and a 'gradient' ε with the wrong gradient "
-                "sensitivity and no rank coupling (specs/dc-dpsgd.md §2.3); the ledger ε above "
+                "sensitivity and no rank coupling "
+                "(docs/algorithms/dc-dpsgd.md#why-the-papers-calibration-does-not-hold); the ledger ε above "
                 "is the only valid guarantee."
             ),
         )

@@ -1,7 +1,7 @@
 """DiceSGD (Zhang, Bu, Wu, Hong, ICLR 2024): DP-SGD plus a hidden error-feedback vector, charged
-with the SOUND accounting of specs/dicesgd.md §3.7 only.
+with the SOUND accounting of docs/algorithms/dicesgd.md#sound-sensitivity only.
 
-Mechanism (specs/dicesgd.md §2.2; every quantity on Algorithm 2's AVERAGED scale, B the PUBLIC
+Mechanism (docs/algorithms/dicesgd.md#what-it-does; every quantity on Algorithm 2's AVERAGED scale, B the PUBLIC
 expected batch size q·m, never the realised one). Per step t, on a Poisson batch S_t:
 
     c̄ = (1/B) Σ_{i∈S_t} φ(g_i)          φ = clip at C1 (dicesgd, dicesgd-adam) or g/(||g||+γ) (auto)
@@ -10,14 +10,15 @@ expected batch size q·m, never the realised one). Per step t, on a Poisson batc
     release  ṽ = v + N(0, σ1² I),        σ1 = σ·Δ — then an SGD or Adam step on ṽ (post-processing)
     e_{t+1} = e_t + ḡ − v                (the NOISELESS v: noise never enters e)
 
-Privacy (privacy.md §2: add/remove neighbours D' = D ∪ {z}; spec §3.7, re-derived):
+Privacy (docs/privacy-model.md#neighbours: add/remove neighbours D' = D ∪ {z}; re-derived):
 
 1. Couple the two runs: the rows of D get the same inclusion bits in both, z gets b_t ~ Bern(q).
    Condition on ALL bits. The output distribution of either run is the mixture over the same bit
    distribution, and the hockey-stick / Rényi divergences are jointly quasi-convex in a shared
    mixing measure, so a bound valid for every fixed bit pattern bounds the mixture. This throws
    away subsampling amplification on purpose: after z's first inclusion, e ≠ e' at EVERY later step
-   with probability 1 (the persistent difference of §3.6), so amplification is not available.
+   with probability 1 (the persistent difference that breaks the paper's Theorem 3.7), so
+   amplification is not available.
 2. For fixed bits, e_t is a deterministic function of the released ṽ_0..ṽ_{t−1} (which fix the
    iterates x_0..x_t) and of the data, in both runs. Step t is then a Gaussian mechanism on v_t,
    chosen adaptively, with
@@ -26,12 +27,11 @@ Privacy (privacy.md §2: add/remove neighbours D' = D ∪ {z}; spec §3.7, re-de
    norm ≤ C1 divided by the public B — one added row, so no factor 2 (replace-one would give 2C1/B).
    Second term: ψ(e_t) and ψ(e'_t) both lie in the ball of radius C2 whatever e_t, e'_t are, so
    their difference is at most the ball's diameter 2·C2; z's unclipped gradients can drive e'_t to
-   point opposite to e_t, so this is attained (spec §3.6) and cannot be lowered without a gradient
-   bound.
-3. The spec's Δ = C1/B + 2·C2 is therefore ALREADY the add/remove value: the halving of
-   privacy.md §2 applies to a sum of clipped per-row terms (replace = remove + add), i.e. to the
-   c̄ term, where the spec already uses C1/B; the 2·C2 term is the diameter of the ball ψ maps
-   into, the same under every neighbouring relation, and must not be halved.
+   point opposite to e_t, so this is attained and cannot be lowered without a gradient bound.
+3. Δ = C1/B + 2·C2 is therefore ALREADY the add/remove value: the halving of the privacy model
+   (#neighbours) applies to a sum of clipped per-row terms (replace = remove + add), i.e. to the
+   c̄ term, which already is C1/B; the 2·C2 term is the diameter of the ball ψ maps into, the
+   same under every neighbouring relation, and must not be halved.
 4. T adaptive Gaussian mechanisms with noise std σ1 and sensitivity Δ compose; σ := σ1/Δ is the
    job's single scalar "noise_multiplier", and the charged event is
    ``GaussianEvent(noise_multiplier=σ, count=T)`` (its first k steps: count=k). This is exact
@@ -44,16 +44,17 @@ then divides by B, which is noise std σ·Δ = σ1 on the average. ``PrivacyPlan
 dicesgd-auto: ||g/(||g||+γ)|| < 1 and ||e/(||e||+γ)|| < 1 for γ > 0, so Δ = 1/B + 2 (C1 = C2 = 1).
 dicesgd-adam: Adam's moments are post-processing of ṽ; the event is dicesgd's.
 
-The paper's Theorem 3.7 (and the code's calibration) is NOT a valid guarantee (spec §3.5-§3.6:
-a canary attack reaches TPR 0.30 at FPR 1e-3 where (2, 1e-5)-DP allows 0.0074). It is never
-charged; :func:`paper_claim` computes it only for the report, under :data:`PAPER_CLAIM_LABEL`.
+The paper's Theorem 3.7 (and the code's calibration) is NOT a valid guarantee
+(docs/algorithms/dicesgd.md#why-the-papers-calibration-does-not-hold: a canary attack reaches
+TPR 0.30 at FPR 1e-3 where (2, 1e-5)-DP allows 0.0074). It is never charged; :func:`paper_claim`
+computes it only for the report, under :data:`PAPER_CLAIM_LABEL`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,6 +65,7 @@ from app.algorithms.registry import (
     poisson_schedule,
     register_algorithm,
 )
+from app.algorithms.training_fields import batch_size_of
 from app.facts import DatasetFacts
 from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
 from app.privacy import GaussianEvent, PrivacyEvent
@@ -152,28 +154,31 @@ def sound_average_sensitivity(*, c1: float, c2: float, expected_batch_size: floa
 # ----------------------------------------------------------------------------- catalogue entries
 
 
-class _DiceSGDFamily(AlgorithmDefinition):
+_DiceH = TypeVar("_DiceH", DiceSGDHyperparameters, DiceSGDAdamHyperparameters, DiceSGDAutoHyperparameters)
+
+
+class _DiceSGDFamily(AlgorithmDefinition[_DiceH]):
     """The shared plan: Poisson batches, one Gaussian of sensitivity Δ per step, NO amplification."""
 
     family = "dicesgd"
     paper = (
         "Zhang, Bu, Wu, Hong 2024, Differentially Private SGD Without Clipping Bias: An "
-        "Error-Feedback Approach (ICLR); sound accounting per privtrain specs/dicesgd.md §3.7"
+        "Error-Feedback Approach (ICLR); sound accounting per privtrain docs/algorithms/dicesgd.md"
     )
 
-    def thresholds(self, hyperparameters: BaseModel) -> Thresholds:
+    def thresholds(self, hyperparameters: _DiceH) -> Thresholds:
         raise NotImplementedError
 
     def plan(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: _DiceH,
         training: TrainingSpec,
         facts: DatasetFacts,
         *,
         training_fraction: float = 1.0,
     ) -> PrivacyPlan:
         q, steps = poisson_schedule(training, facts, training_fraction=training_fraction)
-        batch = float(training.batch_size)  # = q·m, public
+        batch = float(batch_size_of(training))  # = q·m, public
         bounds = self.thresholds(hyperparameters)
         delta_avg = sound_average_sensitivity(c1=bounds.c1, c2=bounds.c2, expected_batch_size=batch)
 
@@ -192,7 +197,7 @@ class _DiceSGDFamily(AlgorithmDefinition):
 
     def report_notes(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: _DiceH,
         plan: PrivacyPlan,
         *,
         noise_multiplier: float,
@@ -233,7 +238,7 @@ class _DiceSGDFamily(AlgorithmDefinition):
 
 
 @register_algorithm
-class DiceSGD(_DiceSGDFamily):
+class DiceSGD(_DiceSGDFamily[DiceSGDHyperparameters]):
     name = "dicesgd"
     summary = (
         "DP-SGD with per-sample clipping at C1 plus a hidden error-feedback vector e that "
@@ -244,13 +249,12 @@ class DiceSGD(_DiceSGDFamily):
     )
     Hyperparameters = DiceSGDHyperparameters
 
-    def thresholds(self, hyperparameters: BaseModel) -> Thresholds:
-        assert isinstance(hyperparameters, DiceSGDHyperparameters)
+    def thresholds(self, hyperparameters: DiceSGDHyperparameters) -> Thresholds:
         return Thresholds(c1=hyperparameters.c1, c2=hyperparameters.c2)
 
 
 @register_algorithm
-class DiceSGDAdam(_DiceSGDFamily):
+class DiceSGDAdam(_DiceSGDFamily[DiceSGDAdamHyperparameters]):
     name = "dicesgd-adam"
     summary = (
         "DiceSGD's released direction fed to Adam (paper Algorithm 3, with its typos corrected: "
@@ -259,13 +263,12 @@ class DiceSGDAdam(_DiceSGDFamily):
     )
     Hyperparameters = DiceSGDAdamHyperparameters
 
-    def thresholds(self, hyperparameters: BaseModel) -> Thresholds:
-        assert isinstance(hyperparameters, DiceSGDAdamHyperparameters)
+    def thresholds(self, hyperparameters: DiceSGDAdamHyperparameters) -> Thresholds:
         return Thresholds(c1=hyperparameters.c1, c2=hyperparameters.c2)
 
 
 @register_algorithm
-class DiceSGDAuto(_DiceSGDFamily):
+class DiceSGDAuto(_DiceSGDFamily[DiceSGDAutoHyperparameters]):
     name = "dicesgd-auto"
     summary = (
         "Automatic DiceSGD (paper Algorithm 4, literal, unit thresholds): per-sample g/(||g||+γ) "
@@ -274,8 +277,7 @@ class DiceSGDAuto(_DiceSGDFamily):
     )
     Hyperparameters = DiceSGDAutoHyperparameters
 
-    def thresholds(self, hyperparameters: BaseModel) -> Thresholds:
-        assert isinstance(hyperparameters, DiceSGDAutoHyperparameters)
+    def thresholds(self, hyperparameters: DiceSGDAutoHyperparameters) -> Thresholds:
         return Thresholds(c1=1.0, c2=1.0)
 
 
@@ -327,7 +329,8 @@ def gdp_epsilon(*, mu: float, delta: float) -> float | None:
 def sound_sigma1(
     *, epsilon: float, delta: float, steps: int, c1: float, c2: float, expected_batch_size: float
 ) -> float:
-    """S1 (spec §3.7): σ1 = √T·Δ/μ*(ε, δ), the noise std on the average for an exact (ε, δ)."""
+    """σ1 = √T·Δ/μ*(ε, δ), the noise std on the average for an exact (ε, δ): the sound calibration
+    of docs/algorithms/dicesgd.md#sound-sensitivity."""
     sensitivity = sound_average_sensitivity(c1=c1, c2=c2, expected_batch_size=expected_batch_size)
     return math.sqrt(steps) * sensitivity / gdp_mu(epsilon=epsilon, delta=delta)
 
@@ -367,7 +370,8 @@ class PaperClaim:
             explanation=(
                 "Theorem 3.7 applies subsampling amplification to the hidden error-feedback term, "
                 "whose difference persists after a row's first inclusion; a canary attack breaks "
-                "it (specs/dicesgd.md §3.5-3.6). 'epsilon' is the theorem's model (amplified "
+                "it (docs/algorithms/dicesgd.md#why-the-papers-calibration-does-not-hold). "
+                "'epsilon' is the theorem's model (amplified "
                 "Gaussian, per-sample sensitivity sqrt(2·G̃), G̃ = C1² + 2·(B·C2)², the smallest "
                 "C its hypothesis C2 <= C/B allows) run through an RDP accountant; "
                 "'epsilon_closed_form' its printed formula. Only the ledger ε is a guarantee."
@@ -384,7 +388,8 @@ def paper_claim(
     sigma1: float,
     delta: float,
 ) -> PaperClaim:
-    """What the paper would claim for a run with noise std σ1 on the average (spec §3.4).
+    """What the paper would claim for a run with noise std σ1 on the average
+    (docs/algorithms/dicesgd.md#why-the-papers-calibration-does-not-hold).
 
     G̃ = C1² + 2·C² with C = B·C2 (the hypothesis C1 <= C2 <= C/B at its smallest C, no gradient
     bound). (P-c): a Poisson-subsampled Gaussian with multiplier σ1·B/sqrt(2·G̃), RDP → (ε, δ);

@@ -22,7 +22,7 @@ class DPSGDHyperparameters(BaseModel):
 
 
 @register_algorithm
-class DPSGD(PoissonGaussianAlgorithm):
+class DPSGD(PoissonGaussianAlgorithm[DPSGDHyperparameters]):
     name = "dp-sgd"
     family = "dp-sgd"
     paper = "Abadi et al. 2016, Deep Learning with Differential Privacy (CCS)"
@@ -32,7 +32,6 @@ class DPSGD(PoissonGaussianAlgorithm):
     )
     Hyperparameters = DPSGDHyperparameters
 
-    def sensitivity(self, hyperparameters: BaseModel) -> float:
-        assert isinstance(hyperparameters, DPSGDHyperparameters)
+    def sensitivity(self, hyperparameters: DPSGDHyperparameters) -> float:
         return hyperparameters.clipping_norm
 

@@ -1,10 +1,10 @@
 """Catalogue entries of the heavy-tailed high-dimensional DP-SCO family (Hu, Ni, Xiao, Wang).
 
 ``ht-dp-fw`` (Alg 1), ``ht-private-lasso`` (Alg 2), ``ht-sparse-linreg`` (Alg 3 + Peeling, Alg 4)
-and ``ht-sparse-opt`` (Alg 5); specs/heavy-tailed-dpsco.md. Torch-free: the worker runs them in
+and ``ht-sparse-opt`` (Alg 5); docs/algorithms/heavy-tailed-dpsco.md. Torch-free: the worker runs them in
 worker/optimizers/ht_algorithms.py.
 
-Privacy (add/remove neighbours, privacy.md §2; the formulas live in ht_calibration.py):
+Privacy (add/remove neighbours, docs/privacy-model.md#neighbours; the formulas live in ht_calibration.py):
 
 * Blocks (Alg 1, 3, 5). Every training row is assigned to one of T blocks by its own uniform draw
   from the job's generator, so adding a row changes exactly one block and leaves the others'
@@ -27,8 +27,9 @@ Privacy (add/remove neighbours, privacy.md §2; the formulas live in ht_calibrat
 
 Training spec mapping (documented in each schema): ``training.steps`` = T, the number of
 iterations (blocks); ``training.epochs`` must be 1 and then T comes from the preset's formula.
-``batch_size`` and ``learning_rate`` are not used (the block size is n_train/T; step sizes are
-the hyperparameters below, with the paper's defaults) and are recorded as such in the report.
+``batch_size`` and ``learning_rate`` are not read (the block size is n_train/T; step sizes are
+the hyperparameters below, with the paper's defaults), so a spec that gives them is refused;
+``ht-private-lasso`` is full batch and the service records ``batch_size`` = n for it.
 Public constants (τ, α, γ, μ, M, s*, radii, scales) are user inputs, never estimated from data.
 """
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -48,12 +49,15 @@ from app.algorithms.registry import (
     PrivacyPlan,
     register_algorithm,
 )
+from app.algorithms.training_fields import SCHEDULE_FIELDS
 from app.facts import DatasetFacts
 from app.privacy import ComposedEvent, ExponentialMechanismEvent, LaplaceEvent, PrivacyEvent, PureDPEvent
 from app.schemas.jobs import TrainingSpec
 
 __all__ = [
+    "HTAlgorithm",
     "HTDPFrankWolfe",
+    "HTHyperparameters",
     "HTPrivateLasso",
     "HTSparseLinReg",
     "HTSparseOpt",
@@ -70,12 +74,12 @@ __all__ = [
 
 PAPER: Final[str] = (
     "Hu, Ni, Xiao, Wang, High Dimensional Differentially Private Stochastic Optimization with "
-    "Heavy-tailed Data (PODS 2022); privtrain specs/heavy-tailed-dpsco.md"
+    "Heavy-tailed Data (PODS 2022); privtrain docs/algorithms/heavy-tailed-dpsco.md"
 )
 TRAINING_MAPPING: Final[str] = (
     "training.steps = T (number of iterations / disjoint blocks); training.epochs must be 1 and "
-    "then T is the preset's formula; training.batch_size and training.learning_rate are not used "
-    "(block size n_train/T; step sizes are hyperparameters)"
+    "then T is the preset's formula; training.batch_size and training.learning_rate are not given "
+    "(block size n_train/T, or n for ht-private-lasso; step sizes are hyperparameters)"
 )
 PAPER_PRESET_LABEL: Final[str] = "the paper's §6.2 experimental settings (preset 'paper-experiments')"
 
@@ -89,7 +93,7 @@ def _positive(default: float, description: str, *, le: float = 1e6) -> Any:
     return Field(default=default, gt=0, le=le, description=description)
 
 
-class _HTBase(BaseModel):
+class HTHyperparameters(BaseModel):
     """Shared by the family. Parameters not used by the chosen preset are ignored."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -111,7 +115,7 @@ class _HTBase(BaseModel):
         """design_epsilon once the planner has filled it; 1 for direct callers that did not."""
         return self.design_epsilon if self.design_epsilon is not None else 1.0
     zeta: float = Field(default=0.05, gt=0, lt=1, description="failure probability in the formulas")
-    iterations_multiplier: float = _positive(1.0, "multiplies the theory formula of T (spec A13)", le=1e3)
+    iterations_multiplier: float = _positive(1.0, "multiplies the theory formula of T (hidden constant 1)", le=1e3)
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -164,27 +168,38 @@ def peeling_event(noise_multiplier: float, *, sparsity: int, uses: int) -> Priva
 
 def _design_delta(training_rows: float) -> float:
     """The paper's δ = n^{-1.1}, used only inside parameter formulas (never for the charge)."""
-    return training_rows ** -1.1
+    return float(training_rows ** -1.1)
 
 
-class _HTAlgorithm(AlgorithmDefinition):
+_HTH = TypeVar("_HTH", bound=HTHyperparameters)
+_Resolved = TypeVar("_Resolved")
+
+
+class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
+    """The family's shared contract: ``resolve`` derives every public constant of a run."""
+
     family = "heavy-tailed-dpsco"
     paper = PAPER
+    training_fields = SCHEDULE_FIELDS
+    unused_training_reasons = {
+        "batch_size": "is single-pass over disjoint blocks of n_train/T rows",
+        "learning_rate": "takes its step sizes from its hyperparameters",
+    }
 
-    def resolve(self, hyperparameters: BaseModel, *, training: TrainingSpec, training_rows: float,
-                facts: DatasetFacts) -> Any:
+    def resolve(self, hyperparameters: _HTH, *, training: TrainingSpec, training_rows: float,
+                facts: DatasetFacts) -> _Resolved:
+        """Every public constant of the run (T, scales, sensitivities), derived once for the
+        catalogue's plan and again, from the same public facts, by the worker's trainer."""
         raise NotImplementedError
 
-    def adopt_privacy_target(self, hyperparameters: BaseModel, *, target_epsilon: float | None) -> BaseModel:
+    def adopt_privacy_target(self, hyperparameters: _HTH, *, target_epsilon: float | None) -> _HTH:
         """design_epsilon defaults to the job's target ε (public), so the formulas match the charge."""
-        assert isinstance(hyperparameters, _HTBase)
         if hyperparameters.design_epsilon is not None:
             return hyperparameters
         return hyperparameters.model_copy(update={"design_epsilon": min(target_epsilon or 1.0, 100.0)})
 
-    def report_notes(self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float,
+    def report_notes(self, hyperparameters: _HTH, plan: PrivacyPlan, *, noise_multiplier: float,
                      delta: float) -> dict[str, Any]:
-        assert isinstance(hyperparameters, _HTBase)
         notes: dict[str, Any] = {
             "neighbouring": "add/remove one row; sensitivities are half the paper's replace-one values",
             "training_spec_mapping": TRAINING_MAPPING,
@@ -211,23 +226,23 @@ def _em_notes(noise_multiplier: float, score_sensitivity: float, selection: str)
 # ============================================================================ Alg 1: ht-dp-fw
 
 
-class FWHyperparameters(_HTBase):
+class FWHyperparameters(HTHyperparameters):
     """``ht-dp-fw`` (Alg 1): private Frank–Wolfe with the smoothed Catoni robust gradient.
     training.steps = T (one disjoint block per iteration) or training.epochs = 1 (T from the
-    preset); batch_size and learning_rate are not used. Regression: squared loss (or Tukey's
+    preset); batch_size and learning_rate are not given (refused). Regression: squared loss (or Tukey's
     biweight, Thm 3); two-class classification: logistic loss with labels ±1."""
 
     constraint: Literal["l1_ball", "simplex"] = Field(default="l1_ball", description="the polytope 𝒲")
     radius: float = _positive(1.0, "ℓ1 radius r of the ball / scale r of the simplex")
     sensitivity_norm: Literal["diameter", "max_vertex"] = Field(
         default="diameter",
-        description="‖v‖₁ bound in Δ: the ℓ1 diameter 2r (paper-literal) or max‖v‖₁ = r (tight, spec A3)",
+        description="‖v‖₁ bound in Δ: the ℓ1 diameter 2r (paper-literal) or max‖v‖₁ = r (tight, all the proof needs)",
     )
     tau: float = _positive(1.0, "public bound τ on E(∂_jℓ)² (Assumption 1)")
     alpha: float = _positive(1.0, "public smoothness α of the population risk")
-    beta: float = _positive(1.0, "smoothing parameter β of the robust estimator (spec A2)", le=100)
+    beta: float = _positive(1.0, "smoothing parameter β of the robust estimator (the paper gives none)", le=100)
     kappa: float | None = Field(default=None, gt=0, le=1e12, description="robust scale κ; default from the preset")
-    kappa_multiplier: float = _positive(1.0, "multiplies the formula's κ (spec A13)", le=1e6)
+    kappa_multiplier: float = _positive(1.0, "multiplies the formula's κ (hidden constant 1)", le=1e6)
     regression_loss: Literal["squared", "biweight"] = Field(
         default="squared", description="regression loss: (⟨w,x⟩ − y)² or the biweight ψ (Thm 3, constant step 1/√T)"
     )
@@ -254,7 +269,7 @@ class FWResolved:
 
 
 @register_algorithm
-class HTDPFrankWolfe(_HTAlgorithm):
+class HTDPFrankWolfe(HTAlgorithm[FWHyperparameters, FWResolved]):
     name = "ht-dp-fw"
     summary = (
         "Alg 1: per disjoint block, a coordinate-wise smoothed Catoni robust mean of per-sample "
@@ -263,14 +278,13 @@ class HTDPFrankWolfe(_HTAlgorithm):
     )
     Hyperparameters = FWHyperparameters
     paper_preset_caveat = (
-        "κ = ⌊nε⌋ contradicts the theory's κ ∝ √(nε/T) (spec E1): Δ grows with n, so ε/(2Δ) is "
+        "κ = ⌊nε⌋ contradicts the theory's κ ∝ √(nε/T): Δ grows with n, so ε/(2Δ) is "
         "≈ 0.006 at n = 10⁴, ε = 1 and the vertex choice is nearly uniform"
     )
 
-    def resolve(self, hyperparameters: BaseModel, *, training: TrainingSpec, training_rows: float,
+    def resolve(self, hyperparameters: FWHyperparameters, *, training: TrainingSpec, training_rows: float,
                 facts: DatasetFacts) -> FWResolved:
         h = hyperparameters
-        assert isinstance(h, FWHyperparameters)
         family = _binary_or_regression(facts, allow_classification=True)
         loss = "logistic" if family == "logistic" else h.regression_loss
         d, eps, n = facts.n_features, h.formula_epsilon, training_rows
@@ -298,9 +312,8 @@ class HTDPFrankWolfe(_HTAlgorithm):
             constant_step=biweight,
         )
 
-    def plan(self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts, *,
+    def plan(self, hyperparameters: FWHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
              training_fraction: float = 1.0) -> PrivacyPlan:
-        assert isinstance(hyperparameters, FWHyperparameters)
         r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
         event_type = ExponentialMechanismEvent if hyperparameters.selection == "gumbel" else PureDPEvent
 
@@ -313,9 +326,8 @@ class HTDPFrankWolfe(_HTAlgorithm):
             sensitivity_norm="score",
         )
 
-    def report_notes(self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float,
+    def report_notes(self, hyperparameters: FWHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
                      delta: float) -> dict[str, Any]:
-        assert isinstance(hyperparameters, FWHyperparameters)
         notes = super().report_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
         notes.update(_em_notes(noise_multiplier, plan.sensitivity, hyperparameters.selection))
         notes["composition"] = "parallel over disjoint per-row-random blocks: one iteration's cost"
@@ -326,15 +338,15 @@ class HTDPFrankWolfe(_HTAlgorithm):
 # ============================================================================ Alg 2: ht-private-lasso
 
 
-class LassoHyperparameters(_HTBase):
+class LassoHyperparameters(HTHyperparameters):
     """``ht-private-lasso`` (Alg 2): Frank–Wolfe on the ℓ1 ball over ALL rows each iteration,
     data clipped entrywise at K, exponential-mechanism vertex selection. training.steps = T or
-    training.epochs = 1 (T from the preset); batch_size and learning_rate are not used.
+    training.epochs = 1 (T from the preset); batch_size and learning_rate are not given (refused).
     Squared loss (regression datasets) only."""
 
     radius: float = _positive(1.0, "ℓ1 radius r of the constraint ball")
     sensitivity_norm: Literal["diameter", "max_vertex"] = Field(
-        default="diameter", description="‖v‖₁ bound in Δ: diameter 2r (paper) or r (tight, spec A3)"
+        default="diameter", description="‖v‖₁ bound in Δ: diameter 2r (paper) or r (tight, all the proof needs)"
     )
     lambda_max: float = _positive(1.0, "public λ_max(E xxᵀ) (used in the theory T)")
     fourth_moment: float | None = Field(
@@ -357,7 +369,7 @@ class LassoResolved:
 
 
 @register_algorithm
-class HTPrivateLasso(_HTAlgorithm):
+class HTPrivateLasso(HTAlgorithm[LassoHyperparameters, LassoResolved]):
     name = "ht-private-lasso"
     summary = (
         "Alg 2: entrywise-clipped data, full-data Frank–Wolfe on the ℓ1 ball with an exponential "
@@ -365,15 +377,16 @@ class HTPrivateLasso(_HTAlgorithm):
         "composition, which the report shows)."
     )
     Hyperparameters = LassoHyperparameters
+    full_batch = True
+    unused_training_reasons = {**HTAlgorithm.unused_training_reasons, "batch_size": "is full-batch"}
     paper_preset_caveat = (
         "consistent with the theory up to constants (T = ⌊(nε)^{2/5}⌋); its errors are larger than "
         "Alg 1's in the paper's own figures because of large hidden constants"
     )
 
-    def resolve(self, hyperparameters: BaseModel, *, training: TrainingSpec, training_rows: float,
+    def resolve(self, hyperparameters: LassoHyperparameters, *, training: TrainingSpec, training_rows: float,
                 facts: DatasetFacts) -> LassoResolved:
         h = hyperparameters
-        assert isinstance(h, LassoHyperparameters)
         _binary_or_regression(facts, allow_classification=False)
         n, eps, d = training_rows, h.formula_epsilon, facts.n_features
         if h.preset == "paper-experiments":
@@ -390,7 +403,7 @@ class HTPrivateLasso(_HTAlgorithm):
                                                           vertex_norm=vertex_norm),
         )
 
-    def plan(self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts, *,
+    def plan(self, hyperparameters: LassoHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
              training_fraction: float = 1.0) -> PrivacyPlan:
         r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
 
@@ -403,9 +416,8 @@ class HTPrivateLasso(_HTAlgorithm):
             sensitivity_norm="score",
         )
 
-    def report_notes(self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float,
+    def report_notes(self, hyperparameters: LassoHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
                      delta: float) -> dict[str, Any]:
-        assert isinstance(hyperparameters, LassoHyperparameters)
         notes = super().report_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
         notes.update(_em_notes(noise_multiplier, plan.sensitivity, "gumbel"))
         notes["composition"] = "T exponential mechanisms on all rows, composed in RDP"
@@ -423,7 +435,7 @@ class HTPrivateLasso(_HTAlgorithm):
 # ============================================================================ Peeling algorithms
 
 
-class _SparseBase(_HTBase):
+class _SparseBase(HTHyperparameters):
     s_star: int = Field(default=5, ge=1, le=100_000, description="public target sparsity s*")
     sparsity_multiplier: float = _positive(
         2.0, "s = ⌈c·(γ/μ)²·s*⌉; c = 2 is the paper's experimental choice (the proof's 72 is impractical)", le=1e3)
@@ -459,12 +471,15 @@ class _SparseBase(_HTBase):
 def _check_peeling_rows(facts: DatasetFacts) -> None:
     if facts.n_rows < cal.PEELING_MIN_ROWS:
         raise InvalidHyperparameters(
-            f"Peeling needs δ ≤ min(0.05, 1/n) (spec A9); with δ < 1/n this requires n ≥ "
+            f"Peeling needs δ ≤ min(0.05, 1/n) for its (ε, δ) lemma; with δ < 1/n this requires n ≥ "
             f"{cal.PEELING_MIN_ROWS} rows, the dataset has {facts.n_rows}"
         )
 
 
-class _PeelingAlgorithm(_HTAlgorithm):
+_SparseH = TypeVar("_SparseH", bound=_SparseBase)
+
+
+class _PeelingAlgorithm(HTAlgorithm[_SparseH, _Resolved]):
     def _plan_peeling(self, iterations: int, block_size: float, sensitivity: float, sparsity: int) -> PrivacyPlan:
         def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
             return peeling_event(noise_multiplier, sparsity=sparsity, uses=_once(steps))
@@ -475,9 +490,8 @@ class _PeelingAlgorithm(_HTAlgorithm):
             sensitivity_norm="linf",
         )
 
-    def peeling_notes(self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float,
+    def peeling_notes(self, hyperparameters: _SparseH, plan: PrivacyPlan, *, noise_multiplier: float,
                       delta: float, sparsity: int) -> dict[str, Any]:
-        assert isinstance(hyperparameters, _SparseBase)
         notes = super().report_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
         paper_b = cal.peeling_scale_paper(sensitivity=plan.sensitivity, sparsity=sparsity,
                                           epsilon=hyperparameters.formula_epsilon, delta=delta)
@@ -496,7 +510,7 @@ class _PeelingAlgorithm(_HTAlgorithm):
             },
         })
         if hyperparameters.formula_epsilon > 1.0:
-            notes["warning"] = "Peeling's (ε, δ) lemma is verified only for ε ≤ 1 (spec A9)"
+            notes["warning"] = "Peeling's (ε, δ) lemma is verified only for ε ≤ 1"
         return notes
 
 
@@ -505,9 +519,10 @@ class _PeelingAlgorithm(_HTAlgorithm):
 
 class SparseLinRegHyperparameters(_SparseBase):
     """``ht-sparse-linreg`` (Alg 3): IHT on entrywise-clipped data with Peeling, one disjoint
-    block per iteration, projection onto the ℓ2 ball. Loss ½(⟨w,x⟩ − y)² (spec A6); regression
-    datasets only. training.steps = T or training.epochs = 1 (T from the preset); batch_size and
-    learning_rate are not used (the step is η₀ = η/γ)."""
+    block per iteration, projection onto the ℓ2 ball. Loss ½(⟨w,x⟩ − y)², as the paper's step
+    computes it (docs/algorithms/heavy-tailed-dpsco.md#paper-conventions); regression datasets
+    only. training.steps = T or training.epochs = 1 (T from the preset); batch_size and
+    learning_rate are not given (refused; the step is η₀ = η/γ)."""
 
     radius: float = _positive(1.0, "ℓ2 radius R of the constraint ball")
     truncation: float | None = Field(default=None, gt=0, le=1e12, description="clip level K; default (nε/(sT))^{1/4}")
@@ -526,7 +541,7 @@ class SparseLinRegResolved:
 
 
 @register_algorithm
-class HTSparseLinReg(_PeelingAlgorithm):
+class HTSparseLinReg(_PeelingAlgorithm[SparseLinRegHyperparameters, SparseLinRegResolved]):
     name = "ht-sparse-linreg"
     summary = (
         "Alg 3: entrywise-clipped data, one gradient step per disjoint block, Peeling to an "
@@ -534,14 +549,13 @@ class HTSparseLinReg(_PeelingAlgorithm):
     )
     Hyperparameters = SparseLinRegHyperparameters
     paper_preset_caveat = (
-        "T = ⌊ln n⌋ and η = 0.5 (read as η₀ = 0.5/γ, spec E4); the sparsity multiplier c was tuned "
+        "T = ⌊ln n⌋ and η = 0.5 (read as η₀ = 0.5/γ); the sparsity multiplier c was tuned "
         "per setting on the data in the paper, which no guarantee covers"
     )
 
-    def resolve(self, hyperparameters: BaseModel, *, training: TrainingSpec, training_rows: float,
-                facts: DatasetFacts) -> SparseLinRegResolved:
+    def resolve(self, hyperparameters: SparseLinRegHyperparameters, *, training: TrainingSpec,
+                training_rows: float, facts: DatasetFacts) -> SparseLinRegResolved:
         h = hyperparameters
-        assert isinstance(h, SparseLinRegHyperparameters)
         _binary_or_regression(facts, allow_classification=False)
         _check_peeling_rows(facts)
         s = h.sparsity_level(facts.n_features)
@@ -557,14 +571,13 @@ class HTSparseLinReg(_PeelingAlgorithm):
                                                block_size=block),
         )
 
-    def plan(self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts, *,
+    def plan(self, hyperparameters: SparseLinRegHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
              training_fraction: float = 1.0) -> PrivacyPlan:
         r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
         return self._plan_peeling(r.iterations, r.block_size, r.sensitivity, r.sparsity)
 
-    def report_notes(self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float,
-                     delta: float) -> dict[str, Any]:
-        assert isinstance(hyperparameters, SparseLinRegHyperparameters)
+    def report_notes(self, hyperparameters: SparseLinRegHyperparameters, plan: PrivacyPlan, *,
+                     noise_multiplier: float, delta: float) -> dict[str, Any]:
         # s does not depend on the data size; d is not needed once validated at planning
         s = hyperparameters.sparsity_level(10**9)
         return self.peeling_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta, sparsity=s)
@@ -577,7 +590,7 @@ class SparseOptHyperparameters(_SparseBase):
     """``ht-sparse-opt`` (Alg 5): IHT with the smoothed Catoni robust gradient and Peeling, one
     disjoint block per iteration. Two-class classification: ℓ2-regularised logistic loss;
     regression: ½(⟨w,x⟩ − y)². training.steps = T or training.epochs = 1 (T from the preset);
-    batch_size and learning_rate are not used (the step is η)."""
+    batch_size and learning_rate are not given (refused; the step is η)."""
 
     tau: float = _positive(1.0, "public bound τ on E(∂_jℓ)² over s-sparse w (Assumption 4)")
     beta: float = _positive(1.0, "smoothing parameter β of the robust estimator", le=100)
@@ -585,11 +598,13 @@ class SparseOptHyperparameters(_SparseBase):
     scale_multiplier: float = _positive(1.0, "multiplies the formula's k", le=1e6)
     paper_c2: float = _positive(1.0, "c₂ of the paper preset's k = c₂·n·ε", le=1e6)
     sensitivity_mode: Literal["box", "tight"] = Field(
-        default="box", description="λ from the algorithm box (paper-literal, 3× larger) or the proof (tight), spec A4"
+        default="box", description="λ from the algorithm box (paper-literal, 3× larger) or the proof of Thm 8 (tight)"
     )
-    l2_regularisation: float = Field(default=1e-2, ge=0, le=1e3, description="λ₂ of the regularised loss (spec E11)")
+    l2_regularisation: float = Field(
+        default=1e-2, ge=0, le=1e3, description="λ₂ of the regularised loss (the paper gives none)"
+    )
     regulariser_in_estimator: bool = Field(
-        default=True, description="the robust estimator sees λ₂w (paper, spec A15); False adds it exactly"
+        default=True, description="the robust estimator sees λ₂w (as in the paper); False adds it exactly"
     )
 
 
@@ -606,7 +621,7 @@ class SparseOptResolved:
 
 
 @register_algorithm
-class HTSparseOpt(_PeelingAlgorithm):
+class HTSparseOpt(_PeelingAlgorithm[SparseOptHyperparameters, SparseOptResolved]):
     name = "ht-sparse-opt"
     summary = (
         "Alg 5: per disjoint block, a coordinate-wise smoothed Catoni robust gradient, one step, "
@@ -614,14 +629,13 @@ class HTSparseOpt(_PeelingAlgorithm):
     )
     Hyperparameters = SparseOptHyperparameters
     paper_preset_caveat = (
-        "k = c₂·n·ε contradicts the theory's k ∝ √(nε/(sT)) (spec E2): at n = 8000, ε = 1 the "
+        "k = c₂·n·ε contradicts the theory's k ∝ √(nε/(sT)): at n = 8000, ε = 1 the "
         "Laplace scale is ≈ 1.6·10³ and the output is pure noise"
     )
 
-    def resolve(self, hyperparameters: BaseModel, *, training: TrainingSpec, training_rows: float,
-                facts: DatasetFacts) -> SparseOptResolved:
+    def resolve(self, hyperparameters: SparseOptHyperparameters, *, training: TrainingSpec,
+                training_rows: float, facts: DatasetFacts) -> SparseOptResolved:
         h = hyperparameters
-        assert isinstance(h, SparseOptHyperparameters)
         family = _binary_or_regression(facts, allow_classification=True)
         _check_peeling_rows(facts)
         s = h.sparsity_level(facts.n_features)
@@ -642,13 +656,12 @@ class HTSparseOpt(_PeelingAlgorithm):
                                                    box=h.sensitivity_mode == "box"),
         )
 
-    def plan(self, hyperparameters: BaseModel, training: TrainingSpec, facts: DatasetFacts, *,
+    def plan(self, hyperparameters: SparseOptHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
              training_fraction: float = 1.0) -> PrivacyPlan:
         r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
         return self._plan_peeling(r.iterations, r.block_size, r.sensitivity, r.sparsity)
 
-    def report_notes(self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float,
-                     delta: float) -> dict[str, Any]:
-        assert isinstance(hyperparameters, SparseOptHyperparameters)
+    def report_notes(self, hyperparameters: SparseOptHyperparameters, plan: PrivacyPlan, *,
+                     noise_multiplier: float, delta: float) -> dict[str, Any]:
         s = hyperparameters.sparsity_level(10**9)
         return self.peeling_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta, sparsity=s)

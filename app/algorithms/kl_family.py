@@ -1,4 +1,4 @@
-"""The KL-condition family (Menart, Ullah, Arora, Bassily, Guzmán; specs/kl-spider.md), sound form.
+"""The KL-condition family (Menart, Ullah, Arora, Bassily, Guzmán; docs/algorithms/kl-family.md), sound form.
 
 Four full-batch algorithms: ``kl-spider`` (Alg 1), ``adaptive-noisy-gd`` (Alg 3), ``noisy-gd``
 (Alg 4 on its own) and ``proximal-point`` (Alg 2 with Alg 4 as the inner solver). Every gradient
@@ -8,12 +8,12 @@ independent of whether L0, L1, γ, κ, F0 are true properties of the loss: only 
 These constants are PUBLIC declarations of the user (schema bounds below); nothing is ever
 estimated from the data.
 
-Sensitivities under add/remove (privacy.md §2 wins over the spec's replace-one §2.1).
+Sensitivities under add/remove (docs/privacy-model.md#neighbours wins over the paper's replace-one Definition 2).
 n is the PUBLIC normaliser: the registered row count times (1 − hold-out fraction), never the
 realised row count. Adding or removing one row adds or removes ONE term of the sum:
 
 * G: the sum Σ clip_L0(g_i) changes by one vector of norm ≤ L0, so Δ(G) = L0/n
-  (replace-one: 2L0/n, the spec's value — halved).
+  (replace-one: 2L0/n, the paper's value — halved).
 * D(·,·;C): one term of norm ≤ C, so Δ(D) = C/n (replace-one 2C/n — halved).
 * ‖G‖: |‖a‖ − ‖a'‖| ≤ ‖a − a'‖, so Δ(‖G‖) = L0/n (replace-one 2L0/n — halved).
 
@@ -21,11 +21,11 @@ A Gaussian release with L2-sensitivity Δ and noise N(0, s² I) is Δ²/(2s²)-z
 Prop 1.6); releases compose additively, also when s is chosen from earlier releases (zCDP
 filter, Whitehouse et al. 2023 / Feldman–Zrnic 2021 at every Rényi order). Every noise level
 below is derived from an explicit allocation as s = Δ/√(2·allocation) — the paper's σ formulas
-are never hard-coded (spec §3.2). Because Δ halves, every s halves relative to the spec's
-replace-one values (e.g. Spider's round-start noise at θ = 1/2 is L0√K/(n√ρ), which is the
-paper's own σ̂ — the paper's accounting is exact under add/remove, not under its replace-one
-Definition 2), and Spider's floor constant C_floor = 8(√(2/θ) + 1/(2√(2(1−θ)))) (20 at θ = 1/2,
-8√2 at θ = 1) instead of 40.
+are never hard-coded (docs/algorithms/kl-family.md#sensitivities). Because Δ halves, every s
+halves relative to the replace-one values (e.g. Spider's round-start noise at θ = 1/2 is
+L0√K/(n√ρ), which is the paper's own σ̂ — the paper's accounting is exact under add/remove, not
+under its replace-one Definition 2), and Spider's floor constant
+C_floor = 8(√(2/θ) + 1/(2√(2(1−θ)))) (20 at θ = 1/2, 8√2 at θ = 1) instead of 40.
 
 The one scalar σ ("noise_multiplier") the API calibrates:
 
@@ -63,14 +63,15 @@ Per algorithm (add/remove, ρ the job's budget, Δ = L0/n):
   after a floor step (s_t = s_min). s_t is a function of the released N_t only. Needs n√ρ > 1;
   otherwise it returns w0 and spends 0. Iterations ≤ 1 + n√ρ.
 * noisy-gd / proximal-point inner steps: G + N(0, s² I). Proximal-point splits ρ evenly over
-  T_out·S_in releases (the spec's "tight" option): s = Δ·√(T_out·S_in/(2ρ)), S_in the capped
+  T_out·S_in releases (the tight calibration): s = Δ·√(T_out·S_in/(2ρ)), S_in the capped
   number of inner steps; total exactly ρ.
 
-Full batch: q = 1, no amplification anywhere. ``training.batch_size`` must equal the dataset's
-registered n (any other value is a 422 problem). ``training.steps`` (or ⌈epochs⌉) is the number
-of noisy gradient steps for ``noisy-gd`` and a public cap on full passes over the data for the
-other three (a Spider difference counts as two passes); ``training.learning_rate`` is not used:
-step sizes are the paper's (normalised steps of length Φ̂^{1/κ}/(4γL1); 1/(2L1); 1/(L̃1·s)).
+Full batch: q = 1, no amplification anywhere. ``training.batch_size`` and
+``training.learning_rate`` are not read, so a spec that gives them is refused (422); the service
+records ``batch_size`` = the dataset's registered n itself. ``training.steps`` (or ⌈epochs⌉) is
+the number of noisy gradient steps for ``noisy-gd`` and a public cap on full passes over the data
+for the other three (a Spider difference counts as two passes); step sizes are the paper's
+(normalised steps of length Φ̂^{1/κ}/(4γL1); 1/(2L1); 1/(L̃1·s)).
 """
 
 from __future__ import annotations
@@ -79,17 +80,17 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.algorithms.paper_claims import PAPER_CLAIM_LABEL
 from app.algorithms.registry import (
     AlgorithmDefinition,
-    InvalidHyperparameters,
     PrivacyPlan,
     register_algorithm,
 )
+from app.algorithms.training_fields import SCHEDULE_FIELDS
 from app.facts import DatasetFacts
 from app.privacy import PrivacyEvent, ZCDPEvent
 from app.schemas.jobs import TrainingSpec
@@ -266,13 +267,14 @@ def spider_schedule(
     *, n: float, d: int, rho: float, L0: float, L1: float, gamma: float, kappa: float,
     F0: float, beta: float, theta: float = 0.5, neighbour: Neighbour = "add-remove",
 ) -> SpiderSchedule | None:
-    """The whole public schedule of KL-Spider (spec §2.2 recommended form, §3.3 calibration).
+    """The whole public schedule of KL-Spider (docs/algorithms/kl-family.md#sensitivities).
 
     None when the paper's bracket log F0 + κ log(n√ρ/(γL0√d)) is ≤ 0: w0 already meets the
     target and the run spends nothing. θ becomes 1 (all of ρ on round starts) when no round has
     a difference — the floor is then the θ = 1 one if that still leaves every T_k = 1 (κ = 2),
     else the user's θ's larger, still valid floor.
-    ``neighbour='replace-one'`` reproduces the spec's hand-checked numbers (§7.1).
+    ``neighbour='replace-one'`` reproduces the paper's replace-one numbers, hand-checked in
+    tests/unit/test_kl_accounting.py.
     """
     def at(share: float) -> SpiderSchedule | None:
         return _spider_schedule_at(
@@ -361,7 +363,7 @@ def outer_iterations(
     bracket = math.log(F0) + kappa * math.log(n * math.sqrt(rho) / (gamma * L0 * math.sqrt(d)))
     if bracket <= 0:
         return 0
-    return math.ceil((1.0 + 32.0 * F0 ** ((kappa - 2.0) / kappa) * gamma**2 * L1_tilde) * bracket)
+    return math.ceil((1.0 + 32.0 * float(F0 ** ((kappa - 2.0) / kappa)) * gamma**2 * L1_tilde) * bracket)
 
 
 def inner_solver_steps(*, n: float, d: int, rho_in: float, beta_in: float, cap: int) -> int:
@@ -456,13 +458,8 @@ class ProximalPointHyperparameters(NoisyGDHyperparameters):
 # ----------------------------------------------------------------------------- catalogue entries
 
 
-def full_batch_passes(training: TrainingSpec, facts: DatasetFacts) -> int:
-    """Check the full-batch contract and return ``training.steps`` or ⌈epochs⌉ (public)."""
-    if training.batch_size != facts.n_rows:
-        raise InvalidHyperparameters(
-            f"training.batch_size must equal the dataset's n = {facts.n_rows}: this algorithm "
-            "uses every row at every step (full batch), there is no sampling"
-        )
+def full_batch_passes(training: TrainingSpec) -> int:
+    """``training.steps`` or ⌈epochs⌉ (public): noisy-gd's steps, the others' cap on full passes."""
     if training.steps is not None:
         return training.steps
     assert training.epochs is not None
@@ -477,12 +474,27 @@ def _gaussian_steps(noise_multiplier: float, steps: int) -> PrivacyEvent:
     return ZCDPEvent(rho=rho_of(noise_multiplier), count=steps)
 
 
-class _KLAlgorithm(AlgorithmDefinition):
+_KLH = TypeVar(
+    "_KLH",
+    KLSpiderHyperparameters,
+    AdaptiveNoisyGDHyperparameters,
+    NoisyGDHyperparameters,
+    ProximalPointHyperparameters,
+)
+
+
+class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     family = "kl-condition"
+    training_fields = SCHEDULE_FIELDS
+    unused_training_reasons = {
+        "batch_size": "is full-batch",
+        "learning_rate": "takes its step sizes from the paper's schedule",
+    }
+    full_batch = True
     paper = (
         "Menart, Ullah, Arora, Bassily, Guzmán, Differentially Private Non-Convex Optimization "
         "under the KL Condition with Optimal Rates; sound add/remove calibration per privtrain "
-        "specs/kl-spider.md and privacy.md"
+        "docs/algorithms/kl-family.md"
     )
     unit_based: bool = True
     # Checked in worker/optimizers/kl_*.py: every release (FullBatch.release / noisy_gradient /
@@ -492,13 +504,13 @@ class _KLAlgorithm(AlgorithmDefinition):
 
     def plan(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: _KLH,
         training: TrainingSpec,
         facts: DatasetFacts,
         *,
         training_fraction: float = 1.0,
     ) -> PrivacyPlan:
-        passes = full_batch_passes(training, facts)
+        passes = full_batch_passes(training)
         event_for: Callable[[float, int], PrivacyEvent] = (
             _budget_units if self.unit_based else _gaussian_steps
         )
@@ -506,7 +518,7 @@ class _KLAlgorithm(AlgorithmDefinition):
             steps=BUDGET_UNITS if self.unit_based else passes,
             sampling_probability=1.0,
             expected_batch_size=training_fraction * facts.n_rows,
-            sensitivity=float(hyperparameters.L0),  # type: ignore[attr-defined]
+            sensitivity=float(hyperparameters.L0),
             sampling="full-batch",
             event_for=event_for,
         )
@@ -527,28 +539,29 @@ class _KLAlgorithm(AlgorithmDefinition):
 
 
 @register_algorithm
-class KLSpider(_KLAlgorithm):
+class KLSpider(_KLAlgorithm[KLSpiderHyperparameters]):
     name = "kl-spider"
     summary = (
         "Algorithm 1 (KL Spider, κ ∈ [1, 2]): full-batch normalised noisy GD with SPIDER gradient "
         "tracking in K public rounds; clipped per-example gradients (L0) and clipped per-example "
         "gradient differences (C_k); noise calibrated exactly in ρ-zCDP under add/remove with ρ = "
-        "1/(2σ²); steps are budget units. training.batch_size must equal n; training.steps caps "
-        "the full passes; learning_rate is unused."
+        "1/(2σ²); steps are budget units. Full batch (the service records batch_size = n); "
+        "training.steps caps the full passes; no learning_rate."
     )
     Hyperparameters = KLSpiderHyperparameters
 
     def report_notes(
-        self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+        self, hyperparameters: KLSpiderHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
+        delta: float,
     ) -> dict[str, Any]:
-        assert isinstance(hyperparameters, KLSpiderHyperparameters)
         notes = self._common_notes(noise_multiplier)
         notes["paper_claim"] = {
             "label": PAPER_CLAIM_LABEL,
             "claim": "Thm 1: ρ-zCDP under replace-one neighbours with the paper's σ's",
             "valid_guarantee": False,
             "explanation": "under the paper's own replace-one Definition 2 its noise costs ≈2.125ρ "
-            "(specs/kl-spider.md §3.2); the ledger charges the exact add/remove cost above",
+            "(docs/algorithms/kl-family.md#why-the-papers-calibration-does-not-hold); the ledger "
+            "charges the exact add/remove cost above",
         }
         notes["utility_caveat"] = (
             "the rate of Thm 1 needs the declared L0, L1, γ, κ, F0 to hold; privacy does not"
@@ -557,21 +570,21 @@ class KLSpider(_KLAlgorithm):
 
 
 @register_algorithm
-class AdaptiveNoisyGD(_KLAlgorithm):
+class AdaptiveNoisyGD(_KLAlgorithm[AdaptiveNoisyGDHyperparameters]):
     name = "adaptive-noisy-gd"
     summary = (
         "Algorithm 3 (adaptive noisy GD): full-batch GD with step 1/(2L1) whose gradient noise "
         "scales with a privately released gradient norm; a zCDP filter at ρ/2 with per-iteration "
         "cost ≤ ρ/2 (ρ = 1/(2σ²)) and a stop after a floor step. Needs no γ, κ or F0. Steps are "
-        "budget units: an early stop is settled with the units spent. training.batch_size must "
-        "equal n; training.steps caps the iterations; learning_rate is unused."
+        "budget units: an early stop is settled with the units spent. Full batch (the service "
+        "records batch_size = n); training.steps caps the iterations; no learning_rate."
     )
     Hyperparameters = AdaptiveNoisyGDHyperparameters
 
     def report_notes(
-        self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+        self, hyperparameters: AdaptiveNoisyGDHyperparameters, plan: PrivacyPlan, *,
+        noise_multiplier: float, delta: float,
     ) -> dict[str, Any]:
-        assert isinstance(hyperparameters, AdaptiveNoisyGDHyperparameters)
         notes = self._common_notes(noise_multiplier)
         rho, n, L0 = rho_of(noise_multiplier), plan.expected_batch_size, hyperparameters.L0
         constants = adaptive_constants(n=n, d=1, rho=rho, L0=L0, beta=hyperparameters.beta)
@@ -589,25 +602,27 @@ class AdaptiveNoisyGD(_KLAlgorithm):
             "claim": "Thm 3: ρ-zCDP with the charge ρ_t = min{L0²dA/(n²N_t²), ρ/2} + √ρ/n",
             "valid_guarantee": False,
             "explanation": "the paper's ρ_t under-charges when N_t is small or negative; the "
-            "ledger charges the exact cost of the noise actually drawn (spec §2.4)",
+            "ledger charges the exact cost of the noise actually drawn",
         }
         return notes
 
 
 @register_algorithm
-class NoisyGD(_KLAlgorithm):
+class NoisyGD(_KLAlgorithm[NoisyGDHyperparameters]):
     name = "noisy-gd"
     unit_based = False
     summary = (
         "Algorithm 4 (noisy GD): full-batch projected noisy GD on F(w) + L̃1‖w − w0‖² with steps "
         "1/(L̃1·s) and the weighted average of the iterates as output. Each step adds N(0, (σ·L0)²) "
         "to the sum of per-example gradients clipped to L0 (a Gaussian, 1/(2σ²)-zCDP). "
-        "training.steps = noisy steps (⌈epochs⌉); batch_size must equal n; learning_rate unused."
+        "training.steps = noisy steps (⌈epochs⌉); full batch (the service records batch_size = n); "
+        "no learning_rate."
     )
     Hyperparameters = NoisyGDHyperparameters
 
     def report_notes(
-        self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+        self, hyperparameters: NoisyGDHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
+        delta: float,
     ) -> dict[str, Any]:
         notes = self._common_notes(noise_multiplier)
         notes["rho_zcdp"] = plan.steps * rho_of(noise_multiplier)
@@ -615,18 +630,19 @@ class NoisyGD(_KLAlgorithm):
 
 
 @register_algorithm
-class ProximalPoint(_KLAlgorithm):
+class ProximalPoint(_KLAlgorithm[ProximalPointHyperparameters]):
     name = "proximal-point"
     summary = (
         "Algorithm 2 (proximal point, κ ≥ 2): T_out public prox steps on F + L̃1‖w − w_{t−1}‖², each "
         "solved by Algorithm 4 capped at max_inner_steps noisy steps; ρ = 1/(2σ²) split evenly "
-        "over all inner releases. Steps are budget units; training.batch_size must equal n; "
-        "training.steps caps the full passes; learning_rate is unused."
+        "over all inner releases. Steps are budget units; full batch (the service records "
+        "batch_size = n); training.steps caps the full passes; no learning_rate."
     )
     Hyperparameters = ProximalPointHyperparameters
 
     def report_notes(
-        self, hyperparameters: BaseModel, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+        self, hyperparameters: ProximalPointHyperparameters, plan: PrivacyPlan, *,
+        noise_multiplier: float, delta: float,
     ) -> dict[str, Any]:
         notes = self._common_notes(noise_multiplier)
         notes["paper_claim"] = {

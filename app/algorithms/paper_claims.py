@@ -1,6 +1,6 @@
 """A paper's own privacy number, shown beside the ledger ε but never charged.
 
-Several papers behind the catalogue publish calibrations that do not hold (specs/*.md). Users
+Several papers behind the catalogue publish calibrations that do not hold (docs/privacy-model.md#known-traps). Users
 comparing with a paper still want to see its number, so a report may carry it, always under
 :data:`PAPER_CLAIM_LABEL` and with ``valid_guarantee: false``. One helper builds that entry so
 every algorithm labels it the same way.

@@ -3,23 +3,43 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from app.algorithms.errors import InvalidHyperparameters
+from app.algorithms.training_fields import (
+    ALL_TRAINING_FIELDS,
+    accept_training,
+    batch_size_of,
+    training_schema,
+)
 from app.facts import DatasetFacts
 from app.privacy import GaussianEvent, PoissonSampledGaussianEvent, PrivacyEvent
 from app.registry import Registry, UnknownName
 from app.schemas.jobs import TrainingSpec
 
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmDefinition",
+    "H",
+    "InvalidHyperparameters",
+    "PoissonGaussianAlgorithm",
+    "PrivacyPlan",
+    "UnknownAlgorithm",
+    "definition_of",
+    "get_algorithm",
+    "poisson_schedule",
+    "register_algorithm",
+    "subsampled_gaussian_steps",
+]
 
 UnknownAlgorithm = UnknownName
 
-
-class InvalidHyperparameters(ValueError):
-    pass
+H = TypeVar("H", bound=BaseModel)
+"""An algorithm's hyperparameters model: every method of its definition takes that type."""
 
 
 @dataclass(frozen=True)
@@ -44,19 +64,28 @@ class PrivacyPlan:
         return self.event_for(noise_multiplier, self.steps)
 
 
-class AlgorithmDefinition:
-    """Base of every catalogue entry; subclasses set the class attributes and ``plan``."""
+class AlgorithmDefinition(Generic[H]):
+    """Base of every catalogue entry; subclasses set the class attributes and ``plan``.
+
+    Generic in the hyperparameters model ``H``, so a definition's methods (and the worker's
+    trainer of the same name) read typed fields without casts."""
 
     name: ClassVar[str]
     family: ClassVar[str]
     paper: ClassVar[str]
     summary: ClassVar[str]
-    Hyperparameters: ClassVar[type[BaseModel]]
+    Hyperparameters: type[H]
     zcdp_leaves_are_gaussian: ClassVar[bool] = False
     """True only when every release behind the plan's ZCDPEvent leaves is Gaussian noise on a
     bounded-L2 sum: the report may then use the exact Gaussian-DP bound (app.privacy.single_job)."""
+    training_fields: ClassVar[frozenset[str]] = ALL_TRAINING_FIELDS
+    """The ``training.*`` fields this algorithm reads; submitting any other is refused (422)."""
+    unused_training_reasons: ClassVar[Mapping[str, str]] = {}
+    """Why each field outside ``training_fields`` is unused, completing '<name> … and does not use it'."""
+    full_batch: ClassVar[bool] = False
+    """Every step uses all n rows: the service records ``training.batch_size = n`` itself."""
 
-    def validate_hyperparameters(self, raw: dict[str, Any]) -> BaseModel:
+    def validate_hyperparameters(self, raw: dict[str, Any]) -> H:
         try:
             return self.Hyperparameters.model_validate(raw)
         except ValidationError as exc:
@@ -66,16 +95,24 @@ class AlgorithmDefinition:
                 f"algorithm.hyperparameters.{loc}: {first['msg']}"
             ) from exc
 
-    def adopt_privacy_target(
-        self, hyperparameters: BaseModel, *, target_epsilon: float | None
-    ) -> BaseModel:
+    def adopt_privacy_target(self, hyperparameters: H, *, target_epsilon: float | None) -> H:
         """Hyperparameters whose public defaults depend on the job's target ε (a public part of
         the spec) get it here, before planning; most algorithms have none."""
         return hyperparameters
 
+    def accept_training(self, training: TrainingSpec, facts: DatasetFacts) -> TrainingSpec:
+        """The submitted training spec as this algorithm runs it: fields it does not read are
+        refused (UnusedTrainingField), the ones it reads required (MissingTrainingFields), and a
+        full-batch algorithm's ``batch_size`` is the dataset's public n."""
+        return accept_training(
+            training, algorithm=self.name, reads=self.training_fields,
+            unused_reasons=self.unused_training_reasons,
+            full_batch_rows=facts.n_rows if self.full_batch else None,
+        )
+
     def plan(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: H,
         training: TrainingSpec,
         facts: DatasetFacts,
         *,
@@ -86,7 +123,7 @@ class AlgorithmDefinition:
 
     def report_notes(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: H,
         plan: PrivacyPlan,
         *,
         noise_multiplier: float,
@@ -104,18 +141,30 @@ class AlgorithmDefinition:
             "summary": self.summary,
             "hyperparameters_schema": self.Hyperparameters.model_json_schema(),
             "defaults": self.Hyperparameters().model_dump(mode="json"),
-            "training_schema": TrainingSpec.model_json_schema(),
+            "training_fields": sorted(self.training_fields),
+            "full_batch": self.full_batch,
+            "training_schema": training_schema(self.training_fields),
         }
 
 
-ALGORITHMS: Registry[AlgorithmDefinition] = Registry("algorithm")
+ALGORITHMS: Registry[AlgorithmDefinition[Any]] = Registry("algorithm")
 get_algorithm = ALGORITHMS.get
 
+D = TypeVar("D", bound=AlgorithmDefinition[Any])
 
-def register_algorithm(cls: type[AlgorithmDefinition]) -> type[AlgorithmDefinition]:
+
+def register_algorithm(cls: type[D]) -> type[D]:
     """Class decorator: one instance of each definition is registered under its ``name``."""
     ALGORITHMS.add(cls.name, cls())
     return cls
+
+
+def definition_of(cls: type[D]) -> D:
+    """The registered instance of a catalogue class, typed as that class (for the worker's trainers)."""
+    entry = ALGORITHMS.get(cls.name)
+    if not isinstance(entry, cls):
+        raise TypeError(f"algorithm '{cls.name}' is registered as {type(entry).__name__}, not {cls.__name__}")
+    return entry
 
 
 def poisson_schedule(
@@ -124,12 +173,13 @@ def poisson_schedule(
     """(q, T) for Poisson sampling with expected batch size B over the expected m = (1 − f)·n
     training rows: q = B/m, T = steps or ⌈E·m/B⌉ = ⌈E/q⌉. Every quantity is public."""
     training_rows = training_fraction * facts.n_rows
-    if training.batch_size > training_rows:
+    batch_size = batch_size_of(training)
+    if batch_size > training_rows:
         raise InvalidHyperparameters(
-            f"training.batch_size {training.batch_size} exceeds the {training_rows:g} rows "
+            f"training.batch_size {batch_size} exceeds the {training_rows:g} rows "
             "expected for training"
         )
-    q = training.batch_size / training_rows
+    q = batch_size / training_rows
     if training.steps is not None:
         return q, training.steps
     assert training.epochs is not None
@@ -149,20 +199,20 @@ def subsampled_gaussian_steps(q: float) -> Callable[[float, int], PrivacyEvent]:
     return event_for
 
 
-class PoissonGaussianAlgorithm(AlgorithmDefinition):
+class PoissonGaussianAlgorithm(AlgorithmDefinition[H]):
     """Every algorithm whose step is: Poisson batch, a sum with add/remove sensitivity S, Gaussian
     noise σ·S, division by the public B. Subclasses give S (and, if a step releases more than the
     noisy sum, the event builder)."""
 
-    def sensitivity(self, hyperparameters: BaseModel) -> float:
+    def sensitivity(self, hyperparameters: H) -> float:
         raise NotImplementedError
 
-    def event_builder(self, hyperparameters: BaseModel, q: float) -> Callable[[float, int], PrivacyEvent]:
+    def event_builder(self, hyperparameters: H, q: float) -> Callable[[float, int], PrivacyEvent]:
         return subsampled_gaussian_steps(q)
 
     def plan(
         self,
-        hyperparameters: BaseModel,
+        hyperparameters: H,
         training: TrainingSpec,
         facts: DatasetFacts,
         *,
@@ -172,7 +222,7 @@ class PoissonGaussianAlgorithm(AlgorithmDefinition):
         return PrivacyPlan(
             steps=steps,
             sampling_probability=q,
-            expected_batch_size=float(training.batch_size),
+            expected_batch_size=float(batch_size_of(training)),
             sensitivity=self.sensitivity(hyperparameters),
             sampling="poisson",
             event_for=self.event_builder(hyperparameters, q),

@@ -2,49 +2,37 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import unicodedata
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from sqlalchemy import and_, or_, select, text
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, defer
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import defer
 
 from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
 from app.api.routing import ReleasingRoute
 from app.api.deps import ServicesDep, SessionDep, TenantDep
+from app.dataset_registration import UploadRequest, invalid_dataset, register_upload
 from app.facts import public_class_list
-from privtrain.directed_rounding import format_remaining
-from app.ingest import (
-    DatasetValidationError,
-    IngestLimits,
-    Preparation,
-    dataset_facts,
-    parse_class_list,
-    parse_dataset,
-    parse_preparation,
-)
+from app.ingest import DatasetValidationError, IngestLimits, parse_class_list, parse_preparation
 from app.ledger_explanations import explain_entries, jobs_of
-from app.models import Dataset, LedgerEntry, PrivacyBudget, Tenant
+from app.models import Dataset, LedgerEntry, PrivacyBudget
 from app.pagination import cursor_id, cursor_seq, cursor_time, decode_cursor, encode_cursor
 from app.problems import Problem
-from app.services import Services
 from app.schemas.datasets import (
     BudgetIncrease,
+    BudgetOut,
     BudgetView,
     DatasetList,
     DatasetOut,
     LedgerEntryOut,
     LedgerPage,
 )
-from app.storage import PendingBlob, UploadTooLarge
+from app.storage import UploadTooLarge
 from app.upload_pace import UploadPace, UploadTooSlow, receive_paced
 from app.upload_slots import UploadSlotDep
 
@@ -97,137 +85,15 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         task=dataset.task,
         n_classes=dataset.n_classes,
         classes=list(classes.names) if classes and not listing else None,
-        classes_source=classes.source if classes else None,  # type: ignore[arg-type]
+        classes_source=classes.source if classes else None,
         label_column=dataset.label_column,
         preparation=None if listing else dataset.preparation,  # declared, public; bounded, yet left out of listings
         feature_names=None if listing else dataset.feature_names,
-        budget={"epsilon": budget.epsilon, "delta": budget.delta},
+        budget=BudgetOut(epsilon=budget.epsilon, delta=budget.delta),
         created_at=dataset.created_at,
         links=links,
         role=role,
     )
-
-
-def _upload_hash(
-    *, sha256: str, name: str, fmt: str, epsilon: float, delta: float, label_column: str | None,
-    task: str | None, classes: tuple[str, ...] | None, preparation: Preparation | None = None,
-) -> str:
-    """What an upload asked for: its body's digest and every parameter."""
-    request: dict[str, object] = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon,
-                                  "delta": delta, "label_column": label_column, "task": task}
-    if classes is not None:  # absent from digests made before class lists existed
-        request["classes"] = list(classes)
-    if preparation is not None:  # absent from digests made before preparations existed
-        request["preparation"] = preparation.to_json()
-    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-
-
-def _replayed_upload(services: Services, tenant: Tenant, key: str, digest: str) -> JSONResponse | None:
-    """The dataset an earlier upload with this key registered (200), a 422 if the key was used
-    for a different upload, or None if the key is new."""
-    with services.db.read_session() as session:
-        dataset = session.scalar(
-            select(Dataset).where(Dataset.tenant_id == tenant.id, Dataset.idempotency_key == key)
-        )
-        if dataset is None:
-            return None
-        if dataset.request_hash != digest:
-            raise Problem(status=422, slug="idempotency-key-reused",
-                          detail="this Idempotency-Key was used with a different upload")
-        budget = session.get(PrivacyBudget, dataset.id)
-        assert budget is not None
-        return JSONResponse(dataset_out(dataset, budget).model_dump(mode="json"), status_code=200)
-
-
-class ContentAlreadyRegistered(Exception):
-    """The tenant already registered these exact bytes: one content, one budget (docs/privacy-model.md §3)."""
-
-    def __init__(self, existing: Dataset) -> None:
-        super().__init__(existing.id)
-        self.dataset_id = existing.id
-        self.name = existing.name
-
-
-def _registered_with_content(session: Session, tenant_id: str, sha256: str) -> Dataset | None:
-    return session.scalar(
-        select(Dataset)
-        .where(Dataset.tenant_id == tenant_id, Dataset.sha256 == sha256)
-        .order_by(Dataset.created_at, Dataset.id)
-        .limit(1)
-    )
-
-
-def _already_registered_problem(exc: ContentAlreadyRegistered) -> Problem:
-    return Problem(
-        status=409,
-        slug="dataset-already-registered",
-        detail=(
-            f"these bytes are already registered as dataset {exc.dataset_id} ({exc.name!r}); a "
-            "second registration would give the same rows a second budget. To spend more on them, "
-            f"raise that dataset's budget with POST /v1/datasets/{exc.dataset_id}/budget (recorded "
-            "in its ledger and shown in every later report)"
-        ),
-        extra={"existing_dataset_id": exc.dataset_id,
-               "links": {"existing": f"/v1/datasets/{exc.dataset_id}",
-                         "raise_budget": f"/v1/datasets/{exc.dataset_id}/budget"}},
-    )
-
-
-def _refuse_known_content(services: Services, tenant: Tenant, sha256: str) -> None:
-    """Early, cheap check before parsing; the binding check runs again under the tenant lock."""
-    with services.db.read_session() as session:
-        existing = _registered_with_content(session, tenant.id, sha256)
-        if existing is not None:
-            raise _already_registered_problem(ContentAlreadyRegistered(existing))
-
-
-def _inferred_task_notice(task: str) -> str:
-    return (
-        f"no task was given, so it was inferred from the labels ({task}) and is now public. Give "
-        "task= at upload to make it independent of the rows."
-    )
-
-
-def _observed_classes_notice(names: tuple[str, ...]) -> str:
-    n_classes = len(names)
-    found = (f"the {n_classes} labels found (0 to {n_classes - 1})"
-             if names == tuple(str(i) for i in range(n_classes)) else
-             f"the {n_classes} distinct labels found, sorted (a label's class is its position in the list),")
-    return (
-        f"no class list was declared, so {found} became "
-        "this dataset's public class list: everyone who may read the dataset sees it. Declare the "
-        "list at upload (classes=name0,name1,...) to make it independent of the rows."
-    )
-
-
-def _lock_blob_key(session: Session, key: str) -> None:
-    """Serialise registrations and clean-ups of one content-addressed blob until commit.
-
-    On PostgreSQL a transaction-scoped advisory lock on the key: a clean-up cannot check "no row
-    uses this blob" and then delete it while another upload of the same bytes (any tenant) commits
-    its row in between. SQLite's write transactions are already serialised (BEGIN IMMEDIATE).
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        lock_id = int.from_bytes(hashlib.sha256(f"blob:{key}".encode()).digest()[:8], "big", signed=True)
-        session.execute(text("SELECT pg_advisory_xact_lock(:lock_id)"), {"lock_id": lock_id})
-
-
-def _discard_unreferenced_blob(services: Services, *, key: str) -> None:
-    """Delete a blob this upload created but did not register, unless a dataset row uses it.
-
-    Blobs are content-addressed, so a concurrent upload of the same bytes may have registered
-    the very blob this failed upload wrote: the committed rows decide, not this request's fate.
-    The check and the delete share one write transaction (on SQLite it serialises with every
-    registration). If the check itself fails the blob is kept: a stray blob is harmless, a
-    registered dataset without its bytes is not.
-    """
-    try:
-        with services.db.write_transaction() as session:
-            _lock_blob_key(session, key)
-            if session.scalar(select(Dataset.id).where(Dataset.blob_key == key).limit(1)) is None:
-                services.blobs.delete(key)
-    except Exception:  # noqa: BLE001 - cleanup must not mask the request's own outcome
-        log.warning("could not check whether blob %s is referenced; kept", key, exc_info=True)
 
 
 @router.post("", status_code=201, response_model=DatasetOut)
@@ -277,26 +143,16 @@ async def upload_dataset(
         class_list = parse_class_list(classes, max_classes=limits.max_classes)
         declared_preparation = parse_preparation(preparation, limits=limits)
     except DatasetValidationError as exc:
-        raise Problem(
-            status=422, slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason}
-        ) from exc
+        raise invalid_dataset(exc) from exc
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > settings.max_upload_bytes:
-        raise Problem(
-            status=413,
-            slug="payload-too-large",
-            detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
-        )
+        raise _too_large_problem(settings.max_upload_bytes)
     pending = services.blobs.begin(max_bytes=settings.max_upload_bytes)
     try:
         await receive_paced(request.stream(), pending.write, pace=UploadPace.from_settings(settings))
     except UploadTooLarge as exc:
         pending.discard()
-        raise Problem(
-            status=413,
-            slug="payload-too-large",
-            detail=f"upload exceeds the limit of {settings.max_upload_bytes} bytes",
-        ) from exc
+        raise _too_large_problem(settings.max_upload_bytes) from exc
     except UploadTooSlow as exc:
         pending.discard()
         raise _too_slow_problem(exc, UploadPace.from_settings(settings)) from None
@@ -306,12 +162,21 @@ async def upload_dataset(
     # Everything after the body (hashing, parsing, the registration transaction) is blocking
     # work: it runs in a worker thread, so a registration waiting on the database lock never
     # stalls the event loop (and with it every other request).
-    return await run_in_threadpool(
-        _register_upload, services=services, tenant=tenant, pending=pending, limits=limits,
+    registered = await run_in_threadpool(
+        register_upload, db=services.db, blobs=services.blobs, tenant_id=tenant.id, pending=pending,
+        limits=limits,
         upload=UploadRequest(name=name, fmt=format, epsilon=epsilon, delta=delta, label_column=label_column,
                              task=task, class_list=class_list, idempotency_key=idempotency_key,
                              preparation=declared_preparation),
     )
+    out = dataset_out(registered.dataset, registered.budget)
+    if registered.replayed:
+        return JSONResponse(out.model_dump(mode="json"), status_code=200)
+    return out.model_copy(update={"notices": list(registered.notices)})
+
+
+def _too_large_problem(limit: int) -> Problem:
+    return Problem(status=413, slug="payload-too-large", detail=f"upload exceeds the limit of {limit} bytes")
 
 
 def _too_slow_problem(exc: UploadTooSlow, pace: UploadPace) -> Problem:
@@ -322,128 +187,6 @@ def _too_slow_problem(exc: UploadTooSlow, pace: UploadPace) -> Problem:
         detail=f"upload refused after {exc.received} bytes in {exc.elapsed_s:.1f} s: {why}; nothing was stored",
         extra={"reason": exc.reason}, headers={"Connection": "close"},
     )
-
-
-@dataclass(frozen=True)
-class UploadRequest:
-    """What an upload asked for, besides its body."""
-
-    name: str
-    fmt: str
-    epsilon: float
-    delta: float
-    label_column: str | None
-    task: str | None
-    class_list: tuple[str, ...] | None
-    idempotency_key: str | None
-    preparation: Preparation | None = None
-
-
-def _register_upload(
-    *, services: Services, tenant: Tenant, pending: PendingBlob, limits: IngestLimits, upload: UploadRequest,
-) -> DatasetOut | JSONResponse:
-    """Validate a received body and register it with its budget (blocking: runs in a thread)."""
-    name, format, epsilon, delta = upload.name, upload.fmt, upload.epsilon, upload.delta
-    label_column, task, class_list, idempotency_key = (
-        upload.label_column, upload.task, upload.class_list, upload.idempotency_key)
-    try:
-        sha256 = pending.finish()
-        request_digest = _upload_hash(
-            sha256=sha256, name=name, fmt=format, epsilon=epsilon, delta=delta,
-            label_column=label_column, task=task, classes=class_list, preparation=upload.preparation,
-        )
-        if idempotency_key:
-            replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
-            if replay is not None:
-                pending.discard()
-                return replay
-        _refuse_known_content(services, tenant, sha256)
-        try:
-            parsed = parse_dataset(
-                pending.path, fmt=format, label_column=label_column, task=task, limits=limits, classes=class_list,
-                preparation=upload.preparation,
-            )
-        except DatasetValidationError as exc:
-            raise Problem(
-                status=422, slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason}
-            ) from exc
-        facts = dataset_facts(parsed)
-        feature_names = list(parsed.feature_names) if parsed.feature_names else None
-        public_classes = parsed.classes
-        del parsed
-        if delta >= 1.0 / facts["n_rows"]:
-            raise Problem(
-                status=422,
-                slug="invalid-budget",
-                detail=f"delta must be below 1/n = {format_remaining(1.0 / facts['n_rows'])} for n = {facts['n_rows']} rows",
-            )
-        key, created = services.blobs.adopt(pending.path, sha256, keep_pending=True)
-    except BaseException:
-        pending.discard()
-        raise
-    class_names = public_classes.names if public_classes is not None else None
-    n_classes = len(class_names) if class_names is not None else None
-    notices = [] if class_list is not None or class_names is None else [_observed_classes_notice(class_names)]
-    if task is None and class_list is None:
-        notices.insert(0, _inferred_task_notice(str(facts["task"])))
-    registered = False
-    try:
-        try:
-            with services.db.write_transaction() as session:
-                # One registration per content and tenant: serialised on the tenant row, so two
-                # concurrent uploads of the same bytes cannot both pass the check.
-                session.execute(select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
-                _lock_blob_key(session, key)  # a failed upload's clean-up cannot race this row
-                existing = _registered_with_content(session, tenant.id, sha256)
-                if existing is not None:
-                    raise ContentAlreadyRegistered(existing)
-                dataset = Dataset(
-                    tenant_id=tenant.id,
-                    name=name,
-                    format=format,
-                    sha256=sha256,
-                    blob_key=key,
-                    size_bytes=pending.size,
-                    label_column=label_column,
-                    n_rows=int(facts["n_rows"]),
-                    feature_shape=[int(v) for v in facts["feature_shape"]],
-                    n_features=int(facts["n_features"]),
-                    task=str(facts["task"]),
-                    n_classes=n_classes,
-                    class_names=list(class_names) if class_names is not None else None,
-                    classes_declared=class_list is not None,
-                    preparation=upload.preparation.to_json() if upload.preparation is not None else None,
-                    feature_names=feature_names,
-                    idempotency_key=idempotency_key,
-                    request_hash=request_digest if idempotency_key else None,
-                )
-                session.add(dataset)
-                session.flush()
-                budget = ledger.open_budget(session, dataset=dataset, epsilon=epsilon, delta=delta)
-                session.flush()
-                out = dataset_out(dataset, budget).model_copy(update={"notices": notices})
-            registered = True
-        except IntegrityError:
-            # A concurrent upload with the same key registered first: a replay (200), or 422
-            # idempotency-key-reused if it was a different upload; either way ours is not stored.
-            replay = _replayed_upload(services, tenant, idempotency_key, request_digest) if idempotency_key else None
-            if replay is None:
-                raise
-            return replay
-        except ContentAlreadyRegistered as exc:
-            if idempotency_key:  # a concurrent retry with the same key won the race
-                replay = _replayed_upload(services, tenant, idempotency_key, request_digest)
-                if replay is not None:
-                    return replay
-            raise _already_registered_problem(exc) from None
-        if not created:  # the blob was another upload's: restore it if that one failed and removed it
-            services.blobs.adopt(pending.path, sha256)
-    finally:
-        if created and not registered:
-            _discard_unreferenced_blob(services, key=key)
-        pending.discard()
-    log.info("dataset registered", extra={"dataset_id": out.id, "tenant_id": tenant.id})
-    return out
 
 
 @router.get("", response_model=DatasetList)
@@ -504,7 +247,7 @@ def get_budget(dataset_id: str, session: SessionDep, tenant: TenantDep) -> Budge
 def raise_budget(
     dataset_id: str, body: BudgetIncrease, services: ServicesDep, session: SessionDep, tenant: TenantDep
 ) -> BudgetView:
-    """Raise ε (and optionally δ): only the owner can, and only upwards (privacy.md §4)."""
+    """Raise ε (and optionally δ): only the owner can, and only upwards (docs/privacy-model.md §4)."""
     dataset = dataset_for(session, tenant, dataset_id, need="own")
     session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:

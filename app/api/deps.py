@@ -16,7 +16,8 @@ from app.services import Services
 
 
 def get_services(request: Request) -> Services:
-    return request.app.state.services
+    services: Services = request.app.state.services  # set by the app factory; State is untyped
+    return services
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]

@@ -48,7 +48,8 @@ from app.api.stream_slots import StreamSlot, take_stream_slot
 from app.config import Settings
 from app.db import Database
 from app.job_views import event_out
-from app.models import TERMINAL_STATUSES, Job, JobEvent
+from app.jobs.status import TERMINAL_STATUSES
+from app.models import Job, JobEvent
 from app.schemas.jobs import JobEventOut
 from app.rate_limit import bearer_principal
 from app.services import Services

@@ -8,9 +8,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
 
 from app import ledger, privacy
 from app.api.routing import ReleasingRoute
@@ -27,10 +25,11 @@ from app.api.planning_slots import PlanningSlotDep
 from app.api.stream_slots import StreamSlot
 from app.access import dataset_for, job_for, relation_to, visible_jobs
 from app.api.deps import ServicesDep, SessionDep, TenantDep
-from app.job_cancel import JobNotCancellable, cancel_job
+from app.idempotency import IdempotentRequest, create_once, earlier
 from app.job_planning import JobPlan, job_choices, plan_job, request_hash
-from app.job_settlement import mark_dispatched
-from app.job_views import add_job_event, event_out, job_out
+from app.job_views import event_out, job_out
+from app.jobs import lifecycle
+from app.jobs.status import JobStatus
 from app.model_catalogue import ModelSizeLimits
 from app.models import Job, JobEvent, PrivacyBudget, Tenant
 from app.pagination import cursor_id, decode_cursor, encode_cursor
@@ -39,7 +38,6 @@ from app.reporting.redaction import report_for_viewer
 from app.reporting.responses import html_report_response
 from app.schemas.jobs import JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
 from app.services import Services
-from privtrain.directed_rounding import format_guarantee, format_remaining
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.jobs")
@@ -98,40 +96,6 @@ def estimate(
     return _estimate(plan, budget, max_steps=services.settings.max_steps)
 
 
-def _replay(session: SessionDep, tenant: Tenant, key: str, rhash: str) -> Job | None:
-    existing = session.scalar(
-        select(Job).where(Job.tenant_id == tenant.id, Job.idempotency_key == key)
-    )
-    if existing is not None and existing.request_hash != rhash:
-        raise Problem(
-            status=422,
-            slug="idempotency-key-reused",
-            detail="this Idempotency-Key was used with a different request body",
-        )
-    return existing
-
-
-ACTIVE_STATUSES = ("queued", "running")
-
-
-def _check_active_job_cap(tx: Session, tenant_id: str, cap: int) -> None:
-    """429 if the tenant already has `cap` queued + running jobs; serialised per tenant (the
-    tenant row is locked), so concurrent submissions cannot overshoot the cap."""
-    tx.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
-    active = tx.scalar(
-        select(func.count()).select_from(Job)
-        .where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE_STATUSES))
-    ) or 0
-    if active >= cap:
-        raise Problem(
-            status=429, slug="too-many-active-jobs",
-            detail=f"this tenant already has {active} queued or running jobs (limit {cap}); "
-            "wait for some to finish or cancel one",
-            headers={"Retry-After": "30"},
-            extra={"active_jobs": active, "limit": cap},
-        )
-
-
 @router.post("", status_code=202, response_model=JobOut)
 def submit(
     _planning: PlanningSlotDep,
@@ -142,81 +106,39 @@ def submit(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> JobOut | JSONResponse:
     """Admit the job against the dataset's ledger, then enqueue it."""
-    rhash = request_hash(spec)
-    if idempotency_key:
-        existing = _replay(session, tenant, idempotency_key, rhash)
-        if existing is not None:
-            return JSONResponse(job_out(existing).model_dump(mode="json"), status_code=200)
+    request = IdempotentRequest(tenant_id=tenant.id, key=idempotency_key, request_hash=request_hash(spec),
+                                what="request body")
+    existing = earlier(session, Job, request)
+    if existing is not None:
+        return _replayed(existing)
     plan, _ = _plan(services, session, tenant, spec)
-    actor = f"tenant:{tenant.id}"
     session.close()  # give the read connection back before taking a write one
-    try:
-        with services.db.write_transaction() as tx:
-            budget = ledger.lock_budget(tx, spec.dataset_id)
-            # Access again under the budget lock, which grants and revokes also take: a revoke
-            # that committed while this request was planning wins (app/grants.py).
-            dataset_for(tx, tenant, spec.dataset_id, need="submit")
-            _check_active_job_cap(tx, tenant.id, services.settings.max_active_jobs_per_tenant)
-            job = Job(
-                tenant_id=tenant.id,
-                dataset_id=spec.dataset_id,
-                status="queued",
-                spec=plan.spec,
-                algorithm=plan.algorithm.name,
-                model_name=plan.model_name,
-                noise_multiplier=plan.noise_multiplier,
-                sampling_probability=plan.plan.sampling_probability,
-                steps_planned=plan.plan.steps,
-                delta=plan.delta,
-                epsilon_ledger=plan.epsilon_ledger,
-                epsilon_prv=plan.epsilon_prv,
-                event=plan.event_json,
-                reserved_curve=list(plan.curve),
-                idempotency_key=idempotency_key,
-                request_hash=rhash,
-            )
-            tx.add(job)
-            tx.flush()
-            try:
-                admission = ledger.reserve(tx, budget, job=job, actor=actor)
-            except ledger.InsufficientBudget as exc:
-                raise Problem(
-                    status=409,
-                    slug="insufficient-privacy-budget",
-                    detail=(
-                        # the cost is a guarantee (rounded up), what remains is rounded down
-                        f"the job costs ε = {format_guarantee(plan.epsilon_ledger)} at "
-                        f"δ = {format_guarantee(plan.delta)} and does not fit the dataset's "
-                        f"remaining budget of ε = {format_remaining(exc.remaining_epsilon)}"
-                    ),
-                    extra={
-                        "remaining_epsilon": exc.remaining_epsilon,
-                        "job_epsilon": plan.epsilon_ledger,
-                        "budget_epsilon": budget.epsilon,
-                        "budget_delta": budget.delta,
-                    },
-                ) from None
-            add_job_event(
-                tx,
-                job.id,
-                "queued",
-                {"steps_planned": job.steps_planned, "witness_order": admission.witness_order},
-            )
-            out = job_out(job)
-    except IntegrityError:
-        if not idempotency_key:
-            raise
-        with services.db.read_session() as fresh:
-            existing = _replay(fresh, tenant, idempotency_key, rhash)
-            assert existing is not None
-            return JSONResponse(job_out(existing).model_dump(mode="json"), status_code=200)
+
+    def admit() -> tuple[Job, bool]:
+        return lifecycle.admit(
+            services.db, plan=plan, tenant_id=tenant.id, dataset_id=spec.dataset_id, actor=f"tenant:{tenant.id}",
+            max_active_jobs=services.settings.max_active_jobs_per_tenant, idempotency_key=idempotency_key,
+            request_hash=request.request_hash,
+            recheck_access=lambda tx: dataset_for(tx, tenant, spec.dataset_id, need="submit"),
+        ), False
+
+    # A concurrent retry with the same key that committed first is answered as a replay.
+    job, replayed = create_once(services.db, Job, request, create=admit, replay=lambda _session, first: (first, True))
+    if replayed:
+        return _replayed(job)
+    out = job_out(job)
     try:
         services.dispatcher.dispatch(out.id)
-        mark_dispatched(services.db, out.id)
+        lifecycle.mark_dispatched(services.db, out.id)
     except Exception:  # the reconciler re-sends queued jobs whose message was lost
         log.exception("dispatch failed", extra={"job_id": out.id})
     log.info("job admitted", extra={"job_id": out.id, "tenant_id": tenant.id})
     return out
+
+
+def _replayed(job: Job) -> JSONResponse:
+    """A retried submission: the job its first attempt created, 200 instead of 202."""
+    return JSONResponse(job_out(job).model_dump(mode="json"), status_code=200)
 
 
 @router.get("", response_model=JobList)
@@ -259,13 +181,7 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
 
     job = job_for(session, tenant, job_id, need="cancel")
     session.close()  # give the read connection back before taking a write one
-    with services.db.write_transaction() as tx:
-        try:
-            fresh = cancel_job(tx, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}")
-        except JobNotCancellable as ended:
-            raise Problem(status=409, slug="job-not-cancellable", detail=str(ended)) from None
-        out = job_out(fresh)
-    return out
+    return job_out(lifecycle.cancel(services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}"))
 
 
 @router.get(
@@ -310,7 +226,7 @@ def events(
 
 
 def _artifact_ready(job: Job, blob: str | None) -> str:
-    if job.status != "succeeded" or blob is None:
+    if job.status != JobStatus.SUCCEEDED or blob is None:
         raise Problem(
             status=409,
             slug="job-not-succeeded",

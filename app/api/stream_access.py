@@ -19,6 +19,7 @@ from app.api.deps import job_of_tenant
 from app.api.event_stream import AccessCheck
 from app.dashboard_sessions import live_session_by_id
 from app.models import ApiKey, Job, Tenant
+from app.errors import DomainError
 from app.problems import Problem
 from app.rate_limit import bearer_principal
 
@@ -38,10 +39,10 @@ def _active_key_tenant(session: Session, key_digest: str) -> Tenant | None:
 
 
 def _allowed(lookup: Callable[[], Job]) -> bool:
-    """True if the lookup finds the job; the routes' 404/403 problems mean access is lost."""
+    """True if the lookup finds the job; the routes' 404/403 refusals mean access is lost."""
     try:
         lookup()
-    except Problem:
+    except (DomainError, Problem):  # app.access raises domain errors, the /ui lookups problems
         return False
     return True
 

@@ -49,10 +49,11 @@ from app.dashboard_sessions import DashboardSession, StartedSession, end_session
 from app.db import Database
 from app.ledger_explanations import jobs_of
 from app.invitations import Answer, InvitationNotFound, answer_invitation, pending_invitations
-from app.job_cancel import JobNotCancellable, cancel_job
 from app.job_event_text import EPSILON_DIGITS, EVENT_SENTENCES, GUARANTEE_FIELDS, event_sentence
 from app.job_views import job_epsilon
-from app.models import TERMINAL_STATUSES, ApiKey, Dataset, Job, JobEvent, LedgerEntry, PrivacyBudget, Tenant
+from app.jobs import lifecycle
+from app.jobs.status import TERMINAL_STATUSES, JobStatus
+from app.models import ApiKey, Dataset, Job, JobEvent, LedgerEntry, PrivacyBudget, Tenant
 from app.problems import Problem
 from app.reporting import ledger_history, opening_budget, plots
 from app.reporting.responses import html_report_response
@@ -246,10 +247,13 @@ async def logout(request: Request, services: ServicesDep) -> Response:
     cookie. Without a live session there is no CSRF token to match: refused, as before."""
     cookie = read_cookie(request, services.settings)
     form = await _form(request)
-    live = await anyio.to_thread.run_sync(_live_session, services.db, cookie) if isinstance(cookie, SessionCookie) else None
-    if live is None or not csrf_ok(request, live.csrf_token, form.get("csrf_token")):
+    session_cookie = cookie if isinstance(cookie, SessionCookie) else None
+    live = None
+    if session_cookie is not None:
+        live = await anyio.to_thread.run_sync(_live_session, services.db, session_cookie)
+    if session_cookie is None or live is None or not csrf_ok(request, live.csrf_token, form.get("csrf_token")):
         return _csrf_rejected()
-    await anyio.to_thread.run_sync(_logout, services.db, cookie)
+    await anyio.to_thread.run_sync(_logout, services.db, session_cookie)
     log.info("dashboard logout", extra={"tenant_id": live.tenant_id, "ui_session_id": live.id})
     response = _login_redirect()
     clear_session_cookie(response, services.settings)
@@ -422,15 +426,14 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
 
 
 def _cancel_as(db: Database, *, tenant: Tenant, job_id: str) -> str | None:
-    """Cancel as ``POST /v1/jobs/{id}/cancel`` does (app.job_cancel); the status of a job that
-    had already ended, None once cancelled or asked to stop. 404/403 as the API answers."""
+    """Cancel as ``POST /v1/jobs/{id}/cancel`` does (app.jobs.lifecycle.cancel); the status of a
+    job that had already ended, None once cancelled or asked to stop. 404/403 as the API answers."""
     with db.read_session() as session:
         dataset_id = job_for(session, tenant, job_id, need="cancel").dataset_id
     try:
-        with db.write_transaction() as tx:
-            cancel_job(tx, job_id=job_id, dataset_id=dataset_id, actor=f"tenant:{tenant.id}")
-    except JobNotCancellable as ended:
-        return ended.status
+        lifecycle.cancel(db, job_id=job_id, dataset_id=dataset_id, actor=f"tenant:{tenant.id}")
+    except lifecycle.JobNotCancellable as ended:
+        return ended.job_status
     return None
 
 
@@ -459,7 +462,7 @@ def job_report_page(job_id: str, viewer: ViewerDep, services: ServicesDep, db_se
     if viewer is None:
         return _login_redirect()
     job = job_of_tenant(db_session, viewer.tenant, job_id)
-    if job.status != "succeeded" or job.report_blob is None:
+    if job.status != JobStatus.SUCCEEDED or job.report_blob is None:
         raise Problem(status=409, slug="job-not-succeeded",
                       detail=f"a report exists only for succeeded jobs; this job is {job.status}")
     report = json.loads(services.blobs.path(job.report_blob).read_text())

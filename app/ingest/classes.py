@@ -151,7 +151,8 @@ def _texts_to_declared(labels: RawLabels, *, names: tuple[str, ...], by_value: d
         return int(value) if value.is_integer() and 0 <= value < len(names) else -1
 
     table = np.array([target(text) for text in texts.distinct], dtype=np.int64)
-    return table[texts.codes]
+    targets: np.ndarray = table[texts.codes]
+    return targets
 
 
 def _not_in_classes(where: str, names: tuple[str, ...], by_value: dict[float, int]) -> str:

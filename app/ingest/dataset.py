@@ -46,7 +46,7 @@ class ParsedDataset:
 
 
 class IngestFacts(TypedDict):
-    """What may be recorded and shown about a dataset: by privacy.md, n and d are public."""
+    """What may be recorded and shown about a dataset: n and d are public (docs/privacy-model.md#public-facts)."""
 
     n_rows: int
     feature_shape: tuple[int, ...]

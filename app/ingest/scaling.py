@@ -22,7 +22,8 @@ def _min_max(values: np.ndarray, scaling: Scaling) -> np.ndarray:
     assert isinstance(scaling, MinMax)
     low, high = scaling.target
     unit = (np.clip(values, scaling.low, scaling.high) - scaling.low) / (scaling.high - scaling.low)
-    return low + unit * (high - low)
+    scaled: np.ndarray = low + unit * (high - low)
+    return scaled
 
 
 def _standardise(values: np.ndarray, scaling: Scaling) -> np.ndarray:

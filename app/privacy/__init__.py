@@ -1,7 +1,7 @@
 """Torch-free privacy math for privtrain: events, RDP curves, the Rényi filter, calibration, PRV and
 the tight single-job ε of the report.
 
-Every number produced here is meant to be a true upper bound on privacy loss (privacy.md): costs
+Every number produced here is meant to be a true upper bound on privacy loss (docs/privacy-model.md): costs
 and epsilons are rounded up, capacities down (see :mod:`app.privacy.rounding`).
 """
 

@@ -123,6 +123,7 @@ def largest_admissible_steps(
                 fits = probe
             else:
                 too_many, stride = probe, stride * 2
+    assert fits is not None and too_many is not None  # each gallop exits only with a bracket
     while too_many - fits > 1:
         middle = (fits + too_many) // 2
         if admitted(middle):

@@ -11,7 +11,8 @@ than that rejects "(ε, δ)-DP" at significance level 1 − confidence, so
     ε_lb = sup{ε : p_value(ε) < 1 − confidence}
 
 is a valid lower bound: with probability ≥ confidence, the true ε is at least ε_lb. An ε_lb
-above the ε a configuration claims is evidence the claim is false (specs/dc-dpsgd.md §6 T18).
+above the ε a configuration claims is evidence the claim is false
+(docs/reproductions.md#one-run-privacy-audit-of-dc-dpsgd).
 
 The p-value is Theorem 5.2 / Algorithm 2 of the paper ("Privacy Auditing with One (1) Training
 Run", NeurIPS 2023, arXiv:2305.08846):

@@ -1,7 +1,7 @@
 """The Rényi privacy filter: admission against per-order capacities, and the remaining budget.
 
 A job is admitted iff at SOME order a of the grid committed(a) + reserved(a) + cost(a) <= C(a)
-(privacy.md §4). Everything here is a pure function of curves; locking and persistence belong
+(docs/privacy-model.md#ledger). Everything here is a pure function of curves; locking and persistence belong
 to app/ledger.py.
 """
 

@@ -1,6 +1,6 @@
 """Noise calibration: the smallest noise multiplier whose job the filter admits on its own.
 
-The target is expressed in the ledger's own terms (privacy.md §4): sigma is admitted iff the
+The target is expressed in the ledger's own terms (docs/privacy-model.md#ledger): sigma is admitted iff the
 job's RDP curve fits under ``capacity_curve(target_epsilon, delta)`` at some order on a fresh
 ledger. So a dataset with budget eps_G admits exactly one job calibrated to eps_G, and the
 number a user asks for is the number the ledger will charge. RDP is decreasing in sigma, so

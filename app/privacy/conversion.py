@@ -8,7 +8,7 @@ al. 2020): an (a, r)-RDP mechanism is (eps, delta)-DP with
 minimised over the orders of the grid. The ledger splits its delta evenly over the orders
 (union bound over the per-order filters), so the ledger's epsilon is the conversion at
 delta / |ORDERS|, and the capacity at order a is that same formula solved for r. Epsilons are
-rounded up, capacities down (privacy.md §4).
+rounded up, capacities down (docs/privacy-model.md#ledger).
 
 Everything works with log delta, never with a product or quotient of delta: rows stored before
 new budgets were held to DELTA_MIN may carry a subnormal delta (5e-324), whose delta / |ORDERS|

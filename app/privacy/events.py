@@ -1,6 +1,6 @@
 """Immutable descriptions of the mechanisms a job runs (in the spirit of dp_accounting's DpEvent).
 
-An event is what the server charges before a job runs (privacy.md §3), so it validates itself on
+An event is what the server charges before a job runs (docs/privacy-model.md#cost), so it validates itself on
 construction: a malformed event must not reach the RDP code, the ledger or the worker. Numeric
 fields are normalised to ``float``/``int`` so that equal events compare and hash equal whatever
 numeric types the caller used.
@@ -25,7 +25,7 @@ _KINDS: dict[str, type] = {}
 
 def _register_kind(cls: type[_E]) -> type[_E]:
     """Record an event class under its ``KIND`` so the JSON codec needs no if/elif chain."""
-    kind = getattr(cls, "KIND")
+    kind = getattr(cls, "KIND")  # noqa: B009 - any class to mypy: KIND is checked at run time
     if kind in _KINDS:
         raise RuntimeError(f"event kind {kind!r} registered twice")
     _KINDS[kind] = cls
@@ -58,7 +58,7 @@ def _set_probability(owner: object, name: str) -> None:
 
 
 def _set_count(owner: object) -> None:
-    value = getattr(owner, "count")
+    value = getattr(owner, "count")  # noqa: B009 - owner is any event to mypy
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise PrivacyEventError(f"{type(owner).__name__}.count must be an integer, got {value!r}")
     count = int(value)
@@ -172,6 +172,11 @@ class ComposedEvent:
         object.__setattr__(self, "events", children)
 
 
+LeafEvent = (
+    PoissonSampledGaussianEvent | GaussianEvent | LaplaceEvent | ZCDPEvent | PureDPEvent | ExponentialMechanismEvent
+)
+"""Every event kind but ComposedEvent: each has a ``count`` of uses."""
+
 PrivacyEvent = Union[
     PoissonSampledGaussianEvent,
     GaussianEvent,
@@ -200,7 +205,7 @@ def field_names(event_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(event_type))
 
 
-def iter_leaves(event: PrivacyEvent) -> Iterator[PrivacyEvent]:
+def iter_leaves(event: PrivacyEvent) -> Iterator[LeafEvent]:
     """Every non-composed event of the tree, depth first: composition is flat, order is irrelevant."""
     if isinstance(event, ComposedEvent):
         for child in event.events:

@@ -1,6 +1,6 @@
 """Tight single-job epsilon from prv-accountant (Gopi, Lee, Wutschitz 2021), for the report only.
 
-PRV composition is not a valid privacy filter over adaptively chosen jobs (privacy.md §6), so
+PRV composition is not a valid privacy filter over adaptively chosen jobs (docs/privacy-model.md#known-traps), so
 this number never touches the ledger. It is the accountant's *upper* bound (third value of
 ``compute_epsilon``); whenever the computation cannot be trusted the answer is None and the
 report shows only the RDP number. Events containing zCDP or exponential-mechanism leaves have no
@@ -30,6 +30,7 @@ from app.privacy.conversion import validate_delta
 from app.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
+    LeafEvent,
     PoissonSampledGaussianEvent,
     PrivacyEvent,
     PureDPEvent,
@@ -58,14 +59,15 @@ def _prv_for(event_type: type[_L]) -> Callable[[Callable[[_L], PrivacyRandomVari
     return register
 
 
-class _PureDPWithSoundRdp(PureDPMechanism):
+class _PureDPWithSoundRdp(PureDPMechanism):  # type: ignore[misc]  # prv-accountant has no type hints
     """prv-accountant 0.2.0's PureDPMechanism.rdp returns (a-1)eps/a, which is BELOW the true RDP
     of randomized response (e.g. eps=1, a=2: 0.5 vs 0.735). PRVAccountant sizes its domain from
     rdp(), so an underestimate can put composed mass outside the domain. Use the valid bound
     min(eps, a eps^2/2) instead; the PRV itself (cdf) is unchanged."""
 
     def rdp(self, alpha: float) -> float:
-        return min(self.eps, alpha * self.eps * self.eps / 2.0)
+        eps: float = self.eps
+        return min(eps, alpha * eps * eps / 2.0)
 
 
 @_prv_for(PoissonSampledGaussianEvent)
@@ -103,11 +105,11 @@ def prv_epsilon(event: PrivacyEvent, delta: float) -> float | None:
     delta = validate_delta(delta)
     if delta < DELTA_MIN:
         return None
-    counts: dict[PrivacyEvent, int] = {}
+    counts: dict[LeafEvent, int] = {}
     for leaf in iter_leaves(event):
         if type(leaf) not in _FACTORIES:
             return None
-        count: int = getattr(leaf, "count")
+        count = leaf.count
         if count > 0:
             one_use = _one_use(leaf)
             counts[one_use] = counts.get(one_use, 0) + count
@@ -132,6 +134,6 @@ def prv_epsilon(event: PrivacyEvent, delta: float) -> float | None:
     return round_up(upper)
 
 
-def _one_use(leaf: PrivacyEvent) -> PrivacyEvent:
+def _one_use(leaf: LeafEvent) -> LeafEvent:
     """The leaf with count 1, used as a key so identical mechanisms are composed by FFT at once."""
-    return replace(leaf, count=1)  # type: ignore[type-var]
+    return replace(leaf, count=1)

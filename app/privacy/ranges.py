@@ -1,4 +1,4 @@
-"""The parameter ranges the API accepts, in one place (README "Validated ranges").
+"""The parameter ranges the API accepts, in one place (docs/walkthrough.md, validated ranges).
 
 Inside them every request-path computation (RDP curve, ledger ε, calibration, the closed-form
 single-job ε) is known to return quickly with a finite answer; outside them the math overflows,

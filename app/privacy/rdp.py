@@ -1,4 +1,4 @@
-"""RDP curves of events on the fixed order grid: the ledger's currency (privacy.md §4).
+"""RDP curves of events on the fixed order grid: the ledger's currency (docs/privacy-model.md#ledger).
 
 One function per leaf kind gives the RDP of a *single use* at one order; it is registered with
 :func:`_per_use` and the wrapper takes care of validation, outward rounding and ``count``-fold
@@ -89,7 +89,7 @@ def _per_use(event_type: type[_L]) -> Callable[[Callable[[_L, float], float]], C
 
     def register(per_use: Callable[[_L, float], float]) -> Callable[[_L, float], float]:
         def curve(event: PrivacyEvent) -> Curve:
-            count: int = getattr(event, "count")
+            count: int = getattr(event, "count")  # noqa: B009 - a leaf, but any event to mypy
             if count == 0:
                 return zero_curve()
             return tuple(

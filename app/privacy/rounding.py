@@ -1,6 +1,6 @@
 """Outward rounding: the one place that decides how floating-point error is kept on the safe side.
 
-privacy.md §4 says "round costs up, capacities down":
+docs/privacy-model.md#ledger says: costs are rounded up, capacities down.
 
 * :func:`round_up` for every cost value (an RDP curve entry, a sum of curves, a reported
   epsilon): it adds a relative ``RELATIVE_SLACK`` (1e-12) and then one more ulp, which dominates

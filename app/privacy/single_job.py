@@ -62,6 +62,7 @@ from app.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
     PoissonSampledGaussianEvent,
+    LeafEvent,
     PrivacyEvent,
     PureDPEvent,
     ZCDPEvent,
@@ -134,7 +135,7 @@ def single_job_epsilon(
 
 
 def _closed_forms(
-    event: PrivacyEvent, leaves: tuple[PrivacyEvent, ...], delta: float, *, zcdp_is_gaussian: bool,
+    event: PrivacyEvent, leaves: tuple[LeafEvent, ...], delta: float, *, zcdp_is_gaussian: bool,
 ) -> tuple[list[SingleJobEpsilon], bool]:
     """The closed-form candidates, and whether an exact profile (gaussian-dp, pure-dp-optimal)
     was among them: then no numeric accountant can do better."""
@@ -154,7 +155,7 @@ def _closed_forms(
 
 
 def _numeric_applies(
-    leaves: tuple[PrivacyEvent, ...], candidates: list[SingleJobEpsilon], delta: float, *, exact: bool,
+    leaves: tuple[LeafEvent, ...], candidates: list[SingleJobEpsilon], delta: float, *, exact: bool,
     zcdp_is_gaussian: bool,
 ) -> bool:
     """prv/PLD can only improve on the closed forms for inexact, non-empty events whose cheap
@@ -165,8 +166,8 @@ def _numeric_applies(
             and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian))
 
 
-def _pure_count(leaves: tuple[PrivacyEvent, ...]) -> int:
-    return sum(getattr(leaf, "count") for leaf in leaves)
+def _pure_count(leaves: tuple[LeafEvent, ...]) -> int:
+    return sum(leaf.count for leaf in leaves)
 
 
 # ----------------------------------------------------------------------------- time-capped numeric
@@ -259,7 +260,7 @@ _PLD_LABEL: Final[str] = (
 )
 
 
-def _rdp_single_job_label(leaves: tuple[PrivacyEvent, ...]) -> str:
+def _rdp_single_job_label(leaves: tuple[LeafEvent, ...]) -> str:
     if leaves and all(isinstance(leaf, ZCDPEvent) for leaf in leaves):
         return "single-job bound: optimal ρ-zCDP conversion at δ over all orders; not used by the ledger"
     return "single-job bound: RDP converted at δ over all orders (no ledger union bound); not used by the ledger"
@@ -282,18 +283,18 @@ def _attempt(
 # ----------------------------------------------------------------------------- leaves
 
 
-def _aggregate(leaves: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
+def _aggregate(leaves: Iterable[LeafEvent]) -> tuple[LeafEvent, ...]:
     """Leaves with equal one-use mechanisms merged (counts summed); zero counts dropped."""
-    counts: dict[PrivacyEvent, int] = {}
+    counts: dict[LeafEvent, int] = {}
     for leaf in leaves:
-        count: int = getattr(leaf, "count")
+        count = leaf.count
         if count > 0:
-            one_use = replace(leaf, count=1)  # type: ignore[type-var]
+            one_use = replace(leaf, count=1)
             counts[one_use] = counts.get(one_use, 0) + count
-    return tuple(replace(leaf, count=count) for leaf, count in counts.items())  # type: ignore[type-var]
+    return tuple(replace(leaf, count=count) for leaf, count in counts.items())
 
 
-def _is_gaussian(leaf: PrivacyEvent, *, zcdp_is_gaussian: bool) -> bool:
+def _is_gaussian(leaf: LeafEvent, *, zcdp_is_gaussian: bool) -> bool:
     if isinstance(leaf, GaussianEvent):
         return True
     if isinstance(leaf, PoissonSampledGaussianEvent):
@@ -301,11 +302,11 @@ def _is_gaussian(leaf: PrivacyEvent, *, zcdp_is_gaussian: bool) -> bool:
     return zcdp_is_gaussian and isinstance(leaf, ZCDPEvent)
 
 
-def _all_gaussian(leaves: tuple[PrivacyEvent, ...], *, zcdp_is_gaussian: bool) -> bool:
+def _all_gaussian(leaves: tuple[LeafEvent, ...], *, zcdp_is_gaussian: bool) -> bool:
     return all(_is_gaussian(leaf, zcdp_is_gaussian=zcdp_is_gaussian) for leaf in leaves)
 
 
-def _gdp_mu(leaves: tuple[PrivacyEvent, ...]) -> float:
+def _gdp_mu(leaves: tuple[LeafEvent, ...]) -> float:
     """μ = sqrt(Σ μ_i²): count/σ² per Gaussian leaf, 2ρ·count per (Gaussian) zCDP leaf."""
     squares = []
     for leaf in leaves:
@@ -313,11 +314,11 @@ def _gdp_mu(leaves: tuple[PrivacyEvent, ...]) -> float:
             squares.append(2.0 * leaf.rho * leaf.count)
         else:
             sigma = leaf.noise_multiplier  # type: ignore[union-attr]
-            squares.append(leaf.count / (sigma * sigma))  # type: ignore[union-attr]
+            squares.append(leaf.count / (sigma * sigma))
     return math.sqrt(round_up(math.fsum(squares)))
 
 
-def _common_pure_epsilon(leaves: tuple[PrivacyEvent, ...]) -> float | None:
+def _common_pure_epsilon(leaves: tuple[LeafEvent, ...]) -> float | None:
     """ε0 when every leaf is ε0-DP (pure DP or ε0-bounded range) with one common ε0."""
     values = set()
     for leaf in leaves:
@@ -327,12 +328,12 @@ def _common_pure_epsilon(leaves: tuple[PrivacyEvent, ...]) -> float | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _numeric_ok(leaves: tuple[PrivacyEvent, ...], *, zcdp_is_gaussian: bool) -> bool:
+def _numeric_ok(leaves: tuple[LeafEvent, ...], *, zcdp_is_gaussian: bool) -> bool:
     """PRV/PLD need a known privacy-loss distribution: a non-Gaussian zCDP leaf has none."""
     return zcdp_is_gaussian or not any(isinstance(leaf, ZCDPEvent) for leaf in leaves)
 
 
-def _dominating_event(leaves: tuple[PrivacyEvent, ...]) -> PrivacyEvent:
+def _dominating_event(leaves: tuple[LeafEvent, ...]) -> PrivacyEvent:
     """Leaves rewritten as mechanisms with known PLDs that dominate them: a Gaussian zCDP leaf is a
     Gaussian with σ = 1/sqrt(2ρ) (same μ); an ε0-bounded-range leaf is ε0-DP."""
     rewritten: list[PrivacyEvent] = []
@@ -477,12 +478,12 @@ def pld_epsilon(event: PrivacyEvent, delta: float) -> float:
     return round_up(float(total.get_epsilon_for_delta(delta)))
 
 
-def _pld_interval(leaves: tuple[PrivacyEvent, ...]) -> float:
+def _pld_interval(leaves: tuple[LeafEvent, ...]) -> float:
     """Discretisation interval: 1e-4, coarsened so the composed loss range (bounded by the leaves'
     RDP-free worst cases, ~count·per-use range) spans at most PLD_MAX_BUCKETS buckets."""
     spread = 0.0
     for leaf in leaves:
-        count: int = getattr(leaf, "count")
+        count = leaf.count
         if isinstance(leaf, GaussianEvent):
             mu = math.sqrt(count) / leaf.noise_multiplier
             spread += mu * mu + 20.0 * mu
@@ -493,7 +494,7 @@ def _pld_interval(leaves: tuple[PrivacyEvent, ...]) -> float:
         elif isinstance(leaf, LaplaceEvent):
             spread += 2.0 * min(count, 20.0 * math.sqrt(count)) / leaf.noise_multiplier
         else:
-            spread += 2.0 * min(count, 20.0 * math.sqrt(count)) * getattr(leaf, "epsilon")
+            spread += 2.0 * min(count, 20.0 * math.sqrt(count)) * getattr(leaf, "epsilon")  # noqa: B009 - ε-DP or bounded range
     return max(1e-4, spread / PLD_MAX_BUCKETS)
 
 
@@ -521,11 +522,11 @@ def rdp_single_job_epsilon(event: PrivacyEvent, delta: float) -> float:
 _CLOSED_FORM = (GaussianEvent, ZCDPEvent, PureDPEvent, ExponentialMechanismEvent)
 
 
-def _rdp_terms(leaves: tuple[PrivacyEvent, ...], order: float) -> list[float]:
+def _rdp_terms(leaves: tuple[LeafEvent, ...], order: float) -> list[float]:
     """Per-leaf RDP at a real order, each rounded up (the formulas of app.privacy.rdp)."""
     terms = []
     for leaf in leaves:
-        count = getattr(leaf, "count")
+        count = leaf.count
         if isinstance(leaf, ZCDPEvent):
             value = leaf.rho * order
         elif isinstance(leaf, PureDPEvent):
@@ -533,20 +534,20 @@ def _rdp_terms(leaves: tuple[PrivacyEvent, ...], order: float) -> list[float]:
         elif isinstance(leaf, ExponentialMechanismEvent):
             value = min(leaf.epsilon, order * leaf.epsilon**2 / 8.0)
         else:
-            sigma = leaf.noise_multiplier  # type: ignore[union-attr]
+            sigma = leaf.noise_multiplier
             value = order / (2.0 * sigma * sigma)
         terms.append(round_up(round_up(value) * count))
     return terms
 
 
-def _converted(leaves: tuple[PrivacyEvent, ...], *, order: float, delta: float) -> float:
+def _converted(leaves: tuple[LeafEvent, ...], *, order: float, delta: float) -> float:
     """ε at one real order: Σ RDP + log1p(−1/α) − (log δ + log α)/(α − 1), rounded outward."""
     t0 = math.log1p(-1.0 / order)
     t1 = -(math.log(delta) + math.log(order)) / (order - 1.0)
     return round_up_sum((*_rdp_terms(leaves, order), t0, t1))
 
 
-def _best_real_order(leaves: tuple[PrivacyEvent, ...], delta: float) -> float:
+def _best_real_order(leaves: tuple[LeafEvent, ...], delta: float) -> float:
     """A near-optimal α: a log-spaced scan of α − 1 over [1e-4, 1e7], refined by bounded Brent."""
     def objective(log_excess: float) -> float:
         order = 1.0 + math.exp(log_excess)

@@ -1,7 +1,7 @@
 """Replay a dataset's ledger entries into cumulative ε over time, for plots and tables.
 
 Why replay the entries (and not read the budget row): the entries are the hash-chained source of
-truth and the row is a cache (privacy.md §4); replaying also gives every intermediate state. The
+truth and the row is a cache (docs/privacy-model.md#ledger); replaying also gives every intermediate state. The
 rules are the ledger's own: committed = sum of COMMIT curves; reserved = RESERVE curves of jobs
 with no COMMIT/RELEASE yet; ADJUST changes the budget (ε_G, δ_G) from its entry on.
 """

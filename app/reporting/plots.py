@@ -13,16 +13,17 @@ import datetime as dt
 import io
 import re
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from privtrain.directed_rounding import format_guarantee
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
 _LOCK = threading.Lock()
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "svg.fonttype": "path",  # glyphs as paths: no fonts needed by the viewer
     "svg.hashsalt": "privtrain",  # deterministic element ids
     "font.size": 9,
@@ -62,12 +63,12 @@ def _to_inline_svg(figure: Figure, *, prefix: str) -> str:
     return svg
 
 
-def _render(draw: object, *, prefix: str, width: float = 6.4, height: float = 3.2) -> str:
+def _render(draw: Callable[[Figure], None], *, prefix: str, width: float = 6.4, height: float = 3.2) -> str:
     import matplotlib
 
     with _LOCK, matplotlib.rc_context(_RC):
         figure = _new_figure(width, height)
-        draw(figure)  # type: ignore[operator]
+        draw(figure)
         return _to_inline_svg(figure, prefix=prefix)
 
 
@@ -120,18 +121,23 @@ def ledger_timeline_svg(
         from matplotlib.dates import AutoDateLocator, DateFormatter
 
         axes = figure.add_subplot()
-        axes.step(times, budget, where="post", color=_COLOURS["budget"], linestyle="--", label="budget ε_G")
-        axes.step(times, total, where="post", color=_COLOURS["total"], label="committed + reserved")
-        axes.step(times, committed, where="post", color=_COLOURS["committed"], label="committed")
+        # matplotlib's stubs type x as ArrayLike; its date units accept datetimes at runtime.
+        axes.step(times, budget, where="post",  # type: ignore[arg-type]
+                  color=_COLOURS["budget"], linestyle="--", label="budget ε_G")
+        axes.step(times, total, where="post",  # type: ignore[arg-type]
+                  color=_COLOURS["total"], label="committed + reserved")
+        axes.step(times, committed, where="post",  # type: ignore[arg-type]
+                  color=_COLOURS["committed"], label="committed")
         if marker_index is not None and 0 <= marker_index < len(times):
-            axes.plot([times[marker_index]], [committed[marker_index]], "o", color=_COLOURS["mark"],
-                      label="this job's COMMIT")
-        axes.xaxis.set_major_locator(AutoDateLocator(maxticks=6))
+            axes.plot([times[marker_index]], [committed[marker_index]], "o",  # type: ignore[arg-type]
+                      color=_COLOURS["mark"], label="this job's COMMIT")
+        axes.xaxis.set_major_locator(AutoDateLocator(maxticks=6))  # type: ignore[no-untyped-call]  # untyped module
         # Whole readable times, never bare seconds with an offset: a day or less shows clock
         # times, a longer span month-day and time.
         span = (max(times) - min(times)) if times else dt.timedelta(0)
-        axes.xaxis.set_major_formatter(DateFormatter("%H:%M:%S" if span <= dt.timedelta(days=1) else "%m-%d %H:%M",
-                                                     tz=dt.UTC))
+        axes.xaxis.set_major_formatter(DateFormatter(  # type: ignore[no-untyped-call]  # untyped module
+            "%H:%M:%S" if span <= dt.timedelta(days=1) else "%m-%d %H:%M", tz=dt.UTC,
+        ))
         axes.set_xlabel("time (UTC)")
         axes.set_ylabel("ε at the budget's δ")
         axes.set_ylim(bottom=0)

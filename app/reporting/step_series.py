@@ -1,7 +1,7 @@
 """ε of a finished job's first k training steps, k = 1..T, re-derived through ``app.privacy``.
 
 Why re-derive instead of scaling counts in the event JSON: an algorithm's event need not be k
-copies of one step (``PrivacyPlan.event_for(σ, k)`` is the authority, privacy.md §3), so the
+copies of one step (``PrivacyPlan.event_for(σ, k)`` is the authority, docs/privacy-model.md#cost), so the
 plan is rebuilt from the stored spec and the dataset's public facts exactly as the worker does,
 and used only if it reproduces the event the report states. Otherwise no curve is drawn and the
 page says why — a plot that might disagree with the charged event is worse than none.

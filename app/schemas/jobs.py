@@ -66,10 +66,23 @@ class PrivacySpec(_Strict):
 
 
 class TrainingSpec(_Strict):
+    """How long to train and, for the algorithms that read them, the batch size and step size.
+
+    ``batch_size`` and ``learning_rate`` are required by the algorithms that use them and refused
+    by the others (full-batch and single-pass ones; ``GET /v1/algorithms/{name}`` lists each
+    algorithm's ``training_fields``)."""
+
     epochs: float | None = Field(default=None, gt=0, le=10_000)
     steps: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(ge=1, description="expected batch size q·n of Poisson sampling")
-    learning_rate: float = Field(gt=0, le=1000)
+    batch_size: int | None = Field(
+        default=None, ge=1,
+        description="expected batch size q·n of Poisson sampling; only for algorithms that "
+        "sample batches (full-batch ones record n themselves)",
+    )
+    learning_rate: float | None = Field(
+        default=None, gt=0, le=1000,
+        description="step size; only for algorithms that take one (others set their own steps)",
+    )
     time_limit_s: float | None = Field(
         default=None, gt=0, le=30 * 86_400,
         description="stop the job after this long (its reservation is then committed); at most "
@@ -149,7 +162,7 @@ class PrivacyEstimate(BaseModel):
         "same for every spec, so it compares datasets and moments; what THIS spec can still get "
         "is largest_admissible_epsilon, which differs because the filter's capacity is a curve "
         "over Rényi orders and a job uses it by its own curve's shape (DP-SGD's subsampled "
-        "Gaussian fits more ε into the same room; see the README, 'Two numbers for what is left')"
+        "Gaussian fits more ε into the same room; see docs/epsilon.md#two-numbers-for-what-is-left)"
     )
     budget_remaining_after_epsilon: float | None = Field(
         default=None,

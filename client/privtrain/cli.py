@@ -39,6 +39,7 @@ from privtrain.sse import sse_progress
 from privtrain.specs import SpecFileError, SpecOverrides, load_spec_file, merge_spec, parse_assignment
 
 F = TypeVar("F", bound=Callable[..., Any])
+ResourceT = TypeVar("ResourceT", bound=Resource)
 
 EXIT_API_ERROR = 1
 
@@ -111,7 +112,7 @@ json_flag = click.option(
 )
 
 
-def emit(value: Resource | list[Resource] | dict[str, Any] | list[dict[str, Any]], human: Callable[[], str]) -> None:
+def emit(value: Resource | list[ResourceT] | dict[str, Any] | list[dict[str, Any]], human: Callable[[], str]) -> None:
     """JSON (raw server objects) for scripts, else the human rendering."""
     if _wants_json():
         click.echo(to_json(_raw(value)))
@@ -451,12 +452,13 @@ def _assignments(ctx: click.Context, param: click.Parameter, values: Sequence[st
         parsed = dict(parse_assignment(v) for v in values)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-    return _collect(ctx, param, parsed)
+    _collect(ctx, param, parsed)
+    return parsed
 
 
 def _spec_option(
     *decls: str,
-    type: click.ParamType | type | None = None,  # noqa: A002 - click's name
+    type: click.ParamType[Any, Any] | type | None = None,  # noqa: A002 - click's name
     multiple: bool = False,
     callback: Callable[[click.Context, click.Parameter, Any], Any] = _collect,
     help: str | None = None,  # noqa: A002 - click's name
@@ -765,8 +767,10 @@ def algorithms(name: str | None) -> None:
         return
     entry = client.get_algorithm(name)
     properties = entry.hyperparameters_schema.get("properties", {})
+    training = [("training fields", ", ".join(entry.training_fields))] if entry.training_fields is not None else []
     emit(entry, lambda: key_values(
         [("name", entry.name), ("family", entry.family), ("paper", entry.paper), ("summary", entry.summary)]
+        + training
         + [(f"  {k}", f"{entry.defaults.get(k)!r}  {v.get('description', '')}".rstrip()) for k, v in properties.items()]
     ))
 

@@ -12,7 +12,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 from urllib.parse import quote
@@ -136,7 +136,7 @@ class Client:
         path: str,
         *,
         replay_safe: bool,
-        consume: Callable[[httpx.Response], R] = _json,  # type: ignore[assignment]
+        consume: Callable[[httpx.Response], R] = _json,
         params: Mapping[str, Any] | None = None,
         json: Any = None,  # noqa: A002 - httpx's name
         content: Callable[[], bytes | Iterator[bytes]] | None = None,
@@ -221,7 +221,7 @@ class Client:
         ``dataset-already-registered`` problem, which names the existing dataset.
         ``preparation`` declares, publicly, how the rows become features (a dict or its JSON text):
         ``{"drop": [...], "one_hot": {column: [categories]}, "scale": {column or "*": {"bounds":
-        [lo, hi]} or {"center": c, "scale": s}}}``; see the README's "Preparing your data".
+        [lo, hi]} or {"center": c, "scale": s}}}``; see docs/preparing-data.md.
         """
         if isinstance(source, bytes):
             data = source
@@ -388,7 +388,7 @@ class Client:
                 return found
             after = found[-1].seq
 
-    def stream_events(self, job_id: str, *, after: int = 0) -> Iterator[JobEvent]:
+    def stream_events(self, job_id: str, *, after: int = 0) -> Generator[JobEvent, None, None]:
         """The job's events after ``after`` as Server-Sent Events, as they happen, until the
         server ends the stream (the job is terminal, or the stream reached its maximum life).
 

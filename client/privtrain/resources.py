@@ -151,6 +151,8 @@ class Algorithm(Resource):
     summary: str
     hyperparameters_schema: dict[str, Any]
     defaults: dict[str, Any]
+    training_fields: list[str] | None = None
+    """The ``training.*`` fields the algorithm reads (None from servers that predate the list)."""
 
 
 @dataclasses.dataclass(frozen=True)

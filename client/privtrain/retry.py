@@ -40,7 +40,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Exponential backoff for retry number ``attempt`` (0-based)."""
-        return min(self.backoff_max, self.backoff_base * (2**attempt))
+        return min(self.backoff_max, self.backoff_base * (2.0**attempt))
 
     def should_retry_status(self, status: int, *, replay_safe: bool) -> bool:
         return status in (RETRY_STATUSES if replay_safe else NOT_PROCESSED_STATUSES)

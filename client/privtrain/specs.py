@@ -77,8 +77,8 @@ def build_job_spec(
     dataset_id: str,
     model: str,
     algorithm: str,
-    batch_size: int,
-    learning_rate: float,
+    batch_size: int | None = None,
+    learning_rate: float | None = None,
     epochs: float | None = None,
     steps: int | None = None,
     target_epsilon: float | None = None,
@@ -88,7 +88,10 @@ def build_job_spec(
     model_params: Mapping[str, Any] | None = None,
     evaluation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON job spec the API expects, from keyword arguments."""
+    """The JSON job spec the API expects, from keyword arguments.
+
+    ``batch_size`` and ``learning_rate`` are left out when None: full-batch and single-pass
+    algorithms refuse them (``privtrain algorithms NAME`` lists the training fields each reads)."""
     spec = merge_spec(
         None,
         SpecOverrides(

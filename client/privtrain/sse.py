@@ -33,7 +33,9 @@ class SseMessage:
 def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
     """The WHATWG event-stream format: ``field: value`` lines, a blank line ends a message,
     ``:`` starts a comment (keep-alives), several ``data`` lines are joined with newlines."""
-    event, data, last_id = "message", [], None
+    event = "message"
+    data: list[str] = []
+    last_id: str | None = None
     for raw in lines:
         line = raw.rstrip("\r\n")
         if not line:

@@ -67,13 +67,13 @@ def _run_tiny_job(alice: TestClient, settings: Settings, database: Database, dat
     return job.json()["id"]
 
 
-# ------------------------------------------------------------------ the README's worked example
+# ------------------------------------------------------ the worked example of docs/preparing-data.md
 
 
 def test_the_breast_cancer_example_runs_end_to_end(
     alice: TestClient, settings: Settings, database: Database, tmp_path: Path
 ) -> None:
-    """README "Preparing your data": a hospital-style CSV (patient_id, 30 measurements, diagnosis
+    """docs/preparing-data.md's worked example: a hospital-style CSV (patient_id, 30 measurements, diagnosis
     as words) uploaded with a declared class list, the id dropped and public bounds."""
     body = training_csv()
     declared = preparation()
@@ -286,7 +286,7 @@ def test_the_preparation_is_public_and_left_out_of_listings(
 def test_the_readme_cli_command_uploads_the_example(
     app_client: TestClient, database: Database, tmp_path: Path
 ) -> None:
-    """`privtrain datasets upload ... --preparation @preparation.json`, as the README shows it."""
+    """`privtrain datasets upload ... --preparation @preparation.json`, as docs/preparing-data.md shows it."""
     from click.testing import CliRunner
 
     from bench.breast_cancer_csv import main as write_example

@@ -88,7 +88,7 @@ def test_a_job_too_noisy_for_one_step_says_why(alice: TestClient, dataset_id: st
 def test_algorithms_whose_charge_does_not_grow_with_steps_say_so(alice: TestClient, dataset_id: str) -> None:
     kl = dp_sgd_spec(dataset_id)
     kl["algorithm"] = {"name": "kl-spider", "hyperparameters": {"L0": 3.0, "L1": 2.0, "gamma": 2.0, "kappa": 1.5, "F0": 1.0}}
-    kl["training"] = {"steps": 40, "batch_size": N_DIGITS, "learning_rate": 1.0}
+    kl["training"] = {"steps": 40}
     estimate = _estimate(alice, kl)
     assert estimate["largest_admissible_steps"] is None
     assert "budget units" in estimate["largest_admissible_steps_reason"]
@@ -102,7 +102,7 @@ def test_algorithms_whose_charge_does_not_grow_with_steps_say_so(alice: TestClie
     fw = dp_sgd_spec(regression.json()["id"])
     fw["model"] = {"name": "linear-regression"}
     fw["algorithm"] = {"name": "ht-dp-fw", "hyperparameters": {"design_epsilon": 2.0}}
-    fw["training"] = {"epochs": 1, "batch_size": 1, "learning_rate": 1.0}
+    fw["training"] = {"epochs": 1}
     estimate = _estimate(alice, fw)
     assert estimate["largest_admissible_steps"] is None
     assert "parallel composition" in estimate["largest_admissible_steps_reason"]
@@ -114,8 +114,8 @@ def test_every_algorithm_declares_how_steps_enter_its_charge() -> None:
 
 # --- remaining ε versus largest admissible ε: two numbers, and why -------------------------------
 
-# The README's worked example after three jobs of target ε 4 (ε_G = 8, δ = 1e-5): a fourth does not
-# fit, and the two numbers differ.
+# The worked example of docs/epsilon.md#two-numbers-for-what-is-left: after three jobs of target ε 4
+# (ε_G = 8, δ = 1e-5) a fourth does not fit, and the two numbers differ.
 GOLDEN_REMAINING = 3.1638254198627545
 GOLDEN_LARGEST_FOR_DP_SGD = 3.2998589478494984
 

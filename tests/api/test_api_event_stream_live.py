@@ -35,7 +35,7 @@ from app.config import Settings
 from app.db import Database
 from app.main import create_app
 from app.models import DatasetGrant, Job, Tenant, utcnow
-from app.problems import Problem
+from app.errors import DomainError
 from tests.concurrency_helpers import digits_csv, free_port
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key
 
@@ -347,7 +347,7 @@ def test_stream_access_follows_the_grant_rules_after_a_withdrawal(grant_world: G
         try:
             access.job_for(session, bob, grant_world.job_id, need="read")
             job_for_allows = True
-        except Problem:
+        except DomainError:
             job_for_allows = False
         assert reader(session) == job_for_allows
 

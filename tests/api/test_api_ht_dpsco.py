@@ -1,4 +1,5 @@
-"""The heavy-tailed DP-SCO family through the API and the worker's JobRunner (spec T16, S8)."""
+"""The heavy-tailed DP-SCO family through the API and the worker's JobRunner: the ledger charge
+and a real-data smoke run (docs/algorithms/heavy-tailed-dpsco.md)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _spec(dataset_id: str, name: str, model: str, hyperparameters: dict, *, step
         "model": {"name": model},
         "algorithm": {"name": name, "hyperparameters": hyperparameters},
         "privacy": {"target_epsilon": target_epsilon},
-        "training": {**training, "batch_size": 1, "learning_rate": 1.0},
+        "training": training,
     }
 
 
@@ -103,7 +104,7 @@ def test_invalid_specs_are_422_problems(
 ) -> None:
     dataset = _upload(alice, diabetes_csv if task == "regression" else cancer_csv, task)
     spec = _spec(dataset["id"], name, model, hyperparameters)
-    spec["training"] = {**training, "batch_size": 1, "learning_rate": 1.0}
+    spec["training"] = training
     response = alice.post("/v1/jobs/estimate", json=spec)
     assert response.status_code == 422
     assert response.headers["content-type"].startswith("application/problem+json")

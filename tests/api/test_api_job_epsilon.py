@@ -218,7 +218,7 @@ def test_a_run_that_stopped_early_states_its_committed_epsilon_everywhere(
         "model": {"name": "logistic-regression", "params": {}},
         "algorithm": {"name": "adaptive-noisy-gd", "hyperparameters": {"L0": 3.0, "L1": 2.0}},
         "privacy": {"target_epsilon": 1.5},
-        "training": {"steps": 3, "batch_size": N_ROWS, "learning_rate": 1.0},
+        "training": {"steps": 3},
     }
     job = _submit(alice, spec)
     assert JobRunner(settings, db=database).run(job["id"]) == "succeeded"

@@ -36,7 +36,7 @@ def test_explicit_noise_multiplier_is_priced(alice: TestClient, dataset_id: str)
 def test_target_epsilon_semantics_on_a_fresh_dataset(
     alice: TestClient, dataset_id: str, dispatcher: RecordingDispatcher, database: Database
 ) -> None:
-    """ε_G = 8 admits one job of target 8 and nothing more (privacy.md / issue semantics)."""
+    """ε_G = 8 admits one job of target 8 and nothing more (docs/privacy-model.md#ledger)."""
     first = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=8.0))
     assert first.status_code == 202, first.text
     assert first.json()["status"] == "queued"
@@ -185,7 +185,7 @@ def test_cancel_of_a_requeued_touched_job_commits_its_reservation(alice: TestCli
 
 
 def test_three_target_4_jobs_fit_into_epsilon_8_not_two(alice: TestClient, digits_csv: bytes) -> None:
-    """The README's worked example: RDP composition admits 3 jobs of ε 4 where adding ε's gives 2."""
+    """docs/epsilon.md's worked example: RDP composition admits 3 jobs of ε 4 where adding ε's gives 2."""
     dataset_id = upload(alice, digits_csv).json()["id"]
     spec = dp_sgd_spec(dataset_id, target_epsilon=4.0)
     spec["training"] = {"epochs": 20, "batch_size": 128, "learning_rate": 2.0}

@@ -41,13 +41,13 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _spec(dataset_id: str, name: str, *, model: str, n: int, steps: int = 40, **training: object) -> dict[str, Any]:
+def _spec(dataset_id: str, name: str, *, model: str, steps: int = 40, **training: object) -> dict[str, Any]:
     return {
         "dataset_id": dataset_id,
         "model": {"name": model},
         "algorithm": {"name": name, "hyperparameters": dict(CASES[name])},
         "privacy": {"target_epsilon": 3.0},
-        "training": {"steps": steps, "batch_size": n, "learning_rate": 1.0, **training},
+        "training": {"steps": steps, **training},
     }
 
 
@@ -62,7 +62,7 @@ def regression_id(alice: TestClient) -> str:
 def test_linear_regression_job_runs_and_settles_within_its_reservation(
     alice: TestClient, settings: Settings, database: Database, regression_id: str, name: str
 ) -> None:
-    spec = _spec(regression_id, name, model="linear-regression", n=N_REGRESSION)
+    spec = _spec(regression_id, name, model="linear-regression")
     estimate = alice.post("/v1/jobs/estimate", json=spec)
     assert estimate.status_code == 200, estimate.text
     body = estimate.json()
@@ -103,7 +103,7 @@ def test_adaptive_noisy_gd_runs_on_logistic_regression(
     alice: TestClient, settings: Settings, database: Database, digits_csv: bytes
 ) -> None:
     dataset = upload(alice, digits_csv).json()
-    spec = _spec(dataset["id"], "adaptive-noisy-gd", model="logistic-regression", n=dataset["n_rows"])
+    spec = _spec(dataset["id"], "adaptive-noisy-gd", model="logistic-regression")
     job = alice.post("/v1/jobs", json=spec).json()
     assert JobRunner(settings, db=database).run(job["id"]) == "succeeded"
     final = alice.get(f"/v1/jobs/{job['id']}").json()
@@ -113,8 +113,9 @@ def test_adaptive_noisy_gd_runs_on_logistic_regression(
 @pytest.mark.parametrize(
     ("name", "mutate", "detail"),
     [
-        ("kl-spider", lambda s: s["training"].update(batch_size=64), "batch_size must equal the dataset's n = 300"),
-        ("noisy-gd", lambda s: s["training"].update(batch_size=301), "batch_size must equal"),
+        ("kl-spider", lambda s: s["training"].update(batch_size=300),
+         "training.batch_size: kl-spider is full-batch and does not use it; leave it out"),
+        ("noisy-gd", lambda s: s["training"].update(learning_rate=1.0), "training.learning_rate: noisy-gd"),
         ("kl-spider", lambda s: s["algorithm"]["hyperparameters"].update(kappa=3.0), "kappa"),
         ("kl-spider", lambda s: s["algorithm"]["hyperparameters"].update(F0=1e3), "F0"),
         ("kl-spider", lambda s: s["algorithm"]["hyperparameters"].update(L0="inf"), "L0"),
@@ -126,7 +127,7 @@ def test_adaptive_noisy_gd_runs_on_logistic_regression(
 def test_invalid_kl_specs_are_422_problems(
     alice: TestClient, regression_id: str, name: str, mutate: Any, detail: str
 ) -> None:
-    spec = _spec(regression_id, name, model="linear-regression", n=N_REGRESSION)
+    spec = _spec(regression_id, name, model="linear-regression")
     mutate(spec)
     for path in ("/v1/jobs/estimate", "/v1/jobs"):
         response = alice.post(path, json=spec)

@@ -146,7 +146,7 @@ def test_redis_mode_refuses_a_time_limit_at_or_above_the_visibility_timeout(tmp_
                       redis_visibility_timeout_s=100.0)
     ok = make_settings(tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=99.0,
                        redis_visibility_timeout_s=100.0)
-    from worker.celery_app import create_celery
+    from app.queue import create_celery
 
     assert create_celery(ok).conf.broker_transport_options["visibility_timeout"] == 100.0
     make_settings(tmp_path, job_time_limit_s=100.0, redis_visibility_timeout_s=100.0)  # filesystem: n/a

@@ -88,11 +88,13 @@ def _job_bodies(client: Any, headers: dict[str, str], *, classification: str, re
     names = [a["name"] for a in (catalogue["items"] if isinstance(catalogue, dict) else catalogue)]
     bodies: list[dict[str, Any]] = []
     for name in names:
-        defaults = client.get(f"/v1/algorithms/{name}", headers=headers).json()["defaults"]
+        entry = client.get(f"/v1/algorithms/{name}", headers=headers).json()
+        reads = set(entry["training_fields"])
         for dataset_id, model in ((classification, "logistic-regression"), (regression, "linear-regression")):
-            body = spec_for(dataset_id, name, dict(defaults), target_epsilon=4.0)
+            body = spec_for(dataset_id, name, dict(entry["defaults"]), target_epsilon=4.0)
             body["model"]["name"] = model
-            body["training"] = {"epochs": 1, "batch_size": ROWS, "learning_rate": 0.5}
+            body["training"] = {"epochs": 1, **{k: v for k, v in (("batch_size", ROWS), ("learning_rate", 0.5))
+                                                if k in reads}}
             if client.post("/v1/jobs/estimate", headers=headers, json=body).status_code == 200:
                 bodies.append(body)
                 break

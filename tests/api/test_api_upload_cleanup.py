@@ -16,8 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-import app.api.datasets as datasets_api
-from app.api.datasets import _discard_unreferenced_blob
+import app.dataset_registration as registration
+from app.dataset_registration import _discard_unreferenced_blob
 from app.db import Database
 from app.models import Dataset
 from app.services import Services
@@ -56,14 +56,14 @@ def _assert_only_referenced_blobs(client: TestClient, database: Database) -> Non
 def parse_together(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both uploads finish parsing before either registers: the race, made deterministic."""
     barrier = threading.Barrier(2, timeout=30)
-    parse: Callable[..., Any] = datasets_api.parse_dataset
+    parse: Callable[..., Any] = registration.parse_dataset
 
     def parse_then_wait(*args: Any, **kwargs: Any) -> Any:
         parsed = parse(*args, **kwargs)
         barrier.wait()
         return parsed
 
-    monkeypatch.setattr(datasets_api, "parse_dataset", parse_then_wait)
+    monkeypatch.setattr(registration, "parse_dataset", parse_then_wait)
 
 
 def _post(client: TestClient, body: bytes, *, name: str = "digits") -> int:
@@ -117,7 +117,7 @@ def test_a_failure_inside_the_registration_removes_the_new_blob(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(datasets_api.ledger, "open_budget", broken)
+    monkeypatch.setattr(registration.ledger, "open_budget", broken)
     client = TestClient(alice.app, raise_server_exceptions=False)
     client.headers.update(alice.headers)
     assert upload(client, digits_csv).status_code == 500
@@ -133,5 +133,5 @@ def test_discard_keeps_a_referenced_blob_and_deletes_an_unreferenced_one(
     (referenced,) = _referenced_keys(database)
     stray, _ = services.blobs.put_bytes(b"no dataset uses these bytes")
     for key in (referenced, stray):
-        _discard_unreferenced_blob(services, key=key)
+        _discard_unreferenced_blob(services.db, services.blobs, key=key)
     assert _blob_keys(services) == {referenced}

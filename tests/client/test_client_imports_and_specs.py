@@ -67,6 +67,13 @@ def test_overrides_win_and_exclusive_fields_replace_each_other() -> None:
     assert base["privacy"] == {"target_epsilon": 3}  # the base is not modified
 
 
+def test_a_full_batch_spec_leaves_batch_size_and_learning_rate_out() -> None:
+    """kl-spider and the other full-batch / single-pass algorithms refuse both fields."""
+    spec = build_job_spec(dataset_id="ds_1", model="linear-regression", algorithm="kl-spider", steps=40,
+                          target_epsilon=3)
+    assert spec["training"] == {"steps": 40}
+
+
 def test_spec_files_in_json_and_yaml(tmp_path: Path) -> None:
     spec = build_job_spec(dataset_id="ds_1", model="mlp", algorithm="dp-sgd", batch_size=64, learning_rate=0.1,
                           epochs=2, target_epsilon=3)

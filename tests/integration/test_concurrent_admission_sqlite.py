@@ -1,6 +1,6 @@
 """Concurrent admission on the embedded SQLite database (WAL, BEGIN IMMEDIATE) over real HTTP.
 
-privacy.md §4: admission is one write transaction; 60 racing submissions against a budget that
+docs/privacy-model.md#ledger: admission is one write transaction; 60 racing submissions against a budget that
 fits exactly k of them admit exactly k and never overspend.
 """
 

@@ -153,7 +153,7 @@ def test_the_parent_watch_alone_stops_an_orphan(tmp_path: Path) -> None:
 _WORKER_PARENT = """
 import os, subprocess, sys, time
 from app.cli import worker_command
-from worker.parent_watch import PARENT_PID_ENV
+from app.parent_death import PARENT_PID_ENV
 env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
 worker = subprocess.Popen(worker_command("fuzz-queue"), env=env, start_new_session=True)  # no prctl here
 print(worker.pid, flush=True)

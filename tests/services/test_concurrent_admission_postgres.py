@@ -1,6 +1,6 @@
 """Concurrent admission on PostgreSQL (SELECT … FOR UPDATE on the budget row) over real HTTP.
 
-privacy.md §4: admission is one transaction holding the dataset's budget row lock; 60 racing
+docs/privacy-model.md#ledger: admission is one transaction holding the dataset's budget row lock; 60 racing
 submissions against a budget that fits exactly k of them admit exactly k and never overspend.
 """
 

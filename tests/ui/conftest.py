@@ -1,7 +1,7 @@
 """One small world for the HTML report and dashboard tests, built once per session: two tenants,
 a dataset with a hostile name, a job run to success in-process by the worker's JobRunner (with a
 released DP metric, so every report section is filled), a queued job and a raised budget. The
-browser tests build a second one with a plain name for the README's screenshots."""
+browser tests build a second one with a plain name for the screenshots of docs/reports-and-dashboard.md."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ledger_replay_ends_at_the_budget_rows_totals(ui_world: UiWorld) -> None:
-    """Replaying every entry gives exactly what the cached budget row says (privacy.md §4)."""
+    """Replaying every entry gives exactly what the cached budget row says (docs/privacy-model.md#ledger)."""
     with ui_world.db.read_session() as session:
         budget = session.get(PrivacyBudget, ui_world.dataset_id)
         assert budget is not None

@@ -23,10 +23,9 @@ from typing import Any, NoReturn
 import pytest
 from sqlalchemy import update
 
-from app import ledger
 from app.api.ui_session import COOKIE_NAME
-from app.job_settlement import settle_failed_job
-from app.job_views import add_job_event
+from app.jobs import lifecycle
+from app.jobs.events import add_job_event
 from app.models import Job, utcnow
 from tests.ui.conftest import UiWorld, built_world
 from tests.live_app import serving
@@ -210,10 +209,10 @@ def test_a_job_page_follows_the_job_live(demo_world: UiWorld, live_url: str, pag
         re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s*progress\s*Step 7 of 10 done; ε spent so far 0\.9124\."))
     assert page.evaluate("window.stillTheSamePage") is True, "updated in place, not reloaded"
 
-    with demo_world.db.write_transaction() as tx:  # the worker gives up before opening the data
-        budget = ledger.lock_budget(tx, demo_world.dataset_id)
-        job = tx.get(Job, job_id)
-        settle_failed_job(tx, budget, job, error_code="worker-gave-up", actor="worker:demo")
+    assert lifecycle.fail(  # the worker gives up before opening the data
+        demo_world.db, attempt=lifecycle.Attempt(job_id=job_id, dataset_id=demo_world.dataset_id, number=1),
+        error_code="worker-gave-up", actor="worker:demo",
+    )
     expect(page.locator("#job .status")).to_have_text("failed")
     expect(page.locator("#job")).to_contain_text("ε committed (what this job spent)")
     assert page.evaluate("window.stillTheSamePage") is None, "reloaded for the final figures"
@@ -263,7 +262,7 @@ def test_log_out_ends_the_session_for_every_copy_of_the_cookie(
 
 def test_screenshots_of_the_pages_people_use(demo_world: UiWorld, live_url: str, page: Page, tmp_path: Path) -> None:
     """Renders each page in Chromium and, with PRIVTRAIN_UPDATE_SCREENSHOTS=1, refreshes the
-    README's screenshots: a running job, a pending invitation, the ledger, the report."""
+    screenshots of docs/reports-and-dashboard.md: a running job, a pending invitation, the ledger, the report."""
     running = demo_world.submit_job(demo_world.alice_key, dataset_id=demo_world.dataset_id)
     _start_running(demo_world, running, step=6, spent=0.84)
     offered = demo_world.upload_dataset(demo_world.bob_key, name="bob's fraud labels")

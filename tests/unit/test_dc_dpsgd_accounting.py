@@ -1,6 +1,7 @@
-"""DC-DPSGD's catalogue entries: hyperparameters, sensitivity, the charged event (spec T13-T17).
+"""DC-DPSGD's catalogue entries: hyperparameters, sensitivity, the charged event (T13-T17).
 
-Hand-checkable values (specs/dc-dpsgd.md §6): Δ = 2·c1 − c2 = 1.9 (rank) vs c1 = 1 (threshold)
+Hand-checkable values (docs/algorithms/dc-dpsgd.md#rank-rule-sensitivity): Δ = 2·c1 − c2 = 1.9
+(rank) vs c1 = 1 (threshold)
 for c1 = 1, c2 = 0.1; σ_eff = 1/√2 for σ = σ_b = 1; the trace noise σ_tr never changes ε; the
 event is DP-SGD's subsampled Gaussian at the full ε, so the accountant anchors carry over.
 """
@@ -261,7 +262,8 @@ def test_trace_noise_and_selection_knobs_leave_epsilon_unchanged(name: str) -> N
 
 
 def test_paper_claim_is_labelled_and_never_charged() -> None:
-    """Spec §2.4 MNIST: σ(ε/2 = 4) = 0.7048 for both halves → the paper claims (≈8, 2δ)."""
+    """The authors' MNIST setting (docs/algorithms/dc-dpsgd.md#why-the-papers-calibration-does-not-hold):
+    σ(ε/2 = 4) = 0.7048 for both halves → the paper claims (≈8, 2δ)."""
     q, steps = 128 / 60000, 18750
     claim = paper_claimed_epsilon(
         sampling_probability=q, steps=steps, delta=DELTA, noise_multiplier=0.7048, sigma_tr=0.7048

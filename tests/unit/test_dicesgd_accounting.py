@@ -1,6 +1,7 @@
-"""DiceSGD's catalogue entries: schema, the SOUND charge (spec §3.7) and the paper's labelled claim.
+"""DiceSGD's catalogue entries: schema, the SOUND charge and the paper's labelled claim
+(docs/algorithms/dicesgd.md#sound-sensitivity).
 
-Golden values from specs/dicesgd.md §6 (P1, P3-P5) and §3.8: the GDP helpers, the sound S1 σ1,
+Golden values, hand-computed from the formulas of docs/algorithms/dicesgd.md: the GDP helpers, the sound σ1,
 Theorem 3.7's closed form, and the "paper mode" accountant form.
 """
 
@@ -119,7 +120,7 @@ def test_sensitivity_is_c1_over_b_plus_twice_c2(c1: float, c2: float, batch: int
 
 
 def test_calibrated_sigma_is_at_least_the_exact_gdp_sigma_and_the_event_meets_the_target() -> None:
-    """Spec V1 (N = 1000, B = 10, T = 100, ε = 1, C1 = C2 = 1): S1 gives σ1 = 78.3433. The ledger
+    """N = 1000, B = 10, T = 100, ε = 1, C1 = C2 = 1: the sound σ1 is 78.3433 (exact GDP). The ledger
     calibrates in RDP (looser than GDP), so its σ1 is larger; PRV of its event is ≤ 1."""
     plan = _plan("dicesgd", {"c1": 1.0, "c2": 1.0})
     sigma = privacy.calibrate_noise_multiplier(plan.event, target_epsilon=1.0, delta=1e-5)
@@ -164,7 +165,7 @@ def test_sound_s1_p5_and_round_trip() -> None:
 
 
 def test_reference_table_s1_cifar_setting() -> None:
-    """§3.8: N = 50k, B = 1k, T = 150, (2, 1e-5): σ1 = 48.86 with C2 = 1, 0.0733 with C2 = 1/B."""
+    """The CIFAR setting N = 50k, B = 1k, T = 150, (2, 1e-5): σ1 = 48.86 with C2 = 1, 0.0733 with C2 = 1/B."""
     kw = dict(epsilon=2.0, delta=1e-5, steps=150, c1=1.0, expected_batch_size=1000)
     assert sound_sigma1(c2=1.0, **kw) == pytest.approx(48.86, abs=0.01)
     assert sound_sigma1(c2=1e-3, **kw) == pytest.approx(0.0733, abs=1e-4)

@@ -1,4 +1,4 @@
-"""Heavy-tailed DP-SCO: the public calibration (spec §5 golden numbers, U7d, U8, U10, U11) and
+"""Heavy-tailed DP-SCO: the public calibration (hand-checked numbers, U7d, U8, U10, U11) and
 the events the catalogue charges (parallel composition, Peeling composition, T16)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _facts(n: int = 10_000, d: int = 200, task: str = "regression", classes: int
     return DatasetFacts(n_rows=n, feature_shape=(d,), task=task, n_classes=classes)
 
 
-ONE_EPOCH = TrainingSpec(epochs=1, batch_size=1, learning_rate=1.0)
+ONE_EPOCH = TrainingSpec(epochs=1)
 
 
 # ----------------------------------------------------------------------------- U8 golden numbers
@@ -156,8 +156,8 @@ def test_lasso_rdp_calibration_is_looser_noise_than_the_papers_split_at_the_same
 
 @pytest.mark.parametrize(("eps", "s"), [(0.5, 5), (1.0, 20), (1.0, 40)])
 def test_peeling_event_at_the_papers_scale_meets_the_target_and_calibration_is_close(eps: float, s: int) -> None:
-    """Golden noise scales: the RDP composition of Peeling at the paper's b is within ε (the
-    spec's advanced-composition check gives 0.92–0.94; RDP gives 0.60–0.89 here), so the
+    """Golden noise scales: the RDP composition of Peeling at the paper's b is within ε (an
+    advanced-composition check gives 0.92–0.94; RDP gives 0.60–0.89 here), so the
     calibrated b is at most the paper's and not far below it."""
     n = 50_000
     delta = n ** -1.1
@@ -200,9 +200,9 @@ def test_resolution_is_a_function_of_public_inputs_only(n: int, d: int, eps: flo
     ("name", "hyperparameters", "facts", "training", "message"),
     [
         ("ht-sparse-linreg", {"s_star": 300}, _facts(d=200), ONE_EPOCH, "exceeds"),
-        ("ht-sparse-opt", {}, _facts(n=19), TrainingSpec(steps=1, batch_size=1, learning_rate=1), "n ≥ 20"),
-        ("ht-dp-fw", {}, _facts(n=50), TrainingSpec(steps=60, batch_size=1, learning_rate=1), "fewer than one"),
-        ("ht-dp-fw", {}, _facts(), TrainingSpec(epochs=2, batch_size=1, learning_rate=1), "epochs must be 1"),
+        ("ht-sparse-opt", {}, _facts(n=19), TrainingSpec(steps=1), "n ≥ 20"),
+        ("ht-dp-fw", {}, _facts(n=50), TrainingSpec(steps=60), "fewer than one"),
+        ("ht-dp-fw", {}, _facts(), TrainingSpec(epochs=2), "epochs must be 1"),
         ("ht-private-lasso", {}, _facts(task="classification", classes=2), ONE_EPOCH, "squared loss"),
         ("ht-sparse-linreg", {}, _facts(task="classification", classes=2), ONE_EPOCH, "squared loss"),
         ("ht-dp-fw", {}, _facts(task="classification", classes=3), ONE_EPOCH, "two classes"),
@@ -254,7 +254,7 @@ def test_design_epsilon_defaults_to_the_jobs_target_epsilon() -> None:
             "dataset_id": "d", "model": {"name": "linear-regression", "params": {}},
             "algorithm": {"name": "ht-dp-fw", "hyperparameters": hyperparameters},
             "privacy": privacy_spec,
-            "training": {"epochs": 1, "batch_size": 1, "learning_rate": 1.0},
+            "training": {"epochs": 1},
         })
         plan = plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10**6)
         return plan.spec["algorithm"]["hyperparameters"]

@@ -1,5 +1,6 @@
-"""KL-family accounting (app/algorithms/kl_family.py): the spec's hand-checked numbers (§7.1),
-the add/remove halving of privacy.md §2, the worst-case totals, the budget-unit events, and the
+"""KL-family accounting (app/algorithms/kl_family.py): hand-checked replace-one numbers,
+the add/remove halving of docs/algorithms/kl-family.md#sensitivities, the worst-case totals,
+the budget-unit events, and the
 schema's validation of the public constants."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from app.schemas.jobs import TrainingSpec
 GOLDEN = dict(n=1e6, d=10, rho=0.5, L0=1.0, L1=1.0, gamma=1.0, kappa=1.5, F0=1.0, beta=0.05, theta=0.5)
 
 
-# ----------------------------------------------------------------------------- spec §7.1 goldens
+# ----------------------------------------------------------------------------- replace-one goldens
 
 
 def test_spider_constants_match_the_spec_table_under_replace_one() -> None:
@@ -61,8 +62,9 @@ def test_spider_constants_match_the_spec_table_under_replace_one() -> None:
 
 
 def test_spider_add_remove_halves_every_noise_and_the_floor_constant() -> None:
-    """privacy.md §2: Δ(G) = L0/n, Δ(D) = C/n. At θ = 1/2 the round-start std is the paper's own
-    σ̂ = L0√K/(n√ρ) = 4.90102e-5 (spec §3.2), and C_floor = 20."""
+    """docs/algorithms/kl-family.md#sensitivities: Δ(G) = L0/n, Δ(D) = C/n. At θ = 1/2 the
+    round-start std is the paper's own
+    σ̂ = L0√K/(n√ρ) = 4.90102e-5, and C_floor = 20."""
     ro = spider_schedule(**GOLDEN, neighbour="replace-one")
     ar = spider_schedule(**GOLDEN)
     assert ro is not None and ar is not None
@@ -159,7 +161,7 @@ def test_spider_worst_case_is_exactly_rho_and_each_release_costs_its_share(
     n=st.floats(10.0, 1e7), rho=st.floats(1e-4, 10.0), d=st.integers(1, 10_000),
 )
 def test_adaptive_filter_never_exceeds_rho_for_any_released_norms(norms: list[float], n: float, rho: float, d: int) -> None:
-    """Spec §7.2 fuzz: whatever the noisy norms (negative, zero, huge), the loop of §2.4 with the
+    """Fuzz: whatever the noisy norms (negative, zero, huge), the adaptive noisy GD loop with the
     exact costs spends ≤ ρ and stops after a floor step."""
     a = adaptive_constants(n=n, d=d, rho=rho, L0=1.0, beta=0.05)
     if a is None:
@@ -194,7 +196,7 @@ def _facts(n: int = 500) -> DatasetFacts:
 
 
 def _training(**fields: object) -> TrainingSpec:
-    return TrainingSpec.model_validate({"steps": 40, "batch_size": 500, "learning_rate": 1.0, **fields})
+    return TrainingSpec.model_validate({"steps": 40, **fields})
 
 
 @pytest.mark.parametrize("name", ["kl-spider", "adaptive-noisy-gd", "proximal-point"])
@@ -219,10 +221,11 @@ def test_noisy_gd_event_is_one_gaussian_per_step() -> None:
 
 
 @pytest.mark.parametrize("name", ["kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point"])
-def test_full_batch_requires_batch_size_n(name: str) -> None:
+def test_full_batch_refuses_a_batch_size_and_records_n(name: str) -> None:
     algorithm = get_algorithm(name)
-    with pytest.raises(InvalidHyperparameters, match="batch_size must equal the dataset's n = 500"):
-        algorithm.plan(algorithm.validate_hyperparameters({}), _training(batch_size=64), _facts())
+    with pytest.raises(InvalidHyperparameters, match=f"training.batch_size: {name} is full-batch"):
+        algorithm.accept_training(_training(batch_size=500), _facts())
+    assert algorithm.accept_training(_training(), _facts()).batch_size == 500
 
 
 @pytest.mark.parametrize(

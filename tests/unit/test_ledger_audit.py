@@ -312,7 +312,7 @@ def test_commit_above_reservation_is_detected(database: Database) -> None:
 
 
 def _adjust(db: Database, dataset_id: str, *, epsilon_to: float) -> None:
-    """An owner's budget raise, as privacy.md §4 asks: its own entry, then the row."""
+    """An owner's budget raise, as docs/privacy-model.md#budget-raise asks: its own entry, then the row."""
     with db.write_transaction() as s:
         budget = ledger.lock_budget(s, dataset_id)
         details = {"epsilon_from": budget.epsilon, "epsilon_to": epsilon_to, "delta_from": budget.delta, "delta_to": budget.delta}

@@ -13,7 +13,7 @@ from app.config import Settings
 from app.db import Database
 from app.models import Job, LedgerEntry, utcnow
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
-from worker.reconciler import reconcile_once
+from app.reconciler import reconcile_once
 
 
 def _running(database: Database, job_id: str, *, attempt: int, heartbeat_age_s: float) -> None:

@@ -1,4 +1,4 @@
-"""DC-DPSGD's batch aggregators (RANK and THRESHOLD) for the DP-SGD loop (specs/dc-dpsgd.md §1.3).
+"""DC-DPSGD's batch aggregators (RANK and THRESHOLD) for the DP-SGD loop (docs/algorithms/dc-dpsgd.md#what-it-does).
 
 Both implement :class:`worker.optimizers.dp_sgd.BatchAggregator`: ``clipped_sum`` returns the
 data part Σ_{i∈S} clip_{c(i)}(g_i) of a step and ``sensitivity`` its add/remove L2 sensitivity

@@ -1,4 +1,4 @@
-"""DC-DPSGD's projected traces, exact and QR-free, streaming W in row blocks (specs/dc-dpsgd.md §4.2).
+"""DC-DPSGD's projected traces, exact and QR-free, streaming W in row blocks (docs/algorithms/dc-dpsgd.md#what-it-does).
 
 For a step t, W_t ∈ R^{d_J×k} has i.i.d. entries (−ln U)^θ, U ~ Uniform(0, 1] (Weibull of shape
 1/θ: sub-Weibull(θ), non-negative, scale 1 — the scale does not change the span). V_t is an
@@ -13,7 +13,7 @@ and no dense V: W_t is generated block by block of rows from a counter-based str
 NumPy Philox4x64 on the CPU, two keyed CUDA generators on CUDA
 (:func:`worker.optimizers.secure_random.keyed_uniform`) — used once for P and M and dropped. λ_i ∈ [0, 1] depends on record i and
 the data-independent W_t only (per-sample normalisation; never a batch-level normaliser), which is
-the precondition of DC-DPSGD's sensitivity bounds (specs/dc-dpsgd.md §2.5).
+the precondition of DC-DPSGD's sensitivity bounds (docs/algorithms/dc-dpsgd.md#privacy-calibration-as-we-charge-it).
 
 Cost per step, for a batch processed in c chunks of per-sample gradients (c = ⌈|S| / max physical
 batch size⌉, usually 1): 2·|S|·d_J·k FLOP for P, d_J·k² for M (once per step, in float64),

@@ -1,4 +1,4 @@
-"""DiceSGD's error-feedback aggregator for the DP-SGD loop (specs/dicesgd.md §2.2-§2.4, §5.3).
+"""DiceSGD's error-feedback aggregator for the DP-SGD loop (docs/algorithms/dicesgd.md#what-it-does).
 
 :class:`ErrorFeedbackAggregator` implements :class:`worker.optimizers.dp_sgd.BatchAggregator`, so
 the shared loop ``train_dp_sgd`` does the Poisson sampling, the ONE Gaussian draw per step, the
@@ -8,9 +8,9 @@ the sum-scale data part of the release and updates the hidden state:
     Σ_i φ(g_i) + B·ψ(e_t)             (released after N(0, (σ·Δ_sum)² I) is added and /B)
     e_{t+1} = e_t − ψ(e_t) + (1/B)·Σ_i (1 − w_i)·g_i,   w_i = φ's scale factor of row i
 
-which is Algorithm 2's e_{t+1} = e_t + ḡ − v with the NOISELESS v = c̄ + ψ(e_t) (spec eq. 8): the
-noise never enters e. The two sums come from the shared engines (spec §5.2-§5.3), chosen like
-DP-SGD's aggregator: where ghost clipping is exact for every layer (``ghost.supports``), ONE
+which is Algorithm 2's e_{t+1} = e_t + ḡ − v with the NOISELESS v = c̄ + ψ(e_t): the noise never
+enters e (docs/algorithms/dicesgd.md#what-it-does). The two sums come from the shared engines,
+chosen like DP-SGD's aggregator: where ghost clipping is exact for every layer (``ghost.supports``), ONE
 book-keeping pass of ``ghost_weighted_grad_sums`` with the two weightings w_i and 1 − w_i (no
 per-sample gradient is materialised); otherwise ONE pass of ``iter_per_sample_grads`` + ``per_sample_norms``
 contracting each chunk with the 2×m weight matrix [w_i, 1 − w_i]. Both give the same sums up to
@@ -25,7 +25,7 @@ bounded; it only changes the algorithm, and only after an overflow).
 
 SECRET: ``error`` (e), its norm and anything derived from it stay in this object and in the
 worker's private checkpoint; nothing here logs or returns them except ``state_dict`` for the
-checkpoint. e is kept in at least float32 (it accumulates; spec §5.5).
+checkpoint. e is kept in at least float32 (it accumulates).
 """
 
 from __future__ import annotations

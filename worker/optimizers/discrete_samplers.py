@@ -141,7 +141,8 @@ def _e1_run_lengths(rng: np.random.Generator, limit: np.ndarray) -> np.ndarray:
         run = np.where(ok.all(axis=1), 4, np.argmin(ok, axis=1))
         count[live] += run
         live = live[(run == 4) & (count[live] < limit[live])]
-    return np.minimum(count, limit)
+    capped: np.ndarray = np.minimum(count, limit)
+    return capped
 
 
 def _bernoulli_exp_neg_parts(
@@ -228,7 +229,8 @@ def discrete_laplace(rng: np.random.Generator, size: int | tuple[int, ...], *, s
     if v.size and v.max() > (np.iinfo(np.int64).max - t) // t:
         raise OverflowError("discrete Laplace draw exceeds int64")
     x = u + t * v
-    return np.where(neg, -x, x).reshape(shape)
+    draws: np.ndarray = np.where(neg, -x, x).reshape(shape)
+    return draws
 
 
 # ----------------------------------------------------------------------------- snapped Laplace
@@ -395,7 +397,8 @@ def _floored_gaps(finite_scores: np.ndarray, k: int) -> np.ndarray:
     limit = math.ldexp(1.0, k + 52)
     with np.errstate(over="ignore", invalid="ignore"):
         g = np.minimum(r.max() - r, limit)
-    return np.ldexp(g, -k).astype(np.int64)
+    gaps: np.ndarray = np.ldexp(g, -k).astype(np.int64)
+    return gaps
 
 
 # ----------------------------------------------------------------------------- exponential mechanism

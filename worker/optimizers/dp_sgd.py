@@ -1,6 +1,6 @@
 """DP-SGD (Abadi et al. 2016) with Poisson subsampling — the loop the API charges for.
 
-Privacy (add/remove neighbours, privacy.md §2). Each step t:
+Privacy (add/remove neighbours, docs/privacy-model.md#neighbours). Each step t:
 
 1. B_t = Poisson sample: every row independently with probability q.
 2. s_t = Σ_{i∈B_t} clip_C(g_i), clip_C(g) = g · min(1, C/||g||), ||·|| the flat L2 norm over all

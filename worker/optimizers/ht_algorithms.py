@@ -1,13 +1,13 @@
-"""The four loops of the heavy-tailed DP-SCO family (spec §3), in float64 on one device.
+"""The four loops of the heavy-tailed DP-SCO family (docs/algorithms/heavy-tailed-dpsco.md), in float64 on one device.
 
 Alg 1, 3, 5 touch each training row in exactly one iteration (the block the job's generator
 assigned it, :func:`assign_blocks`); Alg 2 uses every row in every iteration. Data access goes
-through :class:`RowAccess.take` so tests can instrument it (spec U9). Gradients of these GLM
-losses are c_i·x_i with a scalar c_i per row, computed in closed form (spec §7.2) — no autograd
+through :class:`RowAccess.take` so tests can instrument it. Gradients of these GLM
+losses are c_i·x_i with a scalar c_i per row, computed in closed form — no autograd
 and no per-sample engine is needed for a linear predictor.
 
 Each block's sum is divided by the PUBLIC expected block size m (or the public n for Alg 2),
-never by the realised count (privacy.md §2). Nothing private is logged.
+never by the realised count (docs/privacy-model.md#neighbours). Nothing private is logged.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _squared(z: torch.Tensor, y: torch.Tensor, _c: float) -> torch.Tensor:
 
 @_loss("half_squared")
 def _half_squared(z: torch.Tensor, y: torch.Tensor, _c: float) -> torch.Tensor:
-    """d/dz ½(z − y)² (Alg 3 step 5, spec A6)."""
+    """d/dz ½(z − y)² (Alg 3 step 5; docs/algorithms/heavy-tailed-dpsco.md#paper-conventions)."""
     return z - y
 
 
@@ -129,7 +129,7 @@ def _step_done(hooks: TrainingHooks, step: int) -> None:
 
 
 def _clip(values: torch.Tensor, level: float) -> torch.Tensor:
-    """Entrywise shrinkage to [−K, K] after NaN → 0 (spec §2.4)."""
+    """Entrywise shrinkage to [−K, K] after NaN → 0."""
     return torch.nan_to_num(values, nan=0.0).clamp(-level, level)
 
 
@@ -153,6 +153,8 @@ class FWConfig:
     loss: str
     epsilon_step: float
     score_sensitivity: float
+    term_bound: float
+    """Bound on |ψ|/κ that score_sensitivity assumes (the catalogue's sup |φ|); terms are clipped to it."""
     constant_step: bool = False
     biweight_c: float = 4.685
     selection: Literal["gumbel", "laplace-noisy-max"] = "gumbel"
@@ -166,7 +168,9 @@ def fw_step_size(t: int, iterations: int, *, constant: bool) -> float:
 def fw_gradient_estimate(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, config: FWConfig) -> torch.Tensor:
     """g̃ = (1/m)Σψ_κ(∇ℓ(w, z)) over the block, m the public expected block size."""
     grads = per_sample_gradients(config.loss, w, X, y, biweight_c=config.biweight_c)
-    return robust_mean_sum(grads, kappa=config.kappa, beta=config.beta) / config.block_size
+    return robust_mean_sum(
+        grads, kappa=config.kappa, beta=config.beta, term_bound=config.term_bound
+    ) / config.block_size
 
 
 def run_ht_frank_wolfe(data: RowAccess, config: FWConfig, *, generator: SecureRandom,
@@ -215,7 +219,7 @@ def run_ht_private_lasso(data: RowAccess, config: LassoConfig, *, generator: Sec
                          hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
     """Alg 2: full-data gradient (2/n)Σx̃(⟨x̃,w⟩ − ỹ) of the clipped data → exp. mechanism → FW step.
     Every row enters every iteration's gradient; the data are read and clipped once (the clip is
-    a fixed per-row map, so this is the same quantity, spec §7.1)."""
+    a fixed per-row map, so this is the same quantity)."""
     noise = noise or ExactNoise(generator)
     X, y = data.take(torch.arange(data.n_rows, device=data.X.device))
     X, y = _clip(X, config.truncation), _clip(y, config.truncation)
@@ -287,6 +291,8 @@ class SparseOptConfig:
     laplace_scale: float
     sensitivity: float
     """λ: the ℓ∞ sensitivity of the vector Peeling selects from and releases (laplace_scale = σ·λ)."""
+    term_bound: float
+    """Bound on |ψ|/k that sensitivity assumes (the catalogue's sup |φ|); terms are clipped to it."""
     l2: float = 0.0
     regulariser_in_estimator: bool = True
 
@@ -295,7 +301,9 @@ def sparse_opt_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, conf
     """w^{t+.5} = w − η·g̃ with g̃ the robust mean of the block's per-sample gradients at w^t."""
     inside = config.l2 if config.regulariser_in_estimator else 0.0
     grads = per_sample_gradients(config.loss, w, X, y, l2=inside)
-    estimate = robust_mean_sum(grads, kappa=config.scale, beta=config.beta) / config.block_size
+    estimate = robust_mean_sum(
+        grads, kappa=config.scale, beta=config.beta, term_bound=config.term_bound
+    ) / config.block_size
     if not config.regulariser_in_estimator:
         estimate = estimate + config.l2 * w  # deterministic given w: adds no sensitivity
     return w - config.step * estimate
@@ -303,7 +311,7 @@ def sparse_opt_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, conf
 
 def run_ht_sparse_opt(data: RowAccess, config: SparseOptConfig, *, generator: SecureRandom,
                       hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
-    """Alg 5: robust mean of the block's per-sample gradients at w^t (spec A5) → step → Peeling."""
+    """Alg 5: robust mean of the block's per-sample gradients at w^t (the step's own point) → step → Peeling."""
     noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
     w = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)

@@ -1,7 +1,7 @@
 """The DP selection and release mechanisms of the heavy-tailed family, and the block split.
 
 Every privacy-protecting draw comes from the job's :class:`SecureRandom` through a
-:class:`NoiseSource`, so tests can count draws (spec U7e) or inject a stream. The production source,
+:class:`NoiseSource`, so tests can count draws or inject a stream. The production source,
 :class:`ExactNoise`, samples with integer arithmetic (``worker.optimizers.discrete_samplers``):
 the exponential mechanism exactly, report-noisy-max and the Laplace releases on a power-of-two
 grid with discrete Laplace noise. Textbook floating-point samplers leak (Mironov 2012: the set of
@@ -153,7 +153,8 @@ def project_l2_ball(w: torch.Tensor, radius: float) -> torch.Tensor:
 
 
 def assign_blocks(n_rows: int, blocks: int, generator: SecureRandom) -> torch.Tensor:
-    """Each row independently and uniformly to one of ``blocks`` blocks (privacy.md §2): adding
+    """Each row independently and uniformly to one of ``blocks`` blocks
+    (docs/algorithms/heavy-tailed-dpsco.md#disjoint-blocks): adding
     a row changes one block only, and the other rows keep their blocks. Exact integers from the
     job's SecureRandom (NumPy stream), on its device."""
     return generator.randint(blocks, (n_rows,))

@@ -1,4 +1,6 @@
-"""Adaptive noisy GD (Algorithm 3; specs/kl-spider.md §2.4 recommended form), clipped full batch.
+"""Adaptive noisy GD (Algorithm 3), clipped full batch.
+
+Calibration: docs/algorithms/kl-family.md#privacy-calibration-as-we-charge-it.
 
     while spent ≤ ρ/2:                                         (zCDP filter)
         u   ← Σ_i clip_L0(∇f(w; x_i)) / n                      one pass, used twice
@@ -15,21 +17,37 @@ count and the finished flag.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import AdaptiveConstants, units_for
 from worker.optimizers.kl_common import FullBatch, Progress, assign_flat, flat, flat_params, restore, snapshot
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
-__all__ = ["train_adaptive_noisy_gd"]
+__all__ = ["AdaptiveSchedule", "train_adaptive_noisy_gd"]
+
+
+class AdaptiveSchedule(Protocol):
+    """The public constants of one job (the catalogue's ``AdaptiveConstants``, built by the trainer)."""
+
+    @property
+    def rho(self) -> float: ...
+    @property
+    def norm_noise(self) -> float: ...
+    @property
+    def norm_cost(self) -> float: ...
+    @property
+    def floor_noise(self) -> float: ...
+    def gradient_noise(self, noisy_norm: float) -> float: ...
+    def gradient_cost(self, noise: float) -> float: ...
 
 
 def train_adaptive_noisy_gd(
     model: nn.Module,
     data: FullBatch,
     *,
-    constants: AdaptiveConstants | None,
+    constants: AdaptiveSchedule | None,
     smoothness: float,
     max_passes: int,
     hooks: TrainingHooks,
@@ -44,7 +62,7 @@ def train_adaptive_noisy_gd(
     if constants is None:
         return Progress(hooks, step=0).result(stopped=False)
     rho = constants.rho
-    progress = Progress(hooks, step=units_for(spent / rho))
+    progress = Progress(hooks, step=data.units_for(spent / rho))
     n = data.normaliser
 
     while not finished and spent <= rho / 2.0:
@@ -63,9 +81,9 @@ def train_adaptive_noisy_gd(
         spent += constants.norm_cost + constants.gradient_cost(noise)
         finished = noise == constants.floor_noise
         progress.boundary(
-            units_for(spent / rho),
+            data.units_for(spent / rho),
             lambda: snapshot(
-                step=units_for(spent / rho), model=model, generator=data.generator, tensors={},
+                step=data.units_for(spent / rho), model=model, generator=data.generator, tensors={},
                 scalars={"spent": spent, "finished": finished, "passes": data.passes},
             ),
         )

@@ -1,6 +1,10 @@
 """What the KL-family loops share: clipped full-batch releases, flat parameter vectors, budget
 units, progress hooks and checkpoints (app/algorithms/kl_family.py has the privacy derivation).
 
+The catalogue's accounting constants (the noise safety margin, the rule that turns a spent share
+of ρ into budget units) are passed in by the trainer in :class:`FullBatch`: nothing under
+worker/optimizers imports the catalogue.
+
 Every gradient-type release goes through the shared per-sample engine (``per_sample.py`` via
 ``dp_sgd.per_sample_map_aggregator``: ghost clipping where exact, else vmap), chunk by chunk; the
 only new primitive is the clipped per-sample gradient DIFFERENCE of KL-Spider, which walks
@@ -14,12 +18,12 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import NOISE_SAFETY
 from worker.optimizers.dp_sgd import per_sample_map_aggregator
 from worker.optimizers.noise import privatise_sum
 from worker.optimizers.per_sample import (
@@ -33,6 +37,7 @@ from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 __all__ = [
     "FullBatch",
+    "UnitsFor",
     "Progress",
     "ReleaseObserver",
     "assign_flat",
@@ -43,9 +48,13 @@ __all__ = [
 
 class ReleaseObserver(Protocol):
     """Test hook: sees every noisy release (public values) with the point it was taken at and the
-    nominal noise std of the released average (before NOISE_SAFETY)."""
+    nominal noise std of the released average (before the noise safety margin)."""
 
     def __call__(self, kind: str, point: torch.Tensor, released: torch.Tensor, noise_std: float) -> None: ...
+
+
+UnitsFor = Callable[[Fraction | float], int]
+"""Budget units charged for a spent share of the job's ρ (the catalogue's rule)."""
 
 
 def flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -82,6 +91,10 @@ class FullBatch:
     """The PUBLIC n (registered n times 1 − hold-out fraction), never len(X)."""
     max_physical_batch_size: int
     generator: SecureRandom
+    noise_safety: float
+    """Every std is drawn this much above its allocation, so rounding only makes a release cheaper."""
+    units_for: UnitsFor
+    """The public progress count of a spent share of ρ (budget units)."""
     observer: ReleaseObserver | None = None
     passes: int = 0
     """Full passes over the data so far (a difference counts two): the public compute meter."""
@@ -100,7 +113,7 @@ class FullBatch:
         """(sum + N(0, (n·s·safety)² I))/n as a flat float64 vector: the Gaussian mechanism on the
         average with std s (one vector drawn from the job's generator, even when s = 0)."""
         released = privatise_sum(
-            grad_sum, noise_std=noise_std * NOISE_SAFETY * self.normaliser,
+            grad_sum, noise_std=noise_std * self.noise_safety * self.normaliser,
             normaliser=self.normaliser, generator=self.generator,
         )
         vector = flat(released).double()
@@ -115,7 +128,7 @@ class FullBatch:
     def noisy_scalar(self, kind: str, model: nn.Module, value: float, *, noise_std: float) -> float:
         """value + N(0, s²): a scalar Gaussian release from the job's SecureRandom."""
         noise = self.generator.normal((), std=1.0, dtype=torch.float64)
-        released = float(value) + float(noise) * noise_std * NOISE_SAFETY
+        released = float(value) + float(noise) * noise_std * self.noise_safety
         if self.observer is not None:
             self.observer(kind, flat_params(model).double(), torch.tensor([released], dtype=torch.float64), noise_std)
         return released

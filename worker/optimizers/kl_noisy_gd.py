@@ -1,6 +1,6 @@
 """Noisy GD (Algorithm 4) and the proximal-point method (Algorithm 2) on the clipped full batch.
 
-Algorithm 4 on F̃(w) = F(w) + L̃1‖w − z‖² (spec §2.3), S noisy steps:
+Algorithm 4 on F̃(w) = F(w) + L̃1‖w − z‖² (docs/algorithms/kl-family.md#what-it-does), S noisy steps:
 
     w_1 = z;  for s = 1..S:  w_{s+1} = Π_{B(z, R)}( w_s − (G(w_s) + 2L̃1(w_s − z) + ξ_s)/(L̃1·s) )
     output  w̄ = Σ_{s=1}^{S+1} s·w_s / ((S+1)(S+2)/2),      R = L0/(2L̃1)
@@ -21,7 +21,6 @@ from fractions import Fraction
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import units_for
 from worker.optimizers.kl_common import FullBatch, Progress, assign_flat, flat_params, restore, snapshot
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
@@ -36,7 +35,7 @@ class InnerSolver:
     weak_convexity: float
     steps: int
     noise_std: float
-    """std of ξ_s on the released average (before NOISE_SAFETY)."""
+    """std of ξ_s on the released average (before the noise safety margin)."""
 
     @property
     def radius(self) -> float:
@@ -87,9 +86,9 @@ def _resume_inner(resume_from: TrainingState, model: nn.Module, data: FullBatch)
     device = next(model.parameters()).device
     inner = InnerState(
         center=tensors["center"].to(device), weighted_sum=tensors["weighted_sum"].to(device),
-        s=int(scalars["s"]),  # type: ignore[arg-type]
+        s=int(scalars["s"]),
     )
-    data.passes = int(scalars["passes"])  # type: ignore[arg-type]
+    data.passes = int(scalars["passes"])
     return inner, scalars
 
 
@@ -132,14 +131,14 @@ def train_proximal_point(
     outer = 1
     if resume_from is not None:
         inner, scalars = _resume_inner(resume_from, model, data)
-        outer = int(scalars["outer"])  # type: ignore[arg-type]
+        outer = int(scalars["outer"])  # type: ignore[call-overload]
     else:
         inner = InnerState.start(flat_params(model).double())
 
     def spent() -> Fraction:
         return share * ((outer - 1) * solver.steps + inner.s)
 
-    progress = Progress(hooks, step=units_for(spent()))
+    progress = Progress(hooks, step=data.units_for(spent()))
     while outer <= outer_iterations:
         if inner.s == solver.steps:  # subproblem solved: w_t = w̄, next centre
             assign_flat(model, inner.average())
@@ -154,8 +153,8 @@ def train_proximal_point(
             break
         inner_step(model, data, solver, inner)
         progress.boundary(
-            units_for(spent()),
-            lambda: _snapshot(units_for(spent()), model, data, inner, {"outer": outer}),
+            data.units_for(spent()),
+            lambda: _snapshot(data.units_for(spent()), model, data, inner, {"outer": outer}),
         )
     return progress.result(stopped=False)
 

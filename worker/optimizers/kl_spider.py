@@ -1,4 +1,4 @@
-"""KL-Spider (Algorithm 1; specs/kl-spider.md §2.2 recommended form) on the clipped full batch.
+"""KL-Spider (Algorithm 1; docs/algorithms/kl-family.md#privacy-calibration-as-we-charge-it) on the clipped full batch.
 
 Per round k (public Φ̂_k, T_k, r_k, C_k, τ_k from ``spider_schedule``):
 
@@ -18,15 +18,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import SpiderSchedule, units_for
 from worker.optimizers.kl_common import FullBatch, Progress, assign_flat, flat_params, restore, snapshot
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
-__all__ = ["SpiderState", "train_kl_spider"]
+__all__ = ["SpiderPlan", "SpiderRoundPlan", "SpiderState", "train_kl_spider"]
+
+
+class SpiderRoundPlan(Protocol):
+    """Round k's public parameters (the catalogue's ``SpiderRound``)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def step_length(self) -> float: ...
+    @property
+    def difference_clip(self) -> float: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def difference_noise(self) -> float: ...
+
+
+class SpiderPlan(Protocol):
+    """The public schedule of one job (the catalogue's ``SpiderSchedule``, built by the trainer)."""
+
+    @property
+    def K(self) -> int: ...
+    @property
+    def start_noise(self) -> float: ...
+    @property
+    def start_share(self) -> Fraction: ...
+    def round(self, k: int) -> SpiderRoundPlan: ...
+    def difference_share(self, k: int) -> Fraction: ...
 
 
 @dataclass
@@ -48,7 +76,7 @@ def train_kl_spider(
     model: nn.Module,
     data: FullBatch,
     *,
-    schedule: SpiderSchedule | None,
+    schedule: SpiderPlan | None,
     max_passes: int,
     hooks: TrainingHooks,
     resume_from: TrainingState | None = None,
@@ -62,7 +90,7 @@ def train_kl_spider(
             g=tensors.get("g"), spent=Fraction(int(scalars["spent_num"]), int(scalars["spent_den"])),
         )
         data.passes = int(scalars["passes"])
-    progress = Progress(hooks, step=units_for(state.spent))
+    progress = Progress(hooks, step=data.units_for(state.spent))
     if schedule is None:
         return progress.result(stopped=False)
     device = next(model.parameters()).device
@@ -72,9 +100,9 @@ def train_kl_spider(
     def boundary() -> None:
         assert state.g is not None
         progress.boundary(
-            units_for(state.spent),
+            data.units_for(state.spent),
             lambda: snapshot(
-                step=units_for(state.spent), model=model, generator=data.generator,
+                step=data.units_for(state.spent), model=model, generator=data.generator,
                 tensors={"g": state.g}, scalars=state.scalars(data.passes),  # type: ignore[dict-item]
             ),
         )
@@ -109,7 +137,7 @@ def train_kl_spider(
             state.spent += schedule.difference_share(state.round)
             state.t += 1
             boundary()
-        else:  # the round's last step needs no difference (spec §8 #3)
+        else:  # the round's last step needs no difference
             assign_flat(model, w_new)
             state.t += 1
     return progress.result(stopped=False)

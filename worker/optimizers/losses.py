@@ -1,7 +1,7 @@
 """Training losses by name, each summed over the rows it is given.
 
 The per-sample engine evaluates a loss on one row at a time, so "sum" and "mean" coincide there;
-summing keeps the definition independent of any batch size (privacy.md §2: no realised batch
+summing keeps the definition independent of any batch size (docs/privacy-model.md#neighbours: no realised batch
 sizes anywhere).
 """
 

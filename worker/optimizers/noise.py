@@ -38,7 +38,7 @@ def privatise_sum(
     """(Σ mapped g_i + N(0, noise_std² I)) / normaliser — the only release of a step.
 
     `noise_std` is σ·S for a map with norm bound S (the add/remove sensitivity of the sum);
-    `normaliser` must be a public constant (q·n), never the realised batch size (privacy.md §2).
+    `normaliser` must be a public constant (q·n), never the realised batch size (docs/privacy-model.md#neighbours).
     Exactly one Gaussian vector is drawn per call: no per-sample noise.
     """
     if not (normaliser > 0 and normaliser < float("inf")):

@@ -101,7 +101,7 @@ class PSACClip:
     The weight C/(u + r/(u + r)) is non-monotone in u: ≈ C for tiny gradients (they are NOT
     normalised up, unlike Auto-S), largest near u = √r − r, ≈ C/u for large ones.
 
-    This is the Xia et al. form named in specs/dc-dpsgd.md §5, not Opacus' PSACDPOptimizer variant
+    This is the Xia et al. form named in docs/algorithms/dp-sgd.md, not Opacus' PSACDPOptimizer variant
     (ḡ = g·min(1, C_i/||g||), C_i = C(||g|| + r)/(||g||² + r||g|| + r)).
     """
 

@@ -15,7 +15,7 @@ def poisson_sample(
     """Indices of the rows included this step, each row independently with probability q.
 
     The batch size is random (Binomial(n, q)) and may be 0; callers must still take the step
-    (privacy.md §2). Uniforms are drawn in float64 (53-bit) on the stream's device, so the realised
+    (docs/privacy-model.md#neighbours). Uniforms are drawn in float64 (53-bit) on the stream's device, so the realised
     inclusion probability exceeds q by less than 2^-53 (float32 would allow 2^-24). Returns
     int64 indices in increasing order on the stream's device.
     """

@@ -40,6 +40,7 @@ import math
 import os
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,9 @@ Shape = int | Sequence[int]
 
 _STATE_FORMAT = "privtrain-secure-random/1"
 _MANTISSA_BITS = {torch.float64: 53, torch.float32: 24}
-_NUMPY_FLOATS = {torch.float64: np.float64, torch.float32: np.float32}
+_NUMPY_FLOATS: dict[torch.dtype, type[np.float64] | type[np.float32]] = {
+    torch.float64: np.float64, torch.float32: np.float32,
+}
 
 
 def _shape(shape: Shape) -> tuple[int, ...]:
@@ -168,7 +171,7 @@ def _to_json(value: object) -> object:
     return value
 
 
-def _philox_state(raw: dict) -> dict:
+def _philox_state(raw: dict[str, Any]) -> dict[str, Any]:
     """The JSON form of a Philox state back into NumPy's (uint64 arrays where it has them)."""
     if raw.get("bit_generator") != "Philox":
         raise ValueError("generator state does not hold a Philox stream")

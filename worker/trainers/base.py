@@ -1,30 +1,39 @@
 """The trainer registry: worker-side implementations of catalogue algorithms, by the same names.
 
 Each trainer receives the job's charged parameters (σ, q, steps) straight from the job row, so the
-noise it draws is exactly the event the API reserved.
+noise it draws is exactly the event the API reserved, and the hyperparameters and training spec
+that the catalogue re-derived (and re-validated) from the stored spec, typed: a trainer is
+registered for its catalogue class, so ``request.hyperparameters`` has that class's model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
+from app.algorithms import AlgorithmDefinition
+from app.algorithms.registry import H
 from app.registry import Registry
+from app.schemas.jobs import TrainingSpec
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 
 @dataclass(frozen=True)
-class TrainingRequest:
+class TrainingRequest(Generic[H]):
     model: nn.Module
     X: torch.Tensor
     y: torch.Tensor
     task: str
-    spec: dict[str, Any]
+    hyperparameters: H
+    """Validated by the catalogue entry that priced the job (the worker re-derives them)."""
+    training: TrainingSpec
+    """The accepted training spec: the fields the algorithm reads are present."""
     noise_multiplier: float
     sampling_probability: float
     expected_batch_size: float
@@ -37,21 +46,46 @@ class TrainingRequest:
     device: torch.device
 
 
-Trainer = Callable[[TrainingRequest], TrainingResult]
+TrainerOf = Callable[[TrainingRequest[H]], TrainingResult]
+"""A trainer of the algorithm whose hyperparameters model is H."""
+Trainer = Callable[[TrainingRequest[Any]], TrainingResult]
 TRAINERS: Registry[Trainer] = Registry("trainer")
-register_trainer = TRAINERS.register
 get_trainer = TRAINERS.get
+"""The trainer of an algorithm name. The request's hyperparameters must come from the catalogue
+entry of the same name (as worker.runner builds them): this lookup is the one place where that
+pairing is taken as given instead of checked by types."""
 
 
-Preflight = Callable[[nn.Module, dict[str, Any]], None]
+def register_trainer(algorithm: type[AlgorithmDefinition[H]]) -> Callable[[TrainerOf[H]], TrainerOf[H]]:
+    """Decorator: the trainer of ``algorithm`` (registered under its name), typed by its model."""
+
+    def add(trainer: TrainerOf[H]) -> TrainerOf[H]:
+        TRAINERS.add(algorithm.name, trainer)
+        return trainer
+
+    return add
+
+
+Preflight = Callable[[nn.Module, Any], None]
 PREFLIGHTS: Registry[Preflight] = Registry("preflight")
-register_preflight = PREFLIGHTS.register
 
 
-def preflight(name: str, model: nn.Module, spec: dict[str, Any]) -> None:
+def register_preflight(
+    algorithm: type[AlgorithmDefinition[H]],
+) -> Callable[[Callable[[nn.Module, H], None]], Callable[[nn.Module, H], None]]:
+    """Decorator: a check of ``algorithm``'s hyperparameters against the built model."""
+
+    def add(check: Callable[[nn.Module, H], None]) -> Callable[[nn.Module, H], None]:
+        PREFLIGHTS.add(algorithm.name, check)
+        return check
+
+    return add
+
+
+def preflight(name: str, model: nn.Module, hyperparameters: BaseModel) -> None:
     """Checks that need the built model (parameter names, sizes), run before the data is opened.
 
     A ValueError here fails the job before TOUCH, so its reservation is released, not spent.
     """
     if name in PREFLIGHTS:
-        PREFLIGHTS.get(name)(model, spec)
+        PREFLIGHTS.get(name)(model, hyperparameters)

@@ -10,43 +10,44 @@ never draws less noise than the event assumes.
 from __future__ import annotations
 
 from app.algorithms.baselines import (
+    DPPSAC,
+    AutoS,
     AutoSHyperparameters,
+    DPAdam,
     DPAdamHyperparameters,
     DPPSACHyperparameters,
 )
+from app.algorithms.registry import definition_of
 from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.per_sample_maps import AutoSClip, PSACClip
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest, register_trainer
-from worker.trainers.per_sample_map import hyperparameters_of, run_with_per_sample_map
+from worker.trainers.per_sample_map import run_with_per_sample_map
 
 
-@register_trainer("dp-adam")
-def run_dp_adam(request: TrainingRequest) -> TrainingResult:
-    hyper = hyperparameters_of("dp-adam", request)
-    assert isinstance(hyper, DPAdamHyperparameters)
+@register_trainer(DPAdam)
+def run_dp_adam(request: TrainingRequest[DPAdamHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     return run_with_per_sample_map(
-        "dp-adam", request, hyper, AbadiClip(hyper.clipping_norm),
+        definition_of(DPAdam), request, AbadiClip(hyper.clipping_norm),
         optimizer="adam", weight_decay=hyper.weight_decay,
         adam_betas=(hyper.beta1, hyper.beta2), adam_eps=hyper.eps,
     )
 
 
-@register_trainer("auto-s")
-def run_auto_s(request: TrainingRequest) -> TrainingResult:
-    hyper = hyperparameters_of("auto-s", request)
-    assert isinstance(hyper, AutoSHyperparameters)
+@register_trainer(AutoS)
+def run_auto_s(request: TrainingRequest[AutoSHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     return run_with_per_sample_map(
-        "auto-s", request, hyper, AutoSClip(hyper.clipping_norm, gamma=hyper.gamma),
+        definition_of(AutoS), request, AutoSClip(hyper.clipping_norm, gamma=hyper.gamma),
         optimizer=hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay,
     )
 
 
-@register_trainer("dp-psac")
-def run_dp_psac(request: TrainingRequest) -> TrainingResult:
-    hyper = hyperparameters_of("dp-psac", request)
-    assert isinstance(hyper, DPPSACHyperparameters)
+@register_trainer(DPPSAC)
+def run_dp_psac(request: TrainingRequest[DPPSACHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     return run_with_per_sample_map(
-        "dp-psac", request, hyper, PSACClip(hyper.clipping_norm, r=hyper.r),
+        definition_of(DPPSAC), request, PSACClip(hyper.clipping_norm, r=hyper.r),
         optimizer=hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay,
     )

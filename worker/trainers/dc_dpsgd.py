@@ -21,11 +21,16 @@ import dataclasses
 import logging
 from typing import Any
 
+from torch import nn
+
 from app.algorithms.dc_dpsgd import (
-    DCDPSGDHyperparameters,
-    DCDPSGDThresholdHyperparameters,
     DCCommonHyperparameters,
+    DCDPSGDHyperparameters,
+    DCDPSGDRank,
+    DCDPSGDThreshold,
+    DCDPSGDThresholdHyperparameters,
 )
+from app.algorithms.training_fields import learning_rate_of
 from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator, ThresholdTracker
 from worker.optimizers.dc_projection import StreamingProjection
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
@@ -43,24 +48,22 @@ def _projection(hyper: DCCommonHyperparameters) -> StreamingProjection:
     return StreamingProjection(k=hyper.k, theta=hyper.theta, scope=scope)
 
 
-@register_preflight("dc-dpsgd")
-@register_preflight("dc-dpsgd-threshold")
-def check_projection_scope(model: Any, spec: dict[str, Any]) -> None:
+def check_projection_scope(model: nn.Module, hyper: DCCommonHyperparameters) -> None:
     """k < d_J and known scope names, checked before TOUCH (a ValueError releases the job)."""
-    raw = spec["algorithm"]["hyperparameters"]
-    scope = None if raw.get("scope", "all") == "all" else tuple(raw["scope"])
-    StreamingProjection(k=raw["k"], theta=raw["theta"], scope=scope).scope_sizes(
-        trainable_parameters(model)
-    )
+    _projection(hyper).scope_sizes(trainable_parameters(model))
 
 
-def _config(request: TrainingRequest, hyper: DCCommonHyperparameters, sensitivity: float) -> DPSGDConfig:
+register_preflight(DCDPSGDRank)(check_projection_scope)
+register_preflight(DCDPSGDThreshold)(check_projection_scope)
+
+
+def _config(request: TrainingRequest[Any], hyper: DCCommonHyperparameters, sensitivity: float) -> DPSGDConfig:
     return DPSGDConfig(
         steps=request.steps,
         sampling_probability=request.sampling_probability,
         noise_multiplier=request.noise_multiplier,
         clipping_norm=sensitivity,  # unused with an aggregator; documents the noise scale σ·Δ
-        learning_rate=float(request.spec["training"]["learning_rate"]),
+        learning_rate=learning_rate_of(request.training),
         momentum=hyper.momentum,
         weight_decay=hyper.weight_decay,
         optimizer=hyper.optimizer,
@@ -71,7 +74,7 @@ def _config(request: TrainingRequest, hyper: DCCommonHyperparameters, sensitivit
 
 
 def _run(
-    request: TrainingRequest,
+    request: TrainingRequest[Any],
     hyper: DCCommonHyperparameters,
     aggregator: RankAggregator | ThresholdAggregator,
     hooks: TrainingHooks,
@@ -90,9 +93,9 @@ def _run(
     )
 
 
-@register_trainer("dc-dpsgd")
-def run_dc_dpsgd(request: TrainingRequest) -> TrainingResult:
-    hyper = DCDPSGDHyperparameters.model_validate(request.spec["algorithm"]["hyperparameters"])
+@register_trainer(DCDPSGDRank)
+def run_dc_dpsgd(request: TrainingRequest[DCDPSGDHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     aggregator = RankAggregator(
         c1=hyper.tail_clip, c2=hyper.c2, projection=_projection(hyper), sigma_tr=hyper.sigma_tr,
         p=hyper.p,
@@ -121,9 +124,9 @@ def _with_tau_in_checkpoints(hooks: TrainingHooks, aggregator: ThresholdAggregat
     return dataclasses.replace(hooks, save_checkpoint=save_with_tau)
 
 
-@register_trainer("dc-dpsgd-threshold")
-def run_dc_dpsgd_threshold(request: TrainingRequest) -> TrainingResult:
-    hyper = DCDPSGDThresholdHyperparameters.model_validate(request.spec["algorithm"]["hyperparameters"])
+@register_trainer(DCDPSGDThreshold)
+def run_dc_dpsgd_threshold(request: TrainingRequest[DCDPSGDThresholdHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     tracker = None
     if hyper.tracking:
         tracker = ThresholdTracker(

@@ -11,13 +11,18 @@ state and restored on resume; it is never logged or reported.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from app.algorithms.dicesgd import (
+    DiceSGD,
+    DiceSGDAdam,
     DiceSGDAdamHyperparameters,
+    DiceSGDAuto,
     DiceSGDAutoHyperparameters,
     DiceSGDHyperparameters,
     sound_average_sensitivity,
 )
+from app.algorithms.training_fields import learning_rate_of
 from worker.optimizers.dicesgd import (
     ErrorFeedbackAggregator,
     ErrorFeedbackClip,
@@ -29,21 +34,20 @@ from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.per_sample_maps import AutoSClip
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest, register_trainer
-from worker.trainers.per_sample_map import hyperparameters_of
 
 
 @dataclass(frozen=True)
 class _Optimizer:
     """How the released ṽ is applied (post-processing)."""
 
-    name: str
+    name: Literal["sgd", "adam"]
     momentum: float = 0.0
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
 
-def _run(request: TrainingRequest, aggregator: ErrorFeedbackAggregator, optimizer: _Optimizer) -> TrainingResult:
+def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, optimizer: _Optimizer) -> TrainingResult:
     bounds_avg = sound_average_sensitivity(
         c1=aggregator.per_sample_map.norm_bound,
         c2=aggregator.feedback_map.norm_bound,
@@ -57,10 +61,10 @@ def _run(request: TrainingRequest, aggregator: ErrorFeedbackAggregator, optimize
         sampling_probability=request.sampling_probability,
         noise_multiplier=request.noise_multiplier,
         clipping_norm=aggregator.sensitivity,  # unused with an aggregator; documents σ·Δ_sum
-        learning_rate=float(request.spec["training"]["learning_rate"]),
+        learning_rate=learning_rate_of(request.training),
         momentum=optimizer.momentum,
         weight_decay=optimizer.weight_decay,
-        optimizer=optimizer.name,  # type: ignore[arg-type]
+        optimizer=optimizer.name,
         adam_betas=optimizer.betas,
         adam_eps=optimizer.eps,
         loss="cross_entropy" if request.task == "classification" else "mse",
@@ -80,10 +84,9 @@ def _run(request: TrainingRequest, aggregator: ErrorFeedbackAggregator, optimize
     )
 
 
-@register_trainer("dicesgd")
-def run_dicesgd(request: TrainingRequest) -> TrainingResult:
-    hyper = hyperparameters_of("dicesgd", request)
-    assert isinstance(hyper, DiceSGDHyperparameters)
+@register_trainer(DiceSGD)
+def run_dicesgd(request: TrainingRequest[DiceSGDHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     aggregator = ErrorFeedbackAggregator(
         per_sample_map=AbadiClip(hyper.c1),
         feedback_map=ErrorFeedbackClip(hyper.c2),
@@ -92,10 +95,9 @@ def run_dicesgd(request: TrainingRequest) -> TrainingResult:
     return _run(request, aggregator, _Optimizer("sgd", hyper.momentum, hyper.weight_decay))
 
 
-@register_trainer("dicesgd-adam")
-def run_dicesgd_adam(request: TrainingRequest) -> TrainingResult:
-    hyper = hyperparameters_of("dicesgd-adam", request)
-    assert isinstance(hyper, DiceSGDAdamHyperparameters)
+@register_trainer(DiceSGDAdam)
+def run_dicesgd_adam(request: TrainingRequest[DiceSGDAdamHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     aggregator = ErrorFeedbackAggregator(
         per_sample_map=AbadiClip(hyper.c1),
         feedback_map=ErrorFeedbackClip(hyper.c2),
@@ -107,10 +109,9 @@ def run_dicesgd_adam(request: TrainingRequest) -> TrainingResult:
     return _run(request, aggregator, optimizer)
 
 
-@register_trainer("dicesgd-auto")
-def run_dicesgd_auto(request: TrainingRequest) -> TrainingResult:
-    hyper = hyperparameters_of("dicesgd-auto", request)
-    assert isinstance(hyper, DiceSGDAutoHyperparameters)
+@register_trainer(DiceSGDAuto)
+def run_dicesgd_auto(request: TrainingRequest[DiceSGDAutoHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
     aggregator = ErrorFeedbackAggregator(
         per_sample_map=AutoSClip(clipping_norm=1.0, gamma=hyper.gamma),
         feedback_map=ErrorFeedbackNormalise(hyper.gamma),

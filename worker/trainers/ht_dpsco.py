@@ -17,22 +17,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
 
-from app.algorithms import get_algorithm
+from app.algorithms.ht_calibration import PHI_BOUND
 from app.algorithms.ht_dpsco import (
     FWHyperparameters,
-    FWResolved,
-    LassoResolved,
-    SparseLinRegResolved,
+    HTAlgorithm,
+    HTDPFrankWolfe,
+    HTHyperparameters,
+    HTPrivateLasso,
+    HTSparseLinReg,
+    HTSparseOpt,
+    LassoHyperparameters,
+    SparseLinRegHyperparameters,
     SparseOptHyperparameters,
-    SparseOptResolved,
 )
+from app.algorithms.registry import definition_of
 from app.facts import DatasetFacts
-from app.schemas.jobs import TrainingSpec
 from worker.optimizers.ht_algorithms import (
     FWConfig,
     LassoConfig,
@@ -49,7 +53,16 @@ from worker.optimizers.ht_mechanisms import Polytope
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest, register_preflight, register_trainer
 
-HT_ALGORITHMS = ("ht-dp-fw", "ht-private-lasso", "ht-sparse-linreg", "ht-sparse-opt")
+HT_ALGORITHMS: tuple[type[HTAlgorithm[Any, Any]], ...] = (HTDPFrankWolfe, HTPrivateLasso, HTSparseLinReg, HTSparseOpt)
+
+
+class _Resolved(Protocol):
+    @property
+    def iterations(self) -> int: ...
+
+
+R = TypeVar("R", bound=_Resolved)
+H = TypeVar("H", bound=HTHyperparameters)
 
 
 def linear_layer(model: nn.Module) -> nn.Linear:
@@ -63,12 +76,12 @@ def linear_layer(model: nn.Module) -> nn.Linear:
     return layer
 
 
-def _preflight(model: nn.Module, _spec: dict[str, Any]) -> None:
+def _preflight(model: nn.Module, _hyperparameters: object) -> None:
     linear_layer(model)
 
 
-for _name in HT_ALGORITHMS:
-    register_preflight(_name)(_preflight)
+for _algorithm in HT_ALGORITHMS:
+    register_preflight(_algorithm)(_preflight)
 
 
 def write_weights(model: nn.Module, w: torch.Tensor) -> None:
@@ -85,58 +98,57 @@ def write_weights(model: nn.Module, w: torch.Tensor) -> None:
 
 
 @dataclass(frozen=True)
-class _Job:
-    resolved: Any
-    hyperparameters: Any
+class _Job(Generic[R]):
+    resolved: R
     data: RowAccess
 
 
-def _prepare(name: str, request: TrainingRequest, *, full_batch: bool) -> _Job:
-    algorithm = get_algorithm(name)
-    hyper = algorithm.validate_hyperparameters(request.spec["algorithm"]["hyperparameters"])
-    training = TrainingSpec.model_validate(request.spec["training"])
-    training_rows = request.expected_batch_size * (1 if full_batch else request.steps)
+def _prepare(algorithm: HTAlgorithm[H, R], request: TrainingRequest[H]) -> _Job[R]:
+    """Re-resolve the run's public constants from the job's validated hyperparameters and
+    training spec, and refuse to run if they would not be the charged T."""
+    name = algorithm.name
+    training_rows = request.expected_batch_size * (1 if algorithm.full_batch else request.steps)
     layer = linear_layer(request.model)
     classification = request.task == "classification"
     facts = DatasetFacts(
         n_rows=math.ceil(training_rows), feature_shape=(layer.in_features,), task=request.task,
         n_classes=layer.out_features if classification else None,
     )
-    resolved = algorithm.resolve(hyper, training=training, training_rows=training_rows, facts=facts)  # type: ignore[attr-defined]
+    resolved = algorithm.resolve(
+        request.hyperparameters, training=request.training, training_rows=training_rows, facts=facts
+    )
     if resolved.iterations != request.steps:
         raise RuntimeError(f"{name}: the re-derived T differs from the charged number of steps")
     X = request.X.reshape(request.X.shape[0], -1).to(device=request.device, dtype=torch.float64)
     y = request.y.to(device=request.device, dtype=torch.float64)
     if classification:
         y = 2.0 * y - 1.0  # class indices {0, 1} → labels {−1, +1}
-    return _Job(resolved=resolved, hyperparameters=hyper, data=RowAccess(X, y))
+    return _Job(resolved=resolved, data=RowAccess(X, y))
 
 
-def _finish(request: TrainingRequest, outcome: LoopOutcome) -> TrainingResult:
+def _finish(request: TrainingRequest[Any], outcome: LoopOutcome) -> TrainingResult:
     if not outcome.stopped_early:
         write_weights(request.model, outcome.weights)
     return TrainingResult(steps_run=outcome.steps_run, stopped_early=outcome.stopped_early)
 
 
-@register_trainer("ht-dp-fw")
-def run_ht_dp_fw(request: TrainingRequest) -> TrainingResult:
-    job = _prepare("ht-dp-fw", request, full_batch=False)
-    r, h = job.resolved, job.hyperparameters
-    assert isinstance(r, FWResolved) and isinstance(h, FWHyperparameters)
+@register_trainer(HTDPFrankWolfe)
+def run_ht_dp_fw(request: TrainingRequest[FWHyperparameters]) -> TrainingResult:
+    job = _prepare(definition_of(HTDPFrankWolfe), request)
+    r, h = job.resolved, request.hyperparameters
     config = FWConfig(
         polytope=Polytope(h.constraint, h.radius, job.data.dim), iterations=r.iterations, block_size=r.block_size,
         kappa=r.kappa, beta=r.beta, loss=r.loss, epsilon_step=1.0 / request.noise_multiplier,
-        score_sensitivity=r.score_sensitivity, constant_step=r.constant_step, biweight_c=h.biweight_c,
+        score_sensitivity=r.score_sensitivity, term_bound=PHI_BOUND, constant_step=r.constant_step, biweight_c=h.biweight_c,
         selection=h.selection,
     )
     return _finish(request, run_ht_frank_wolfe(job.data, config, generator=request.generator, hooks=request.hooks))
 
 
-@register_trainer("ht-private-lasso")
-def run_ht_private_lasso_job(request: TrainingRequest) -> TrainingResult:
-    job = _prepare("ht-private-lasso", request, full_batch=True)
+@register_trainer(HTPrivateLasso)
+def run_ht_private_lasso_job(request: TrainingRequest[LassoHyperparameters]) -> TrainingResult:
+    job = _prepare(definition_of(HTPrivateLasso), request)
     r = job.resolved
-    assert isinstance(r, LassoResolved)
     config = LassoConfig(
         polytope=Polytope("l1_ball", r.radius, job.data.dim), iterations=r.iterations, normaliser=r.training_rows,
         truncation=r.truncation, epsilon_step=1.0 / request.noise_multiplier, score_sensitivity=r.score_sensitivity,
@@ -144,11 +156,10 @@ def run_ht_private_lasso_job(request: TrainingRequest) -> TrainingResult:
     return _finish(request, run_ht_private_lasso(job.data, config, generator=request.generator, hooks=request.hooks))
 
 
-@register_trainer("ht-sparse-linreg")
-def run_ht_sparse_linreg_job(request: TrainingRequest) -> TrainingResult:
-    job = _prepare("ht-sparse-linreg", request, full_batch=False)
+@register_trainer(HTSparseLinReg)
+def run_ht_sparse_linreg_job(request: TrainingRequest[SparseLinRegHyperparameters]) -> TrainingResult:
+    job = _prepare(definition_of(HTSparseLinReg), request)
     r = job.resolved
-    assert isinstance(r, SparseLinRegResolved)
     config = SparseLinRegConfig(
         iterations=r.iterations, block_size=r.block_size, sparsity=r.sparsity, truncation=r.truncation,
         step=r.step, radius=r.radius, laplace_scale=request.noise_multiplier * r.sensitivity,
@@ -157,15 +168,14 @@ def run_ht_sparse_linreg_job(request: TrainingRequest) -> TrainingResult:
     return _finish(request, run_ht_sparse_linreg(job.data, config, generator=request.generator, hooks=request.hooks))
 
 
-@register_trainer("ht-sparse-opt")
-def run_ht_sparse_opt_job(request: TrainingRequest) -> TrainingResult:
-    job = _prepare("ht-sparse-opt", request, full_batch=False)
-    r, h = job.resolved, job.hyperparameters
-    assert isinstance(r, SparseOptResolved) and isinstance(h, SparseOptHyperparameters)
+@register_trainer(HTSparseOpt)
+def run_ht_sparse_opt_job(request: TrainingRequest[SparseOptHyperparameters]) -> TrainingResult:
+    job = _prepare(definition_of(HTSparseOpt), request)
+    r, h = job.resolved, request.hyperparameters
     config = SparseOptConfig(
         iterations=r.iterations, block_size=r.block_size, sparsity=r.sparsity, scale=r.scale, beta=r.beta,
         step=r.step, loss=r.loss, laplace_scale=request.noise_multiplier * r.sensitivity,
-        sensitivity=r.sensitivity,
+        sensitivity=r.sensitivity, term_bound=PHI_BOUND,
         l2=h.l2_regularisation if r.loss == "logistic" else 0.0,
         regulariser_in_estimator=h.regulariser_in_estimator,
     )

@@ -10,18 +10,25 @@ it follows from the model spec and the dataset's shape).
 from __future__ import annotations
 
 import logging
-import math
+from typing import Any
 
 from app.algorithms.kl_family import (
+    NOISE_SAFETY,
+    AdaptiveNoisyGD,
     AdaptiveNoisyGDHyperparameters,
+    KLSpider,
     KLSpiderHyperparameters,
+    NoisyGD,
     NoisyGDHyperparameters,
+    ProximalPoint,
     ProximalPointHyperparameters,
     adaptive_constants,
+    full_batch_passes,
     inner_solver_steps,
     outer_iterations,
     rho_of,
     spider_schedule,
+    units_for,
 )
 from worker.optimizers.kl_adaptive import train_adaptive_noisy_gd
 from worker.optimizers.kl_common import FullBatch, ReleaseObserver
@@ -36,16 +43,14 @@ __all__ = ["full_batch", "max_passes"]
 log = logging.getLogger(__name__)
 
 
-def max_passes(request: TrainingRequest) -> int:
+def max_passes(request: TrainingRequest[Any]) -> int:
     """``training.steps`` or ⌈epochs⌉: the public cap on full passes over the data."""
-    training = request.spec["training"]
-    if training.get("steps") is not None:
-        return int(training["steps"])
-    return max(1, math.ceil(float(training["epochs"])))
+    return full_batch_passes(request.training)
 
 
-def full_batch(request: TrainingRequest, lipschitz: float, observer: ReleaseObserver | None = None) -> FullBatch:
-    """Prepare the model and wrap the private rows with the job's public constants."""
+def full_batch(request: TrainingRequest[Any], lipschitz: float, observer: ReleaseObserver | None = None) -> FullBatch:
+    """Prepare the model and wrap the private rows with the job's public constants (and the
+    catalogue's accounting rules: noise safety margin, budget units)."""
     check_supported(request.model)
     if request.sampling_probability != 1.0:
         raise ValueError("KL-family jobs are full batch (q = 1)")
@@ -56,22 +61,24 @@ def full_batch(request: TrainingRequest, lipschitz: float, observer: ReleaseObse
         loss="cross_entropy" if request.task == "classification" else "mse",
         lipschitz=lipschitz, normaliser=request.expected_batch_size,
         max_physical_batch_size=request.max_physical_batch_size, generator=request.generator,
-        observer=observer,
+        noise_safety=NOISE_SAFETY, units_for=units_for, observer=observer,
     )
 
 
-def _dimension(request: TrainingRequest) -> int:
+def _dimension(request: TrainingRequest[Any]) -> int:
     return sum(p.numel() for p in trainable_parameters(request.model).values())
 
 
-def _rho(request: TrainingRequest) -> float:
+def _rho(request: TrainingRequest[Any]) -> float:
     return rho_of(request.noise_multiplier)
 
 
-@register_trainer("kl-spider")
-def run_kl_spider(request: TrainingRequest, observer: ReleaseObserver | None = None) -> TrainingResult:
-    hyper = KLSpiderHyperparameters.model_validate(request.spec["algorithm"]["hyperparameters"])
-    assert hyper.F0 is not None
+@register_trainer(KLSpider)
+def run_kl_spider(
+    request: TrainingRequest[KLSpiderHyperparameters], observer: ReleaseObserver | None = None
+) -> TrainingResult:
+    hyper = request.hyperparameters
+    assert hyper.F0 is not None  # the schema's validator fills it
     data = full_batch(request, hyper.L0, observer)
     schedule = spider_schedule(
         n=request.expected_batch_size, d=_dimension(request), rho=_rho(request), L0=hyper.L0,
@@ -89,9 +96,11 @@ def run_kl_spider(request: TrainingRequest, observer: ReleaseObserver | None = N
     )
 
 
-@register_trainer("adaptive-noisy-gd")
-def run_adaptive_noisy_gd(request: TrainingRequest, observer: ReleaseObserver | None = None) -> TrainingResult:
-    hyper = AdaptiveNoisyGDHyperparameters.model_validate(request.spec["algorithm"]["hyperparameters"])
+@register_trainer(AdaptiveNoisyGD)
+def run_adaptive_noisy_gd(
+    request: TrainingRequest[AdaptiveNoisyGDHyperparameters], observer: ReleaseObserver | None = None
+) -> TrainingResult:
+    hyper = request.hyperparameters
     data = full_batch(request, hyper.L0, observer)
     constants = adaptive_constants(
         n=request.expected_batch_size, d=_dimension(request), rho=_rho(request), L0=hyper.L0,
@@ -105,9 +114,11 @@ def run_adaptive_noisy_gd(request: TrainingRequest, observer: ReleaseObserver | 
     )
 
 
-@register_trainer("noisy-gd")
-def run_noisy_gd(request: TrainingRequest, observer: ReleaseObserver | None = None) -> TrainingResult:
-    hyper = NoisyGDHyperparameters.model_validate(request.spec["algorithm"]["hyperparameters"])
+@register_trainer(NoisyGD)
+def run_noisy_gd(
+    request: TrainingRequest[NoisyGDHyperparameters], observer: ReleaseObserver | None = None
+) -> TrainingResult:
+    hyper = request.hyperparameters
     data = full_batch(request, hyper.L0, observer)
     solver = InnerSolver(
         lipschitz=hyper.L0, weak_convexity=hyper.L1_tilde, steps=request.steps,
@@ -118,9 +129,11 @@ def run_noisy_gd(request: TrainingRequest, observer: ReleaseObserver | None = No
     )
 
 
-@register_trainer("proximal-point")
-def run_proximal_point(request: TrainingRequest, observer: ReleaseObserver | None = None) -> TrainingResult:
-    hyper = ProximalPointHyperparameters.model_validate(request.spec["algorithm"]["hyperparameters"])
+@register_trainer(ProximalPoint)
+def run_proximal_point(
+    request: TrainingRequest[ProximalPointHyperparameters], observer: ReleaseObserver | None = None
+) -> TrainingResult:
+    hyper = request.hyperparameters
     data = full_batch(request, hyper.L0, observer)
     n, d, rho = request.expected_batch_size, _dimension(request), _rho(request)
     t_out = outer_iterations(

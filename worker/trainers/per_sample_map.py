@@ -7,50 +7,43 @@ the noise drawn per step is N(0, σ²S² I) on the sum.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Literal
 
-from app.algorithms import get_algorithm
+from app.algorithms.registry import H, PoissonGaussianAlgorithm
+from app.algorithms.training_fields import learning_rate_of
 from worker.optimizers.dp_sgd import DPSGDConfig, per_sample_map_aggregator, train_dp_sgd
 from worker.optimizers.per_sample import PerSampleMap
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest
 
 
-def hyperparameters_of(name: str, request: TrainingRequest) -> BaseModel:
-    """The job's hyperparameters, re-validated by the catalogue entry that priced the job."""
-    return get_algorithm(name).validate_hyperparameters(
-        request.spec["algorithm"]["hyperparameters"]
-    )
-
-
 def run_with_per_sample_map(
-    name: str,
-    request: TrainingRequest,
-    hyper: BaseModel,
+    algorithm: PoissonGaussianAlgorithm[H],
+    request: TrainingRequest[H],
     per_sample_map: PerSampleMap,
     *,
-    optimizer: str,
+    optimizer: Literal["sgd", "adam"],
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     adam_betas: tuple[float, float] = (0.9, 0.999),
     adam_eps: float = 1e-8,
 ) -> TrainingResult:
-    charged = get_algorithm(name).sensitivity(hyper)  # type: ignore[attr-defined]
+    charged = algorithm.sensitivity(request.hyperparameters)
     if per_sample_map.norm_bound != charged:
         raise RuntimeError(
-            f"{name}: the per-sample map's bound differs from the charged sensitivity"
+            f"{algorithm.name}: the per-sample map's bound differs from the charged sensitivity"
         )
     config = DPSGDConfig(
         steps=request.steps,
         sampling_probability=request.sampling_probability,
         noise_multiplier=request.noise_multiplier,
         clipping_norm=per_sample_map.norm_bound,
-        learning_rate=float(request.spec["training"]["learning_rate"]),
+        learning_rate=learning_rate_of(request.training),
         momentum=momentum,
         weight_decay=weight_decay,
         loss="cross_entropy" if request.task == "classification" else "mse",
         max_physical_batch_size=request.max_physical_batch_size,
-        optimizer=optimizer,  # type: ignore[arg-type]
+        optimizer=optimizer,
         adam_betas=adam_betas,
         adam_eps=adam_eps,
         expected_batch_size=request.expected_batch_size,

@@ -1,4 +1,4 @@
-"""Spec T18: a one-run audit catches the published code's noise and passes the service's."""
+"""A one-run audit catches the published code's noise and passes the service's."""
 
 from __future__ import annotations
 

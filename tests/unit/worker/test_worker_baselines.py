@@ -258,7 +258,8 @@ def _plan(name: str, hyperparameters: dict, evaluation: dict | None = None, **tr
 def _request(plan: JobPlan, model: nn.Module, X: torch.Tensor, y: torch.Tensor,
              seed: int = 1) -> TrainingRequest:
     return TrainingRequest(
-        model=model, X=X, y=y, task="classification", spec=plan.spec,
+        model=model, X=X, y=y, task="classification",
+        hyperparameters=plan.hyperparameters, training=plan.training,
         noise_multiplier=plan.noise_multiplier,
         sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size,

@@ -61,7 +61,8 @@ def test_dp_sgd_trainer_draws_the_charged_noise(evaluation: dict | None) -> None
     y = torch.randint(0, 2, (N_ROWS,))
     result = get_trainer("dp-sgd")(
         TrainingRequest(
-            model=model, X=X, y=y, task="classification", spec=plan.spec,
+            model=model, X=X, y=y, task="classification",
+            hyperparameters=plan.hyperparameters, training=plan.training,
             noise_multiplier=plan.noise_multiplier,
             sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size,

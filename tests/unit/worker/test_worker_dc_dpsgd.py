@@ -1,5 +1,5 @@
 """DC-DPSGD worker: projection (T1-T4), split and clipping (T5-T7), noise (T8-T9), tracking (T10),
-resume, and a small learning check (specs/dc-dpsgd.md §6)."""
+resume, and a small learning check (docs/algorithms/dc-dpsgd.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import worker.optimizers.dc_dpsgd as dc_module
 from app import privacy
 from app.job_planning import plan_job
 from app.models import Dataset
-from app.schemas.jobs import JobCreate
+from app.algorithms import get_algorithm
+from app.schemas.jobs import JobCreate, TrainingSpec
 from worker.optimizers.dc_dpsgd import (
     RankAggregator,
     ThresholdAggregator,
@@ -162,7 +163,7 @@ def test_streamed_projection_of_parameter_chunks_equals_qr(dtype: torch.dtype) -
 
 
 def test_mean_trace_is_about_k_over_d() -> None:
-    """T11 (first part), §1.5: E[λ] ≈ k/d for dense gradients (d = 5000, k = 200 → 0.04)."""
+    """T11 (first part): E[λ] ≈ k/d for dense gradients (d = 5000, k = 200 → 0.04)."""
     params = {"w": torch.zeros(5000)}
     projection = StreamingProjection(k=200, theta=2.0)
     traces = StepProjection(projection, projection.layout(params), key=_key(1), step=0).traces(
@@ -180,7 +181,7 @@ def _sparse_and_dense_rows(n_each: int, d: int, nonzeros: int, generator: torch.
 
 
 def test_non_negative_heavy_tailed_v_selects_sparse_gradients_more_often() -> None:
-    """T11 (third part), §1.5 table: with θ = 2 and W ≥ 0, λ has the same mean (k/d) for 20-sparse
+    """T11 (third part): with θ = 2 and W ≥ 0, λ has the same mean (k/d) for 20-sparse
     and dense gradients but a spread about 2.5× larger for the sparse ones, so the RANK tail
     (top 10% of the batch, σ_tr = 0) is mostly sparse rows, far from the 50% a trace-blind
     selection would give."""
@@ -443,7 +444,8 @@ def _sum_given_traces(grads: torch.Tensor, noisy: torch.Tensor, keys: torch.Tens
 
 
 def test_rank_coupling_example_shifts_the_sum_by_2c1_minus_c2() -> None:
-    """Spec T7: D = {a, b}, D' = D ∪ {z}, p = 1/2 → ||Σ(D') − Σ(D)|| = 1.9 = 2·c1 − c2."""
+    """The example of docs/algorithms/dc-dpsgd.md#rank-rule-sensitivity: D = {a, b},
+    D' = D ∪ {z}, p = 1/2 → ||Σ(D') − Σ(D)|| = 1.9 = 2·c1 − c2."""
     e1, e2 = torch.eye(2, dtype=torch.float64)
     g_a, g_b, g_z = 5 * e1, 0.01 * e2, -5 * e1
     D = torch.stack([g_a, g_b])
@@ -623,7 +625,8 @@ def test_trainer_draws_the_charged_noise(name: str, hyper: dict, monkeypatch: py
     y = torch.randint(0, 2, (N_ROWS,), generator=_seeded(7))
     result = get_trainer(name)(
         TrainingRequest(
-            model=model, X=X, y=y, task="classification", spec=plan.spec, noise_multiplier=sigma,
+            model=model, X=X, y=y, task="classification", hyperparameters=plan.hyperparameters,
+            training=plan.training, noise_multiplier=sigma,
             sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps,
             max_physical_batch_size=64, generator=_rng(1), hooks=TrainingHooks(), resume_from=None,
@@ -705,13 +708,12 @@ def test_rank_tail_fraction_is_floor_p_exactly_in_training(monkeypatch: pytest.M
 
 def _threshold_request(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, seed: int, hooks: TrainingHooks,
                        resume: TrainingState | None) -> TrainingRequest:
-    spec = {
-        "algorithm": {"name": "dc-dpsgd-threshold", "hyperparameters": {
-            "c2": 0.02, "c1": 0.5, "k": 6, "tracking": True, "eta_tau": 0.5, "threshold_noise_ratio": 2.0,
-            "momentum": 0.5}},
-        "training": {"learning_rate": 0.3},
-    }
-    return TrainingRequest(model=model, X=X, y=y, task="classification", spec=spec, noise_multiplier=0.8,
+    hyperparameters = get_algorithm("dc-dpsgd-threshold").validate_hyperparameters({
+        "c2": 0.02, "c1": 0.5, "k": 6, "tracking": True, "eta_tau": 0.5, "threshold_noise_ratio": 2.0,
+        "momentum": 0.5})
+    training = TrainingSpec(steps=12, batch_size=15, learning_rate=0.3)
+    return TrainingRequest(model=model, X=X, y=y, task="classification", hyperparameters=hyperparameters,
+                           training=training, noise_multiplier=0.8,
                            sampling_probability=0.25, expected_batch_size=15.0, steps=12,
                            max_physical_batch_size=16, generator=_rng(seed), hooks=hooks,
                            resume_from=resume, device=torch.device("cpu"))
@@ -790,7 +792,8 @@ def test_dc_dpsgd_learns_digits(name: str) -> None:
     result = get_trainer(name)(
         TrainingRequest(
             model=model, X=X_train_t, y=torch.tensor(y_train), task="classification",
-            spec={"algorithm": {"name": name, "hyperparameters": hyper}, "training": {"learning_rate": 1.0}},
+            hyperparameters=get_algorithm(name).validate_hyperparameters(hyper),
+            training=TrainingSpec(steps=300, batch_size=round(q * len(X_train)), learning_rate=1.0),
             noise_multiplier=1.0, sampling_probability=q, expected_batch_size=q * len(X_train),
             steps=300, max_physical_batch_size=256, generator=_rng(1), hooks=TrainingHooks(),
             resume_from=None, device=torch.device("cpu"),

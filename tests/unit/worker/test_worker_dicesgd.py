@@ -1,4 +1,4 @@
-"""DiceSGD worker (specs/dicesgd.md §6): the EF map (T1), the recursion and noise isolation
+"""DiceSGD worker (docs/algorithms/dicesgd.md): the EF map (T1), the recursion and noise isolation
 (T2-T4), degenerate equivalences (T5-T6), bias removal on toy problems (T7-T9), the Adam and
 automatic variants (T10-T11), checkpoint/resume with e, and the charged-noise conformance (P6).
 
@@ -462,7 +462,8 @@ def test_trainer_sensitivity_equals_the_charged_one(name: str) -> None:
 
 def _request(plan, model, X, y, name, hooks=None) -> TrainingRequest:
     return TrainingRequest(
-        model=model, X=X, y=y, task="classification", spec=plan.spec,
+        model=model, X=X, y=y, task="classification",
+        hyperparameters=plan.hyperparameters, training=plan.training,
         noise_multiplier=plan.noise_multiplier,
         sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size,

@@ -18,13 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from worker.optimizers import ghost
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.ghost import (
     GhostClipAggregator,
     check_ghost_supported,
     ghost_clipped_grad_sum,
     ghost_per_sample_norms,
+    linear_conv,
+    support,
     supports,
 )
 from worker.optimizers.per_sample import (
@@ -130,11 +131,11 @@ def _check_against_vmap(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss
 @contextmanager
 def _force(gram: bool | None = None, strided: bool | None = None) -> Iterator[None]:
     """Force the Gram or the materialised rule, and the strided or unfold conv path."""
-    with mock.patch.object(ghost, "_use_gram", (lambda *a, **k: gram)
-                           if gram is not None else ghost._use_gram), \
-         mock.patch.object(ghost, "CONV_STRIDED_DEVICES",
+    with mock.patch.object(linear_conv, "_use_gram", (lambda *a, **k: gram)
+                           if gram is not None else linear_conv._use_gram), \
+         mock.patch.object(linear_conv, "CONV_STRIDED_DEVICES",
                            ({"cpu"} if strided else set()) if strided is not None
-                           else ghost.CONV_STRIDED_DEVICES):
+                           else linear_conv.CONV_STRIDED_DEVICES):
         yield
 
 
@@ -318,12 +319,12 @@ def test_reused_layer_and_frozen_parameters() -> None:
 
 def test_sequence_linear_rule_is_chosen_by_shape() -> None:
     # Few positions, wide layer: Gram is cheaper for the norm; many positions, narrow: materialise.
-    assert ghost._use_gram(64, 1, 4, 512, 512, bk=False)
-    assert not ghost._use_gram(64, 1, 512, 8, 8, bk=False)
+    assert linear_conv._use_gram(64, 1, 4, 512, 512, bk=False)
+    assert not linear_conv._use_gram(64, 1, 512, 8, 8, bk=False)
     # Book-keeping adds the weighted sum: materialised gradients make it a cheap tensordot.
-    assert not ghost._use_gram(64, 1, 25, 256, 32, bk=True)
+    assert not linear_conv._use_gram(64, 1, 25, 256, 32, bk=True)
     # Materialising (B × |W|) is capped: beyond the cap the Gram form is used.
-    assert ghost._use_gram(4096, 1, 16, 4096, 4096, bk=True)
+    assert linear_conv._use_gram(4096, 1, 16, 4096, 4096, bk=True)
 
 
 @settings(max_examples=60, deadline=None)
@@ -442,9 +443,9 @@ def test_inplace_activation_after_a_recorded_layer_is_refused_at_run_time() -> N
 
 
 def test_registered_container_is_accepted() -> None:
-    with mock.patch.object(ghost, "GHOST_CONTAINERS", set(ghost.GHOST_CONTAINERS)):
+    with mock.patch.object(support, "GHOST_CONTAINERS", set(support.GHOST_CONTAINERS)):
         assert not supports(_OwnParam(nn.Linear(2, 2)))
-        ghost.ghost_container(_OwnParam)
+        support.ghost_container(_OwnParam)
         assert supports(_OwnParam(nn.Linear(2, 2)))
     assert not supports(_OwnParam(nn.Linear(2, 2)))
 

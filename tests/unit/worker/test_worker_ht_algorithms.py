@@ -103,7 +103,7 @@ def test_sparse_opt_half_step_add_remove_sensitivity(loss: str) -> None:
     if loss == "logistic":
         y = torch.sign(y) + (y == 0)
     config = SparseOptConfig(iterations=1, block_size=80.0, sparsity=3, scale=0.7, beta=1.0, step=0.4, loss=loss,
-                             laplace_scale=1.0, sensitivity=1.0, l2=0.01)
+                             laplace_scale=1.0, sensitivity=1.0, term_bound=cal.PHI_BOUND, l2=0.01)
     tight = cal.sparse_opt_sensitivity(scale=0.7, step=0.4, block_size=80.0, box=False)
     w = torch.zeros(X.shape[1], dtype=torch.float64)
     w[[1, 5]] = torch.tensor([3.0, -2.0], dtype=torch.float64)
@@ -116,7 +116,7 @@ def test_sparse_opt_half_step_add_remove_sensitivity(loss: str) -> None:
 def test_fw_estimate_add_remove_sensitivity() -> None:
     X, y = _data()
     config = FWConfig(polytope=Polytope("l1_ball", 1.0, X.shape[1]), iterations=1, block_size=50.0, kappa=2.0,
-                      beta=1.0, loss="squared", epsilon_step=1.0, score_sensitivity=1.0)
+                      beta=1.0, loss="squared", epsilon_step=1.0, score_sensitivity=1.0, term_bound=cal.PHI_BOUND)
     bound = cal.robust_mean_sensitivity(kappa=2.0, block_size=50.0)
     w = _random_l1(np.random.default_rng(3), X.shape[1], 1.0)
     base = fw_gradient_estimate(X, y, w, config)
@@ -142,13 +142,14 @@ def _configs(d: int, T: int) -> dict[str, Any]:
     return {
         "fw": (loops.run_ht_frank_wolfe, FWConfig(polytope=Polytope("l1_ball", 1.0, d), iterations=T, block_size=40.0,
                                                   kappa=1.0, beta=1.0, loss="squared", epsilon_step=1.0,
-                                                  score_sensitivity=0.1)),
+                                                  score_sensitivity=0.1, term_bound=cal.PHI_BOUND)),
         "linreg": (loops.run_ht_sparse_linreg, SparseLinRegConfig(iterations=T, block_size=40.0, sparsity=3,
                                                                   truncation=2.0, step=0.5, radius=1.0,
                                                                   laplace_scale=0.01, sensitivity=0.01)),
         "opt": (loops.run_ht_sparse_opt, SparseOptConfig(iterations=T, block_size=40.0, sparsity=3, scale=1.0,
                                                          beta=1.0, step=0.5, loss="half_squared",
-                                                         laplace_scale=0.01, sensitivity=0.01)),
+                                                         laplace_scale=0.01, sensitivity=0.01,
+                                                         term_bound=cal.PHI_BOUND)),
     }
 
 
@@ -254,7 +255,7 @@ def test_alg1_without_noise_or_truncation_is_plain_frank_wolfe_on_the_same_block
     X, y = torch.from_numpy(problem.X), torch.from_numpy(problem.y)
     T, d = 12, 30
     config = FWConfig(polytope=Polytope("l1_ball", 1.0, d), iterations=T, block_size=250.0, kappa=1e12, beta=1.0,
-                      loss="squared", epsilon_step=1e9, score_sensitivity=1.0)
+                      loss="squared", epsilon_step=1e9, score_sensitivity=1.0, term_bound=cal.PHI_BOUND)
     w = loops.run_ht_frank_wolfe(RowAccess(X, y), config, generator=_gen(3), hooks=TrainingHooks()).weights
     blocks = loops._blocks(RowAccess(X, y), T, _gen(3))
     plain = torch.zeros(d, dtype=torch.float64)
@@ -275,16 +276,15 @@ def _request(name: str, hyperparameters: dict, X: torch.Tensor, y: torch.Tensor,
     n, d = X.shape
     classes = 2 if task == "classification" else None
     facts = DatasetFacts(n_rows=n, feature_shape=(d,), task=task, n_classes=classes)
-    training = {"steps": steps} if steps is not None else {"epochs": 1}
-    spec = {"algorithm": {"hyperparameters": hyperparameters},
-            "training": {**training, "batch_size": 1, "learning_rate": 1.0}}
     algorithm = get_algorithm(name)
-    plan = algorithm.plan(algorithm.validate_hyperparameters(hyperparameters),
-                          TrainingSpec.model_validate(spec["training"]), facts)
+    training = algorithm.accept_training(TrainingSpec(steps=steps, epochs=None if steps else 1), facts)
+    hyper = algorithm.validate_hyperparameters(hyperparameters)
+    plan = algorithm.plan(hyper, training, facts)
     model = build_model("linear-regression" if classes is None else "logistic-regression", {},
                         input_shape=(d,), n_outputs=classes or 1)
     request = TrainingRequest(
-        model=model, X=X.float(), y=y, task=task, spec=spec, noise_multiplier=sigma,
+        model=model, X=X.float(), y=y, task=task, hyperparameters=hyper, training=training,
+        noise_multiplier=sigma,
         sampling_probability=plan.sampling_probability, expected_batch_size=plan.expected_batch_size,
         steps=plan.steps, max_physical_batch_size=256, generator=_gen(seed), hooks=TrainingHooks(),
         resume_from=None, device=torch.device("cpu"),

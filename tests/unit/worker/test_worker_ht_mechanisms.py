@@ -1,4 +1,4 @@
-"""Exponential mechanism, Peeling and the block split of the heavy-tailed family (spec U6, U7, U9)."""
+"""Exponential mechanism, Peeling and the block split of the heavy-tailed family (U6, U7, U9)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_peeling_has_exactly_s_distinct_non_zeros() -> None:
 
 
 def test_release_noise_is_fresh_mean_absolute_value_is_b() -> None:
-    """v = 0, s = 10, 1500 repetitions (d = 2000 instead of the spec's 10⁴, to keep CI fast; SE
+    """v = 0, s = 10, 1500 repetitions (d = 2000 instead of 10⁴, to keep CI fast; SE
     0.8%): E|released| = b within 3%. Reusing the selection noise would bias the released values
     towards the noise maxima (≈ b·ln d)."""
     noise, b = _noise(5), 0.7
@@ -123,7 +123,7 @@ def test_release_noise_is_fresh_mean_absolute_value_is_b() -> None:
 
 
 def test_peeling_makes_s_fresh_selections_then_one_release_of_s_values() -> None:
-    """Spec U7e: fresh noise per round. Round k selects among the d - k unchosen coordinates;
+    """U7e: fresh noise per round. Round k selects among the d - k unchosen coordinates;
     the release draws new noise for exactly the s chosen ones."""
     noise = CountingNoise()
     peeling(torch.ones(40, dtype=torch.float64), sparsity=6, scale=0.1, sensitivity=0.05, noise=noise)

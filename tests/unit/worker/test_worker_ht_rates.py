@@ -1,5 +1,5 @@
-"""Statistical rate tests of the heavy-tailed family (spec S2–S5), with tolerances from the
-spec's small replications (§6.8). Slow (minutes): marked ``slow`` and run only with
+"""Statistical rate tests of the heavy-tailed family, with tolerances from small
+preliminary replications of the paper's experiments. Slow (minutes): marked ``slow`` and run only with
 PRIVTRAIN_RUN_SLOW=1, outside CI:
 
     PRIVTRAIN_RUN_SLOW=1 .venv/bin/python -m pytest tests/unit/worker/test_worker_ht_rates.py -q -p no:cacheprovider
@@ -24,7 +24,7 @@ pytestmark = [
 
 
 def _alg3_error(n: int, eps: float, seed: int, *, s_star: int = 5) -> tuple[float, float]:
-    """§6.8 setup: x ~ N(0, 5I), lognormal(σ = 0.5) noise, d = 200, s = 2s*, T = ⌊ln n⌋, η₀ = 0.1."""
+    """Setup: x ~ N(0, 5I), lognormal(σ = 0.5) noise, d = 200, s = 2s*, T = ⌊ln n⌋, η₀ = 0.1."""
     w_star = sparse_l2(np.random.default_rng(100 + seed), 200, s_star)
     rng = np.random.default_rng(seed)
     X = rng.normal(0, math.sqrt(5), size=(n, 200))

@@ -1,4 +1,4 @@
-"""The smoothed Catoni robust estimator (spec U1–U4): values, numerics, bounds and sensitivity."""
+"""The smoothed Catoni robust estimator (U1–U4): values, numerics, bounds and sensitivity."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from scipy import integrate, stats
 
 from app.algorithms.ht_calibration import PHI_BOUND, robust_mean_sensitivity
 from worker.optimizers.ht_robust_mean import (
+    PHI_SUP,
     phi,
     robust_mean_sum,
     robust_terms,
@@ -68,7 +69,7 @@ def test_golden_values(a: float, b: float, expected: float) -> None:
 
 
 # |a| ∈ {10⁻³ … 10⁴}, b ∈ {0.1, 1, 10}·|a|, both signs; only b ≥ 0.01, where the adaptive
-# quadrature reference itself is reliable (spec U2).
+# quadrature reference itself is reliable.
 GRID = [(sign * magnitude, ratio * magnitude)
         for magnitude in (1e-3, 1e-2, 0.1, 1.0, 10.0, 99.0, 101.0, 1e3, 1e4)
         for ratio in (0.1, 1.0, 10.0) for sign in (1.0, -1.0) if ratio * magnitude >= 0.01]
@@ -115,7 +116,7 @@ def test_clipped_output_is_always_within_the_bound(a: float, ratio: float) -> No
 
 def test_bound_holds_for_non_finite_gradients() -> None:
     g = _t([float("inf"), float("-inf"), float("nan"), 1e300, -1e300, 0.0])
-    terms = robust_terms(g, kappa=0.5, beta=1.0)
+    terms = robust_terms(g, kappa=0.5, beta=1.0, term_bound=PHI_BOUND)
     assert bool(torch.isfinite(terms).all()) and float(terms.abs().max()) <= 0.5 * PHI_BOUND
     assert float(terms[2]) == 0.0 and float(terms[5]) == 0.0
 
@@ -127,9 +128,9 @@ def test_huge_scale_gives_the_sample_mean_and_zero_maps_to_zero() -> None:
     rng = np.random.default_rng(1)
     g = torch.from_numpy(rng.standard_t(3, size=(500, 4)))
     kappa = 1e8 * float(g.abs().max())
-    mean = robust_mean_sum(g, kappa=kappa, beta=1.0) / 500
+    mean = robust_mean_sum(g, kappa=kappa, beta=1.0, term_bound=PHI_BOUND) / 500
     assert torch.allclose(mean, g.mean(dim=0), rtol=1e-6)
-    assert float(robust_terms(_t([0.0]), kappa=3.0, beta=2.0)) == 0.0
+    assert float(robust_terms(_t([0.0]), kappa=3.0, beta=2.0, term_bound=PHI_BOUND)) == 0.0
 
 
 def test_lemma4_coverage() -> None:
@@ -138,7 +139,7 @@ def test_lemma4_coverage() -> None:
     kappa = math.sqrt(tau * m / math.log(2 / zeta))
     rng = np.random.default_rng(2)
     g = torch.from_numpy(rng.standard_t(3, size=(m, reps)))
-    estimates = robust_mean_sum(g, kappa=kappa, beta=beta, chunk_rows=m) / m
+    estimates = robust_mean_sum(g, kappa=kappa, beta=beta, term_bound=PHI_BOUND, chunk_rows=m) / m
     bound = tau / (2 * kappa) * (1 / beta + 1) + kappa / m * (beta / 2 + math.log(2 / zeta))
     assert float((estimates.abs() > bound).double().mean()) <= zeta
 
@@ -152,14 +153,30 @@ def test_adversarial_replacement_moves_each_coordinate_by_at_most_the_sensitivit
     m = 50
     rng = np.random.default_rng(3)
     base = torch.from_numpy(rng.standard_t(2, size=(m, 3)) * 10)
-    before = robust_mean_sum(base, kappa=kappa, beta=1.0) / m
+    before = robust_mean_sum(base, kappa=kappa, beta=1.0, term_bound=PHI_BOUND) / m
     add_remove = robust_mean_sensitivity(kappa=kappa, block_size=m)
     for value in [1e300, -1e300, float("inf"), float("-inf"), float("nan"), 0.0, kappa * 1e6, -kappa * 1e6]:
         replaced = base.clone()
         replaced[7] = value
-        after = robust_mean_sum(replaced, kappa=kappa, beta=1.0) / m
+        after = robust_mean_sum(replaced, kappa=kappa, beta=1.0, term_bound=PHI_BOUND) / m
         assert float((after - before).abs().max()) <= 2 * add_remove + 1e-12
-        removed = robust_mean_sum(torch.cat([base[:7], base[8:]]), kappa=kappa, beta=1.0) / m
-        added = robust_mean_sum(torch.cat([base, replaced[7:8]]), kappa=kappa, beta=1.0) / m
+        removed = robust_mean_sum(torch.cat([base[:7], base[8:]]), kappa=kappa, beta=1.0, term_bound=PHI_BOUND) / m
+        added = robust_mean_sum(torch.cat([base, replaced[7:8]]), kappa=kappa, beta=1.0, term_bound=PHI_BOUND) / m
         assert float((removed - before).abs().max()) <= add_remove + 1e-12
         assert float((added - before).abs().max()) <= add_remove + 1e-12
+
+
+def test_phi_definition_matches_the_catalogue_bound() -> None:
+    """φ's own sup (its definition here) is the bound the catalogue's sensitivity assumes."""
+    assert PHI_SUP == PHI_BOUND
+    assert float(phi(_t([SQRT2]))) == pytest.approx(PHI_BOUND, rel=1e-15)
+
+
+def test_terms_are_clipped_to_the_bound_passed_in() -> None:
+    """The privacy clip uses the caller's (the catalogue's) bound, not a copy in this module."""
+    g = _t([[1e6, -1e6, 0.3]])
+    terms = robust_terms(g, kappa=2.0, beta=1.0, term_bound=0.1)
+    assert float(terms.abs().max()) == pytest.approx(0.2, rel=1e-15)
+    assert float(robust_terms(g, kappa=2.0, beta=1.0, term_bound=PHI_BOUND).abs().max()) > 0.2
+    with pytest.raises(ValueError):
+        robust_terms(g, kappa=2.0, beta=1.0, term_bound=float("inf"))

@@ -16,11 +16,13 @@ from scipy import stats
 from app import privacy
 from app.algorithms.kl_family import (
     BUDGET_UNITS,
+    NOISE_SAFETY,
     adaptive_constants,
     inner_solver_steps,
     outer_iterations,
     rho_of,
     spider_schedule,
+    units_for,
 )
 from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
@@ -48,7 +50,7 @@ def _plan(name: str, hyper: dict[str, Any], *, n: int = N_ROWS, features: int = 
         "model": {"name": "logistic-regression" if task == "classification" else "linear-regression"},
         "algorithm": {"name": name, "hyperparameters": hyper},
         "privacy": {"target_epsilon": epsilon},
-        "training": {"steps": steps, "batch_size": n, "learning_rate": 1.0},
+        "training": {"steps": steps},
         "evaluation": evaluation,
     })
     return plan_job(spec, dataset, dataset_delta=1e-5, max_steps=1_000_000)
@@ -67,7 +69,7 @@ def _request(job: JobPlan, model: torch.nn.Module, X: torch.Tensor, y: torch.Ten
              resume_from: TrainingState | None = None) -> TrainingRequest:
     return TrainingRequest(
         model=model, X=X, y=y, task="classification" if job.model_name == "logistic-regression" else "regression",
-        spec=job.spec, noise_multiplier=job.noise_multiplier,
+        hyperparameters=job.hyperparameters, training=job.training, noise_multiplier=job.noise_multiplier,
         sampling_probability=job.plan.sampling_probability,
         expected_batch_size=job.plan.expected_batch_size, steps=job.plan.steps,
         max_physical_batch_size=64, generator=SecureRandom.from_seed(seed),
@@ -189,7 +191,8 @@ def test_kl_spider_draws_the_charged_noise() -> None:
     clip_of = {r.difference_noise: r.difference_clip for r in schedule.rounds if r.differences}
     probe = _model("regression", SPIDER_FEATURES)
     exact = FullBatch(X=X, y=y, loss="mse", lipschitz=1.0, normaliser=float(SPIDER_N),
-                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0))
+                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0),
+                      noise_safety=NOISE_SAFETY, units_for=units_for)
     z, drawn = [], 0.0
     for index, (kind, point, released, std) in enumerate(releases):
         assign_flat(probe, point)
@@ -224,7 +227,8 @@ def test_adaptive_noisy_gd_draws_the_charged_noise() -> None:
     assert len(norms) == len(gradients) >= 10
     probe = _model("regression", SPIDER_FEATURES)
     exact = FullBatch(X=X, y=y, loss="mse", lipschitz=1.0, normaliser=float(SPIDER_N),
-                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0))
+                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0),
+                      noise_safety=NOISE_SAFETY, units_for=units_for)
     z_norm, z_grad, drawn = [], [], 0.0
     for (_, point, noisy_norm, norm_std), (_, grad_point, noisy_grad, grad_std) in zip(norms, gradients, strict=True):
         assert norm_std == constants.norm_noise and torch.equal(point, grad_point)
@@ -254,7 +258,8 @@ def _rows(seed: int, n: int, features: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def _batch(X: torch.Tensor, y: torch.Tensor, L0: float) -> FullBatch:
     return FullBatch(X=X, y=y, loss="mse", lipschitz=L0, normaliser=50.0, max_physical_batch_size=7,
-                     generator=torch.Generator().manual_seed(0))
+                     generator=torch.Generator().manual_seed(0),
+                     noise_safety=NOISE_SAFETY, units_for=units_for)
 
 
 def _flat(d: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -402,7 +407,7 @@ def test_a_cancelled_run_is_settled_with_a_charge_covering_what_ran(name: str) -
     assert _zcdp_total(event) <= _zcdp_total(job.plan.event_for(job.noise_multiplier, job.plan.steps))
 
 
-# ----------------------------------------------------------------------------- utility (spec §7.5)
+# ----------------------------------------------------------------------------- utility
 
 
 def _least_squares(n: int, seed: int, d: int = 5) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -431,7 +436,7 @@ def _excess(name: str, hyper: dict[str, Any], n: int, seed: int, *, epsilon: flo
 
 
 def test_adaptive_noisy_gd_excess_risk_on_least_squares_falls_with_n() -> None:
-    """Spec §7.5 at CI size (bench/kl_reproduction.py runs the larger sweep, with noisy GD)."""
+    """Excess risk against n at CI size (bench/kl_reproduction.py runs the larger sweep, with noisy GD)."""
     hyper = {"L0": 4.0, "L1": 2.0}
     small = np.median([_excess("adaptive-noisy-gd", hyper, 300, seed) for seed in range(3)])
     large = np.median([_excess("adaptive-noisy-gd", hyper, 4800, seed) for seed in range(3)])
@@ -439,7 +444,7 @@ def test_adaptive_noisy_gd_excess_risk_on_least_squares_falls_with_n() -> None:
 
 
 def test_kl_spider_reaches_small_excess_risk_when_the_noise_is_negligible() -> None:
-    """Spec §7.5 non-private sanity: ε huge (σ tiny) on a PL least-squares problem (κ = 2)."""
+    """Non-private sanity: ε huge (σ tiny) on a PL least-squares problem (κ = 2)."""
     hyper = {"L0": 4.0, "L1": 2.0, "gamma": 3.0, "kappa": 2.0, "F0": 0.8}
     excess = _excess("kl-spider", hyper, 200, 0, epsilon=90.0, steps=400)
     X, y, best = _least_squares(200, 0)

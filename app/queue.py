@@ -1,8 +1,8 @@
-"""Celery configuration shared by the API (to send) and the workers (to run).
+"""The job queue: Celery configuration shared by the API (to send) and the workers (to run).
 
-Imports nothing from torch, so the API image can send tasks without it. Settings follow design.md:
-late acks, prefetch 1, JSON only, one process per GPU, task id = job id; results live in the
-database, not in a result backend.
+Imports nothing from torch, so the API image can send tasks without it: the worker adds only its
+task module (``worker.entry``). Late acks, prefetch 1, JSON only, one process per GPU, task id =
+job id; results live in the database, not in a result backend.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from pathlib import Path
 
 from celery import Celery
 
-from app.config import Settings, get_settings
+from app.config import Settings
+
+RUN_JOB_TASK = "privtrain.run_job"
+"""The one task: run a job by id (the API sends it by name, so it never imports the worker)."""
 
 
 def _filesystem_options(broker_dir: Path) -> dict[str, object]:
@@ -52,7 +55,3 @@ def create_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celer
     )
     return celery
 
-
-def create_worker_celery(settings: Settings | None = None) -> Celery:
-    """The worker's app: same configuration, plus the task module (which imports torch)."""
-    return create_celery(settings or get_settings(), include=("worker.tasks",))

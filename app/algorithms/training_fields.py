@@ -1,0 +1,70 @@
+"""Which ``training.*`` fields an algorithm reads.
+
+``batch_size`` and ``learning_rate`` are optional in :class:`TrainingSpec` because full-batch and
+single-pass algorithms have no use for them: each catalogue entry declares the fields it reads
+(``AlgorithmDefinition.training_fields``). Submission refuses a field the algorithm would ignore,
+requires the ones it reads, and a full-batch algorithm records ``batch_size = n`` itself (n is
+public: the registered row count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from app.algorithms.errors import MissingTrainingFields, UnusedTrainingField
+from app.schemas.jobs import TrainingSpec
+
+ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields)
+PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("batch_size", "learning_rate")
+"""Optional in the schema; required by exactly the algorithms that read them."""
+SCHEDULE_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - frozenset(PER_ALGORITHM_FIELDS)
+"""epochs / steps / time_limit_s: read for every job."""
+
+
+def accept_training(
+    training: TrainingSpec,
+    *,
+    algorithm: str,
+    reads: frozenset[str],
+    unused_reasons: Mapping[str, str],
+    full_batch_rows: int | None,
+) -> TrainingSpec:
+    """The training spec an algorithm runs with: unused fields refused, read ones required, and
+    ``batch_size = full_batch_rows`` recorded for a full-batch algorithm."""
+    for field in PER_ALGORITHM_FIELDS:
+        if field not in reads and getattr(training, field) is not None:
+            reason = unused_reasons.get(field, "does not read it")
+            raise UnusedTrainingField(
+                f"training.{field}: {algorithm} {reason} and does not use it; leave it out"
+            )
+    missing = tuple(f for f in PER_ALGORITHM_FIELDS if f in reads and getattr(training, f) is None)
+    if missing:
+        raise MissingTrainingFields(missing)
+    if full_batch_rows is None:
+        return training
+    return training.model_copy(update={"batch_size": full_batch_rows})
+
+
+def batch_size_of(training: TrainingSpec) -> int:
+    """``training.batch_size`` of an algorithm that reads it (submission has required it)."""
+    if training.batch_size is None:
+        raise MissingTrainingFields(("batch_size",))
+    return training.batch_size
+
+
+def learning_rate_of(training: TrainingSpec) -> float:
+    """``training.learning_rate`` of an algorithm that reads it (submission has required it)."""
+    if training.learning_rate is None:
+        raise MissingTrainingFields(("learning_rate",))
+    return training.learning_rate
+
+
+def training_schema(reads: frozenset[str]) -> dict[str, Any]:
+    """TrainingSpec's JSON schema narrowed to the fields an algorithm reads: the per-algorithm
+    fields it reads are required, the others are not listed (they would be refused)."""
+    schema = TrainingSpec.model_json_schema()
+    schema["properties"] = {k: v for k, v in schema["properties"].items() if k in reads}
+    required = [*schema.get("required", []), *(f for f in PER_ALGORITHM_FIELDS if f in reads)]
+    schema["required"] = sorted(set(required), key=list(schema["properties"]).index)
+    return schema

@@ -1,0 +1,320 @@
+"""Registering a received upload as a dataset with its own privacy budget.
+
+The route (``POST /v1/datasets``) parses the parameters and streams the body into a pending
+blob; everything after that is here: hash, replay an idempotent retry, refuse bytes the tenant
+already registered (one content, one budget: docs/privacy-model.md §3), parse and validate the
+rows, and register the dataset and open its ledger in one transaction. Blocking work: the route
+runs it in a worker thread. Refusals are domain errors (app/errors.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from app import ledger
+from app.db import Database
+from app.errors import Conflict, InvalidInput
+from app.idempotency import IdempotentRequest, create_once, earlier
+from app.ingest import DatasetValidationError, IngestFacts, IngestLimits, Preparation, dataset_facts, parse_dataset
+from app.models import Dataset, PrivacyBudget, Tenant
+from app.storage import BlobStore, PendingBlob
+from privtrain.directed_rounding import format_remaining
+
+__all__ = [
+    "ContentAlreadyRegistered",
+    "RegisteredDataset",
+    "UploadRequest",
+    "invalid_dataset",
+    "register_upload",
+]
+
+log = logging.getLogger("privtrain.datasets")
+
+
+@dataclass(frozen=True)
+class UploadRequest:
+    """What an upload asked for, besides its body."""
+
+    name: str
+    fmt: str
+    epsilon: float
+    delta: float
+    label_column: str | None
+    task: str | None
+    class_list: tuple[str, ...] | None
+    idempotency_key: str | None
+    preparation: Preparation | None = None
+
+
+@dataclass(frozen=True)
+class RegisteredDataset:
+    """The dataset and its budget (loaded, detached); ``replayed`` when an earlier upload with the
+    same key registered it, ``notices`` what the owner should know about what became public."""
+
+    dataset: Dataset
+    budget: PrivacyBudget
+    replayed: bool
+    notices: tuple[str, ...] = ()
+
+
+class ContentAlreadyRegistered(Conflict):
+    """The tenant already registered these exact bytes: one content, one budget."""
+
+    def __init__(self, existing: Dataset) -> None:
+        super().__init__(
+            slug="dataset-already-registered",
+            detail=(
+                f"these bytes are already registered as dataset {existing.id} ({existing.name!r}); a "
+                "second registration would give the same rows a second budget. To spend more on them, "
+                f"raise that dataset's budget with POST /v1/datasets/{existing.id}/budget (recorded "
+                "in its ledger and shown in every later report)"
+            ),
+            extra={"existing_dataset_id": existing.id,
+                   "links": {"existing": f"/v1/datasets/{existing.id}",
+                             "raise_budget": f"/v1/datasets/{existing.id}/budget"}},
+        )
+
+
+def invalid_dataset(exc: DatasetValidationError) -> InvalidInput:
+    """A body or declaration the ingest refused, with its machine-readable reason."""
+    return InvalidInput(slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason})
+
+
+def upload_hash(
+    *, sha256: str, name: str, fmt: str, epsilon: float, delta: float, label_column: str | None,
+    task: str | None, classes: tuple[str, ...] | None, preparation: Preparation | None = None,
+) -> str:
+    """What an upload asked for: its body's digest and every parameter."""
+    request: dict[str, object] = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon,
+                                  "delta": delta, "label_column": label_column, "task": task}
+    if classes is not None:  # absent from digests made before class lists existed
+        request["classes"] = list(classes)
+    if preparation is not None:  # absent from digests made before preparations existed
+        request["preparation"] = preparation.to_json()
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def _replayed(session: Session, dataset: Dataset) -> RegisteredDataset:
+    budget = session.get(PrivacyBudget, dataset.id)
+    assert budget is not None
+    return RegisteredDataset(dataset=dataset, budget=budget, replayed=True)
+
+
+def _earlier_upload(db: Database, request: IdempotentRequest) -> RegisteredDataset | None:
+    with db.read_session() as session:
+        dataset = earlier(session, Dataset, request)
+        return _replayed(session, dataset) if dataset is not None else None
+
+
+def _registered_with_content(session: Session, tenant_id: str, sha256: str) -> Dataset | None:
+    return session.scalar(
+        select(Dataset)
+        .where(Dataset.tenant_id == tenant_id, Dataset.sha256 == sha256)
+        .order_by(Dataset.created_at, Dataset.id)
+        .limit(1)
+    )
+
+
+def _refuse_known_content(db: Database, tenant_id: str, sha256: str) -> None:
+    """Early, cheap check before parsing; the binding check runs again under the tenant lock."""
+    with db.read_session() as session:
+        existing = _registered_with_content(session, tenant_id, sha256)
+        if existing is not None:
+            raise ContentAlreadyRegistered(existing)
+
+
+def _inferred_task_notice(task: str) -> str:
+    return (
+        f"no task was given, so it was inferred from the labels ({task}) and is now public. Give "
+        "task= at upload to make it independent of the rows."
+    )
+
+
+def _observed_classes_notice(names: tuple[str, ...]) -> str:
+    n_classes = len(names)
+    found = (f"the {n_classes} labels found (0 to {n_classes - 1})"
+             if names == tuple(str(i) for i in range(n_classes)) else
+             f"the {n_classes} distinct labels found, sorted (a label's class is its position in the list),")
+    return (
+        f"no class list was declared, so {found} became "
+        "this dataset's public class list: everyone who may read the dataset sees it. Declare the "
+        "list at upload (classes=name0,name1,...) to make it independent of the rows."
+    )
+
+
+def lock_blob_key(session: Session, key: str) -> None:
+    """Serialise registrations and clean-ups of one content-addressed blob until commit.
+
+    On PostgreSQL a transaction-scoped advisory lock on the key: a clean-up cannot check "no row
+    uses this blob" and then delete it while another upload of the same bytes (any tenant) commits
+    its row in between. SQLite's write transactions are already serialised (BEGIN IMMEDIATE).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        lock_id = int.from_bytes(hashlib.sha256(f"blob:{key}".encode()).digest()[:8], "big", signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:lock_id)"), {"lock_id": lock_id})
+
+
+def _discard_unreferenced_blob(db: Database, blobs: BlobStore, *, key: str) -> None:
+    """Delete a blob this upload created but did not register, unless a dataset row uses it.
+
+    Blobs are content-addressed, so a concurrent upload of the same bytes may have registered
+    the very blob this failed upload wrote: the committed rows decide, not this request's fate.
+    The check and the delete share one write transaction (on SQLite it serialises with every
+    registration). If the check itself fails the blob is kept: a stray blob is harmless, a
+    registered dataset without its bytes is not.
+    """
+    try:
+        with db.write_transaction() as session:
+            lock_blob_key(session, key)
+            if session.scalar(select(Dataset.id).where(Dataset.blob_key == key).limit(1)) is None:
+                blobs.delete(key)
+    except Exception:  # noqa: BLE001 - cleanup must not mask the request's own outcome
+        log.warning("could not check whether blob %s is referenced; kept", key, exc_info=True)
+
+
+@dataclass(frozen=True)
+class _Validated:
+    """A parsed body's public facts, and the blob it was stored as."""
+
+    sha256: str
+    key: str
+    created: bool
+    facts: IngestFacts
+    feature_names: list[str] | None
+    class_names: tuple[str, ...] | None
+
+
+def _new_dataset(tenant_id: str, upload: UploadRequest, body: _Validated, *, size_bytes: int,
+                 request_hash: str) -> Dataset:
+    facts, class_names = body.facts, body.class_names
+    return Dataset(
+        tenant_id=tenant_id,
+        name=upload.name,
+        format=upload.fmt,
+        sha256=body.sha256,
+        blob_key=body.key,
+        size_bytes=size_bytes,
+        label_column=upload.label_column,
+        n_rows=int(facts["n_rows"]),
+        feature_shape=[int(v) for v in facts["feature_shape"]],
+        n_features=int(facts["n_features"]),
+        task=str(facts["task"]),
+        n_classes=len(class_names) if class_names is not None else None,
+        class_names=list(class_names) if class_names is not None else None,
+        classes_declared=upload.class_list is not None,
+        preparation=upload.preparation.to_json() if upload.preparation is not None else None,
+        feature_names=body.feature_names,
+        idempotency_key=upload.idempotency_key,
+        request_hash=request_hash if upload.idempotency_key else None,
+    )
+
+
+def _notices(upload: UploadRequest, body: _Validated) -> tuple[str, ...]:
+    notices = [] if upload.class_list is not None or body.class_names is None else [
+        _observed_classes_notice(body.class_names)]
+    if upload.task is None and upload.class_list is None:
+        notices.insert(0, _inferred_task_notice(str(body.facts["task"])))
+    return tuple(notices)
+
+
+def _register(db: Database, *, tenant_id: str, upload: UploadRequest, body: _Validated, size_bytes: int,
+              request_hash: str) -> RegisteredDataset:
+    """One registration per content and tenant: serialised on the tenant row, so two concurrent
+    uploads of the same bytes cannot both pass the check."""
+    with db.write_transaction() as session:
+        session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+        lock_blob_key(session, body.key)  # a failed upload's clean-up cannot race this row
+        existing = _registered_with_content(session, tenant_id, body.sha256)
+        if existing is not None:
+            raise ContentAlreadyRegistered(existing)
+        dataset = _new_dataset(tenant_id, upload, body, size_bytes=size_bytes, request_hash=request_hash)
+        session.add(dataset)
+        session.flush()
+        budget = ledger.open_budget(session, dataset=dataset, epsilon=upload.epsilon, delta=upload.delta)
+        session.flush()
+    return RegisteredDataset(dataset=dataset, budget=budget, replayed=False, notices=_notices(upload, body))
+
+
+def register_upload(
+    *, db: Database, blobs: BlobStore, tenant_id: str, pending: PendingBlob, limits: IngestLimits,
+    upload: UploadRequest,
+) -> RegisteredDataset:
+    """Validate a received body and register it with its budget (blocking: run it in a thread).
+
+    With an idempotency key, a retried upload (same key, same body and parameters) gets the
+    dataset the first one registered, never a second dataset with its own budget; a key used for
+    a different upload is refused. Bytes the tenant already registered otherwise are refused
+    (:class:`ContentAlreadyRegistered`). The pending blob is always discarded.
+    """
+    try:
+        sha256 = pending.finish()
+        request = IdempotentRequest(
+            tenant_id=tenant_id, key=upload.idempotency_key, what="upload",
+            request_hash=upload_hash(
+                sha256=sha256, name=upload.name, fmt=upload.fmt, epsilon=upload.epsilon, delta=upload.delta,
+                label_column=upload.label_column, task=upload.task, classes=upload.class_list,
+                preparation=upload.preparation,
+            ),
+        )
+        replay = _earlier_upload(db, request)
+        if replay is not None:
+            pending.discard()
+            return replay
+        _refuse_known_content(db, tenant_id, sha256)
+        body = _validate(blobs, pending, sha256=sha256, upload=upload, limits=limits)
+    except BaseException:
+        pending.discard()
+        raise
+    registered = False
+    try:
+        result = create_once(
+            db, Dataset, request,
+            create=lambda: _register(db, tenant_id=tenant_id, upload=upload, body=body, size_bytes=pending.size,
+                                     request_hash=request.request_hash),
+            replay=_replayed,
+            lost_race=(ContentAlreadyRegistered,),  # a concurrent retry with the same key won
+        )
+        registered = not result.replayed
+        if registered and not body.created:
+            # the blob was another upload's: restore it if that one failed and removed it
+            blobs.adopt(pending.path, sha256)
+    finally:
+        if body.created and not registered:
+            _discard_unreferenced_blob(db, blobs, key=body.key)
+        pending.discard()
+    if registered:
+        log.info("dataset registered", extra={"dataset_id": result.dataset.id, "tenant_id": tenant_id})
+    return result
+
+
+def _validate(blobs: BlobStore, pending: PendingBlob, *, sha256: str, upload: UploadRequest,
+              limits: IngestLimits) -> _Validated:
+    """Parse the rows (refusing what the ingest refuses) and adopt the body as its blob."""
+    try:
+        parsed = parse_dataset(
+            pending.path, fmt=upload.fmt, label_column=upload.label_column, task=upload.task, limits=limits,
+            classes=upload.class_list, preparation=upload.preparation,
+        )
+    except DatasetValidationError as exc:
+        raise invalid_dataset(exc) from exc
+    facts = dataset_facts(parsed)
+    feature_names = list(parsed.feature_names) if parsed.feature_names else None
+    public_classes = parsed.classes
+    del parsed
+    n_rows = int(facts["n_rows"])
+    if upload.delta >= 1.0 / n_rows:
+        raise InvalidInput(
+            slug="invalid-budget",
+            detail=f"delta must be below 1/n = {format_remaining(1.0 / n_rows)} for n = {facts['n_rows']} rows",
+        )
+    key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
+    return _Validated(
+        sha256=sha256, key=key, created=created, facts=facts, feature_names=feature_names,
+        class_names=public_classes.names if public_classes is not None else None,
+    )

@@ -1,0 +1,72 @@
+"""Domain errors: refusals raised below the routes, as plain data.
+
+Why not HTTP problems here: planning, admission, access checks and registration run in the API
+and in the worker (which must not load fastapi), and they are domain rules, not HTTP. Each error
+carries what the client needs to act on it: a stable ``slug`` (the problem type
+``/problems/<slug>``), a human ``detail``, machine-readable ``extra`` members and, for limits,
+how long to wait. The API edge (``app.api.domain_errors``) decides the HTTP status
+from the error's class and renders RFC 9457 problem+json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "Conflict",
+    "DomainError",
+    "Forbidden",
+    "InvalidInput",
+    "LimitReached",
+    "NotFound",
+    "forbidden",
+    "not_found",
+]
+
+
+class DomainError(Exception):
+    """A refusal with a stable slug; subclasses say which kind (and so which HTTP status)."""
+
+    def __init__(
+        self,
+        *,
+        slug: str,
+        detail: str,
+        extra: Mapping[str, Any] | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.slug = slug
+        self.detail = detail
+        self.extra = dict(extra or {})
+        self.retry_after_s = retry_after_s
+
+
+class InvalidInput(DomainError):
+    """The request itself is wrong (a spec, a cursor, a reused idempotency key)."""
+
+
+class NotFound(DomainError):
+    """Missing, or not the caller's to know about (answered alike, so existence never leaks)."""
+
+
+class Forbidden(DomainError):
+    """The caller may see the object but lacks the permission asked for."""
+
+
+class Conflict(DomainError):
+    """The request is valid but the current state refuses it (budget, job already ended)."""
+
+
+class LimitReached(DomainError):
+    """A per-tenant limit is reached; ``retry_after_s`` says when to try again."""
+
+
+def not_found(what: str) -> NotFound:
+    """Anything missing or belonging to another tenant (never reveal existence)."""
+    return NotFound(slug="not-found", detail=f"{what} not found")
+
+
+def forbidden(detail: str) -> Forbidden:
+    return Forbidden(slug="forbidden", detail=detail)

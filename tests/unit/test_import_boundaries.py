@@ -1,0 +1,88 @@
+"""The package boundaries: the worker loads no web framework, the API loads no torch, and no
+module under app/ imports worker/ (the API image must run without the worker's code)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WEB_FRAMEWORKS = ("fastapi", "starlette")
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_the_worker_runner_loads_no_web_framework() -> None:
+    loaded = json.loads(_run(
+        "import json, sys, worker.runner; "
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {WEB_FRAMEWORKS!r})))"
+    ))
+    assert loaded == [], f"worker.runner pulls in {loaded[:5]}"
+
+
+_BLOCK_TORCH = """
+import sys
+
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch is blocked: {name}")
+        return None
+
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def test_the_api_imports_and_builds_without_torch(tmp_path: Path) -> None:
+    out = _run(_BLOCK_TORCH + f"""
+from app.main import create_app
+from tests.conftest import RecordingDispatcher, make_settings
+app = create_app(make_settings({str(tmp_path)!r}), dispatcher=RecordingDispatcher())
+print("torch" in sys.modules, len(app.routes) > 0)
+""")
+    assert out == "False True"
+
+
+def test_the_torch_blocker_does_block_torch() -> None:
+    """The check above would pass vacuously if the finder did not stop torch."""
+    assert _run(_BLOCK_TORCH + """
+try:
+    import torch  # noqa: F401
+except ImportError:
+    print("blocked")
+""") == "blocked"
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+    """Every module an import statement names, at module level or inside functions."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_module_under_app_imports_worker() -> None:
+    offenders = {
+        str(path.relative_to(REPO)): sorted(
+            name for name in _imported_modules(ast.parse(path.read_text(), filename=str(path)))
+            if name == "worker" or name.startswith("worker.")
+        )
+        for path in sorted((REPO / "app").rglob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_the_import_scan_sees_lazy_imports() -> None:
+    """The scan above would pass vacuously if it missed imports inside functions."""
+    tree = ast.parse("def serve():\n    from worker.parent_watch import x\n    import worker.tasks\n")
+    assert _imported_modules(tree) == {"worker.parent_watch", "worker.tasks"}

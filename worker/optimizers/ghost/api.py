@@ -1,0 +1,220 @@
+"""The ghost engine's entry points: per-sample norms, the clipped sum (three pass-2 modes), several
+weighted sums from one pass, and the DP-SGD aggregator built on them.
+
+Same contract as `worker.optimizers.per_sample.clipped_grad_sum` (read its docstring): the
+result is Σ_i scale_i·g_i with scale_i = per_sample_map.scale_factors(||g_i||), ||·|| the flat L2
+norm over ALL trainable parameters jointly, rows whose norm is not finite contribute exactly 0,
+chunks of `max_physical_batch_size` rows bound memory and never change the result, an empty batch
+gives zeros. Scales come from the map; rows with a non-finite norm get scale 0 and are masked to
+zero in every operand (0·inf would be NaN). The only host synchronisation is one
+`bool(all rows finite)` per chunk, as in clipped_grad_sum (checking is cheaper than masking every
+operand).
+
+Pass 2 — the clipped sum Σ_i scale_i·g_i = ∇_θ Σ_i scale_i·ℓ_i, with the scales constants. Three
+exact ways, chosen by `pass2` (measured in bench/engine_compare.py; "bk" is the fastest on every
+case measured, so it is the default):
+
+- "bk" (book-keeping): no second backward at all. Each layer's weighted sum is computed by its
+  rule from the stored (a, δ) — one GEMM per layer, the same work as the weight-gradient kernels
+  pass 1 skipped — or a tensordot of the scales with already materialised per-sample gradients.
+- "retain": pass 1 keeps its graph; a second backward of the model output with output gradient
+  scale_i·∂ℓ_i/∂out_i (a VJP, which equals ∇ Σ scale_i ℓ_i because the loss is a sum of per-row
+  terms).
+- "recompute": pass 1 frees its graph; forward again on the rows with a finite norm and backward
+  with the same scaled output gradient.
+"retain" and "recompute" never see rows with a non-finite norm: "recompute" drops them and
+"retain" falls back to "recompute" for any chunk that has one (a scale of 0 does not stop NaN
+from an inf activation propagating through the second backward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from worker.optimizers.ghost.engine import iter_chunks, pass1
+from worker.optimizers.ghost.recorder import Recorder
+from worker.optimizers.ghost.work import Totals
+from worker.optimizers.per_sample import PerSampleMap, trainable_parameters
+from worker.optimizers.secure_random import SecureRandom
+
+__all__ = [
+    "PASS2_MODES",
+    "GhostClipAggregator",
+    "Pass2",
+    "ghost_clipped_grad_sum",
+    "ghost_per_sample_norms",
+    "ghost_weighted_grad_sums",
+]
+
+Pass2 = Literal["bk", "retain", "recompute"]
+PASS2_MODES: tuple[str, ...] = ("bk", "retain", "recompute")
+
+
+def ghost_per_sample_norms(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    max_physical_batch_size: int,
+) -> torch.Tensor:
+    """||g_i|| (flat L2 over all trainable parameters) for every row, shape (n,), on the
+    parameters' device. Private: for tests and for algorithms that keep it inside the worker."""
+    norms = []
+    with Recorder(model) as recorder:
+        for spec, x, target in iter_chunks(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
+        ):
+            chunk = pass1(model, recorder, x, target, spec, bk=False,
+                          want_out_grad=False, retain_graph=False)
+            norms.append(chunk.sq_norms.sqrt())
+    if not norms:
+        first = next(iter(trainable_parameters(model).values()))
+        return torch.zeros(0, dtype=first.dtype, device=first.device)
+    return torch.cat(norms)
+
+
+def ghost_clipped_grad_sum(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    per_sample_map: PerSampleMap,
+    max_physical_batch_size: int,
+    pass2: Pass2 = "bk",
+) -> dict[str, torch.Tensor]:
+    """Σ_i scale_i · g_i over the rows of (X, y): the same result as `clipped_grad_sum`.
+
+    Returns name -> tensor of the parameter's shape on the parameter's device (zeros for an empty
+    batch). Raises ValueError, before any computation, for a model `supports` rejects. The model
+    is not modified (hooks are removed, `.grad` is never touched).
+    """
+    if pass2 not in PASS2_MODES:
+        raise ValueError(f"pass2 must be one of {PASS2_MODES}, got {pass2!r}")
+    params = trainable_parameters(model)
+    totals = Totals()
+    with Recorder(model) as recorder:
+        for spec, x, target in iter_chunks(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
+        ):
+            chunk = pass1(
+                model, recorder, x, target, spec, bk=pass2 == "bk",
+                want_out_grad=pass2 != "bk", retain_graph=pass2 == "retain",
+            )
+            with torch.no_grad():
+                norms = chunk.sq_norms.sqrt()
+                finite = torch.isfinite(norms)
+                # One host sync per chunk (as clipped_grad_sum): masking costs more than checking.
+                all_finite = bool(finite.all())
+                scale = per_sample_map.scale_factors(norms)
+                if not all_finite:
+                    scale = torch.where(finite, scale, 0.0)
+                scale = scale.to(chunk.sq_norms.dtype)
+            if pass2 == "bk":
+                with torch.no_grad():
+                    for work in chunk.works:
+                        work.accumulate(scale, None if all_finite else finite, totals)
+                continue
+            del chunk.works
+            assert chunk.out_grad is not None
+            out_grad = chunk.out_grad * scale.view(-1, *([1] * (chunk.out_grad.dim() - 1)))
+            if pass2 == "retain" and all_finite:
+                assert chunk.out is not None
+                grads = torch.autograd.grad(
+                    chunk.out, list(params.values()), grad_outputs=out_grad,
+                    allow_unused=True, materialize_grads=True,
+                )
+            else:
+                chunk.out = None  # free pass 1's graph before the second forward
+                keep = finite.nonzero().squeeze(1)
+                if keep.numel() == 0:
+                    continue
+                recorder.stop()
+                with torch.enable_grad():
+                    out = model(x.index_select(0, keep))
+                grads = torch.autograd.grad(
+                    out, list(params.values()), grad_outputs=out_grad.index_select(0, keep),
+                    allow_unused=True, materialize_grads=True,
+                )
+            with torch.no_grad():
+                for name, g in zip(params, grads, strict=True):
+                    totals.add(name, g)
+    return totals.result(params)
+
+
+@dataclass(frozen=True)
+class GhostClipAggregator:
+    """Σ_i scale_i·g_i for a per-sample map, by ghost clipping / book-keeping.
+
+    Same sum and the same sensitivity (the map's norm bound) as `PerSampleMapAggregator`, so the
+    privacy analysis of the calling loop is unchanged; only the arithmetic differs. Raises
+    ValueError for a model `supports` rejects (use PerSampleMapAggregator there).
+    """
+
+    per_sample_map: PerSampleMap
+    pass2: Pass2 = "bk"
+
+    @property
+    def sensitivity(self) -> float:
+        return self.per_sample_map.norm_bound
+
+    def clipped_sum(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        step: int,
+        loss: str,
+        max_physical_batch_size: int,
+        generator: SecureRandom,
+    ) -> dict[str, torch.Tensor]:
+        return ghost_clipped_grad_sum(
+            model, X, y, loss=loss, per_sample_map=self.per_sample_map,
+            max_physical_batch_size=max_physical_batch_size, pass2=self.pass2,
+        )
+
+
+def ghost_weighted_grad_sums(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    per_sample_maps: Sequence[PerSampleMap],
+    max_physical_batch_size: int,
+) -> list[dict[str, torch.Tensor]]:
+    """Σ_i scale_k(||g_i||)·g_i for several maps k from ONE book-keeping pass.
+
+    Result k equals ``ghost_clipped_grad_sum(..., per_sample_map=per_sample_maps[k], pass2="bk")``
+    (same masking of rows with a non-finite norm): pass 1 and the norms are shared, only the
+    per-layer weighted GEMMs are repeated. For algorithms that need several weightings of the
+    same per-sample gradients (DiceSGD: the clipped sum and the clipping residual). Private
+    results: release them through noise only.
+    """
+    params = trainable_parameters(model)
+    totals = [Totals() for _ in per_sample_maps]
+    with Recorder(model) as recorder:
+        for spec, x, target in iter_chunks(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
+        ):
+            chunk = pass1(model, recorder, x, target, spec, bk=True,
+                          want_out_grad=False, retain_graph=False)
+            with torch.no_grad():
+                norms = chunk.sq_norms.sqrt()
+                finite = torch.isfinite(norms)
+                all_finite = bool(finite.all())
+                for per_sample_map, total in zip(per_sample_maps, totals, strict=True):
+                    scale = per_sample_map.scale_factors(norms)
+                    if not all_finite:
+                        scale = torch.where(finite, scale, 0.0)
+                    scale = scale.to(chunk.sq_norms.dtype)
+                    for work in chunk.works:
+                        work.accumulate(scale, None if all_finite else finite, total)
+    return [total.result(params) for total in totals]

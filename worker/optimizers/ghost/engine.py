@@ -1,0 +1,126 @@
+"""The chunked pass 1 shared by every ghost entry point: per-row squared norms and layer works.
+
+Per chunk of `max_physical_batch_size` rows: one forward with the recorder's hooks, then one
+backward of the summed loss asked only for the gradients δ of the loss w.r.t. the recorded layer
+outputs (`torch.autograd.grad(loss, outputs)`): autograd then skips every weight-gradient kernel,
+so this costs less than a normal backward. Because the loss is a sum of per-row terms and every
+registered layer treats rows independently, row i of δ is row i's own output gradient, so g_i of a
+layer is a function of (a_i, δ_i) only, and the layer's rule (registry.py) turns the recorded
+(a, δ) into its squared norms and weighted sum. The per-layer squared norms are summed to the
+joint flat norm.
+
+Device-agnostic: each chunk is moved to the parameters' device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from worker.optimizers.ghost.recorder import Recorder
+from worker.optimizers.ghost.support import check_ghost_supported
+from worker.optimizers.ghost.work import LayerWork
+from worker.optimizers.losses import LossSpec, get_loss, prepare_targets
+from worker.optimizers.per_sample import trainable_parameters
+
+__all__ = ["Chunk", "iter_chunks", "pass1"]
+
+
+@dataclass
+class Chunk:
+    sq_norms: torch.Tensor
+    works: list[LayerWork]
+    out_grad: torch.Tensor | None
+    out: torch.Tensor | None
+
+
+def pass1(
+    model: nn.Module,
+    recorder: Recorder,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    spec: LossSpec,
+    *,
+    bk: bool,
+    want_out_grad: bool,
+    retain_graph: bool,
+) -> Chunk:
+    """Forward and output-gradient backward of one chunk; `bk`: the weighted sums will be asked
+    for; `want_out_grad`/`retain_graph`: what a second backward (pass 2) needs."""
+    batch = x.shape[0]
+    recorder.start(batch)
+    with torch.enable_grad():  # also when the caller runs under torch.no_grad()
+        try:
+            out = model(x)
+        finally:
+            recorder.stop()
+        recorder.check_versions()
+        return _pass1_backward(recorder, out, target, spec, bk=bk,
+                               want_out_grad=want_out_grad, retain_graph=retain_graph)
+
+
+def _pass1_backward(
+    recorder: Recorder,
+    out: torch.Tensor,
+    target: torch.Tensor,
+    spec: LossSpec,
+    *,
+    bk: bool,
+    want_out_grad: bool,
+    retain_graph: bool,
+) -> Chunk:
+    taps: list[torch.Tensor] = []
+    layout: list[tuple[int, torch.Tensor]] = []  # (layer index, detached input) per tap
+    for layer_index, layer in enumerate(recorder.layers):
+        for call in recorder.calls[id(layer.module)]:
+            taps.append(call.out)
+            layout.append((layer_index, call.inp))
+    if not out.requires_grad:
+        raise ValueError("the model output does not depend on any trainable parameter")
+    loss = spec.fn(out, target)
+    grads = torch.autograd.grad(
+        loss, taps + ([out] if want_out_grad else []), allow_unused=True, materialize_grads=True,
+        retain_graph=retain_graph,
+    )
+    per_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for (layer_index, inp), g in zip(layout, grads, strict=False):
+        per_layer.setdefault(layer_index, []).append((inp, g))
+    recorder.calls = {}  # drop the graph references held by the recorder
+    works = []
+    for index, calls in per_layer.items():
+        layer = recorder.layers[index]
+        works.append(layer.rule.work(layer.module, layer.names, calls, bk=bk))
+    sq = works[0].sq_norms
+    for work in works[1:]:
+        sq = sq + work.sq_norms
+    out_grad = grads[-1] if want_out_grad else None
+    return Chunk(sq, works, out_grad, out if retain_graph else None)
+
+
+def iter_chunks(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, loss: str, max_physical_batch_size: int
+) -> Iterator[tuple[LossSpec, torch.Tensor, torch.Tensor]]:
+    """(loss spec, rows, targets) per chunk on the parameters' device and dtype. Checks the
+    arguments and `check_ghost_supported` when first advanced, before any computation."""
+    if isinstance(max_physical_batch_size, bool) or max_physical_batch_size < 1:
+        raise ValueError(f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
+    check_ghost_supported(model)
+    params = trainable_parameters(model)
+    if not params:
+        raise ValueError("model has no trainable parameters")
+    first = next(iter(params.values()))
+    device, dtype = first.device, first.dtype
+    spec = get_loss(loss)
+    for start in range(0, X.shape[0], max_physical_batch_size):
+        x = X[start : start + max_physical_batch_size].to(device)
+        if x.is_floating_point():
+            x = x.to(dtype)
+        target = prepare_targets(
+            spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype
+        )
+        yield spec, x, target

@@ -1,0 +1,301 @@
+"""Ghost rules for Linear, Conv1d and Conv2d: g_i = Σ_t δ_it a_itᵀ over positions t (per group).
+
+- Linear, 2-D input: g_i = δ_i a_iᵀ, ||g_i||² = ||a_i||²·||δ_i||² (+ bias ||δ_i||²): O(d) per row.
+- Linear on (B, T, d) and Conv1d/Conv2d (unfolded to patches, per group): g_i = Σ_t δ_it a_itᵀ.
+  Either the Gram ("ghost") form ||g_i||² = Σ_{t,t'} (a_it·a_it')(δ_it·δ_it') — O(T²(d+p)) per
+  row, no per-sample gradient — or the materialised per-sample gradient — O(T·d·p) per row and
+  B·d·p memory, but its weighted sum is then a cheap tensordot. `_use_gram` picks per call from
+  the shapes (flop count, with a memory cap on materialisation). Conv gradients are materialised
+  by im2col + batched GEMM, or on CPU by one einsum over a strided window view (no im2col copy)
+  when the layer has fewer patch features than positions (see CONV_STRIDED_DEVICES).
+A layer called several times in one forward (weights reused) is exact too: its calls are stacked
+along the position axis. The weighted sum (book-keeping) is (s·δ)ᵀa — one GEMM per layer — or a
+tensordot of the scales with the materialised per-sample gradients.
+
+Numerics: the factorised 2-D Linear form and the materialised forms have the same O(eps)
+relative rounding as the vmap engine. The Gram form sums T² terms of both signs, so for a row
+whose gradient is much smaller than Σ_t ||a_t||·||δ_t|| (cancellation across positions) its
+squared norm carries an absolute error up to about eps·(Σ_t ||a_t||·||δ_t||)² — in the worst case
+a relative error growing like eps·T, not eps. An underestimated norm lets a clipped row exceed
+the bound by that relative amount (the float slack discussed in
+worker/optimizers/per_sample_maps.py, larger here). The Gram form is only chosen where
+materialising would exceed MATERIALISE_MAX_ELEMENTS or cost more flops; with the default
+pass2="bk" no zoo model uses it at the benchmarked shapes (cnn2-gn's second conv does under
+"retain"/"recompute" and in ghost_per_sample_norms, where the weighted sum is not needed). The
+clamp at 0 keeps a rounded Gram sum a valid square.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.optimizers.ghost.registry import ghost_layer, rows_on_dim0
+from worker.optimizers.ghost.work import (
+    MATERIALISE_MAX_ELEMENTS,
+    Accumulate,
+    Calls,
+    LayerWork,
+    ParamNames,
+    Totals,
+    masked_rows,
+    squared_norm,
+)
+
+__all__ = ["CONV_STRIDED_DEVICES", "conv_work", "linear_work"]
+
+# Per-sample conv weight gradients are materialised either by im2col (F.unfold) + batched GEMM,
+# or — on these device types, for layers with fewer patch features than positions (e.g. a first
+# conv on 1 channel) — by one einsum over a strided window view of the input, which skips the
+# im2col copy (≈1.5x faster for cnn2-gn's first conv on CPU; slower for its second). Both exact.
+# (Folding the batch into the groups of one weight-gradient convolution was also tried: on CPU its
+# oneDNN timings varied 1x-5x from run to run, so it is not used.)
+CONV_STRIDED_DEVICES: set[str] = {"cpu"}
+
+
+def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bool) -> bool:
+    """Gram form (True) or materialised per-sample gradients (False) for a (positions × k) →
+    (positions × o) map per group: compare per-row flops, cap the materialised memory."""
+    t, g = positions, groups
+    mat_flops = t * o * k + (o * k if bk else 0)
+    gram_flops = t * t * (k + o) + (t * o * k if bk else 0)
+    mat_mem, gram_mem = batch * g * o * k, batch * g * t * t
+    if mat_flops <= gram_flops:
+        return mat_mem > MATERIALISE_MAX_ELEMENTS and gram_mem < mat_mem
+    return not (gram_mem > MATERIALISE_MAX_ELEMENTS and mat_mem < gram_mem)
+
+
+def _weighted_outer_sum(sd: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Σ_{i,t} sd_it a_itᵀ per group: (B, g, T, o), (B, g, T, k) -> (g, o, k). One GEMM."""
+    batch, groups, positions, o = sd.shape
+    k = a.shape[-1]
+    if groups == 1:
+        return (sd.reshape(batch * positions, o).T @ a.reshape(batch * positions, k)).unsqueeze(0)
+    return torch.einsum("bgto,bgtk->gok", sd, a)
+
+
+def _positional_work(
+    weight_name: str | None,
+    bias_name: str | None,
+    weight_shape: torch.Size,
+    D: torch.Tensor,
+    *,
+    A: torch.Tensor | None = None,
+    G: torch.Tensor | None = None,
+) -> LayerWork:
+    """Linear/Conv rule. D: (B, g, T, o) output gradients per group and position. For the weight
+    (if trainable) exactly one of A: (B, g, T, k) inputs per position (Gram form; T = 1 is the
+    ||a||²·||δ||² case) or G: (B, g, o, k) materialised per-sample gradients.
+
+    Per-sample weight gradient of group j: G_ij = Σ_t D_ijt A_ijtᵀ (o × k); bias: Σ_t D_ijt.
+    """
+    batch, groups, positions, o = D.shape
+    terms: list[torch.Tensor] = []
+    parts: list[Accumulate] = []
+
+    if bias_name is not None:
+        gb = D.sum(dim=2).reshape(batch, -1)  # (B, g·o) = (B, C_out)
+        terms.append(squared_norm(gb, 1))
+
+        def add_bias(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+            totals.add(bias_name, w @ masked_rows(mask, gb))
+
+        parts.append(add_bias)
+
+    if weight_name is not None and G is not None:
+        terms.append(squared_norm(G, 3))
+
+        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+            s = torch.tensordot(w, masked_rows(mask, G), dims=1)  # (g, o, k)
+            totals.add(weight_name, s.reshape(weight_shape))
+
+        parts.append(add_weight)
+    elif weight_name is not None:
+        assert A is not None
+        if positions == 1:
+            # ||δ aᵀ||² = ||a||²·||δ||²: no per-sample gradient, O(k + o) per row.
+            terms.append((squared_norm(A, 3) * squared_norm(D, 3)) if groups == 1
+                         else (squared_norm(A, 1) * squared_norm(D, 1)).sum(dim=(1, 2)))
+        else:  # Gram form: Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
+            aat = torch.matmul(A, A.transpose(-1, -2))  # (B, g, T, T)
+            ddt = torch.matmul(D, D.transpose(-1, -2))
+            terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
+            del aat, ddt
+
+        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+            sd = masked_rows(mask, D * w.view(-1, 1, 1, 1))
+            s = _weighted_outer_sum(sd, masked_rows(mask, A))
+            totals.add(weight_name, s.reshape(weight_shape))
+
+        parts.append(add_weight)
+
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+        for part in parts:
+            part(w, mask, totals)
+
+    sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    return LayerWork(sq, accumulate)
+
+
+def _dense_work(
+    weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor
+) -> LayerWork:
+    """Linear on (B, k) rows, called once: ||g_i||² = ||δ_i||²·(||a_i||² + 1) with a bias,
+    and the clipped sum is (s·δ)ᵀa, Σ s·δ — the fast path of `_positional_work` (fewer ops)."""
+    sq = torch.linalg.vecdot(d, d)
+    if weight_name is not None:
+        sq_a = torch.linalg.vecdot(a, a)
+        sq = sq * (sq_a + 1.0) if bias_name is not None else sq * sq_a
+
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+        sd = masked_rows(mask, d * w.unsqueeze(1))
+        if weight_name is not None:
+            totals.add(weight_name, sd.T @ masked_rows(mask, a))
+        if bias_name is not None:
+            totals.add(bias_name, sd.sum(dim=0))
+
+    return LayerWork(sq, accumulate)
+
+
+def _grouped_work(
+    names: ParamNames,
+    weight_shape: torch.Size,
+    D: torch.Tensor,
+    *,
+    k: int,
+    bk: bool,
+    per_sample_grads: Callable[[], torch.Tensor],
+    inputs: Callable[[], torch.Tensor],
+) -> LayerWork:
+    """Pick the form for D (B, g, T, o): bias only, materialised G (B, g, o, k) from
+    `per_sample_grads`, or the Gram/factorised form on the inputs (B, g, T, k) from `inputs`."""
+    batch, groups, positions, o = D.shape
+    weight, bias = names["weight"], names["bias"]
+    if weight is None:  # bias only: the inputs are never needed
+        return _positional_work(None, bias, weight_shape, D)
+    if positions > 1 and not _use_gram(batch, groups, positions, k, o, bk=bk):
+        return _positional_work(weight, bias, weight_shape, D, G=per_sample_grads())
+    return _positional_work(weight, bias, weight_shape, D, A=inputs())
+
+
+@ghost_layer(nn.Linear)
+def linear_work(module: nn.Linear, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
+    """Linear on (B, k) rows or (B, *, k) sequences; the calls of a reused layer are stacked."""
+    batch = calls[0][0].shape[0]
+    if len(calls) == 1 and calls[0][0].dim() == 2:
+        return _dense_work(names["weight"], names["bias"], calls[0][0], calls[0][1])
+    o, k = module.out_features, module.in_features
+    Ds = [d.reshape(batch, 1, -1, o) for _, d in calls]
+    D = Ds[0] if len(Ds) == 1 else torch.cat(Ds, dim=2)
+
+    def per_sample_grads() -> torch.Tensor:
+        A = torch.cat([a.reshape(batch, 1, -1, k) for a, _ in calls], dim=2)
+        return torch.matmul(D.transpose(-1, -2), A)
+
+    def inputs() -> torch.Tensor:
+        As = [a.reshape(batch, 1, -1, k) for a, _ in calls]
+        return As[0] if len(As) == 1 else torch.cat(As, dim=2)
+
+    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk,
+                         per_sample_grads=per_sample_grads, inputs=inputs)
+
+
+def _conv_input(
+    module: nn.Conv1d | nn.Conv2d, a: torch.Tensor
+) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The input as the convolution sees it, and the padding still to apply (zeros)."""
+    if module.padding_mode != "zeros" or isinstance(module.padding, str):
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        a = F.pad(a, module._reversed_padding_repeated_twice, mode=mode)
+        return a, (0,) * len(module.kernel_size)
+    return a, tuple(module.padding)
+
+
+def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """Unfolded input patches (B, C_in·∏kernel, positions), matching the weight's layout."""
+    a, padding = _conv_input(module, a)
+    if isinstance(module, nn.Conv1d):
+        return F.unfold(
+            a.unsqueeze(2),
+            kernel_size=(1, module.kernel_size[0]),
+            dilation=(1, module.dilation[0]),
+            padding=(0, padding[0]),
+            stride=(1, module.stride[0]),
+        )
+    return F.unfold(
+        a, kernel_size=module.kernel_size, dilation=module.dilation, padding=padding,
+        stride=module.stride,
+    )
+
+
+def _conv_per_sample_grads(
+    module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor
+) -> torch.Tensor:
+    """Per-sample weight gradients (B, g, o, k) of one call."""
+    batch, g = a.shape[0], module.groups
+    o = module.out_channels // g
+    k = module.weight[0].numel()
+    spatial = d.shape[2:]
+    if a.device.type in CONV_STRIDED_DEVICES and k <= math.prod(spatial):
+        x, padding = _conv_input(module, a)
+        if any(padding):
+            x = F.pad(x, [q for q in reversed(padding) for _ in range(2)])
+        x = x.contiguous()
+        nd = len(spatial)
+        c = x.shape[1] // g
+        sb, sc, *ss = x.stride()
+        window = x.as_strided(  # (B, g, c, *kernel, *out_spatial): the patches, without a copy
+            (batch, g, c, *module.kernel_size, *spatial),
+            (sb, sc * c, sc, *(st * dl for st, dl in zip(ss, module.dilation, strict=True)),
+             *(st * sd for st, sd in zip(ss, module.stride, strict=True))),
+        )
+        pos, kern = "hw"[:nd], "ij"[:nd]
+        G = torch.einsum(f"bgo{pos},bgc{kern}{pos}->bgoc{kern}", d.reshape(batch, g, o, *spatial),
+                         window)
+        return G.reshape(batch, g, o, k)
+    patches = _conv_patches(module, a)  # (B, g·k, T)
+    return torch.matmul(
+        d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2)
+    )
+
+
+def _input_dims(dims: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor, int], bool]:
+    """A call check for a conv layer: rows on dimension 0 and exactly `dims` input dimensions."""
+
+    def keeps_rows(module: nn.Module, inp: torch.Tensor, out: torch.Tensor, batch: int) -> bool:
+        return rows_on_dim0(module, inp, out, batch) and inp.dim() == dims
+
+    return keeps_rows
+
+
+@ghost_layer(nn.Conv1d, keeps_rows=_input_dims(3))
+@ghost_layer(nn.Conv2d, keeps_rows=_input_dims(4))
+def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
+              bk: bool) -> LayerWork:
+    """Conv1d/Conv2d on (B, C, *spatial), per group; the calls of a reused layer are stacked."""
+    batch = calls[0][0].shape[0]
+    g = module.groups
+    o = module.out_channels // g
+    k = module.weight[0].numel()
+    Ds = [d.reshape(batch, g, o, -1).transpose(-1, -2) for _, d in calls]  # (B, g, T, o)
+    D = Ds[0] if len(Ds) == 1 else torch.cat(Ds, dim=2)
+
+    def per_sample_grads() -> torch.Tensor:
+        G = _conv_per_sample_grads(module, calls[0][0], calls[0][1])
+        for a, d in calls[1:]:
+            G = G + _conv_per_sample_grads(module, a, d)
+        return G
+
+    def inputs() -> torch.Tensor:
+        As = []
+        for a, _ in calls:
+            patches = _conv_patches(module, a)
+            As.append(patches.view(batch, g, k, -1).transpose(-1, -2))  # (B, g, T, k)
+        return As[0] if len(As) == 1 else torch.cat(As, dim=2)
+
+    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk,
+                         per_sample_grads=per_sample_grads, inputs=inputs)

@@ -1,0 +1,106 @@
+"""What a per-layer rule hands the engine: a layer's per-sample squared norms and its weighted sum.
+
+Every layer family (linear_conv, norms, embedding, ...) turns the recorded calls of one layer —
+(detached input a, output gradient δ) per call, rows on dimension 0 — into a `LayerWork`. The
+engine adds the `sq_norms` of all layers into the joint flat norm, derives per-row scales from it,
+then asks each layer to `accumulate` Σ_i scale_i·g_i into the running `Totals`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = [
+    "MATERIALISE_MAX_ELEMENTS",
+    "Accumulate",
+    "Calls",
+    "LayerWork",
+    "ParamNames",
+    "Totals",
+    "masked_rows",
+    "materialised_work",
+    "squared_norm",
+]
+
+# Materialising per-sample weight gradients of one layer costs chunk × |W| elements; above this
+# many elements the Gram form is used when it needs less memory (float32: 4 bytes each).
+MATERIALISE_MAX_ELEMENTS = 1 << 26
+
+# One layer's recorded calls in one chunk: (detached input, gradient of the loss w.r.t. the output).
+Calls = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+# The layer's parameter attribute ("weight", "bias", ...) -> its name in the model's trainable
+# parameters, or None when the attribute is absent or frozen (it then gets no gradient).
+ParamNames = dict[str, str | None]
+
+
+class Totals:
+    """Running sums per parameter name. The first contribution is kept as it is (it is always a
+    freshly computed tensor), which saves a zero-fill and an add per parameter and chunk."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        current = self.sums.get(name)
+        if current is None:
+            self.sums[name] = value
+        else:
+            current.add_(value)
+
+    def index_add(self, name: str, like: torch.Tensor, index: torch.Tensor,
+                  source: torch.Tensor) -> None:
+        current = self.sums.get(name)
+        if current is None:
+            current = self.sums[name] = torch.zeros_like(
+                like, memory_format=torch.contiguous_format)
+        current.index_add_(0, index, source)
+
+    def result(self, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+        """name -> sum with the parameter's shape, in parameter order (zeros if never added)."""
+        out = {}
+        for name, p in params.items():
+            value = self.sums.get(name)
+            out[name] = (torch.zeros_like(p, memory_format=torch.contiguous_format)
+                         if value is None else value.reshape(p.shape).contiguous())
+        return out
+
+
+# accumulate(weights (B,), row_mask, totals): totals[name] += Σ_i weights_i·g_i. row_mask is None
+# when every row is finite, else a (B,) bool tensor: rows outside it must contribute exactly 0.
+Accumulate = Callable[[torch.Tensor, torch.Tensor | None, Totals], None]
+
+
+@dataclass
+class LayerWork:
+    sq_norms: torch.Tensor  # (B,)
+    accumulate: Accumulate
+
+
+def masked_rows(mask: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """t with the rows outside `mask` set to exactly 0 (t has shape (B, ...))."""
+    if mask is None:
+        return t
+    return torch.where(mask.view(-1, *([1] * (t.dim() - 1))), t, 0.0)
+
+
+def squared_norm(t: torch.Tensor, dims: int) -> torch.Tensor:
+    """Squared L2 norm over the last `dims` dimensions."""
+    norm: torch.Tensor = torch.linalg.vector_norm(t.flatten(-dims) if dims > 1 else t, dim=-1)
+    return norm.square()
+
+
+def materialised_work(grads: dict[str, torch.Tensor]) -> LayerWork:
+    """Per-sample gradients already in hand (B, *param.shape): norm and tensordot."""
+    sq = torch.stack([squared_norm(g.reshape(g.shape[0], -1), 1)
+                      for g in grads.values()]).sum(dim=0)
+
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+        for name, g in grads.items():
+            totals.add(name, torch.tensordot(w, masked_rows(mask, g), dims=1))
+
+    return LayerWork(sq, accumulate)
