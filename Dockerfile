@@ -1,6 +1,6 @@
 # Two images from one file:
 #   docker build --target api    -t privtrain-api .     (no torch: the API only prices and admits)
-#   docker build --target worker -t privtrain-worker .  (torch with CUDA, Opacus)
+#   docker build --target worker -t privtrain-worker .  (torch with CUDA, safetensors)
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /srv/privtrain

@@ -26,8 +26,8 @@ from typing import Literal
 from sqlalchemy import ColumnElement, Select, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
-from app.models import Dataset, DatasetGrant, Job, Tenant
 from app.errors import forbidden, not_found
+from app.models import Dataset, DatasetGrant, Job, Tenant
 
 Role = Literal["owner", "analyst"]
 DatasetNeed = Literal["read", "submit", "own"]
@@ -88,9 +88,7 @@ def visible_jobs(tenant: Tenant) -> ColumnElement[bool]:
 
 def has_active_grant(session: Session, *, dataset_id: str, tenant_id: str) -> bool:
     return bool(
-        session.scalar(
-            select(exists().where(DatasetGrant.dataset_id == dataset_id, _active_grant_of(tenant_id)))
-        )
+        session.scalar(select(exists().where(DatasetGrant.dataset_id == dataset_id, _active_grant_of(tenant_id))))
     )
 
 
@@ -102,9 +100,7 @@ def role_on(session: Session, tenant: Tenant, dataset: Dataset) -> Role | None:
     return None
 
 
-def dataset_access(
-    session: Session, tenant: Tenant, dataset_id: str, *, need: DatasetNeed = "read"
-) -> DatasetAccess:
+def dataset_access(session: Session, tenant: Tenant, dataset_id: str, *, need: DatasetNeed = "read") -> DatasetAccess:
     """The dataset and the caller's role; 404 without a role, 403 if the role lacks ``need``."""
     dataset = session.get(Dataset, dataset_id)
     role = role_on(session, tenant, dataset) if dataset is not None else None

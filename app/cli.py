@@ -30,9 +30,19 @@ EXIT_NO_DATABASE = 3
 def worker_command(queue: str, *, loglevel: str = "INFO") -> list[str]:
     """One worker process, one task at a time (one process per GPU in production)."""
     return [
-        sys.executable, "-m", "celery", "-A", "worker.entry", "worker",
-        "--pool=solo", "--concurrency=1", "-Q", queue,
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.entry",
+        "worker",
+        "--pool=solo",
+        "--concurrency=1",
+        "-Q",
+        queue,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
         f"--loglevel={loglevel}",
     ]
 
@@ -51,23 +61,25 @@ def _shown_url(url: str) -> str:
 def _no_database_message(settings: Settings, *, command: str, reason: str) -> str:
     """Say where the command looked and how to point it elsewhere (instead of a traceback)."""
     data_dir_source = (
-        "from PRIVTRAIN_DATA_DIR" if "PRIVTRAIN_DATA_DIR" in os.environ
+        "from PRIVTRAIN_DATA_DIR"
+        if "PRIVTRAIN_DATA_DIR" in os.environ
         else f"the default: .privtrain in the current directory, {os.getcwd()}"
     )
     database_source = (
-        "from PRIVTRAIN_DATABASE_URL" if settings.database_url
-        else "the default: privtrain.db in the data directory"
+        "from PRIVTRAIN_DATABASE_URL" if settings.database_url else "the default: privtrain.db in the data directory"
     )
-    return "\n".join([
-        f"privtrain-admin {command}: {reason}",
-        f"  data directory: {settings.data_dir.resolve()}  ({data_dir_source})",
-        f"  database:       {_shown_url(settings.resolved_database_url)}  ({database_source})",
-        "Run it where the service's .privtrain directory is (where `make run` or `privtrain-admin "
-        "serve` ran), or point to it:",
-        f"  PRIVTRAIN_DATA_DIR=/path/to/.privtrain privtrain-admin {command} …",
-        f"  PRIVTRAIN_DATABASE_URL=postgresql+psycopg://user@host/db privtrain-admin {command} …",
-        "(`privtrain-admin migrate` creates a new, empty database with the same settings.)",
-    ])
+    return "\n".join(
+        [
+            f"privtrain-admin {command}: {reason}",
+            f"  data directory: {settings.data_dir.resolve()}  ({data_dir_source})",
+            f"  database:       {_shown_url(settings.resolved_database_url)}  ({database_source})",
+            "Run it where the service's .privtrain directory is (where `make run` or `privtrain-admin "
+            "serve` ran), or point to it:",
+            f"  PRIVTRAIN_DATA_DIR=/path/to/.privtrain privtrain-admin {command} …",
+            f"  PRIVTRAIN_DATABASE_URL=postgresql+psycopg://user@host/db privtrain-admin {command} …",
+            "(`privtrain-admin migrate` creates a new, empty database with the same settings.)",
+        ]
+    )
 
 
 def database_problem(settings: Settings) -> str | None:
@@ -188,10 +200,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     dispatcher = CeleryDispatcher(settings)
     if not args.loop:
         result = reconcile_once(db, settings, dispatcher)
-        print(
-            f"requeued {len(result.requeued)}, failed {len(result.failed)}, "
-            f"re-sent {len(result.redispatched)}"
-        )
+        print(f"requeued {len(result.requeued)}, failed {len(result.failed)}, re-sent {len(result.redispatched)}")
         return 0
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -225,7 +234,7 @@ def _start_worker(queue: str, *, loglevel: str) -> subprocess.Popen[bytes]:
         worker_command(queue, loglevel=loglevel),
         start_new_session=True,  # Ctrl-C reaches the API; we stop the worker ourselves
         env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
-        preexec_fn=die_with_parent(),  # noqa: PLW1509 - serve has no other threads yet
+        preexec_fn=die_with_parent(),
     )
 
 
@@ -286,9 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--tenant", default=DEFAULT_TENANT)
     key.add_argument("--label", default="")
     key.set_defaults(func=cmd_create_key, needs_database=True)
-    revoke = sub.add_parser(
-        "revoke-key", help="revoke an API key (it then answers 401 like an unknown key)"
-    )
+    revoke = sub.add_parser("revoke-key", help="revoke an API key (it then answers 401 like an unknown key)")
     revoke.add_argument("key", help="the key's id (key_…), the key itself, or its 8-character prefix")
     revoke.set_defaults(func=cmd_revoke_key, needs_database=True)
     keys = sub.add_parser("list-keys", help="list API keys: id, prefix, tenant, label, state")

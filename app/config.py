@@ -32,20 +32,15 @@ class Settings(BaseSettings):
         default=Path(".privtrain"),
         description="blobs (datasets, models, reports), the SQLite file, broker folders, checkpoints",
     )
-    database_url: str | None = Field(
-        default=None, description="SQLAlchemy URL; default: SQLite file in the data dir"
-    )
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite file in the data dir")
     broker_url: str | None = Field(
         default=None, description="Celery broker; default: kombu filesystem:// in the data dir"
     )
     bootstrap_api_key: str | None = Field(
         default=None,
-        description="if set (at least 24 characters), registered for the 'default' tenant at start; "
-        "never echoed",
+        description="if set (at least 24 characters), registered for the 'default' tenant at start; never echoed",
     )
-    max_upload_bytes: int = Field(
-        default=512 * 1024 * 1024, gt=0, description="larger uploads are refused (413)"
-    )
+    max_upload_bytes: int = Field(default=512 * 1024 * 1024, gt=0, description="larger uploads are refused (413)")
     max_rows: int = Field(default=1_000_000, gt=0, description="most rows a dataset may have")
     max_features: int = Field(default=100_000, gt=0, description="most features a dataset may have")
     max_steps: int = Field(default=1_000_000, gt=0, description="the most optimizer steps a job may plan")
@@ -54,32 +49,36 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="how often a worker reports progress and checks for a cancel"
     )
     checkpoint_every_steps: int = Field(
-        default=200, ge=0,
+        default=200,
+        ge=0,
         description="training checkpoints every this many steps, kept on worker storage only (0: off)",
     )
     max_attempts: int = Field(
-        default=3, ge=1, le=20,
+        default=3,
+        ge=1,
+        le=20,
         description="attempts of a job whose worker vanished, all inside one reservation",
     )
     job_time_limit_s: float = Field(
         default=24 * 3600.0, gt=0, description="a job running longer is stopped; its reservation is committed"
     )
     redis_visibility_timeout_s: float = Field(
-        default=90_000.0, gt=0,
+        default=90_000.0,
+        gt=0,
         description="Redis redelivers an unacknowledged job message after this long; every job "
         "time limit must stay below it, or a long job would be handed to a second worker",
     )
     stale_after_s: float = Field(
         default=60.0, gt=0, description="a running job without a heartbeat for this long is lost"
     )
-    redispatch_after_s: float = Field(
-        default=120.0, gt=0, description="re-send a queued job's message after this long"
-    )
+    redispatch_after_s: float = Field(default=120.0, gt=0, description="re-send a queued job's message after this long")
     reconcile_interval_s: float = Field(
         default=15.0, gt=0, description="how often the reconciler loop runs inside the API process"
     )
     rate_limit_per_minute: float = Field(
-        default=1200.0, ge=0, le=1e7,
+        default=1200.0,
+        ge=0,
+        le=1e7,
         description="requests per minute per API key and API process (0: no limit)",
     )
     rate_limit_burst: int = Field(
@@ -95,42 +94,51 @@ class Settings(BaseSettings):
         default=15.0, gt=0, le=300, description="idle time before an event stream sends a keep-alive"
     )
     sse_max_stream_s: float = Field(
-        default=300.0, gt=0, le=86_400,
+        default=300.0,
+        gt=0,
+        le=86_400,
         description="an event stream ends after this long; clients resume with Last-Event-ID",
     )
     sse_max_streams_per_key: int = Field(
-        default=8, ge=1, le=100_000,
+        default=8,
+        ge=1,
+        le=100_000,
         description="open event streams one API key may hold per API process (Bearer and dashboard "
         "together); past it a new stream is a 429 too-many-streams",
     )
     sse_max_streams_total: int = Field(
-        default=256, ge=1, le=1_000_000,
+        default=256,
+        ge=1,
+        le=1_000_000,
         description="open event streams per API process, all keys together; past it a 429",
     )
-    run_reconciler: bool = Field(
-        default=True, description="run the reconciler loop inside the API process"
-    )
+    run_reconciler: bool = Field(default=True, description="run the reconciler loop inside the API process")
     max_physical_batch_size: int = Field(
-        default=256, gt=0,
+        default=256,
+        gt=0,
         description="rows per per-sample-gradient chunk (bounds memory, never changes results)",
     )
     max_model_parameters: int = Field(
-        default=50_000_000, gt=0,
+        default=50_000_000,
+        gt=0,
         description="a job whose model (with its params, on the dataset's feature shape) has more "
         "trainable parameters is refused at estimate and submission (422 model-incompatible)",
     )
     max_activation_bytes: int = Field(
-        default=8 * 1024**3, gt=0,
+        default=8 * 1024**3,
+        gt=0,
         description="a job is refused when one physical batch (max_physical_batch_size rows) "
         "would need more float32 memory than this for its activations and per-sample gradients",
     )
     max_decompressed_bytes: int = Field(
-        default=1024**3, gt=0,
+        default=1024**3,
+        gt=0,
         description="an NPZ upload whose members declare more uncompressed bytes is refused before "
         "anything is decompressed (parsing needs about twice this in API memory)",
     )
     max_compression_ratio: int = Field(
-        default=200, gt=0,
+        default=200,
+        gt=0,
         description="an NPZ upload may decompress to at most this many times its size on disk "
         "(beyond the first 64 MiB)",
     )
@@ -141,7 +149,8 @@ class Settings(BaseSettings):
         default=2, gt=0, description="uploads one tenant may have in flight at once per API process"
     )
     max_concurrent_plans: int = Field(
-        default=2, gt=0,
+        default=2,
+        gt=0,
         description="privacy computations (estimates, submissions) in flight per API process; pricing is "
         "pure-Python CPU work serialised by the interpreter lock, so more slots add contention, not throughput",
     )
@@ -152,7 +161,8 @@ class Settings(BaseSettings):
         default=30.0, gt=0, le=3600, description="an upload that sends nothing for this long is refused (408)"
     )
     upload_min_rate_bytes_per_s: float = Field(
-        default=16_384.0, gt=0,
+        default=16_384.0,
+        gt=0,
         description="after the grace period, an upload slower than this on average is refused (408)",
     )
     upload_rate_grace_s: float = Field(

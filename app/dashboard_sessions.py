@@ -25,8 +25,15 @@ from app.changed_rows import changed_rows
 from app.models import ApiKey, UiSession, utcnow
 
 __all__ = [
-    "DashboardSession", "StartedSession", "end_session", "end_sessions_of_key", "live_session",
-    "live_session_by_id", "purge_old_sessions", "start_session", "token_digest",
+    "DashboardSession",
+    "StartedSession",
+    "end_session",
+    "end_sessions_of_key",
+    "live_session",
+    "live_session_by_id",
+    "purge_old_sessions",
+    "start_session",
+    "token_digest",
 ]
 
 TOKEN_BYTES = 32
@@ -56,21 +63,32 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def start_session(session: Session, *, api_key: ApiKey, max_age_s: float, now: dt.datetime | None = None) -> StartedSession:
+def start_session(
+    session: Session, *, api_key: ApiKey, max_age_s: float, now: dt.datetime | None = None
+) -> StartedSession:
     """Store a new session for an active key (the caller checked it) and purge old rows."""
     current = now or utcnow()
     purge_old_sessions(session, now=current)
     token = secrets.token_urlsafe(TOKEN_BYTES)
     row = UiSession(
-        token_digest=token_digest(token), api_key_id=api_key.id, csrf_token=secrets.token_urlsafe(32),
-        created_at=current, expires_at=current + dt.timedelta(seconds=max_age_s),
+        token_digest=token_digest(token),
+        api_key_id=api_key.id,
+        csrf_token=secrets.token_urlsafe(32),
+        created_at=current,
+        expires_at=current + dt.timedelta(seconds=max_age_s),
     )
     session.add(row)
     session.flush()
-    return StartedSession(token=token, session=DashboardSession(
-        id=row.id, api_key_id=api_key.id, key_digest=api_key.digest, tenant_id=api_key.tenant_id,
-        csrf_token=row.csrf_token,
-    ))
+    return StartedSession(
+        token=token,
+        session=DashboardSession(
+            id=row.id,
+            api_key_id=api_key.id,
+            key_digest=api_key.digest,
+            tenant_id=api_key.tenant_id,
+            csrf_token=row.csrf_token,
+        ),
+    )
 
 
 def live_session(session: Session, token: str, *, now: dt.datetime | None = None) -> DashboardSession | None:
@@ -85,7 +103,9 @@ def live_session_by_id(session: Session, session_id: str, *, now: dt.datetime | 
 
 def _live(session: Session, which: ColumnElement[bool], *, now: dt.datetime | None) -> DashboardSession | None:
     found = session.execute(
-        select(UiSession, ApiKey).join(ApiKey, ApiKey.id == UiSession.api_key_id).where(
+        select(UiSession, ApiKey)
+        .join(ApiKey, ApiKey.id == UiSession.api_key_id)
+        .where(
             which,
             UiSession.ended_at.is_(None),
             UiSession.expires_at > (now or utcnow()),
@@ -95,16 +115,23 @@ def _live(session: Session, which: ColumnElement[bool], *, now: dt.datetime | No
     if found is None:
         return None
     row, api_key = found
-    return DashboardSession(id=row.id, api_key_id=api_key.id, key_digest=api_key.digest,
-                            tenant_id=api_key.tenant_id, csrf_token=row.csrf_token)
+    return DashboardSession(
+        id=row.id,
+        api_key_id=api_key.id,
+        key_digest=api_key.digest,
+        tenant_id=api_key.tenant_id,
+        csrf_token=row.csrf_token,
+    )
 
 
 def end_session(session: Session, session_id: str, *, now: dt.datetime | None = None) -> bool:
     """Logout: False if the session had already ended."""
     ended = changed_rows(
         session,
-        update(UiSession).where(UiSession.id == session_id, UiSession.ended_at.is_(None))
-        .values(ended_at=now or utcnow()).execution_options(synchronize_session=False),
+        update(UiSession)
+        .where(UiSession.id == session_id, UiSession.ended_at.is_(None))
+        .values(ended_at=now or utcnow())
+        .execution_options(synchronize_session=False),
     )
     return bool(ended)
 
@@ -113,8 +140,10 @@ def end_sessions_of_key(session: Session, api_key_id: str, *, now: dt.datetime |
     """Key revocation: every live session of the key ends (lookups refuse them anyway)."""
     return changed_rows(
         session,
-        update(UiSession).where(UiSession.api_key_id == api_key_id, UiSession.ended_at.is_(None))
-        .values(ended_at=now or utcnow()).execution_options(synchronize_session=False),
+        update(UiSession)
+        .where(UiSession.api_key_id == api_key_id, UiSession.ended_at.is_(None))
+        .values(ended_at=now or utcnow())
+        .execution_options(synchronize_session=False),
     )
 
 
@@ -123,6 +152,7 @@ def purge_old_sessions(session: Session, *, now: dt.datetime | None = None) -> i
     cutoff = (now or utcnow()) - PURGE_AFTER
     return changed_rows(
         session,
-        delete(UiSession).where(or_(UiSession.ended_at < cutoff, UiSession.expires_at < cutoff))
+        delete(UiSession)
+        .where(or_(UiSession.ended_at < cutoff, UiSession.expires_at < cutoff))
         .execution_options(synchronize_session=False),
     )

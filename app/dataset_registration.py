@@ -75,9 +75,13 @@ class ContentAlreadyRegistered(Conflict):
                 f"raise that dataset's budget with POST /v1/datasets/{existing.id}/budget (recorded "
                 "in its ledger and shown in every later report)"
             ),
-            extra={"existing_dataset_id": existing.id,
-                   "links": {"existing": f"/v1/datasets/{existing.id}",
-                             "raise_budget": f"/v1/datasets/{existing.id}/budget"}},
+            extra={
+                "existing_dataset_id": existing.id,
+                "links": {
+                    "existing": f"/v1/datasets/{existing.id}",
+                    "raise_budget": f"/v1/datasets/{existing.id}/budget",
+                },
+            },
         )
 
 
@@ -87,12 +91,27 @@ def invalid_dataset(exc: DatasetValidationError) -> InvalidInput:
 
 
 def upload_hash(
-    *, sha256: str, name: str, fmt: str, epsilon: float, delta: float, label_column: str | None,
-    task: str | None, classes: tuple[str, ...] | None, preparation: Preparation | None = None,
+    *,
+    sha256: str,
+    name: str,
+    fmt: str,
+    epsilon: float,
+    delta: float,
+    label_column: str | None,
+    task: str | None,
+    classes: tuple[str, ...] | None,
+    preparation: Preparation | None = None,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
-    request: dict[str, object] = {"sha256": sha256, "name": name, "format": fmt, "epsilon": epsilon,
-                                  "delta": delta, "label_column": label_column, "task": task}
+    request: dict[str, object] = {
+        "sha256": sha256,
+        "name": name,
+        "format": fmt,
+        "epsilon": epsilon,
+        "delta": delta,
+        "label_column": label_column,
+        "task": task,
+    }
     if classes is not None:  # absent from digests made before class lists existed
         request["classes"] = list(classes)
     if preparation is not None:  # absent from digests made before preparations existed
@@ -138,9 +157,11 @@ def _inferred_task_notice(task: str) -> str:
 
 def _observed_classes_notice(names: tuple[str, ...]) -> str:
     n_classes = len(names)
-    found = (f"the {n_classes} labels found (0 to {n_classes - 1})"
-             if names == tuple(str(i) for i in range(n_classes)) else
-             f"the {n_classes} distinct labels found, sorted (a label's class is its position in the list),")
+    found = (
+        f"the {n_classes} labels found (0 to {n_classes - 1})"
+        if names == tuple(str(i) for i in range(n_classes))
+        else f"the {n_classes} distinct labels found, sorted (a label's class is its position in the list),"
+    )
     return (
         f"no class list was declared, so {found} became "
         "this dataset's public class list: everyone who may read the dataset sees it. Declare the "
@@ -174,7 +195,7 @@ def _discard_unreferenced_blob(db: Database, blobs: BlobStore, *, key: str) -> N
             lock_blob_key(session, key)
             if session.scalar(select(Dataset.id).where(Dataset.blob_key == key).limit(1)) is None:
                 blobs.delete(key)
-    except Exception:  # noqa: BLE001 - cleanup must not mask the request's own outcome
+    except Exception:
         log.warning("could not check whether blob %s is referenced; kept", key, exc_info=True)
 
 
@@ -190,8 +211,9 @@ class _Validated:
     class_names: tuple[str, ...] | None
 
 
-def _new_dataset(tenant_id: str, upload: UploadRequest, body: _Validated, *, size_bytes: int,
-                 request_hash: str) -> Dataset:
+def _new_dataset(
+    tenant_id: str, upload: UploadRequest, body: _Validated, *, size_bytes: int, request_hash: str
+) -> Dataset:
     facts, class_names = body.facts, body.class_names
     return Dataset(
         tenant_id=tenant_id,
@@ -216,15 +238,19 @@ def _new_dataset(tenant_id: str, upload: UploadRequest, body: _Validated, *, siz
 
 
 def _notices(upload: UploadRequest, body: _Validated) -> tuple[str, ...]:
-    notices = [] if upload.class_list is not None or body.class_names is None else [
-        _observed_classes_notice(body.class_names)]
+    notices = (
+        []
+        if upload.class_list is not None or body.class_names is None
+        else [_observed_classes_notice(body.class_names)]
+    )
     if upload.task is None and upload.class_list is None:
         notices.insert(0, _inferred_task_notice(str(body.facts["task"])))
     return tuple(notices)
 
 
-def _register(db: Database, *, tenant_id: str, upload: UploadRequest, body: _Validated, size_bytes: int,
-              request_hash: str) -> RegisteredDataset:
+def _register(
+    db: Database, *, tenant_id: str, upload: UploadRequest, body: _Validated, size_bytes: int, request_hash: str
+) -> RegisteredDataset:
     """One registration per content and tenant: serialised on the tenant row, so two concurrent
     uploads of the same bytes cannot both pass the check."""
     with db.write_transaction() as session:
@@ -242,7 +268,12 @@ def _register(db: Database, *, tenant_id: str, upload: UploadRequest, body: _Val
 
 
 def register_upload(
-    *, db: Database, blobs: BlobStore, tenant_id: str, pending: PendingBlob, limits: IngestLimits,
+    *,
+    db: Database,
+    blobs: BlobStore,
+    tenant_id: str,
+    pending: PendingBlob,
+    limits: IngestLimits,
     upload: UploadRequest,
 ) -> RegisteredDataset:
     """Validate a received body and register it with its budget (blocking: run it in a thread).
@@ -255,10 +286,18 @@ def register_upload(
     try:
         sha256 = pending.finish()
         request = IdempotentRequest(
-            tenant_id=tenant_id, key=upload.idempotency_key, what="upload",
+            tenant_id=tenant_id,
+            key=upload.idempotency_key,
+            what="upload",
             request_hash=upload_hash(
-                sha256=sha256, name=upload.name, fmt=upload.fmt, epsilon=upload.epsilon, delta=upload.delta,
-                label_column=upload.label_column, task=upload.task, classes=upload.class_list,
+                sha256=sha256,
+                name=upload.name,
+                fmt=upload.fmt,
+                epsilon=upload.epsilon,
+                delta=upload.delta,
+                label_column=upload.label_column,
+                task=upload.task,
+                classes=upload.class_list,
                 preparation=upload.preparation,
             ),
         )
@@ -274,9 +313,17 @@ def register_upload(
     registered = False
     try:
         result = create_once(
-            db, Dataset, request,
-            create=lambda: _register(db, tenant_id=tenant_id, upload=upload, body=body, size_bytes=pending.size,
-                                     request_hash=request.request_hash),
+            db,
+            Dataset,
+            request,
+            create=lambda: _register(
+                db,
+                tenant_id=tenant_id,
+                upload=upload,
+                body=body,
+                size_bytes=pending.size,
+                request_hash=request.request_hash,
+            ),
             replay=_replayed,
             lost_race=(ContentAlreadyRegistered,),  # a concurrent retry with the same key won
         )
@@ -293,13 +340,19 @@ def register_upload(
     return result
 
 
-def _validate(blobs: BlobStore, pending: PendingBlob, *, sha256: str, upload: UploadRequest,
-              limits: IngestLimits) -> _Validated:
+def _validate(
+    blobs: BlobStore, pending: PendingBlob, *, sha256: str, upload: UploadRequest, limits: IngestLimits
+) -> _Validated:
     """Parse the rows (refusing what the ingest refuses) and adopt the body as its blob."""
     try:
         parsed = parse_dataset(
-            pending.path, fmt=upload.fmt, label_column=upload.label_column, task=upload.task, limits=limits,
-            classes=upload.class_list, preparation=upload.preparation,
+            pending.path,
+            fmt=upload.fmt,
+            label_column=upload.label_column,
+            task=upload.task,
+            limits=limits,
+            classes=upload.class_list,
+            preparation=upload.preparation,
         )
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
@@ -315,6 +368,10 @@ def _validate(blobs: BlobStore, pending: PendingBlob, *, sha256: str, upload: Up
         )
     key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
     return _Validated(
-        sha256=sha256, key=key, created=created, facts=facts, feature_names=feature_names,
+        sha256=sha256,
+        key=key,
+        created=created,
+        facts=facts,
+        feature_names=feature_names,
         class_names=public_classes.names if public_classes is not None else None,
     )

@@ -34,8 +34,12 @@ def make_engine(url: str) -> Engine:
     """Create an engine; SQLite gets WAL, foreign keys and explicit transaction control."""
     if not is_sqlite(url):
         return create_engine(
-            url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_MAX_OVERFLOW,
-            pool_timeout=POOL_TIMEOUT_S, connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+            url,
+            pool_pre_ping=True,
+            pool_size=POOL_SIZE,
+            max_overflow=POOL_MAX_OVERFLOW,
+            pool_timeout=POOL_TIMEOUT_S,
+            connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
             future=True,
         )
     engine = create_engine(

@@ -69,9 +69,7 @@ def plan_evaluation(spec: EvaluationSpec, facts: DatasetFacts) -> EvaluationPlan
         metric, sensitivity = "accuracy", 1.0
     else:
         if spec.error_clip is None:
-            raise InvalidEvaluation(
-                "regression needs evaluation.error_clip, a public bound on one squared error"
-            )
+            raise InvalidEvaluation("regression needs evaluation.error_clip, a public bound on one squared error")
         metric, sensitivity = "mse", spec.error_clip
     expected = spec.holdout_fraction * facts.n_rows
     if expected < 1:
@@ -173,7 +171,11 @@ class MetricInterval:
 
 
 def metric_interval(
-    plan: EvaluationPlan, *, noisy_sum: float, noise_half_width_on_sum: float, confidence: float = CONFIDENCE,
+    plan: EvaluationPlan,
+    *,
+    noisy_sum: float,
+    noise_half_width_on_sum: float,
+    confidence: float = CONFIDENCE,
 ) -> MetricInterval:
     """An interval for S/|H| (true sum over the realised hold-out size), from public values.
 
@@ -199,7 +201,11 @@ def metric_interval(
 
 
 def released_metric(
-    plan: EvaluationPlan, *, noisy_sum: float, noise_half_width_on_sum: float, noise_distribution: str,
+    plan: EvaluationPlan,
+    *,
+    noisy_sum: float,
+    noise_half_width_on_sum: float,
+    noise_distribution: str,
 ) -> dict[str, object]:
     """The metric as released: clamped to its valid range, with its noise scale and interval.
 

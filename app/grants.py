@@ -70,9 +70,7 @@ def is_pending() -> ColumnElement[bool]:
 def is_plausible_tenant_name(name: str) -> bool:
     """Names a tenant can have: 1 to 200 characters, no control characters or lone surrogates
     (the database could not even compare those, so they are refused before any query)."""
-    return 0 < len(name) <= MAX_TENANT_NAME_CHARS and not any(
-        unicodedata.category(ch) in ("Cc", "Cs") for ch in name
-    )
+    return 0 < len(name) <= MAX_TENANT_NAME_CHARS and not any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name)
 
 
 @dataclass(frozen=True)
@@ -117,9 +115,7 @@ def invite(session: Session, *, dataset: Dataset, grantee_name: str, owner: Tena
     existing = _live_grant(session, dataset_id=dataset.id, grantee_name=grantee_name)
     if existing is not None:
         return _view(session, existing), False
-    grant = DatasetGrant(
-        dataset_id=dataset.id, grantee_name=grantee_name, granted_by=owner.id, granted_at=utcnow()
-    )
+    grant = DatasetGrant(dataset_id=dataset.id, grantee_name=grantee_name, granted_by=owner.id, granted_at=utcnow())
     session.add(grant)
     session.flush()
     return _view(session, grant), True

@@ -36,7 +36,7 @@ _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 MISSING = "?"
 
 
-def _field_text(name: str, value: Any) -> str:  # noqa: ANN401 - any JSON payload value
+def _field_text(name: str, value: Any) -> str:
     if value is None:
         return MISSING
     if name in GUARANTEE_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -24,6 +24,7 @@ from app.algorithms import (
     UnknownAlgorithm,
     get_algorithm,
 )
+from app.errors import InvalidInput
 from app.evaluation import EvaluationPlan, InvalidEvaluation, plan_evaluation
 from app.facts import DatasetFacts
 from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
@@ -38,7 +39,6 @@ from app.privacy.admissible import (
 from app.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from app.privacy.orders import Curve
 from app.privacy.ranges import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
-from app.errors import InvalidInput
 from app.registry import Registry
 from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
 from privtrain.directed_rounding import format_remaining
@@ -121,8 +121,15 @@ _BUDGET_UNITS = StepsCharge(
     "training.steps does not change its charge",
 )
 for _name in (
-    "dp-sgd", "dp-adam", "dp-psac", "auto-s", "dc-dpsgd", "dc-dpsgd-threshold",  # Poisson Gaussian × T
-    "dicesgd", "dicesgd-adam", "dicesgd-auto",  # Gaussian × T
+    "dp-sgd",
+    "dp-adam",
+    "dp-psac",
+    "auto-s",
+    "dc-dpsgd",
+    "dc-dpsgd-threshold",  # Poisson Gaussian × T
+    "dicesgd",
+    "dicesgd-adam",
+    "dicesgd-auto",  # Gaussian × T
     "noisy-gd",  # zCDP × T
     "ht-private-lasso",  # exponential mechanism × T
 ):
@@ -173,7 +180,9 @@ def _smallest_sigma(job: JobPlan, state: FilterState) -> float | None:
     """
     return smallest_admissible_noise_multiplier(
         cost_of_sigma=lambda sigma: _computable(lambda: job.event_for_sigma(sigma)),
-        state=state, low=MIN_NOISE_MULTIPLIER, high=MAX_NOISE_MULTIPLIER,
+        state=state,
+        low=MIN_NOISE_MULTIPLIER,
+        high=MAX_NOISE_MULTIPLIER,
     )
 
 
@@ -205,13 +214,17 @@ def _largest_steps(job: JobPlan, state: FilterState, *, max_steps: int) -> tuple
         return None, charge.reason
 
     def cost_of_steps(steps: int) -> Curve | None:
-        return _computable(lambda: compose_job_event(
-            job.plan, job.evaluation, noise_multiplier=job.noise_multiplier, steps=steps, evaluated=True
-        ))
+        return _computable(
+            lambda: compose_job_event(
+                job.plan, job.evaluation, noise_multiplier=job.noise_multiplier, steps=steps, evaluated=True
+            )
+        )
 
     without_steps = cost_of_steps(0)
-    guess = None if without_steps is None else linear_steps_guess(
-        cost_without_steps=without_steps, cost_at=job.curve, steps=job.plan.steps, state=state
+    guess = (
+        None
+        if without_steps is None
+        else linear_steps_guess(cost_without_steps=without_steps, cost_at=job.curve, steps=job.plan.steps, state=state)
     )
     steps = largest_admissible_steps(cost_of_steps=cost_of_steps, state=state, max_steps=max_steps, guess=guess)
     if steps is None:
@@ -272,18 +285,17 @@ def plan_job(
     try:
         algorithm = get_algorithm(spec.algorithm.name)
     except UnknownAlgorithm:
-        raise _invalid("unknown-algorithm", suggestions.unknown_name(
-            kind="algorithm", name=spec.algorithm.name, known=ALGORITHMS.names()
-        )) from None
+        raise _invalid(
+            "unknown-algorithm",
+            suggestions.unknown_name(kind="algorithm", name=spec.algorithm.name, known=ALGORITHMS.names()),
+        ) from None
     try:
         model = get_model(spec.model.name)
     except UnknownModel:
-        raise _invalid("unknown-model", suggestions.unknown_name(
-            kind="model", name=spec.model.name, known=MODELS.names()
-        )) from None
-    misnamed_param = suggestions.unknown_field(
-        given=spec.model.params, model=model.params_model, where="model.params"
-    )
+        raise _invalid(
+            "unknown-model", suggestions.unknown_name(kind="model", name=spec.model.name, known=MODELS.names())
+        ) from None
+    misnamed_param = suggestions.unknown_field(given=spec.model.params, model=model.params_model, where="model.params")
     if misnamed_param:
         raise _invalid("model-incompatible", misnamed_param)
     misnamed_hyperparameter = suggestions.unknown_field(
@@ -310,11 +322,14 @@ def plan_job(
         )
     except MissingTrainingFields as exc:  # the request's own missing-field error, as before
         raise InvalidInput(
-            slug="validation-error", detail=f"body.training.{exc.fields[0]}: Field required",
-            extra={"errors": [
-                {"loc": ["body", "training", field], "msg": "Field required", "type": "missing"}
-                for field in exc.fields
-            ]},
+            slug="validation-error",
+            detail=f"body.training.{exc.fields[0]}: Field required",
+            extra={
+                "errors": [
+                    {"loc": ["body", "training", field], "msg": "Field required", "type": "missing"}
+                    for field in exc.fields
+                ]
+            },
         ) from None
     except (InvalidHyperparameters, InvalidEvaluation) as exc:
         raise _invalid("invalid-job-spec", str(exc)) from None
@@ -325,9 +340,7 @@ def plan_job(
             "choose values within the documented ranges",
         ) from None
     if plan.steps > max_steps:
-        raise _invalid(
-            "invalid-job-spec", f"the job would run {plan.steps} steps; the limit is {max_steps}"
-        )
+        raise _invalid("invalid-job-spec", f"the job would run {plan.steps} steps; the limit is {max_steps}")
     limit = spec.training.time_limit_s
     if max_time_limit_s is not None and limit is not None and limit > max_time_limit_s:
         raise _invalid(
@@ -340,9 +353,7 @@ def plan_job(
         raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {format_remaining(1 / facts.n_rows)}")
 
     def event_for_sigma(noise_multiplier: float) -> PrivacyEvent:
-        return compose_job_event(
-            plan, evaluation, noise_multiplier=noise_multiplier, steps=plan.steps, evaluated=True
-        )
+        return compose_job_event(plan, evaluation, noise_multiplier=noise_multiplier, steps=plan.steps, evaluated=True)
 
     if spec.privacy.noise_multiplier is not None:
         sigma = spec.privacy.noise_multiplier
@@ -377,9 +388,11 @@ def plan_job(
         event_json=privacy.event_to_json(event),
         curve=curve,
         epsilon_ledger=privacy.ledger_epsilon(curve, delta),
-        epsilon_prv=(tight := privacy.single_job_epsilon(
-            event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian, numeric=False
-        )).epsilon,
+        epsilon_prv=(
+            tight := privacy.single_job_epsilon(
+                event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian, numeric=False
+            )
+        ).epsilon,
         epsilon_prv_method=tight.method,
     )
 
@@ -404,14 +417,14 @@ def rebuild_job(stored_spec: dict[str, Any], algorithm_name: str, dataset: Datas
     """
     facts = facts_of(dataset)
     evaluation_spec = stored_spec.get("evaluation")
-    evaluation = (
-        plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
-    )
+    evaluation = plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
     algorithm = get_algorithm(algorithm_name)
     hyperparameters = algorithm.validate_hyperparameters(stored_spec["algorithm"]["hyperparameters"])
     training = TrainingSpec.model_validate(stored_spec["training"])
     plan = algorithm.plan(
-        hyperparameters, training, facts,
+        hyperparameters,
+        training,
+        facts,
         training_fraction=1.0 - (evaluation.holdout_fraction if evaluation else 0.0),
     )
     return RebuiltJob(plan=plan, evaluation=evaluation, hyperparameters=hyperparameters, training=training)

@@ -47,12 +47,12 @@ def _context(doc: str, position: int) -> _Context:
     return _Context(
         enclosing=stack[-1] if stack else None,
         after_comma=before.endswith(","),
-        at=doc[position:position + 1],
+        at=doc[position : position + 1],
     )
 
 
 def _expected_comma(context: _Context) -> str:
-    closer = {"{": "}", "[": "]"}.get(context.enclosing or "", None)
+    closer = {"{": "}", "[": "]"}.get(context.enclosing or "")
     return f"expected ',' or '{closer}'" if closer else "expected ','"
 
 
@@ -77,13 +77,12 @@ _PHRASES: dict[str, Callable[[_Context], str]] = {
     "Expecting ':' delimiter": lambda _context: "expected ':' after the field name",
     "Extra data": lambda _context: "unexpected text after the end of the JSON value",
     "Unterminated string starting at": lambda _context: "a string that is never closed starts",
-    "Invalid control character at": lambda _context: "a raw control character inside a string "
-    "(write a newline as \\n, a tab as \\t)",
+    "Invalid control character at": lambda _context: (
+        "a raw control character inside a string (write a newline as \\n, a tab as \\t)"
+    ),
     "Invalid \\escape": lambda _context: "an invalid backslash escape",
-    "Illegal trailing comma before end of object": lambda _context: "a trailing comma before '}' "
-    "(JSON allows none)",
-    "Illegal trailing comma before end of array": lambda _context: "a trailing comma before ']' "
-    "(JSON allows none)",
+    "Illegal trailing comma before end of object": lambda _context: "a trailing comma before '}' (JSON allows none)",
+    "Illegal trailing comma before end of array": lambda _context: "a trailing comma before ']' (JSON allows none)",
 }
 """json's messages (CPython's decoder and scanner) → words; anything else is passed through."""
 
@@ -103,7 +102,7 @@ class JsonErrorPosition:
         return {"position": {"line": self.line, "column": self.column, "character": self.character}}
 
 
-def describe(*, body: Any, error: Mapping[str, Any], fallback: str) -> JsonErrorPosition:  # noqa: ANN401 - FastAPI's raw body
+def describe(*, body: Any, error: Mapping[str, Any], fallback: str) -> JsonErrorPosition:
     """Words for FastAPI's ``json_invalid`` ``error`` on ``body`` (the text json rejected)."""
     loc = tuple(error.get("loc", ()))
     position = loc[-1] if loc and isinstance(loc[-1], int) else None
@@ -117,5 +116,7 @@ def describe(*, body: Any, error: Mapping[str, Any], fallback: str) -> JsonError
     column = position - (body.rfind("\n", 0, position) + 1) + 1
     return JsonErrorPosition(
         text=f"{words} at line {line}, column {column} (character {position})",
-        line=line, column=column, character=position,
+        line=line,
+        column=column,
+        character=position,
     )

@@ -34,8 +34,10 @@ def start_banner(*, url: str, key: str | None, key_file: Path | None) -> str:
             lines.append(f"It is also in {key_file} (mode 0600).")
     else:
         lines.append("API key: the value of PRIVTRAIN_BOOTSTRAP_API_KEY.")
-    lines += [f"Dashboard: {url}/ui (paste the key once to log in).",
-              f"API: {url}/v1 with the header 'Authorization: Bearer <key>'."]
+    lines += [
+        f"Dashboard: {url}/ui (paste the key once to log in).",
+        f"API: {url}/v1 with the header 'Authorization: Bearer <key>'.",
+    ]
     return framed(lines)
 
 

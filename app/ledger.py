@@ -94,18 +94,14 @@ def open_budget(session: Session, *, dataset: Dataset, epsilon: float, delta: fl
         committed=zero_curve(),
         reserved=zero_curve(),
         entry_count=0,
-        last_hash=genesis_hash(
-            dataset.id, epsilon=epsilon, delta=delta, orders_version=privacy.ORDERS_VERSION
-        ),
+        last_hash=genesis_hash(dataset.id, epsilon=epsilon, delta=delta, orders_version=privacy.ORDERS_VERSION),
     )
     session.add(budget)
     return budget
 
 
 def lock_budget(session: Session, dataset_id: str) -> PrivacyBudget:
-    budget = session.scalar(
-        select(PrivacyBudget).where(PrivacyBudget.dataset_id == dataset_id).with_for_update()
-    )
+    budget = session.scalar(select(PrivacyBudget).where(PrivacyBudget.dataset_id == dataset_id).with_for_update())
     if budget is None:
         raise LedgerStateError(f"no budget row for dataset {dataset_id}")
     return budget
@@ -163,9 +159,7 @@ def check_admissible(budget: PrivacyBudget, cost: list[float] | tuple[float, ...
 
 def remaining_epsilon(budget: PrivacyBudget) -> float:
     used = privacy.add_curves(tuple(budget.committed), tuple(budget.reserved))
-    return privacy.remaining_epsilon(
-        used=used, capacity=capacity(budget.epsilon, budget.delta), delta=budget.delta
-    )
+    return privacy.remaining_epsilon(used=used, capacity=capacity(budget.epsilon, budget.delta), delta=budget.delta)
 
 
 def reserve(session: Session, budget: PrivacyBudget, *, job: Job, actor: str) -> Admission:
@@ -218,20 +212,14 @@ def _reserved_of_other_open_jobs(session: Session, dataset_id: str, settling_job
 
 def reservation_curve(session: Session, job_id: str) -> tuple[float, ...]:
     """The reserved curve as the RESERVE entry recorded it (not the editable jobs row)."""
-    curve = session.scalar(
-        select(LedgerEntry.curve).where(LedgerEntry.job_id == job_id, LedgerEntry.kind == RESERVE)
-    )
+    curve = session.scalar(select(LedgerEntry.curve).where(LedgerEntry.job_id == job_id, LedgerEntry.kind == RESERVE))
     if curve is None:
         raise LedgerStateError(f"job {job_id} has no reservation")
     return tuple(curve)
 
 
 def _job_kinds(session: Session, job_id: str) -> list[str]:
-    return list(
-        session.scalars(
-            select(LedgerEntry.kind).where(LedgerEntry.job_id == job_id).order_by(LedgerEntry.seq)
-        )
-    )
+    return list(session.scalars(select(LedgerEntry.kind).where(LedgerEntry.job_id == job_id).order_by(LedgerEntry.seq)))
 
 
 def _require_open_reservation(session: Session, job: Job) -> list[str]:
@@ -304,9 +292,7 @@ def commit(
     return entry
 
 
-def release(
-    session: Session, budget: PrivacyBudget, *, job: Job, actor: str, reason: str
-) -> LedgerEntry:
+def release(session: Session, budget: PrivacyBudget, *, job: Job, actor: str, reason: str) -> LedgerEntry:
     """Release a whole reservation: only allowed before any worker touched the data."""
     kinds = _require_open_reservation(session, job)
     if TOUCH in kinds:
@@ -365,9 +351,7 @@ def adjust(
         "reason": reason,
     }
     budget.epsilon, budget.delta = epsilon, delta
-    return _append(
-        session, budget, kind=ADJUST, job_id=None, event=None, curve=None, actor=actor, details=details
-    )
+    return _append(session, budget, kind=ADJUST, job_id=None, event=None, curve=None, actor=actor, details=details)
 
 
 def adjustments(session: Session, dataset_id: str) -> list[dict[str, Any]]:

@@ -256,9 +256,7 @@ def _genesis(data: _DatasetLedger) -> str:
     orders_version = data.budget.orders_version if data.budget is not None else privacy.ORDERS_VERSION
     if initial is None:
         return ""
-    return ledger.genesis_hash(
-        data.dataset_id, epsilon=initial[0], delta=initial[1], orders_version=orders_version
-    )
+    return ledger.genesis_hash(data.dataset_id, epsilon=initial[0], delta=initial[1], orders_version=orders_version)
 
 
 # --------------------------------------------------------------------------- checks
@@ -273,7 +271,9 @@ def check_budget_row(data: _DatasetLedger) -> Iterator[AuditProblem]:
         return
     if data.current_capacity is None:
         yield data.problem(
-            None, "invalid-budget", f"epsilon={data.budget.epsilon!r}, delta={data.budget.delta!r} is not a valid budget"
+            None,
+            "invalid-budget",
+            f"epsilon={data.budget.epsilon!r}, delta={data.budget.delta!r} is not a valid budget",
         )
     if data.budget.orders_version != privacy.ORDERS_VERSION:
         yield data.problem(
@@ -352,9 +352,7 @@ def _shape_problems(data: _DatasetLedger, entry: LedgerEntry) -> Iterator[AuditP
     if entry.kind not in CURVE_KINDS and entry.curve is not None:
         yield data.problem(entry.seq, "malformed-entry", f"{entry.kind} must not carry a curve")
     if entry.kind == ledger.ADJUST and _adjustment(entry) is None:
-        yield data.problem(
-            entry.seq, "malformed-entry", f"ADJUST details need valid {', '.join(ADJUST_KEYS)}"
-        )
+        yield data.problem(entry.seq, "malformed-entry", f"ADJUST details need valid {', '.join(ADJUST_KEYS)}")
 
 
 def check_derived_curves(data: _DatasetLedger) -> Iterator[AuditProblem]:
@@ -429,7 +427,9 @@ def check_settlements(data: _DatasetLedger) -> Iterator[AuditProblem]:
             released = _curve(trail.full_release.curve)
             if released is not None and released != reserved:
                 yield data.problem(
-                    trail.full_release.seq, "curve-mismatch", f"RELEASE of job {trail.job_id} is not its whole reservation"
+                    trail.full_release.seq,
+                    "curve-mismatch",
+                    f"RELEASE of job {trail.job_id} is not its whole reservation",
                 )
         if trail.commit is not None:
             yield from _commit_problems(data, trail, reserved)
@@ -451,7 +451,9 @@ def _commit_problems(data: _DatasetLedger, trail: _Trail, reserved: Curve) -> It
     if trail.remainder_release is None:
         if any(remainder):
             yield data.problem(
-                trail.commit.seq, "lifecycle", f"COMMIT of job {trail.job_id} leaves a remainder that no RELEASE returns"
+                trail.commit.seq,
+                "lifecycle",
+                f"COMMIT of job {trail.job_id} leaves a remainder that no RELEASE returns",
             )
         return
     released = _curve(trail.remainder_release.curve)
@@ -584,9 +586,11 @@ def _check_recorded_admission(
     replayed = _fold(list(open_reservations.values()))
     if not (_close(got_committed, committed, rel=1e-12) and _close(got_reserved, replayed, rel=1e-9)):
         yield data.problem(entry.seq, "total-mismatch", "admitted_against differs from the replayed totals")
-    if capacity is not None and privacy.admission_order(
-        committed=got_committed, reserved=got_reserved, cost=cost, capacity=capacity
-    ) is None:
+    if (
+        capacity is not None
+        and privacy.admission_order(committed=got_committed, reserved=got_reserved, cost=cost, capacity=capacity)
+        is None
+    ):
         yield data.problem(entry.seq, "inadmissible-reservation", "the recorded totals do not admit this RESERVE")
 
 
@@ -633,9 +637,7 @@ def verify_ledger(db: Database, *, dataset_id: str | None = None) -> AuditReport
             data = _load(session, current)
             entries_checked += len(data.entries)
             problems.extend(_audit(data))
-    return AuditReport(
-        datasets_checked=len(dataset_ids), entries_checked=entries_checked, problems=tuple(problems)
-    )
+    return AuditReport(datasets_checked=len(dataset_ids), entries_checked=entries_checked, problems=tuple(problems))
 
 
 def _audit(data: _DatasetLedger) -> list[AuditProblem]:
@@ -658,16 +660,12 @@ def _load(session: Session, dataset_id: str) -> _DatasetLedger:
     )
     named = {entry.job_id for entry in entries if entry.job_id is not None}
     jobs = session.scalars(select(Job).where(or_(Job.dataset_id == dataset_id, Job.id.in_(named))))
-    return _DatasetLedger(
-        dataset_id=dataset_id, budget=budget, entries=entries, jobs={job.id: job for job in jobs}
-    )
+    return _DatasetLedger(dataset_id=dataset_id, budget=budget, entries=entries, jobs={job.id: job for job in jobs})
 
 
 def format_report(report: AuditReport) -> str:
     """One line per problem and a summary line, for a CLI or an auditor's file."""
-    lines = [
-        f"{p.dataset_id} seq={p.seq if p.seq is not None else '-'} {p.code}: {p.message}" for p in report.problems
-    ]
+    lines = [f"{p.dataset_id} seq={p.seq if p.seq is not None else '-'} {p.code}: {p.message}" for p in report.problems]
     scope = f"{report.datasets_checked} dataset(s), {report.entries_checked} entries checked"
     if report.ok:
         lines.append(f"ledger audit OK: {scope}")

@@ -123,12 +123,21 @@ EXPLAINERS: dict[str, Callable[[EntryFacts], str]] = {
 
 
 def explain_entry(
-    *, kind: str, job_id: str | None, curve: Sequence[float] | None, details: Mapping[str, Any],
-    job: Job | None, dataset_delta: float,
+    *,
+    kind: str,
+    job_id: str | None,
+    curve: Sequence[float] | None,
+    details: Mapping[str, Any],
+    job: Job | None,
+    dataset_delta: float,
 ) -> str:
     """One sentence saying what the entry did to the budget (an unknown kind says so)."""
     facts = EntryFacts(
-        kind=kind, job_id=job_id, curve=curve, details=details, job=job,
+        kind=kind,
+        job_id=job_id,
+        curve=curve,
+        details=details,
+        job=job,
         delta=job.delta if job is not None else dataset_delta,
     )
     explainer = EXPLAINERS.get(kind)
@@ -143,14 +152,16 @@ def jobs_of(session: Session, entries: Sequence[LedgerEntry]) -> dict[str, Job]:
     return {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
 
 
-def explain_entries(
-    entries: Sequence[LedgerEntry], *, jobs: Mapping[str, Job], dataset_delta: float
-) -> list[str]:
+def explain_entries(entries: Sequence[LedgerEntry], *, jobs: Mapping[str, Job], dataset_delta: float) -> list[str]:
     """:func:`explain_entry` for each entry, in order."""
     return [
         explain_entry(
-            kind=e.kind, job_id=e.job_id, curve=e.curve, details=e.details or {},
-            job=jobs.get(e.job_id) if e.job_id else None, dataset_delta=dataset_delta,
+            kind=e.kind,
+            job_id=e.job_id,
+            curve=e.curve,
+            details=e.details or {},
+            job=jobs.get(e.job_id) if e.job_id else None,
+            dataset_delta=dataset_delta,
         )
         for e in entries
     ]

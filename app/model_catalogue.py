@@ -115,9 +115,7 @@ class ModelDefinition:
             loc = ".".join(str(part) for part in first["loc"])
             raise ModelIncompatible(f"model.params.{loc}: {first['msg']}") from exc
         if facts.task not in self.tasks:
-            raise ModelIncompatible(
-                f"model '{self.name}' supports {sorted(self.tasks)}, the dataset is {facts.task}"
-            )
+            raise ModelIncompatible(f"model '{self.name}' supports {sorted(self.tasks)}, the dataset is {facts.task}")
         self.check_shape(parsed, facts)
         self._check_size(
             self.size(parsed, facts, self.n_outputs(facts)),
@@ -227,15 +225,21 @@ def _cnn_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSi
     h2, w2 = conv2(h1), conv2(w1)
     flat = 32 * out[0] * out[1]
     parameters = (
-        (channels * 16 * 8 * 8 + 16) + 2 * 16  # conv1, GroupNorm(16)
-        + (16 * 32 * 4 * 4 + 32) + 2 * 32  # conv2, GroupNorm(32)
-        + (flat * 32 + 32) + (32 * n_outputs + n_outputs)  # FC 32, output
+        (channels * 16 * 8 * 8 + 16)
+        + 2 * 16  # conv1, GroupNorm(16)
+        + (16 * 32 * 4 * 4 + 32)
+        + 2 * 32  # conv2, GroupNorm(32)
+        + (flat * 32 + 32)
+        + (32 * n_outputs + n_outputs)  # FC 32, output
     )
     activations = (
         channels * height * width
-        + 3 * 16 * h1 * w1 + 16 * (h1 - 1) * (w1 - 1)  # conv, norm, tanh, pool
-        + 3 * 32 * h2 * w2 + flat  # conv, norm, tanh, pool (= flatten)
-        + 2 * 32 + n_outputs
+        + 3 * 16 * h1 * w1
+        + 16 * (h1 - 1) * (w1 - 1)  # conv, norm, tanh, pool
+        + 3 * 32 * h2 * w2
+        + flat  # conv, norm, tanh, pool (= flatten)
+        + 2 * 32
+        + n_outputs
     )
     return ModelSize(parameters=parameters, activations=activations)
 
@@ -245,16 +249,13 @@ def _cnn_shape(params: BaseModel, facts: DatasetFacts) -> None:
     shape = facts.feature_shape
     if len(shape) == 3:
         if params.image_shape is not None and tuple(params.image_shape) != shape:
-            raise ModelIncompatible(
-                f"image_shape {list(params.image_shape)} differs from the dataset's {list(shape)}"
-            )
+            raise ModelIncompatible(f"image_shape {list(params.image_shape)} differs from the dataset's {list(shape)}")
         image: tuple[int, ...] = shape
     elif params.image_shape is not None:
         image = tuple(params.image_shape)
         if math.prod(image) != facts.n_features:
             raise ModelIncompatible(
-                f"image_shape {list(image)} has {math.prod(image)} values, rows have "
-                f"{facts.n_features} features"
+                f"image_shape {list(image)} has {math.prod(image)} values, rows have {facts.n_features} features"
             )
     else:
         raise ModelIncompatible(

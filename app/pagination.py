@@ -20,7 +20,12 @@ from typing import Any
 from app.errors import InvalidInput
 
 __all__ = [
-    "CursorField", "MAX_CURSOR_CHARS", "cursor_id", "cursor_seq", "cursor_time", "decode_cursor",
+    "MAX_CURSOR_CHARS",
+    "CursorField",
+    "cursor_id",
+    "cursor_seq",
+    "cursor_time",
+    "decode_cursor",
     "encode_cursor",
 ]
 

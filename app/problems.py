@@ -131,11 +131,11 @@ def _validation_problem(request: Request, exc: RequestValidationError) -> Proble
     """422 ``validation-error``; a body that is not JSON at all says where it stops being JSON."""
     errors = exc.errors()
     if errors and errors[0].get("type") == "json_invalid":
-        position = json_errors.describe(
-            body=exc.body, error=errors[0], fallback=str(errors[0].get("msg", ""))
-        )
+        position = json_errors.describe(body=exc.body, error=errors[0], fallback=str(errors[0].get("msg", "")))
         return Problem(
-            status=422, slug="validation-error", detail=f"the request body is not valid JSON: {position.text}",
+            status=422,
+            slug="validation-error",
+            detail=f"the request body is not valid JSON: {position.text}",
             extra={"errors": _clean_validation_errors(exc), **position.members()},
         )
     body_model = _body_model(request)
@@ -160,9 +160,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         slug = _HTTP_SLUGS.get(exc.status_code, "http-error")
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-        problem = Problem(
-            status=exc.status_code, slug=slug, detail=detail, headers=dict(exc.headers or {})
-        )
+        problem = Problem(status=exc.status_code, slug=slug, detail=detail, headers=dict(exc.headers or {}))
         return problem_response(problem, request)
 
     @app.exception_handler(SQLAlchemyOperationalError)
@@ -175,7 +173,8 @@ def install_problem_handlers(app: FastAPI) -> None:
             "database unavailable", extra={"path": request.url.path, "error": type(exc).__name__}
         )
         problem = Problem(
-            status=503, slug="database-unavailable",
+            status=503,
+            slug="database-unavailable",
             detail="the database is unreachable; retry shortly (GET /readyz shows what is down)",
             headers={"Retry-After": "5"},
         )
@@ -185,9 +184,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         import logging
 
-        logging.getLogger("privtrain.api").exception(
-            "unhandled error", extra={"path": request.url.path}
-        )
+        logging.getLogger("privtrain.api").exception("unhandled error", extra={"path": request.url.path})
         problem = Problem(status=500, slug="internal-error", detail="internal server error")
         return problem_response(problem, request)
 
@@ -216,12 +213,11 @@ def document_problems(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
-                             description=app.description, routes=app.routes)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components["ProblemDetails"] = ProblemDetails.model_json_schema(
-            ref_template="#/components/schemas/{model}"
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, description=app.description, routes=app.routes
         )
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components["ProblemDetails"] = ProblemDetails.model_json_schema(ref_template="#/components/schemas/{model}")
         content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/ProblemDetails"}}}
         for path_item in schema.get("paths", {}).values():
             for operation in path_item.values():
@@ -231,9 +227,7 @@ def document_problems(app: FastAPI) -> None:
                         response["content"] = content
                         if code == "422":
                             response["description"] = "Invalid request (RFC 9457 problem)"
-                responses.setdefault(
-                    "default", {"description": "An error (RFC 9457 problem)", "content": content}
-                )
+                responses.setdefault("default", {"description": "An error (RFC 9457 problem)", "content": content})
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
         app.openapi_schema = schema

@@ -54,4 +54,3 @@ def create_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celer
         enable_utc=True,
     )
     return celery
-

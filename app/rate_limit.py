@@ -6,8 +6,9 @@ are identified by a digest (never the key itself) and the table is bounded (leas
 used keys are forgotten first), so an attacker cycling random keys cannot grow it without
 bound. The principal is the API key whatever carries it: a Bearer header and a dashboard session
 cookie (which names the key's digest, signed, next to its session token) draw on one bucket, so
-the cookie is no way around the limit; reading it costs an HMAC, no database lookup. Limits are per API process; with several processes behind a balancer the effective limit
-is the sum — documented, and conservative enough for the purpose (protecting the service).
+the cookie is no way around the limit; reading it costs an HMAC, no database lookup. Limits are
+per API process; with several processes behind a balancer the effective limit is the sum —
+documented, and conservative enough for the purpose (protecting the service).
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ class RateLimiter:
     """Token buckets: `burst` requests at once, refilled at `per_minute`/60 per second."""
 
     def __init__(
-        self, *, per_minute: float, burst: int, clock: Callable[[], float] = time.monotonic,
+        self,
+        *,
+        per_minute: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
         max_keys: int = 100_000,
     ) -> None:
         if per_minute <= 0 or burst < 1 or max_keys < 1:
@@ -123,7 +128,8 @@ class RateLimitMiddleware:
             if wait is not None:
                 retry_after = max(1, math.ceil(wait))
                 problem = Problem(
-                    status=429, slug="rate-limited",
+                    status=429,
+                    slug="rate-limited",
                     detail=f"too many requests for this API key; retry in {retry_after} s",
                     headers={"Retry-After": str(retry_after)},
                     extra={"retry_after_s": retry_after},

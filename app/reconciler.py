@@ -68,7 +68,11 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     failed: list[str] = []
     for job_id, dataset_id, attempt in _stale_running(db, stale_cutoff):
         outcome = lifecycle.requeue_or_fail(
-            db, job_id=job_id, dataset_id=dataset_id, attempt=attempt, stale_before=stale_cutoff,
+            db,
+            job_id=job_id,
+            dataset_id=dataset_id,
+            attempt=attempt,
+            stale_before=stale_cutoff,
             max_attempts=settings.max_attempts,
         )
         if outcome == JobStatus.QUEUED:
@@ -93,9 +97,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     return ReconcileResult(tuple(requeued), tuple(failed), tuple(redispatched))
 
 
-def run_periodically(
-    db: Database, settings: Settings, dispatcher: JobDispatcher, stop: threading.Event
-) -> None:
+def run_periodically(db: Database, settings: Settings, dispatcher: JobDispatcher, stop: threading.Event) -> None:
     """Loop until ``stop`` is set; errors are logged and retried next round, never fatal."""
     while not stop.wait(settings.reconcile_interval_s):
         try:

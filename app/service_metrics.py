@@ -39,14 +39,10 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 def _seconds(pairs: Sequence[tuple[dt.datetime | None, dt.datetime | None]]) -> list[float]:
     """Durations of the (start, end) pairs; the queries already select only rows with both set."""
-    return [
-        (_utc(end) - _utc(start)).total_seconds() for start, end in pairs if start is not None and end is not None
-    ]
+    return [(_utc(end) - _utc(start)).total_seconds() for start, end in pairs if start is not None and end is not None]
 
 
-def collect_metrics(
-    session: Session, *, per_dataset: bool, now: dt.datetime | None = None
-) -> CollectorRegistry:
+def collect_metrics(session: Session, *, per_dataset: bool, now: dt.datetime | None = None) -> CollectorRegistry:
     """A fresh registry filled from the database. ``per_dataset`` adds ε gauges labelled by
     dataset id: those name every tenant's datasets, so only an authenticated scraper gets them."""
     now = now or dt.datetime.now(dt.UTC)
@@ -57,21 +53,34 @@ def collect_metrics(
     for status in JobStatus:
         jobs.labels(status=status).set(counts.get(status, 0))
 
-    waits = _seconds(session.execute(
-        select(Job.created_at, Job.started_at).where(Job.started_at.is_not(None))
-        .order_by(Job.started_at.desc()).limit(RECENT_JOBS)
-    ).all())
-    runs = _seconds(session.execute(
-        select(Job.started_at, Job.finished_at)
-        .where(Job.started_at.is_not(None), Job.finished_at.is_not(None))
-        .order_by(Job.finished_at.desc()).limit(RECENT_JOBS)
-    ).all())
-    wait_gauge = Gauge("privtrain_job_queue_wait_seconds",
-                       f"Submission to start, over the last {RECENT_JOBS} started jobs",
-                       ["quantile"], registry=registry)
-    run_gauge = Gauge("privtrain_job_run_seconds",
-                      f"Start to finish, over the last {RECENT_JOBS} finished jobs",
-                      ["quantile"], registry=registry)
+    waits = _seconds(
+        session.execute(
+            select(Job.created_at, Job.started_at)
+            .where(Job.started_at.is_not(None))
+            .order_by(Job.started_at.desc())
+            .limit(RECENT_JOBS)
+        ).all()
+    )
+    runs = _seconds(
+        session.execute(
+            select(Job.started_at, Job.finished_at)
+            .where(Job.started_at.is_not(None), Job.finished_at.is_not(None))
+            .order_by(Job.finished_at.desc())
+            .limit(RECENT_JOBS)
+        ).all()
+    )
+    wait_gauge = Gauge(
+        "privtrain_job_queue_wait_seconds",
+        f"Submission to start, over the last {RECENT_JOBS} started jobs",
+        ["quantile"],
+        registry=registry,
+    )
+    run_gauge = Gauge(
+        "privtrain_job_run_seconds",
+        f"Start to finish, over the last {RECENT_JOBS} finished jobs",
+        ["quantile"],
+        registry=registry,
+    )
     for q in QUANTILES:
         wait_gauge.labels(quantile=str(q)).set(_quantile(waits, q))
         run_gauge.labels(quantile=str(q)).set(_quantile(runs, q))
@@ -83,18 +92,23 @@ def collect_metrics(
         ).all()
         if beat is not None
     ]
-    Gauge("privtrain_worker_heartbeat_age_max_seconds",
-          "Oldest heartbeat among running jobs (0 when none run)",
-          registry=registry).set(max(heartbeats, default=0.0))
-    Gauge("privtrain_running_jobs_with_heartbeat", "Running jobs that have reported a heartbeat",
-          registry=registry).set(len(heartbeats))
+    Gauge(
+        "privtrain_worker_heartbeat_age_max_seconds",
+        "Oldest heartbeat among running jobs (0 when none run)",
+        registry=registry,
+    ).set(max(heartbeats, default=0.0))
+    Gauge(
+        "privtrain_running_jobs_with_heartbeat", "Running jobs that have reported a heartbeat", registry=registry
+    ).set(len(heartbeats))
 
     if not per_dataset:
         return registry
-    committed = Gauge("privtrain_epsilon_committed", "ε committed on a dataset's ledger (at its δ)",
-                      ["dataset_id"], registry=registry)
-    reserved = Gauge("privtrain_epsilon_reserved", "ε reserved by queued/running jobs",
-                     ["dataset_id"], registry=registry)
+    committed = Gauge(
+        "privtrain_epsilon_committed", "ε committed on a dataset's ledger (at its δ)", ["dataset_id"], registry=registry
+    )
+    reserved = Gauge(
+        "privtrain_epsilon_reserved", "ε reserved by queued/running jobs", ["dataset_id"], registry=registry
+    )
     for budget in session.scalars(select(PrivacyBudget)):
         summary = ledger.budget_summary(budget)
         committed.labels(dataset_id=budget.dataset_id).set(summary["committed_epsilon"])

@@ -27,9 +27,7 @@ class CeleryDispatcher:
         self._queue = settings.task_queue
 
     def dispatch(self, job_id: str) -> None:
-        self._celery.send_task(
-            self._task, args=[job_id], task_id=job_id, queue=self._queue
-        )
+        self._celery.send_task(self._task, args=[job_id], task_id=job_id, queue=self._queue)
 
     def ping(self) -> None:
         with self._celery.connection_for_write() as connection:

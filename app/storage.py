@@ -10,8 +10,8 @@ import hashlib
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import BinaryIO
 
 

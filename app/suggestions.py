@@ -62,7 +62,7 @@ def with_hint(message: str, name: str, known: Iterable[str]) -> str:
 
 
 def unknown_name(*, kind: str, name: str, known: Iterable[str]) -> str:
-    """"unknown algorithm 'dp-adma'; did you mean 'dp-adam'?"."""
+    """ "unknown algorithm 'dp-adma'; did you mean 'dp-adam'?"."""
     return with_hint(f"unknown {kind} '{name}'", name, known)
 
 

@@ -13,8 +13,8 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
-from app.api.slot_problems import app_registry, slots_full_problem
 from app.api.deps import ServicesDep, TenantDep
+from app.api.slot_problems import app_registry, slots_full_problem
 from app.capped_slots import CappedSlots, SlotsFull
 
 RETRY_AFTER_S = 10
@@ -40,9 +40,7 @@ def slots_of(app: FastAPI, *, total: int, per_tenant: int) -> UploadSlots:
     return app_registry(app, attribute="upload_slots", make=lambda: UploadSlots(total=total, per_tenant=per_tenant))
 
 
-async def upload_slot(
-    request: Request, services: ServicesDep, tenant: TenantDep
-) -> AsyncIterator[None]:
+async def upload_slot(request: Request, services: ServicesDep, tenant: TenantDep) -> AsyncIterator[None]:
     """Dependency holding one upload slot for the whole request, released however it ends."""
     settings = services.settings
     slots = slots_of(
@@ -53,8 +51,13 @@ async def upload_slot(
     try:
         slots.acquire(tenant.id)
     except UploadSlotsFull as exc:
-        raise slots_full_problem(exc, slug="too-many-uploads", summary="too many uploads in progress",
-                                 advice=f"retry in {RETRY_AFTER_S} s", retry_after_s=RETRY_AFTER_S) from exc
+        raise slots_full_problem(
+            exc,
+            slug="too-many-uploads",
+            summary="too many uploads in progress",
+            advice=f"retry in {RETRY_AFTER_S} s",
+            retry_after_s=RETRY_AFTER_S,
+        ) from exc
     try:
         yield
     finally:

@@ -41,7 +41,7 @@ import time
 import zipfile
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -134,8 +134,7 @@ def is_hang(outcome: str) -> bool:
     return outcome == "timeout" or outcome.startswith("error ")
 
 
-def verdict(*, healthz_p99_ms: float, bystander_p99_ms: float, outcomes: Counter[str],
-            problems: Sequence[str]) -> str:
+def verdict(*, healthz_p99_ms: float, bystander_p99_ms: float, outcomes: Counter[str], problems: Sequence[str]) -> str:
     """'held', or 'NOT held' with every reason (a missing figure counts as not held)."""
     reasons = []
     if not healthz_p99_ms < HELD_BELOW_S * 1e3:
@@ -180,11 +179,13 @@ class AttackContext:
     npz_bomb: bytes
     until: float
 
-    def client(self, *, key: str | None = None, read_timeout_s: float | None = ATTACK_TIMEOUT_S,
-               authorised: bool = True) -> httpx.AsyncClient:
+    def client(
+        self, *, key: str | None = None, read_timeout_s: float | None = ATTACK_TIMEOUT_S, authorised: bool = True
+    ) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {key or self.attacker_key}"} if authorised else {}
         return httpx.AsyncClient(
-            base_url=self.base, headers=headers,
+            base_url=self.base,
+            headers=headers,
             timeout=httpx.Timeout(ATTACK_TIMEOUT_S, read=read_timeout_s),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=200),
         )
@@ -213,8 +214,13 @@ def attack(name: str, *, min_seconds: float = 0.0, tenant: str = "attacker") -> 
     """Register an attack; its docstring's first line is its summary."""
 
     def register(run: AttackFn) -> AttackFn:
-        ATTACKS[name] = Attack(name=name, run=run, min_seconds=min_seconds, tenant=tenant,
-                               summary=(run.__doc__ or name).strip().splitlines()[0])
+        ATTACKS[name] = Attack(
+            name=name,
+            run=run,
+            min_seconds=min_seconds,
+            tenant=tenant,
+            summary=(run.__doc__ or name).strip().splitlines()[0],
+        )
         return run
 
     return register
@@ -232,9 +238,18 @@ async def outcome_of(response: httpx.Response) -> str:
     return f"{response.status_code} {slug}".strip()
 
 
-async def send(http: httpx.AsyncClient, record: AttackRecord, *, label: str, method: str, url: str,
-               json_body: Any = None, content: bytes | None = None, params: dict[str, Any] | None = None,
-               data: dict[str, str] | None = None) -> httpx.Response | None:
+async def send(
+    http: httpx.AsyncClient,
+    record: AttackRecord,
+    *,
+    label: str,
+    method: str,
+    url: str,
+    json_body: Any = None,
+    content: bytes | None = None,
+    params: dict[str, Any] | None = None,
+    data: dict[str, str] | None = None,
+) -> httpx.Response | None:
     """One attacker request, its outcome counted under `label`; None if it got no answer."""
     try:
         response = await http.request(method, url, json=json_body, content=content, params=params, data=data)
@@ -259,17 +274,28 @@ async def repeat_until(until: float, *, workers: int, body: Callable[[int], Awai
     await asyncio.gather(*(loop() for _ in range(workers)))
 
 
-def job_spec(*, dataset_id: str, noise_multiplier: float, steps: int, model: dict[str, Any] = LOGISTIC,
-             delta: float | None = None, time_limit_s: float | None = None) -> dict[str, Any]:
+def job_spec(
+    *,
+    dataset_id: str,
+    noise_multiplier: float,
+    steps: int,
+    model: dict[str, Any] = LOGISTIC,
+    delta: float | None = None,
+    time_limit_s: float | None = None,
+) -> dict[str, Any]:
     privacy: dict[str, Any] = {"noise_multiplier": noise_multiplier}
     if delta is not None:
         privacy["delta"] = delta
     training: dict[str, Any] = {"steps": steps, "batch_size": 64, "learning_rate": 0.5}
     if time_limit_s is not None:
         training["time_limit_s"] = time_limit_s
-    return {"dataset_id": dataset_id, "model": model,
-            "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
-            "privacy": privacy, "training": training}
+    return {
+        "dataset_id": dataset_id,
+        "model": model,
+        "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
+        "privacy": privacy,
+        "training": training,
+    }
 
 
 def csv_variant(csv: bytes, tag: str) -> bytes:
@@ -313,11 +339,13 @@ TINY_SIGMAS = (1e-300, 1e-200, 0.01)
 async def tiny_sigma(ctx: AttackContext, record: AttackRecord) -> None:
     """40 concurrent estimates with σ = 1e-300, 1e-200, 0.01 in a loop."""
     async with ctx.client() as http:
+
         async def one(n: int) -> None:
             sigma = TINY_SIGMAS[n % len(TINY_SIGMAS)]
             spec = job_spec(dataset_id=ctx.dataset_id, noise_multiplier=sigma, steps=1000)
-            await send(http, record, label=f"estimate σ={sigma:g}", method="POST", url="/v1/jobs/estimate",
-                       json_body=spec)
+            await send(
+                http, record, label=f"estimate σ={sigma:g}", method="POST", url="/v1/jobs/estimate", json_body=spec
+            )
 
         await repeat_until(ctx.until, workers=40, body=one)
     for sigma in TINY_SIGMAS[:2]:
@@ -331,14 +359,16 @@ PRV_HEAVY = (("σ=0.6 T=1e6", 0.6, 1_000_000), ("σ=0.01 T=1000", 0.01, 1000))
 async def prv_heavy(ctx: AttackContext, record: AttackRecord) -> None:
     """20 concurrent estimates and submissions whose single-job ε bound used to run for seconds."""
     async with ctx.client() as http:
+
         async def one(n: int) -> None:
             name, sigma, steps = PRV_HEAVY[n % len(PRV_HEAVY)]
             spec = job_spec(dataset_id=ctx.dataset_id, noise_multiplier=sigma, steps=steps)
             if (n // len(PRV_HEAVY)) % 2:
                 await send(http, record, label=f"submit {name}", method="POST", url="/v1/jobs", json_body=spec)
             else:
-                await send(http, record, label=f"estimate {name}", method="POST", url="/v1/jobs/estimate",
-                           json_body=spec)
+                await send(
+                    http, record, label=f"estimate {name}", method="POST", url="/v1/jobs/estimate", json_body=spec
+                )
 
         await repeat_until(ctx.until, workers=20, body=one)
 
@@ -350,16 +380,16 @@ async def _submit_long_job(ctx: AttackContext, record: AttackRecord) -> str | No
     """A job that stays queued or running for the whole attack (cancelled between attacks)."""
     async with ctx.client(key=ctx.admin_key) as http:
         spec = job_spec(dataset_id=ctx.dataset_id, noise_multiplier=50.0, steps=200_000, time_limit_s=300)
-        response = await send(http, record, label="setup: long job", method="POST", url="/v1/jobs",
-                              json_body=spec)
+        response = await send(http, record, label="setup: long job", method="POST", url="/v1/jobs", json_body=spec)
     if response is None or response.status_code != 202:
         record.problems.append("could not submit the long job the streams watch")
         return None
     return str(response.json()["id"])
 
 
-async def _hold_stream(http: httpx.AsyncClient, record: AttackRecord, *, url: str, until: float,
-                       held: list[int]) -> None:
+async def _hold_stream(
+    http: httpx.AsyncClient, record: AttackRecord, *, url: str, until: float, held: list[int]
+) -> None:
     """Open one event stream and keep reading it until the deadline."""
     label = "SSE stream"
     request = http.build_request("GET", url, headers={"Accept": "text/event-stream"})
@@ -396,8 +426,9 @@ async def _note_job_state(ctx: AttackContext, record: AttackRecord, job_id: str)
     async with ctx.client(key=ctx.admin_key) as http:
         response = await http.get(f"/v1/jobs/{job_id}")
     job = response.json() if response.status_code == 200 else {}
-    record.notes.append(f"the long job was {job.get('status', 'unknown')} at the end "
-                        f"({job.get('steps_run', '?')} steps run)")
+    record.notes.append(
+        f"the long job was {job.get('status', 'unknown')} at the end ({job.get('steps_run', '?')} steps run)"
+    )
 
 
 @attack("training")
@@ -417,10 +448,12 @@ async def sse_flood(ctx: AttackContext, record: AttackRecord) -> None:
         return
     held: list[int] = []
     async with ctx.client(read_timeout_s=None) as http:
-        await asyncio.gather(*(
-            _hold_stream(http, record, url=f"/v1/jobs/{job_id}/events", until=ctx.until, held=held)
-            for _ in range(SSE_STREAMS)
-        ))
+        await asyncio.gather(
+            *(
+                _hold_stream(http, record, url=f"/v1/jobs/{job_id}/events", until=ctx.until, held=held)
+                for _ in range(SSE_STREAMS)
+            )
+        )
     record.notes.append(f"{len(held)} of {SSE_STREAMS} streams were still open at the end of the attack")
     await _note_job_state(ctx, record, job_id)
 
@@ -438,9 +471,15 @@ async def upload_lock(ctx: AttackContext, record: AttackRecord) -> None:
             await send(http, record, label="submit small job", method="POST", url="/v1/jobs", json_body=spec)
 
         async def one(n: int) -> None:
-            await send(http, record, label="upload", method="POST", url="/v1/datasets",
-                       params=upload_params(name=f"lock{n}"),
-                       content=csv_variant(ctx.digits_csv, f"{n}_{secrets.token_hex(3)}"))
+            await send(
+                http,
+                record,
+                label="upload",
+                method="POST",
+                url="/v1/datasets",
+                params=upload_params(name=f"lock{n}"),
+                content=csv_variant(ctx.digits_csv, f"{n}_{secrets.token_hex(3)}"),
+            )
 
         await repeat_until(ctx.until, workers=UPLOADERS, body=one)
     expect_seen(record, label="upload", outcome="429 too-many-uploads", meaning="no concurrent-upload cap")
@@ -470,8 +509,10 @@ async def big_model(ctx: AttackContext, record: AttackRecord) -> None:
     if before is None or after is None or before != after:
         record.problems.append("A's budget changed (or could not be read) across the attack")
     else:
-        record.notes.append(f"A's budget unchanged: reserved ε {after['reserved_epsilon']:g}, "
-                            f"{after['entries']} ledger entries before and after")
+        record.notes.append(
+            f"A's budget unchanged: reserved ε {after['reserved_epsilon']:g}, "
+            f"{after['entries']} ledger entries before and after"
+        )
 
 
 @attack("npz-bomb")
@@ -480,10 +521,18 @@ async def npz_bomb(ctx: AttackContext, record: AttackRecord) -> None:
     before = api_memory(ctx.api_pid)
     slowest: list[float] = [0.0]
     async with ctx.client() as http:
+
         async def one(n: int) -> None:
             started = time.perf_counter()
-            await send(http, record, label="upload bomb", method="POST", url="/v1/datasets",
-                       params=upload_params(name=f"bomb{n}", fmt="npz"), content=ctx.npz_bomb)
+            await send(
+                http,
+                record,
+                label="upload bomb",
+                method="POST",
+                url="/v1/datasets",
+                params=upload_params(name=f"bomb{n}", fmt="npz"),
+                content=ctx.npz_bomb,
+            )
             slowest[0] = max(slowest[0], time.perf_counter() - started)
 
         await repeat_until(ctx.until, workers=2, body=one)
@@ -509,8 +558,9 @@ async def _dashboard_login(http: httpx.AsyncClient, record: AttackRecord, *, key
     if match is None:
         record.problems.append("no CSRF field found on /ui/login")
         return False
-    answer = await send(http, record, label="login", method="POST", url="/ui/login",
-                        data={"csrf_token": match.group(1), "api_key": key})
+    answer = await send(
+        http, record, label="login", method="POST", url="/ui/login", data={"csrf_token": match.group(1), "api_key": key}
+    )
     if answer is None or answer.status_code != 303:
         record.problems.append("the dashboard login did not answer 303")
         return False
@@ -546,8 +596,10 @@ async def cookie_rate(ctx: AttackContext, record: AttackRecord) -> None:
         await asyncio.gather(*(worker() for _ in range(20)))
         elapsed = time.monotonic() - started
     excess = excess_requests(requests=COOKIE_REQUESTS, elapsed_s=elapsed)
-    record.notes.append(f"{COOKIE_REQUESTS} cookie requests in {elapsed:.1f} s; a key limited like a Bearer "
-                        f"key must have got at least {excess:.0f} × 429")
+    record.notes.append(
+        f"{COOKIE_REQUESTS} cookie requests in {elapsed:.1f} s; a key limited like a Bearer "
+        f"key must have got at least {excess:.0f} × 429"
+    )
     limited = sum(n for outcome, n in record.label_outcomes(label).items() if outcome.startswith("429"))
     if limited < excess:
         record.problems.append(f"{label}: {limited} × 429, fewer than the bucket allows ({excess:.0f})")
@@ -575,8 +627,14 @@ async def grant_enum(ctx: AttackContext, record: AttackRecord) -> None:
     shapes: dict[str, tuple[str, ...]] = {}
     async with ctx.client() as http:
         for label, name in names.items():
-            response = await send(http, record, label=f"grant to {label}", method="POST",
-                                  url=f"/v1/datasets/{ctx.dataset_id}/grants", json_body={"tenant": name})
+            response = await send(
+                http,
+                record,
+                label=f"grant to {label}",
+                method="POST",
+                url=f"/v1/datasets/{ctx.dataset_id}/grants",
+                json_body={"tenant": name},
+            )
             shapes[label] = _answer_shape(response)
     async with ctx.client(key=ctx.admin_key) as admin:
         for name in (ctx.bystander_name, ctx.third_name):
@@ -584,8 +642,9 @@ async def grant_enum(ctx: AttackContext, record: AttackRecord) -> None:
     for label, shape in shapes.items():
         record.notes.append(f"grant to {label}: {' '.join(shape)}")
     if shapes["existing (B)"] != shapes["unknown"]:
-        record.problems.append("enumeration oracle: an existing tenant's name and an unknown name get "
-                               "different answers")
+        record.problems.append(
+            "enumeration oracle: an existing tenant's name and an unknown name get different answers"
+        )
     await asyncio.sleep(min(2.0, ctx.remaining_s()))
 
 
@@ -595,9 +654,11 @@ TINY_DELTA = 5e-324
 async def _after_tiny_delta(ctx: AttackContext, record: AttackRecord) -> None:
     """The pages a 5e-324 δ used to break must still answer 200."""
     async with ctx.client(key=ctx.admin_key) as http:
-        for label, url in (("after: GET /metrics", "/metrics"),
-                           ("after: GET budget", f"/v1/datasets/{ctx.dataset_id}/budget"),
-                           ("after: GET ledger", f"/v1/datasets/{ctx.dataset_id}/ledger")):
+        for label, url in (
+            ("after: GET /metrics", "/metrics"),
+            ("after: GET budget", f"/v1/datasets/{ctx.dataset_id}/budget"),
+            ("after: GET ledger", f"/v1/datasets/{ctx.dataset_id}/ledger"),
+        ):
             response = await send(http, record, label=label, method="GET", url=url)
             if response is None or response.status_code != 200:
                 record.problems.append(f"{label} did not answer 200")
@@ -607,9 +668,15 @@ async def _after_tiny_delta(ctx: AttackContext, record: AttackRecord) -> None:
 async def tiny_delta(ctx: AttackContext, record: AttackRecord) -> None:
     """An upload and jobs with δ = 5e-324; then /metrics and A's budget and ledger pages."""
     async with ctx.client() as http:
-        await send(http, record, label="upload δ=5e-324", method="POST", url="/v1/datasets",
-                   params=upload_params(name="tiny-delta", delta=TINY_DELTA),
-                   content=csv_variant(ctx.digits_csv, secrets.token_hex(4)))
+        await send(
+            http,
+            record,
+            label="upload δ=5e-324",
+            method="POST",
+            url="/v1/datasets",
+            params=upload_params(name="tiny-delta", delta=TINY_DELTA),
+            content=csv_variant(ctx.digits_csv, secrets.token_hex(4)),
+        )
 
         async def one(n: int) -> None:
             spec = job_spec(dataset_id=ctx.dataset_id, noise_multiplier=20.0, steps=100, delta=TINY_DELTA)
@@ -630,9 +697,11 @@ SLOW_DECLARED_BYTES = 100_000
 def _slow_upload_head(ctx: AttackContext, *, n: int) -> bytes:
     query = httpx.QueryParams(upload_params(name=f"slow{n}"))
     host = ctx.base.removeprefix("http://")
-    return (f"POST /v1/datasets?{query} HTTP/1.1\r\nHost: {host}\r\n"
-            f"Authorization: Bearer {ctx.attacker_key}\r\nContent-Type: text/csv\r\n"
-            f"Content-Length: {SLOW_DECLARED_BYTES}\r\n\r\n").encode()
+    return (
+        f"POST /v1/datasets?{query} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {ctx.attacker_key}\r\nContent-Type: text/csv\r\n"
+        f"Content-Length: {SLOW_DECLARED_BYTES}\r\n\r\n"
+    ).encode()
 
 
 async def _slow_upload(ctx: AttackContext, *, n: int) -> tuple[str, float]:
@@ -646,7 +715,7 @@ async def _slow_upload(ctx: AttackContext, *, n: int) -> tuple[str, float]:
         offset = 0
         while time.monotonic() < ctx.until:
             try:
-                writer.write(body[offset:offset + SLOW_BYTES_PER_S])
+                writer.write(body[offset : offset + SLOW_BYTES_PER_S])
                 await writer.drain()
                 offset += SLOW_BYTES_PER_S
                 answer = await asyncio.wait_for(reader.read(4096), timeout=1.0)
@@ -675,8 +744,7 @@ def _tmp_files(data_dir: Path) -> int:
 @attack("slow-upload", min_seconds=25.0)
 async def slow_upload(ctx: AttackContext, record: AttackRecord) -> None:
     """30 uploads at 4 bytes/s on raw sockets: are they cut off, and is their temp file removed?"""
-    outcomes = await asyncio.gather(*(_slow_upload(ctx, n=n) for n in range(SLOW_UPLOADS)),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(*(_slow_upload(ctx, n=n) for n in range(SLOW_UPLOADS)), return_exceptions=True)
     cut_after: list[float] = []
     for result in outcomes:
         if isinstance(result, BaseException):
@@ -689,8 +757,9 @@ async def slow_upload(ctx: AttackContext, record: AttackRecord) -> None:
     await asyncio.sleep(2.0)  # let the server finish whatever clean-up follows a cut
     left = _tmp_files(ctx.data_dir)
     cut = ", ".join(f"{s:.1f}" for s in sorted(cut_after)) or "none"
-    record.notes.append(f"slow uploads not refused at once ended after [{cut}] s; "
-                        f"{left} file(s) left in the data dir's tmp/ afterwards")
+    record.notes.append(
+        f"slow uploads not refused at once ended after [{cut}] s; {left} file(s) left in the data dir's tmp/ afterwards"
+    )
     if record.label_outcomes("slow upload").get("open at the end"):
         record.problems.append("some slow uploads were still open at the end of the attack")
     if left:
@@ -706,6 +775,7 @@ async def crafted_cursor(ctx: AttackContext, record: AttackRecord) -> None:
     paths = ("/v1/datasets", f"/v1/datasets/{ctx.dataset_id}/ledger", "/v1/jobs")
     cases = [(json.dumps(values), encode_cursor(values), path) for values in CRAFTED_CURSORS for path in paths]
     async with ctx.client() as http:
+
         async def one(n: int) -> None:
             shown, cursor, path = cases[n % len(cases)]
             await send(http, record, label=f"cursor {shown}", method="GET", url=path, params={"cursor": cursor})
@@ -732,8 +802,7 @@ async def _timed_get(http: httpx.AsyncClient, url: str, *, origin: float, sample
     samples.append(Sample(sent_at, time.perf_counter() - started, response.status_code == 200))
 
 
-async def _probe_loop(http: httpx.AsyncClient, *, url: str, every_s: float, stop: Any,
-                      samples: list[Sample]) -> None:
+async def _probe_loop(http: httpx.AsyncClient, *, url: str, every_s: float, stop: Any, samples: list[Sample]) -> None:
     """Open loop: a probe every `every_s` on schedule, however slow earlier ones are."""
     pending: set[asyncio.Task[None]] = set()
     next_at = origin = time.monotonic()
@@ -751,13 +820,15 @@ async def _probe(*, base: str, bystander_key: str, stop: Any) -> dict[str, list[
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=50)
     async with (
         httpx.AsyncClient(base_url=base, timeout=PROBE_TIMEOUT_S, limits=limits) as health,
-        httpx.AsyncClient(base_url=base, timeout=PROBE_TIMEOUT_S, limits=limits,
-                          headers={"Authorization": f"Bearer {bystander_key}"}) as bystander,
+        httpx.AsyncClient(
+            base_url=base, timeout=PROBE_TIMEOUT_S, limits=limits, headers={"Authorization": f"Bearer {bystander_key}"}
+        ) as bystander,
     ):
         await asyncio.gather(
             _probe_loop(health, url="/healthz", every_s=HEALTHZ_EVERY_S, stop=stop, samples=samples["healthz"]),
-            _probe_loop(bystander, url="/v1/datasets", every_s=BYSTANDER_EVERY_S, stop=stop,
-                        samples=samples["bystander"]),
+            _probe_loop(
+                bystander, url="/v1/datasets", every_s=BYSTANDER_EVERY_S, stop=stop, samples=samples["bystander"]
+            ),
         )
     return samples
 
@@ -819,8 +890,9 @@ def descendants(pid: int) -> list[int]:
 
 def api_memory(pid: int) -> MemoryFigures:
     """The API process's resident and peak memory (the worker's is a separate process)."""
-    return MemoryFigures(rss_mib=_status_field_kib(pid, "VmRSS") / 1024,
-                         peak_mib=_status_field_kib(pid, "VmHWM") / 1024)
+    return MemoryFigures(
+        rss_mib=_status_field_kib(pid, "VmRSS") / 1024, peak_mib=_status_field_kib(pid, "VmHWM") / 1024
+    )
 
 
 def tree_rss_mib(pid: int) -> float:
@@ -871,10 +943,8 @@ def _kill_tree(server: subprocess.Popen[bytes], family: set[tuple[int, str]]) ->
     family |= _identities({server.pid, *descendants(server.pid)})
     if server.poll() is None:
         server.send_signal(signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             server.wait(timeout=25)
-        except subprocess.TimeoutExpired:
-            pass
     own_group = os.getpgrp()
     for pid, start in sorted(family):
         if _start_time(pid) != start:
@@ -901,8 +971,14 @@ def served_api(*, data_dir: Path, log_path: Path) -> Iterator[RunningApi]:
     """`privtrain-admin serve` (embedded: SQLite, filesystem broker, one worker), cleaned up."""
     port = _free_port()
     with log_path.open("wb") as log:
-        server = subprocess.Popen(_serve_command(port), cwd=REPO_ROOT, env=_serve_env(data_dir),
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            _serve_command(port),
+            cwd=REPO_ROOT,
+            env=_serve_env(data_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     family: set[tuple[int, str]] = set()
     try:
         base = f"http://127.0.0.1:{port}"
@@ -929,20 +1005,31 @@ def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principal
     try:
         with db.write_transaction() as session:
             tenants = {role: get_or_create_tenant(session, name) for role, name in TENANTS.items()}
-            for label, role in [("setup", "attacker"), ("bystander", "bystander"), ("third", "third"),
-                                *((f"attack:{spec.name}", spec.tenant) for spec in attacks)]:
+            for label, role in [
+                ("setup", "attacker"),
+                ("bystander", "bystander"),
+                ("third", "third"),
+                *((f"attack:{spec.name}", spec.tenant) for spec in attacks),
+            ]:
                 keys[label] = generate_api_key()
                 register_api_key(session, tenant=tenants[role], key=keys[label], label=label)
     finally:
         db.dispose()
-    return Principals(admin_key=keys["setup"], bystander_key=keys["bystander"],
-                      attack_keys={spec.name: keys[f"attack:{spec.name}"] for spec in attacks})
+    return Principals(
+        admin_key=keys["setup"],
+        bystander_key=keys["bystander"],
+        attack_keys={spec.name: keys[f"attack:{spec.name}"] for spec in attacks},
+    )
 
 
 def upload_digits(base: str, *, key: str, name: str, csv: bytes) -> str:
-    response = httpx.post(f"{base}/v1/datasets", headers={"Authorization": f"Bearer {key}"}, content=csv,
-                          params={"name": name, "format": "csv", "label_column": "label",
-                                  "epsilon": 100, "delta": 1e-5}, timeout=120)
+    response = httpx.post(
+        f"{base}/v1/datasets",
+        headers={"Authorization": f"Bearer {key}"},
+        content=csv,
+        params={"name": name, "format": "csv", "label_column": "label", "epsilon": 100, "delta": 1e-5},
+        timeout=120,
+    )
     if response.status_code != 201:
         raise SystemExit(f"setup upload failed: {response.status_code} {response.text[:500]}")
     return str(response.json()["id"])
@@ -1010,8 +1097,7 @@ def settle(*, base: str, principals: Principals) -> list[str]:
     quick answers in a row). Returns a note when that took long or never happened, since the
     previous attack's leftover work then weighs on the next one's figures."""
     started = time.monotonic()
-    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {principals.admin_key}"},
-                      timeout=30) as admin:
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {principals.admin_key}"}, timeout=30) as admin:
         _cancel_active_jobs(admin)
     streak = 0
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {principals.bystander_key}"}) as client:
@@ -1048,8 +1134,16 @@ async def _bounded(spec: Attack, ctx: AttackContext, record: AttackRecord) -> No
         record.problems.append(f"the attack itself overran its window by {ATTACK_OVERRUN_S:g} s")
 
 
-def run_attack(spec: Attack, *, ctx_for: Callable[[float], AttackContext], seconds: float,
-               base: str, bystander_key: str, api_pid: int, notes: Sequence[str]) -> AttackResult:
+def run_attack(
+    spec: Attack,
+    *,
+    ctx_for: Callable[[float], AttackContext],
+    seconds: float,
+    base: str,
+    bystander_key: str,
+    api_pid: int,
+    notes: Sequence[str],
+) -> AttackResult:
     """One attack with the probe watching; the attack's window is max(seconds, its minimum)."""
     window = max(seconds, spec.min_seconds)
     record = AttackRecord(notes=list(notes))
@@ -1060,27 +1154,43 @@ def run_attack(spec: Attack, *, ctx_for: Callable[[float], AttackContext], secon
     elapsed = time.monotonic() - started
     healthz, bystander = LatencySummary.of(samples["healthz"]), LatencySummary.of(samples["bystander"])
     return AttackResult(
-        name=spec.name, summary=spec.summary, seconds=elapsed,
+        name=spec.name,
+        summary=spec.summary,
+        seconds=elapsed,
         statuses={label: dict(counts) for label, counts in record.statuses.items()},
-        notes=record.notes, problems=record.problems, healthz=healthz, bystander=bystander,
-        verdict=verdict(healthz_p99_ms=healthz.p99_ms, bystander_p99_ms=bystander.p99_ms,
-                        outcomes=record.outcomes(), problems=record.problems),
+        notes=record.notes,
+        problems=record.problems,
+        healthz=healthz,
+        bystander=bystander,
+        verdict=verdict(
+            healthz_p99_ms=healthz.p99_ms,
+            bystander_p99_ms=bystander.p99_ms,
+            outcomes=record.outcomes(),
+            problems=record.problems,
+        ),
         api_tree_rss_mib=(rss_before, tree_rss_mib(api_pid)),
-        samples={kind: [(s.sent_at_s, round(1e3 * s.latency_s, 2), s.ok) for s in values]
-                 for kind, values in samples.items()},
+        samples={
+            kind: [(s.sent_at_s, round(1e3 * s.latency_s, 2), s.ok) for s in values] for kind, values in samples.items()
+        },
     )
 
 
 def print_report(results: Sequence[AttackResult], *, started: float) -> None:
-    print(f"# attack run {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()} ({os.cpu_count()} cores, "
-          f"{platform.platform()}), {time.monotonic() - started:.0f} s in all")
-    print("| attack | attacker got | healthz p50 / p99 / max ms | bystander p50 / p99 / max ms "
-          "| probe failures | verdict |")
+    print(
+        f"# attack run {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()} ({os.cpu_count()} cores, "
+        f"{platform.platform()}), {time.monotonic() - started:.0f} s in all"
+    )
+    print(
+        "| attack | attacker got | healthz p50 / p99 / max ms | bystander p50 / p99 / max ms "
+        "| probe failures | verdict |"
+    )
     print("|---|---|---:|---:|---:|---|")
     for r in results:
         statuses = {label: Counter(counts) for label, counts in r.statuses.items()}
-        print(f"| {r.name} | {format_outcomes(statuses)} | {r.healthz.cell()} | {r.bystander.cell()} | "
-              f"{r.healthz.failures} + {r.bystander.failures} | {r.verdict} |")
+        print(
+            f"| {r.name} | {format_outcomes(statuses)} | {r.healthz.cell()} | {r.bystander.cell()} | "
+            f"{r.healthz.failures} + {r.bystander.failures} | {r.verdict} |"
+        )
     print()
     for r in results:
         print(f"- **{r.name}** ({r.seconds:.0f} s): {r.summary}")
@@ -1112,13 +1222,28 @@ def _run_all(names: Sequence[str], *, seconds: float, tmp: Path) -> list[AttackR
 
             def ctx_for(until: float, name: str = name) -> AttackContext:
                 return AttackContext(
-                    base=api.base, attacker_key=principals.attack_keys[name], admin_key=principals.admin_key,
-                    dataset_id=dataset_id, bystander_name=TENANTS["bystander"], third_name=TENANTS["third"],
-                    data_dir=data_dir, api_pid=api.pid, digits_csv=digits, npz_bomb=bomb, until=until,
+                    base=api.base,
+                    attacker_key=principals.attack_keys[name],
+                    admin_key=principals.admin_key,
+                    dataset_id=dataset_id,
+                    bystander_name=TENANTS["bystander"],
+                    third_name=TENANTS["third"],
+                    data_dir=data_dir,
+                    api_pid=api.pid,
+                    digits_csv=digits,
+                    npz_bomb=bomb,
+                    until=until,
                 )
 
-            result = run_attack(ATTACKS[name], ctx_for=ctx_for, seconds=seconds, base=api.base,
-                                bystander_key=principals.bystander_key, api_pid=api.pid, notes=notes)
+            result = run_attack(
+                ATTACKS[name],
+                ctx_for=ctx_for,
+                seconds=seconds,
+                base=api.base,
+                bystander_key=principals.bystander_key,
+                api_pid=api.pid,
+                notes=notes,
+            )
             print(f"{name}: {result.verdict}", file=sys.stderr, flush=True)
             results.append(result)
     return results

@@ -46,14 +46,16 @@ def code_sigma(claimed: float) -> float:
     """The code's σ: Opacus RDP at ε/2, one step at q = 1 (warnings about α range silenced)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return get_noise_multiplier(target_epsilon=claimed / 2, target_delta=DELTA,
-                                    sample_rate=1.0, steps=1, accountant="rdp")
+        return get_noise_multiplier(
+            target_epsilon=claimed / 2, target_delta=DELTA, sample_rate=1.0, steps=1, accountant="rdp"
+        )
 
 
 def service_sigma(claimed: float) -> float:
     return privacy.calibrate_noise_multiplier(
         lambda s: privacy.GaussianEvent(noise_multiplier=s, count=1),
-        target_epsilon=claimed, delta=DELTA,
+        target_epsilon=claimed,
+        delta=DELTA,
     )
 
 
@@ -66,24 +68,39 @@ def audit_rows(*, claimed: float, canaries: int, guess_fraction: float, seed: in
     threshold = ThresholdAggregator(c1=C1, c2=C2, projection=projection, tau=0.05)
     sigma_code, sigma_sound = code_sigma(claimed), service_sigma(claimed)
     cases = (
-        ("code-compat (UNSAFE)", rank, code_compat_noise_rule(noise_multiplier=sigma_code, c1=C1,
-                                                              c2=C2, p=P), sigma_code),
+        (
+            "code-compat (UNSAFE)",
+            rank,
+            code_compat_noise_rule(noise_multiplier=sigma_code, c1=C1, c2=C2, p=P),
+            sigma_code,
+        ),
         ("rank", rank, sound_noise_rule(rank, sigma_sound), sigma_sound),
         ("threshold", threshold, sound_noise_rule(threshold, sigma_sound), sigma_sound),
     )
     rows = []
     for name, aggregator, noise, sigma in cases:
         started = time.perf_counter()
-        result = audit_one_step(design=design, aggregator=aggregator, noise=noise, delta=DELTA,
-                                guess_fraction=guess_fraction,
-                                generator=SecureRandom.from_seed(seed))
-        rows.append({
-            "claimed_epsilon": claimed, "configuration": name, "sigma": round(sigma, 4),
-            "canaries": result.canaries, "guesses": result.guesses, "correct": result.correct,
-            "epsilon_lower_bound": round(result.epsilon_lower_bound, 3),
-            "violation": result.epsilon_lower_bound > claimed,
-            "seconds": round(time.perf_counter() - started, 1),
-        })
+        result = audit_one_step(
+            design=design,
+            aggregator=aggregator,
+            noise=noise,
+            delta=DELTA,
+            guess_fraction=guess_fraction,
+            generator=SecureRandom.from_seed(seed),
+        )
+        rows.append(
+            {
+                "claimed_epsilon": claimed,
+                "configuration": name,
+                "sigma": round(sigma, 4),
+                "canaries": result.canaries,
+                "guesses": result.guesses,
+                "correct": result.correct,
+                "epsilon_lower_bound": round(result.epsilon_lower_bound, 3),
+                "violation": result.epsilon_lower_bound > claimed,
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
     return rows
 
 
@@ -97,11 +114,14 @@ def main() -> None:
     print("| claimed ε | configuration | σ | canaries | guesses | correct | ε lower bound (95%) | violation |")
     print("|---|---|---|---|---|---|---|---|")
     for claimed in args.claimed:
-        for row in audit_rows(claimed=claimed, canaries=args.canaries,
-                              guess_fraction=args.guess_fraction, seed=args.seed):
-            print(f"| {row['claimed_epsilon']:g} | {row['configuration']} | {row['sigma']} | "
-                  f"{row['canaries']} | {row['guesses']} | {row['correct']} | "
-                  f"{row['epsilon_lower_bound']} | {'**yes**' if row['violation'] else 'no'} |")
+        for row in audit_rows(
+            claimed=claimed, canaries=args.canaries, guess_fraction=args.guess_fraction, seed=args.seed
+        ):
+            print(
+                f"| {row['claimed_epsilon']:g} | {row['configuration']} | {row['sigma']} | "
+                f"{row['canaries']} | {row['guesses']} | {row['correct']} | "
+                f"{row['epsilon_lower_bound']} | {'**yes**' if row['violation'] else 'no'} |"
+            )
             print(json.dumps(row), flush=True, file=sys.stderr)
 
 

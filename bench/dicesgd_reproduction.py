@@ -55,13 +55,13 @@ from app.facts import DatasetFacts
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate, TrainingSpec
+from privtrain.architectures import build_model
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 DELTA = 1e-5
 PAPER_ROW = "dicesgd C2=C1, paper C.4 noise (NOT DP)"
@@ -76,8 +76,9 @@ def calibrated_sigma(name: str, hyper: dict, *, n: int, batch: int, steps: int, 
     """(σ, σ1 = noise std on the averaged update) exactly as the service plans the job."""
     algorithm = get_algorithm(name)
     facts = DatasetFacts(n_rows=n, feature_shape=(1,), task="regression", n_classes=None)
-    plan = algorithm.plan(algorithm.validate_hyperparameters(hyper),
-                          TrainingSpec(steps=steps, batch_size=batch, learning_rate=0.1), facts)
+    plan = algorithm.plan(
+        algorithm.validate_hyperparameters(hyper), TrainingSpec(steps=steps, batch_size=batch, learning_rate=0.1), facts
+    )
     sigma = privacy.calibrate_noise_multiplier(plan.event, target_epsilon=epsilon, delta=DELTA)
     return sigma, sigma * plan.sensitivity / plan.expected_batch_size
 
@@ -97,22 +98,38 @@ def scalar_model() -> nn.Module:
     return model
 
 
-def run_toy(method: str, *, c2: float | None, steps: int, q: float, batch: float, lr: float, sigma: float,
-            seed: int) -> list[float]:
+def run_toy(
+    method: str, *, c2: float | None, steps: int, q: float, batch: float, lr: float, sigma: float, seed: int
+) -> list[float]:
     X, y, _ = toy_data()
     model = scalar_model()
     path = [0.0]
     hooks = TrainingHooks(on_step_end=lambda _: path.append(float(model[0].weight.item())))
-    config = DPSGDConfig(steps=steps, sampling_probability=q, noise_multiplier=sigma, clipping_norm=1.0,
-                         learning_rate=lr, loss="mse", expected_batch_size=batch)
+    config = DPSGDConfig(
+        steps=steps,
+        sampling_probability=q,
+        noise_multiplier=sigma,
+        clipping_norm=1.0,
+        learning_rate=lr,
+        loss="mse",
+        expected_batch_size=batch,
+    )
     generator = SecureRandom.from_seed(seed)
     if method == "dp-sgd":
-        train_dp_sgd(model, X, y, config=config, generator=generator, hooks=hooks,
-                     aggregator=PerSampleMapAggregator(AbadiClip(1.0)))
+        train_dp_sgd(
+            model,
+            X,
+            y,
+            config=config,
+            generator=generator,
+            hooks=hooks,
+            aggregator=PerSampleMapAggregator(AbadiClip(1.0)),
+        )
     else:
         assert c2 is not None
-        aggregator = ErrorFeedbackAggregator(per_sample_map=AbadiClip(1.0), feedback_map=ErrorFeedbackClip(c2),
-                                             expected_batch_size=batch)
+        aggregator = ErrorFeedbackAggregator(
+            per_sample_map=AbadiClip(1.0), feedback_map=ErrorFeedbackClip(c2), expected_batch_size=batch
+        )
         train_dicesgd(model, X, y, config=config, aggregator=aggregator, generator=generator, hooks=hooks)
     return path
 
@@ -142,13 +159,14 @@ def toy_part(figure: Path) -> dict:
     n, batch, steps, lr = 200, 20, 1000, 0.02
     q = batch / n
     out["equal_epsilon"] = {}
-    rows = [("dp-sgd", None, "dp-sgd", {"clipping_norm": 1.0}),
-            ("dicesgd C2=C1", 1.0, "dicesgd", {"c1": 1.0, "c2": 1.0}),
-            ("dicesgd C2=C1/B", 1.0 / batch, "dicesgd", {"c1": 1.0, "c2": 1.0 / batch}),
-            (PAPER_ROW, 1.0, "dicesgd", {"c1": 1.0, "c2": 1.0})]
+    rows = [
+        ("dp-sgd", None, "dp-sgd", {"clipping_norm": 1.0}),
+        ("dicesgd C2=C1", 1.0, "dicesgd", {"c1": 1.0, "c2": 1.0}),
+        ("dicesgd C2=C1/B", 1.0 / batch, "dicesgd", {"c1": 1.0, "c2": 1.0 / batch}),
+        (PAPER_ROW, 1.0, "dicesgd", {"c1": 1.0, "c2": 1.0}),
+    ]
     for epsilon in EPSILONS:
-        dp_sigma, _ = calibrated_sigma("dp-sgd", {"clipping_norm": 1.0}, n=n, batch=batch, steps=steps,
-                                       epsilon=epsilon)
+        dp_sigma, _ = calibrated_sigma("dp-sgd", {"clipping_norm": 1.0}, n=n, batch=batch, steps=steps, epsilon=epsilon)
         for label, c2, name, hyper in rows:
             sigma, sigma1 = calibrated_sigma(name, hyper, n=n, batch=batch, steps=steps, epsilon=epsilon)
             if label == PAPER_ROW:  # App. C.4: G̃ = 3·C², σ1 = z*·sqrt(2·G̃)/B with DP-SGD's z*
@@ -157,21 +175,38 @@ def toy_part(figure: Path) -> dict:
             finals = []
             paths = []
             for seed in SEEDS:
-                path = run_toy("dp-sgd" if c2 is None else "dicesgd", c2=c2, steps=steps, q=q, batch=float(batch),
-                               lr=lr, sigma=sigma, seed=seed)
+                path = run_toy(
+                    "dp-sgd" if c2 is None else "dicesgd",
+                    c2=c2,
+                    steps=steps,
+                    q=q,
+                    batch=float(batch),
+                    lr=lr,
+                    sigma=sigma,
+                    seed=seed,
+                )
                 paths.append(np.abs(np.array(path) - mean))
                 finals.append(abs(path[-1] - mean))
             out["equal_epsilon"][f"{label} @ eps={epsilon:g}"] = {
-                "sigma": sigma, "sigma1": sigma1, "abs_error_mean": statistics.mean(finals),
-                "abs_error_sd": statistics.stdev(finals), "runs": finals,
+                "sigma": sigma,
+                "sigma1": sigma1,
+                "abs_error_mean": statistics.mean(finals),
+                "abs_error_sd": statistics.stdev(finals),
+                "runs": finals,
             }
             if epsilon == EPSILONS[0]:
                 axes[1].semilogy(np.mean(paths, axis=0), label=f"{label} (σ1 = {sigma1:.3g})")
-            print(f"toy {label:40s} ε={epsilon:g}: σ1 = {sigma1:.4g}, |x_T − mean| = "
-                  f"{statistics.mean(finals):.3f} ± {statistics.stdev(finals):.3f}", flush=True)
-    axes[1].set(title=f"(b) equal ledger ε = {EPSILONS[0]:g}, δ = 1e-5, Poisson B = 20,\n"
-                      "η = 0.02, mean of 3 seeds (σ1 = noise std on the average)",
-                xlabel="step", ylabel="|x − optimum|")
+            print(
+                f"toy {label:40s} ε={epsilon:g}: σ1 = {sigma1:.4g}, |x_T − mean| = "
+                f"{statistics.mean(finals):.3f} ± {statistics.stdev(finals):.3f}",
+                flush=True,
+            )
+    axes[1].set(
+        title=f"(b) equal ledger ε = {EPSILONS[0]:g}, δ = 1e-5, Poisson B = 20,\n"
+        "η = 0.02, mean of 3 seeds (σ1 = noise std on the average)",
+        xlabel="step",
+        ylabel="|x − optimum|",
+    )
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     figure.parent.mkdir(parents=True, exist_ok=True)
@@ -204,34 +239,65 @@ def method_spec(method: str, clip: float) -> tuple[str, dict]:
     return "dicesgd", {"c1": clip, "c2": clip}
 
 
-def train_mnist(method: str, *, clip: float, lr: float, epsilon: float, X: np.ndarray, y: np.ndarray,
-                X_eval: np.ndarray, y_eval: np.ndarray, seed: int) -> tuple[float, float]:
+def train_mnist(
+    method: str,
+    *,
+    clip: float,
+    lr: float,
+    epsilon: float,
+    X: np.ndarray,
+    y: np.ndarray,
+    X_eval: np.ndarray,
+    y_eval: np.ndarray,
+    seed: int,
+) -> tuple[float, float]:
     """(accuracy, σ1) of one run through the registered worker trainer."""
     name, hyper = method_spec(method, clip)
     dataset = Dataset(n_rows=len(X), feature_shape=[784], task="classification", n_classes=10)
-    spec = JobCreate.model_validate({
-        "dataset_id": "bench", "model": {"name": "logistic-regression"},
-        "algorithm": {"name": name, "hyperparameters": hyper},
-        "privacy": {"target_epsilon": epsilon, "delta": DELTA},
-        "training": {"epochs": EPOCHS, "batch_size": BATCH, "learning_rate": lr},
-    })
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "bench",
+            "model": {"name": "logistic-regression"},
+            "algorithm": {"name": name, "hyperparameters": hyper},
+            "privacy": {"target_epsilon": epsilon, "delta": DELTA},
+            "training": {"epochs": EPOCHS, "batch_size": BATCH, "learning_rate": lr},
+        }
+    )
     plan = plan_job(spec, dataset, dataset_delta=DELTA, max_steps=10**7)
     sigma = plan.noise_multiplier
     delta_avg = plan.plan.sensitivity / plan.plan.expected_batch_size
     if method in PAPER_MNIST_ROWS:  # App. C.4 / the code: σ1 = z*·√6·C1/B, z* = DP-SGD's multiplier
-        dp_spec = spec.model_copy(update={"algorithm": spec.algorithm.model_copy(
-            update={"name": "dp-sgd", "hyperparameters": {"clipping_norm": clip}})})
+        dp_spec = spec.model_copy(
+            update={
+                "algorithm": spec.algorithm.model_copy(
+                    update={"name": "dp-sgd", "hyperparameters": {"clipping_norm": clip}}
+                )
+            }
+        )
         z_star = plan_job(dp_spec, dataset, dataset_delta=DELTA, max_steps=10**7).noise_multiplier
         sigma = z_star * math.sqrt(6.0) * clip / BATCH / delta_avg
-    model = build_model("logistic-regression", {}, input_shape=(784,), n_outputs=10,
-                        generator=torch.Generator().manual_seed(seed))
-    get_trainer(name)(TrainingRequest(
-        model=model, X=torch.from_numpy(X), y=torch.from_numpy(y), task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
-        noise_multiplier=sigma, sampling_probability=plan.plan.sampling_probability,
-        expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps, max_physical_batch_size=BATCH,
-        generator=SecureRandom.from_seed(seed + 1000), hooks=TrainingHooks(), resume_from=None,
-        device=torch.device("cpu"),
-    ))
+    model = build_model(
+        "logistic-regression", {}, input_shape=(784,), n_outputs=10, generator=torch.Generator().manual_seed(seed)
+    )
+    get_trainer(name)(
+        TrainingRequest(
+            model=model,
+            X=torch.from_numpy(X),
+            y=torch.from_numpy(y),
+            task="classification",
+            hyperparameters=plan.hyperparameters,
+            training=plan.training,
+            noise_multiplier=sigma,
+            sampling_probability=plan.plan.sampling_probability,
+            expected_batch_size=plan.plan.expected_batch_size,
+            steps=plan.plan.steps,
+            max_physical_batch_size=BATCH,
+            generator=SecureRandom.from_seed(seed + 1000),
+            hooks=TrainingHooks(),
+            resume_from=None,
+            device=torch.device("cpu"),
+        )
+    )
     with torch.no_grad():
         accuracy = float((model(torch.from_numpy(X_eval)).argmax(1).numpy() == y_eval).mean())
     return accuracy, sigma * delta_avg
@@ -246,20 +312,33 @@ def mnist_part() -> dict:
     results: dict = {}
     started = time.time()
     for method, epsilon in itertools.product(methods, EPSILONS):
-        grid = {(clip, lr): train_mnist(method, clip=clip, lr=lr, epsilon=epsilon, X=X_fit, y=y_fit,
-                                        X_eval=X_val, y_eval=y_val, seed=100)[0]
-                for clip, lr in itertools.product(CLIPS, LEARNING_RATES)}
+        grid = {
+            (clip, lr): train_mnist(
+                method, clip=clip, lr=lr, epsilon=epsilon, X=X_fit, y=y_fit, X_eval=X_val, y_eval=y_val, seed=100
+            )[0]
+            for clip, lr in itertools.product(CLIPS, LEARNING_RATES)
+        }
         (clip, lr), _ = max(grid.items(), key=lambda kv: kv[1])
-        runs = [train_mnist(method, clip=clip, lr=lr, epsilon=epsilon, X=X_train, y=y_train, X_eval=X_test,
-                            y_eval=y_test, seed=s) for s in SEEDS]
+        runs = [
+            train_mnist(
+                method, clip=clip, lr=lr, epsilon=epsilon, X=X_train, y=y_train, X_eval=X_test, y_eval=y_test, seed=s
+            )
+            for s in SEEDS
+        ]
         accs = [a for a, _ in runs]
         results[f"{method} @ eps={epsilon:g}"] = {
-            "grid": {f"C={c},lr={l}": v for (c, l), v in grid.items()}, "chosen": {"clip": clip, "lr": lr},
-            "sigma1": runs[0][1], "test_mean": statistics.mean(accs), "test_sd": statistics.stdev(accs),
+            "grid": {f"C={c},lr={rate}": v for (c, rate), v in grid.items()},
+            "chosen": {"clip": clip, "lr": lr},
+            "sigma1": runs[0][1],
+            "test_mean": statistics.mean(accs),
+            "test_sd": statistics.stdev(accs),
             "runs": accs,
         }
-        print(f"mnist {method:42s} ε={epsilon:g}: {statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f} "
-              f"(C={clip}, lr={lr}, σ1={runs[0][1]:.4g}, {time.time() - started:.0f}s)", flush=True)
+        print(
+            f"mnist {method:42s} ε={epsilon:g}: {statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f} "
+            f"(C={clip}, lr={lr}, σ1={runs[0][1]:.4g}, {time.time() - started:.0f}s)",
+            flush=True,
+        )
     return results
 
 
@@ -273,24 +352,42 @@ def mnist_noise_off_part() -> dict:
     for clip, method in itertools.product(CLIPS, ("dp-sgd", "dicesgd C2=C1")):
         accs = []
         for seed in SEEDS:
-            model = build_model("logistic-regression", {}, input_shape=(784,), n_outputs=10,
-                                generator=torch.Generator().manual_seed(seed))
-            config = DPSGDConfig(steps=steps, sampling_probability=batch / len(X), noise_multiplier=0.0,
-                                 clipping_norm=clip, learning_rate=2.0, expected_batch_size=batch)
+            model = build_model(
+                "logistic-regression",
+                {},
+                input_shape=(784,),
+                n_outputs=10,
+                generator=torch.Generator().manual_seed(seed),
+            )
+            config = DPSGDConfig(
+                steps=steps,
+                sampling_probability=batch / len(X),
+                noise_multiplier=0.0,
+                clipping_norm=clip,
+                learning_rate=2.0,
+                expected_batch_size=batch,
+            )
             generator = SecureRandom.from_seed(seed + 1000)
             if method == "dp-sgd":
-                train_dp_sgd(model, X, y, config=config, generator=generator,
-                             aggregator=PerSampleMapAggregator(AbadiClip(clip)))
+                train_dp_sgd(
+                    model, X, y, config=config, generator=generator, aggregator=PerSampleMapAggregator(AbadiClip(clip))
+                )
             else:
-                aggregator = ErrorFeedbackAggregator(per_sample_map=AbadiClip(clip), feedback_map=ErrorFeedbackClip(clip),
-                                                     expected_batch_size=batch)
+                aggregator = ErrorFeedbackAggregator(
+                    per_sample_map=AbadiClip(clip), feedback_map=ErrorFeedbackClip(clip), expected_batch_size=batch
+                )
                 train_dicesgd(model, X, y, config=config, aggregator=aggregator, generator=generator)
             with torch.no_grad():
                 accs.append(float((model(torch.from_numpy(X_test)).argmax(1).numpy() == y_test).mean()))
-        out[f"{method} C={clip:g}, noise off"] = {"test_mean": statistics.mean(accs), "test_sd": statistics.stdev(accs),
-                                                   "runs": accs}
-        print(f"mnist noise off {method:16s} C={clip:g}: {statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}",
-              flush=True)
+        out[f"{method} C={clip:g}, noise off"] = {
+            "test_mean": statistics.mean(accs),
+            "test_sd": statistics.stdev(accs),
+            "runs": accs,
+        }
+        print(
+            f"mnist noise off {method:16s} C={clip:g}: {statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}",
+            flush=True,
+        )
     return out
 
 
@@ -308,16 +405,27 @@ def sigma_part() -> dict:
         for epsilon in EPSILONS:
             _, dp1 = calibrated_sigma("dp-sgd", {"clipping_norm": 1.0}, n=n, batch=batch, steps=steps, epsilon=epsilon)
             dp_z = dp1 * batch
-            _, same = calibrated_sigma("dicesgd", {"c1": 1.0, "c2": 1.0}, n=n, batch=batch, steps=steps, epsilon=epsilon)
-            dice_z, code = calibrated_sigma("dicesgd", {"c1": 1.0, "c2": 1.0 / batch}, n=n, batch=batch, steps=steps,
-                                            epsilon=epsilon)
-            row = {"dp_sgd_z": dp_z, "dp_sgd_sigma1": dp1, "dicesgd_sigma": dice_z,
-                   "dicesgd_sigma1_c2_eq_c1": same, "dicesgd_sigma1_c2_eq_c1_over_b": code,
-                   "paper_c4_sigma1": dp_z * math.sqrt(6.0) / batch}
+            _, same = calibrated_sigma(
+                "dicesgd", {"c1": 1.0, "c2": 1.0}, n=n, batch=batch, steps=steps, epsilon=epsilon
+            )
+            dice_z, code = calibrated_sigma(
+                "dicesgd", {"c1": 1.0, "c2": 1.0 / batch}, n=n, batch=batch, steps=steps, epsilon=epsilon
+            )
+            row = {
+                "dp_sgd_z": dp_z,
+                "dp_sgd_sigma1": dp1,
+                "dicesgd_sigma": dice_z,
+                "dicesgd_sigma1_c2_eq_c1": same,
+                "dicesgd_sigma1_c2_eq_c1_over_b": code,
+                "paper_c4_sigma1": dp_z * math.sqrt(6.0) / batch,
+            }
             out[f"{setting} @ eps={epsilon:g}"] = row
-            print(f"sigma {setting} ε={epsilon:g}: DP-SGD z*={dp_z:.4g} σ1={dp1:.4g} | DiceSGD σ={dice_z:.4g} "
-                  f"σ1(C2=C1)={same:.4g} ({same / dp1:.0f}×) σ1(C2=C1/B)={code:.4g} ({code / dp1:.1f}×) | "
-                  f"paper C.4 σ1={row['paper_c4_sigma1']:.4g}", flush=True)
+            print(
+                f"sigma {setting} ε={epsilon:g}: DP-SGD z*={dp_z:.4g} σ1={dp1:.4g} | DiceSGD σ={dice_z:.4g} "
+                f"σ1(C2=C1)={same:.4g} ({same / dp1:.0f}×) σ1(C2=C1/B)={code:.4g} ({code / dp1:.1f}×) | "
+                f"paper C.4 σ1={row['paper_c4_sigma1']:.4g}",
+                flush=True,
+            )
     return out
 
 
@@ -325,8 +433,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("bench/out/dicesgd_reproduction.json"))
     parser.add_argument("--figure", type=Path, default=Path("docs/figures/dicesgd_toy_bias.png"))
-    parser.add_argument("--parts", nargs="+", default=["sigmas", "toy", "mnist", "mnist-noise-off"],
-                        choices=["sigmas", "toy", "mnist", "mnist-noise-off"])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=["sigmas", "toy", "mnist", "mnist-noise-off"],
+        choices=["sigmas", "toy", "mnist", "mnist-noise-off"],
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = {}

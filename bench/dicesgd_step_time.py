@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import torch
 
-from bench.timing import interleaved_medians
 from bench.step_time import CASES, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
+from bench.timing import interleaved_medians
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
@@ -49,20 +49,39 @@ def _vmap_stepper(dice: bool) -> Callable[[Case, torch.device], Stepper]:
         generator = SecureRandom.from_seed(3, device)
         n = X.shape[0]
         batch = float(case.batch_size)
-        aggregator = ErrorFeedbackAggregator(
-            per_sample_map=AbadiClip(1.0), feedback_map=ErrorFeedbackClip(1.0), expected_batch_size=batch,
-            engine="vmap",
-        ) if dice else None
+        aggregator = (
+            ErrorFeedbackAggregator(
+                per_sample_map=AbadiClip(1.0),
+                feedback_map=ErrorFeedbackClip(1.0),
+                expected_batch_size=batch,
+                engine="vmap",
+            )
+            if dice
+            else None
+        )
 
         def run(steps: int) -> None:
-            config = DPSGDConfig(steps=steps, sampling_probability=batch / n, noise_multiplier=1.0,
-                                 clipping_norm=1.0, learning_rate=0.01, max_physical_batch_size=case.batch_size,
-                                 expected_batch_size=batch)
+            config = DPSGDConfig(
+                steps=steps,
+                sampling_probability=batch / n,
+                noise_multiplier=1.0,
+                clipping_norm=1.0,
+                learning_rate=0.01,
+                max_physical_batch_size=case.batch_size,
+                expected_batch_size=batch,
+            )
             if aggregator is not None:
                 train_dicesgd(model, X, y, config=config, aggregator=aggregator, generator=generator, device=device)
             else:
-                train_dp_sgd(model, X, y, config=config, generator=generator, device=device,
-                             aggregator=PerSampleMapAggregator(AbadiClip(1.0)))
+                train_dp_sgd(
+                    model,
+                    X,
+                    y,
+                    config=config,
+                    generator=generator,
+                    device=device,
+                    aggregator=PerSampleMapAggregator(AbadiClip(1.0)),
+                )
             _sync(device)
 
         return run
@@ -93,10 +112,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, device {device}"
-          f"{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
-          f"{torch.get_num_threads()} thread(s), {args.steps} steps × {args.repeats} interleaved repeats, "
-          f"{time.strftime('%Y-%m-%d')}")
+    print(
+        f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, device {device}"
+        f"{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
+        f"{torch.get_num_threads()} thread(s), {args.steps} steps × {args.repeats} interleaved repeats, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
     print("| case | stepper | ms/step | × non-private | × dp-sgd on the same engine |")
     print("|---|---|---|---|---|")
     results = {}
@@ -108,8 +129,10 @@ def main() -> None:
         for name, seconds in times.items():
             same_engine = "dp-sgd (vmap)" if name.endswith("(vmap)") else "dp-sgd"
             versus = "—" if name == "non-private" else f"{seconds / times[same_engine]:.2f}"
-            print(f"| {case.name} | {name} | {seconds * 1e3:.2f} | {seconds / times['non-private']:.2f} "
-                  f"| {versus} |", flush=True)
+            print(
+                f"| {case.name} | {name} | {seconds * 1e3:.2f} | {seconds / times['non-private']:.2f} | {versus} |",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=2)

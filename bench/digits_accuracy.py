@@ -39,8 +39,14 @@ def digits_csv() -> tuple[bytes, np.ndarray, np.ndarray]:
         digits.data / 16.0, digits.target, test_size=0.2, random_state=0, stratify=digits.target
     )
     buffer = io.StringIO()
-    np.savetxt(buffer, np.column_stack([X_train, y_train]), delimiter=",", comments="",
-               header=",".join([f"x{i}" for i in range(64)] + ["label"]), fmt=["%.6f"] * 64 + ["%d"])
+    np.savetxt(
+        buffer,
+        np.column_stack([X_train, y_train]),
+        delimiter=",",
+        comments="",
+        header=",".join([f"x{i}" for i in range(64)] + ["label"]),
+        fmt=["%.6f"] * 64 + ["%d"],
+    )
     return buffer.getvalue().encode(), X_test, y_test
 
 
@@ -55,7 +61,9 @@ def register_once(client: httpx.Client, body: bytes) -> str:
     return str(response.json()["id"])
 
 
-def run_one(client: httpx.Client, dataset_id: str, epsilon: float, X_test: np.ndarray, y_test: np.ndarray) -> tuple[float, dict]:
+def run_one(
+    client: httpx.Client, dataset_id: str, epsilon: float, X_test: np.ndarray, y_test: np.ndarray
+) -> tuple[float, dict]:
     spec = {
         "dataset_id": dataset_id,
         "model": {"name": "logistic-regression"},
@@ -93,10 +101,15 @@ def main() -> None:
             for _ in range(args.repeats):
                 accuracy, job = run_one(client, dataset_id, epsilon, X_test, y_test)
                 accuracies.append(accuracy)
-                print(f"ε={epsilon}: σ={job['noise_multiplier']:.3f} T={job['steps_planned']} "
-                      f"ledger ε={job['epsilon_ledger']:.4f} PRV ε={job['epsilon_prv']:.4f} acc={accuracy:.4f}", flush=True)
+                print(
+                    f"ε={epsilon}: σ={job['noise_multiplier']:.3f} T={job['steps_planned']} "
+                    f"ledger ε={job['epsilon_ledger']:.4f} PRV ε={job['epsilon_prv']:.4f} acc={accuracy:.4f}",
+                    flush=True,
+                )
             sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
-            print(f"ε={epsilon}: test accuracy {statistics.mean(accuracies):.4f} ± {sd:.4f} over {len(accuracies)} runs")
+            print(
+                f"ε={epsilon}: test accuracy {statistics.mean(accuracies):.4f} ± {sd:.4f} over {len(accuracies)} runs"
+            )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     header = ",".join([f"x{i}" for i in range(X.shape[1])] + ["label"])
     rows = np.column_stack([X_train, y_train])
-    np.savetxt(args.out / "digits_train.csv", rows, delimiter=",", header=header, comments="", fmt=["%.4f"] * X.shape[1] + ["%d"])
+    np.savetxt(
+        args.out / "digits_train.csv",
+        rows,
+        delimiter=",",
+        header=header,
+        comments="",
+        fmt=["%.4f"] * X.shape[1] + ["%d"],
+    )
     np.savez(args.out / "digits_test.npz", X=X_test.astype(np.float32), y=y_test)
-    print(f"wrote {args.out / 'digits_train.csv'} ({len(y_train)} rows) and {args.out / 'digits_test.npz'} ({len(y_test)} rows)")
+    print(
+        f"wrote {args.out / 'digits_train.csv'} ({len(y_train)} rows) "
+        f"and {args.out / 'digits_test.npz'} ({len(y_test)} rows)"
+    )
 
 
 if __name__ == "__main__":

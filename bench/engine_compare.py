@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privtrain.architectures import build_model
 from worker.optimizers.ghost import ghost_clipped_grad_sum
 from worker.optimizers.losses import get_loss
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
-from privtrain.architectures import build_model
 
 CLIP = 1.0
 Step = Callable[[], list[torch.Tensor]]
@@ -61,15 +61,20 @@ class Case:
 CASES = {
     "cnn-b128": Case("cnn2-gn 1×28×28, B=128", "cnn2-gn", {}, (1, 28, 28), 10, 128),
     "cnn-b512": Case("cnn2-gn 1×28×28, B=512", "cnn2-gn", {}, (1, 28, 28), 10, 512),
-    "mlp-b256": Case("MLP 100→256→256→10, B=256", "mlp",
-                     {"hidden_sizes": [256, 256], "activation": "tanh"}, (100,), 10, 256),
+    "mlp-b256": Case(
+        "MLP 100→256→256→10, B=256", "mlp", {"hidden_sizes": [256, 256], "activation": "tanh"}, (100,), 10, 256
+    ),
 }
 
 
 def _model(case: Case, device: torch.device) -> nn.Module:
-    return build_model(case.model, case.params, input_shape=case.input_shape,
-                       n_outputs=case.n_classes,
-                       generator=torch.Generator().manual_seed(0)).to(device)
+    return build_model(
+        case.model,
+        case.params,
+        input_shape=case.input_shape,
+        n_outputs=case.n_classes,
+        generator=torch.Generator().manual_seed(0),
+    ).to(device)
 
 
 def _batch(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +107,9 @@ def vmap_engine(case: Case, device: torch.device, chunk: int) -> Step:
     model, (X, y) = _model(case, device), _batch(case, device)
 
     def step() -> list[torch.Tensor]:
-        out = clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(CLIP),
-                               max_physical_batch_size=chunk)
+        out = clipped_grad_sum(
+            model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(CLIP), max_physical_batch_size=chunk
+        )
         return list(out.values())
 
     return step
@@ -113,9 +119,15 @@ def ghost_engine(case: Case, device: torch.device, pass2: str, chunk: int) -> St
     model, (X, y) = _model(case, device), _batch(case, device)
 
     def step() -> list[torch.Tensor]:
-        out = ghost_clipped_grad_sum(model, X, y, loss="cross_entropy",
-                                     per_sample_map=AbadiClip(CLIP),
-                                     max_physical_batch_size=chunk, pass2=pass2)  # type: ignore[arg-type]
+        out = ghost_clipped_grad_sum(
+            model,
+            X,
+            y,
+            loss="cross_entropy",
+            per_sample_map=AbadiClip(CLIP),
+            max_physical_batch_size=chunk,
+            pass2=pass2,
+        )  # type: ignore[arg-type]
         return list(out.values())
 
     return step
@@ -127,8 +139,13 @@ def opacus_hooks(case: Case, device: torch.device) -> Step:
 
     model, (X, y) = _model(case, device), _batch(case, device)
     gsm = GradSampleModule(model, loss_reduction="sum")
-    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=0.0,
-                      max_grad_norm=CLIP, expected_batch_size=case.batch, loss_reduction="sum")
+    opt = DPOptimizer(
+        torch.optim.SGD(gsm.parameters(), lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=CLIP,
+        expected_batch_size=case.batch,
+        loss_reduction="sum",
+    )
     params = [p for p in gsm.parameters() if p.requires_grad]
 
     def step() -> list[torch.Tensor]:
@@ -146,13 +163,15 @@ def opacus_ghost(case: Case, device: torch.device) -> Step:
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
     model, (X, y) = _model(case, device), _batch(case, device)
-    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True,
-                                               loss_reduction="sum")
-    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(gsm.parameters(), lr=0.0),
-                                          noise_multiplier=0.0, max_grad_norm=CLIP,
-                                          expected_batch_size=case.batch, loss_reduction="sum")
-    criterion = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(reduction="sum"),
-                                           loss_reduction="sum")
+    gsm = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True, loss_reduction="sum")
+    opt = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(gsm.parameters(), lr=0.0),
+        noise_multiplier=0.0,
+        max_grad_norm=CLIP,
+        expected_batch_size=case.batch,
+        loss_reduction="sum",
+    )
+    criterion = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(reduction="sum"), loss_reduction="sum")
     params = [p for p in gsm.parameters() if p.requires_grad]
 
     def step() -> list[torch.Tensor]:
@@ -182,8 +201,9 @@ def _inner_for(step: Step, device: torch.device, target_ms: float) -> int:
     return max(1, int(target_ms / max(one, 1e-3)))
 
 
-def _best_chunk(make: Callable[[int], Step], chunks: list[int], device: torch.device,
-                rounds: int, target_ms: float) -> int:
+def _best_chunk(
+    make: Callable[[int], Step], chunks: list[int], device: torch.device, rounds: int, target_ms: float
+) -> int:
     steps = {c: make(c) for c in chunks}
     inner = {c: _inner_for(s, device, target_ms) for c, s in steps.items()}
     times: dict[int, list[float]] = {c: [] for c in chunks}
@@ -199,11 +219,11 @@ def _rel_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
     return (num / den) ** 0.5
 
 
-def run_case(case: Case, device: torch.device, repeats: int, target_ms: float,
-             skip_opacus: bool) -> list[tuple[str, float, float, str]]:
+def run_case(
+    case: Case, device: torch.device, repeats: int, target_ms: float, skip_opacus: bool
+) -> list[tuple[str, float, float, str]]:
     candidates = sorted({c for c in (16, 32, 64, 128, 256, case.batch) if c <= case.batch})
-    vmap_chunk = _best_chunk(lambda c: vmap_engine(case, device, c), candidates, device,
-                             rounds=3, target_ms=target_ms)
+    vmap_chunk = _best_chunk(lambda c: vmap_engine(case, device, c), candidates, device, rounds=3, target_ms=target_ms)
     steppers: dict[str, Step] = {
         "non-private (forward + backward)": nonprivate(case, device),
         f"vmap engine (chunk {vmap_chunk})": vmap_engine(case, device, vmap_chunk),
@@ -217,8 +237,10 @@ def run_case(case: Case, device: torch.device, repeats: int, target_ms: float,
     if not skip_opacus:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for label, make in (("Opacus hooks + clip_and_accumulate", opacus_hooks),
-                                ('Opacus grad_sample_mode="ghost"', opacus_ghost)):
+            for label, make in (
+                ("Opacus hooks + clip_and_accumulate", opacus_hooks),
+                ('Opacus grad_sample_mode="ghost"', opacus_ghost),
+            ):
                 try:
                     s = make(case, device)
                     s()
@@ -264,8 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds per engine (median)")
-    parser.add_argument("--target-ms", type=float, default=60.0,
-                        help="approximate duration of one timed round per engine")
+    parser.add_argument(
+        "--target-ms", type=float, default=60.0, help="approximate duration of one timed round per engine"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--skip-opacus", action="store_true")
@@ -279,27 +302,28 @@ def main(argv: list[str] | None = None) -> None:
 
     import opacus
 
-    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
-               else f"{_cpu_name()}, {os.cpu_count()} logical CPUs")
+    machine = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"{_cpu_name()}, {os.cpu_count()} logical CPUs"
+    )
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"- machine: {machine}; device {device}; torch threads {torch.get_num_threads()}")
     print(f"- torch {torch.__version__}, opacus {opacus.__version__}, Python {platform.python_version()}")
-    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-    print(f"- command: `.venv/bin/python -m bench.engine_compare {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    print(f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}")
+    print(
+        f"- command: `.venv/bin/python -m bench.engine_compare {' '.join(argv if argv is not None else sys.argv[1:])}`"
+    )
     print(f"- load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min)")
     print(f"- medians of {args.repeats} interleaved rounds; clipping norm C = {CLIP}; float32\n")
     print("| case | engine | ms / step (median) | × non-private | rel. diff vs vmap | IQR ms |")
     print("|---|---|---:|---:|---:|---:|")
     for key in args.cases.split(","):
         case = CASES[key]
-        for label, ms, ratio, extra in run_case(case, device, args.repeats, args.target_ms,
-                                                args.skip_opacus):
+        for label, ms, ratio, extra in run_case(case, device, args.repeats, args.target_ms, args.skip_opacus):
             if ms != ms:  # nan: the engine did not run
                 print(f"| {case.label} | {label} | — | — | {extra} | |")
             else:
                 diff, iqr = extra.split(" | ")
-                print(f"| {case.label} | {label} | {ms:.2f} | {ratio:.2f} | {diff} | {iqr} |",
-                      flush=True)
+                print(f"| {case.label} | {label} | {ms:.2f} | {ratio:.2f} | {diff} | {iqr} |", flush=True)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"\n- load average at end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
 

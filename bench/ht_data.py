@@ -32,19 +32,19 @@ __all__ = [
 Sampler = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
 FEATURES: dict[str, Sampler] = {
-    "lognormal": lambda rng, shape: rng.lognormal(0.0, math.sqrt(0.6), size=shape),   # Fig 1, 2, 5
-    "student_t": lambda rng, shape: rng.standard_t(10, size=shape),                   # Fig 6
-    "normal": lambda rng, shape: rng.normal(0.0, math.sqrt(5.0), size=shape),          # Fig 7–10
-    "laplace": lambda rng, shape: rng.laplace(0.0, 5.0, size=shape),                   # Fig 11
-    "gaussian_unit": lambda rng, shape: rng.normal(size=shape),                        # tests
+    "lognormal": lambda rng, shape: rng.lognormal(0.0, math.sqrt(0.6), size=shape),  # Fig 1, 2, 5
+    "student_t": lambda rng, shape: rng.standard_t(10, size=shape),  # Fig 6
+    "normal": lambda rng, shape: rng.normal(0.0, math.sqrt(5.0), size=shape),  # Fig 7–10
+    "laplace": lambda rng, shape: rng.laplace(0.0, 5.0, size=shape),  # Fig 11
+    "gaussian_unit": lambda rng, shape: rng.normal(size=shape),  # tests
 }
 
 NOISES: dict[str, Sampler] = {
-    "normal": lambda rng, shape: rng.normal(0.0, math.sqrt(0.1), size=shape),          # Fig 1, 5, 6
-    "lognormal": lambda rng, shape: rng.lognormal(0.0, math.sqrt(0.5), size=shape),    # Fig 7
-    "loglogistic": lambda rng, shape: stats.fisk(0.1).rvs(size=shape, random_state=rng),   # Fig 8
+    "normal": lambda rng, shape: rng.normal(0.0, math.sqrt(0.1), size=shape),  # Fig 1, 5, 6
+    "lognormal": lambda rng, shape: rng.lognormal(0.0, math.sqrt(0.5), size=shape),  # Fig 7
+    "loglogistic": lambda rng, shape: stats.fisk(0.1).rvs(size=shape, random_state=rng),  # Fig 8
     "loggamma": lambda rng, shape: stats.loggamma(0.5).rvs(size=shape, random_state=rng),  # Fig 9, 11
-    "logistic": lambda rng, shape: rng.logistic(0.0, 0.5, size=shape),                  # Fig 10 (text)
+    "logistic": lambda rng, shape: rng.logistic(0.0, 0.5, size=shape),  # Fig 10 (text)
     "none": lambda rng, shape: np.zeros(shape),
 }
 
@@ -90,8 +90,9 @@ def linear_problem(rng: np.random.Generator, *, n: int, w_star: np.ndarray, feat
     return LinearProblem(X=X, y=y, w_star=w_star, features=features)
 
 
-def logistic_problem(rng: np.random.Generator, *, n: int, w_star: np.ndarray, features: str,
-                     noise: str) -> LinearProblem:
+def logistic_problem(
+    rng: np.random.Generator, *, n: int, w_star: np.ndarray, features: str, noise: str
+) -> LinearProblem:
     """y = sign(⟨x, w*⟩ + ζ) ∈ {−1, +1}."""
     X = FEATURES[features](rng, (n, w_star.size))
     z = X @ w_star + NOISES[noise](rng, (n,))

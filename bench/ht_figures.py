@@ -24,19 +24,19 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-from bench.ht_data import (  # noqa: E402
+from bench.ht_data import (
     excess_risk_linear,
-    second_moment,
     few_spike_l1,
     linear_problem,
     logistic_problem,
+    second_moment,
     sparse_l2,
 )
-from bench.ht_runner import non_private_fw, non_private_iht, run_private  # noqa: E402
+from bench.ht_runner import non_private_fw, non_private_iht, run_private
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 Series = dict[str, list[list[float]]]
@@ -44,22 +44,23 @@ Series = dict[str, list[list[float]]]
 
 def fw_tau(d: int, w_star: np.ndarray) -> float:
     """τ ≥ E(∂_jℓ)² at w = 0 for the squared loss (4·E[y²x_j²]), max over j, from a fresh sample."""
-    problem = linear_problem(np.random.default_rng(10**6), n=200_000, w_star=w_star, features="lognormal",
-                             noise="normal")
-    return float(np.max(np.mean(4 * problem.y[:, None] ** 2 * problem.X ** 2, axis=0)))
+    problem = linear_problem(
+        np.random.default_rng(10**6), n=200_000, w_star=w_star, features="lognormal", noise="normal"
+    )
+    return float(np.max(np.mean(4 * problem.y[:, None] ** 2 * problem.X**2, axis=0)))
 
 
 def _table(title: str, xs: list[float], series: Series, x_name: str) -> str:
-    lines = [f"**{title}**", "", "| " + x_name + " | " + " | ".join(series) + " |",
-             "|---|" + "---|" * len(series)]
+    lines = [f"**{title}**", "", "| " + x_name + " | " + " | ".join(series) + " |", "|---|" + "---|" * len(series)]
     for i, x in enumerate(xs):
         cells = [f"{np.mean(v[i]):.4f} ± {np.std(v[i]):.4f}" for v in series.values()]
         lines.append(f"| {x:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _plot(name: str, xs: list[float], series: Series, *, x_label: str, y_label: str, title: str,
-          log_x: bool = True) -> None:
+def _plot(
+    name: str, xs: list[float], series: Series, *, x_label: str, y_label: str, title: str, log_x: bool = True
+) -> None:
     FIGURES.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for label, values in series.items():
@@ -105,8 +106,15 @@ def _fw_iterations(n: float, eps: float, tau: float, alpha: float, d: int) -> in
     return math.ceil((n * eps * alpha**2 / (tau * math.log(2 * d * d / 0.05))) ** (1 / 3))
 
 
-def _fw_runs(w_star: np.ndarray, tau: float, alpha: float, *, n_of: Callable[[float], int], eps_of: Callable[[float], float],
-             d: int) -> dict[str, Callable[[float, int], float]]:
+def _fw_runs(
+    w_star: np.ndarray,
+    tau: float,
+    alpha: float,
+    *,
+    n_of: Callable[[float], int],
+    eps_of: Callable[[float], float],
+    d: int,
+) -> dict[str, Callable[[float, int], float]]:
     def data(x: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
         p = linear_problem(np.random.default_rng(seed), n=n_of(x), w_star=w_star, features="lognormal", noise="normal")
         return p.X, p.y
@@ -116,9 +124,11 @@ def _fw_runs(w_star: np.ndarray, tau: float, alpha: float, *, n_of: Callable[[fl
             X, y = data(x, seed)
             n, eps = n_of(x), eps_of(x)
             hyper = {"preset": preset, "tau": tau, "alpha": alpha, "design_epsilon": eps}
-            result = run_private("ht-dp-fw", hyper, X, y,
-                                 task="regression", target_epsilon=eps, delta=n ** -1.1, seed=seed)
+            result = run_private(
+                "ht-dp-fw", hyper, X, y, task="regression", target_epsilon=eps, delta=n**-1.1, seed=seed
+            )
             return excess_risk_linear(result.weights, w_star, "lognormal")
+
         return run
 
     def plain(x: float, seed: int) -> float:
@@ -126,8 +136,11 @@ def _fw_runs(w_star: np.ndarray, tau: float, alpha: float, *, n_of: Callable[[fl
         T = _fw_iterations(n_of(x), eps_of(x), tau, alpha, d)
         return excess_risk_linear(non_private_fw(X, y, iterations=T, loss="squared", seed=seed), w_star, "lognormal")
 
-    return {"ht-dp-fw (theory)": private("theory"), "ht-dp-fw (paper-experiments)": private("paper-experiments"),
-            "non-private FW (same T)": plain}
+    return {
+        "ht-dp-fw (theory)": private("theory"),
+        "ht-dp-fw (paper-experiments)": private("paper-experiments"),
+        "non-private FW (same T)": plain,
+    }
 
 
 def fw_vs_n(seeds: int) -> str:
@@ -136,11 +149,13 @@ def fw_vs_n(seeds: int) -> str:
     xs = [1e4, 3e4, 5e4, 7e4, 9e4]
     at_one = _fw_runs(w_star, tau, alpha, n_of=int, eps_of=lambda _x: 1.0, d=d)
     at_ten = _fw_runs(w_star, tau, alpha, n_of=int, eps_of=lambda _x: 10.0, d=d)
-    runs = {"ht-dp-fw (theory), ε = 1": at_one["ht-dp-fw (theory)"],
-            "ht-dp-fw (theory), ε = 10": at_ten["ht-dp-fw (theory)"],
-            "ht-dp-fw (paper-experiments), ε = 1": at_one["ht-dp-fw (paper-experiments)"],
-            "non-private FW (T of ε = 1)": at_one["non-private FW (same T)"],
-            "zero vector": lambda _x, _seed: excess_risk_linear(np.zeros(d), w_star, "lognormal")}
+    runs = {
+        "ht-dp-fw (theory), ε = 1": at_one["ht-dp-fw (theory)"],
+        "ht-dp-fw (theory), ε = 10": at_ten["ht-dp-fw (theory)"],
+        "ht-dp-fw (paper-experiments), ε = 1": at_one["ht-dp-fw (paper-experiments)"],
+        "non-private FW (T of ε = 1)": at_one["non-private FW (same T)"],
+        "zero vector": lambda _x, _seed: excess_risk_linear(np.zeros(d), w_star, "lognormal"),
+    }
     series = _collect(xs, seeds, runs)
     title = f"Alg 1, LASSO, lognormal x, d = {d} (τ = {tau:.0f}, α = {alpha:.0f})"
     _plot("fw_vs_n", xs, series, x_label="n", y_label="excess population risk", title=title)
@@ -160,8 +175,9 @@ def fw_vs_eps(seeds: int) -> str:
 # ----------------------------------------------------------------------------- Alg 3
 
 
-def _linreg_runs(*, n_of: Callable[[float], int], eps_of: Callable[[float], float],
-                 s_of: Callable[[float], int], d: int = 200) -> dict[str, Callable[[float, int], float]]:
+def _linreg_runs(
+    *, n_of: Callable[[float], int], eps_of: Callable[[float], float], s_of: Callable[[float], int], d: int = 200
+) -> dict[str, Callable[[float, int], float]]:
     gamma = 5.0  # λ_max(E xxᵀ) of N(0, 5 I): a public property of the generating distribution
 
     def data(x: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -174,8 +190,9 @@ def _linreg_runs(*, n_of: Callable[[float], int], eps_of: Callable[[float], floa
         X, y, w_star = data(x, seed)
         n, eps = n_of(x), eps_of(x)
         hyper = {"s_star": s_of(x), "gamma": gamma, "mu": gamma, "design_epsilon": eps}
-        result = run_private("ht-sparse-linreg", hyper, X, y, task="regression", target_epsilon=eps,
-                             delta=n ** -1.1, seed=seed)
+        result = run_private(
+            "ht-sparse-linreg", hyper, X, y, task="regression", target_epsilon=eps, delta=n**-1.1, seed=seed
+        )
         return float(np.sum((result.weights - w_star) ** 2))
 
     def plain(x: float, seed: int) -> float:
@@ -230,9 +247,18 @@ def opt_vs_n(seeds: int) -> str:
         def run(x: float, seed: int) -> float:
             X, y, w_star = problem(x, seed)
             hyper = {"s_star": s_star, "gamma": 5.0 / 4, "mu": 5.0 / 4, "tau": 5.0, "design_epsilon": eps}
-            result = run_private("ht-sparse-opt", hyper, X, ((y + 1) / 2).astype(np.int64), task="classification",
-                                 target_epsilon=eps, delta=x ** -1.1, seed=seed)
+            result = run_private(
+                "ht-sparse-opt",
+                hyper,
+                X,
+                ((y + 1) / 2).astype(np.int64),
+                task="classification",
+                target_epsilon=eps,
+                delta=x**-1.1,
+                seed=seed,
+            )
             return cosine(result.weights, w_star)
+
         return run
 
     series = _collect(xs, seeds, {"ht-sparse-opt, ε = 1": private(1.0), "ht-sparse-opt, ε = 10": private(10.0)})
@@ -242,8 +268,11 @@ def opt_vs_n(seeds: int) -> str:
 
 
 COMMANDS: dict[str, Callable[[int], str]] = {
-    "fw-vs-n": fw_vs_n, "fw-vs-eps": fw_vs_eps, "linreg-vs-n": linreg_vs_n,
-    "linreg-vs-sstar": linreg_vs_sstar, "opt-vs-n": opt_vs_n,
+    "fw-vs-n": fw_vs_n,
+    "fw-vs-eps": fw_vs_eps,
+    "linreg-vs-n": linreg_vs_n,
+    "linreg-vs-sstar": linreg_vs_sstar,
+    "opt-vs-n": opt_vs_n,
 }
 
 

@@ -52,18 +52,38 @@ def diabetes(seeds: int) -> list[str]:
         "ht-private-lasso (ℓ1 ball r = 1)": ("ht-private-lasso", {}),
         "ht-sparse-linreg (s* = 3, γ = μ = 4)": ("ht-sparse-linreg", {"s_star": 3, "gamma": 4.0, "mu": 4.0}),
     }
-    rows = [f"**diabetes** (n_train = {n}, d = 10): test MSE of the standardised target "
-            f"(zero vector: {mse(np.zeros(10)):.3f}; non-private FW T = 10: "
-            f"{mse(non_private_fw(X_train, y_train, iterations=10, loss='squared')):.3f}; "
-            f"non-private IHT s = 6, T = 6, η₀ = (2/3)/4: "
-            f"{mse(non_private_iht(X_train, y_train, iterations=6, sparsity=6, step=1 / 6)):.3f})", "",
-            "| algorithm | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |", "|---|" + "---|" * len(EPSILONS)]
+    rows = [
+        f"**diabetes** (n_train = {n}, d = 10): test MSE of the standardised target "
+        f"(zero vector: {mse(np.zeros(10)):.3f}; non-private FW T = 10: "
+        f"{mse(non_private_fw(X_train, y_train, iterations=10, loss='squared')):.3f}; "
+        f"non-private IHT s = 6, T = 6, η₀ = (2/3)/4: "
+        f"{mse(non_private_iht(X_train, y_train, iterations=6, sparsity=6, step=1 / 6)):.3f})",
+        "",
+        "| algorithm | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
+        "|---|" + "---|" * len(EPSILONS),
+    ]
     for label, (name, hyper) in jobs.items():
         cells = []
         for eps in EPSILONS:
-            cells.append(_cell([mse(run_private(name, {**hyper, "design_epsilon": eps}, X_train, y_train,
-                                                task="regression", target_epsilon=eps, delta=n ** -1.1,
-                                                seed=seed).weights) for seed in range(seeds)]))
+            cells.append(
+                _cell(
+                    [
+                        mse(
+                            run_private(
+                                name,
+                                {**hyper, "design_epsilon": eps},
+                                X_train,
+                                y_train,
+                                task="regression",
+                                target_epsilon=eps,
+                                delta=n**-1.1,
+                                seed=seed,
+                            ).weights
+                        )
+                        for seed in range(seeds)
+                    ]
+                )
+            )
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return rows
 
@@ -82,17 +102,35 @@ def breast_cancer(seeds: int) -> list[str]:
         "ht-dp-fw logistic (ℓ1 ball r = 5)": ("ht-dp-fw", {"radius": 5.0}),
         "ht-sparse-opt logistic (s* = 5, γ = μ = 3.3)": ("ht-sparse-opt", {"s_star": 5, "gamma": 3.3, "mu": 3.3}),
     }
-    rows = [f"**breast cancer** (n_train = {n}, d = 30): test accuracy (majority class "
-            f"{max(np.mean(y_test), 1 - np.mean(y_test)):.3f}; non-private FW r = 5, T = 20: {accuracy(plain):.3f})",
-            "", "| algorithm | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
-            "|---|" + "---|" * len(EPSILONS)]
+    rows = [
+        f"**breast cancer** (n_train = {n}, d = 30): test accuracy (majority class "
+        f"{max(np.mean(y_test), 1 - np.mean(y_test)):.3f}; non-private FW r = 5, T = 20: {accuracy(plain):.3f})",
+        "",
+        "| algorithm | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
+        "|---|" + "---|" * len(EPSILONS),
+    ]
     for label, (name, hyper) in jobs.items():
         cells = []
         for eps in EPSILONS:
-            cells.append(_cell([accuracy(run_private(name, {**hyper, "design_epsilon": eps}, X_train, y_train,
-                                                     task="classification", target_epsilon=eps,
-                                                     delta=n ** -1.1, seed=seed).weights)
-                                for seed in range(seeds)]))
+            cells.append(
+                _cell(
+                    [
+                        accuracy(
+                            run_private(
+                                name,
+                                {**hyper, "design_epsilon": eps},
+                                X_train,
+                                y_train,
+                                task="classification",
+                                target_epsilon=eps,
+                                delta=n**-1.1,
+                                seed=seed,
+                            ).weights
+                        )
+                        for seed in range(seeds)
+                    ]
+                )
+            )
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return rows
 

@@ -21,6 +21,7 @@ from app.algorithms import get_algorithm
 from app.algorithms.ht_calibration import PHI_BOUND
 from app.facts import DatasetFacts
 from app.schemas.jobs import TrainingSpec
+from privtrain.architectures import build_model
 from worker.optimizers import ht_algorithms as loops
 from worker.optimizers.ht_mechanisms import Polytope
 from worker.optimizers.secure_random import SecureRandom
@@ -28,7 +29,6 @@ from worker.optimizers.state import TrainingHooks
 from worker.trainers import get_trainer
 from worker.trainers.base import TrainingRequest
 from worker.trainers.ht_dpsco import linear_layer
-from privtrain.architectures import build_model
 
 __all__ = ["PrivateRun", "non_private_fw", "non_private_iht", "run_private"]
 
@@ -42,8 +42,18 @@ class PrivateRun:
     seconds: float
 
 
-def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np.ndarray, *, task: str,
-                target_epsilon: float, delta: float, seed: int, steps: int | None = None) -> PrivateRun:
+def run_private(
+    name: str,
+    hyperparameters: dict[str, Any],
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    task: str,
+    target_epsilon: float,
+    delta: float,
+    seed: int,
+    steps: int | None = None,
+) -> PrivateRun:
     """Plan, calibrate and train like a job; ``y`` holds class indices {0, 1} for classification."""
     n, d = X.shape
     classes = 2 if task == "classification" else None
@@ -53,16 +63,27 @@ def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np
     hyper = algorithm.validate_hyperparameters(hyperparameters)
     plan = algorithm.plan(hyper, training, facts)
     sigma = privacy.calibrate_noise_multiplier(
-        lambda s: plan.event_for(s, plan.steps), target_epsilon=target_epsilon, delta=delta)
+        lambda s: plan.event_for(s, plan.steps), target_epsilon=target_epsilon, delta=delta
+    )
     epsilon = privacy.ledger_epsilon(privacy.rdp_curve(plan.event_for(sigma, plan.steps)), delta)
-    model = build_model("linear-regression" if classes is None else "logistic-regression", {},
-                        input_shape=(d,), n_outputs=classes or 1)
+    model = build_model(
+        "linear-regression" if classes is None else "logistic-regression", {}, input_shape=(d,), n_outputs=classes or 1
+    )
     request = TrainingRequest(
-        model=model, X=torch.from_numpy(X), y=torch.from_numpy(y), task=task,
-        hyperparameters=hyper, training=training,
-        noise_multiplier=sigma, sampling_probability=plan.sampling_probability,
-        expected_batch_size=plan.expected_batch_size, steps=plan.steps, max_physical_batch_size=1024,
-        generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
+        model=model,
+        X=torch.from_numpy(X),
+        y=torch.from_numpy(y),
+        task=task,
+        hyperparameters=hyper,
+        training=training,
+        noise_multiplier=sigma,
+        sampling_probability=plan.sampling_probability,
+        expected_batch_size=plan.expected_batch_size,
+        steps=plan.steps,
+        max_physical_batch_size=1024,
+        generator=SecureRandom.from_seed(seed),
+        hooks=TrainingHooks(),
+        resume_from=None,
         device=torch.device("cpu"),
     )
     start = time.perf_counter()
@@ -71,8 +92,9 @@ def run_private(name: str, hyperparameters: dict[str, Any], X: np.ndarray, y: np
     layer = linear_layer(model)
     weight = layer.weight.detach().double()
     w = weight[0] if layer.out_features == 1 else weight[1] - weight[0]
-    return PrivateRun(weights=w.numpy().copy(), noise_multiplier=sigma, epsilon_ledger=epsilon,
-                      steps=plan.steps, seconds=seconds)
+    return PrivateRun(
+        weights=w.numpy().copy(), noise_multiplier=sigma, epsilon_ledger=epsilon, steps=plan.steps, seconds=seconds
+    )
 
 
 class NonPrivate:
@@ -88,24 +110,49 @@ class NonPrivate:
         return values.to(torch.float64).clone()
 
 
-def non_private_fw(X: np.ndarray, y: np.ndarray, *, iterations: int, loss: str, radius: float = 1.0,
-                   constraint: str = "l1_ball", seed: int = 0) -> np.ndarray:
+def non_private_fw(
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    iterations: int,
+    loss: str,
+    radius: float = 1.0,
+    constraint: str = "l1_ball",
+    seed: int = 0,
+) -> np.ndarray:
     """Plain stochastic FW on the same kind of disjoint blocks: mean gradient, best vertex."""
     data = loops.RowAccess(torch.from_numpy(X), torch.from_numpy(y))
     config = loops.FWConfig(
         polytope=Polytope(constraint, radius, X.shape[1]),  # type: ignore[arg-type]
-        iterations=iterations, block_size=X.shape[0] / iterations, kappa=1e15, beta=1.0, loss=loss,
-        epsilon_step=1.0, score_sensitivity=1.0, term_bound=PHI_BOUND)
-    return loops.run_ht_frank_wolfe(data, config, generator=SecureRandom.from_seed(seed),
-                                    hooks=TrainingHooks(), noise=NonPrivate()).weights.numpy()
+        iterations=iterations,
+        block_size=X.shape[0] / iterations,
+        kappa=1e15,
+        beta=1.0,
+        loss=loss,
+        epsilon_step=1.0,
+        score_sensitivity=1.0,
+        term_bound=PHI_BOUND,
+    )
+    return loops.run_ht_frank_wolfe(
+        data, config, generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), noise=NonPrivate()
+    ).weights.numpy()
 
 
-def non_private_iht(X: np.ndarray, y: np.ndarray, *, iterations: int, sparsity: int, step: float,
-                    radius: float = 1.0, seed: int = 0) -> np.ndarray:
+def non_private_iht(
+    X: np.ndarray, y: np.ndarray, *, iterations: int, sparsity: int, step: float, radius: float = 1.0, seed: int = 0
+) -> np.ndarray:
     """Plain IHT on disjoint blocks: no truncation, exact top-s, projection onto the ℓ2 ball."""
     data = loops.RowAccess(torch.from_numpy(X), torch.from_numpy(y))
-    config = loops.SparseLinRegConfig(iterations=iterations, block_size=X.shape[0] / iterations, sparsity=sparsity,
-                                      truncation=1e300, step=step, radius=radius, laplace_scale=1.0,
-                                      sensitivity=1.0)
-    return loops.run_ht_sparse_linreg(data, config, generator=SecureRandom.from_seed(seed),
-                                      hooks=TrainingHooks(), noise=NonPrivate()).weights.numpy()
+    config = loops.SparseLinRegConfig(
+        iterations=iterations,
+        block_size=X.shape[0] / iterations,
+        sparsity=sparsity,
+        truncation=1e300,
+        step=step,
+        radius=radius,
+        laplace_scale=1.0,
+        sensitivity=1.0,
+    )
+    return loops.run_ht_sparse_linreg(
+        data, config, generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), noise=NonPrivate()
+    ).weights.numpy()

@@ -15,13 +15,13 @@ import argparse
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-from bench.ht_data import few_spike_l1, linear_problem  # noqa: E402
-from bench.ht_figures import FIGURES  # noqa: E402
-from bench.ht_runner import run_private  # noqa: E402
+from bench.ht_data import few_spike_l1, linear_problem
+from bench.ht_figures import FIGURES
+from bench.ht_runner import run_private
 
 ALGORITHMS = {
     "ht-dp-fw": {},
@@ -34,8 +34,10 @@ ALGORITHMS = {
 def time_job(name: str, n: int, d: int, repeats: int) -> tuple[float, int]:
     rng = np.random.default_rng(0)
     p = linear_problem(rng, n=n, w_star=few_spike_l1(rng, d), features="lognormal", noise="normal")
-    runs = [run_private(name, ALGORITHMS[name], p.X, p.y, task="regression", target_epsilon=1.0,
-                        delta=n ** -1.1, seed=seed) for seed in range(repeats)]
+    runs = [
+        run_private(name, ALGORITHMS[name], p.X, p.y, task="regression", target_epsilon=1.0, delta=n**-1.1, seed=seed)
+        for seed in range(repeats)
+    ]
     return min(r.seconds for r in runs), runs[0].steps
 
 
@@ -54,7 +56,7 @@ def main() -> None:
             rows.append(f"| {name} | {n} | {d} | {steps} | {seconds:.3f} | {seconds / (n * d) * 1e9:.1f} |")
             points.append((n * d, seconds))
             print(rows[-1], flush=True)
-        work, seconds = (np.array(v) for v in zip(*points))
+        work, seconds = (np.array(v) for v in zip(*points, strict=True))
         slope, intercept = np.polyfit(np.log(work), np.log(seconds), 1)
         line = ax.loglog(work, seconds, "o", label=f"{name} (fitted log-log slope {slope:.2f})")[0]
         span = np.array([work.min(), work.max()])

@@ -37,11 +37,11 @@ from app.algorithms.kl_family import NOISE_SAFETY, units_for
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 D = 5
 EPSILON, DELTA = 1.0, 1e-8
@@ -53,8 +53,11 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any], int]] = {
     # label: (catalogue name, hyperparameters, training.steps = pass cap or steps)
     "KL-Spider (κ=2)": ("kl-spider", {"L0": L0, "L1": L1, "gamma": GAMMA, "kappa": 2.0, "F0": F0}, 100_000),
     "adaptive noisy GD": ("adaptive-noisy-gd", {"L0": L0, "L1": L1}, 100_000),
-    "proximal point": ("proximal-point", {"L0": L0, "L1_tilde": 0.5, "gamma": GAMMA, "kappa": 2.0,
-                                           "F0": F0, "max_inner_steps": 20}, 100_000),
+    "proximal point": (
+        "proximal-point",
+        {"L0": L0, "L1_tilde": 0.5, "gamma": GAMMA, "kappa": 2.0, "F0": F0, "max_inner_steps": 20},
+        100_000,
+    ),
     "noisy GD (Alg 4, L̃1=0.5)": ("noisy-gd", {"L0": L0, "L1_tilde": 0.5}, 100),
     f"textbook noisy GD (T={TEXTBOOK_STEPS})": ("noisy-gd", {"L0": L0, "L1_tilde": 0.5}, TEXTBOOK_STEPS),
 }
@@ -135,7 +138,9 @@ class LeastSquaresBatch(FullBatch):
             total = self._per_example(w).sum(dim=0)
         return self._as_params(model, total)
 
-    def clipped_difference_sum(self, model: nn.Module, old_point: torch.Tensor, *, clip: float) -> dict[str, torch.Tensor]:
+    def clipped_difference_sum(
+        self, model: nn.Module, old_point: torch.Tensor, *, clip: float
+    ) -> dict[str, torch.Tensor]:
         assert self.problem is not None
         self.passes += 2
         w_new, w_old = flat_params(model).double(), old_point.double()
@@ -151,12 +156,15 @@ class LeastSquaresBatch(FullBatch):
 
 
 def _job(name: str, hyper: dict[str, Any], steps: int, n: int) -> Any:
-    spec = JobCreate.model_validate({
-        "dataset_id": "ds_bench", "model": {"name": "linear-regression"},
-        "algorithm": {"name": name, "hyperparameters": hyper},
-        "privacy": {"target_epsilon": EPSILON, "delta": DELTA},
-        "training": {"steps": steps},
-    })
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "ds_bench",
+            "model": {"name": "linear-regression"},
+            "algorithm": {"name": name, "hyperparameters": hyper},
+            "privacy": {"target_epsilon": EPSILON, "delta": DELTA},
+            "training": {"steps": steps},
+        }
+    )
     dataset = Dataset(n_rows=n, feature_shape=[D], task="regression", n_classes=None)
     return plan_job(spec, dataset, dataset_delta=DELTA, max_steps=10_000_000)
 
@@ -172,15 +180,25 @@ def _textbook_noisy_gd(problem: Problem, job: Any, seed: int, fast: bool) -> tor
 
 
 def _model() -> nn.Module:
-    model = build_model("linear-regression", {}, input_shape=(D,), n_outputs=1, generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        "linear-regression", {}, input_shape=(D,), n_outputs=1, generator=torch.Generator().manual_seed(0)
+    )
     assign_flat(model, torch.zeros(D + 1))  # public start w0 = 0
     return model
 
 
 def _batch(problem: Problem, job: Any, seed: int, fast: bool) -> FullBatch:
-    common = dict(X=problem.X, y=problem.y, loss="mse", lipschitz=L0, normaliser=float(problem.n),
-                  max_physical_batch_size=4096, generator=SecureRandom.from_seed(10_000 + seed),
-                  noise_safety=NOISE_SAFETY, units_for=units_for)
+    common = dict(
+        X=problem.X,
+        y=problem.y,
+        loss="mse",
+        lipschitz=L0,
+        normaliser=float(problem.n),
+        max_physical_batch_size=4096,
+        generator=SecureRandom.from_seed(10_000 + seed),
+        noise_safety=NOISE_SAFETY,
+        units_for=units_for,
+    )
     return LeastSquaresBatch(**common, problem=problem) if fast else FullBatch(**common)  # type: ignore[arg-type]
 
 
@@ -199,12 +217,21 @@ def run_entry(
     else:
         model = _model()
         request = TrainingRequest(
-            model=model, X=problem.X, y=problem.y, task="regression",
-            hyperparameters=job.hyperparameters, training=job.training,
-            noise_multiplier=job.noise_multiplier, sampling_probability=1.0,
-            expected_batch_size=float(problem.n), steps=job.plan.steps, max_physical_batch_size=4096,
-            generator=SecureRandom.from_seed(10_000 + seed), hooks=TrainingHooks(),
-            resume_from=None, device=torch.device("cpu"),
+            model=model,
+            X=problem.X,
+            y=problem.y,
+            task="regression",
+            hyperparameters=job.hyperparameters,
+            training=job.training,
+            noise_multiplier=job.noise_multiplier,
+            sampling_probability=1.0,
+            expected_batch_size=float(problem.n),
+            steps=job.plan.steps,
+            max_physical_batch_size=4096,
+            generator=SecureRandom.from_seed(10_000 + seed),
+            hooks=TrainingHooks(),
+            resume_from=None,
+            device=torch.device("cpu"),
         )
         import worker.trainers.kl_family as trainers
 
@@ -218,8 +245,13 @@ def run_entry(
             trainers.full_batch = original
         w, units = flat_params(model), result.steps_run
     return {
-        "algorithm": label, "n": problem.n, "seed": seed, "excess": problem.excess(w),
-        "steps_run": units, "steps_planned": job.plan.steps, "sigma": job.noise_multiplier,
+        "algorithm": label,
+        "n": problem.n,
+        "seed": seed,
+        "excess": problem.excess(w),
+        "steps_run": units,
+        "steps_planned": job.plan.steps,
+        "sigma": job.noise_multiplier,
         "seconds": time.perf_counter() - start,
     }
 

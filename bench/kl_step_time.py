@@ -27,11 +27,11 @@ import torch
 from torch import nn
 
 from app.algorithms.kl_family import NOISE_SAFETY, adaptive_constants, units_for
+from privtrain.architectures import build_model
 from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
 from worker.optimizers.kl_noisy_gd import InnerSolver, InnerState, inner_step
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum
 from worker.optimizers.secure_random import SecureRandom
-from privtrain.architectures import build_model
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,28 @@ def _setup(case: Case) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     X = torch.randn(case.n, case.features, generator=g)
     y = torch.randint(0, case.classes, (case.n,), generator=g)
-    model = build_model(case.model, case.params, input_shape=(case.features,), n_outputs=case.classes,
-                        generator=torch.Generator().manual_seed(1))
+    model = build_model(
+        case.model,
+        case.params,
+        input_shape=(case.features,),
+        n_outputs=case.classes,
+        generator=torch.Generator().manual_seed(1),
+    )
     return model, X, y
 
 
 def _batch(X: torch.Tensor, y: torch.Tensor, chunk: int) -> FullBatch:
-    return FullBatch(X=X, y=y, loss="cross_entropy", lipschitz=1.0, normaliser=float(len(X)),
-                     max_physical_batch_size=chunk, generator=SecureRandom.from_seed(2),
-                     noise_safety=NOISE_SAFETY, units_for=units_for)
+    return FullBatch(
+        X=X,
+        y=y,
+        loss="cross_entropy",
+        lipschitz=1.0,
+        normaliser=float(len(X)),
+        max_physical_batch_size=chunk,
+        generator=SecureRandom.from_seed(2),
+        noise_safety=NOISE_SAFETY,
+        units_for=units_for,
+    )
 
 
 def steppers(case: Case, chunk: int) -> dict[str, Callable[[], None]]:
@@ -100,8 +113,9 @@ def steppers(case: Case, chunk: int) -> dict[str, Callable[[], None]]:
         data.release("difference", model, data.clipped_difference_sum(model, w, clip=0.25), noise_std=1e-4)
 
     def vmap_pass() -> None:
-        clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0),
-                         max_physical_batch_size=chunk)
+        clipped_grad_sum(
+            model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0), max_physical_batch_size=chunk
+        )
 
     return {
         "non-private full-batch step": non_private,
@@ -132,8 +146,10 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256, help="physical chunk (worker default 256)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread, "
-          f"chunk {args.chunk}, median of {args.repeats}")
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread, "
+        f"chunk {args.chunk}, median of {args.repeats}"
+    )
     for case in CASES:
         medians = measure(case, repeats=args.repeats, chunk=args.chunk)
         base = medians["non-private full-batch step"]

@@ -55,8 +55,10 @@ def _digits_csv() -> bytes:
 
     digits = load_digits()
     lines = [",".join([f"x{i}" for i in range(64)] + ["label"])]
-    lines += [",".join(repr(float(v) / 16.0) for v in row) + f",{int(t)}"
-              for row, t in zip(digits.data, digits.target, strict=True)]
+    lines += [
+        ",".join(repr(float(v) / 16.0) for v in row) + f",{int(t)}"
+        for row, t in zip(digits.data, digits.target, strict=True)
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -75,9 +77,19 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def _client(base: str, key: str, dataset_id: str, job_ids: list[str], *, until: float,
-                  budget: list[int], results: dict[str, list[float]], statuses: Counter,
-                  errors: Counter, rng: random.Random) -> None:
+async def _client(
+    base: str,
+    key: str,
+    dataset_id: str,
+    job_ids: list[str],
+    *,
+    until: float,
+    budget: list[int],
+    results: dict[str, list[float]],
+    statuses: Counter,
+    errors: Counter,
+    rng: random.Random,
+) -> None:
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30.0) as http:
         while time.monotonic() < until and budget[0] > 0:
@@ -108,8 +120,10 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--max-requests", type=int, default=50_000)
-    parser.add_argument("--database", default=os.environ.get(
-        "PRIVTRAIN_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    parser.add_argument(
+        "--database",
+        default=os.environ.get("PRIVTRAIN_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+    )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/13")
     args = parser.parse_args()
 
@@ -122,13 +136,18 @@ def main() -> None:
     server = None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(Path(tmp) / "data"),
-                   "PRIVTRAIN_DATABASE_URL": database_url, "PRIVTRAIN_BROKER_URL": args.redis,
-                   "PRIVTRAIN_RATE_LIMIT_PER_MINUTE": "0", "PRIVTRAIN_MAX_ACTIVE_JOBS_PER_TENANT": "1000000",
-                   "PRIVTRAIN_MAX_CONCURRENT_PLANS": "1000", "PRIVTRAIN_MAX_CONCURRENT_PLANS_PER_KEY": "1000",
-                   "PRIVTRAIN_LOG_LEVEL": "WARNING"}
-            settings = Settings(data_dir=Path(tmp) / "data", database_url=database_url,
-                                broker_url=args.redis)
+            env = {
+                **os.environ,
+                "PRIVTRAIN_DATA_DIR": str(Path(tmp) / "data"),
+                "PRIVTRAIN_DATABASE_URL": database_url,
+                "PRIVTRAIN_BROKER_URL": args.redis,
+                "PRIVTRAIN_RATE_LIMIT_PER_MINUTE": "0",
+                "PRIVTRAIN_MAX_ACTIVE_JOBS_PER_TENANT": "1000000",
+                "PRIVTRAIN_MAX_CONCURRENT_PLANS": "1000",
+                "PRIVTRAIN_MAX_CONCURRENT_PLANS_PER_KEY": "1000",
+                "PRIVTRAIN_LOG_LEVEL": "WARNING",
+            }
+            settings = Settings(data_dir=Path(tmp) / "data", database_url=database_url, broker_url=args.redis)
             migrate(settings)
             db = Database(database_url)
             keys = []
@@ -140,7 +159,10 @@ def main() -> None:
             db.dispose()
             server = subprocess.Popen(
                 [sys.executable, "-m", "app.cli", "serve", "--no-worker", "--port", str(port)],
-                cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
             )
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
@@ -157,11 +179,14 @@ def main() -> None:
             tenants = []
             for key in keys:
                 headers = {"Authorization": f"Bearer {key}"}
-                dataset = httpx.post(f"{base}/v1/datasets", headers=headers, content=body, timeout=60,
-                                     params={"name": "digits", "format": "csv", "label_column": "label",
-                                             "epsilon": 100, "delta": 1e-5}).json()
-                job = httpx.post(f"{base}/v1/jobs", headers=headers, json=_job_spec(dataset["id"]),
-                                 timeout=60).json()
+                dataset = httpx.post(
+                    f"{base}/v1/datasets",
+                    headers=headers,
+                    content=body,
+                    timeout=60,
+                    params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 100, "delta": 1e-5},
+                ).json()
+                job = httpx.post(f"{base}/v1/jobs", headers=headers, json=_job_spec(dataset["id"]), timeout=60).json()
                 tenants.append((key, dataset["id"], [job["id"]]))
 
             results: dict[str, list[float]] = defaultdict(list)
@@ -172,12 +197,21 @@ def main() -> None:
             async def run() -> float:
                 started = time.monotonic()
                 until = started + args.seconds
-                await asyncio.gather(*(
-                    _client(base, *tenants[i % len(tenants)], until=until, budget=budget,
-                            results=results, statuses=statuses, errors=errors,
-                            rng=random.Random(i))
-                    for i in range(args.clients)
-                ))
+                await asyncio.gather(
+                    *(
+                        _client(
+                            base,
+                            *tenants[i % len(tenants)],
+                            until=until,
+                            budget=budget,
+                            results=results,
+                            statuses=statuses,
+                            errors=errors,
+                            rng=random.Random(i),
+                        )
+                        for i in range(args.clients)
+                    )
+                )
                 return time.monotonic() - started
 
             elapsed = asyncio.run(run())
@@ -186,14 +220,17 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
         with admin.connect() as connection:
-            connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-                               {"n": name})
+            connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"), {"n": name}
+            )
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
 
     total = sum(len(v) for v in results.values())
-    print(f"# {args.clients} clients, {args.tenants} tenants, {elapsed:.1f} s, {total} answered requests, "
-          f"{sum(errors.values())} errors, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"# {args.clients} clients, {args.tenants} tenants, {elapsed:.1f} s, {total} answered requests, "
+        f"{sum(errors.values())} errors, {time.strftime('%Y-%m-%d')}"
+    )
     print("| operation | requests | req/s | p50 ms | p99 ms | statuses |")
     print("|---|---:|---:|---:|---:|---|")
     everything: list[float] = []
@@ -201,10 +238,14 @@ def main() -> None:
         latencies = results[op]
         everything += latencies
         codes = ", ".join(f"{code}: {count}" for (o, code), count in sorted(statuses.items()) if o == op)
-        print(f"| {op} | {len(latencies)} | {len(latencies) / elapsed:.1f} | "
-              f"{1e3 * statistics.median(latencies):.0f} | {1e3 * _percentile(latencies, 0.99):.0f} | {codes} |")
-    print(f"| all | {total} | {total / elapsed:.1f} | {1e3 * statistics.median(everything):.0f} | "
-          f"{1e3 * _percentile(everything, 0.99):.0f} | |")
+        print(
+            f"| {op} | {len(latencies)} | {len(latencies) / elapsed:.1f} | "
+            f"{1e3 * statistics.median(latencies):.0f} | {1e3 * _percentile(latencies, 0.99):.0f} | {codes} |"
+        )
+    print(
+        f"| all | {total} | {total / elapsed:.1f} | {1e3 * statistics.median(everything):.0f} | "
+        f"{1e3 * _percentile(everything, 0.99):.0f} | |"
+    )
     if errors:
         print("errors:", dict(errors))
 

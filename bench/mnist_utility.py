@@ -31,10 +31,10 @@ from sklearn.model_selection import train_test_split
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 CLIPS = (0.1, 1.0)
 LEARNING_RATES = (0.05, 0.2)
@@ -57,10 +57,23 @@ def load() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return tuple(train_test_split(X, y, test_size=1000, random_state=0, stratify=y))  # type: ignore[return-value]
 
 
-def train_and_score(method: str, *, clip: float, lr: float, epsilon: float | None, epochs: float,
-                    X: np.ndarray, y: np.ndarray, X_eval: np.ndarray, y_eval: np.ndarray, seed: int) -> float:
+def train_and_score(
+    method: str,
+    *,
+    clip: float,
+    lr: float,
+    epsilon: float | None,
+    epochs: float,
+    X: np.ndarray,
+    y: np.ndarray,
+    X_eval: np.ndarray,
+    y_eval: np.ndarray,
+    seed: int,
+) -> float:
     torch.manual_seed(seed)
-    model = build_model("cnn2-gn", {}, input_shape=(1, 28, 28), n_outputs=10, generator=torch.Generator().manual_seed(seed))
+    model = build_model(
+        "cnn2-gn", {}, input_shape=(1, 28, 28), n_outputs=10, generator=torch.Generator().manual_seed(seed)
+    )
     Xt, yt = torch.from_numpy(X), torch.from_numpy(y.astype(np.int64))
     if epsilon is None:  # non-private reference: same model, batches, epochs
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -72,20 +85,35 @@ def train_and_score(method: str, *, clip: float, lr: float, epsilon: float | Non
             optimizer.step()
     else:
         dataset = Dataset(n_rows=len(X), feature_shape=[1, 28, 28], task="classification", n_classes=10)
-        spec = JobCreate.model_validate({
-            "dataset_id": "bench", "model": {"name": "cnn2-gn"},
-            "algorithm": {"name": method, "hyperparameters": hyperparameters(method, clip)},
-            "privacy": {"target_epsilon": epsilon, "delta": DELTA},
-            "training": {"epochs": epochs, "batch_size": BATCH, "learning_rate": lr},
-        })
+        spec = JobCreate.model_validate(
+            {
+                "dataset_id": "bench",
+                "model": {"name": "cnn2-gn"},
+                "algorithm": {"name": method, "hyperparameters": hyperparameters(method, clip)},
+                "privacy": {"target_epsilon": epsilon, "delta": DELTA},
+                "training": {"epochs": epochs, "batch_size": BATCH, "learning_rate": lr},
+            }
+        )
         plan = plan_job(spec, dataset, dataset_delta=DELTA, max_steps=10**7)
-        get_trainer(method)(TrainingRequest(
-            model=model, X=Xt, y=yt, task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
-            noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
-            expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps, max_physical_batch_size=BATCH,
-            generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
-            device=torch.device("cpu"),
-        ))
+        get_trainer(method)(
+            TrainingRequest(
+                model=model,
+                X=Xt,
+                y=yt,
+                task="classification",
+                hyperparameters=plan.hyperparameters,
+                training=plan.training,
+                noise_multiplier=plan.noise_multiplier,
+                sampling_probability=plan.plan.sampling_probability,
+                expected_batch_size=plan.plan.expected_batch_size,
+                steps=plan.plan.steps,
+                max_physical_batch_size=BATCH,
+                generator=SecureRandom.from_seed(seed),
+                hooks=TrainingHooks(),
+                resume_from=None,
+                device=torch.device("cpu"),
+            )
+        )
     model.eval()
     with torch.no_grad():
         predictions = model(torch.from_numpy(X_eval)).argmax(1).numpy()
@@ -94,7 +122,9 @@ def train_and_score(method: str, *, clip: float, lr: float, epsilon: float | Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="+", default=["dp-sgd", "auto-s", "dp-psac", "dc-dpsgd", "dc-dpsgd-threshold"])
+    parser.add_argument(
+        "--methods", nargs="+", default=["dp-sgd", "auto-s", "dp-psac", "dc-dpsgd", "dc-dpsgd-threshold"]
+    )
     parser.add_argument("--epsilons", nargs="+", type=float, default=[8.0, 2.0])
     parser.add_argument("--epochs", type=float, default=10)
     parser.add_argument("--seeds", type=int, default=3)
@@ -108,17 +138,50 @@ def main() -> None:
         eps_tune = None if method == "non-private" else max(args.epsilons)
         grid = {}
         for clip, lr in itertools.product(CLIPS if method != "non-private" else (None,), LEARNING_RATES):
-            grid[(clip, lr)] = train_and_score(method, clip=clip or 1.0, lr=lr, epsilon=eps_tune, epochs=args.epochs,
-                                               X=X_fit, y=y_fit, X_eval=X_val, y_eval=y_val, seed=100)
-        (clip, lr), val = max(grid.items(), key=lambda kv: kv[1])
-        results[method] = {"grid": {f"C={c},lr={l}": v for (c, l), v in grid.items()}, "chosen": {"clip": clip, "lr": lr}}
-        for epsilon in ([None] if method == "non-private" else args.epsilons):
-            accs = [train_and_score(method, clip=clip or 1.0, lr=lr, epsilon=epsilon, epochs=args.epochs,
-                                    X=X_train, y=y_train, X_eval=X_test, y_eval=y_test, seed=s) for s in range(args.seeds)]
+            grid[(clip, lr)] = train_and_score(
+                method,
+                clip=clip or 1.0,
+                lr=lr,
+                epsilon=eps_tune,
+                epochs=args.epochs,
+                X=X_fit,
+                y=y_fit,
+                X_eval=X_val,
+                y_eval=y_val,
+                seed=100,
+            )
+        (clip, lr), _ = max(grid.items(), key=lambda kv: kv[1])
+        results[method] = {
+            "grid": {f"C={c},lr={rate}": v for (c, rate), v in grid.items()},
+            "chosen": {"clip": clip, "lr": lr},
+        }
+        for epsilon in [None] if method == "non-private" else args.epsilons:
+            accs = [
+                train_and_score(
+                    method,
+                    clip=clip or 1.0,
+                    lr=lr,
+                    epsilon=epsilon,
+                    epochs=args.epochs,
+                    X=X_train,
+                    y=y_train,
+                    X_eval=X_test,
+                    y_eval=y_test,
+                    seed=s,
+                )
+                for s in range(args.seeds)
+            ]
             key = "test" if epsilon is None else f"test@eps={epsilon:g}"
-            results[method][key] = {"mean": statistics.mean(accs), "sd": statistics.stdev(accs) if len(accs) > 1 else 0.0, "runs": accs}
-            print(f"{method:20s} {key:14s} {statistics.mean(accs):.4f} ± {results[method][key]['sd']:.4f} "
-                  f"(C={clip}, lr={lr}, {time.time() - started:.0f}s)", flush=True)
+            results[method][key] = {
+                "mean": statistics.mean(accs),
+                "sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                "runs": accs,
+            }
+            print(
+                f"{method:20s} {key:14s} {statistics.mean(accs):.4f} ± {results[method][key]['sd']:.4f} "
+                f"(C={clip}, lr={lr}, {time.time() - started:.0f}s)",
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
 

@@ -27,7 +27,7 @@ from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from bench.step_time import CASES, N_ROWS, Case, _data, _model, _sync
 from bench.timing import interleaved_medians
-from worker.optimizers.secure_random import Shape, SecureRandom
+from worker.optimizers.secure_random import SecureRandom, Shape
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
 
@@ -39,18 +39,25 @@ class LegacyTorchStream(SecureRandom):
     interface, drawing exactly what the pre-audit code drew (torch.rand / torch.randn)."""
 
     def __init__(self, seed: int, device: torch.device) -> None:
-        super().__init__(device=torch.device("cpu"), numpy_stream=np.random.Generator(np.random.Philox(seed)),
-                         master_key=bytes(32), pair=None, secure_gaussian=False)
+        super().__init__(
+            device=torch.device("cpu"),
+            numpy_stream=np.random.Generator(np.random.Philox(seed)),
+            master_key=bytes(32),
+            pair=None,
+            secure_gaussian=False,
+        )
         self._device = device
         self._torch = torch.Generator(device=device).manual_seed(seed)
 
-    def uniform(self, shape: Shape, *, dtype: torch.dtype = torch.float64,
-                device: torch.device | str | None = None) -> torch.Tensor:
+    def uniform(
+        self, shape: Shape, *, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         size = (shape,) if isinstance(shape, int) else tuple(shape)
         return torch.rand(size, generator=self._torch, device=self._device, dtype=dtype)
 
-    def normal(self, shape: Shape, *, std: float, dtype: torch.dtype = torch.float64,
-               device: torch.device | str | None = None) -> torch.Tensor:
+    def normal(
+        self, shape: Shape, *, std: float, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         size = (shape,) if isinstance(shape, int) else tuple(shape)
         return torch.randn(size, generator=self._torch, device=self._device, dtype=dtype).mul_(std)
 
@@ -64,25 +71,42 @@ SOURCES: dict[str, Callable[[torch.device], SecureRandom]] = {
 
 def dp_sgd_stepper(case: Case, device: torch.device, source: SecureRandom) -> Callable[[int], None]:
     """The registered DP-SGD trainer on the case, drawing from ``source``."""
-    dataset = Dataset(n_rows=N_ROWS, feature_shape=list(case.input_shape), task="classification",
-                      n_classes=case.n_classes)
-    spec = JobCreate.model_validate({
-        "dataset_id": "bench", "model": {"name": case.model, "params": case.params},
-        "algorithm": {"name": "dp-sgd"}, "privacy": {"noise_multiplier": 1.0},
-        "training": {"steps": 1, "batch_size": case.batch_size, "learning_rate": 0.01},
-    })
+    dataset = Dataset(
+        n_rows=N_ROWS, feature_shape=list(case.input_shape), task="classification", n_classes=case.n_classes
+    )
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "bench",
+            "model": {"name": case.model, "params": case.params},
+            "algorithm": {"name": "dp-sgd"},
+            "privacy": {"noise_multiplier": 1.0},
+            "training": {"steps": 1, "batch_size": case.batch_size, "learning_rate": 0.01},
+        }
+    )
     plan = plan_job(spec, dataset, dataset_delta=1e-6, max_steps=10**9)
     model, (X, y) = _model(case, device), _data(case, device)
     trainer = get_trainer("dp-sgd")
 
     def run(steps: int) -> None:
-        trainer(TrainingRequest(
-            model=model, X=X, y=y, task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
-            noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
-            expected_batch_size=plan.plan.expected_batch_size, steps=steps,
-            max_physical_batch_size=case.batch_size, generator=source, hooks=TrainingHooks(),
-            resume_from=None, device=device,
-        ))
+        trainer(
+            TrainingRequest(
+                model=model,
+                X=X,
+                y=y,
+                task="classification",
+                hyperparameters=plan.hyperparameters,
+                training=plan.training,
+                noise_multiplier=plan.noise_multiplier,
+                sampling_probability=plan.plan.sampling_probability,
+                expected_batch_size=plan.plan.expected_batch_size,
+                steps=steps,
+                max_physical_batch_size=case.batch_size,
+                generator=source,
+                hooks=TrainingHooks(),
+                resume_from=None,
+                device=device,
+            )
+        )
         _sync(device)
 
     return run
@@ -114,10 +138,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"numpy {np.__version__}, device {device}"
-          f"{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
-          f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"# {platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"numpy {np.__version__}, device {device}"
+        f"{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
+        f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}"
+    )
     print("| what | noise source | time | × old torch source |")
     print("|---|---|---|---|")
     for key in args.cases:

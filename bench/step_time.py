@@ -32,10 +32,10 @@ from torch import nn
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 N_ROWS = 4096
 
@@ -65,8 +65,13 @@ def _data(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _model(case: Case, device: torch.device) -> nn.Module:
-    return build_model(case.model, case.params, input_shape=case.input_shape, n_outputs=case.n_classes,
-                       generator=torch.Generator().manual_seed(0)).to(device)
+    return build_model(
+        case.model,
+        case.params,
+        input_shape=case.input_shape,
+        n_outputs=case.n_classes,
+        generator=torch.Generator().manual_seed(0),
+    ).to(device)
 
 
 def _sync(device: torch.device) -> None:
@@ -101,8 +106,13 @@ def opacus_stepper(case: Case, device: torch.device) -> Callable[[int], None]:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=case.batch_size)
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=True, grad_sample_mode="hooks",
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        poisson_sampling=True,
+        grad_sample_mode="hooks",
     )
 
     def run(steps: int) -> None:
@@ -122,24 +132,43 @@ def opacus_stepper(case: Case, device: torch.device) -> Callable[[int], None]:
 
 def algorithm_stepper(name: str) -> Callable[[Case, torch.device], Callable[[int], None]]:
     def make(case: Case, device: torch.device) -> Callable[[int], None]:
-        dataset = Dataset(n_rows=N_ROWS, feature_shape=list(case.input_shape), task="classification", n_classes=case.n_classes)
-        spec = JobCreate.model_validate({
-            "dataset_id": "bench", "model": {"name": case.model, "params": case.params},
-            "algorithm": {"name": name}, "privacy": {"noise_multiplier": 1.0},
-            "training": {"steps": 1, "batch_size": case.batch_size, "learning_rate": 0.01},
-        })
+        dataset = Dataset(
+            n_rows=N_ROWS, feature_shape=list(case.input_shape), task="classification", n_classes=case.n_classes
+        )
+        spec = JobCreate.model_validate(
+            {
+                "dataset_id": "bench",
+                "model": {"name": case.model, "params": case.params},
+                "algorithm": {"name": name},
+                "privacy": {"noise_multiplier": 1.0},
+                "training": {"steps": 1, "batch_size": case.batch_size, "learning_rate": 0.01},
+            }
+        )
         plan = plan_job(spec, dataset, dataset_delta=1e-6, max_steps=10**9)
         model, (X, y) = _model(case, device), _data(case, device)
         trainer = get_trainer(name)
         generator = SecureRandom.from_seed(2, device)
 
         def run(steps: int) -> None:
-            trainer(TrainingRequest(
-                model=model, X=X, y=y, task="classification", hyperparameters=plan.hyperparameters, training=plan.training,
-                noise_multiplier=plan.noise_multiplier, sampling_probability=plan.plan.sampling_probability,
-                expected_batch_size=plan.plan.expected_batch_size, steps=steps, max_physical_batch_size=case.batch_size,
-                generator=generator, hooks=TrainingHooks(), resume_from=None, device=device,
-            ))
+            trainer(
+                TrainingRequest(
+                    model=model,
+                    X=X,
+                    y=y,
+                    task="classification",
+                    hyperparameters=plan.hyperparameters,
+                    training=plan.training,
+                    noise_multiplier=plan.noise_multiplier,
+                    sampling_probability=plan.plan.sampling_probability,
+                    expected_batch_size=plan.plan.expected_batch_size,
+                    steps=steps,
+                    max_physical_batch_size=case.batch_size,
+                    generator=generator,
+                    hooks=TrainingHooks(),
+                    resume_from=None,
+                    device=device,
+                )
+            )
             _sync(device)
 
         return run
@@ -201,9 +230,23 @@ def reset_peak_resident_set() -> int:
 
 def peak_memory(case_key: str, stepper: str, algorithms: list[str], device: str, steps: int) -> int:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.step_time", "--memory-child", case_key, stepper, "--device", device,
-         "--algorithms", *algorithms, "--steps", str(steps)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "bench.step_time",
+            "--memory-child",
+            case_key,
+            stepper,
+            "--device",
+            device,
+            "--algorithms",
+            *algorithms,
+            "--steps",
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"])
 
@@ -216,8 +259,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--memory-only", action="store_true",
-                        help="skip the timings (memory is unaffected by a busy machine, timings are not)")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="skip the timings (memory is unaffected by a busy machine, timings are not)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--memory-child", nargs=2, metavar=("CASE", "STEPPER"))
     args = parser.parse_args()
@@ -227,9 +273,11 @@ def main() -> None:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"device {device}{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
-          f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"# {platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"device {device}{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
+        f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}"
+    )
     print("| case | stepper | ms/step | × non-private | peak memory × non-private |")
     print("|---|---|---|---|---|")
     for key in args.cases:
@@ -239,15 +287,18 @@ def main() -> None:
             times = {name: float("nan") for name in table}
         else:
             runs = {name: make(case, device) for name, make in table.items()}
-            times = {name: time_per_step(run, steps=args.steps, repeats=args.repeats)
-                     for name, run in runs.items()}
-        memory = {} if args.no_memory else {
-            name: peak_memory(key, name, args.algorithms, args.device, args.steps) for name in table
-        }
+            times = {name: time_per_step(run, steps=args.steps, repeats=args.repeats) for name, run in runs.items()}
+        memory = (
+            {}
+            if args.no_memory
+            else {name: peak_memory(key, name, args.algorithms, args.device, args.steps) for name in table}
+        )
         base_t, base_m = times["non-private"], memory.get("non-private")
         for name in table:
             mem = f"{memory[name] / max(base_m, 1):.2f} ({memory[name] / 2**20:.0f} MiB)" if memory else "—"
-            print(f"| {case.name} | {name} | {times[name] * 1e3:.2f} | {times[name] / base_t:.2f} | {mem} |", flush=True)
+            print(
+                f"| {case.name} | {name} | {times[name] * 1e3:.2f} | {times[name] / base_t:.2f} | {mem} |", flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable, Mapping
 
 
-def interleaved_medians(runs: Mapping[str, Callable[[int], None]], *, per_sample: int,
-                        repeats: int) -> dict[str, float]:
+def interleaved_medians(
+    runs: Mapping[str, Callable[[int], None]], *, per_sample: int, repeats: int
+) -> dict[str, float]:
     """Median seconds per unit; every repeat times every variant once, in turn (after a warm-up)."""
     for run in runs.values():
         run(2)

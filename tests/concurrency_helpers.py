@@ -63,9 +63,14 @@ def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
     """Test settings for the races; the in-process reconciler is off so that nothing but the
     submissions touches the ledger or the dispatcher while the test counts them, and the upload
     and pricing slots are wide enough that the races are decided by the database, not by 429 caps."""
-    values: dict[str, object] = {"max_upload_bytes": 5_000_000, "run_reconciler": False,
-                                 "max_concurrent_uploads": 64, "max_concurrent_uploads_per_tenant": 64,
-                                 "max_concurrent_plans": 64, "max_concurrent_plans_per_key": 64}
+    values: dict[str, object] = {
+        "max_upload_bytes": 5_000_000,
+        "run_reconciler": False,
+        "max_concurrent_uploads": 64,
+        "max_concurrent_uploads_per_tenant": 64,
+        "max_concurrent_plans": 64,
+        "max_concurrent_plans_per_key": 64,
+    }
     values.update(overrides)
     return make_settings(data_dir, **values)
 
@@ -110,7 +115,7 @@ def live_server(settings: Settings) -> Iterator[LiveService]:
     def run() -> None:
         try:
             server.run()
-        except BaseException as exc:  # pragma: no cover - surfaced below
+        except BaseException as exc:  # pragma: no cover  # noqa: BLE001 - any server crash, surfaced below
             crashed.append(exc)
 
     thread = threading.Thread(target=run, name=f"uvicorn-{port}", daemon=True)
@@ -152,9 +157,7 @@ def job_curve(live: LiveService, dataset_id: str, spec: dict[str, Any]) -> tuple
         dataset = session.get(Dataset, dataset_id)
         budget = session.get(PrivacyBudget, dataset_id)
         assert dataset is not None and budget is not None
-        plan = plan_job(
-            JobCreate(**spec), dataset, dataset_delta=budget.delta, max_steps=live.settings.max_steps
-        )
+        plan = plan_job(JobCreate(**spec), dataset, dataset_delta=budget.delta, max_steps=live.settings.max_steps)
     return plan.curve
 
 
@@ -219,7 +222,7 @@ def fire_concurrently(live: LiveService, submissions: Sequence[Submission]) -> l
             start = time.monotonic()
             try:
                 response = client.post("/v1/jobs", json=submission.body, headers=submission.headers)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the thread records any failure as its outcome, with the traceback
                 outcomes[index] = Outcome(index, None, None, time.monotonic() - start, traceback.format_exc())
                 return
             elapsed = time.monotonic() - start
@@ -244,8 +247,7 @@ def split_outcomes(outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[Out
     """(admitted 202s, rejected 409 insufficient-budget); anything else fails with every body shown."""
     admitted = [o for o in outcomes if o.status == 202 and isinstance(o.body, dict)]
     rejected = [
-        o for o in outcomes
-        if o.status == 409 and isinstance(o.body, dict) and o.body.get("type") == INSUFFICIENT
+        o for o in outcomes if o.status == 409 and isinstance(o.body, dict) and o.body.get("type") == INSUFFICIENT
     ]
     expected = {o.index for o in admitted} | {o.index for o in rejected}
     unexpected = [o for o in outcomes if o.index not in expected]
@@ -272,9 +274,7 @@ def assert_budget_within_capacity(budget: dict[str, Any], curve: Sequence[float]
     reserved = tuple(row["reserved"] for row in per_order)
     matches = [m for m in range(max_jobs + 1) if folded(curve, m) == reserved]
     assert matches, f"reserved curve {reserved} is not m·cost for any m <= {max_jobs}"
-    witnesses = [
-        row["order"] for row in per_order if row["committed"] + row["reserved"] <= row["capacity"]
-    ]
+    witnesses = [row["order"] for row in per_order if row["committed"] + row["reserved"] <= row["capacity"]]
     assert witnesses, f"committed + reserved exceeds capacity at every order: {per_order}"
     assert budget["spent_epsilon"] <= budget["epsilon"], budget
     return matches[0]
@@ -298,7 +298,7 @@ class BudgetWatcher:
                     response = client.get(f"/v1/datasets/{self._dataset_id}/budget")
                     assert response.status_code == 200, response.text
                     self.snapshots.append(assert_budget_within_capacity(response.json(), self._curve, self._k))
-                except Exception:
+                except Exception:  # noqa: BLE001 - a watcher thread records any failure for the test to assert on
                     self.failures.append(traceback.format_exc())
                     return
                 time.sleep(0.005)
@@ -382,9 +382,10 @@ def assert_ledger_state(
     assert budget["last_hash"] == previous
     capacity = privacy.capacity_curve(budget["epsilon"], budget["delta"])
     zeros = tuple(0.0 for _ in privacy.ORDERS)
-    fits_another = privacy.admission_order(
-        committed=zeros, reserved=folded(curve, k), cost=tuple(curve), capacity=capacity
-    ) is not None
+    fits_another = (
+        privacy.admission_order(committed=zeros, reserved=folded(curve, k), cost=tuple(curve), capacity=capacity)
+        is not None
+    )
     assert fits_another is not exhausted, (
         "a (k+1)-th job would still have fitted" if exhausted else "one job must not fill the budget"
     )
@@ -396,9 +397,7 @@ def assert_ledger_state(
         statuses = set(session.scalars(select(Job.status).where(Job.dataset_id == dataset_id)))
         assert statuses <= {"queued"}, statuses
         entries = list(
-            session.scalars(
-                select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq)
-            )
+            session.scalars(select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id).order_by(LedgerEntry.seq))
         )
         assert len(entries) == k
         for entry in entries:
@@ -448,13 +447,20 @@ def run_single_dataset_race(live: LiveService, *, epsilon: float = 2.0, n: int =
         for o in admitted:
             assert o.body["status"] == "queued" and o.body["dataset_id"] == dataset["id"]
         assert_ledger_state(
-            live, client, dataset["id"], curve=curve, k=k,
-            admitted_ids={o.body["id"] for o in admitted}, genesis=genesis,
+            live,
+            client,
+            dataset["id"],
+            curve=curve,
+            k=k,
+            admitted_ids={o.body["id"] for o in admitted},
+            genesis=genesis,
         )
     return k
 
 
-def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (2.0, 1.5), n: int = N_CONCURRENT) -> tuple[int, int]:
+def run_two_dataset_race(
+    live: LiveService, *, epsilons: tuple[float, float] = (2.0, 1.5), n: int = N_CONCURRENT
+) -> tuple[int, int]:
     """Interleaved submissions to two datasets of two tenants; each ends with its own exact k."""
     keys = (live.tenant_key("carol"), live.tenant_key("dave"))
     datasets, curves, ks, specs, geneses = [], [], [], [], []
@@ -475,8 +481,10 @@ def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (
 
     submissions = [Submission(keys[i % 2], specs[i % 2]) for i in range(n)]
     started = time.monotonic()
-    with BudgetWatcher(live, keys[0], datasets[0]["id"], curves[0], ks[0]) as w0, \
-            BudgetWatcher(live, keys[1], datasets[1]["id"], curves[1], ks[1]) as w1:
+    with (
+        BudgetWatcher(live, keys[0], datasets[0]["id"], curves[0], ks[0]) as w0,
+        BudgetWatcher(live, keys[1], datasets[1]["id"], curves[1], ks[1]) as w1,
+    ):
         outcomes = fire_concurrently(live, submissions)
     wall = time.monotonic() - started
     print(summary(f"two datasets (k = {ks[0]}, {ks[1]})", outcomes, wall))
@@ -489,8 +497,13 @@ def run_two_dataset_race(live: LiveService, *, epsilons: tuple[float, float] = (
         assert all(o.body["dataset_id"] == datasets[side]["id"] for o in ok)
         with live.client(keys[side]) as client:
             assert_ledger_state(
-                live, client, datasets[side]["id"], curve=curves[side], k=ks[side],
-                admitted_ids={o.body["id"] for o in ok}, genesis=geneses[side],
+                live,
+                client,
+                datasets[side]["id"],
+                curve=curves[side],
+                k=ks[side],
+                admitted_ids={o.body["id"] for o in ok},
+                genesis=geneses[side],
             )
     return ks[0], ks[1]
 
@@ -508,7 +521,9 @@ def run_idempotent_race(live: LiveService, *, n: int = 20) -> None:
         outcomes = fire_concurrently(live, [Submission(key, spec, headers) for _ in range(n)])
         print(summary("idempotent", outcomes, time.monotonic() - started))
         unexpected = [o for o in outcomes if o.status not in (200, 202) or not isinstance(o.body, dict)]
-        assert not unexpected, "idempotent replays must answer 202 or 200:\n" + "\n".join(o.describe() for o in unexpected)
+        assert not unexpected, "idempotent replays must answer 202 or 200:\n" + "\n".join(
+            o.describe() for o in unexpected
+        )
         ids = {o.body["id"] for o in outcomes}
         assert len(ids) == 1, f"one Idempotency-Key produced {len(ids)} jobs: {ids}"
         assert sum(o.status == 202 for o in outcomes) == 1, [o.status for o in outcomes]
@@ -541,7 +556,7 @@ def run_duplicate_upload_race(live: LiveService, *, n: int = 8) -> None:
     statuses = sorted(a[0] for a in answers if a is not None)
     assert statuses == [201] + [409] * (n - 1), statuses
     registered = next(a[1] for a in answers if a is not None and a[0] == 201)
-    for status, body in (a for a in answers if a is not None and a[0] == 409):
+    for _status, body in (a for a in answers if a is not None and a[0] == 409):
         assert body["type"] == "/problems/dataset-already-registered"
         assert body["existing_dataset_id"] == registered["id"]
     with live.client(key) as client:

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 
 from app.auth import generate_api_key, get_or_create_tenant, register_api_key
 from app.bootstrap import migrate
 from app.config import Settings
 from app.db import Database
-from app.models import Job, LedgerEntry
 from app.main import create_app
+from app.models import Job, LedgerEntry
 
 
 @pytest.fixture(autouse=True)

@@ -58,9 +58,9 @@ def race_event_writers(db: Database, job_id: str, *, cancel: Callable[[], int]) 
     assert not failures, failures
     assert statuses == [202]
     with db.read_session() as session:
-        rows = list(session.execute(
-            select(JobEvent.seq, JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)
-        ))
+        rows = list(
+            session.execute(select(JobEvent.seq, JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.seq))
+        )
         event_count = session.scalar(select(Job.event_count).where(Job.id == job_id))
     expected = before + WRITERS * EVENTS_PER_WRITER + 1
     assert [seq for seq, _kind in rows] == list(range(1, expected + 1)), "unique and gapless"

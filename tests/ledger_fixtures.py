@@ -13,8 +13,16 @@ def budgeted_dataset(db: Database, *, tenant: str = "t", epsilon: float = 8.0, d
         s.add(owner)
         s.flush()
         dataset = Dataset(
-            tenant_id=owner.id, name="d", format="csv", sha256="0" * 64, blob_key="k",
-            size_bytes=1, n_rows=10_000, feature_shape=[4], n_features=4, task="regression",
+            tenant_id=owner.id,
+            name="d",
+            format="csv",
+            sha256="0" * 64,
+            blob_key="k",
+            size_bytes=1,
+            n_rows=10_000,
+            feature_shape=[4],
+            n_features=4,
+            task="regression",
         )
         s.add(dataset)
         s.flush()

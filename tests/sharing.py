@@ -10,7 +10,11 @@ from fastapi.testclient import TestClient
 
 
 def share(
-    client: TestClient, *, dataset_id: str, owner: dict[str, str] | None = None, grantee_name: str,
+    client: TestClient,
+    *,
+    dataset_id: str,
+    owner: dict[str, str] | None = None,
+    grantee_name: str,
     grantee: dict[str, str],
 ) -> dict[str, Any]:
     """The owner (``owner`` headers, or the client's own) invites ``grantee_name`` and the

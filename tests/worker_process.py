@@ -47,7 +47,9 @@ def running_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Po
                 process.wait()
 
 
-def wait_for_status(client: TestClient, job_id: str, statuses: set[str], *, timeout_s: float = 240.0, log_path: Path | None = None) -> dict:
+def wait_for_status(
+    client: TestClient, job_id: str, statuses: set[str], *, timeout_s: float = 240.0, log_path: Path | None = None
+) -> dict:
     deadline = time.monotonic() + timeout_s
     job: dict = {}
     while time.monotonic() < deadline:
@@ -57,5 +59,3 @@ def wait_for_status(client: TestClient, job_id: str, statuses: set[str], *, time
         time.sleep(0.25)
     log = log_path.read_text()[-4000:] if log_path and log_path.exists() else ""
     raise AssertionError(f"job {job_id} stuck in {job.get('status')}; worker log tail:\n{log}")
-
-

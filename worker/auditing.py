@@ -49,10 +49,10 @@ __all__ = [
     "NoiseRule",
     "audit_one_step",
     "canary_batch",
+    "code_compat_noise_rule",
     "code_compat_noise_std",
     "count_correct_guesses",
     "sound_noise_rule",
-    "code_compat_noise_rule",
 ]
 
 
@@ -95,9 +95,7 @@ class CanaryDesign:
         return 1.0 / math.sqrt(1.0 + self.marker_weight**2)
 
 
-def canary_batch(
-    design: CanaryDesign, generator: SecureRandom
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def canary_batch(design: CanaryDesign, generator: SecureRandom) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(X, y, included): the included canaries' rows, then the fillers' rows (all-zero features,
     target 0, the spare slot: a zero gradient)."""
     included = generator.uniform(design.canaries, dtype=torch.float64).cpu() < 0.5
@@ -120,9 +118,7 @@ def sound_noise_rule(aggregator: BatchAggregator, noise_multiplier: float) -> No
     return lambda batch_size: noise_multiplier * aggregator.sensitivity
 
 
-def code_compat_noise_std(
-    *, noise_multiplier: float, c1: float, c2: float, tail: int, batch: int
-) -> float:
+def code_compat_noise_std(*, noise_multiplier: float, c1: float, c2: float, tail: int, batch: int) -> float:
     """UNSAFE — the published code's noise on the sum (table N1, row "code"):
     σ·√((m/B)²c1² + (1 − m/B)²c2²) with m the tail count and B the realised batch size."""
     share = tail / batch if batch else 0.0
@@ -132,14 +128,15 @@ def code_compat_noise_std(
 def code_compat_noise_rule(*, noise_multiplier: float, c1: float, c2: float, p: float) -> NoiseRule:
     """UNSAFE — the code's formula for the RANK rule's realised tail count ⌊p·|S|⌋."""
     return lambda batch_size: code_compat_noise_std(
-        noise_multiplier=noise_multiplier, c1=c1, c2=c2, tail=tail_count(batch_size, p),
+        noise_multiplier=noise_multiplier,
+        c1=c1,
+        c2=c2,
+        tail=tail_count(batch_size, p),
         batch=batch_size,
     )
 
 
-def count_correct_guesses(
-    scores: torch.Tensor, included: torch.Tensor, *, guesses: int
-) -> int:
+def count_correct_guesses(scores: torch.Tensor, included: torch.Tensor, *, guesses: int) -> int:
     """Guess "in" for the guesses/2 highest scores, "out" for the guesses/2 lowest."""
     if guesses % 2 or not 0 <= guesses <= scores.numel():
         raise ValueError(f"guesses must be even and at most {scores.numel()}, got {guesses}")
@@ -172,7 +169,12 @@ def audit_one_step(
     X, y, included = canary_batch(design, generator)
     model = CanaryProbe(design.marker_size, design.canaries)
     total = aggregator.clipped_sum(
-        model, X, y, step=0, loss="mse", max_physical_batch_size=max_physical_batch_size,
+        model,
+        X,
+        y,
+        step=0,
+        loss="mse",
+        max_physical_batch_size=max_physical_batch_size,
         generator=generator,
     )
     released = privatise_sum(total, noise_std=noise(X.shape[0]), normaliser=1.0, generator=generator)
@@ -180,8 +182,10 @@ def audit_one_step(
     guesses = 2 * int(guess_fraction * design.canaries / 2)
     correct = count_correct_guesses(scores, included, guesses=guesses)
     bound = one_run_epsilon_lower_bound(
-        canaries=design.canaries, guesses=guesses, correct=correct, delta=delta,
+        canaries=design.canaries,
+        guesses=guesses,
+        correct=correct,
+        delta=delta,
         confidence=confidence,
     )
-    return AuditResult(canaries=design.canaries, guesses=guesses, correct=correct,
-                       epsilon_lower_bound=bound)
+    return AuditResult(canaries=design.canaries, guesses=guesses, correct=correct, epsilon_lower_bound=bound)

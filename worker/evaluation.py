@@ -86,7 +86,9 @@ def noisy_sum(plan: EvaluationPlan, raw_sum: float, random: SecureRandom) -> flo
         raise ValueError("evaluation noise is drawn from a CPU SecureRandom")
     if plan.mechanism == "laplace":
         released = discrete_samplers.snapped_laplace(
-            random.numpy, np.array([raw_sum], dtype=np.float64), scale=plan.noise_scale,
+            random.numpy,
+            np.array([raw_sum], dtype=np.float64),
+            scale=plan.noise_scale,
             l1_sensitivity=plan.sensitivity,
         )
         return float(released[0])
@@ -116,8 +118,7 @@ NOISE_TAILS: dict[str, NoiseTail] = {
         half_width=_snapped_laplace_half_width,
     ),
     "gaussian": NoiseTail(
-        distribution="Gaussian; noise_scale is its standard deviation on the metric (on the sum "
-        "divided by f·n)",
+        distribution="Gaussian; noise_scale is its standard deviation on the metric (on the sum divided by f·n)",
         half_width=lambda plan, alpha: gaussian_half_width(std=plan.noise_scale, alpha=alpha),
     ),
 }
@@ -131,6 +132,8 @@ def release(
     noisy = noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian))
     tail = NOISE_TAILS[plan.mechanism]
     return released_metric(
-        plan, noisy_sum=noisy, noise_distribution=tail.distribution,
+        plan,
+        noisy_sum=noisy,
+        noise_distribution=tail.distribution,
         noise_half_width_on_sum=tail.half_width(plan, (1.0 - CONFIDENCE) / 2.0),
     )

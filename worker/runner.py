@@ -39,16 +39,16 @@ from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
 from app.models import Dataset, Job
+from app.reporting.privacy_report import build_report, report_single_job_epsilon
 from app.schemas.jobs import TrainingSpec
 from app.storage import BlobStore
+from privtrain.architectures import build_model
+from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
-from worker.report import build_report, report_single_job_epsilon
 from worker.trainers import TrainingRequest, get_trainer, preflight
-from privtrain.model_files import save_model
 from worker.training.artifacts import load_training_state, save_training_state
-from privtrain.architectures import build_model
 
 log = logging.getLogger("privtrain.worker")
 
@@ -83,8 +83,11 @@ class Claimed:
 
     def event_json(self, steps: int, *, evaluated: bool) -> dict[str, Any]:
         event = compose_job_event(
-            self.plan, self.evaluation,
-            noise_multiplier=self.job.noise_multiplier, steps=steps, evaluated=evaluated,
+            self.plan,
+            self.evaluation,
+            noise_multiplier=self.job.noise_multiplier,
+            steps=steps,
+            evaluated=evaluated,
         )
         return privacy.event_to_json(event)
 
@@ -179,8 +182,12 @@ class JobRunner:
             return None
         assert prepared.plan is not None and prepared.rebuilt is not None  # else refused: no job
         return Claimed(
-            job=job, dataset=prepared.dataset, plan=prepared.plan, evaluation=prepared.evaluation,
-            hyperparameters=prepared.rebuilt.hyperparameters, training=prepared.rebuilt.training,
+            job=job,
+            dataset=prepared.dataset,
+            plan=prepared.plan,
+            evaluation=prepared.evaluation,
+            hyperparameters=prepared.rebuilt.hyperparameters,
+            training=prepared.rebuilt.training,
         )
 
     # ------------------------------------------------------------------ run
@@ -216,8 +223,12 @@ class JobRunner:
         name, exactly as at upload) and the owner's declared preparation applied (columns dropped,
         one-hot encoded, scaled and clipped to declared bounds: a public map of each row, no privacy cost)."""
         limits = IngestLimits.from_settings(self.settings)
-        public = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
-                                   class_names=dataset.class_names, declared=dataset.classes_declared)
+        public = public_class_list(
+            task=dataset.task,
+            n_classes=dataset.n_classes,
+            class_names=dataset.class_names,
+            declared=dataset.classes_declared,
+        )
         parsed = parse_dataset(
             self.blobs.path(dataset.blob_key),
             fmt=dataset.format,
@@ -257,8 +268,12 @@ class JobRunner:
         hooks, timed_out = self._hooks(claimed, checkpoint)
         result = get_trainer(job.algorithm)(
             TrainingRequest(
-                model=model, X=X, y=y, task=dataset.task,
-                hyperparameters=claimed.hyperparameters, training=claimed.training,
+                model=model,
+                X=X,
+                y=y,
+                task=dataset.task,
+                hyperparameters=claimed.hyperparameters,
+                training=claimed.training,
                 noise_multiplier=job.noise_multiplier,
                 sampling_probability=job.sampling_probability,
                 expected_batch_size=claimed.plan.expected_batch_size,
@@ -266,7 +281,8 @@ class JobRunner:
                 max_physical_batch_size=self.settings.max_physical_batch_size,
                 generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
                 hooks=hooks,
-                resume_from=resume, device=device,
+                resume_from=resume,
+                device=device,
             )
         )
         if result.stopped_early:
@@ -291,8 +307,10 @@ class JobRunner:
             return None
         state = load_training_state(checkpoint)
         if not SecureRandom.can_restore(state.generator_state, device):
-            log.warning("checkpoint not resumable; restarting the job inside its reservation",
-                        extra={"job_id": job_id, "device_type": device.type})
+            log.warning(
+                "checkpoint not resumable; restarting the job inside its reservation",
+                extra={"job_id": job_id, "device_type": device.type},
+            )
             checkpoint.unlink(missing_ok=True)
             return None
         return state
@@ -309,8 +327,12 @@ class JobRunner:
 
     def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:
         job, dataset = claimed.job, claimed.dataset
-        classes = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
-                                    class_names=dataset.class_names, declared=dataset.classes_declared)
+        classes = public_class_list(
+            task=dataset.task,
+            n_classes=dataset.n_classes,
+            class_names=dataset.class_names,
+            declared=dataset.classes_declared,
+        )
         self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".safetensors")
         os.close(fd)
@@ -357,7 +379,11 @@ class JobRunner:
             )
             # True once a cancel was asked for, or a newer attempt owns the job: stop quietly.
             state["stop"] = lifecycle.record_progress(
-                self.db, attempt=claimed.held, step=step, steps_planned=job.steps_planned, epsilon_spent=spent,
+                self.db,
+                attempt=claimed.held,
+                step=step,
+                steps_planned=job.steps_planned,
+                epsilon_spent=spent,
             )
 
         def save(training_state: TrainingState) -> None:
@@ -405,11 +431,16 @@ class JobRunner:
             return report_key
 
         success = lifecycle.Success(
-            steps_run=steps_run, actual_event=actual, model_blob=model_key, model_sha256=model_sha,
-            metrics=outcome.metrics, epsilon_prv=single_job.epsilon,
+            steps_run=steps_run,
+            actual_event=actual,
+            model_blob=model_key,
+            model_sha256=model_sha,
+            metrics=outcome.metrics,
+            epsilon_prv=single_job.epsilon,
         )
-        if not lifecycle.succeed(self.db, attempt=claimed.held, success=success, actor=self.actor,
-                                 write_report=write_report):
+        if not lifecycle.succeed(
+            self.db, attempt=claimed.held, success=success, actor=self.actor, write_report=write_report
+        ):
             return self._stale(claimed)
         self._cleanup(claimed.job.id)
         log.info("job succeeded", extra={"job_id": claimed.job.id})
@@ -418,8 +449,9 @@ class JobRunner:
     def settle_stopped(self, claimed: Claimed, steps_run: int) -> str:
         """Cancel after TOUCH: commit the steps that ran (no evaluation was released), release the rest."""
         actual = claimed.event_json(steps_run, evaluated=False)
-        if not lifecycle.stop_early(self.db, attempt=claimed.held, steps_run=steps_run, actual_event=actual,
-                                    actor=self.actor):
+        if not lifecycle.stop_early(
+            self.db, attempt=claimed.held, steps_run=steps_run, actual_event=actual, actor=self.actor
+        ):
             return self._stale(claimed)
         self._cleanup(claimed.job.id)
         return JobStatus.CANCELLED

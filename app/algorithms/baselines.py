@@ -57,9 +57,7 @@ class DPAdamHyperparameters(_Strict):
 class _NormalisingHyperparameters(_Strict):
     """Shared by auto-s and dp-psac: the map's C plus the optimizer the release is fed to."""
 
-    clipping_norm: float = Field(
-        default=1.0, gt=0, le=1e4, description="C: scale of the map and bound on every ||ḡ||"
-    )
+    clipping_norm: float = Field(default=1.0, gt=0, le=1e4, description="C: scale of the map and bound on every ||ḡ||")
     momentum: float = Field(default=0.0, ge=0, lt=1, description="SGD momentum (sgd only)")
     weight_decay: float = Field(default=0.0, ge=0, le=1)
     optimizer: Literal["sgd", "adam"] = Field(
@@ -75,14 +73,18 @@ class _NormalisingHyperparameters(_Strict):
 
 class AutoSHyperparameters(_NormalisingHyperparameters):
     gamma: float = Field(
-        default=0.01, ge=MIN_SMOOTHING, le=MAX_SMOOTHING,
+        default=0.01,
+        ge=MIN_SMOOTHING,
+        le=MAX_SMOOTHING,
         description="γ in C·g/(||g|| + γ) (NSGD's r); γ → 0 is plain normalisation",
     )
 
 
 class DPPSACHyperparameters(_NormalisingHyperparameters):
     r: float = Field(
-        default=0.01, ge=MIN_SMOOTHING, le=MAX_SMOOTHING,
+        default=0.01,
+        ge=MIN_SMOOTHING,
+        le=MAX_SMOOTHING,
         description="r in C·g/(||g|| + r/(||g|| + r))",
     )
 

@@ -55,13 +55,13 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
 from app.algorithms.registry import (
     PoissonGaussianAlgorithm,
     PrivacyPlan,
     register_algorithm,
     subsampled_gaussian_steps,
 )
-from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
 from app.privacy import PrivacyEvent
 
 __all__ = [
@@ -91,16 +91,22 @@ class DCCommonHyperparameters(BaseModel):
 
     c2: float = Field(default=0.1, gt=0, le=1e4, description="body clip norm (small)")
     c1: float | None = Field(
-        default=None, gt=0, le=1e5,
+        default=None,
+        gt=0,
+        le=1e5,
         description="tail clip norm (large, >= c2); default 10·c2, filled in on validation",
     )
     k: int = Field(default=200, ge=1, le=10_000, description="subspace dimension (must be < d_J)")
     theta: float = Field(
-        default=2.0, gt=0, le=8,
+        default=2.0,
+        gt=0,
+        le=8,
         description="sub-Weibull index of the projection entries (-ln U)^θ; 1 = the authors' code",
     )
     sigma_tr: float = Field(
-        default=0.0, ge=0, le=1e6,
+        default=0.0,
+        ge=0,
+        le=1e6,
         description="std of the noise added to each trace; NO privacy role (selection only)",
     )
     scope: Literal["all"] | Annotated[list[ParameterName], Field(min_length=1, max_length=1024)] = Field(
@@ -140,18 +146,19 @@ class DCDPSGDThresholdHyperparameters(DCCommonHyperparameters):
     """``dc-dpsgd-threshold``: tail iff λ̃_i > τ_t; τ fixed or privately tracked toward p."""
 
     tau: float | None = Field(
-        default=None, gt=0, le=1e3,
+        default=None,
+        gt=0,
+        le=1e3,
         description="(initial) trace threshold τ_0; default k/d_J (the mean trace), set by the worker",
     )
-    tracking: bool = Field(
-        default=False, description="privately track τ so that a fraction p of the batch is tail"
-    )
+    tracking: bool = Field(default=False, description="privately track τ so that a fraction p of the batch is tail")
     p: float = Field(default=0.1, gt=0, lt=1, description="target tail fraction (tracking only)")
     eta_tau: float = Field(default=0.2, gt=0, le=10, description="geometric step of τ (tracking only)")
     threshold_noise_ratio: float = Field(
-        default=10.0, gt=0, le=1e4,
-        description="r: the tail count gets N(0, (r·σ)²); charged via σ_eff = σ/sqrt(1 + 1/r²) "
-        "(tracking only)",
+        default=10.0,
+        gt=0,
+        le=1e4,
+        description="r: the tail count gets N(0, (r·σ)²); charged via σ_eff = σ/sqrt(1 + 1/r²) (tracking only)",
     )
 
 
@@ -165,9 +172,7 @@ def effective_noise_multiplier(noise_multiplier: float, threshold_noise_ratio: f
     return noise_multiplier / math.sqrt(1.0 + 1.0 / (threshold_noise_ratio * threshold_noise_ratio))
 
 
-def _event_builder(
-    q: float, threshold_noise_ratio: float | None
-) -> Callable[[float, int], PrivacyEvent]:
+def _event_builder(q: float, threshold_noise_ratio: float | None) -> Callable[[float, int], PrivacyEvent]:
     """Steps of the subsampled Gaussian; with tracking, at σ_eff(σ, r) for the joint release."""
     gaussian_steps = subsampled_gaussian_steps(q)
     if threshold_noise_ratio is None:
@@ -225,9 +230,7 @@ class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
         noise_multiplier: float,
         delta: float,
     ) -> dict[str, Any]:
-        claim = self.paper_claimed_epsilon(
-            hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta
-        )
+        claim = self.paper_claimed_epsilon(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
         return {
             "paper_claim": claim.as_report_entry(),
             "sensitivity_rule": "rank rule: adding a row can also move another row from tail to "
@@ -304,7 +307,8 @@ class PaperClaim:
 
     def as_report_entry(self) -> dict[str, Any]:
         return claim_entry(
-            epsilon=self.epsilon, delta=self.delta,
+            epsilon=self.epsilon,
+            delta=self.delta,
             details={"epsilon_trace": self.epsilon_trace, "epsilon_gradient": self.epsilon_gradient},
             explanation=(
                 "The paper composes a 'trace' ε and a 'gradient' ε with the wrong gradient "
@@ -329,10 +333,12 @@ def paper_claimed_epsilon(
     ε_tr: T subsampled Gaussians with noise σ_tr on sensitivity-1 traces. RDP accountant with
     the RDP→DP conversion at δ for each half, so the claimed pair is (ε_tr + ε_dp, 2δ).
     """
-    eps_dp = poisson_gaussian_rdp_epsilon(sampling_probability=sampling_probability,
-                                          noise_multiplier=noise_multiplier, steps=steps, delta=delta)
-    eps_tr = poisson_gaussian_rdp_epsilon(sampling_probability=sampling_probability,
-                                          noise_multiplier=sigma_tr, steps=steps, delta=delta)
+    eps_dp = poisson_gaussian_rdp_epsilon(
+        sampling_probability=sampling_probability, noise_multiplier=noise_multiplier, steps=steps, delta=delta
+    )
+    eps_tr = poisson_gaussian_rdp_epsilon(
+        sampling_probability=sampling_probability, noise_multiplier=sigma_tr, steps=steps, delta=delta
+    )
     return PaperClaim(
         epsilon=eps_tr + eps_dp,
         delta=2.0 * delta,

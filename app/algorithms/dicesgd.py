@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.algorithms.baselines import MAX_SMOOTHING, MIN_SMOOTHING
+from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
 from app.algorithms.registry import (
     AlgorithmDefinition,
     PrivacyPlan,
@@ -67,7 +68,6 @@ from app.algorithms.registry import (
 )
 from app.algorithms.training_fields import batch_size_of
 from app.facts import DatasetFacts
-from app.algorithms.paper_claims import PAPER_CLAIM_LABEL, claim_entry, poisson_gaussian_rdp_epsilon
 from app.privacy import GaussianEvent, PrivacyEvent
 from app.schemas.jobs import TrainingSpec
 
@@ -90,7 +90,6 @@ __all__ = [
     "sound_average_sensitivity",
     "sound_sigma1",
 ]
-
 
 
 # ----------------------------------------------------------------------------- hyperparameters
@@ -121,14 +120,14 @@ class DiceSGDAdamHyperparameters(_Strict):
     beta1: float = Field(default=0.9, ge=0, lt=1, description="Adam's first-moment decay")
     beta2: float = Field(default=0.999, ge=0, lt=1, description="Adam's second-moment decay")
     eps: float = Field(default=1e-8, gt=0, le=1, description="Adam's denominator constant")
-    weight_decay: float = Field(
-        default=0.0, ge=0, le=1, description="L2 penalty added to ṽ (Adam, not AdamW)"
-    )
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="L2 penalty added to ṽ (Adam, not AdamW)")
 
 
 class DiceSGDAutoHyperparameters(_Strict):
     gamma: float = Field(
-        default=0.01, ge=MIN_SMOOTHING, le=MAX_SMOOTHING,
+        default=0.01,
+        ge=MIN_SMOOTHING,
+        le=MAX_SMOOTHING,
         description="γ > 0 in g/(||g|| + γ) and e/(||e|| + γ) (AUTO-S's stability constant; "
         "needed because e starts at 0)",
     )
@@ -225,15 +224,12 @@ class _DiceSGDFamily(AlgorithmDefinition[_DiceH]):
                 "error-feedback term lies in a ball of radius C2, diameter 2·C2)",
                 "thresholds": {"c1": bounds.c1, "c2": bounds.c2},
                 "noise_std_on_average": noise_multiplier * delta_avg,
-                "epsilon_gdp_exact": gdp_epsilon(
-                    mu=math.sqrt(plan.steps) / noise_multiplier, delta=delta
-                ),
+                "epsilon_gdp_exact": gdp_epsilon(mu=math.sqrt(plan.steps) / noise_multiplier, delta=delta),
                 "epsilon_gdp_label": "exact (ε, δ) of the charged Gaussian composition "
                 "(μ-GDP, Dong-Roth-Su); the ledger's RDP number above is what is charged",
             },
             "paper_claim": claim.as_report_entry(),
-            "hidden_state": "the error-feedback vector is private worker state: never logged, "
-            "reported or exported",
+            "hidden_state": "the error-feedback vector is private worker state: never logged, reported or exported",
         }
 
 
@@ -338,16 +334,12 @@ def sound_sigma1(
 # ----------------------------------------------------------------------------- paper's claim
 
 
-def paper_closed_form_sigma(
-    *, n: float, steps: int, epsilon: float, delta: float, g_tilde: float
-) -> float:
+def paper_closed_form_sigma(*, n: float, steps: int, epsilon: float, delta: float, g_tilde: float) -> float:
     """(P-a) Theorem 3.7 as printed: σ1 = sqrt(32·T·G̃·ln(1/δ)) / (N·ε). NOT a guarantee."""
     return math.sqrt(32.0 * steps * g_tilde * math.log(1.0 / delta)) / (n * epsilon)
 
 
-def paper_closed_form_epsilon(
-    *, n: float, steps: int, sigma1: float, delta: float, g_tilde: float
-) -> float:
+def paper_closed_form_epsilon(*, n: float, steps: int, sigma1: float, delta: float, g_tilde: float) -> float:
     """The ε that (P-a) attaches to a given σ1 (its inverse). NOT a guarantee."""
     return math.sqrt(32.0 * steps * g_tilde * math.log(1.0 / delta)) / (n * sigma1)
 
@@ -365,7 +357,8 @@ class PaperClaim:
 
     def as_report_entry(self) -> dict[str, Any]:
         return claim_entry(
-            epsilon=self.epsilon, delta=self.delta,
+            epsilon=self.epsilon,
+            delta=self.delta,
             details={"epsilon_closed_form": self.epsilon_closed_form, "g_tilde": self.g_tilde},
             explanation=(
                 "Theorem 3.7 applies subsampling amplification to the hidden error-feedback term, "
@@ -398,8 +391,9 @@ def paper_claim(
     batch = expected_batch_size
     g_tilde = bounds.c1**2 + 2.0 * (batch * bounds.c2) ** 2
     z_eff = sigma1 * batch / math.sqrt(2.0 * g_tilde)
-    epsilon = poisson_gaussian_rdp_epsilon(sampling_probability=sampling_probability,
-                                           noise_multiplier=z_eff, steps=steps, delta=delta)
+    epsilon = poisson_gaussian_rdp_epsilon(
+        sampling_probability=sampling_probability, noise_multiplier=z_eff, steps=steps, delta=delta
+    )
     closed = paper_closed_form_epsilon(
         n=batch / sampling_probability, steps=steps, sigma1=sigma1, delta=delta, g_tilde=g_tilde
     )
@@ -410,4 +404,3 @@ def paper_claim(
         g_tilde=g_tilde,
         effective_noise_multiplier=z_eff,
     )
-

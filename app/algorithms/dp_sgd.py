@@ -34,4 +34,3 @@ class DPSGD(PoissonGaussianAlgorithm[DPSGDHyperparameters]):
 
     def sensitivity(self, hyperparameters: DPSGDHyperparameters) -> float:
         return hyperparameters.clipping_norm
-

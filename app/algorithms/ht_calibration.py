@@ -29,14 +29,16 @@ PHI_BOUND: Final[float] = 2.0 * math.sqrt(2.0) / 3.0
 # ------------------------------------------------------------------------- Alg 1 (DP-FW)
 
 
-def fw_theory_iterations(*, n: float, epsilon: float, alpha: float, tau: float, n_vertices: int,
-                         d: int, zeta: float) -> int:
+def fw_theory_iterations(
+    *, n: float, epsilon: float, alpha: float, tau: float, n_vertices: int, d: int, zeta: float
+) -> int:
     """T = ⌈(nεα²/(τ·ln(|V|d/ζ)))^{1/3}⌉ (Thm 2)."""
     return max(1, math.ceil(float((n * epsilon * alpha**2 / (tau * math.log(n_vertices * d / zeta))) ** (1 / 3))))
 
 
-def fw_theory_kappa(*, n: float, epsilon: float, tau: float, iterations: int, n_vertices: int,
-                    d: int, zeta: float) -> float:
+def fw_theory_kappa(
+    *, n: float, epsilon: float, tau: float, iterations: int, n_vertices: int, d: int, zeta: float
+) -> float:
     """κ = √(nετ/(T·ln(|V|·d·T/ζ))) (Thm 2)."""
     return math.sqrt(n * epsilon * tau / (iterations * math.log(n_vertices * d * iterations / zeta)))
 
@@ -69,11 +71,10 @@ def fw_score_sensitivity_replace_one(*, kappa: float, block_size: float, vertex_
 # ------------------------------------------------------------------------- Alg 2 (private LASSO)
 
 
-def lasso_theory_iterations(*, n: float, epsilon: float, delta: float, lambda_max: float,
-                            d: int, zeta: float) -> int:
+def lasso_theory_iterations(*, n: float, epsilon: float, delta: float, lambda_max: float, d: int, zeta: float) -> int:
     """T = ⌈(√(nε)·λ_max/(√ln(1/δ)·ln(dn/ζ)))^{4/5}⌉ (Thm 5; T ≤ n inside the log)."""
     base = math.sqrt(n * epsilon) * lambda_max / (math.sqrt(math.log(1 / delta)) * math.log(d * n / zeta))
-    return max(1, math.ceil(float(base ** 0.8)))
+    return max(1, math.ceil(float(base**0.8)))
 
 
 def lasso_paper_iterations(*, n: float, epsilon: float) -> int:
@@ -85,7 +86,7 @@ def lasso_truncation(*, n: float, epsilon: float, iterations: int, fourth_moment
     """K = (nε)^{1/4}/T^{1/8}; with ``fourth_moment`` M the scale-aware (M·nε)^{1/4}/T^{1/8}
     (the service's extension, not the paper's: docs/algorithms/heavy-tailed-dpsco.md#paper-conventions)."""
     scale = 1.0 if fourth_moment is None else fourth_moment
-    return float((scale * n * epsilon) ** 0.25 / iterations ** 0.125)
+    return float((scale * n * epsilon) ** 0.25 / iterations**0.125)
 
 
 def lasso_gradient_sensitivity(*, truncation: float, radius: float, n: float) -> float:
@@ -153,18 +154,21 @@ def linreg_sensitivity(*, truncation: float, step: float, sparsity: int, radius:
     return truncation**2 * step * (math.sqrt(sparsity) * radius + 1.0) / block_size
 
 
-def linreg_sensitivity_replace_one(*, truncation: float, step: float, sparsity: int, radius: float,
-                                   block_size: float) -> float:
+def linreg_sensitivity_replace_one(
+    *, truncation: float, step: float, sparsity: int, radius: float, block_size: float
+) -> float:
     """The paper's λ = 2K²η₀(√s·R + 1)/m."""
-    return 2.0 * linreg_sensitivity(truncation=truncation, step=step, sparsity=sparsity, radius=radius,
-                                    block_size=block_size)
+    return 2.0 * linreg_sensitivity(
+        truncation=truncation, step=step, sparsity=sparsity, radius=radius, block_size=block_size
+    )
 
 
 # ------------------------------------------------------------------------- Alg 5 (sparse opt.)
 
 
-def sparse_opt_theory_scale(*, n: float, epsilon: float, tau: float, sparsity: int, iterations: int,
-                            zeta: float) -> float:
+def sparse_opt_theory_scale(
+    *, n: float, epsilon: float, tau: float, sparsity: int, iterations: int, zeta: float
+) -> float:
     """k = √(nετ/(sT))·(ln(Ts/ζ))^{−1/4} (proof of Thm 8)."""
     log_factor = float(math.log(iterations * sparsity / zeta) ** -0.25)
     return math.sqrt(n * epsilon * tau / (sparsity * iterations)) * log_factor

@@ -36,7 +36,7 @@ Public constants (τ, α, γ, μ, M, s*, radii, scales) are user inputs, never e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Literal, TypeVar
 
@@ -55,19 +55,19 @@ from app.privacy import ComposedEvent, ExponentialMechanismEvent, LaplaceEvent, 
 from app.schemas.jobs import TrainingSpec
 
 __all__ = [
+    "FWHyperparameters",
+    "FWResolved",
     "HTAlgorithm",
     "HTDPFrankWolfe",
     "HTHyperparameters",
     "HTPrivateLasso",
     "HTSparseLinReg",
     "HTSparseOpt",
-    "FWHyperparameters",
     "LassoHyperparameters",
-    "SparseLinRegHyperparameters",
-    "SparseOptHyperparameters",
-    "FWResolved",
     "LassoResolved",
+    "SparseLinRegHyperparameters",
     "SparseLinRegResolved",
+    "SparseOptHyperparameters",
     "SparseOptResolved",
     "peeling_event",
 ]
@@ -104,7 +104,9 @@ class HTHyperparameters(BaseModel):
         "'paper-experiments': the paper's §6.2 settings (see the report for why they are poor)",
     )
     design_epsilon: float | None = Field(
-        default=None, gt=0, le=100,
+        default=None,
+        gt=0,
+        le=100,
         description="the ε the parameter formulas (T, truncation scales) assume; by default the "
         "job's privacy.target_epsilon (1 when the job gives a noise_multiplier instead). It does "
         "NOT change the charge, which is calibrated from the job's privacy spec",
@@ -114,6 +116,7 @@ class HTHyperparameters(BaseModel):
     def formula_epsilon(self) -> float:
         """design_epsilon once the planner has filled it; 1 for direct callers that did not."""
         return self.design_epsilon if self.design_epsilon is not None else 1.0
+
     zeta: float = Field(default=0.05, gt=0, lt=1, description="failure probability in the formulas")
     iterations_multiplier: float = _positive(1.0, "multiplies the theory formula of T (hidden constant 1)", le=1e3)
 
@@ -135,8 +138,7 @@ def _block_size(training_rows: float, iterations: int) -> float:
     block = training_rows / iterations
     if block < 1.0:
         raise InvalidHyperparameters(
-            f"T = {iterations} iterations leave fewer than one expected row per block "
-            f"({training_rows:g} training rows)"
+            f"T = {iterations} iterations leave fewer than one expected row per block ({training_rows:g} training rows)"
         )
     return block
 
@@ -160,15 +162,17 @@ def _once(steps: int) -> int:
 def peeling_event(noise_multiplier: float, *, sparsity: int, uses: int) -> PrivacyEvent:
     """``uses`` Peelings with Laplace scale b = σ·λ: s selections, each (2/σ)-DP, and s
     released coordinates, each a Laplace mechanism with b/λ = σ."""
-    return ComposedEvent(events=(
-        PureDPEvent(epsilon=2.0 / noise_multiplier, count=sparsity * uses),
-        LaplaceEvent(noise_multiplier=noise_multiplier, count=sparsity * uses),
-    ))
+    return ComposedEvent(
+        events=(
+            PureDPEvent(epsilon=2.0 / noise_multiplier, count=sparsity * uses),
+            LaplaceEvent(noise_multiplier=noise_multiplier, count=sparsity * uses),
+        )
+    )
 
 
 def _design_delta(training_rows: float) -> float:
     """The paper's δ = n^{-1.1}, used only inside parameter formulas (never for the charge)."""
-    return float(training_rows ** -1.1)
+    return float(training_rows**-1.1)
 
 
 _HTH = TypeVar("_HTH", bound=HTHyperparameters)
@@ -181,13 +185,14 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
     family = "heavy-tailed-dpsco"
     paper = PAPER
     training_fields = SCHEDULE_FIELDS
-    unused_training_reasons = {
+    unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is single-pass over disjoint blocks of n_train/T rows",
         "learning_rate": "takes its step sizes from its hyperparameters",
     }
 
-    def resolve(self, hyperparameters: _HTH, *, training: TrainingSpec, training_rows: float,
-                facts: DatasetFacts) -> _Resolved:
+    def resolve(
+        self, hyperparameters: _HTH, *, training: TrainingSpec, training_rows: float, facts: DatasetFacts
+    ) -> _Resolved:
         """Every public constant of the run (T, scales, sensitivities), derived once for the
         catalogue's plan and again, from the same public facts, by the worker's trainer."""
         raise NotImplementedError
@@ -198,8 +203,9 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
             return hyperparameters
         return hyperparameters.model_copy(update={"design_epsilon": min(target_epsilon or 1.0, 100.0)})
 
-    def report_notes(self, hyperparameters: _HTH, plan: PrivacyPlan, *, noise_multiplier: float,
-                     delta: float) -> dict[str, Any]:
+    def report_notes(
+        self, hyperparameters: _HTH, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+    ) -> dict[str, Any]:
         notes: dict[str, Any] = {
             "neighbouring": "add/remove one row; sensitivities are half the paper's replace-one values",
             "training_spec_mapping": TRAINING_MAPPING,
@@ -282,8 +288,9 @@ class HTDPFrankWolfe(HTAlgorithm[FWHyperparameters, FWResolved]):
         "≈ 0.006 at n = 10⁴, ε = 1 and the vertex choice is nearly uniform"
     )
 
-    def resolve(self, hyperparameters: FWHyperparameters, *, training: TrainingSpec, training_rows: float,
-                facts: DatasetFacts) -> FWResolved:
+    def resolve(
+        self, hyperparameters: FWHyperparameters, *, training: TrainingSpec, training_rows: float, facts: DatasetFacts
+    ) -> FWResolved:
         h = hyperparameters
         family = _binary_or_regression(facts, allow_classification=True)
         loss = "logistic" if family == "logistic" else h.regression_loss
@@ -294,40 +301,70 @@ class HTDPFrankWolfe(HTAlgorithm[FWHyperparameters, FWResolved]):
             iterations = _iterations(training, lambda: cal.fw_paper_iterations(n=n, epsilon=eps))
             kappa = cal.fw_paper_kappa(n=n, epsilon=eps)
         elif biweight:  # Thm 3: T = ⌈√(nε/ln(d/ζ))⌉, κ = √τ·√(nε/(T ln(dT/ζ)))
-            iterations = _iterations(training, lambda: max(1, math.ceil(
-                h.iterations_multiplier * math.sqrt(n * eps / math.log(d / h.zeta)))))
+            iterations = _iterations(
+                training, lambda: max(1, math.ceil(h.iterations_multiplier * math.sqrt(n * eps / math.log(d / h.zeta))))
+            )
             kappa = math.sqrt(h.tau * n * eps / (iterations * math.log(d * iterations / h.zeta)))
         else:
-            iterations = _iterations(training, lambda: max(1, math.ceil(h.iterations_multiplier * cal.fw_theory_iterations(
-                n=n, epsilon=eps, alpha=h.alpha, tau=h.tau, n_vertices=n_vertices, d=d, zeta=h.zeta))))
-            kappa = cal.fw_theory_kappa(n=n, epsilon=eps, tau=h.tau, iterations=iterations,
-                                        n_vertices=n_vertices, d=d, zeta=h.zeta)
+            iterations = _iterations(
+                training,
+                lambda: max(
+                    1,
+                    math.ceil(
+                        h.iterations_multiplier
+                        * cal.fw_theory_iterations(
+                            n=n, epsilon=eps, alpha=h.alpha, tau=h.tau, n_vertices=n_vertices, d=d, zeta=h.zeta
+                        )
+                    ),
+                ),
+            )
+            kappa = cal.fw_theory_kappa(
+                n=n, epsilon=eps, tau=h.tau, iterations=iterations, n_vertices=n_vertices, d=d, zeta=h.zeta
+            )
         kappa = h.kappa if h.kappa is not None else kappa * h.kappa_multiplier
         block = _block_size(training_rows, iterations)
         vertex_norm = 2.0 * h.radius if h.sensitivity_norm == "diameter" else h.radius
         return FWResolved(
-            iterations=iterations, block_size=block, kappa=kappa, beta=h.beta, loss=loss,
-            n_vertices=n_vertices, vertex_norm=vertex_norm,
+            iterations=iterations,
+            block_size=block,
+            kappa=kappa,
+            beta=h.beta,
+            loss=loss,
+            n_vertices=n_vertices,
+            vertex_norm=vertex_norm,
             score_sensitivity=cal.fw_score_sensitivity(kappa=kappa, block_size=block, vertex_norm=vertex_norm),
             constant_step=biweight,
         )
 
-    def plan(self, hyperparameters: FWHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
-             training_fraction: float = 1.0) -> PrivacyPlan:
-        r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
+    def plan(
+        self,
+        hyperparameters: FWHyperparameters,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
+    ) -> PrivacyPlan:
+        r = self.resolve(
+            hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts
+        )
         event_type = ExponentialMechanismEvent if hyperparameters.selection == "gumbel" else PureDPEvent
 
         def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
             return event_type(epsilon=1.0 / noise_multiplier, count=_once(steps))
 
         return PrivacyPlan(
-            steps=r.iterations, sampling_probability=1.0 / r.iterations, expected_batch_size=r.block_size,
-            sensitivity=r.score_sensitivity, sampling="disjoint-blocks", event_for=event_for,
+            steps=r.iterations,
+            sampling_probability=1.0 / r.iterations,
+            expected_batch_size=r.block_size,
+            sensitivity=r.score_sensitivity,
+            sampling="disjoint-blocks",
+            event_for=event_for,
             sensitivity_norm="score",
         )
 
-    def report_notes(self, hyperparameters: FWHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
-                     delta: float) -> dict[str, Any]:
+    def report_notes(
+        self, hyperparameters: FWHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+    ) -> dict[str, Any]:
         notes = super().report_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
         notes.update(_em_notes(noise_multiplier, plan.sensitivity, hyperparameters.selection))
         notes["composition"] = "parallel over disjoint per-row-random blocks: one iteration's cost"
@@ -350,7 +387,9 @@ class LassoHyperparameters(HTHyperparameters):
     )
     lambda_max: float = _positive(1.0, "public λ_max(E xxᵀ) (used in the theory T)")
     fourth_moment: float | None = Field(
-        default=None, gt=0, le=1e12,
+        default=None,
+        gt=0,
+        le=1e12,
         description="public fourth-moment bound M; if set, K = (M·nε)^{1/4}/T^{1/8} (an extension, "
         "not the paper's; default: unit scale)",
     )
@@ -378,46 +417,87 @@ class HTPrivateLasso(HTAlgorithm[LassoHyperparameters, LassoResolved]):
     )
     Hyperparameters = LassoHyperparameters
     full_batch = True
-    unused_training_reasons = {**HTAlgorithm.unused_training_reasons, "batch_size": "is full-batch"}
+    unused_training_reasons: ClassVar[Mapping[str, str]] = {
+        **HTAlgorithm.unused_training_reasons,
+        "batch_size": "is full-batch",
+    }
     paper_preset_caveat = (
         "consistent with the theory up to constants (T = ⌊(nε)^{2/5}⌋); its errors are larger than "
         "Alg 1's in the paper's own figures because of large hidden constants"
     )
 
-    def resolve(self, hyperparameters: LassoHyperparameters, *, training: TrainingSpec, training_rows: float,
-                facts: DatasetFacts) -> LassoResolved:
+    def resolve(
+        self,
+        hyperparameters: LassoHyperparameters,
+        *,
+        training: TrainingSpec,
+        training_rows: float,
+        facts: DatasetFacts,
+    ) -> LassoResolved:
         h = hyperparameters
         _binary_or_regression(facts, allow_classification=False)
         n, eps, d = training_rows, h.formula_epsilon, facts.n_features
         if h.preset == "paper-experiments":
             iterations = _iterations(training, lambda: cal.lasso_paper_iterations(n=n, epsilon=eps))
         else:
-            iterations = _iterations(training, lambda: max(1, math.ceil(h.iterations_multiplier * cal.lasso_theory_iterations(
-                n=n, epsilon=eps, delta=_design_delta(n), lambda_max=h.lambda_max, d=d, zeta=h.zeta))))
-        truncation = h.truncation if h.truncation is not None else h.truncation_multiplier * cal.lasso_truncation(
-            n=n, epsilon=eps, iterations=iterations, fourth_moment=h.fourth_moment)
+            iterations = _iterations(
+                training,
+                lambda: max(
+                    1,
+                    math.ceil(
+                        h.iterations_multiplier
+                        * cal.lasso_theory_iterations(
+                            n=n, epsilon=eps, delta=_design_delta(n), lambda_max=h.lambda_max, d=d, zeta=h.zeta
+                        )
+                    ),
+                ),
+            )
+        truncation = (
+            h.truncation
+            if h.truncation is not None
+            else h.truncation_multiplier
+            * cal.lasso_truncation(n=n, epsilon=eps, iterations=iterations, fourth_moment=h.fourth_moment)
+        )
         vertex_norm = 2.0 * h.radius if h.sensitivity_norm == "diameter" else h.radius
         return LassoResolved(
-            iterations=iterations, training_rows=n, truncation=truncation, radius=h.radius, vertex_norm=vertex_norm,
-            score_sensitivity=cal.lasso_score_sensitivity(truncation=truncation, radius=h.radius, n=n,
-                                                          vertex_norm=vertex_norm),
+            iterations=iterations,
+            training_rows=n,
+            truncation=truncation,
+            radius=h.radius,
+            vertex_norm=vertex_norm,
+            score_sensitivity=cal.lasso_score_sensitivity(
+                truncation=truncation, radius=h.radius, n=n, vertex_norm=vertex_norm
+            ),
         )
 
-    def plan(self, hyperparameters: LassoHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
-             training_fraction: float = 1.0) -> PrivacyPlan:
-        r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
+    def plan(
+        self,
+        hyperparameters: LassoHyperparameters,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
+    ) -> PrivacyPlan:
+        r = self.resolve(
+            hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts
+        )
 
         def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
             return ExponentialMechanismEvent(epsilon=1.0 / noise_multiplier, count=steps)
 
         return PrivacyPlan(
-            steps=r.iterations, sampling_probability=1.0, expected_batch_size=r.training_rows,
-            sensitivity=r.score_sensitivity, sampling="full-batch", event_for=event_for,
+            steps=r.iterations,
+            sampling_probability=1.0,
+            expected_batch_size=r.training_rows,
+            sensitivity=r.score_sensitivity,
+            sampling="full-batch",
+            event_for=event_for,
             sensitivity_norm="score",
         )
 
-    def report_notes(self, hyperparameters: LassoHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
-                     delta: float) -> dict[str, Any]:
+    def report_notes(
+        self, hyperparameters: LassoHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+    ) -> dict[str, Any]:
         notes = super().report_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
         notes.update(_em_notes(noise_multiplier, plan.sensitivity, "gumbel"))
         notes["composition"] = "T exponential mechanisms on all rows, composed in RDP"
@@ -425,7 +505,8 @@ class HTPrivateLasso(HTAlgorithm[LassoHyperparameters, LassoResolved]):
             "label": "the paper's per-iteration ε₀ = ε/(2√(2T ln(1/δ))) (advanced composition; valid "
             "but looser than the RDP composition charged here; not used)",
             "epsilon_step": cal.lasso_paper_step_epsilon(
-                epsilon=hyperparameters.formula_epsilon, iterations=plan.steps, delta=delta),
+                epsilon=hyperparameters.formula_epsilon, iterations=plan.steps, delta=delta
+            ),
         }
         if hyperparameters.formula_epsilon >= 1.0:
             notes["warning"] = "Thm 4 is stated for ε < 1"
@@ -438,7 +519,8 @@ class HTPrivateLasso(HTAlgorithm[LassoHyperparameters, LassoResolved]):
 class _SparseBase(HTHyperparameters):
     s_star: int = Field(default=5, ge=1, le=100_000, description="public target sparsity s*")
     sparsity_multiplier: float = _positive(
-        2.0, "s = ⌈c·(γ/μ)²·s*⌉; c = 2 is the paper's experimental choice (the proof's 72 is impractical)", le=1e3)
+        2.0, "s = ⌈c·(γ/μ)²·s*⌉; c = 2 is the paper's experimental choice (the proof's 72 is impractical)", le=1e3
+    )
     sparsity: int | None = Field(default=None, ge=1, le=100_000, description="s, overriding the formula")
     gamma: float = _positive(1.0, "public λ_max(E xxᵀ) / RSS constant γ")
     mu: float = _positive(1.0, "public λ_min(E xxᵀ) / RSC constant μ (≤ γ)")
@@ -455,8 +537,11 @@ class _SparseBase(HTHyperparameters):
         return self
 
     def sparsity_level(self, d: int) -> int:
-        s = self.sparsity if self.sparsity is not None else cal.sparse_level(
-            s_star=self.s_star, gamma=self.gamma, mu=self.mu, multiplier=self.sparsity_multiplier)
+        s = (
+            self.sparsity
+            if self.sparsity is not None
+            else cal.sparse_level(s_star=self.s_star, gamma=self.gamma, mu=self.mu, multiplier=self.sparsity_multiplier)
+        )
         if s > d:
             raise InvalidHyperparameters(f"sparsity s = {s} exceeds the {d} features")
         return s
@@ -464,8 +549,12 @@ class _SparseBase(HTHyperparameters):
     def sparse_iterations(self, training: TrainingSpec, n: float) -> int:
         if self.preset == "paper-experiments":
             return _iterations(training, lambda: cal.sparse_paper_iterations(n=n))
-        return _iterations(training, lambda: cal.sparse_theory_iterations(
-            n=n, gamma=self.gamma, mu=self.mu, multiplier=self.iterations_multiplier))
+        return _iterations(
+            training,
+            lambda: cal.sparse_theory_iterations(
+                n=n, gamma=self.gamma, mu=self.mu, multiplier=self.iterations_multiplier
+            ),
+        )
 
 
 def _check_peeling_rows(facts: DatasetFacts) -> None:
@@ -485,30 +574,38 @@ class _PeelingAlgorithm(HTAlgorithm[_SparseH, _Resolved]):
             return peeling_event(noise_multiplier, sparsity=sparsity, uses=_once(steps))
 
         return PrivacyPlan(
-            steps=iterations, sampling_probability=1.0 / iterations, expected_batch_size=block_size,
-            sensitivity=sensitivity, sampling="disjoint-blocks", event_for=event_for,
+            steps=iterations,
+            sampling_probability=1.0 / iterations,
+            expected_batch_size=block_size,
+            sensitivity=sensitivity,
+            sampling="disjoint-blocks",
+            event_for=event_for,
             sensitivity_norm="linf",
         )
 
-    def peeling_notes(self, hyperparameters: _SparseH, plan: PrivacyPlan, *, noise_multiplier: float,
-                      delta: float, sparsity: int) -> dict[str, Any]:
+    def peeling_notes(
+        self, hyperparameters: _SparseH, plan: PrivacyPlan, *, noise_multiplier: float, delta: float, sparsity: int
+    ) -> dict[str, Any]:
         notes = super().report_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta)
-        paper_b = cal.peeling_scale_paper(sensitivity=plan.sensitivity, sparsity=sparsity,
-                                          epsilon=hyperparameters.formula_epsilon, delta=delta)
-        notes.update({
-            "mechanism": "Peeling: s rounds of Laplace report-noisy-max on |v_j| (fresh noise each "
-            "round) and Laplace noise on the s selected values; exact RDP composition of the 2s pieces",
-            "noise_multiplier_meaning": "σ = b/λ: the Laplace scale per unit of ℓ∞ sensitivity",
-            "laplace_scale": noise_multiplier * plan.sensitivity,
-            "sparsity": sparsity,
-            "composition": "parallel over disjoint per-row-random blocks: one Peeling's cost",
-            "block_size": plan.expected_batch_size,
-            "paper_calibration": {
-                "label": "the paper's b = 2λ√(3s·ln(1/δ))/ε at design_epsilon (Cai–Wang–Zhang Lemma 3.3); "
-                "not used — the charge is the RDP composition above",
-                "laplace_scale": paper_b,
-            },
-        })
+        paper_b = cal.peeling_scale_paper(
+            sensitivity=plan.sensitivity, sparsity=sparsity, epsilon=hyperparameters.formula_epsilon, delta=delta
+        )
+        notes.update(
+            {
+                "mechanism": "Peeling: s rounds of Laplace report-noisy-max on |v_j| (fresh noise each "
+                "round) and Laplace noise on the s selected values; exact RDP composition of the 2s pieces",
+                "noise_multiplier_meaning": "σ = b/λ: the Laplace scale per unit of ℓ∞ sensitivity",
+                "laplace_scale": noise_multiplier * plan.sensitivity,
+                "sparsity": sparsity,
+                "composition": "parallel over disjoint per-row-random blocks: one Peeling's cost",
+                "block_size": plan.expected_batch_size,
+                "paper_calibration": {
+                    "label": "the paper's b = 2λ√(3s·ln(1/δ))/ε at design_epsilon (Cai–Wang–Zhang Lemma 3.3); "
+                    "not used — the charge is the RDP composition above",
+                    "laplace_scale": paper_b,
+                },
+            }
+        )
         if hyperparameters.formula_epsilon > 1.0:
             notes["warning"] = "Peeling's (ε, δ) lemma is verified only for ε ≤ 1"
         return notes
@@ -553,8 +650,14 @@ class HTSparseLinReg(_PeelingAlgorithm[SparseLinRegHyperparameters, SparseLinReg
         "per setting on the data in the paper, which no guarantee covers"
     )
 
-    def resolve(self, hyperparameters: SparseLinRegHyperparameters, *, training: TrainingSpec,
-                training_rows: float, facts: DatasetFacts) -> SparseLinRegResolved:
+    def resolve(
+        self,
+        hyperparameters: SparseLinRegHyperparameters,
+        *,
+        training: TrainingSpec,
+        training_rows: float,
+        facts: DatasetFacts,
+    ) -> SparseLinRegResolved:
         h = hyperparameters
         _binary_or_regression(facts, allow_classification=False)
         _check_peeling_rows(facts)
@@ -563,21 +666,40 @@ class HTSparseLinReg(_PeelingAlgorithm[SparseLinRegHyperparameters, SparseLinReg
         block = _block_size(training_rows, iterations)
         eta = h.eta if h.eta is not None else (0.5 if h.preset == "paper-experiments" else 2.0 / 3.0)
         step = eta / h.gamma
-        truncation = h.truncation if h.truncation is not None else h.truncation_multiplier * cal.linreg_truncation(
-            n=training_rows, epsilon=h.formula_epsilon, sparsity=s, iterations=iterations)
+        truncation = (
+            h.truncation
+            if h.truncation is not None
+            else h.truncation_multiplier
+            * cal.linreg_truncation(n=training_rows, epsilon=h.formula_epsilon, sparsity=s, iterations=iterations)
+        )
         return SparseLinRegResolved(
-            iterations=iterations, block_size=block, sparsity=s, truncation=truncation, step=step, radius=h.radius,
-            sensitivity=cal.linreg_sensitivity(truncation=truncation, step=step, sparsity=s, radius=h.radius,
-                                               block_size=block),
+            iterations=iterations,
+            block_size=block,
+            sparsity=s,
+            truncation=truncation,
+            step=step,
+            radius=h.radius,
+            sensitivity=cal.linreg_sensitivity(
+                truncation=truncation, step=step, sparsity=s, radius=h.radius, block_size=block
+            ),
         )
 
-    def plan(self, hyperparameters: SparseLinRegHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
-             training_fraction: float = 1.0) -> PrivacyPlan:
-        r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
+    def plan(
+        self,
+        hyperparameters: SparseLinRegHyperparameters,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
+    ) -> PrivacyPlan:
+        r = self.resolve(
+            hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts
+        )
         return self._plan_peeling(r.iterations, r.block_size, r.sensitivity, r.sparsity)
 
-    def report_notes(self, hyperparameters: SparseLinRegHyperparameters, plan: PrivacyPlan, *,
-                     noise_multiplier: float, delta: float) -> dict[str, Any]:
+    def report_notes(
+        self, hyperparameters: SparseLinRegHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+    ) -> dict[str, Any]:
         # s does not depend on the data size; d is not needed once validated at planning
         s = hyperparameters.sparsity_level(10**9)
         return self.peeling_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta, sparsity=s)
@@ -633,8 +755,14 @@ class HTSparseOpt(_PeelingAlgorithm[SparseOptHyperparameters, SparseOptResolved]
         "Laplace scale is ≈ 1.6·10³ and the output is pure noise"
     )
 
-    def resolve(self, hyperparameters: SparseOptHyperparameters, *, training: TrainingSpec,
-                training_rows: float, facts: DatasetFacts) -> SparseOptResolved:
+    def resolve(
+        self,
+        hyperparameters: SparseOptHyperparameters,
+        *,
+        training: TrainingSpec,
+        training_rows: float,
+        facts: DatasetFacts,
+    ) -> SparseOptResolved:
         h = hyperparameters
         family = _binary_or_regression(facts, allow_classification=True)
         _check_peeling_rows(facts)
@@ -646,22 +774,38 @@ class HTSparseOpt(_PeelingAlgorithm[SparseOptHyperparameters, SparseOptResolved]
             scale = cal.sparse_opt_paper_scale(n=training_rows, epsilon=h.formula_epsilon, c2=h.paper_c2)
         else:
             eta = h.eta if h.eta is not None else 2.0 / (3.0 * h.gamma)
-            scale = cal.sparse_opt_theory_scale(n=training_rows, epsilon=h.formula_epsilon, tau=h.tau, sparsity=s,
-                                                iterations=iterations, zeta=h.zeta)
+            scale = cal.sparse_opt_theory_scale(
+                n=training_rows, epsilon=h.formula_epsilon, tau=h.tau, sparsity=s, iterations=iterations, zeta=h.zeta
+            )
         scale = h.scale if h.scale is not None else scale * h.scale_multiplier
         return SparseOptResolved(
-            iterations=iterations, block_size=block, sparsity=s, scale=scale, beta=h.beta, step=eta,
+            iterations=iterations,
+            block_size=block,
+            sparsity=s,
+            scale=scale,
+            beta=h.beta,
+            step=eta,
             loss="logistic" if family == "logistic" else "half_squared",
-            sensitivity=cal.sparse_opt_sensitivity(scale=scale, step=eta, block_size=block,
-                                                   box=h.sensitivity_mode == "box"),
+            sensitivity=cal.sparse_opt_sensitivity(
+                scale=scale, step=eta, block_size=block, box=h.sensitivity_mode == "box"
+            ),
         )
 
-    def plan(self, hyperparameters: SparseOptHyperparameters, training: TrainingSpec, facts: DatasetFacts, *,
-             training_fraction: float = 1.0) -> PrivacyPlan:
-        r = self.resolve(hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts)
+    def plan(
+        self,
+        hyperparameters: SparseOptHyperparameters,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
+    ) -> PrivacyPlan:
+        r = self.resolve(
+            hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts
+        )
         return self._plan_peeling(r.iterations, r.block_size, r.sensitivity, r.sparsity)
 
-    def report_notes(self, hyperparameters: SparseOptHyperparameters, plan: PrivacyPlan, *,
-                     noise_multiplier: float, delta: float) -> dict[str, Any]:
+    def report_notes(
+        self, hyperparameters: SparseOptHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float, delta: float
+    ) -> dict[str, Any]:
         s = hyperparameters.sparsity_level(10**9)
         return self.peeling_notes(hyperparameters, plan, noise_multiplier=noise_multiplier, delta=delta, sparsity=s)

@@ -77,10 +77,10 @@ for the other three (a Spider difference counts as two passes); step sizes are t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -199,8 +199,12 @@ class SpiderSchedule:
         if m and self.theta < 1.0:
             noise = (self.factor * clip / self.n) * math.sqrt(self.K * m / (2.0 * (1.0 - self.theta) * self.rho))
         return SpiderRound(
-            phi=phi, steps=steps, step_length=root / (4.0 * self.gamma * self.L1), difference_clip=clip,
-            threshold=7.0 * root / (8.0 * self.gamma), difference_noise=noise,
+            phi=phi,
+            steps=steps,
+            step_length=root / (4.0 * self.gamma * self.L1),
+            difference_clip=clip,
+            threshold=7.0 * root / (8.0 * self.gamma),
+            difference_noise=noise,
         )
 
     @property
@@ -236,8 +240,18 @@ class SpiderSchedule:
 
 
 def _spider_schedule_at(
-    *, n: float, d: int, rho: float, L0: float, L1: float, gamma: float, kappa: float,
-    F0: float, beta: float, theta: float, neighbour: Neighbour,
+    *,
+    n: float,
+    d: int,
+    rho: float,
+    L0: float,
+    L1: float,
+    gamma: float,
+    kappa: float,
+    F0: float,
+    beta: float,
+    theta: float,
+    neighbour: Neighbour,
 ) -> SpiderSchedule | None:
     e = (2.0 - kappa) / kappa
     sqrt_rho = math.sqrt(rho)
@@ -256,16 +270,38 @@ def _spider_schedule_at(
         F0,
     )
     return SpiderSchedule(
-        c=c, K=K, t_max=t_max, beta_prime=beta_prime, theta=theta, c_floor=c_floor,
-        phi_floor=phi_floor, vacuous=phi_floor >= F0,
+        c=c,
+        K=K,
+        t_max=t_max,
+        beta_prime=beta_prime,
+        theta=theta,
+        c_floor=c_floor,
+        phi_floor=phi_floor,
+        vacuous=phi_floor >= F0,
         start_noise=(factor * L0 / n) * math.sqrt(K / (2.0 * theta * rho)),
-        n=n, rho=rho, L1=L1, gamma=gamma, kappa=kappa, F0=F0, factor=factor,
+        n=n,
+        rho=rho,
+        L1=L1,
+        gamma=gamma,
+        kappa=kappa,
+        F0=F0,
+        factor=factor,
     )
 
 
 def spider_schedule(
-    *, n: float, d: int, rho: float, L0: float, L1: float, gamma: float, kappa: float,
-    F0: float, beta: float, theta: float = 0.5, neighbour: Neighbour = "add-remove",
+    *,
+    n: float,
+    d: int,
+    rho: float,
+    L0: float,
+    L1: float,
+    gamma: float,
+    kappa: float,
+    F0: float,
+    beta: float,
+    theta: float = 0.5,
+    neighbour: Neighbour = "add-remove",
 ) -> SpiderSchedule | None:
     """The whole public schedule of KL-Spider (docs/algorithms/kl-family.md#sensitivities).
 
@@ -276,10 +312,20 @@ def spider_schedule(
     ``neighbour='replace-one'`` reproduces the paper's replace-one numbers, hand-checked in
     tests/unit/test_kl_accounting.py.
     """
+
     def at(share: float) -> SpiderSchedule | None:
         return _spider_schedule_at(
-            n=n, d=d, rho=rho, L0=L0, L1=L1, gamma=gamma, kappa=kappa, F0=F0, beta=beta,
-            theta=share, neighbour=neighbour,
+            n=n,
+            d=d,
+            rho=rho,
+            L0=L0,
+            L1=L1,
+            gamma=gamma,
+            kappa=kappa,
+            F0=F0,
+            beta=beta,
+            theta=share,
+            neighbour=neighbour,
         )
 
     whole = at(1.0)
@@ -342,8 +388,12 @@ def adaptive_constants(
     if rho / 2.0 <= norm_cost:
         return None
     return AdaptiveConstants(
-        rho=rho, sensitivity=delta, log_term=math.log(log_term_arg), dimension=d,
-        norm_noise=norm_noise, norm_cost=norm_cost,
+        rho=rho,
+        sensitivity=delta,
+        log_term=math.log(log_term_arg),
+        dimension=d,
+        norm_noise=norm_noise,
+        norm_cost=norm_cost,
         floor_noise=delta / math.sqrt(2.0 * (rho / 2.0 - norm_cost)),
     )
 
@@ -380,7 +430,9 @@ class _Strict(BaseModel):
 
 def _lipschitz() -> Any:
     return Field(
-        default=1.0, gt=0, le=_MAX_CONSTANT,
+        default=1.0,
+        gt=0,
+        le=_MAX_CONSTANT,
         description="L0: declared Lipschitz constant of the per-example loss; every per-example "
         "gradient is clipped to it, so privacy holds even if the declaration is wrong. Public: "
         "never estimate it from the private data.",
@@ -394,7 +446,9 @@ def _beta() -> Any:
 class AdaptiveNoisyGDHyperparameters(_Strict):
     L0: float = _lipschitz()
     L1: float = Field(
-        default=1.0, gt=0, le=_MAX_CONSTANT,
+        default=1.0,
+        gt=0,
+        le=_MAX_CONSTANT,
         description="L1: declared smoothness; the step is 1/(2·L1). Privacy does not use it.",
     )
     beta: float = _beta()
@@ -402,19 +456,25 @@ class AdaptiveNoisyGDHyperparameters(_Strict):
 
 class KLSpiderHyperparameters(AdaptiveNoisyGDHyperparameters):
     L1: float = Field(
-        default=1.0, gt=0, le=_MAX_CONSTANT,
+        default=1.0,
+        gt=0,
+        le=_MAX_CONSTANT,
         description="L1: declared smoothness; sets the step length and the difference clip "
         "C_k = L1·r_k. Privacy holds for any value (differences are clipped).",
     )
     gamma: float = Field(default=1.0, gt=0, le=_MAX_CONSTANT, description="γ of the KL* condition")
     kappa: float = Field(default=2.0, ge=1, le=2, description="κ of the KL* condition, in [1, 2]")
     F0: float | None = Field(
-        default=None, gt=0, le=1e12,
+        default=None,
+        gt=0,
+        le=1e12,
         description="public bound on F(w0) − F*, at most (L0·γ)^κ; default (L0·γ)^κ. Never "
         "computed from the private data.",
     )
     theta: float = Field(
-        default=0.5, gt=0, lt=1,
+        default=0.5,
+        gt=0,
+        lt=1,
         description="θ: share of ρ for the round-start gradients (the rest for the differences; "
         "θ = 1 is used automatically when no round has a difference, e.g. κ = 2)",
     )
@@ -424,7 +484,7 @@ class KLSpiderHyperparameters(AdaptiveNoisyGDHyperparameters):
         ceiling = (self.L0 * self.gamma) ** self.kappa
         if self.F0 is None:
             self.F0 = ceiling
-        if self.F0 > ceiling * (1 + 1e-12):
+        if ceiling * (1 + 1e-12) < self.F0:
             raise ValueError(f"F0 ({self.F0}) must be at most (L0·γ)^κ = {ceiling:.6g}")
         return self
 
@@ -432,7 +492,9 @@ class KLSpiderHyperparameters(AdaptiveNoisyGDHyperparameters):
 class NoisyGDHyperparameters(_Strict):
     L0: float = _lipschitz()
     L1_tilde: float = Field(
-        default=1.0, gt=0, le=_MAX_CONSTANT,
+        default=1.0,
+        gt=0,
+        le=_MAX_CONSTANT,
         description="L̃1 > 0: weak-convexity constant (for a convex loss, a regularisation "
         "strength): minimises F(w) + L̃1‖w − w0‖² with steps 1/(L̃1·s) inside the ball of radius "
         "L0/(2L̃1) around w0, returning the weighted average of the iterates",
@@ -441,7 +503,9 @@ class NoisyGDHyperparameters(_Strict):
 
 class ProximalPointHyperparameters(NoisyGDHyperparameters):
     L1_tilde: float = Field(
-        default=1.0, gt=0, le=_MAX_CONSTANT,
+        default=1.0,
+        gt=0,
+        le=_MAX_CONSTANT,
         description="L̃1 > 0: weak-convexity constant; prox term L̃1‖w − w_{t−1}‖²",
     )
     gamma: float = Field(default=1.0, gt=0, le=_MAX_CONSTANT, description="γ of the KL* condition")
@@ -449,7 +513,9 @@ class ProximalPointHyperparameters(NoisyGDHyperparameters):
     F0: float = Field(default=1.0, gt=0, le=1e12, description="public bound on F(w0) − F*")
     beta: float = _beta()
     max_inner_steps: int = Field(
-        default=50, ge=1, le=100_000,
+        default=50,
+        ge=1,
+        le=100_000,
         description="cap on the noisy steps of each prox subproblem (Thm 9's T_in − 1 is "
         "≈ n²ρ/d; the cap voids the utility theorem, never the privacy)",
     )
@@ -486,7 +552,7 @@ _KLH = TypeVar(
 class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     family = "kl-condition"
     training_fields = SCHEDULE_FIELDS
-    unused_training_reasons = {
+    unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is full-batch",
         "learning_rate": "takes its step sizes from the paper's schedule",
     }
@@ -511,9 +577,7 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
         training_fraction: float = 1.0,
     ) -> PrivacyPlan:
         passes = full_batch_passes(training)
-        event_for: Callable[[float, int], PrivacyEvent] = (
-            _budget_units if self.unit_based else _gaussian_steps
-        )
+        event_for: Callable[[float, int], PrivacyEvent] = _budget_units if self.unit_based else _gaussian_steps
         return PrivacyPlan(
             steps=BUDGET_UNITS if self.unit_based else passes,
             sampling_probability=1.0,
@@ -551,7 +615,11 @@ class KLSpider(_KLAlgorithm[KLSpiderHyperparameters]):
     Hyperparameters = KLSpiderHyperparameters
 
     def report_notes(
-        self, hyperparameters: KLSpiderHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
+        self,
+        hyperparameters: KLSpiderHyperparameters,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
         delta: float,
     ) -> dict[str, Any]:
         notes = self._common_notes(noise_multiplier)
@@ -563,9 +631,7 @@ class KLSpider(_KLAlgorithm[KLSpiderHyperparameters]):
             "(docs/algorithms/kl-family.md#why-the-papers-calibration-does-not-hold); the ledger "
             "charges the exact add/remove cost above",
         }
-        notes["utility_caveat"] = (
-            "the rate of Thm 1 needs the declared L0, L1, γ, κ, F0 to hold; privacy does not"
-        )
+        notes["utility_caveat"] = "the rate of Thm 1 needs the declared L0, L1, γ, κ, F0 to hold; privacy does not"
         return notes
 
 
@@ -582,8 +648,12 @@ class AdaptiveNoisyGD(_KLAlgorithm[AdaptiveNoisyGDHyperparameters]):
     Hyperparameters = AdaptiveNoisyGDHyperparameters
 
     def report_notes(
-        self, hyperparameters: AdaptiveNoisyGDHyperparameters, plan: PrivacyPlan, *,
-        noise_multiplier: float, delta: float,
+        self,
+        hyperparameters: AdaptiveNoisyGDHyperparameters,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
+        delta: float,
     ) -> dict[str, Any]:
         notes = self._common_notes(noise_multiplier)
         rho, n, L0 = rho_of(noise_multiplier), plan.expected_batch_size, hyperparameters.L0
@@ -621,7 +691,11 @@ class NoisyGD(_KLAlgorithm[NoisyGDHyperparameters]):
     Hyperparameters = NoisyGDHyperparameters
 
     def report_notes(
-        self, hyperparameters: NoisyGDHyperparameters, plan: PrivacyPlan, *, noise_multiplier: float,
+        self,
+        hyperparameters: NoisyGDHyperparameters,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
         delta: float,
     ) -> dict[str, Any]:
         notes = self._common_notes(noise_multiplier)
@@ -641,8 +715,12 @@ class ProximalPoint(_KLAlgorithm[ProximalPointHyperparameters]):
     Hyperparameters = ProximalPointHyperparameters
 
     def report_notes(
-        self, hyperparameters: ProximalPointHyperparameters, plan: PrivacyPlan, *,
-        noise_multiplier: float, delta: float,
+        self,
+        hyperparameters: ProximalPointHyperparameters,
+        plan: PrivacyPlan,
+        *,
+        noise_multiplier: float,
+        delta: float,
     ) -> dict[str, Any]:
         notes = self._common_notes(noise_multiplier)
         notes["paper_claim"] = {

@@ -30,8 +30,7 @@ def claim_entry(
     *, epsilon: float, delta: float, explanation: str, details: Mapping[str, float] | None = None
 ) -> dict[str, Any]:
     """The report entry: label, the claimed (ε, δ), named details, and why it is not valid."""
-    entry: dict[str, Any] = {"label": PAPER_CLAIM_LABEL, "epsilon": finite_or_none(epsilon),
-                             "delta": delta}
+    entry: dict[str, Any] = {"label": PAPER_CLAIM_LABEL, "epsilon": finite_or_none(epsilon), "delta": delta}
     for name, value in (details or {}).items():
         entry[name] = finite_or_none(value)
     entry["valid_guarantee"] = False

@@ -91,9 +91,7 @@ class AlgorithmDefinition(Generic[H]):
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(part) for part in first["loc"])
-            raise InvalidHyperparameters(
-                f"algorithm.hyperparameters.{loc}: {first['msg']}"
-            ) from exc
+            raise InvalidHyperparameters(f"algorithm.hyperparameters.{loc}: {first['msg']}") from exc
 
     def adopt_privacy_target(self, hyperparameters: H, *, target_epsilon: float | None) -> H:
         """Hyperparameters whose public defaults depend on the job's target ε (a public part of
@@ -105,7 +103,9 @@ class AlgorithmDefinition(Generic[H]):
         refused (UnusedTrainingField), the ones it reads required (MissingTrainingFields), and a
         full-batch algorithm's ``batch_size`` is the dataset's public n."""
         return accept_training(
-            training, algorithm=self.name, reads=self.training_fields,
+            training,
+            algorithm=self.name,
+            reads=self.training_fields,
             unused_reasons=self.unused_training_reasons,
             full_batch_rows=facts.n_rows if self.full_batch else None,
         )
@@ -176,8 +176,7 @@ def poisson_schedule(
     batch_size = batch_size_of(training)
     if batch_size > training_rows:
         raise InvalidHyperparameters(
-            f"training.batch_size {batch_size} exceeds the {training_rows:g} rows "
-            "expected for training"
+            f"training.batch_size {batch_size} exceeds the {training_rows:g} rows expected for training"
         )
     q = batch_size / training_rows
     if training.steps is not None:
@@ -192,9 +191,7 @@ def subsampled_gaussian_steps(q: float) -> Callable[[float, int], PrivacyEvent]:
     def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
         if q >= 1.0:
             return GaussianEvent(noise_multiplier=noise_multiplier, count=steps)
-        return PoissonSampledGaussianEvent(
-            sampling_probability=q, noise_multiplier=noise_multiplier, count=steps
-        )
+        return PoissonSampledGaussianEvent(sampling_probability=q, noise_multiplier=noise_multiplier, count=steps)
 
     return event_for
 

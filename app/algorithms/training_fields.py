@@ -35,9 +35,7 @@ def accept_training(
     for field in PER_ALGORITHM_FIELDS:
         if field not in reads and getattr(training, field) is not None:
             reason = unused_reasons.get(field, "does not read it")
-            raise UnusedTrainingField(
-                f"training.{field}: {algorithm} {reason} and does not use it; leave it out"
-            )
+            raise UnusedTrainingField(f"training.{field}: {algorithm} {reason} and does not use it; leave it out")
     missing = tuple(f for f in PER_ALGORITHM_FIELDS if f in reads and getattr(training, f) is None)
     if missing:
         raise MissingTrainingFields(missing)

@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.algorithms import ALGORITHMS, UnknownAlgorithm, get_algorithm
-from app.api.routing import ReleasingRoute
 from app.api.deps import TenantDep
+from app.api.routing import ReleasingRoute
 from app.model_catalogue import MODELS
 from app.problems import not_found
 

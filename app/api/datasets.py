@@ -14,8 +14,8 @@ from sqlalchemy.orm import defer
 
 from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
-from app.api.routing import ReleasingRoute
 from app.api.deps import ServicesDep, SessionDep, TenantDep
+from app.api.routing import ReleasingRoute
 from app.dataset_registration import UploadRequest, invalid_dataset, register_upload
 from app.facts import public_class_list
 from app.ingest import DatasetValidationError, IngestLimits, parse_class_list, parse_preparation
@@ -69,7 +69,9 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
     if not owner:
         links = {name: href for name, href in links.items() if name not in OWNER_LINKS}
     classes = public_class_list(  # a listing does not load the names (deferred): only the source is used
-        task=dataset.task, n_classes=dataset.n_classes, class_names=None if listing else dataset.class_names,
+        task=dataset.task,
+        n_classes=dataset.n_classes,
+        class_names=None if listing else dataset.class_names,
         declared=dataset.classes_declared,
     )
     return DatasetOut(
@@ -105,29 +107,46 @@ async def upload_dataset(
     name: Annotated[str, Query(min_length=1, max_length=200)],
     format: Annotated[str, Query(description="csv or npz")],
     epsilon: Annotated[float, Query(gt=0, le=100, allow_inf_nan=False)],
-    delta: Annotated[float, Query(ge=1e-30, lt=1, allow_inf_nan=False, description="δ of the budget, in [1e-30, 1) (app.privacy.ranges.DELTA_MIN)")],
+    delta: Annotated[
+        float,
+        Query(
+            ge=1e-30,
+            lt=1,
+            allow_inf_nan=False,
+            description="δ of the budget, in [1e-30, 1) (app.privacy.ranges.DELTA_MIN)",
+        ),
+    ],
     label_column: Annotated[str | None, Query(max_length=200)] = None,
-    task: Annotated[Literal["classification", "regression"] | None, Query(
-        description="inferred only when the labels leave no doubt (text: classification; fractions: "
-        "regression; whole numbers 0..K-1: classification); whole numbers not starting at 0 (1, 2) "
-        "are refused as ambiguous unless task= or classes= is given",
-    )] = None,
-    classes: Annotated[str | None, Query(
-        max_length=120_000,
-        description="the public class list, comma-separated; declaring it means task=classification. "
-        "Labels are matched by name (benign, or 2 with classes=1,2: never shifted); when no name is a "
-        "number a label may also be an index 0..K-1. Declared, it is independent of the rows; when "
-        "omitted, the labels found become the public list.",
-    )] = None,
-    preparation: Annotated[str | None, Query(
-        description='the data preparation, a JSON object declared public: {"drop": ["patient_id"], '
-        '"one_hot": {"sex": ["female", "male"]}, "scale": {"age": {"bounds": [0, 120]}, '
-        '"*": {"center": 0, "scale": 10}}}. Dropped columns are never parsed or used; a one-hot column becomes '
-        "one 0/1 feature per declared category (any other value is refused); bounds clip and "
-        "min-max scale to [0, 1] (or \"range\": [-1, 1]); center/scale standardise. The worker "
-        "applies it when it loads the rows. \"labels\": \"indices\" makes labels indices into a declared "
-        "class list whose names are numbers. At most 16,000 characters (\"*\" scales every feature).",
-    )] = None,
+    task: Annotated[
+        Literal["classification", "regression"] | None,
+        Query(
+            description="inferred only when the labels leave no doubt (text: classification; fractions: "
+            "regression; whole numbers 0..K-1: classification); whole numbers not starting at 0 (1, 2) "
+            "are refused as ambiguous unless task= or classes= is given",
+        ),
+    ] = None,
+    classes: Annotated[
+        str | None,
+        Query(
+            max_length=120_000,
+            description="the public class list, comma-separated; declaring it means task=classification. "
+            "Labels are matched by name (benign, or 2 with classes=1,2: never shifted); when no name is a "
+            "number a label may also be an index 0..K-1. Declared, it is independent of the rows; when "
+            "omitted, the labels found become the public list.",
+        ),
+    ] = None,
+    preparation: Annotated[
+        str | None,
+        Query(
+            description='the data preparation, a JSON object declared public: {"drop": ["patient_id"], '
+            '"one_hot": {"sex": ["female", "male"]}, "scale": {"age": {"bounds": [0, 120]}, '
+            '"*": {"center": 0, "scale": 10}}}. Dropped columns are never parsed or used; a one-hot column becomes '
+            "one 0/1 feature per declared category (any other value is refused); bounds clip and "
+            'min-max scale to [0, 1] (or "range": [-1, 1]); center/scale standardise. The worker '
+            'applies it when it loads the rows. "labels": "indices" makes labels indices into a declared '
+            'class list whose names are numbers. At most 16,000 characters ("*" scales every feature).',
+        ),
+    ] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> DatasetOut | JSONResponse:
     """Stream the raw body to disk while hashing it, validate it, then register it with a budget.
@@ -163,11 +182,23 @@ async def upload_dataset(
     # work: it runs in a worker thread, so a registration waiting on the database lock never
     # stalls the event loop (and with it every other request).
     registered = await run_in_threadpool(
-        register_upload, db=services.db, blobs=services.blobs, tenant_id=tenant.id, pending=pending,
+        register_upload,
+        db=services.db,
+        blobs=services.blobs,
+        tenant_id=tenant.id,
+        pending=pending,
         limits=limits,
-        upload=UploadRequest(name=name, fmt=format, epsilon=epsilon, delta=delta, label_column=label_column,
-                             task=task, class_list=class_list, idempotency_key=idempotency_key,
-                             preparation=declared_preparation),
+        upload=UploadRequest(
+            name=name,
+            fmt=format,
+            epsilon=epsilon,
+            delta=delta,
+            label_column=label_column,
+            task=task,
+            class_list=class_list,
+            idempotency_key=idempotency_key,
+            preparation=declared_preparation,
+        ),
     )
     out = dataset_out(registered.dataset, registered.budget)
     if registered.replayed:
@@ -180,12 +211,17 @@ def _too_large_problem(limit: int) -> Problem:
 
 
 def _too_slow_problem(exc: UploadTooSlow, pace: UploadPace) -> Problem:
-    why = (f"nothing arrived for {pace.idle_timeout_s:g} s" if exc.reason == "idle" else
-           f"the body arrived slower than {pace.min_rate_bytes_per_s:g} bytes/s on average")
+    why = (
+        f"nothing arrived for {pace.idle_timeout_s:g} s"
+        if exc.reason == "idle"
+        else f"the body arrived slower than {pace.min_rate_bytes_per_s:g} bytes/s on average"
+    )
     return Problem(
-        status=408, slug="upload-too-slow",
+        status=408,
+        slug="upload-too-slow",
         detail=f"upload refused after {exc.received} bytes in {exc.elapsed_s:.1f} s: {why}; nothing was stored",
-        extra={"reason": exc.reason}, headers={"Connection": "close"},
+        extra={"reason": exc.reason},
+        headers={"Connection": "close"},
     )
 
 
@@ -203,7 +239,9 @@ def list_datasets(
         select(Dataset, PrivacyBudget)
         .join(PrivacyBudget)
         .where(visible_datasets(tenant))
-        .options(defer(Dataset.feature_names), defer(Dataset.class_names), defer(Dataset.preparation))  # megabytes on wide datasets
+        .options(
+            defer(Dataset.feature_names), defer(Dataset.class_names), defer(Dataset.preparation)
+        )  # megabytes on wide datasets
     )
     if cursor:
         created_at, last_id = decode_cursor(cursor, fields=(cursor_time, cursor_id))
@@ -213,9 +251,7 @@ def list_datasets(
                 and_(Dataset.created_at == created_at, Dataset.id < last_id),
             )
         )
-    rows = session.execute(
-        query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)
-    ).all()
+    rows = session.execute(query.order_by(Dataset.created_at.desc(), Dataset.id.desc()).limit(limit + 1)).all()
     items = [
         dataset_out(d, b, role="owner" if d.tenant_id == tenant.id else "analyst", listing=True)
         for d, b in rows[:limit]

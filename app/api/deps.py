@@ -32,9 +32,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def _unauthorized(detail: str) -> Problem:
-    return Problem(
-        status=401, slug="unauthorized", detail=detail, headers={"WWW-Authenticate": "Bearer"}
-    )
+    return Problem(status=401, slug="unauthorized", detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
 
 def get_tenant(request: Request, session: SessionDep) -> Tenant:
@@ -55,9 +53,7 @@ TenantDep = Annotated[Tenant, Depends(get_tenant)]
 
 
 def dataset_of_tenant(session: Session, tenant: Tenant, dataset_id: str) -> Dataset:
-    dataset = session.scalar(
-        select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant.id)
-    )
+    dataset = session.scalar(select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant.id))
     if dataset is None:
         raise not_found("dataset")
     return dataset

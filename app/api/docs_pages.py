@@ -146,5 +146,8 @@ def install_docs_pages(app: FastAPI) -> None:
         found = ASSETS.get(name)
         if found is None:
             raise Problem(status=404, slug="not-found", detail=f"no documentation asset {name!r}")
-        return Response(found.body(), media_type=found.media_type,
-                        headers={"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"})
+        return Response(
+            found.body(),
+            media_type=found.media_type,
+            headers={"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"},
+        )

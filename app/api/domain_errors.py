@@ -52,8 +52,7 @@ def _status_of(error: DomainError) -> int:
 def problem_for(error: DomainError) -> Problem:
     """The problem a domain error answers as."""
     headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
-    return Problem(status=_status_of(error), slug=error.slug, detail=error.detail, extra=error.extra,
-                   headers=headers)
+    return Problem(status=_status_of(error), slug=error.slug, detail=error.detail, extra=error.extra, headers=headers)
 
 
 def install_domain_error_handler(app: FastAPI) -> None:

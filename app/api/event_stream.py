@@ -50,13 +50,21 @@ from app.db import Database
 from app.job_views import event_out
 from app.jobs.status import TERMINAL_STATUSES
 from app.models import Job, JobEvent
-from app.schemas.jobs import JobEventOut
 from app.rate_limit import bearer_principal
+from app.schemas.jobs import JobEventOut
 from app.services import Services
 
 __all__ = [
-    "ACCESS_REVOKED_MESSAGE", "EVENT_STREAM_MEDIA_TYPE", "AccessCheck", "EventStreamResponse", "StreamTiming",
-    "event_stream_response", "format_event", "job_event_stream", "poll_limiter_of", "resume_point",
+    "ACCESS_REVOKED_MESSAGE",
+    "EVENT_STREAM_MEDIA_TYPE",
+    "AccessCheck",
+    "EventStreamResponse",
+    "StreamTiming",
+    "event_stream_response",
+    "format_event",
+    "job_event_stream",
+    "poll_limiter_of",
+    "resume_point",
     "wants_event_stream",
 ]
 
@@ -81,8 +89,11 @@ class StreamTiming:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamTiming:
-        return cls(poll_interval_s=settings.sse_poll_interval_s, keepalive_s=settings.sse_keepalive_s,
-                   max_stream_s=settings.sse_max_stream_s)
+        return cls(
+            poll_interval_s=settings.sse_poll_interval_s,
+            keepalive_s=settings.sse_keepalive_s,
+            max_stream_s=settings.sse_max_stream_s,
+        )
 
 
 def wants_event_stream(accept: str | None) -> bool:
@@ -122,8 +133,7 @@ def _poll(db: Database, job_id: str, after: int, still_allowed: AccessCheck) -> 
             return _Poll(allowed=False, events=[], terminal=False)
         status = session.scalar(select(Job.status).where(Job.id == job_id))
         rows = session.scalars(
-            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-            .order_by(JobEvent.seq).limit(BATCH)
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after).order_by(JobEvent.seq).limit(BATCH)
         ).all()
         events = [event_out(e) for e in rows]
     return _Poll(allowed=True, events=events, terminal=status in TERMINAL_STATUSES)
@@ -217,7 +227,13 @@ async def reserve_stream_slot(request: Request) -> AsyncIterator[StreamSlot | No
 
 
 def event_stream_response(
-    *, app: FastAPI, services: Services, principal: str, job_id: str, after: int, still_allowed: AccessCheck,
+    *,
+    app: FastAPI,
+    services: Services,
+    principal: str,
+    job_id: str,
+    after: int,
+    still_allowed: AccessCheck,
     reserved: StreamSlot | None = None,
 ) -> EventStreamResponse:
     """A job's stream for the API key with digest ``principal``; a 429 problem, before anything is
@@ -225,7 +241,11 @@ def event_stream_response(
     slot = reserved if reserved is not None else take_stream_slot(app, services.settings, principal=principal)
     slot.handed_over = True
     stream = job_event_stream(
-        db=services.db, job_id=job_id, after=after, timing=StreamTiming.from_settings(services.settings),
-        still_allowed=still_allowed, limiter=poll_limiter_of(app),
+        db=services.db,
+        job_id=job_id,
+        after=after,
+        timing=StreamTiming.from_settings(services.settings),
+        still_allowed=still_allowed,
+        limiter=poll_limiter_of(app),
     )
     return EventStreamResponse(stream, on_close=slot.release)

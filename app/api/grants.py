@@ -33,7 +33,9 @@ router = APIRouter(prefix="/v1/datasets", tags=["grants"], route_class=Releasing
 log = logging.getLogger("privtrain.api.grants")
 
 GRANT_PROBLEMS: Mapping[type[GrantError], Callable[[], Problem]] = {
-    SelfInvitation: lambda: Problem(status=422, slug="invalid-grant", detail="the owner of a dataset cannot invite itself"),
+    SelfInvitation: lambda: Problem(
+        status=422, slug="invalid-grant", detail="the owner of a dataset cannot invite itself"
+    ),
     ImplausibleName: lambda: Problem(
         status=422, slug="invalid-grant", detail="a tenant name has 1 to 200 characters and no control characters"
     ),
@@ -65,7 +67,9 @@ def grant_out(view: GrantView) -> GrantOut:
     "/{dataset_id}/grants",
     status_code=202,
     response_model=GrantOut,
-    responses={200: {"model": GrantOut, "description": "that name already has a pending invitation or an active grant"}},
+    responses={
+        200: {"model": GrantOut, "description": "that name already has a pending invitation or an active grant"}
+    },
 )
 def create_grant(
     dataset_id: str, body: GrantCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep
@@ -92,8 +96,10 @@ def create_grant(
             if replay is None:
                 raise
             out, created = grant_out(replay), False
-    log.info("invitation sent" if created else "invitation replayed",
-             extra={"dataset_id": dataset.id, "tenant_id": tenant.id})
+    log.info(
+        "invitation sent" if created else "invitation replayed",
+        extra={"dataset_id": dataset.id, "tenant_id": tenant.id},
+    )
     if not created:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out

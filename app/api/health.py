@@ -55,22 +55,32 @@ def _check_disk(services: Any) -> None:
 @router.get("/readyz")
 async def readyz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, str] = {}
-    for name, check in (("database", _check_database), ("migrations", _check_migrations),
-                        ("broker", _check_broker), ("disk", _check_disk)):
+    for name, check in (
+        ("database", _check_database),
+        ("migrations", _check_migrations),
+        ("broker", _check_broker),
+        ("disk", _check_disk),
+    ):
         try:
             await run_in_threadpool(check, services)
             checks[name] = "ok"
-        except Exception as exc:  # readiness reports which dependency is down, not why in detail
+        except Exception as exc:  # noqa: BLE001 - readiness must report any failing dependency (by name, not detail)
             checks[name] = f"unavailable: {type(exc).__name__}"
     ready = all(value == "ok" for value in checks.values())
-    return JSONResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status_code=200 if ready else 503)
+    return JSONResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks}, status_code=200 if ready else 503
+    )
 
 
 @router.get(
     "/metrics",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                     "description": "Prometheus text exposition format"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus text exposition format",
+        }
+    },
 )
 def metrics(services: ServicesDep, request: Request) -> Response:
     token = services.settings.metrics_token
@@ -79,8 +89,12 @@ def metrics(services: ServicesDep, request: Request) -> Response:
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             given.strip().encode(), token.get_secret_value().encode()
         ):
-            raise Problem(status=401, slug="unauthorized", detail="/metrics needs the metrics token",
-                          headers={"WWW-Authenticate": "Bearer"})
+            raise Problem(
+                status=401,
+                slug="unauthorized",
+                detail="/metrics needs the metrics token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
     with services.db.read_session() as session:
         registry = collect_metrics(session, per_dataset=token is not None)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -89,7 +89,9 @@ def _answer(
 
 
 @router.post("/{invitation_id}/accept", response_model=InvitationOut)
-def accept_invitation(invitation_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> InvitationOut:
+def accept_invitation(
+    invitation_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep
+) -> InvitationOut:
     """Accept a pending invitation: the caller becomes an analyst of the dataset at once. 404 for
     anything that is not a pending invitation to the caller (already answered, withdrawn, meant
     for another tenant, or no such id): all answered alike."""
@@ -97,7 +99,9 @@ def accept_invitation(invitation_id: str, services: ServicesDep, session: Sessio
 
 
 @router.post("/{invitation_id}/decline", response_model=InvitationOut)
-def decline_invitation(invitation_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> InvitationOut:
+def decline_invitation(
+    invitation_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep
+) -> InvitationOut:
     """Decline a pending invitation; the owner sees ``declined`` in its audit trail and may invite
     again later. 404 exactly as for accept."""
     return _answer(services=services, session=session, tenant=tenant, invitation_id=invitation_id, answer="decline")

@@ -11,7 +11,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlalchemy import select
 
 from app import ledger, privacy
-from app.api.routing import ReleasingRoute
+from app.access import dataset_for, job_for, relation_to, visible_jobs
+from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.event_stream import (
     EVENT_STREAM_MEDIA_TYPE,
     EventStreamResponse,
@@ -20,11 +21,10 @@ from app.api.event_stream import (
     resume_point,
     wants_event_stream,
 )
-from app.api.stream_access import api_reader, bearer_key_digest
 from app.api.planning_slots import PlanningSlotDep
+from app.api.routing import ReleasingRoute
+from app.api.stream_access import api_reader, bearer_key_digest
 from app.api.stream_slots import StreamSlot
-from app.access import dataset_for, job_for, relation_to, visible_jobs
-from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.idempotency import IdempotentRequest, create_once, earlier
 from app.job_planning import JobPlan, job_choices, plan_job, request_hash
 from app.job_views import event_out, job_out
@@ -48,7 +48,10 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     plan = plan_job(
-        spec, dataset, dataset_delta=budget.delta, max_steps=services.settings.max_steps,
+        spec,
+        dataset,
+        dataset_delta=budget.delta,
+        max_steps=services.settings.max_steps,
         max_time_limit_s=services.settings.job_time_limit_s,
         model_limits=ModelSizeLimits.from_settings(services.settings),
     )
@@ -78,16 +81,18 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> Privac
         largest_admissible_steps=choices.largest_admissible_steps,
         largest_admissible_steps_reason=choices.largest_admissible_steps_reason,
         evaluation_epsilon=(
-            privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta)
-            if plan.evaluation
-            else None
+            privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta) if plan.evaluation else None
         ),
     )
 
 
 @router.post("/estimate", response_model=PrivacyEstimate)
 def estimate(
-    _planning: PlanningSlotDep, spec: JobCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep,
+    _planning: PlanningSlotDep,
+    spec: JobCreate,
+    services: ServicesDep,
+    session: SessionDep,
+    tenant: TenantDep,
 ) -> PrivacyEstimate:
     """Dry run: the noise, steps and ε the job would be charged, whether it fits now, what would
     remain, and the nearest choices that fit (most steps at this σ, least σ at these steps).
@@ -106,8 +111,9 @@ def submit(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> JobOut | JSONResponse:
     """Admit the job against the dataset's ledger, then enqueue it."""
-    request = IdempotentRequest(tenant_id=tenant.id, key=idempotency_key, request_hash=request_hash(spec),
-                                what="request body")
+    request = IdempotentRequest(
+        tenant_id=tenant.id, key=idempotency_key, request_hash=request_hash(spec), what="request body"
+    )
     existing = earlier(session, Job, request)
     if existing is not None:
         return _replayed(existing)
@@ -116,8 +122,13 @@ def submit(
 
     def admit() -> tuple[Job, bool]:
         return lifecycle.admit(
-            services.db, plan=plan, tenant_id=tenant.id, dataset_id=spec.dataset_id, actor=f"tenant:{tenant.id}",
-            max_active_jobs=services.settings.max_active_jobs_per_tenant, idempotency_key=idempotency_key,
+            services.db,
+            plan=plan,
+            tenant_id=tenant.id,
+            dataset_id=spec.dataset_id,
+            actor=f"tenant:{tenant.id}",
+            max_active_jobs=services.settings.max_active_jobs_per_tenant,
+            idempotency_key=idempotency_key,
             request_hash=request.request_hash,
             recheck_access=lambda tx: dataset_for(tx, tenant, spec.dataset_id, need="submit"),
         ), False
@@ -162,8 +173,7 @@ def list_jobs(
         if last is None:
             raise Problem(status=422, slug="invalid-cursor", detail="malformed cursor")
         query = query.where(
-            (Job.created_at < last.created_at)
-            | ((Job.created_at == last.created_at) & (Job.id < last.id))
+            (Job.created_at < last.created_at) | ((Job.created_at == last.created_at) & (Job.id < last.id))
         )
     jobs = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     next_cursor = encode_cursor([jobs[limit - 1].id]) if len(jobs) > limit else None
@@ -187,9 +197,19 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
 @router.get(
     "/{job_id}/events",
     response_model=list[JobEventOut],
-    responses={200: {"content": {EVENT_STREAM_MEDIA_TYPE: {
-        "schema": {"type": "string", "description": "Server-Sent Events: id = seq, event = kind, "
-                   "data = one JobEventOut as JSON; resumable with Last-Event-ID"}}}}},
+    responses={
+        200: {
+            "content": {
+                EVENT_STREAM_MEDIA_TYPE: {
+                    "schema": {
+                        "type": "string",
+                        "description": "Server-Sent Events: id = seq, event = kind, "
+                        "data = one JobEventOut as JSON; resumable with Last-Event-ID",
+                    }
+                }
+            }
+        }
+    },
 )
 def events(
     job_id: str,
@@ -212,9 +232,13 @@ def events(
         principal = bearer_key_digest(request)
         assert principal is not None  # TenantDep authenticated a Bearer key
         return event_stream_response(
-            app=request.app, services=services, principal=principal, job_id=job.id,
+            app=request.app,
+            services=services,
+            principal=principal,
+            job_id=job.id,
             after=resume_point(after, last_event_id),
-            still_allowed=api_reader(key_digest=principal, job_id=job.id), reserved=reserved,
+            still_allowed=api_reader(key_digest=principal, job_id=job.id),
+            reserved=reserved,
         )
     rows = session.scalars(
         select(JobEvent)
@@ -249,9 +273,20 @@ def download_model(job_id: str, services: ServicesDep, session: SessionDep, tena
 
 @router.get(
     "/{job_id}/report",
-    responses={200: {"content": {"application/json": {}, "text/html": {
-        "schema": {"type": "string", "description": "format=html: the same report as one "
-                   "self-contained HTML page (inline CSS and SVG plots, no external assets)"}}}}},
+    responses={
+        200: {
+            "content": {
+                "application/json": {},
+                "text/html": {
+                    "schema": {
+                        "type": "string",
+                        "description": "format=html: the same report as one "
+                        "self-contained HTML page (inline CSS and SVG plots, no external assets)",
+                    }
+                },
+            }
+        }
+    },
 )
 def download_report(
     job_id: str,

@@ -24,16 +24,23 @@ from app.capped_slots import CappedSlots, SlotsFull
 from app.config import Settings
 from app.rate_limit import bearer_principal
 
-__all__ = ["PlanningSlotDep", "RETRY_AFTER_S", "planning_slots_of"]
+__all__ = ["RETRY_AFTER_S", "PlanningSlotDep", "planning_slots_of"]
 
 RETRY_AFTER_S = 2
 
 
 def planning_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
     """The app's registry, made on first use (each app, and so each test, has its own)."""
-    return app_registry(app, attribute="planning_slots", make=lambda: CappedSlots(
-        total=settings.max_concurrent_plans, per_owner=settings.max_concurrent_plans_per_key,
-        owner_scope="per-key", what="privacy computations"))
+    return app_registry(
+        app,
+        attribute="planning_slots",
+        make=lambda: CappedSlots(
+            total=settings.max_concurrent_plans,
+            per_owner=settings.max_concurrent_plans_per_key,
+            owner_scope="per-key",
+            what="privacy computations",
+        ),
+    )
 
 
 async def planning_slot(request: Request) -> AsyncIterator[None]:
@@ -47,9 +54,13 @@ async def planning_slot(request: Request) -> AsyncIterator[None]:
         slots.acquire(principal)
     except SlotsFull as exc:
         raise slots_full_problem(
-            exc, slug="too-many-computations", summary="too many privacy computations in flight",
+            exc,
+            slug="too-many-computations",
+            summary="too many privacy computations in flight",
             advice=f"pricing a job takes up to a few seconds, so wait for your other estimates or submissions "
-            f"and retry in {RETRY_AFTER_S} s", retry_after_s=RETRY_AFTER_S) from exc
+            f"and retry in {RETRY_AFTER_S} s",
+            retry_after_s=RETRY_AFTER_S,
+        ) from exc
     try:
         yield
     finally:

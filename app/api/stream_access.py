@@ -18,8 +18,8 @@ from app.access import job_for
 from app.api.deps import job_of_tenant
 from app.api.event_stream import AccessCheck
 from app.dashboard_sessions import live_session_by_id
-from app.models import ApiKey, Job, Tenant
 from app.errors import DomainError
+from app.models import ApiKey, Job, Tenant
 from app.problems import Problem
 from app.rate_limit import bearer_principal
 

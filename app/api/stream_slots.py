@@ -43,9 +43,16 @@ class StreamSlot:
 
 def stream_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
     """The app's registry, made on first use (each app, and so each test, has its own)."""
-    return app_registry(app, attribute="stream_slots", make=lambda: CappedSlots(
-        total=settings.sse_max_streams_total, per_owner=settings.sse_max_streams_per_key,
-        owner_scope="per-key", what="event streams"))
+    return app_registry(
+        app,
+        attribute="stream_slots",
+        make=lambda: CappedSlots(
+            total=settings.sse_max_streams_total,
+            per_owner=settings.sse_max_streams_per_key,
+            owner_scope="per-key",
+            what="event streams",
+        ),
+    )
 
 
 def take_stream_slot(app: FastAPI, settings: Settings, *, principal: str) -> StreamSlot:
@@ -54,7 +61,11 @@ def take_stream_slot(app: FastAPI, settings: Settings, *, principal: str) -> Str
     try:
         slots.acquire(principal)
     except SlotsFull as exc:
-        raise slots_full_problem(exc, slug="too-many-streams", summary="too many open event streams",
-                                 advice=f"close one or retry in {RETRY_AFTER_S} s",
-                                 retry_after_s=RETRY_AFTER_S) from exc
+        raise slots_full_problem(
+            exc,
+            slug="too-many-streams",
+            summary="too many open event streams",
+            advice=f"close one or retry in {RETRY_AFTER_S} s",
+            retry_after_s=RETRY_AFTER_S,
+        ) from exc
     return StreamSlot(slots=slots, principal=principal)

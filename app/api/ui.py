@@ -47,12 +47,12 @@ from app.auth import key_digest, tenant_for_key
 from app.budget_gauge import budget_gauge
 from app.dashboard_sessions import DashboardSession, StartedSession, end_session, live_session, start_session
 from app.db import Database
-from app.ledger_explanations import jobs_of
 from app.invitations import Answer, InvitationNotFound, answer_invitation, pending_invitations
 from app.job_event_text import EPSILON_DIGITS, EVENT_SENTENCES, GUARANTEE_FIELDS, event_sentence
 from app.job_views import job_epsilon
 from app.jobs import lifecycle
 from app.jobs.status import TERMINAL_STATUSES, JobStatus
+from app.ledger_explanations import jobs_of
 from app.models import ApiKey, Dataset, Job, JobEvent, LedgerEntry, PrivacyBudget, Tenant
 from app.problems import Problem
 from app.reporting import ledger_history, opening_budget, plots
@@ -151,17 +151,33 @@ async def _form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items()}
 
 
-def _message_page(*, status_code: int, title: str, message: str, back_href: str = "/ui/login",
-                  back_label: str = "Back to the dashboard") -> HTMLResponse:
+def _message_page(
+    *,
+    status_code: int,
+    title: str,
+    message: str,
+    back_href: str = "/ui/login",
+    back_label: str = "Back to the dashboard",
+) -> HTMLResponse:
     """A page that only explains (no script, no form, no session data)."""
-    html = render("error.html", title=title, message=message, back_href=back_href, back_label=back_label,
-                  nonce="", csrf_token="", tenant_name=None, epsilon_of=job_epsilon)
+    html = render(
+        "error.html",
+        title=title,
+        message=message,
+        back_href=back_href,
+        back_label=back_label,
+        nonce="",
+        csrf_token="",
+        tenant_name=None,
+        epsilon_of=job_epsilon,
+    )
     return HTMLResponse(html, status_code=status_code, headers=_security_headers(None))
 
 
 def _csrf_rejected() -> HTMLResponse:
     return _message_page(
-        status_code=403, title="Request refused",
+        status_code=403,
+        title="Request refused",
         message="The form was not sent from this dashboard session (missing or wrong CSRF "
         "token, or a cross-site origin). Reload the page and try again.",
     )
@@ -232,8 +248,9 @@ async def login(request: Request, services: ServicesDep) -> Response:
     key = form.get("api_key", "").strip()
     started = await anyio.to_thread.run_sync(_login, services.db, key, settings.ui_session_max_age_s) if key else None
     if started is None:
-        return _page("login.html", viewer=None, status_code=401, login_csrf=expected,
-                     error="This API key is unknown or revoked.")
+        return _page(
+            "login.html", viewer=None, status_code=401, login_csrf=expected, error="This API key is unknown or revoked."
+        )
     response = RedirectResponse("/ui/datasets", status_code=303)
     cookie = SessionCookie(token=started.token, key_digest=started.session.key_digest, issued_at=time.time())
     set_session_cookie(response, cookie, settings)
@@ -270,30 +287,44 @@ def datasets_page(viewer: ViewerDep, db_session: SessionDep) -> Response:
     if viewer is None:
         return _login_redirect()
     rows = db_session.execute(
-        select(Dataset, PrivacyBudget, Tenant.name).join(PrivacyBudget).join(Tenant, Tenant.id == Dataset.tenant_id)
+        select(Dataset, PrivacyBudget, Tenant.name)
+        .join(PrivacyBudget)
+        .join(Tenant, Tenant.id == Dataset.tenant_id)
         .where(visible_datasets(viewer.tenant))
         .order_by(Dataset.created_at.desc(), Dataset.id.desc())
         .limit(PAGE_LIMIT)
     ).all()
     items = [
-        {"dataset": d, "budget": ledger.budget_summary(b), "gauge": budget_gauge(b),
-         "shared_by": None if d.tenant_id == viewer.tenant.id else owner}
+        {
+            "dataset": d,
+            "budget": ledger.budget_summary(b),
+            "gauge": budget_gauge(b),
+            "shared_by": None if d.tenant_id == viewer.tenant.id else owner,
+        }
         for d, b, owner in rows
     ]
     invitations = pending_invitations(db_session, tenant=viewer.tenant, limit=INVITATION_LIMIT)
-    return _page("datasets.html", viewer=viewer, items=items, limit=PAGE_LIMIT,
-                 invitations=invitations[:INVITATION_LIMIT], more_invitations=len(invitations) > INVITATION_LIMIT)
+    return _page(
+        "datasets.html",
+        viewer=viewer,
+        items=items,
+        limit=PAGE_LIMIT,
+        invitations=invitations[:INVITATION_LIMIT],
+        more_invitations=len(invitations) > INVITATION_LIMIT,
+    )
 
 
 def _ledger_plot(history: list[Any]) -> Markup | None:
     if not history:
         return None
-    return Markup(plots.ledger_timeline_svg(
-        times=[p.created_at for p in history],
-        committed=[p.committed_epsilon for p in history],
-        total=[p.total_epsilon for p in history],
-        budget=[p.budget_epsilon for p in history],
-    ))
+    return Markup(
+        plots.ledger_timeline_svg(
+            times=[p.created_at for p in history],
+            committed=[p.committed_epsilon for p in history],
+            total=[p.total_epsilon for p in history],
+            budget=[p.budget_epsilon for p in history],
+        )
+    )
 
 
 @router.get("/datasets/{dataset_id}", response_class=HTMLResponse)
@@ -308,21 +339,36 @@ def dataset_page(dataset_id: str, viewer: ViewerDep, db_session: SessionDep) -> 
     assert budget is not None
     history: list[Any] = []
     if access.role == "owner":
-        entries = list(db_session.scalars(
-            select(LedgerEntry).where(LedgerEntry.dataset_id == dataset.id).order_by(LedgerEntry.seq)
-        ))
+        entries = list(
+            db_session.scalars(
+                select(LedgerEntry).where(LedgerEntry.dataset_id == dataset.id).order_by(LedgerEntry.seq)
+            )
+        )
         opening_epsilon, opening_delta = opening_budget(db_session, budget)
-        history = ledger_history(entries, opening_epsilon=opening_epsilon, opening_delta=opening_delta,
-                                 jobs=jobs_of(db_session, entries))
-    jobs = list(db_session.scalars(
-        select(Job).where(Job.dataset_id == dataset.id, Job.tenant_id == viewer.tenant.id)
-        .order_by(Job.created_at.desc()).limit(PAGE_LIMIT)
-    ))
+        history = ledger_history(
+            entries, opening_epsilon=opening_epsilon, opening_delta=opening_delta, jobs=jobs_of(db_session, entries)
+        )
+    jobs = list(
+        db_session.scalars(
+            select(Job)
+            .where(Job.dataset_id == dataset.id, Job.tenant_id == viewer.tenant.id)
+            .order_by(Job.created_at.desc())
+            .limit(PAGE_LIMIT)
+        )
+    )
     owner = db_session.get(Tenant, dataset.tenant_id) if access.role != "owner" else None
-    return _page("dataset.html", viewer=viewer, dataset=dataset, role=access.role,
-                 shared_by=owner.name if owner is not None else None,
-                 budget=ledger.budget_summary(budget), budget_bar=budget_gauge(budget),
-                 history=list(reversed(history)), ledger_svg=_ledger_plot(history), jobs=jobs)
+    return _page(
+        "dataset.html",
+        viewer=viewer,
+        dataset=dataset,
+        role=access.role,
+        shared_by=owner.name if owner is not None else None,
+        budget=ledger.budget_summary(budget),
+        budget_bar=budget_gauge(budget),
+        history=list(reversed(history)),
+        ledger_svg=_ledger_plot(history),
+        jobs=jobs,
+    )
 
 
 def _answer_invitation(db: Database, *, tenant: Tenant, dataset_id: str, answer: Answer) -> str:
@@ -332,22 +378,30 @@ def _answer_invitation(db: Database, *, tenant: Tenant, dataset_id: str, answer:
 
 
 async def _answer_form(
-    *, request: Request, viewer: Viewer | None, services: ServicesDep, db_session: SessionDep,
-    dataset_id: str, answer: Answer,
+    *,
+    request: Request,
+    viewer: Viewer | None,
+    services: ServicesDep,
+    db_session: SessionDep,
+    dataset_id: str,
+    answer: Answer,
 ) -> Response:
     if await _session_form(request, viewer) is None:
         return _csrf_rejected()
     assert viewer is not None
     db_session.close()  # the write transaction reads again under the lock
     try:
-        await anyio.to_thread.run_sync(partial(
-            _answer_invitation, services.db, tenant=viewer.tenant, dataset_id=dataset_id, answer=answer))
+        await anyio.to_thread.run_sync(
+            partial(_answer_invitation, services.db, tenant=viewer.tenant, dataset_id=dataset_id, answer=answer)
+        )
     except InvitationNotFound:
         return _message_page(
-            status_code=404, title="No such invitation",
+            status_code=404,
+            title="No such invitation",
             message="There is no pending invitation to you for this dataset: it was answered "
             "already, withdrawn by its owner, or never existed.",
-            back_href="/ui/datasets", back_label="Back to your datasets",
+            back_href="/ui/datasets",
+            back_label="Back to your datasets",
         )
     log.info("invitation answered", extra={"dataset_id": dataset_id, "tenant_id": viewer.tenant.id, "answer": answer})
     return RedirectResponse("/ui/datasets", status_code=303)
@@ -355,21 +409,36 @@ async def _answer_form(
 
 @router.post("/invitations/{dataset_id}/accept", response_class=HTMLResponse)
 async def accept_invitation(
-    dataset_id: str, request: Request, viewer: ViewerDep, services: ServicesDep, db_session: SessionDep,
+    dataset_id: str,
+    request: Request,
+    viewer: ViewerDep,
+    services: ServicesDep,
+    db_session: SessionDep,
 ) -> Response:
     """What ``POST /v1/invitations/{id}/accept`` does, from the datasets page's form: the tenant
     becomes an analyst of the dataset, which then appears in its list."""
-    return await _answer_form(request=request, viewer=viewer, services=services, db_session=db_session,
-                              dataset_id=dataset_id, answer="accept")
+    return await _answer_form(
+        request=request, viewer=viewer, services=services, db_session=db_session, dataset_id=dataset_id, answer="accept"
+    )
 
 
 @router.post("/invitations/{dataset_id}/decline", response_class=HTMLResponse)
 async def decline_invitation(
-    dataset_id: str, request: Request, viewer: ViewerDep, services: ServicesDep, db_session: SessionDep,
+    dataset_id: str,
+    request: Request,
+    viewer: ViewerDep,
+    services: ServicesDep,
+    db_session: SessionDep,
 ) -> Response:
     """What ``POST /v1/invitations/{id}/decline`` does, from the datasets page's form."""
-    return await _answer_form(request=request, viewer=viewer, services=services, db_session=db_session,
-                              dataset_id=dataset_id, answer="decline")
+    return await _answer_form(
+        request=request,
+        viewer=viewer,
+        services=services,
+        db_session=db_session,
+        dataset_id=dataset_id,
+        answer="decline",
+    )
 
 
 # ---------------------------------------------------------------------------------- jobs
@@ -379,16 +448,28 @@ async def decline_invitation(
 def jobs_page(viewer: ViewerDep, db_session: SessionDep) -> Response:
     if viewer is None:
         return _login_redirect()
-    jobs = list(db_session.scalars(
-        select(Job).where(Job.tenant_id == viewer.tenant.id)
-        .order_by(Job.created_at.desc(), Job.id.desc()).limit(PAGE_LIMIT)
-    ))
-    names = dict(db_session.execute(  # the tenant's jobs: it knows their datasets' names, shared ones too
-        select(Dataset.id, Dataset.name).where(Dataset.id.in_({j.dataset_id for j in jobs}))
-    ).all())
+    jobs = list(
+        db_session.scalars(
+            select(Job)
+            .where(Job.tenant_id == viewer.tenant.id)
+            .order_by(Job.created_at.desc(), Job.id.desc())
+            .limit(PAGE_LIMIT)
+        )
+    )
+    names = dict(
+        db_session.execute(  # the tenant's jobs: it knows their datasets' names, shared ones too
+            select(Dataset.id, Dataset.name).where(Dataset.id.in_({j.dataset_id for j in jobs}))
+        ).all()
+    )
     live = [j.id for j in jobs if j.status not in TERMINAL_STATUSES][:LIVE_STREAMS]
-    return _page("jobs.html", viewer=viewer, jobs=jobs, dataset_names=names, live=live,
-                 live_config=_live_config(job_ids=live, after=0))
+    return _page(
+        "jobs.html",
+        viewer=viewer,
+        jobs=jobs,
+        dataset_names=names,
+        live=live,
+        live_config=_live_config(job_ids=live, after=0),
+    )
 
 
 def _epsilon_spent_so_far(events: list[JobEvent]) -> float:
@@ -402,8 +483,13 @@ def _epsilon_spent_so_far(events: list[JobEvent]) -> float:
 
 def _live_config(*, job_ids: list[str], after: int) -> dict[str, Any]:
     """What the live script needs: the jobs to follow and the sentences of app.job_event_text."""
-    return {"ids": job_ids, "after": after, "sentences": dict(EVENT_SENTENCES),
-            "guaranteeFields": sorted(GUARANTEE_FIELDS), "digits": EPSILON_DIGITS}
+    return {
+        "ids": job_ids,
+        "after": after,
+        "sentences": dict(EVENT_SENTENCES),
+        "guaranteeFields": sorted(GUARANTEE_FIELDS),
+        "digits": EPSILON_DIGITS,
+    }
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -413,16 +499,30 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
         return _login_redirect()
     job = job_of_tenant(db_session, viewer.tenant, job_id)
     dataset = db_session.get(Dataset, job.dataset_id)
-    events = list(db_session.scalars(
-        select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.seq.desc()).limit(EVENT_LIMIT)
-    ))
+    events = list(
+        db_session.scalars(
+            select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.seq.desc()).limit(EVENT_LIMIT)
+        )
+    )
     live = job.status not in TERMINAL_STATUSES
-    may_cancel = live and viewer.session is not None and relation_to(db_session, viewer.tenant, job) in JOB_PERMISSIONS["cancel"]
-    rows = [{"seq": e.seq, "created_at": e.created_at, "kind": e.kind, "sentence": event_sentence(e.kind, e.payload)}
-            for e in events]
-    return _page("job.html", viewer=viewer, job=job, dataset=dataset, events=rows, live=live,
-                 may_cancel=may_cancel, epsilon_spent=_epsilon_spent_so_far(events),
-                 live_config=_live_config(job_ids=[job.id], after=events[0].seq if events else 0))
+    may_cancel = (
+        live and viewer.session is not None and relation_to(db_session, viewer.tenant, job) in JOB_PERMISSIONS["cancel"]
+    )
+    rows = [
+        {"seq": e.seq, "created_at": e.created_at, "kind": e.kind, "sentence": event_sentence(e.kind, e.payload)}
+        for e in events
+    ]
+    return _page(
+        "job.html",
+        viewer=viewer,
+        job=job,
+        dataset=dataset,
+        events=rows,
+        live=live,
+        may_cancel=may_cancel,
+        epsilon_spent=_epsilon_spent_so_far(events),
+        live_config=_live_config(job_ids=[job.id], after=events[0].seq if events else 0),
+    )
 
 
 def _cancel_as(db: Database, *, tenant: Tenant, job_id: str) -> str | None:
@@ -439,7 +539,11 @@ def _cancel_as(db: Database, *, tenant: Tenant, job_id: str) -> str | None:
 
 @router.post("/jobs/{job_id}/cancel", response_class=HTMLResponse)
 async def cancel_job_form(
-    job_id: str, request: Request, viewer: ViewerDep, services: ServicesDep, db_session: SessionDep,
+    job_id: str,
+    request: Request,
+    viewer: ViewerDep,
+    services: ServicesDep,
+    db_session: SessionDep,
 ) -> Response:
     """The job page's cancel button: a queued job ends at once and its reservation goes back to
     the budget; a running one stops after its current step. Back to the job page (post/redirect/get)."""
@@ -450,8 +554,11 @@ async def cancel_job_form(
     ended = await anyio.to_thread.run_sync(partial(_cancel_as, services.db, tenant=viewer.tenant, job_id=job_id))
     if ended is not None:
         return _message_page(
-            status_code=409, title="Nothing to cancel", message=f"This job has already ended (status: {ended}).",
-            back_href=f"/ui/jobs/{job_id}", back_label="Back to the job",
+            status_code=409,
+            title="Nothing to cancel",
+            message=f"This job has already ended (status: {ended}).",
+            back_href=f"/ui/jobs/{job_id}",
+            back_label="Back to the job",
         )
     log.info("dashboard cancel", extra={"job_id": job_id, "tenant_id": viewer.tenant.id})
     return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
@@ -463,11 +570,13 @@ def job_report_page(job_id: str, viewer: ViewerDep, services: ServicesDep, db_se
         return _login_redirect()
     job = job_of_tenant(db_session, viewer.tenant, job_id)
     if job.status != JobStatus.SUCCEEDED or job.report_blob is None:
-        raise Problem(status=409, slug="job-not-succeeded",
-                      detail=f"a report exists only for succeeded jobs; this job is {job.status}")
+        raise Problem(
+            status=409,
+            slug="job-not-succeeded",
+            detail=f"a report exists only for succeeded jobs; this job is {job.status}",
+        )
     report = json.loads(services.blobs.path(job.report_blob).read_text())
-    return html_report_response(db_session, job, report, viewer_tenant_id=viewer.tenant.id,
-                                dashboard_links=True)
+    return html_report_response(db_session, job, report, viewer_tenant_id=viewer.tenant.id, dashboard_links=True)
 
 
 @router.get("/jobs/{job_id}/events")
@@ -491,8 +600,10 @@ def job_event_source(
     principal = viewer.session.key_digest if viewer.session is not None else bearer_key_digest(request)
     assert principal is not None  # a viewer is either a live session or a valid Bearer key
     return event_stream_response(
-        app=request.app, services=services, principal=principal, job_id=job.id,
+        app=request.app,
+        services=services,
+        principal=principal,
+        job_id=job.id,
         after=resume_point(after, last_event_id),
         still_allowed=dashboard_reader(ui_session_id=ui_session_id, key_digest=principal, job_id=job.id),
     )
-

@@ -44,9 +44,20 @@ from fastapi import Request, Response
 from app.config import Settings
 
 __all__ = [
-    "COOKIE_NAME", "COOKIE_PATH", "SAME_ORIGIN_FETCH_SITES", "LoginFormCookie", "SessionCookie", "UiCookie",
-    "clear_session_cookie", "csrf_ok", "decode_cookie", "encode_cookie", "new_login_form", "read_cookie",
-    "session_secret", "set_session_cookie",
+    "COOKIE_NAME",
+    "COOKIE_PATH",
+    "SAME_ORIGIN_FETCH_SITES",
+    "LoginFormCookie",
+    "SessionCookie",
+    "UiCookie",
+    "clear_session_cookie",
+    "csrf_ok",
+    "decode_cookie",
+    "encode_cookie",
+    "new_login_form",
+    "read_cookie",
+    "session_secret",
+    "set_session_cookie",
 ]
 
 COOKIE_NAME = "privtrain_ui"
@@ -165,7 +176,10 @@ def set_session_cookie(response: Response, cookie: UiCookie, settings: Settings)
 
 def clear_session_cookie(response: Response, settings: Settings) -> None:
     response.delete_cookie(
-        COOKIE_NAME, path=COOKIE_PATH, httponly=True, samesite="strict",
+        COOKIE_NAME,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
         secure=settings.environment == "production",
     )
 

@@ -66,10 +66,14 @@ def parse_class_list(raw: str | None, *, max_classes: int) -> tuple[str, ...] | 
     problems = (
         (not 2 <= len(names) <= max_classes, f"a class list needs 2 to {max_classes} names, got {len(names)}"),
         (any(not name for name in names), "class names must not be empty"),
-        (any(len(name) > MAX_CLASS_NAME_CHARS for name in names),
-         f"class names must be at most {MAX_CLASS_NAME_CHARS} characters"),
-        (any(unicodedata.category(ch).startswith("C") for name in names for ch in name),
-         "class names must not contain control characters"),
+        (
+            any(len(name) > MAX_CLASS_NAME_CHARS for name in names),
+            f"class names must be at most {MAX_CLASS_NAME_CHARS} characters",
+        ),
+        (
+            any(unicodedata.category(ch).startswith("C") for name in names for ch in name),
+            "class names must not contain control characters",
+        ),
         (len(set(names)) != len(names), "class names must be unique"),
         (len(set(values)) != len(values), "class names that are numbers must be different numbers"),
     )
@@ -110,9 +114,15 @@ def map_to_declared(
     row = first_true(y < 0)
     if row is not None:
         where = rows.describe(row)
-        detail = (f"the label at {where} is not an index into the declared class list of {len(names)} "
-                  f'classes: the labels were declared as indices ("labels": "indices"), so they must be '
-                  f"0 to {len(names) - 1}") if by_index else _not_in_classes(where, names, by_value)
+        detail = (
+            (
+                f"the label at {where} is not an index into the declared class list of {len(names)} "
+                f'classes: the labels were declared as indices ("labels": "indices"), so they must be '
+                f"0 to {len(names) - 1}"
+            )
+            if by_index
+            else _not_in_classes(where, names, by_value)
+        )
         raise DatasetValidationError("label-not-in-classes", detail)
     return y
 
@@ -158,12 +168,16 @@ def _texts_to_declared(labels: RawLabels, *, names: tuple[str, ...], by_value: d
 def _not_in_classes(where: str, names: tuple[str, ...], by_value: dict[float, int]) -> str:
     start = f"the label at {where} is not in the declared class list of {len(names)} classes"
     if by_value:
-        return (f"{start}: labels are matched by name, and a label that is a number must equal one of "
-                "the names that are numbers (labels are never shifted; if the labels are indices into "
-                'the list, declare preparation={"labels": "indices"})')
-    return (f"{start}: a label must be one of its names, or an index into it (labels must be 0 to "
-            f"{len(names) - 1}). Labels are matched by name, never shifted: to keep labels such as 1 "
-            "and 2 as they are, declare them as the names (classes=1,2)")
+        return (
+            f"{start}: labels are matched by name, and a label that is a number must equal one of "
+            "the names that are numbers (labels are never shifted; if the labels are indices into "
+            'the list, declare preparation={"labels": "indices"})'
+        )
+    return (
+        f"{start}: a label must be one of its names, or an index into it (labels must be 0 to "
+        f"{len(names) - 1}). Labels are matched by name, never shifted: to keep labels such as 1 "
+        "and 2 as they are, declare them as the names (classes=1,2)"
+    )
 
 
 # ------------------------------------------------------------------ a list taken from the labels
@@ -172,8 +186,7 @@ def _not_in_classes(where: str, names: tuple[str, ...], by_value: dict[float, in
 def _too_many(max_classes: int) -> DatasetValidationError:
     return DatasetValidationError(
         "bad-labels",
-        f"the labels take more than {max_classes} distinct values: a dataset may have at most "
-        f"{max_classes} classes",
+        f"the labels take more than {max_classes} distinct values: a dataset may have at most {max_classes} classes",
     )
 
 
@@ -184,7 +197,9 @@ def _check_two_classes(n_distinct: int, n_rows: int) -> None:
         )
 
 
-def classes_from_texts(labels: RawLabels, *, max_classes: int, rows: RowPositions) -> tuple[np.ndarray, tuple[str, ...]]:
+def classes_from_texts(
+    labels: RawLabels, *, max_classes: int, rows: RowPositions
+) -> tuple[np.ndarray, tuple[str, ...]]:
     """Text labels (at least one is not a number): the sorted distinct texts become the list."""
     texts = labels.texts
     if texts is None or texts.codes is None or len(texts.distinct) > max_classes:
@@ -213,8 +228,7 @@ def classes_from_numbers(
     if row is not None:
         raise DatasetValidationError(
             "bad-labels",
-            f"the label at {rows.describe(row)}: class labels that are numbers must be below 2^53 in "
-            "magnitude",
+            f"the label at {rows.describe(row)}: class labels that are numbers must be below 2^53 in magnitude",
         )
     _check_two_classes(values.size, numbers.size)
     return inverse.astype(np.int64).reshape(-1), tuple(str(int(value)) for value in values.tolist())

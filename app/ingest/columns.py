@@ -82,8 +82,14 @@ def plan_columns(
             numeric_features.append(len(names))
             names.append(name)
             continue
-        one_hot.append(OneHotColumn(position=position, name=name, first_feature=len(names),
-                                    categories={category: i for i, category in enumerate(categories)}))
+        one_hot.append(
+            OneHotColumn(
+                position=position,
+                name=name,
+                first_feature=len(names),
+                categories={category: i for i, category in enumerate(categories)},
+            )
+        )
         names.extend(f"{name}={category}" for category in categories)
     _check_features(names, limits=limits)
     return ColumnPlan(
@@ -92,8 +98,12 @@ def plan_columns(
         numeric_features=np.array(numeric_features, dtype=np.int64),
         one_hot=tuple(one_hot),
         feature_names=tuple(names),
-        scaling=_scaling_groups(preparation, names=names, numeric_features=numeric_features,
-                                numeric_names=[header[p] for p in numeric_positions]),
+        scaling=_scaling_groups(
+            preparation,
+            names=names,
+            numeric_features=numeric_features,
+            numeric_names=[header[p] for p in numeric_positions],
+        ),
     )
 
 
@@ -103,8 +113,7 @@ def _check_names(header: tuple[str, ...], *, label_column: str, preparation: Pre
         if name not in known:
             raise _refuse(f"column {name!r} is not among the {len(header)} header columns")
         if name == label_column:
-            raise _refuse(f"column {name!r} is the label column; it cannot be dropped, one-hot "
-                          "encoded or scaled")
+            raise _refuse(f"column {name!r} is the label column; it cannot be dropped, one-hot encoded or scaled")
 
 
 def _check_features(names: list[str], *, limits: IngestLimits) -> None:
@@ -135,7 +144,8 @@ def _scaling_groups(
             by_scaling.setdefault(scaling, []).append(feature)
     all_features = len(names)
     return tuple(
-        ScalingGroup(features=None if len(features) == all_features else np.array(features, dtype=np.int64),
-                     scaling=scaling)
+        ScalingGroup(
+            features=None if len(features) == all_features else np.array(features, dtype=np.int64), scaling=scaling
+        )
         for scaling, features in by_scaling.items()
     )

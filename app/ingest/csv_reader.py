@@ -62,9 +62,7 @@ def _decode(raw: bytes, *, line_number: int) -> str:
         bad_byte = exc.start + 1
     # Raised outside the except block: the decode error holds the line's bytes, and chaining
     # it would carry private values into tracebacks.
-    raise DatasetValidationError(
-        "bad-encoding", f"line {line_number} is not valid UTF-8 (byte {bad_byte} of the line)"
-    )
+    raise DatasetValidationError("bad-encoding", f"line {line_number} is not valid UTF-8 (byte {bad_byte} of the line)")
 
 
 def _line_budget(n_fields: int, limits: IngestLimits) -> int:
@@ -84,9 +82,7 @@ def read_csv(
     """Parse a CSV upload. Feature fields must be finite numbers unless the owner declared their
     column dropped (never read) or one-hot encoded; labels may be numbers or text."""
     if label_column is None:
-        raise DatasetValidationError(
-            "missing-label-column", "a CSV dataset needs label_column; none was given"
-        )
+        raise DatasetValidationError("missing-label-column", "a CSV dataset needs label_column; none was given")
     with open(path, "rb") as stream:
         lines = _Utf8Lines(stream, max_line_bytes=_line_budget(limits.max_features + 1, limits))
         reader = csv.reader(lines, strict=True)
@@ -105,17 +101,12 @@ def read_csv(
         row, column = bad
         raise DatasetValidationError(
             "non-finite",
-            f"{rows.describe(row)}, column {plan.feature_names[column]!r}: the number is too large "
-            "for float32",
+            f"{rows.describe(row)}, column {plan.feature_names[column]!r}: the number is too large for float32",
         )
-    return RawDataset(
-        X=X, labels=body.labels(), feature_names=plan.feature_names, rows=rows, scaling=plan.scaling
-    )
+    return RawDataset(X=X, labels=body.labels(), feature_names=plan.feature_names, rows=rows, scaling=plan.scaling)
 
 
-def _read_header(
-    reader: Iterator[list[str]], *, label_column: str, limits: IngestLimits
-) -> tuple[str, ...]:
+def _read_header(reader: Iterator[list[str]], *, label_column: str, limits: IngestLimits) -> tuple[str, ...]:
     header = next(reader, None)
     if header is None:
         raise DatasetValidationError("empty-dataset", "the file is empty; it needs a header row")
@@ -144,16 +135,13 @@ def _read_header(
         if name in positions:
             raise DatasetValidationError(
                 "duplicate-column",
-                f"column name {name!r} appears twice in the header, at columns "
-                f"{positions[name]} and {position}",
+                f"column name {name!r} appears twice in the header, at columns {positions[name]} and {position}",
             )
         positions[name] = position
     if label_column not in positions:
         raise DatasetValidationError("missing-label-column", _missing_label_detail(label_column, header))
     if len(header) == 1:
-        raise DatasetValidationError(
-            "empty-dataset", "the header has no feature columns besides the label column"
-        )
+        raise DatasetValidationError("empty-dataset", "the header has no feature columns besides the label column")
     return tuple(header)
 
 
@@ -298,8 +286,7 @@ def _shape_error(row: list[str], *, header: tuple[str, ...], line: int, limits: 
     column = next(i for i, field in enumerate(row) if len(field) > limits.max_field_chars)
     return DatasetValidationError(
         "field-too-long",
-        f"line {line}, column {header[column]!r}: the field is longer than "
-        f"{limits.max_field_chars} characters",
+        f"line {line}, column {header[column]!r}: the field is longer than {limits.max_field_chars} characters",
     )
 
 
@@ -310,13 +297,15 @@ def _number_error(
     for position, field in zip(plan.numeric_positions, fields, strict=True):
         if not field.strip():
             return DatasetValidationError(
-                "empty-field", f"line {line}, column {header[position]!r} is empty: every feature needs a "
+                "empty-field",
+                f"line {line}, column {header[position]!r} is empty: every feature needs a "
                 "number (fill or drop the rows with missing values before upload)",
             )
         if not _is_number(field):
             return DatasetValidationError("non-numeric", _non_numeric_detail(header[position], line=line))
-    position = next(p for p, field in zip(plan.numeric_positions, fields, strict=True)
-                    if not math.isfinite(float(field)))
+    position = next(
+        p for p, field in zip(plan.numeric_positions, fields, strict=True) if not math.isfinite(float(field))
+    )
     return DatasetValidationError(
         "non-finite",
         f"line {line}, column {header[position]!r}: NaN and infinite values are not allowed",
@@ -330,9 +319,11 @@ def _missing_label_detail(label_column: str, header: Sequence[str]) -> str:
     """Which columns were found (the header is public schema), with a hint for the usual causes:
     a near-miss of the name, or a file separated by semicolons read as one column."""
     if len(header) == 1 and header[0].count(";") >= 1:
-        return (f"label column {label_column!r} was not found: the header is a single column holding "
-                f"{header[0].count(';') + 1} names separated by ';'. This file looks semicolon-separated; "
-                "save it with commas as separators (the format is RFC 4180 CSV)")
+        return (
+            f"label column {label_column!r} was not found: the header is a single column holding "
+            f"{header[0].count(';') + 1} names separated by ';'. This file looks semicolon-separated; "
+            "save it with commas as separators (the format is RFC 4180 CSV)"
+        )
     listed = ", ".join(repr(name) for name in header[:MAX_LISTED_COLUMNS])
     more = f" and {len(header) - MAX_LISTED_COLUMNS} more" if len(header) > MAX_LISTED_COLUMNS else ""
     close = difflib.get_close_matches(label_column, list(header), n=1)
@@ -391,9 +382,7 @@ def _is_number(field: str) -> bool:
 def _structure_error(exc: csv.Error, *, line: int) -> DatasetValidationError:
     """Translate the csv module's error without its text, so nothing from the file leaks."""
     if _FIELD_LIMIT_MESSAGE in str(exc):
-        return DatasetValidationError(
-            "field-too-long", f"line {line}: a quoted field is far too long"
-        )
+        return DatasetValidationError("field-too-long", f"line {line}: a quoted field is far too long")
     return DatasetValidationError(
         "malformed-csv",
         f"line {line}: the CSV structure is broken (an unclosed quote, text after a closing "

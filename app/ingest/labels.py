@@ -124,9 +124,7 @@ def _regression(labels: RawLabels, *, max_classes: int, rows: RowPositions) -> L
     y = as_float32(labels.numbers)
     bad = first_non_finite(y)
     if bad is not None:
-        raise DatasetValidationError(
-            "non-finite", f"the label at {rows.describe(bad[0])} is too large for float32"
-        )
+        raise DatasetValidationError("non-finite", f"the label at {rows.describe(bad[0])} is too large for float32")
     return Labels(y=y, task="regression", classes=None)
 
 

@@ -46,9 +46,12 @@ class IngestLimits:
     def from_settings(cls, settings: Settings) -> IngestLimits:
         """The service's limits: the API that admits an upload and the worker that re-reads it
         must apply the same ones, or a dataset the API accepted could fail in the worker."""
-        return cls(max_rows=settings.max_rows, max_features=settings.max_features,
-                   max_decompressed_bytes=settings.max_decompressed_bytes,
-                   max_compression_ratio=settings.max_compression_ratio)
+        return cls(
+            max_rows=settings.max_rows,
+            max_features=settings.max_features,
+            max_decompressed_bytes=settings.max_decompressed_bytes,
+            max_compression_ratio=settings.max_compression_ratio,
+        )
 
     def decompressed_allowance(self, *, compressed_bytes: int) -> tuple[int, str]:
         """The most bytes an NPZ of ``compressed_bytes`` may inflate to, and the limit's wording."""

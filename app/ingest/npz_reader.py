@@ -100,9 +100,7 @@ class _Allowance:
         return cls(limit=limit, wording=wording)
 
     def refuse(self, what: str) -> DatasetValidationError:
-        return DatasetValidationError(
-            "too-large-decompressed", f"{what}; the limit is {self.wording}"
-        )
+        return DatasetValidationError("too-large-decompressed", f"{what}; the limit is {self.wording}")
 
     def spend(self, n_bytes: int) -> None:
         self.remaining -= n_bytes
@@ -132,9 +130,7 @@ def _open_zip(path: Path) -> zipfile.ZipFile:
         ) from exc
 
 
-def _inspect_members(
-    archive: zipfile.ZipFile, *, allowance: _Allowance
-) -> tuple[zipfile.ZipInfo, zipfile.ZipInfo]:
+def _inspect_members(archive: zipfile.ZipFile, *, allowance: _Allowance) -> tuple[zipfile.ZipInfo, zipfile.ZipInfo]:
     """Find X and y and refuse the archive on its declared sizes alone, before inflating a byte."""
     infos = archive.infolist()
     by_name = {info.filename: info for info in infos}
@@ -177,8 +173,7 @@ def _read_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _NpyHeader:
     if dtype.hasobject:
         raise DatasetValidationError(
             "invalid-npz",
-            f"{name} is an object array; pickled (object) arrays are not allowed, only "
-            "numeric ones",
+            f"{name} is an object array; pickled (object) arrays are not allowed, only numeric ones",
         )
     if dtype.kind not in _NUMERIC_KINDS:
         raise DatasetValidationError(
@@ -199,34 +194,24 @@ def _check_shapes(features: _NpyHeader, labels: _NpyHeader, *, limits: IngestLim
     if len(features.shape) not in (2, 3, 4):
         raise DatasetValidationError(
             "shape-mismatch",
-            f"X has {len(features.shape)} dimensions; it must be (n, d), (n, H, W) or "
-            "(n, C, H, W)",
+            f"X has {len(features.shape)} dimensions; it must be (n, d), (n, H, W) or (n, C, H, W)",
         )
     if len(labels.shape) != 1:
-        raise DatasetValidationError(
-            "shape-mismatch", f"y has {len(labels.shape)} dimensions; it must be (n,)"
-        )
+        raise DatasetValidationError("shape-mismatch", f"y has {len(labels.shape)} dimensions; it must be (n,)")
     n_rows = features.shape[0]
     if labels.shape[0] != n_rows:
-        raise DatasetValidationError(
-            "shape-mismatch", f"X has {n_rows} rows but y has {labels.shape[0]}"
-        )
+        raise DatasetValidationError("shape-mismatch", f"X has {n_rows} rows but y has {labels.shape[0]}")
     if n_rows == 0:
         raise DatasetValidationError("empty-dataset", "X and y have no rows")
     if n_rows > limits.max_rows:
-        raise DatasetValidationError(
-            "too-many-rows", f"X has {n_rows} rows; the limit is {limits.max_rows}"
-        )
+        raise DatasetValidationError("too-many-rows", f"X has {n_rows} rows; the limit is {limits.max_rows}")
     n_features = math.prod(features.shape[1:])
     if n_features == 0:
-        raise DatasetValidationError(
-            "empty-dataset", f"X has shape {features.shape}: no features per row"
-        )
+        raise DatasetValidationError("empty-dataset", f"X has shape {features.shape}: no features per row")
     if n_features > limits.max_features:
         raise DatasetValidationError(
             "too-many-columns",
-            f"X has {n_features} features per row (shape {features.shape[1:]}); the limit is "
-            f"{limits.max_features}",
+            f"X has {n_features} features per row (shape {features.shape[1:]}); the limit is {limits.max_features}",
         )
 
 
@@ -235,23 +220,13 @@ def _load(archive: zipfile.ZipFile, header: _NpyHeader, *, allowance: _Allowance
     try:
         with archive.open(header.info) as member:
             # read_array is what np.load runs on a .npy stream; only read() is needed from it.
-            loaded = np.lib.format.read_array(
-                _CountedMember(member, allowance=allowance), allow_pickle=False
-            )
+            loaded = np.lib.format.read_array(_CountedMember(member, allowance=allowance), allow_pickle=False)
     except DatasetValidationError:
         raise
     except _MEMBER_ERRORS as exc:
-        raise DatasetValidationError(
-            "invalid-npz", f"{name} could not be read: it is truncated or corrupt"
-        ) from exc
-    if (
-        not isinstance(loaded, np.ndarray)
-        or loaded.shape != header.shape
-        or loaded.dtype != header.dtype
-    ):
-        raise DatasetValidationError(
-            "invalid-npz", f"{name} does not hold the array its header declares"
-        )
+        raise DatasetValidationError("invalid-npz", f"{name} could not be read: it is truncated or corrupt") from exc
+    if not isinstance(loaded, np.ndarray) or loaded.shape != header.shape or loaded.dtype != header.dtype:
+        raise DatasetValidationError("invalid-npz", f"{name} does not hold the array its header declares")
     return loaded
 
 

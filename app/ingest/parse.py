@@ -20,8 +20,14 @@ SUPPORTED_FORMATS: tuple[str, ...] = supported_formats()
 
 
 def parse_dataset(
-    path: Path, *, fmt: str, label_column: str | None, task: str | None, limits: IngestLimits,
-    classes: tuple[str, ...] | None = None, preparation: Preparation | None = None,
+    path: Path,
+    *,
+    fmt: str,
+    label_column: str | None,
+    task: str | None,
+    limits: IngestLimits,
+    classes: tuple[str, ...] | None = None,
+    preparation: Preparation | None = None,
 ) -> ParsedDataset:
     """Read, validate and prepare an upload, or raise DatasetValidationError naming what is wrong
     and where.
@@ -39,7 +45,11 @@ def parse_dataset(
         )
     raw = reader(path, label_column=label_column, limits=limits, preparation=preparation)
     labels = resolve_labels(
-        raw.labels, task=requested, classes=classes, max_classes=limits.max_classes, rows=raw.rows,
+        raw.labels,
+        task=requested,
+        classes=classes,
+        max_classes=limits.max_classes,
+        rows=raw.rows,
         labels_are_indices=preparation is not None and preparation.labels_are_indices,
     )
     _scale(raw)

@@ -110,8 +110,10 @@ def parse_preparation(raw: str | None, *, limits: IngestLimits) -> Preparation |
     if raw is None:
         return None
     if len(raw) > MAX_PREPARATION_CHARS:
-        raise _refuse(f"the declaration has {len(raw)} characters; at most {MAX_PREPARATION_CHARS} are "
-                      'allowed (scale every feature at once with "*")')
+        raise _refuse(
+            f"the declaration has {len(raw)} characters; at most {MAX_PREPARATION_CHARS} are "
+            'allowed (scale every feature at once with "*")'
+        )
     try:
         document = json.loads(raw, parse_constant=_reject_constant)
     except DatasetValidationError:
@@ -134,7 +136,9 @@ def preparation_from_json(document: object, *, limits: IngestLimits) -> Preparat
         raise _refuse(f"unknown key {unknown[0]!r}; the keys are {', '.join(_SECTIONS)}")
     sections = {key: _SECTIONS[key](document[key], limits) for key in _SECTIONS if key in document}
     preparation = Preparation(
-        drop=sections.get("drop", ()), one_hot=sections.get("one_hot", {}), scale=sections.get("scale", {}),
+        drop=sections.get("drop", ()),
+        one_hot=sections.get("one_hot", {}),
+        scale=sections.get("scale", {}),
         labels_are_indices=sections.get("labels", False),
     )
     _check_each_column_once(preparation)
@@ -252,8 +256,7 @@ def _scaling(value: object, where: str) -> Scaling:
 
 def _parse_scale(value: object, limits: IngestLimits) -> dict[str, Scaling]:
     if not isinstance(value, dict):
-        raise _refuse('scale must map column names (or "*" for all) to a scaling, e.g. '
-                      '{"age": {"bounds": [0, 120]}}')
+        raise _refuse('scale must map column names (or "*" for all) to a scaling, e.g. {"age": {"bounds": [0, 120]}}')
     if len(value) > limits.max_features + 1:
         raise _refuse(f"scale names {len(value)} columns; at most {limits.max_features}")
     return {_column_name(name, "a scale key"): _scaling(spec, f"scale[{name!r}]") for name, spec in value.items()}
@@ -262,8 +265,10 @@ def _parse_scale(value: object, limits: IngestLimits) -> dict[str, Scaling]:
 def _parse_labels(value: object, limits: IngestLimits) -> bool:
     del limits  # no size to bound
     if value not in LABEL_MATCHING:
-        raise _refuse('labels must be "names" (the default: labels are matched to the declared class '
-                      'list by name) or "indices" (label i is the i-th declared name)')
+        raise _refuse(
+            'labels must be "names" (the default: labels are matched to the declared class '
+            'list by name) or "indices" (label i is the i-th declared name)'
+        )
     return value == "indices"
 
 
@@ -290,8 +295,10 @@ def check_preparation_for_format(preparation: Preparation | None, *, has_column_
     if preparation is None or has_column_names:
         return
     if preparation.named_columns:
-        raise _refuse('this format has no column names, so only scale["*"] applies; drop, one_hot '
-                      "and named scale entries need a CSV header")
+        raise _refuse(
+            'this format has no column names, so only scale["*"] applies; drop, one_hot '
+            "and named scale entries need a CSV header"
+        )
 
 
 def preparation_report(stored: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -71,7 +71,11 @@ class RawDataset:
 
 class Reader(Protocol):
     def __call__(
-        self, path: Path, *, label_column: str | None, limits: IngestLimits,
+        self,
+        path: Path,
+        *,
+        label_column: str | None,
+        limits: IngestLimits,
         preparation: Preparation | None,
     ) -> RawDataset: ...
 

@@ -22,8 +22,11 @@ def add_job_event(session: Session, job_id: str, kind: JobEventKind, payload: di
     on PostgreSQL or SQLite, and numbers are never reused.
     """
     seq = session.execute(
-        update(Job).where(Job.id == job_id).values(event_count=Job.event_count + 1)
-        .returning(Job.event_count).execution_options(synchronize_session=False)
+        update(Job)
+        .where(Job.id == job_id)
+        .values(event_count=Job.event_count + 1)
+        .returning(Job.event_count)
+        .execution_options(synchronize_session=False)
     ).scalar_one()
     event = JobEvent(job_id=job_id, seq=seq, kind=kind, payload=payload)
     session.add(event)

@@ -135,16 +135,17 @@ class JobNotCancellable(Conflict):
 def _check_active_job_limit(tx: Session, tenant_id: str, limit: int) -> None:
     """Serialised per tenant (its row is locked), so concurrent submissions cannot overshoot."""
     tx.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
-    active = tx.scalar(
-        select(func.count()).select_from(Job)
-        .where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE_STATUSES))
-    ) or 0
+    active = (
+        tx.scalar(
+            select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE_STATUSES))
+        )
+        or 0
+    )
     if active >= limit:
         raise ActiveJobLimitReached(active=active, limit=limit)
 
 
-def _new_job(plan: JobPlan, *, tenant_id: str, dataset_id: str, idempotency_key: str | None,
-             request_hash: str) -> Job:
+def _new_job(plan: JobPlan, *, tenant_id: str, dataset_id: str, idempotency_key: str | None, request_hash: str) -> Job:
     return Job(
         tenant_id=tenant_id,
         dataset_id=dataset_id,
@@ -188,16 +189,21 @@ def admit(
         budget = ledger.lock_budget(tx, dataset_id)
         recheck_access(tx)
         _check_active_job_limit(tx, tenant_id, max_active_jobs)
-        job = _new_job(plan, tenant_id=tenant_id, dataset_id=dataset_id,
-                       idempotency_key=idempotency_key, request_hash=request_hash)
+        job = _new_job(
+            plan, tenant_id=tenant_id, dataset_id=dataset_id, idempotency_key=idempotency_key, request_hash=request_hash
+        )
         tx.add(job)
         tx.flush()
         try:
             admission = ledger.reserve(tx, budget, job=job, actor=actor)
         except ledger.InsufficientBudget as exc:
             raise BudgetExhausted(job=job, budget=budget, remaining_epsilon=exc.remaining_epsilon) from None
-        add_job_event(tx, job.id, JobEventKind.QUEUED,
-                      {"steps_planned": job.steps_planned, "witness_order": admission.witness_order})
+        add_job_event(
+            tx,
+            job.id,
+            JobEventKind.QUEUED,
+            {"steps_planned": job.steps_planned, "witness_order": admission.witness_order},
+        )
     return job
 
 
@@ -222,9 +228,7 @@ class Attempt:
 def _settle_failed(tx: Session, budget: PrivacyBudget, job: Job, *, error_code: str, actor: str) -> LedgerEntry:
     """After TOUCH the data was opened: commit the full reservation. Before it: release it."""
     if job.touched_at is not None:
-        entry = ledger.commit(
-            tx, budget, job=job, actual_event=job.event, actor=actor, reason=f"failed: {error_code}"
-        )
+        entry = ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason=f"failed: {error_code}")
     else:
         entry = ledger.release(tx, budget, job=job, actor=actor, reason=f"failed: {error_code}")
     job.status = JobStatus.FAILED
@@ -275,8 +279,12 @@ def record_progress(db: Database, *, attempt: Attempt, step: int, steps_planned:
         )
         if mine != 1:
             return True
-        add_job_event(tx, attempt.job_id, JobEventKind.PROGRESS,
-                      {"step": step, "steps_planned": steps_planned, "epsilon_spent": epsilon_spent})
+        add_job_event(
+            tx,
+            attempt.job_id,
+            JobEventKind.PROGRESS,
+            {"step": step, "steps_planned": steps_planned, "epsilon_spent": epsilon_spent},
+        )
         current = tx.get(Job, attempt.job_id, populate_existing=True)
         return bool(current is not None and current.cancel_requested)
 
@@ -333,20 +341,23 @@ def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, wri
         job.steps_run = success.steps_run
         entry = ledger.commit(tx, budget, job=job, actual_event=success.actual_event, actor=actor, reason="succeeded")
         tx.flush()
-        report_key = write_report(CommitRecord(
-            job=job,
-            commit_entry=entry,
-            budget_before=budget_without_job(budget, committed_before=committed_before, commit_entry=entry),
-            budget_after=ledger.budget_summary(budget),
-            adjustments=ledger.adjustments(tx, attempt.dataset_id),
-        ))
+        report_key = write_report(
+            CommitRecord(
+                job=job,
+                commit_entry=entry,
+                budget_before=budget_without_job(budget, committed_before=committed_before, commit_entry=entry),
+                budget_after=ledger.budget_summary(budget),
+                adjustments=ledger.adjustments(tx, attempt.dataset_id),
+            )
+        )
         job.status = JobStatus.SUCCEEDED
         job.epsilon_prv = success.epsilon_prv
         job.metrics = success.metrics
         job.model_blob, job.model_sha256, job.report_blob = success.model_blob, success.model_sha256, report_key
         job.finished_at = utcnow()
-        add_job_event(tx, job.id, JobEventKind.SUCCEEDED,
-                      {"steps_run": success.steps_run, "epsilon_spent": job.epsilon_committed})
+        add_job_event(
+            tx, job.id, JobEventKind.SUCCEEDED, {"steps_run": success.steps_run, "epsilon_spent": job.epsilon_committed}
+        )
     return True
 
 
@@ -408,8 +419,9 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
         elif cancelled_queued == 1:
             # Requeued after a lost worker: the data was opened and the lost attempt's steps are
             # not known exactly, so the whole reservation is committed, as for a crash.
-            ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor,
-                          reason="cancelled after a lost attempt")
+            ledger.commit(
+                tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled after a lost attempt"
+            )
             add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run})
         elif job.status == JobStatus.RUNNING:
             job.cancel_requested = True
@@ -421,8 +433,15 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
 
 # ---------------------------------------------------------------------------------- reconciler
 
+
 def requeue_or_fail(
-    db: Database, *, job_id: str, dataset_id: str, attempt: int, stale_before: dt.datetime, max_attempts: int,
+    db: Database,
+    *,
+    job_id: str,
+    dataset_id: str,
+    attempt: int,
+    stale_before: dt.datetime,
+    max_attempts: int,
 ) -> JobStatus | None:
     """A running job whose worker stopped beating: back to the queue inside its reservation while
     attempts remain, else failed (``worker-lost``, whole reservation committed). Returns the status

@@ -21,9 +21,7 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-TERMINAL_STATUSES: Final[frozenset[JobStatus]] = frozenset(
-    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
-)
+TERMINAL_STATUSES: Final[frozenset[JobStatus]] = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 """A job in one of these has settled its reservation and never changes again."""
 ACTIVE_STATUSES: Final[frozenset[JobStatus]] = frozenset(JobStatus) - TERMINAL_STATUSES
 """Queued or running: what counts against a tenant's active-job limit."""

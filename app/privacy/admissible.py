@@ -37,9 +37,7 @@ class FilterState:
         """The ledger's own admission test (some order has room for ``cost``); a cost that could
         not be computed (None: its RDP overflows) is never admitted."""
         return cost is not None and (
-            admission_order(
-                committed=self.committed, reserved=self.reserved, cost=cost, capacity=self.capacity
-            )
+            admission_order(committed=self.committed, reserved=self.reserved, cost=cost, capacity=self.capacity)
             is not None
         )
 

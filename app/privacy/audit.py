@@ -38,14 +38,10 @@ def _check_counts(*, canaries: int, guesses: int, correct: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"{name} must be an integer, got {value!r}")
     if not 0 <= correct <= guesses <= canaries:
-        raise ValueError(
-            f"need 0 <= correct <= guesses <= canaries, got {correct}, {guesses}, {canaries}"
-        )
+        raise ValueError(f"need 0 <= correct <= guesses <= canaries, got {correct}, {guesses}, {canaries}")
 
 
-def one_run_p_value(
-    *, canaries: int, guesses: int, correct: int, epsilon: float, delta: float
-) -> float:
+def one_run_p_value(*, canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
     """P[≥ `correct` right out of `guesses`] if the mechanism were (ε, δ)-DP (an upper bound)."""
     _check_counts(canaries=canaries, guesses=guesses, correct=correct)
     if not (epsilon >= 0 and math.isfinite(epsilon)):
@@ -76,9 +72,9 @@ def one_run_epsilon_lower_bound(
     level = 1.0 - confidence
 
     def rejected(epsilon: float) -> bool:
-        return one_run_p_value(
-            canaries=canaries, guesses=guesses, correct=correct, epsilon=epsilon, delta=delta
-        ) < level
+        return (
+            one_run_p_value(canaries=canaries, guesses=guesses, correct=correct, epsilon=epsilon, delta=delta) < level
+        )
 
     if not rejected(0.0):
         return 0.0

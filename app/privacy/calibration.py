@@ -59,14 +59,16 @@ def calibrate_noise_multiplier(
     while not admitted(hi):
         if hi >= MAX_NOISE_MULTIPLIER:
             raise CalibrationError(
-                f"target epsilon {target_epsilon} at delta {delta} cannot be met with a noise multiplier <= {MAX_NOISE_MULTIPLIER:g}"
+                f"target epsilon {target_epsilon} at delta {delta} cannot be met "
+                f"with a noise multiplier <= {MAX_NOISE_MULTIPLIER:g}"
             )
         hi = min(hi * _BRACKET_STEP, MAX_NOISE_MULTIPLIER)
     lo = min(max(float(lower), MIN_NOISE_MULTIPLIER), hi)
     while lo >= hi or admitted(lo):
         if lo <= MIN_NOISE_MULTIPLIER:
             raise CalibrationError(
-                f"target epsilon {target_epsilon} is so loose that noise multiplier {MIN_NOISE_MULTIPLIER:g} already meets it"
+                f"target epsilon {target_epsilon} is so loose that "
+                f"noise multiplier {MIN_NOISE_MULTIPLIER:g} already meets it"
             )
         hi = min(hi, lo)
         lo = max(lo / _BRACKET_STEP, MIN_NOISE_MULTIPLIER)

@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import ClassVar, TypeVar, Union
+from typing import ClassVar, TypeVar
 
 from app.privacy.errors import PrivacyEventError
 
@@ -177,15 +177,15 @@ LeafEvent = (
 )
 """Every event kind but ComposedEvent: each has a ``count`` of uses."""
 
-PrivacyEvent = Union[
-    PoissonSampledGaussianEvent,
-    GaussianEvent,
-    LaplaceEvent,
-    ZCDPEvent,
-    PureDPEvent,
-    ExponentialMechanismEvent,
-    ComposedEvent,
-]
+PrivacyEvent = (
+    PoissonSampledGaussianEvent
+    | GaussianEvent
+    | LaplaceEvent
+    | ZCDPEvent
+    | PureDPEvent
+    | ExponentialMechanismEvent
+    | ComposedEvent
+)
 
 EVENT_TYPES: tuple[type, ...] = (
     PoissonSampledGaussianEvent,

@@ -47,7 +47,9 @@ _Factory = Callable[[PrivacyEvent], PrivacyRandomVariable]
 _FACTORIES: dict[type, _Factory] = {}  # filled once at import by @_prv_for
 
 
-def _prv_for(event_type: type[_L]) -> Callable[[Callable[[_L], PrivacyRandomVariable]], Callable[[_L], PrivacyRandomVariable]]:
+def _prv_for(
+    event_type: type[_L],
+) -> Callable[[Callable[[_L], PrivacyRandomVariable]], Callable[[_L], PrivacyRandomVariable]]:
     """Register the PRV (one use, without count) of a leaf kind."""
 
     def register(factory: Callable[[_L], PrivacyRandomVariable]) -> Callable[[_L], PrivacyRandomVariable]:

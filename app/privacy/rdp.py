@@ -189,8 +189,7 @@ def _laplace_log_moment(epsilon: float, order: float) -> float:
     x = a * epsilon
     if x >= 0.5:
         return float(
-            np.logaddexp(math.log(a / (2.0 * a - 1.0)) + (a - 1.0) * epsilon,
-                         math.log((a - 1.0) / (2.0 * a - 1.0)) - x)
+            np.logaddexp(math.log(a / (2.0 * a - 1.0)) + (a - 1.0) * epsilon, math.log((a - 1.0) / (2.0 * a - 1.0)) - x)
         )
     y = (a - 1.0) * epsilon
     terms = []

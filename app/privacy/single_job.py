@@ -61,8 +61,8 @@ from app.privacy.events import (
     ExponentialMechanismEvent,
     GaussianEvent,
     LaplaceEvent,
-    PoissonSampledGaussianEvent,
     LeafEvent,
+    PoissonSampledGaussianEvent,
     PrivacyEvent,
     PureDPEvent,
     ZCDPEvent,
@@ -116,7 +116,11 @@ class SingleJobEpsilon:
 
 @lru_cache(maxsize=512)
 def single_job_epsilon(
-    event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: bool, numeric: bool,
+    event: PrivacyEvent,
+    delta: float,
+    *,
+    zcdp_is_gaussian: bool,
+    numeric: bool,
 ) -> SingleJobEpsilon:
     """The minimum over the valid methods that succeeded; the ledger's RDP number at worst.
 
@@ -135,35 +139,55 @@ def single_job_epsilon(
 
 
 def _closed_forms(
-    event: PrivacyEvent, leaves: tuple[LeafEvent, ...], delta: float, *, zcdp_is_gaussian: bool,
+    event: PrivacyEvent,
+    leaves: tuple[LeafEvent, ...],
+    delta: float,
+    *,
+    zcdp_is_gaussian: bool,
 ) -> tuple[list[SingleJobEpsilon], bool]:
     """The closed-form candidates, and whether an exact profile (gaussian-dp, pure-dp-optimal)
     was among them: then no numeric accountant can do better."""
     candidates: list[SingleJobEpsilon] = []
     exact = False
     if leaves and _all_gaussian(leaves, zcdp_is_gaussian=zcdp_is_gaussian):
-        exact = _attempt(candidates, "gaussian-dp", _GAUSSIAN_DP_LABEL,
-                         lambda: gaussian_dp_epsilon(mu=_gdp_mu(leaves), delta=delta))
-    elif leaves and (eps0 := _common_pure_epsilon(leaves)) is not None and (
-            count := _pure_count(leaves)) <= PURE_DP_MAX_COUNT:
-        exact = _attempt(candidates, "pure-dp-optimal", _PURE_DP_LABEL,
-                         lambda: pure_dp_composition_epsilon(epsilon0=eps0, count=count, delta=delta))
-    _attempt(candidates, "rdp-single-job", _rdp_single_job_label(leaves),
-             lambda: rdp_single_job_epsilon(event, delta))
+        exact = _attempt(
+            candidates, "gaussian-dp", _GAUSSIAN_DP_LABEL, lambda: gaussian_dp_epsilon(mu=_gdp_mu(leaves), delta=delta)
+        )
+    elif (
+        leaves
+        and (eps0 := _common_pure_epsilon(leaves)) is not None
+        and (count := _pure_count(leaves)) <= PURE_DP_MAX_COUNT
+    ):
+        exact = _attempt(
+            candidates,
+            "pure-dp-optimal",
+            _PURE_DP_LABEL,
+            lambda: pure_dp_composition_epsilon(epsilon0=eps0, count=count, delta=delta),
+        )
+    _attempt(candidates, "rdp-single-job", _rdp_single_job_label(leaves), lambda: rdp_single_job_epsilon(event, delta))
     candidates.append(SingleJobEpsilon(ledger_epsilon(rdp_curve(event), delta), "rdp", _RDP_LABEL))
     return candidates, exact
 
 
 def _numeric_applies(
-    leaves: tuple[LeafEvent, ...], candidates: list[SingleJobEpsilon], delta: float, *, exact: bool,
+    leaves: tuple[LeafEvent, ...],
+    candidates: list[SingleJobEpsilon],
+    delta: float,
+    *,
+    exact: bool,
     zcdp_is_gaussian: bool,
 ) -> bool:
     """prv/PLD can only improve on the closed forms for inexact, non-empty events whose cheap
     bound is small enough for their grids (NUMERIC_MAX_EPSILON) and whose leaves they model, at a
     delta inside the validated range (a stored sub-DELTA_MIN delta gets the closed forms only)."""
     cheap_bound = min(c.epsilon for c in candidates)
-    return (not exact and bool(leaves) and cheap_bound <= NUMERIC_MAX_EPSILON and delta >= DELTA_MIN
-            and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian))
+    return (
+        not exact
+        and bool(leaves)
+        and cheap_bound <= NUMERIC_MAX_EPSILON
+        and delta >= DELTA_MIN
+        and _numeric_ok(leaves, zcdp_is_gaussian=zcdp_is_gaussian)
+    )
 
 
 def _pure_count(leaves: tuple[LeafEvent, ...]) -> int:
@@ -174,7 +198,11 @@ def _pure_count(leaves: tuple[LeafEvent, ...]) -> int:
 
 
 def capped_single_job_epsilon(
-    event: PrivacyEvent, delta: float, *, zcdp_is_gaussian: bool, timeout_s: float | None = None,
+    event: PrivacyEvent,
+    delta: float,
+    *,
+    zcdp_is_gaussian: bool,
+    timeout_s: float | None = None,
 ) -> SingleJobEpsilon:
     """The numeric single-job ε, run in a child process under a wall-clock and memory cap.
 
@@ -255,9 +283,7 @@ _GAUSSIAN_DP_LABEL: Final[str] = (
     "exact single-job bound: the job is μ-Gaussian-DP (exact privacy profile); not used by the ledger"
 )
 _PRV_LABEL: Final[str] = "tight single-job upper bound (prv-accountant); not used by the ledger"
-_PLD_LABEL: Final[str] = (
-    "tight single-job upper bound (dp-accounting pessimistic PLD); not used by the ledger"
-)
+_PLD_LABEL: Final[str] = "tight single-job upper bound (dp-accounting pessimistic PLD); not used by the ledger"
 
 
 def _rdp_single_job_label(leaves: tuple[LeafEvent, ...]) -> str:
@@ -267,7 +293,10 @@ def _rdp_single_job_label(leaves: tuple[LeafEvent, ...]) -> str:
 
 
 def _attempt(
-    candidates: list[SingleJobEpsilon], method: str, detail: str, compute: Callable[[], float | None],
+    candidates: list[SingleJobEpsilon],
+    method: str,
+    detail: str,
+    compute: Callable[[], float | None],
 ) -> bool:
     """Run one method; any exception, None, NaN, inf or negative value means it is skipped."""
     try:
@@ -408,19 +437,19 @@ def pure_dp_composition_log_delta(*, epsilon0: float, count: int, epsilon: float
 
         δ(ε) = Σ_{l=0}^{k} C(k, l) [ (1−p)^{k−l} p^l − e^ε p^{k−l} (1−p)^l ]_+ ,  p = 1/(1 + e^{ε0}),
 
-    (l = number of coordinates on P's less likely side; the bracket is positive iff
-    ε0·(k − 2l) > ε), summed in log space so k up to 10^5 neither over- nor underflows."""
+    (l, ``unlikely`` below, = number of coordinates on P's less likely side; the bracket is
+    positive iff ε0·(k − 2l) > ε), summed in log space so k up to 10^5 neither over- nor underflows."""
     k = int(count)
-    l = np.arange(k + 1, dtype=np.float64)
-    loss = epsilon0 * (k - 2.0 * l)
+    unlikely = np.arange(k + 1, dtype=np.float64)
+    loss = epsilon0 * (k - 2.0 * unlikely)
     keep = loss > epsilon
     if not keep.any():
         return -math.inf
-    l, loss = l[keep], loss[keep]
+    unlikely, loss = unlikely[keep], loss[keep]
     log_p = -np.logaddexp(0.0, epsilon0)  # log 1/(1+e^ε0)
     log_1mp = -np.logaddexp(0.0, -epsilon0)  # log e^ε0/(1+e^ε0)
-    log_binom = gammaln(k + 1.0) - gammaln(l + 1.0) - gammaln(k - l + 1.0)
-    log_p_mass = log_binom + (k - l) * log_1mp + l * log_p
+    log_binom = gammaln(k + 1.0) - gammaln(unlikely + 1.0) - gammaln(k - unlikely + 1.0)
+    log_p_mass = log_binom + (k - unlikely) * log_1mp + unlikely * log_p
     terms = log_p_mass + np.log1p(-np.exp(epsilon - loss))  # Q mass / P mass = e^{−loss}
     return float(np.logaddexp.reduce(terms))
 
@@ -432,7 +461,8 @@ def pure_dp_composition_epsilon(*, epsilon0: float, count: int, delta: float) ->
         return 0.0
     return _smallest_epsilon(
         lambda eps: pure_dp_composition_log_delta(epsilon0=epsilon0, count=count, epsilon=eps),
-        delta=delta, upper=epsilon0 * count,
+        delta=delta,
+        upper=epsilon0 * count,
     )
 
 
@@ -442,7 +472,8 @@ def pure_dp_composition_epsilon(*, epsilon0: float, count: int, delta: float) ->
 def pld_epsilon(event: PrivacyEvent, delta: float) -> float:
     """dp-accounting's pessimistic PLD ε of an event of Gaussian, subsampled-Gaussian, Laplace
     and pure-DP leaves (add/remove neighbours: both directions of every PLD are kept)."""
-    from dp_accounting.pld import common, privacy_loss_distribution as pld_module
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld_module
 
     delta = validate_delta(delta)
     if delta < DELTA_MIN:
@@ -455,21 +486,27 @@ def pld_epsilon(event: PrivacyEvent, delta: float) -> float:
     for leaf in leaves:
         if isinstance(leaf, GaussianEvent):
             one = pld_module.from_gaussian_mechanism(
-                leaf.noise_multiplier / math.sqrt(leaf.count), pessimistic_estimate=True,
+                leaf.noise_multiplier / math.sqrt(leaf.count),
+                pessimistic_estimate=True,
                 value_discretization_interval=interval,
             )
         elif isinstance(leaf, PoissonSampledGaussianEvent):
             one = pld_module.from_gaussian_mechanism(
-                leaf.noise_multiplier, sampling_prob=leaf.sampling_probability,
-                pessimistic_estimate=True, value_discretization_interval=interval,
+                leaf.noise_multiplier,
+                sampling_prob=leaf.sampling_probability,
+                pessimistic_estimate=True,
+                value_discretization_interval=interval,
             ).self_compose(leaf.count)
         elif isinstance(leaf, LaplaceEvent):
             one = pld_module.from_laplace_mechanism(
-                leaf.noise_multiplier, pessimistic_estimate=True, value_discretization_interval=interval,
+                leaf.noise_multiplier,
+                pessimistic_estimate=True,
+                value_discretization_interval=interval,
             ).self_compose(leaf.count)
         elif isinstance(leaf, PureDPEvent):
             one = pld_module.from_privacy_parameters(
-                common.DifferentialPrivacyParameters(leaf.epsilon, 0.0), value_discretization_interval=interval,
+                common.DifferentialPrivacyParameters(leaf.epsilon, 0.0),
+                value_discretization_interval=interval,
             ).self_compose(leaf.count)
         else:
             raise TypeError(f"no PLD for {type(leaf).__name__}")
@@ -510,9 +547,7 @@ def rdp_single_job_epsilon(event: PrivacyEvent, delta: float) -> float:
     if not leaves:
         return 0.0  # no mechanism ran
     best = epsilon_from_rdp(rdp_curve(event), delta)[0]
-    closed_form = all(
-        isinstance(leaf, _CLOSED_FORM) or _is_gaussian(leaf, zcdp_is_gaussian=False) for leaf in leaves
-    )
+    closed_form = all(isinstance(leaf, _CLOSED_FORM) or _is_gaussian(leaf, zcdp_is_gaussian=False) for leaf in leaves)
     if closed_form:
         order = _best_real_order(leaves, delta)
         best = min(best, _converted(leaves, order=order, delta=delta))
@@ -549,10 +584,12 @@ def _converted(leaves: tuple[LeafEvent, ...], *, order: float, delta: float) -> 
 
 def _best_real_order(leaves: tuple[LeafEvent, ...], delta: float) -> float:
     """A near-optimal α: a log-spaced scan of α − 1 over [1e-4, 1e7], refined by bounded Brent."""
+
     def objective(log_excess: float) -> float:
         order = 1.0 + math.exp(log_excess)
-        return math.fsum((*_rdp_terms(leaves, order), math.log1p(-1.0 / order),
-                          -(math.log(delta) + math.log(order)) / (order - 1.0)))
+        return math.fsum(
+            (*_rdp_terms(leaves, order), math.log1p(-1.0 / order), -(math.log(delta) + math.log(order)) / (order - 1.0))
+        )
 
     grid = np.linspace(math.log(1e-4), math.log(_MAX_ORDER), 400)
     values = [objective(x) for x in grid]

@@ -50,8 +50,15 @@ def budget_without_job(
 
 
 def job_charge(
-    *, committed_epsilon: float, reserved_epsilon: float, curve: Sequence[float], orders: Sequence[float],
-    orders_version: str, steps_run: int, steps_planned: int, commit_entry: LedgerEntry,
+    *,
+    committed_epsilon: float,
+    reserved_epsilon: float,
+    curve: Sequence[float],
+    orders: Sequence[float],
+    orders_version: str,
+    steps_run: int,
+    steps_planned: int,
+    commit_entry: LedgerEntry,
 ) -> dict[str, Any]:
     """What the job spent: its COMMIT's ε and curve, beside what it had reserved."""
     return {

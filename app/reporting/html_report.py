@@ -48,27 +48,30 @@ def render_report_html(
     ledger_section = report["ledger"]
     steps_svg = None
     if steps is not None:
-        steps_svg = Markup(plots.epsilon_vs_steps_svg(
-            steps=steps.steps, epsilon=steps.epsilon, final_steps=int(mechanism["steps_run"]),
-            final_ledger=float(epsilon["ledger"]), final_prv=epsilon.get("prv_upper_bound"),
-            delta=float(epsilon["delta"]),
-        ))
-    rdp_svg = Markup(plots.rdp_curve_svg(
-        orders=report["rdp_curve"]["orders"], values=report["rdp_curve"]["values"]
-    ))
+        steps_svg = Markup(
+            plots.epsilon_vs_steps_svg(
+                steps=steps.steps,
+                epsilon=steps.epsilon,
+                final_steps=int(mechanism["steps_run"]),
+                final_ledger=float(epsilon["ledger"]),
+                final_prv=epsilon.get("prv_upper_bound"),
+                delta=float(epsilon["delta"]),
+            )
+        )
+    rdp_svg = Markup(plots.rdp_curve_svg(orders=report["rdp_curve"]["orders"], values=report["rdp_curve"]["values"]))
     commit_index = _commit_index(history, int(ledger_section["commit_entry_seq"]))
     ledger_svg = None
     if history and full_ledger:
-        ledger_svg = Markup(plots.ledger_timeline_svg(
-            times=[p.created_at for p in history],
-            committed=[p.committed_epsilon for p in history],
-            total=[p.total_epsilon for p in history],
-            budget=[p.budget_epsilon for p in history],
-            marker_index=commit_index,
-        ))
-    commit_verified = (
-        commit_index is not None and history[commit_index].hash == ledger_section["commit_entry_hash"]
-    )
+        ledger_svg = Markup(
+            plots.ledger_timeline_svg(
+                times=[p.created_at for p in history],
+                committed=[p.committed_epsilon for p in history],
+                total=[p.total_epsilon for p in history],
+                budget=[p.budget_epsilon for p in history],
+                marker_index=commit_index,
+            )
+        )
+    commit_verified = commit_index is not None and history[commit_index].hash == ledger_section["commit_entry_hash"]
     step_table = []
     if steps is not None:
         marks = set(_table_indices(len(steps.steps)))
@@ -82,12 +85,10 @@ def render_report_html(
         rdp_svg=rdp_svg,
         rdp_rows=list(zip(report["rdp_curve"]["orders"], report["rdp_curve"]["values"], strict=True)),
         ledger_svg=ledger_svg,
-        history=history if full_ledger else [
-            p for p in history if p.job_id is None or p.job_id == report["job_id"]
-        ],
-        hidden_entries=0 if full_ledger else sum(
-            1 for p in history if p.job_id is not None and p.job_id != report["job_id"]
-        ),
+        history=history if full_ledger else [p for p in history if p.job_id is None or p.job_id == report["job_id"]],
+        hidden_entries=0
+        if full_ledger
+        else sum(1 for p in history if p.job_id is not None and p.job_id != report["job_id"]),
         commit_verified=commit_verified,
         dashboard_links=dashboard_links,
     )

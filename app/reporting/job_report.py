@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from app.ledger_explanations import jobs_of
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.reporting.html_report import render_report_html
-from app.reporting.redaction import report_for_viewer
 from app.reporting.ledger_history import ledger_history, opening_budget
+from app.reporting.redaction import report_for_viewer
 from app.reporting.step_series import SeriesUnavailable, StepSeries, epsilon_by_steps
 
 _CACHE: OrderedDict[tuple[str, str, str, bool, bool], str] = OrderedDict()
@@ -31,7 +31,11 @@ _CACHE_LOCK = threading.Lock()
 
 
 def report_html_for_job(
-    session: Session, job: Job, report: dict[str, Any], *, viewer_tenant_id: str,
+    session: Session,
+    job: Job,
+    report: dict[str, Any],
+    *,
+    viewer_tenant_id: str,
     dashboard_links: bool = False,
 ) -> str:
     """The HTML page of a succeeded job's report (the caller checked access and status); the
@@ -48,14 +52,17 @@ def report_html_for_job(
             _CACHE.move_to_end(key)
             return _CACHE[key]
     snapshot = int(report["ledger"]["after"]["entries"])
-    entries = list(session.scalars(
-        select(LedgerEntry)
-        .where(LedgerEntry.dataset_id == dataset.id, LedgerEntry.seq <= snapshot)
-        .order_by(LedgerEntry.seq)
-    ))
+    entries = list(
+        session.scalars(
+            select(LedgerEntry)
+            .where(LedgerEntry.dataset_id == dataset.id, LedgerEntry.seq <= snapshot)
+            .order_by(LedgerEntry.seq)
+        )
+    )
     opening_epsilon, opening_delta = opening_budget(session, budget)
-    history = ledger_history(entries, opening_epsilon=opening_epsilon, opening_delta=opening_delta,
-                             jobs=jobs_of(session, entries))
+    history = ledger_history(
+        entries, opening_epsilon=opening_epsilon, opening_delta=opening_delta, jobs=jobs_of(session, entries)
+    )
     steps: StepSeries | None = None
     unavailable: str | None = None
     try:
@@ -63,8 +70,12 @@ def report_html_for_job(
     except SeriesUnavailable as exc:
         unavailable = str(exc)
     html = render_report_html(
-        report, history=history, steps=steps, steps_unavailable=unavailable,
-        dashboard_links=dashboard_links, full_ledger=full_ledger,
+        report,
+        history=history,
+        steps=steps,
+        steps_unavailable=unavailable,
+        dashboard_links=dashboard_links,
+        full_ledger=full_ledger,
     )
     with _CACHE_LOCK:
         _CACHE[key] = html

@@ -54,7 +54,10 @@ def opening_budget(session: Session, budget: PrivacyBudget) -> tuple[float, floa
 
 
 def ledger_history(
-    entries: Iterable[LedgerEntry], *, opening_epsilon: float, opening_delta: float,
+    entries: Iterable[LedgerEntry],
+    *,
+    opening_epsilon: float,
+    opening_delta: float,
     jobs: Mapping[str, Job] | None = None,
 ) -> list[LedgerPoint]:
     """One point per entry, in seq order; ε of curves at the δ_G in force at that entry.
@@ -95,7 +98,10 @@ def ledger_history(
                 budget_epsilon=budget_epsilon,
                 budget_delta=budget_delta,
                 explanation=explain_entry(
-                    kind=entry.kind, job_id=entry.job_id, curve=entry.curve, details=entry.details or {},
+                    kind=entry.kind,
+                    job_id=entry.job_id,
+                    curve=entry.curve,
+                    details=entry.details or {},
                     job=jobs.get(entry.job_id) if entry.job_id else None,
                     dataset_delta=budget_delta,
                 ),

@@ -52,7 +52,7 @@ def _to_inline_svg(figure: Figure, *, prefix: str) -> str:
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", metadata=_SVG_METADATA)
     svg = buffer.getvalue()
-    svg = svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg") :]
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.DOTALL)
     ids = set(re.findall(r'\bid="([^"]+)"', svg))
     for element_id in sorted(ids, key=len, reverse=True):
@@ -73,8 +73,14 @@ def _render(draw: Callable[[Figure], None], *, prefix: str, width: float = 6.4, 
 
 
 def epsilon_vs_steps_svg(
-    *, steps: Sequence[int], epsilon: Sequence[float], final_steps: int, final_ledger: float,
-    final_prv: float | None, delta: float, prefix: str = "eps-steps",
+    *,
+    steps: Sequence[int],
+    epsilon: Sequence[float],
+    final_steps: int,
+    final_ledger: float,
+    final_prv: float | None,
+    delta: float,
+    prefix: str = "eps-steps",
 ) -> str:
     """ε (ledger conversion) of the first k training steps, with the job's final numbers marked."""
 
@@ -83,8 +89,9 @@ def epsilon_vs_steps_svg(
         axes.plot(steps, epsilon, color=_COLOURS["line"], label="ledger ε, first k steps")
         axes.plot([final_steps], [final_ledger], "o", color=_COLOURS["mark"], label="committed ε (ledger)")
         if final_prv is not None:
-            axes.plot([final_steps], [final_prv], "s", color=_COLOURS["committed"], mfc="white",
-                      label="PRV bound (this job)")
+            axes.plot(
+                [final_steps], [final_prv], "s", color=_COLOURS["committed"], mfc="white", label="PRV bound (this job)"
+            )
         axes.set_xlabel("training steps k")
         axes.set_ylabel(f"ε at δ = {format_guarantee(delta, digits=3)}")  # δ of a guarantee: rounded up
         axes.set_xlim(left=0)
@@ -112,8 +119,13 @@ def rdp_curve_svg(*, orders: Sequence[float], values: Sequence[float], prefix: s
 
 
 def ledger_timeline_svg(
-    *, times: Sequence[dt.datetime], committed: Sequence[float], total: Sequence[float],
-    budget: Sequence[float], marker_index: int | None = None, prefix: str = "ledger",
+    *,
+    times: Sequence[dt.datetime],
+    committed: Sequence[float],
+    total: Sequence[float],
+    budget: Sequence[float],
+    marker_index: int | None = None,
+    prefix: str = "ledger",
 ) -> str:
     """Cumulative ε of committed and of committed + reserved entries over time, and the budget."""
 
@@ -122,22 +134,46 @@ def ledger_timeline_svg(
 
         axes = figure.add_subplot()
         # matplotlib's stubs type x as ArrayLike; its date units accept datetimes at runtime.
-        axes.step(times, budget, where="post",  # type: ignore[arg-type]
-                  color=_COLOURS["budget"], linestyle="--", label="budget ε_G")
-        axes.step(times, total, where="post",  # type: ignore[arg-type]
-                  color=_COLOURS["total"], label="committed + reserved")
-        axes.step(times, committed, where="post",  # type: ignore[arg-type]
-                  color=_COLOURS["committed"], label="committed")
+        axes.step(
+            times,  # type: ignore[arg-type]
+            budget,
+            where="post",
+            color=_COLOURS["budget"],
+            linestyle="--",
+            label="budget ε_G",
+        )
+        axes.step(
+            times,  # type: ignore[arg-type]
+            total,
+            where="post",
+            color=_COLOURS["total"],
+            label="committed + reserved",
+        )
+        axes.step(
+            times,  # type: ignore[arg-type]
+            committed,
+            where="post",
+            color=_COLOURS["committed"],
+            label="committed",
+        )
         if marker_index is not None and 0 <= marker_index < len(times):
-            axes.plot([times[marker_index]], [committed[marker_index]], "o",  # type: ignore[arg-type]
-                      color=_COLOURS["mark"], label="this job's COMMIT")
+            axes.plot(
+                [times[marker_index]],  # type: ignore[arg-type]
+                [committed[marker_index]],
+                "o",
+                color=_COLOURS["mark"],
+                label="this job's COMMIT",
+            )
         axes.xaxis.set_major_locator(AutoDateLocator(maxticks=6))  # type: ignore[no-untyped-call]  # untyped module
         # Whole readable times, never bare seconds with an offset: a day or less shows clock
         # times, a longer span month-day and time.
         span = (max(times) - min(times)) if times else dt.timedelta(0)
-        axes.xaxis.set_major_formatter(DateFormatter(  # type: ignore[no-untyped-call]  # untyped module
-            "%H:%M:%S" if span <= dt.timedelta(days=1) else "%m-%d %H:%M", tz=dt.UTC,
-        ))
+        axes.xaxis.set_major_formatter(
+            DateFormatter(  # type: ignore[no-untyped-call]  # untyped module
+                "%H:%M:%S" if span <= dt.timedelta(days=1) else "%m-%d %H:%M",
+                tz=dt.UTC,
+            )
+        )
         axes.set_xlabel("time (UTC)")
         axes.set_ylabel("ε at the budget's δ")
         axes.set_ylim(bottom=0)

@@ -13,11 +13,14 @@ from app.reporting.job_report import report_html_for_job
 
 
 def html_report_response(
-    session: Session, job: Job, report: dict[str, Any], *, viewer_tenant_id: str,
+    session: Session,
+    job: Job,
+    report: dict[str, Any],
+    *,
+    viewer_tenant_id: str,
     dashboard_links: bool = False,
 ) -> HTMLResponse:
-    html = report_html_for_job(session, job, report, viewer_tenant_id=viewer_tenant_id,
-                               dashboard_links=dashboard_links)
+    html = report_html_for_job(session, job, report, viewer_tenant_id=viewer_tenant_id, dashboard_links=dashboard_links)
     return HTMLResponse(
         html,
         headers={

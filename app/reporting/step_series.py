@@ -46,7 +46,7 @@ def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> Step
     """The series for the report's job; raises :class:`SeriesUnavailable` with a reason."""
     try:
         plan, evaluation = rebuild_plan(job.spec, job.algorithm, dataset)
-    except Exception as exc:  # an algorithm removed or changed since the job ran
+    except Exception as exc:  # noqa: BLE001 - any rebuild failure (algorithm removed or changed) means no curve
         raise SeriesUnavailable(f"the job's plan could not be rebuilt ({type(exc).__name__})") from None
     steps_run = int(report["mechanism"]["steps_run"])
     rebuilt = compose_job_event(  # a succeeded job's event, as the worker commits it

@@ -34,17 +34,17 @@ def format_number(value: Any, digits: int = 6) -> str:
     return f"{value:.{digits}g}"
 
 
-def _is_real(value: Any) -> bool:  # noqa: ANN401 - any template value
+def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def guarantee_number(value: Any, *, digits: int = 6) -> str:  # noqa: ANN401 - any template value
+def guarantee_number(value: Any, *, digits: int = 6) -> str:
     """An ε or δ that states a guarantee (charged, reserved, committed, a job's ε or δ), rounded
     toward +∞: nearest rounding could print less than holds (3.00012 as ``3``)."""
     return format_guarantee(value, digits=digits) if _is_real(value) or value is None else str(value)
 
 
-def remaining_number(value: Any, *, digits: int = 6) -> str:  # noqa: ANN401 - any template value
+def remaining_number(value: Any, *, digits: int = 6) -> str:
     """A remaining budget (remaining ε, largest admissible ε), rounded toward −∞: it must never
     promise budget that is not there."""
     return format_remaining(value, digits=digits) if _is_real(value) or value is None else str(value)

@@ -19,7 +19,8 @@ class GrantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: str = Field(
-        min_length=1, max_length=MAX_TENANT_NAME_CHARS,
+        min_length=1,
+        max_length=MAX_TENANT_NAME_CHARS,
         description="the name of the tenant to invite; it is not looked up, so the answer is the "
         "same whether or not such a tenant exists",
     )

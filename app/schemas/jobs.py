@@ -15,8 +15,11 @@ _DELTA_RANGE = range_text(DELTA_MIN, 1.0, high_open=True)
 
 def _sigma_field(description: str) -> Any:
     """σ's documented range, checked by :func:`_check_sigma` so the message states the range."""
-    return Field(default=None, description=f"{description}; within {_SIGMA_RANGE}",
-                 json_schema_extra={"minimum": NOISE_MULTIPLIER_MIN, "maximum": NOISE_MULTIPLIER_MAX})
+    return Field(
+        default=None,
+        description=f"{description}; within {_SIGMA_RANGE}",
+        json_schema_extra={"minimum": NOISE_MULTIPLIER_MIN, "maximum": NOISE_MULTIPLIER_MAX},
+    )
 
 
 def _check_sigma(value: float | None) -> float | None:
@@ -45,7 +48,8 @@ class PrivacySpec(_Strict):
     target_epsilon: float | None = Field(default=None, gt=0, le=100)
     noise_multiplier: float | None = _sigma_field("σ: noise std / sensitivity (the algorithm's one scalar)")
     delta: float | None = Field(
-        default=None, description=f"defaults to the dataset's δ; within {_DELTA_RANGE}",
+        default=None,
+        description=f"defaults to the dataset's δ; within {_DELTA_RANGE}",
         json_schema_extra={"minimum": DELTA_MIN, "exclusiveMaximum": 1},
     )
 
@@ -75,16 +79,21 @@ class TrainingSpec(_Strict):
     epochs: float | None = Field(default=None, gt=0, le=10_000)
     steps: int | None = Field(default=None, ge=1)
     batch_size: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="expected batch size q·n of Poisson sampling; only for algorithms that "
         "sample batches (full-batch ones record n themselves)",
     )
     learning_rate: float | None = Field(
-        default=None, gt=0, le=1000,
+        default=None,
+        gt=0,
+        le=1000,
         description="step size; only for algorithms that take one (others set their own steps)",
     )
     time_limit_s: float | None = Field(
-        default=None, gt=0, le=30 * 86_400,
+        default=None,
+        gt=0,
+        le=30 * 86_400,
         description="stop the job after this long (its reservation is then committed); at most "
         "the service's PRIVTRAIN_JOB_TIME_LIMIT_S, which is also the default",
     )
@@ -108,9 +117,7 @@ class EvaluationSpec(_Strict):
 
     holdout_fraction: float = Field(gt=0, le=0.5)
     mechanism: Literal["laplace", "gaussian"] = "laplace"
-    epsilon: float | None = Field(
-        default=None, gt=0, le=10, description="Laplace: pure ε of the released metric"
-    )
+    epsilon: float | None = Field(default=None, gt=0, le=10, description="Laplace: pure ε of the released metric")
     noise_multiplier: float | None = _sigma_field("Gaussian: noise std / sensitivity")
     error_clip: float | None = Field(
         default=None, gt=0, le=1e12, description="regression: public bound on a squared error"

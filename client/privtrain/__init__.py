@@ -4,17 +4,17 @@ The client and CLI need httpx and click only; ``load_model`` needs torch and saf
 ``model`` extra) and imports them only when called.
 
 >>> from privtrain import Client
->>> client = Client.from_env()            # PRIVTRAIN_URL, PRIVTRAIN_API_KEY
+>>> client = Client.from_env()  # PRIVTRAIN_URL, PRIVTRAIN_API_KEY
 >>> job = client.wait(client.submit(spec).id)
->>> loaded = privtrain.load_model("model.safetensors")   # loaded.model, loaded.classes
+>>> loaded = privtrain.load_model("model.safetensors")  # loaded.model, loaded.classes
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from privtrain.client import Client  # noqa: E402
-from privtrain.errors import (  # noqa: E402
+from privtrain.client import Client
+from privtrain.errors import (
     AlreadyRegistered,
     BudgetExceeded,
     Conflict,
@@ -30,7 +30,7 @@ from privtrain.errors import (  # noqa: E402
     Unauthorized,
     WaitTimeout,
 )
-from privtrain.resources import (  # noqa: E402
+from privtrain.resources import (
     Algorithm,
     BudgetStatus,
     Dataset,
@@ -40,13 +40,35 @@ from privtrain.resources import (  # noqa: E402
     LedgerEntry,
     ModelInfo,
 )
-from privtrain.specs import build_job_spec  # noqa: E402
+from privtrain.specs import build_job_spec
 
 __all__ = [
-    "AlreadyRegistered", "Algorithm", "BudgetExceeded", "BudgetStatus", "Client", "Conflict", "Dataset", "Estimate",
-    "IdempotencyKeyReused", "IntegrityError", "InvalidRequest", "Job", "JobEvent", "LedgerEntry",
-    "ModelInfo", "NotFound", "PayloadTooLarge", "PrivtrainError", "RateLimited", "ServerError",
-    "TransportError", "Unauthorized", "WaitTimeout", "build_job_spec", "load_model", "__version__",
+    "Algorithm",
+    "AlreadyRegistered",
+    "BudgetExceeded",
+    "BudgetStatus",
+    "Client",
+    "Conflict",
+    "Dataset",
+    "Estimate",
+    "IdempotencyKeyReused",
+    "IntegrityError",
+    "InvalidRequest",
+    "Job",
+    "JobEvent",
+    "LedgerEntry",
+    "ModelInfo",
+    "NotFound",
+    "PayloadTooLarge",
+    "PrivtrainError",
+    "RateLimited",
+    "ServerError",
+    "TransportError",
+    "Unauthorized",
+    "WaitTimeout",
+    "__version__",
+    "build_job_spec",
+    "load_model",
 ]
 
 

@@ -31,9 +31,7 @@ __all__ = [
 class ModelBuilder(Protocol):
     """Builds one architecture from validated JSON parameters and the dataset's public shape."""
 
-    def __call__(
-        self, params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int
-    ) -> nn.Module: ...
+    def __call__(self, params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module: ...
 
 
 MODEL_REGISTRY: dict[str, ModelBuilder] = {}
@@ -85,9 +83,7 @@ def build_model(
         return builder(params, input_shape=shape, n_outputs=outputs)
     if not isinstance(generator, torch.Generator):
         raise TypeError("build_model takes its own torch.Generator, never the job's noise stream")
-    seed = int(
-        torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device).item()
-    )
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device).item())
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         return builder(params, input_shape=shape, n_outputs=outputs)
@@ -109,9 +105,7 @@ def _check_input_shape(input_shape: object) -> tuple[int, ...]:
     return tuple(_check_positive_int("input_shape entries", v) for v in input_shape)
 
 
-def _with_defaults(
-    model: str, params: Mapping[str, object], defaults: Mapping[str, object]
-) -> dict[str, object]:
+def _with_defaults(model: str, params: Mapping[str, object], defaults: Mapping[str, object]) -> dict[str, object]:
     """Reject unknown keys (a typo must not silently fall back to a default) and fill defaults."""
     unknown = sorted(set(params) - set(defaults))
     if unknown:
@@ -128,18 +122,14 @@ def _n_features(input_shape: tuple[int, ...]) -> int:
 
 
 @register_model("logistic-regression")
-def _logistic_regression(
-    params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int
-) -> nn.Module:
+def _logistic_regression(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
     """Multinomial logistic regression: logits for cross-entropy over n_outputs classes."""
     _with_defaults("logistic-regression", params, {})
     return nn.Sequential(nn.Flatten(), nn.Linear(_n_features(input_shape), n_outputs))
 
 
 @register_model("linear-regression")
-def _linear_regression(
-    params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int
-) -> nn.Module:
+def _linear_regression(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
     """Least squares: output (batch, 1); the mse loss squeezes it, the model does not."""
     _with_defaults("linear-regression", params, {})
     if n_outputs != 1:
@@ -148,9 +138,7 @@ def _linear_regression(
 
 
 @register_model("mlp")
-def _mlp(
-    params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int
-) -> nn.Module:
+def _mlp(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
     """Fully connected network: Linear/activation stacks, then a Linear to n_outputs."""
     p = _with_defaults("mlp", params, {"hidden_sizes": [128], "activation": "tanh"})
     hidden = p["hidden_sizes"]
@@ -162,9 +150,7 @@ def _mlp(
     sizes = [_check_positive_int("mlp hidden_sizes entries", h) for h in hidden]
     activation = p["activation"]
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise ValueError(
-            f"mlp activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
-        )
+        raise ValueError(f"mlp activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     layers: list[nn.Module] = [nn.Flatten()]
     width = _n_features(input_shape)
     for size in sizes:
@@ -187,9 +173,7 @@ def _cnn2_spatial(size: int) -> int:
 
 
 @register_model("cnn2-gn")
-def _cnn2_gn(
-    params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int
-) -> nn.Module:
+def _cnn2_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
     """The two-layer CNN of the DC-DPSGD paper's MNIST experiments, with GroupNorm.
 
     GroupNorm replaces BatchNorm because it normalises each sample on its own, so per-sample
@@ -211,9 +195,7 @@ def _cnn2_gn(
     layers: list[nn.Module] = []
     if len(input_shape) == 1:
         if image is None:
-            raise ValueError(
-                f"cnn2-gn needs image_shape [C, H, W] for flat rows of {input_shape[0]} features"
-            )
+            raise ValueError(f"cnn2-gn needs image_shape [C, H, W] for flat rows of {input_shape[0]} features")
         if math.prod(image) != input_shape[0]:
             raise ValueError(
                 f"cnn2-gn image_shape {list(image)} has {math.prod(image)} values but rows have "
@@ -222,9 +204,7 @@ def _cnn2_gn(
         layers.append(nn.Unflatten(1, image))
     elif len(input_shape) == 3:
         if image is not None and image != input_shape:
-            raise ValueError(
-                f"cnn2-gn image_shape {list(image)} contradicts the input shape {list(input_shape)}"
-            )
+            raise ValueError(f"cnn2-gn image_shape {list(image)} contradicts the input shape {list(input_shape)}")
         image = input_shape
     else:
         raise ValueError(f"cnn2-gn needs rows of shape (d,) or (C, H, W), got {input_shape}")

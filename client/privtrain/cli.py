@@ -35,8 +35,8 @@ from privtrain.resources import (
     Resource,
 )
 from privtrain.retry import RetryNotice
-from privtrain.sse import sse_progress
 from privtrain.specs import SpecFileError, SpecOverrides, load_spec_file, merge_spec, parse_assignment
+from privtrain.sse import sse_progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 ResourceT = TypeVar("ResourceT", bound=Resource)
@@ -66,7 +66,10 @@ class CliState:
             if not self.api_key:
                 raise click.UsageError("no API key: pass --api-key or set PRIVTRAIN_API_KEY")
             self._client = Client(
-                self.url, self.api_key, timeout=self.timeout, transport=self.environment.transport,
+                self.url,
+                self.api_key,
+                timeout=self.timeout,
+                transport=self.environment.transport,
                 on_retry=_say_retry,
             )
         return self._client
@@ -107,7 +110,11 @@ def _mark_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
 
 
 json_flag = click.option(
-    "--json", is_flag=True, expose_value=False, callback=_mark_json, is_eager=True,
+    "--json",
+    is_flag=True,
+    expose_value=False,
+    callback=_mark_json,
+    is_eager=True,
     help="print the server's JSON instead of a table",
 )
 
@@ -120,7 +127,7 @@ def emit(value: Resource | list[ResourceT] | dict[str, Any] | list[dict[str, Any
         click.echo(human())
 
 
-def _raw(value: Any) -> Any:  # noqa: ANN401 - JSON
+def _raw(value: Any) -> Any:
     if isinstance(value, Resource):
         return value.raw
     if isinstance(value, list):
@@ -160,7 +167,7 @@ def report_error(error: PrivtrainError, *, as_json: bool) -> None:
 class ApiErrorGroup(click.Group):
     """Turns client exceptions into exit code 1 with the problem on stderr (usage errors stay 2)."""
 
-    def invoke(self, ctx: click.Context) -> Any:  # noqa: ANN401 - click's return
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except PrivtrainError as error:
@@ -174,10 +181,19 @@ class ApiErrorGroup(click.Group):
 
 
 @click.group(cls=ApiErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--url", envvar="PRIVTRAIN_URL", default=DEFAULT_URL, show_default=True, help="service URL [env PRIVTRAIN_URL]")
+@click.option(
+    "--url", envvar="PRIVTRAIN_URL", default=DEFAULT_URL, show_default=True, help="service URL [env PRIVTRAIN_URL]"
+)
 @click.option("--api-key", envvar="PRIVTRAIN_API_KEY", help="API key [env PRIVTRAIN_API_KEY]")
 @click.option("--json", "json_output", is_flag=True, help="JSON output for every command")
-@click.option("--request-timeout", "timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="per-request timeout (s)")
+@click.option(
+    "--request-timeout",
+    "timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="per-request timeout (s)",
+)
 @click.version_option(__version__, prog_name="privtrain")
 @click.pass_context
 def cli(ctx: click.Context, url: str, api_key: str | None, json_output: bool, timeout: float) -> None:
@@ -212,14 +228,23 @@ LEDGER_COLUMNS: list[Column[LedgerEntry]] = [
 
 
 def _dataset_block(d: Dataset) -> str:
-    return key_values([
-        ("id", d.id), ("name", d.name), ("format", d.format), ("rows", d.n_rows),
-        ("feature shape", d.feature_shape), ("task", d.task), ("classes", _class_list(d)),
-        ("label column", d.label_column), ("budget ε_G", _up(d.budget.epsilon)), ("budget δ_G", _up(d.budget.delta)),
-        ("sha256", d.sha256 or "(the owner's view only)"),
-        ("size (bytes)", d.size_bytes if d.size_bytes is not None else "(the owner's view only)"),
-        ("created", d.created_at),
-    ])
+    return key_values(
+        [
+            ("id", d.id),
+            ("name", d.name),
+            ("format", d.format),
+            ("rows", d.n_rows),
+            ("feature shape", d.feature_shape),
+            ("task", d.task),
+            ("classes", _class_list(d)),
+            ("label column", d.label_column),
+            ("budget ε_G", _up(d.budget.epsilon)),
+            ("budget δ_G", _up(d.budget.delta)),
+            ("sha256", d.sha256 or "(the owner's view only)"),
+            ("size (bytes)", d.size_bytes if d.size_bytes is not None else "(the owner's view only)"),
+            ("created", d.created_at),
+        ]
+    )
 
 
 def _class_list(d: Dataset) -> str | None:
@@ -230,12 +255,19 @@ def _class_list(d: Dataset) -> str | None:
 
 
 def _budget_block(b: BudgetStatus) -> str:
-    return key_values([
-        ("dataset", b.dataset_id), ("budget ε_G", _up(b.epsilon)), ("budget δ_G", _up(b.delta)),
-        ("committed ε", _up(b.committed_epsilon)), ("reserved ε", _up(b.reserved_epsilon)),
-        ("spent ε", _up(b.spent_epsilon)), ("remaining ε", _down(b.remaining_epsilon)),
-        ("ledger entries", b.entries), ("last hash", b.last_hash),
-    ])
+    return key_values(
+        [
+            ("dataset", b.dataset_id),
+            ("budget ε_G", _up(b.epsilon)),
+            ("budget δ_G", _up(b.delta)),
+            ("committed ε", _up(b.committed_epsilon)),
+            ("reserved ε", _up(b.reserved_epsilon)),
+            ("spent ε", _up(b.spent_epsilon)),
+            ("remaining ε", _down(b.remaining_epsilon)),
+            ("ledger entries", b.entries),
+            ("last hash", b.last_hash),
+        ]
+    )
 
 
 @cli.group()
@@ -251,14 +283,27 @@ def datasets() -> None:
 @click.option("--format", "fmt", type=click.Choice(["csv", "npz"]), help="default: from the suffix")
 @click.option("--label-column", default="label", show_default=True, help="CSV label column")
 @click.option("--task", type=click.Choice(["classification", "regression"]), help="default: inferred by the server")
-@click.option("--classes", help="the public class list, comma-separated; labels are matched by name "
-              "(never shifted); default: the labels found become public")
-@click.option("--preparation", help='public data preparation as JSON, or @FILE holding it: '
-              '{"drop": ["id"], "one_hot": {"sex": ["f", "m"]}, "scale": {"age": {"bounds": [0, 120]}}}')
+@click.option(
+    "--classes",
+    help="the public class list, comma-separated; labels are matched by name "
+    "(never shifted); default: the labels found become public",
+)
+@click.option(
+    "--preparation",
+    help="public data preparation as JSON, or @FILE holding it: "
+    '{"drop": ["id"], "one_hot": {"sex": ["f", "m"]}, "scale": {"age": {"bounds": [0, 120]}}}',
+)
 @json_flag
 def datasets_upload(
-    path: Path, name: str | None, epsilon: float, delta: float, fmt: str | None,
-    label_column: str, task: str | None, classes: str | None, preparation: str | None,
+    path: Path,
+    name: str | None,
+    epsilon: float,
+    delta: float,
+    fmt: str | None,
+    label_column: str,
+    task: str | None,
+    classes: str | None,
+    preparation: str | None,
 ) -> None:
     """Upload a CSV (header + label column) or NPZ (X, y) file with its budget.
 
@@ -271,9 +316,20 @@ def datasets_upload(
         except (OSError, UnicodeDecodeError) as exc:
             raise click.UsageError(f"--preparation {preparation}: {exc}") from None
     try:
-        dataset = _state().client().upload_dataset(
-            path, name=name, epsilon=epsilon, delta=delta, format=fmt, label_column=label_column, task=task,
-            classes=classes.split(",") if classes is not None else None, preparation=preparation,
+        dataset = (
+            _state()
+            .client()
+            .upload_dataset(
+                path,
+                name=name,
+                epsilon=epsilon,
+                delta=delta,
+                format=fmt,
+                label_column=label_column,
+                task=task,
+                classes=classes.split(",") if classes is not None else None,
+                preparation=preparation,
+            )
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -356,19 +412,35 @@ INVITATION_COLUMNS: list[Column[Invitation]] = [
 
 
 def _grant_block(g: Grant) -> str:
-    return key_values([
-        ("dataset", g.dataset_id), ("tenant", g.tenant), ("status", g.status), ("invited", g.granted_at),
-        ("invited by", g.granted_by), ("accepted", g.accepted_at), ("declined", g.declined_at),
-        ("revoked", g.revoked_at), ("revoked by", g.revoked_by),
-    ])
+    return key_values(
+        [
+            ("dataset", g.dataset_id),
+            ("tenant", g.tenant),
+            ("status", g.status),
+            ("invited", g.granted_at),
+            ("invited by", g.granted_by),
+            ("accepted", g.accepted_at),
+            ("declined", g.declined_at),
+            ("revoked", g.revoked_at),
+            ("revoked by", g.revoked_by),
+        ]
+    )
 
 
 def _invitation_block(i: Invitation) -> str:
-    return key_values([
-        ("id", i.id), ("dataset", i.dataset_name), ("owner", i.owner), ("status", i.status),
-        ("budget ε_G", _up(i.budget.epsilon)), ("budget δ_G", _up(i.budget.delta)), ("invited", i.invited_at),
-        ("accepted", i.accepted_at), ("declined", i.declined_at),
-    ])
+    return key_values(
+        [
+            ("id", i.id),
+            ("dataset", i.dataset_name),
+            ("owner", i.owner),
+            ("status", i.status),
+            ("budget ε_G", _up(i.budget.epsilon)),
+            ("budget δ_G", _up(i.budget.delta)),
+            ("invited", i.invited_at),
+            ("accepted", i.accepted_at),
+            ("declined", i.declined_at),
+        ]
+    )
 
 
 @datasets.command("grant")
@@ -441,7 +513,7 @@ def invitations_decline(invitation_id: str) -> None:
 _SPEC_KEY = "privtrain.spec"
 
 
-def _collect(ctx: click.Context, param: click.Parameter, value: Any) -> Any:  # noqa: ANN401 - click callback
+def _collect(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Store a spec option in ``ctx.meta`` so estimate and submit share one option set."""
     ctx.meta.setdefault(_SPEC_KEY, {})[param.name] = value
     return value
@@ -458,10 +530,10 @@ def _assignments(ctx: click.Context, param: click.Parameter, values: Sequence[st
 
 def _spec_option(
     *decls: str,
-    type: click.ParamType[Any, Any] | type | None = None,  # noqa: A002 - click's name
+    type: click.ParamType[Any, Any] | type | None = None,
     multiple: bool = False,
     callback: Callable[[click.Context, click.Parameter, Any], Any] = _collect,
-    help: str | None = None,  # noqa: A002 - click's name
+    help: str | None = None,
 ) -> Callable[[F], F]:
     return click.option(*decls, type=type, multiple=multiple, expose_value=False, callback=callback, help=help)
 
@@ -478,15 +550,29 @@ def _with(options: Sequence[Callable[[F], F]]) -> Callable[[F], F]:
 
 
 SPEC_OPTIONS = [
-    _spec_option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                 help="job spec as JSON or YAML; the flags below override its fields"),
+    _spec_option(
+        "--spec",
+        "spec_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="job spec as JSON or YAML; the flags below override its fields",
+    ),
     _spec_option("--dataset", "dataset_id", help="dataset id"),
     _spec_option("--model", help="model name (see `privtrain models`)"),
-    _spec_option("--model-param", "model_params", multiple=True, callback=_assignments,
-                 help="model parameter key=value (repeatable; values read as JSON)"),
+    _spec_option(
+        "--model-param",
+        "model_params",
+        multiple=True,
+        callback=_assignments,
+        help="model parameter key=value (repeatable; values read as JSON)",
+    ),
     _spec_option("--algorithm", help="algorithm name (see `privtrain algorithms`)"),
-    _spec_option("--hyper", "hyperparameters", multiple=True, callback=_assignments,
-                 help="hyperparameter key=value (repeatable; values read as JSON)"),
+    _spec_option(
+        "--hyper",
+        "hyperparameters",
+        multiple=True,
+        callback=_assignments,
+        help="hyperparameter key=value (repeatable; values read as JSON)",
+    ),
     _spec_option("--target-epsilon", type=float, help="ε to spend; the server calibrates σ"),
     _spec_option("--noise-multiplier", type=float, help="fix σ instead of a target ε"),
     _spec_option("--delta", type=float, help="δ (default: the dataset's)"),
@@ -510,6 +596,7 @@ def spec_from_context(ctx: click.Context) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- jobs
+
 
 def _job_epsilon(j: Job) -> tuple[float, str | None]:
     """The job's one ε and its basis: committed once it ended, reserved while it runs (the
@@ -548,6 +635,7 @@ def _interval_text(interval: object) -> str | None:
         return None
     return f"[{float(interval['low']):.4g}, {float(interval['high']):.4g}]"
 
+
 EVENT_COLUMNS: list[Column[JobEvent]] = [
     Column("SEQ", lambda e: e.seq),
     Column("KIND", lambda e: e.kind),
@@ -571,21 +659,34 @@ def _estimate_block(e: Estimate) -> str:
     # Newer fields come from ``raw``, so this CLI also prints estimates of older servers.
     raw = e.raw
     differ = _down(e.budget_remaining_epsilon) != _down(e.largest_admissible_epsilon)
-    return key_values([
-        ("noise multiplier σ", e.noise_multiplier), ("sampling probability q", e.sampling_probability),
-        ("steps", e.steps), ("noise std on the sum", e.noise_std_on_sum), ("sensitivity", e.sensitivity),
-        (f"ε (ledger) at δ={_up(e.delta)}", _up(e.epsilon_ledger)), (f"ε (single job, {e.epsilon_prv_method or 'tightest'})", _up(e.epsilon_prv)),
-        ("ε of the evaluation", _up(e.evaluation_epsilon)), ("admissible now", e.admissible),
-        ("budget remaining ε", _down(e.budget_remaining_epsilon)),
-        ("budget remaining ε after this job", _down(raw.get("budget_remaining_after_epsilon"))),
-        ("largest admissible target ε", _down(e.largest_admissible_epsilon)),
-        ("largest admissible steps at this σ", _or_reason(
-            raw.get("largest_admissible_steps"), raw.get("largest_admissible_steps_reason"))),
-        ("smallest admissible σ at these steps", _or_reason(
-            _up(raw.get("smallest_admissible_noise_multiplier")),
-            raw.get("smallest_admissible_noise_multiplier_reason"))),
-        *([("remaining ε vs largest target ε", ESTIMATE_EPSILONS_NOTE)] if differ else []),
-    ])
+    return key_values(
+        [
+            ("noise multiplier σ", e.noise_multiplier),
+            ("sampling probability q", e.sampling_probability),
+            ("steps", e.steps),
+            ("noise std on the sum", e.noise_std_on_sum),
+            ("sensitivity", e.sensitivity),
+            (f"ε (ledger) at δ={_up(e.delta)}", _up(e.epsilon_ledger)),
+            (f"ε (single job, {e.epsilon_prv_method or 'tightest'})", _up(e.epsilon_prv)),
+            ("ε of the evaluation", _up(e.evaluation_epsilon)),
+            ("admissible now", e.admissible),
+            ("budget remaining ε", _down(e.budget_remaining_epsilon)),
+            ("budget remaining ε after this job", _down(raw.get("budget_remaining_after_epsilon"))),
+            ("largest admissible target ε", _down(e.largest_admissible_epsilon)),
+            (
+                "largest admissible steps at this σ",
+                _or_reason(raw.get("largest_admissible_steps"), raw.get("largest_admissible_steps_reason")),
+            ),
+            (
+                "smallest admissible σ at these steps",
+                _or_reason(
+                    _up(raw.get("smallest_admissible_noise_multiplier")),
+                    raw.get("smallest_admissible_noise_multiplier_reason"),
+                ),
+            ),
+            *([("remaining ε vs largest target ε", ESTIMATE_EPSILONS_NOTE)] if differ else []),
+        ]
+    )
 
 
 def _job_block(j: Job) -> str:
@@ -594,17 +695,27 @@ def _job_block(j: Job) -> str:
     epsilon, basis = _job_epsilon(j)
     label = f"ε {basis or '(ledger)'} at δ={_up(j.delta)}"
     released = basis == "committed" and j.steps_run < j.steps_planned
-    block = key_values([
-        ("id", j.id), ("status", j.status), ("dataset", j.dataset_id), ("algorithm", j.algorithm),
-        ("model", j.model), ("steps", f"{j.steps_run}/{j.steps_planned}"),
-        ("noise multiplier σ", j.noise_multiplier), (label, _up(epsilon)),
-        *([("rest of the reservation", "released to the budget")] if released else []),
-        # a cancelled or failed job's single-job ε is its planned run's: not what it spent
-        *([] if j.status in ("cancelled", "failed") else [("ε (single job, tightest)", _up(j.epsilon_prv))]),
-        ("attempt", j.attempt), ("cancel requested", j.cancel_requested),
-        ("error", j.error_code), ("created", j.created_at),
-        ("started", j.started_at), ("finished", j.finished_at),
-    ])
+    block = key_values(
+        [
+            ("id", j.id),
+            ("status", j.status),
+            ("dataset", j.dataset_id),
+            ("algorithm", j.algorithm),
+            ("model", j.model),
+            ("steps", f"{j.steps_run}/{j.steps_planned}"),
+            ("noise multiplier σ", j.noise_multiplier),
+            (label, _up(epsilon)),
+            *([("rest of the reservation", "released to the budget")] if released else []),
+            # a cancelled or failed job's single-job ε is its planned run's: not what it spent
+            *([] if j.status in ("cancelled", "failed") else [("ε (single job, tightest)", _up(j.epsilon_prv))]),
+            ("attempt", j.attempt),
+            ("cancel requested", j.cancel_requested),
+            ("error", j.error_code),
+            ("created", j.created_at),
+            ("started", j.started_at),
+            ("finished", j.finished_at),
+        ]
+    )
     if not j.metrics:
         return block
     return f"{block}\n\nreleased DP metrics\n{table([j.metrics], METRIC_COLUMNS)}"
@@ -628,7 +739,10 @@ def jobs_estimate(ctx: click.Context) -> None:
 def _watch(job_id: str, *, poll_interval: float, timeout: float | None, quiet: bool, sse: bool) -> Job:
     state = _state()
     return state.client().wait(
-        job_id, timeout=timeout, poll_interval=poll_interval, progress=not quiet,
+        job_id,
+        timeout=timeout,
+        poll_interval=poll_interval,
+        progress=not quiet,
         progress_source=sse_progress if sse else state.environment.progress_source,
     )
 
@@ -642,8 +756,17 @@ def _finish_watch(job: Job) -> None:
 
 
 watch_options = [
-    click.option("--interval", "poll_interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True, help="seconds between polls"),
-    click.option("--timeout", "wait_timeout", type=click.FloatRange(min=0), default=None, help="give up after this many seconds"),
+    click.option(
+        "--interval",
+        "poll_interval",
+        type=click.FloatRange(min=0.01),
+        default=2.0,
+        show_default=True,
+        help="seconds between polls",
+    ),
+    click.option(
+        "--timeout", "wait_timeout", type=click.FloatRange(min=0), default=None, help="give up after this many seconds"
+    ),
     click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
     click.option("--sse", is_flag=True, help="follow the server's event stream instead of polling"),
 ]
@@ -657,8 +780,13 @@ watch_options = [
 @json_flag
 @click.pass_context
 def jobs_submit(
-    ctx: click.Context, idempotency_key: str | None, wait_for_it: bool, poll_interval: float,
-    wait_timeout: float | None, quiet: bool, sse: bool,
+    ctx: click.Context,
+    idempotency_key: str | None,
+    wait_for_it: bool,
+    poll_interval: float,
+    wait_timeout: float | None,
+    quiet: bool,
+    sse: bool,
 ) -> None:
     """Admit a job against the dataset's budget and queue it."""
     job = _state().client().submit(spec_from_context(ctx), idempotency_key=idempotency_key)
@@ -716,8 +844,14 @@ def jobs_cancel(job_id: str) -> None:
 
 @jobs.command("download")
 @click.argument("job_id")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
-              show_default=True, help="directory for <job>.safetensors and <job>.report.json")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="directory for <job>.safetensors and <job>.report.json",
+)
 @json_flag
 def jobs_download(job_id: str, out_dir: Path) -> None:
     """Download a succeeded job's model (safetensors, digest-checked) and privacy report (JSON)."""
@@ -731,10 +865,15 @@ def jobs_download(job_id: str, out_dir: Path) -> None:
     epsilon = report.get("epsilon", {}) if isinstance(report.get("epsilon"), dict) else {}
     emit(
         {**files, "guarantee": report.get("guarantee")},
-        lambda: key_values([
-            ("model", model_path), ("report", report_path), ("guarantee", report.get("guarantee")),
-            ("ε (ledger)", _up(epsilon.get("ledger"))), ("δ", _up(epsilon.get("delta"))),
-        ]),
+        lambda: key_values(
+            [
+                ("model", model_path),
+                ("report", report_path),
+                ("guarantee", report.get("guarantee")),
+                ("ε (ledger)", _up(epsilon.get("ledger"))),
+                ("δ", _up(epsilon.get("delta"))),
+            ]
+        ),
     )
 
 
@@ -768,11 +907,17 @@ def algorithms(name: str | None) -> None:
     entry = client.get_algorithm(name)
     properties = entry.hyperparameters_schema.get("properties", {})
     training = [("training fields", ", ".join(entry.training_fields))] if entry.training_fields is not None else []
-    emit(entry, lambda: key_values(
-        [("name", entry.name), ("family", entry.family), ("paper", entry.paper), ("summary", entry.summary)]
-        + training
-        + [(f"  {k}", f"{entry.defaults.get(k)!r}  {v.get('description', '')}".rstrip()) for k, v in properties.items()]
-    ))
+    emit(
+        entry,
+        lambda: key_values(
+            [("name", entry.name), ("family", entry.family), ("paper", entry.paper), ("summary", entry.summary)]
+            + training
+            + [
+                (f"  {k}", f"{entry.defaults.get(k)!r}  {v.get('description', '')}".rstrip())
+                for k, v in properties.items()
+            ]
+        ),
+    )
 
 
 @cli.command("models")

@@ -115,8 +115,11 @@ class Client:
         if not key:
             raise ValueError("PRIVTRAIN_API_KEY is not set")
         return cls(
-            os.environ.get("PRIVTRAIN_URL", DEFAULT_URL), key,
-            timeout=timeout, max_retries=max_retries, transport=transport,
+            os.environ.get("PRIVTRAIN_URL", DEFAULT_URL),
+            key,
+            timeout=timeout,
+            max_retries=max_retries,
+            transport=transport,
         )
 
     def close(self) -> None:
@@ -138,7 +141,7 @@ class Client:
         replay_safe: bool,
         consume: Callable[[httpx.Response], R] = _json,
         params: Mapping[str, Any] | None = None,
-        json: Any = None,  # noqa: A002 - httpx's name
+        json: Any = None,
         content: Callable[[], bytes | Iterator[bytes]] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> R:
@@ -147,8 +150,12 @@ class Client:
         attempt = 0
         while True:
             request = self._http.build_request(
-                method, path, params=params, json=json,
-                content=content() if content is not None else None, headers=headers,
+                method,
+                path,
+                params=params,
+                json=json,
+                content=content() if content is not None else None,
+                headers=headers,
             )
             try:
                 response = self._http.send(request, stream=True)
@@ -159,9 +166,7 @@ class Client:
                 finally:
                     response.close()
             except httpx.TransportError as exc:
-                if attempt >= self.retry.max_retries or not self.retry.should_retry_error(
-                    exc, replay_safe=replay_safe
-                ):
+                if attempt >= self.retry.max_retries or not self.retry.should_retry_error(exc, replay_safe=replay_safe):
                     raise TransportError(
                         title="Connection failed",
                         detail=f"{type(exc).__name__} on {method} {self.base_url}{path}: {exc}",
@@ -181,7 +186,7 @@ class Client:
                 self.on_retry(RetryNotice(method=method, path=path, attempt=attempt, delay=delay, reason=reason))
             self.sleep(delay)
 
-    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:  # noqa: ANN401 - JSON
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         return self._call("GET", path, replay_safe=True, params=clean or None)
 
@@ -204,7 +209,7 @@ class Client:
         name: str | None = None,
         epsilon: float,
         delta: float,
-        format: str | None = None,  # noqa: A002 - the API's parameter name
+        format: str | None = None,
         label_column: str | None = "label",
         task: str | None = None,
         classes: Sequence[str] | None = None,
@@ -240,16 +245,25 @@ class Client:
         if (name or inferred_name) is None:
             raise ValueError("give name= for an upload from bytes")
         params = {
-            "name": name or inferred_name, "format": fmt, "epsilon": epsilon, "delta": delta,
-            "label_column": label_column if fmt == "csv" else None, "task": task,
+            "name": name or inferred_name,
+            "format": fmt,
+            "epsilon": epsilon,
+            "delta": delta,
+            "label_column": label_column if fmt == "csv" else None,
+            "task": task,
             "classes": ",".join(classes) if classes is not None else None,
-            "preparation": preparation if isinstance(preparation, str | None) else json.dumps(
-                preparation, separators=(",", ":"), allow_nan=False),
+            "preparation": preparation
+            if isinstance(preparation, str | None)
+            else json.dumps(preparation, separators=(",", ":"), allow_nan=False),
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(
             self._call(
-                "POST", "/v1/datasets", replay_safe=True, content=content, headers=headers,
+                "POST",
+                "/v1/datasets",
+                replay_safe=True,
+                content=content,
+                headers=headers,
                 params={k: v for k, v in params.items() if v is not None},
             )
         )
@@ -280,9 +294,7 @@ class Client:
         )
 
     def iter_ledger(self, dataset_id: str, *, page_size: int = 100) -> Iterator[LedgerEntry]:
-        return self._pages(
-            f"/v1/datasets/{_segment(dataset_id)}/ledger", LedgerEntry.from_api, {"limit": page_size}
-        )
+        return self._pages(f"/v1/datasets/{_segment(dataset_id)}/ledger", LedgerEntry.from_api, {"limit": page_size})
 
     def ledger(self, dataset_id: str, *, page_size: int = 100) -> list[LedgerEntry]:
         """The dataset's whole append-only ledger, oldest entry first."""
@@ -354,21 +366,15 @@ class Client:
         key to make a resubmission after a crash safe as well."""
         key = idempotency_key or uuid.uuid4().hex
         return Job.from_api(
-            self._call(
-                "POST", "/v1/jobs", replay_safe=True, json=dict(spec), headers={"Idempotency-Key": key}
-            )
+            self._call("POST", "/v1/jobs", replay_safe=True, json=dict(spec), headers={"Idempotency-Key": key})
         )
 
     def iter_jobs(
         self, *, dataset_id: str | None = None, status: str | None = None, page_size: int = 50
     ) -> Iterator[Job]:
-        return self._pages(
-            "/v1/jobs", Job.from_api, {"dataset_id": dataset_id, "status": status, "limit": page_size}
-        )
+        return self._pages("/v1/jobs", Job.from_api, {"dataset_id": dataset_id, "status": status, "limit": page_size})
 
-    def list_jobs(
-        self, *, dataset_id: str | None = None, status: str | None = None, page_size: int = 50
-    ) -> list[Job]:
+    def list_jobs(self, *, dataset_id: str | None = None, status: str | None = None, page_size: int = 50) -> list[Job]:
         """All matching jobs, newest first (every page)."""
         return list(self.iter_jobs(dataset_id=dataset_id, status=status, page_size=page_size))
 
@@ -397,7 +403,9 @@ class Client:
         """
         path = f"/v1/jobs/{_segment(job_id)}/events"
         request = self._http.build_request(
-            "GET", path, params={"after": after},
+            "GET",
+            path,
+            params={"after": after},
             headers={"Accept": "text/event-stream", "Last-Event-ID": str(after)},
             # between events the server sends keep-alives (every 15 s by default): a longer
             # silence means a dead connection, which ends the stream so the caller resumes
@@ -406,7 +414,9 @@ class Client:
         try:
             response = self._http.send(request, stream=True)
         except httpx.TransportError as exc:
-            raise TransportError(title="Connection failed", detail=f"{type(exc).__name__} on GET {path}: {exc}") from exc
+            raise TransportError(
+                title="Connection failed", detail=f"{type(exc).__name__} on GET {path}: {exc}"
+            ) from exc
         try:
             if response.status_code >= 400:
                 raise error_for(response.status_code, _error_body(response))

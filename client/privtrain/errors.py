@@ -40,7 +40,7 @@ class PrivtrainError(Exception):
         title: str,
         detail: str,
         status: int | None = None,
-        type: str | None = None,  # noqa: A002 - the RFC 9457 member name
+        type: str | None = None,
         problem: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(f"{title}: {detail}" if detail else title)
@@ -54,7 +54,7 @@ class PrivtrainError(Exception):
     def slug(self) -> str | None:
         """The stable part of ``type`` (``insufficient-privacy-budget``), or None."""
         if self.type and self.type.startswith(PROBLEM_PREFIX):
-            return self.type[len(PROBLEM_PREFIX):]
+            return self.type[len(PROBLEM_PREFIX) :]
         return self.type
 
     @property
@@ -65,9 +65,16 @@ class PrivtrainError(Exception):
 
 
 @problem_types(
-    "validation-error", "invalid-job-spec", "unknown-algorithm", "unknown-model",
-    "model-incompatible", "invalid-dataset", "invalid-dataset-name", "invalid-budget",
-    "invalid-cursor", "calibration-failed",
+    "validation-error",
+    "invalid-job-spec",
+    "unknown-algorithm",
+    "unknown-model",
+    "model-incompatible",
+    "invalid-dataset",
+    "invalid-dataset-name",
+    "invalid-budget",
+    "invalid-cursor",
+    "calibration-failed",
     statuses=(400, 422),
 )
 class InvalidRequest(PrivtrainError):
@@ -146,7 +153,7 @@ def error_for(status: int, body: Any) -> PrivtrainError:
     """Build the exception for an error response: by problem ``type`` first, then by status."""
     problem: dict[str, Any] = body if isinstance(body, dict) else {}
     type_ = problem.get("type") if isinstance(problem.get("type"), str) else None
-    slug = type_[len(PROBLEM_PREFIX):] if type_ and type_.startswith(PROBLEM_PREFIX) else None
+    slug = type_[len(PROBLEM_PREFIX) :] if type_ and type_.startswith(PROBLEM_PREFIX) else None
     fallback = ServerError if status >= 500 else PrivtrainError
     cls = _BY_SLUG.get(slug or "") or _BY_STATUS.get(status, fallback)
     title = str(problem.get("title") or f"HTTP {status}")

@@ -9,13 +9,14 @@ with strict=True.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -41,7 +42,6 @@ FORMAT_VERSION = 1
 TASKS = ("classification", "regression")
 
 
-
 # ----------------------------------------------------------------------------- files
 
 
@@ -59,10 +59,8 @@ def write_atomically(path: Path, data: bytes) -> str:
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise
     return hashlib.sha256(data).hexdigest()
 
@@ -72,7 +70,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            # safe_open is not iterable (SIM118 does not apply): keys() is how it lists its tensors
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     except SafetensorError as exc:
         raise ValueError(f"{path} is not a readable safetensors file: {exc}") from exc
     return tensors, metadata
@@ -94,8 +93,7 @@ def _validate_config(
         raise ValueError("model config must be a JSON object")
     if config.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"unsupported model format_version {config.get('format_version')!r}; "
-            f"expected {FORMAT_VERSION}"
+            f"unsupported model format_version {config.get('format_version')!r}; expected {FORMAT_VERSION}"
         )
     model = config.get("model")
     if not isinstance(model, Mapping) or not isinstance(model.get("name"), str):
@@ -120,8 +118,9 @@ def _rebuild(config: Mapping[str, object], state: Mapping[str, torch.Tensor]) ->
     name, params, input_shape, n_outputs = _validate_config(config)
     # A throwaway seeded generator (non-private: the init is overwritten, and the global RNG
     # stays untouched); privacy-protecting draws use SecureRandom, never torch.Generator.
-    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs,
-                        generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        name, params, input_shape=input_shape, n_outputs=n_outputs, generator=torch.Generator().manual_seed(0)
+    )
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 
 
-def fmt(value: Any) -> str:  # noqa: ANN401 - any displayable value
+def fmt(value: Any) -> str:
     """Short human form: floats to 4 significant digits, times to the second, None as '-'."""
     if value is None:
         return "-"
@@ -54,5 +54,5 @@ def key_values(pairs: Iterable[tuple[str, Any]]) -> str:
     return "\n".join(f"{k.ljust(width)}  {fmt(v)}" for k, v in pairs)
 
 
-def to_json(value: Any) -> str:  # noqa: ANN401 - JSON document
+def to_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)

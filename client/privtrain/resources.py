@@ -17,13 +17,13 @@ T = TypeVar("T", bound="Resource")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
-def _time(value: Any) -> dt.datetime | None:  # noqa: ANN401 - a JSON value
+def _time(value: Any) -> dt.datetime | None:
     """ISO 8601 → aware datetime. The server speaks UTC; a value without an offset (servers
     before the RFC 3339 fix returned those on SQLite reads) is taken as UTC."""
     if not isinstance(value, str):
         return None
     parsed = dt.datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.timezone.utc)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
 def _parsed(parse: Callable[[Any], Any]) -> Any:

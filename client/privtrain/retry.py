@@ -72,6 +72,6 @@ def parse_retry_after(value: str | None, *, now: dt.datetime | None = None) -> f
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    now = now or dt.datetime.now(dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
+    now = now or dt.datetime.now(dt.UTC)
     return max(0.0, (when - now).total_seconds())

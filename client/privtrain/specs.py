@@ -44,7 +44,7 @@ class SpecOverrides:
     learning_rate: float | None = None
 
 
-def _set(section: dict[str, Any], key: str, value: Any) -> None:  # noqa: ANN401 - JSON value
+def _set(section: dict[str, Any], key: str, value: Any) -> None:
     if value is None:
         return
     section[key] = value
@@ -95,10 +95,18 @@ def build_job_spec(
     spec = merge_spec(
         None,
         SpecOverrides(
-            dataset_id=dataset_id, model=model, model_params=dict(model_params or {}),
-            algorithm=algorithm, hyperparameters=dict(hyperparameters or {}),
-            target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta,
-            epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+            dataset_id=dataset_id,
+            model=model,
+            model_params=dict(model_params or {}),
+            algorithm=algorithm,
+            hyperparameters=dict(hyperparameters or {}),
+            target_epsilon=target_epsilon,
+            noise_multiplier=noise_multiplier,
+            delta=delta,
+            epochs=epochs,
+            steps=steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
         ),
     )
     if evaluation is not None:
@@ -106,7 +114,7 @@ def build_job_spec(
     return spec
 
 
-def _parse_yaml(path: Path, text: str) -> Any:  # noqa: ANN401 - any YAML document
+def _parse_yaml(path: Path, text: str) -> Any:
     try:
         import yaml  # only YAML spec files need PyYAML
     except ImportError as exc:
@@ -117,7 +125,7 @@ def _parse_yaml(path: Path, text: str) -> Any:  # noqa: ANN401 - any YAML docume
         raise SpecFileError(f"{path} is not valid YAML: {exc}") from exc
 
 
-def _parse_json(path: Path, text: str) -> Any:  # noqa: ANN401 - any JSON document
+def _parse_json(path: Path, text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:

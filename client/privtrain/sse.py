@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from contextlib import closing
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
@@ -23,8 +22,7 @@ def upgrade() -> None:
     # taken from the labels found (the API shows it as "observed").
     with op.batch_alter_table("datasets") as batch:
         batch.add_column(sa.Column("class_names", sa.JSON(), nullable=True))
-        batch.add_column(sa.Column("classes_declared", sa.Boolean(), nullable=False,
-                                   server_default=sa.false()))
+        batch.add_column(sa.Column("classes_declared", sa.Boolean(), nullable=False, server_default=sa.false()))
     # Uploads look up "does this tenant already hold these bytes?" (one content, one budget).
     op.create_index("ix_datasets_tenant_sha256", "datasets", ["tenant_id", "sha256"])
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
@@ -50,8 +49,13 @@ def upgrade() -> None:
         batch.alter_column("grantee_name", existing_type=sa.String(length=200), nullable=False)
         batch.alter_column("grantee_tenant_id", existing_type=sa.String(length=40), nullable=True)
         batch.create_index(batch.f("ix_dataset_grants_grantee_name"), ["grantee_name"])
-        batch.create_index("uq_dataset_grants_live", ["dataset_id", "grantee_name"], unique=True,
-                           sqlite_where=sa.text(LIVE), postgresql_where=sa.text(LIVE))
+        batch.create_index(
+            "uq_dataset_grants_live",
+            ["dataset_id", "grantee_name"],
+            unique=True,
+            sqlite_where=sa.text(LIVE),
+            postgresql_where=sa.text(LIVE),
+        )
 
     # Events are numbered 1, 2, 3 … per job (the global row id revealed the service's activity).
     with op.batch_alter_table("jobs") as batch:
@@ -83,7 +87,12 @@ def downgrade() -> None:
         batch.drop_column("declined_at")
         batch.drop_column("accepted_at")
         batch.drop_column("grantee_name")
-        batch.create_index("uq_dataset_grants_active", ["dataset_id", "grantee_tenant_id"], unique=True,
-                           sqlite_where=sa.text("revoked_at IS NULL"), postgresql_where=sa.text("revoked_at IS NULL"))
+        batch.create_index(
+            "uq_dataset_grants_active",
+            ["dataset_id", "grantee_tenant_id"],
+            unique=True,
+            sqlite_where=sa.text("revoked_at IS NULL"),
+            postgresql_where=sa.text("revoked_at IS NULL"),
+        )
     op.drop_index(op.f("ix_ui_sessions_api_key_id"), table_name="ui_sessions")
     op.drop_table("ui_sessions")

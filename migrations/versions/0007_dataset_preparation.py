@@ -13,7 +13,6 @@ import math
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = "0007"
 down_revision = "0006"
 branch_labels = None
@@ -48,9 +47,7 @@ def upgrade() -> None:
     ).all()
     for dataset_id, names in declared:
         if names and any(_is_number(str(name)) for name in names):
-            bind.execute(
-                datasets.update().where(datasets.c.id == dataset_id).values(preparation={"labels": "indices"})
-            )
+            bind.execute(datasets.update().where(datasets.c.id == dataset_id).values(preparation={"labels": "indices"}))
 
 
 def downgrade() -> None:

@@ -58,9 +58,7 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs", recreate="never") as batch:
         batch.add_column(sa.Column("epsilon_committed", sa.Float(), nullable=True))
     connection = op.get_bind()
-    finished = connection.execute(
-        sa.select(_jobs.c.id, _jobs.c.delta).where(_jobs.c.status.in_(_FINISHED))
-    ).all()
+    finished = connection.execute(sa.select(_jobs.c.id, _jobs.c.delta).where(_jobs.c.status.in_(_FINISHED))).all()
     for job_id, delta in finished:
         settled = connection.execute(
             sa.select(_entries.c.kind, _entries.c.curve, _entries.c.orders_version).where(
@@ -75,9 +73,7 @@ def upgrade() -> None:
         else:  # finished without settlement (should not happen): no spend to state
             value = None
         if value is not None:
-            connection.execute(
-                sa.update(_jobs).where(_jobs.c.id == job_id).values(epsilon_committed=value)
-            )
+            connection.execute(sa.update(_jobs).where(_jobs.c.id == job_id).values(epsilon_committed=value))
 
 
 def downgrade() -> None:

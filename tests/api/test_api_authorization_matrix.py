@@ -92,7 +92,9 @@ def _submit(client: TestClient, headers: dict[str, str], dataset_id: str) -> str
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     settings: Settings = make_settings(
-        tmp_path_factory.mktemp("authz") / "data", sse_max_stream_s=0.2, sse_poll_interval_s=0.05,
+        tmp_path_factory.mktemp("authz") / "data",
+        sse_max_stream_s=0.2,
+        sse_poll_interval_s=0.05,
         sse_keepalive_s=0.1,
     )
     migrate(settings)
@@ -113,21 +115,34 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ids["ds_other"] = _upload(client, headers[OTHER], OTHER_NAME, _small_csv(2))
         for grantee in (ANALYST, REVOKED, "tn-spare-gina"):
             name = TENANT_NAMES.get(grantee, grantee)
-            assert client.post(f"/v1/datasets/{ids['ds_shared']}/grants", headers=headers[OWNER],
-                               json={"tenant": name}).status_code == 202
+            assert (
+                client.post(
+                    f"/v1/datasets/{ids['ds_shared']}/grants", headers=headers[OWNER], json={"tenant": name}
+                ).status_code
+                == 202
+            )
         for grantee in (ANALYST, REVOKED):  # gina's invitation stays pending
-            assert client.post(f"/v1/invitations/{ids['ds_shared']}/accept",
-                               headers=headers[grantee]).status_code == 200
-        assert client.post(f"/v1/datasets/{ids['ds_other']}/grants", headers=headers[OTHER],
-                           json={"tenant": "tn-spare-gina"}).status_code == 202
+            assert (
+                client.post(f"/v1/invitations/{ids['ds_shared']}/accept", headers=headers[grantee]).status_code == 200
+            )
+        assert (
+            client.post(
+                f"/v1/datasets/{ids['ds_other']}/grants", headers=headers[OTHER], json={"tenant": "tn-spare-gina"}
+            ).status_code
+            == 202
+        )
         ids["job_owner"] = _submit(client, headers[OWNER], ids["ds_shared"])
         ids["job_analyst"] = _submit(client, headers[ANALYST], ids["ds_shared"])
         ids["job_revoked"] = _submit(client, headers[REVOKED], ids["ds_shared"])
         ids["job_other"] = _submit(client, headers[OTHER], ids["ds_other"])
         for job in ("job_analyst", "job_revoked"):
             assert runner.run(ids[job]) == "succeeded"
-        assert client.delete(f"/v1/datasets/{ids['ds_shared']}/grants/{TENANT_NAMES[REVOKED]}",
-                             headers=headers[OWNER]).status_code == 200
+        assert (
+            client.delete(
+                f"/v1/datasets/{ids['ds_shared']}/grants/{TENANT_NAMES[REVOKED]}", headers=headers[OWNER]
+            ).status_code
+            == 200
+        )
         with database.write_transaction() as tx:
             key = tx.scalar(select(ApiKey).where(ApiKey.digest == key_digest(deleted)))
             assert key is not None and revoke_api_key(tx, key)
@@ -148,20 +163,21 @@ def _forbidden_strings(ids: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     """What each caller must never see: other tenants' object ids, names and tenant ids, and the
     content hash of any dataset it does not own."""
     shared = (ids["ds_shared"], SHARED_NAME)
-    other = (ids["ds_other"], OTHER_NAME, ids["job_other"], ids[f"tenant:{OTHER}"], TENANT_NAMES[OTHER],
-             OTHER_SHA256)
+    other = (ids["ds_other"], OTHER_NAME, ids["job_other"], ids[f"tenant:{OTHER}"], TENANT_NAMES[OTHER], OTHER_SHA256)
     unseen = {
         OWNER: other,
-        ANALYST: other + (ids["job_owner"], ids["job_revoked"], ids[f"tenant:{REVOKED}"], TENANT_NAMES[REVOKED],
-                          SHARED_SHA256),
-        OTHER: shared + (ids["job_owner"], ids["job_analyst"], ids["job_revoked"], SHARED_SHA256)
+        ANALYST: other
+        + (ids["job_owner"], ids["job_revoked"], ids[f"tenant:{REVOKED}"], TENANT_NAMES[REVOKED], SHARED_SHA256),
+        OTHER: shared
+        + (ids["job_owner"], ids["job_analyst"], ids["job_revoked"], SHARED_SHA256)
         + tuple(ids[f"tenant:{c}"] for c in (OWNER, ANALYST, REVOKED))
         + tuple(TENANT_NAMES[c] for c in (OWNER, ANALYST, REVOKED)),
-        REVOKED: other + (ids["job_owner"], ids["job_analyst"], ids[f"tenant:{ANALYST}"], TENANT_NAMES[ANALYST],
-                          SHARED_SHA256),
+        REVOKED: other
+        + (ids["job_owner"], ids["job_analyst"], ids[f"tenant:{ANALYST}"], TENANT_NAMES[ANALYST], SHARED_SHA256),
     }
-    everything = tuple(sorted(set(ids.values()) | {SHARED_NAME, OTHER_NAME, SHARED_SHA256, OTHER_SHA256}
-                              | set(TENANT_NAMES.values())))
+    everything = tuple(
+        sorted(set(ids.values()) | {SHARED_NAME, OTHER_NAME, SHARED_SHA256, OTHER_SHA256} | set(TENANT_NAMES.values()))
+    )
     return {**unseen, **{caller: everything for caller in ANONYMOUS_CALLERS}}
 
 
@@ -246,8 +262,10 @@ UI_JOB = {  # the dashboard shows a tenant its own jobs only (app/api/ui.py: job
     "revoked analyst's job": ui(404, 404, 404, 200),
     "other tenant's job": ui(404, 404, 200, 404),
 }
-UI_REPORT = {target: {c: (409 if s == 200 and target in ("owner's job", "other tenant's job") else s)
-                      for c, s in expect.items()} for target, expect in UI_JOB.items()}
+UI_REPORT = {
+    target: {c: (409 if s == 200 and target in ("owner's job", "other tenant's job") else s) for c, s in expect.items()}
+    for target, expect in UI_JOB.items()
+}
 
 
 def _grant_body(world: World) -> dict[str, str]:
@@ -265,9 +283,14 @@ CASES: tuple[Case, ...] = (
     Case("GET", "/v1/algorithms", "catalogue", v1(200, 200, 200, 200)),
     Case("GET", "/v1/algorithms/{name}", "catalogue", v1(200, 200, 200, 200), params={"name": "=dp-sgd"}),
     Case("GET", "/v1/models", "catalogue", v1(200, 200, 200, 200)),
-    Case("POST", "/v1/datasets", "new upload", v1(201, 201, 201, 201),
-         query={"name": "upload", "format": "csv", "label_column": "label", "epsilon": "1", "delta": "1e-5"},
-         content=lambda world: _small_csv(3)),
+    Case(
+        "POST",
+        "/v1/datasets",
+        "new upload",
+        v1(201, 201, 201, 201),
+        query={"name": "upload", "format": "csv", "label_column": "label", "epsilon": "1", "delta": "1e-5"},
+        content=lambda world: _small_csv(3),
+    ),
     Case("GET", "/v1/datasets", "list", v1(200, 200, 200, 200)),
     Case("GET", "/v1/invitations", "list", v1(200, 200, 200, 200)),
     *(
@@ -279,32 +302,68 @@ CASES: tuple[Case, ...] = (
         for case in (
             Case("GET", "/v1/datasets/{dataset_id}", target, read, params=params),
             Case("GET", "/v1/datasets/{dataset_id}/budget", target, read, params=params),
-            Case("POST", "/v1/datasets/{dataset_id}/budget", target, own, params=params,
-                 json=lambda world: {"epsilon": 9.0, "reason": "matrix"}),
+            Case(
+                "POST",
+                "/v1/datasets/{dataset_id}/budget",
+                target,
+                own,
+                params=params,
+                json=lambda world: {"epsilon": 9.0, "reason": "matrix"},
+            ),
             Case("GET", "/v1/datasets/{dataset_id}/ledger", target, own, params=params),
             Case("GET", "/v1/datasets/{dataset_id}/grants", target, own, params=params),
-            Case("POST", "/v1/datasets/{dataset_id}/grants", target,
-                 {c: 202 if s == 200 else s for c, s in own.items()}, params=params, json=_grant_body),
-            Case("DELETE", "/v1/datasets/{dataset_id}/grants/{grantee}", target, own,
-                 params={**params, "grantee": "=tn-spare-gina"}),
+            Case(
+                "POST",
+                "/v1/datasets/{dataset_id}/grants",
+                target,
+                {c: 202 if s == 200 else s for c, s in own.items()},
+                params=params,
+                json=_grant_body,
+            ),
+            Case(
+                "DELETE",
+                "/v1/datasets/{dataset_id}/grants/{grantee}",
+                target,
+                own,
+                params={**params, "grantee": "=tn-spare-gina"},
+            ),
             # Nobody in the matrix holds a pending invitation (the analyst accepted its own): the
             # addressee's 200 is in test_api_invitations.py.
-            Case("POST", "/v1/invitations/{invitation_id}/accept", target, v1(404, 404, 404, 404),
-                 params={"invitation_id": params["dataset_id"]}),
-            Case("POST", "/v1/invitations/{invitation_id}/decline", target, v1(404, 404, 404, 404),
-                 params={"invitation_id": params["dataset_id"]}),
+            Case(
+                "POST",
+                "/v1/invitations/{invitation_id}/accept",
+                target,
+                v1(404, 404, 404, 404),
+                params={"invitation_id": params["dataset_id"]},
+            ),
+            Case(
+                "POST",
+                "/v1/invitations/{invitation_id}/decline",
+                target,
+                v1(404, 404, 404, 404),
+                params={"invitation_id": params["dataset_id"]},
+            ),
             Case("POST", "/v1/jobs/estimate", target, read, json=lambda w, p=params: _spec(w.ids[p["dataset_id"]])),
-            Case("POST", "/v1/jobs", target, {c: 202 if s == 200 else s for c, s in read.items()},
-                 json=lambda w, p=params: _spec(w.ids[p["dataset_id"]], epsilon=0.3)),
-            Case("GET", "/ui/datasets/{dataset_id}", target,  # the dashboard: owners and accepted analysts
-                 ui(*(200 if c in ((OWNER, ANALYST) if params is SHARED else (OTHER,)) else 404
-                      for c in TENANT_CALLERS)),
-                 params=params),
+            Case(
+                "POST",
+                "/v1/jobs",
+                target,
+                {c: 202 if s == 200 else s for c, s in read.items()},
+                json=lambda w, p=params: _spec(w.ids[p["dataset_id"]], epsilon=0.3),
+            ),
+            Case(
+                "GET",
+                "/ui/datasets/{dataset_id}",
+                target,  # the dashboard: owners and accepted analysts
+                ui(
+                    *(200 if c in ((OWNER, ANALYST) if params is SHARED else (OTHER,)) else 404 for c in TENANT_CALLERS)
+                ),
+                params=params,
+            ),
         )
     ),
     Case("GET", "/v1/jobs", "list", v1(200, 200, 200, 200)),
-    Case("GET", "/v1/jobs", "list, shared dataset filter", v1(200, 200, 200, 200),
-         query={"dataset_id": "@ds_shared"}),
+    Case("GET", "/v1/jobs", "list, shared dataset filter", v1(200, 200, 200, 200), query={"dataset_id": "@ds_shared"}),
     *(
         case
         for target, (params, read) in JOB_TARGETS.items()
@@ -313,12 +372,23 @@ CASES: tuple[Case, ...] = (
             Case("GET", "/v1/jobs/{job_id}/events", target, read, params=params),
             Case("GET", "/v1/jobs/{job_id}/model", target, ARTIFACTS[target], params=params),
             Case("GET", "/v1/jobs/{job_id}/report", target, ARTIFACTS[target], params=params),
-            Case("GET", "/v1/jobs/{job_id}/report", f"{target}, html", ARTIFACTS[target], params=params,
-                 query={"format": "html"}),
+            Case(
+                "GET",
+                "/v1/jobs/{job_id}/report",
+                f"{target}, html",
+                ARTIFACTS[target],
+                params=params,
+                query={"format": "html"},
+            ),
             Case("GET", "/ui/jobs/{job_id}", target, UI_JOB[target], params=params),
             Case("GET", "/ui/jobs/{job_id}/report", target, UI_REPORT[target], params=params),
-            Case("GET", "/ui/jobs/{job_id}/events", target, {**UI_JOB[target], **dict.fromkeys(ANONYMOUS_CALLERS, 401)},
-                 params=params),
+            Case(
+                "GET",
+                "/ui/jobs/{job_id}/events",
+                target,
+                {**UI_JOB[target], **dict.fromkeys(ANONYMOUS_CALLERS, 401)},
+                params=params,
+            ),
             Case("POST", "/v1/jobs/{job_id}/cancel", target, CANCEL[target], params=params),
         )
     ),
@@ -326,12 +396,27 @@ CASES: tuple[Case, ...] = (
     Case("GET", "/ui/login", "login form", everyone(200)),
     Case("POST", "/ui/login", "login without CSRF token", everyone(403)),
     Case("POST", "/ui/logout", "logout without CSRF token", everyone(403)),
-    Case("POST", "/ui/jobs/{job_id}/cancel", "cancel without CSRF token", everyone(403),
-         params={"job_id": "=job_missing"}),
-    Case("POST", "/ui/invitations/{dataset_id}/accept", "accept without CSRF token", everyone(403),
-         params={"dataset_id": "ds_shared"}),
-    Case("POST", "/ui/invitations/{dataset_id}/decline", "decline without CSRF token", everyone(403),
-         params={"dataset_id": "ds_shared"}),
+    Case(
+        "POST",
+        "/ui/jobs/{job_id}/cancel",
+        "cancel without CSRF token",
+        everyone(403),
+        params={"job_id": "=job_missing"},
+    ),
+    Case(
+        "POST",
+        "/ui/invitations/{dataset_id}/accept",
+        "accept without CSRF token",
+        everyone(403),
+        params={"dataset_id": "ds_shared"},
+    ),
+    Case(
+        "POST",
+        "/ui/invitations/{dataset_id}/decline",
+        "decline without CSRF token",
+        everyone(403),
+        params={"dataset_id": "ds_shared"},
+    ),
     Case("GET", "/ui/datasets", "dashboard list", ui(200, 200, 200, 200)),
     Case("GET", "/ui/jobs", "dashboard list", ui(200, 200, 200, 200)),
 )
@@ -407,10 +492,15 @@ def test_lists_show_each_caller_its_own_view(world: World) -> None:
     ids, client, h = world.ids, world.client, world.headers
 
     def datasets(caller: str) -> dict[str, str]:
-        return {d["id"]: d["role"] for d in client.get("/v1/datasets", headers=h[caller], params={"limit": 200}).json()["items"]}
+        return {
+            d["id"]: d["role"]
+            for d in client.get("/v1/datasets", headers=h[caller], params={"limit": 200}).json()["items"]
+        }
 
     def jobs(caller: str, **query: str) -> set[str]:
-        return {j["id"] for j in client.get("/v1/jobs", headers=h[caller], params={"limit": 200, **query}).json()["items"]}
+        return {
+            j["id"] for j in client.get("/v1/jobs", headers=h[caller], params={"limit": 200, **query}).json()["items"]
+        }
 
     assert datasets(OWNER)[ids["ds_shared"]] == "owner" and ids["ds_other"] not in datasets(OWNER)
     assert datasets(ANALYST)[ids["ds_shared"]] == "analyst" and ids["ds_other"] not in datasets(ANALYST)
@@ -431,9 +521,26 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
     could (every route is in the matrix above), and the dataset views hold public facts only."""
     view = world.client.get(f"/v1/datasets/{world.ids['ds_shared']}", headers=world.headers[ANALYST]).json()
     assert set(view) <= {
-        "id", "name", "format", "sha256", "size_bytes", "n_rows", "feature_shape", "n_features", "task",
-        "n_classes", "classes", "classes_source", "label_column", "feature_names", "preparation", "budget", "created_at",
-        "links", "role", "notices",
+        "id",
+        "name",
+        "format",
+        "sha256",
+        "size_bytes",
+        "n_rows",
+        "feature_shape",
+        "n_features",
+        "task",
+        "n_classes",
+        "classes",
+        "classes_source",
+        "label_column",
+        "feature_names",
+        "preparation",
+        "budget",
+        "created_at",
+        "links",
+        "role",
+        "notices",
     }
     assert view["sha256"] is None and view["size_bytes"] is None
     rows = _small_csv(1).decode().splitlines()[1:4]

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.db import Database
-from tests.conftest import counts, spec_for, RecordingDispatcher, digits_split, upload
-from worker.runner import JobRunner
 from privtrain.model_files import load_model
+from tests.conftest import RecordingDispatcher, counts, digits_split, spec_for, upload
+from worker.runner import JobRunner
 
 BASELINES = ["dp-adam", "auto-s", "dp-psac"]
 EXPECTED_FIELDS = {
@@ -39,7 +39,11 @@ def test_baselines_are_in_the_catalogue(alice: TestClient) -> None:
     assert listed["auto-s"]["defaults"]["optimizer"] == "sgd"
     assert listed["dp-psac"]["defaults"]["r"] == 0.01
     assert listed["dp-adam"]["defaults"] == {
-        "clipping_norm": 1.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+        "clipping_norm": 1.0,
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "eps": 1e-8,
+        "weight_decay": 0.0,
     }
     assert "Xia" in listed["dp-psac"]["paper"] and "Opacus" in listed["dp-psac"]["summary"]
     assert "Bu" in listed["auto-s"]["paper"] and "NSGD" in listed["auto-s"]["paper"]
@@ -50,13 +54,9 @@ def test_estimate_costs_exactly_what_dp_sgd_costs_at_the_same_c(
     alice: TestClient, dataset_id: str, database: Database, name: str
 ) -> None:
     """Same q, T and σ(ε) as dp-sgd; the sensitivity (noise std / σ) is the map's bound C."""
-    baseline = alice.post(
-        "/v1/jobs/estimate", json=spec_for(dataset_id, name, {"clipping_norm": 2.5})
-    )
+    baseline = alice.post("/v1/jobs/estimate", json=spec_for(dataset_id, name, {"clipping_norm": 2.5}))
     assert baseline.status_code == 200, baseline.text
-    reference = alice.post(
-        "/v1/jobs/estimate", json=spec_for(dataset_id, "dp-sgd", {"clipping_norm": 2.5})
-    ).json()
+    reference = alice.post("/v1/jobs/estimate", json=spec_for(dataset_id, "dp-sgd", {"clipping_norm": 2.5})).json()
     estimate = baseline.json()
     for key in ("noise_multiplier", "sampling_probability", "steps", "epsilon_ledger", "epsilon_prv"):
         assert estimate[key] == reference[key], key
@@ -127,8 +127,14 @@ RUNS = [
 
 @pytest.mark.parametrize(("name", "hyperparameters", "learning_rate"), RUNS, ids=BASELINES)
 def test_job_runs_end_to_end_through_the_worker(
-    alice: TestClient, settings: Settings, database: Database, digits_csv: bytes, tmp_path: Path,
-    name: str, hyperparameters: dict, learning_rate: float,
+    alice: TestClient,
+    settings: Settings,
+    database: Database,
+    digits_csv: bytes,
+    tmp_path: Path,
+    name: str,
+    hyperparameters: dict,
+    learning_rate: float,
 ) -> None:
     """API submit → the worker's JobRunner (in-process, same code as the worker process) → the
     registered trainer → model, report and ledger; the model classifies held-out digits."""

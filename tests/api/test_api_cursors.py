@@ -20,8 +20,7 @@ from tests.conftest import dp_sgd_spec, upload
 INVALID_CURSOR = "/problems/invalid-cursor"
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=40),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
@@ -32,17 +31,34 @@ cursor_payloads = st.one_of(
     st.lists(json_values, min_size=1, max_size=3),  # right or near arity, wrong types
     st.tuples(st.text(max_size=40), json_values).map(list),
     st.integers().map(lambda n: [n]),
-    st.sampled_from([["abc"], [2**70], [-1], [True], [1.5], ["2020-01-01", {"x": 1}],
-                     ["0001-01-01T00:00:00+14:00", "ds_x"], ["9999-12-31T23:59:59-14:00", "ds_x"],
-                     ["2020-01-01", "ds_\u0000"], ["2020-01-01", "\ud800"], ["\ud800"]]),
+    st.sampled_from(
+        [
+            ["abc"],
+            [2**70],
+            [-1],
+            [True],
+            [1.5],
+            ["2020-01-01", {"x": 1}],
+            ["0001-01-01T00:00:00+14:00", "ds_x"],
+            ["9999-12-31T23:59:59-14:00", "ds_x"],
+            ["2020-01-01", "ds_\u0000"],
+            ["2020-01-01", "\ud800"],
+            ["\ud800"],
+        ]
+    ),
 )
 
 
 @pytest.fixture
 def routes(alice: TestClient, dataset_id: str) -> list[str]:
     """Every paginated route (``grep -rn decode_cursor app``)."""
-    return ["/v1/datasets", f"/v1/datasets/{dataset_id}/ledger", "/v1/jobs", "/v1/invitations",
-            f"/v1/datasets/{dataset_id}/grants"]
+    return [
+        "/v1/datasets",
+        f"/v1/datasets/{dataset_id}/ledger",
+        "/v1/jobs",
+        "/v1/invitations",
+        f"/v1/datasets/{dataset_id}/grants",
+    ]
 
 
 def _get(client: TestClient, route: str, cursor: str) -> Any:
@@ -57,9 +73,19 @@ def _assert_invalid_cursor(response: Any) -> None:
 
 @pytest.mark.parametrize(
     ("route_index", "payload"),
-    [(1, ["abc"]), (1, [2**70]), (1, [True]), (1, [-1]), (0, ["2020-01-01", {"x": 1}]),
-     (0, ["2020-01-01", "ds_\u0000"]), (0, ["0001-01-01T00:00:00+14:00", "ds_x"]), (0, [1, 2]),
-     (2, [{"x": 1}]), (2, ["job_\u0000"]), (2, [])],
+    [
+        (1, ["abc"]),
+        (1, [2**70]),
+        (1, [True]),
+        (1, [-1]),
+        (0, ["2020-01-01", {"x": 1}]),
+        (0, ["2020-01-01", "ds_\u0000"]),
+        (0, ["0001-01-01T00:00:00+14:00", "ds_x"]),
+        (0, [1, 2]),
+        (2, [{"x": 1}]),
+        (2, ["job_\u0000"]),
+        (2, []),
+    ],
 )
 def test_reported_cursors_are_invalid_cursor_problems(
     alice: TestClient, routes: list[str], route_index: int, payload: list[Any]
@@ -67,11 +93,17 @@ def test_reported_cursors_are_invalid_cursor_problems(
     _assert_invalid_cursor(_get(alice, routes[route_index], encode_cursor(payload)))
 
 
-@pytest.mark.parametrize("cursor", ["!!", "é", "A" * 5000, base64.urlsafe_b64encode(b"[" * 900).decode(),
-                                    base64.urlsafe_b64encode(b"\xff\xfe").decode()])
-def test_undecodable_cursors_are_invalid_cursor_problems(
-    alice: TestClient, routes: list[str], cursor: str
-) -> None:
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "!!",
+        "é",
+        "A" * 5000,
+        base64.urlsafe_b64encode(b"[" * 900).decode(),
+        base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+    ],
+)
+def test_undecodable_cursors_are_invalid_cursor_problems(alice: TestClient, routes: list[str], cursor: str) -> None:
     for route in routes:
         _assert_invalid_cursor(_get(alice, route, cursor))
 

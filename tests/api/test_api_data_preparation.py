@@ -23,17 +23,19 @@ from app.config import Settings
 from app.db import Database
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from bench.breast_cancer_csv import CLASSES, preparation, training_csv
+from privtrain.model_files import load_model
 from tests.conftest import upload
 from tests.sharing import share
 from worker.runner import JobRunner
-from privtrain.model_files import load_model
 
 
 def _stored(database: Database, settings: Settings) -> tuple[int, int, int, list[Path]]:
     """Rows, budgets, ledger entries and blob files: what a refused upload must leave unchanged."""
     with database.read_session() as session:
-        counts = tuple(session.scalar(select(func.count()).select_from(table)) or 0
-                       for table in (Dataset, PrivacyBudget, LedgerEntry))
+        counts = tuple(
+            session.scalar(select(func.count()).select_from(table)) or 0
+            for table in (Dataset, PrivacyBudget, LedgerEntry)
+        )
     blobs = sorted(p for p in settings.blob_dir.rglob("*") if p.is_file())
     return (*counts, blobs)  # type: ignore[return-value]
 
@@ -77,8 +79,15 @@ def test_the_breast_cancer_example_runs_end_to_end(
     as words) uploaded with a declared class list, the id dropped and public bounds."""
     body = training_csv()
     declared = preparation()
-    response = upload(alice, body, name="breast-cancer", label_column="diagnosis", delta=1e-3,
-                      classes=",".join(CLASSES), preparation=json.dumps(declared))
+    response = upload(
+        alice,
+        body,
+        name="breast-cancer",
+        label_column="diagnosis",
+        delta=1e-3,
+        classes=",".join(CLASSES),
+        preparation=json.dumps(declared),
+    )
     assert response.status_code == 201, response.text
     dataset = response.json()
     assert dataset["classes"] == ["benign", "malignant"] and dataset["classes_source"] == "declared"
@@ -91,7 +100,7 @@ def test_the_breast_cancer_example_runs_end_to_end(
 
     # The worker trains on scaled features and labels matched by name.
     X, y = _loaded(settings, database, dataset["id"])
-    assert X.shape == (455, 30) and 0.0 <= X.min() and X.max() <= 1.0
+    assert X.shape == (455, 30) and X.min() >= 0.0 and X.max() <= 1.0
     malignant_rows = body.decode().count(",malignant\n")
     assert int((y == CLASSES.index("malignant")).sum()) == malignant_rows and set(np.unique(y)) == {0, 1}
 
@@ -113,8 +122,9 @@ def test_the_breast_cancer_example_runs_end_to_end(
 # ------------------------------------------------------------------ labels and the task
 
 
-def test_undeclared_text_labels_become_the_sorted_observed_list(alice: TestClient, settings: Settings,
-                                                              database: Database) -> None:
+def test_undeclared_text_labels_become_the_sorted_observed_list(
+    alice: TestClient, settings: Settings, database: Database
+) -> None:
     rng = np.random.default_rng(1)
     words = rng.choice(["yes", "no", "maybe"], size=60)
     body = _csv(["a", "b", "answer"], [[float(rng.random()), float(rng.random()), w] for w in words])
@@ -181,8 +191,9 @@ def test_one_hot_encodes_declared_categories_and_refuses_others(
 ) -> None:
     sexes = ["female", "male", " male ", "female"] * 5
     rows = [[s, 30 + i, i % 2] for i, s in enumerate(sexes)]
-    declared = json.dumps({"one_hot": {"sex": ["female", "male", "other"]},
-                           "scale": {"age": {"bounds": [0, 100], "range": [-1, 1]}}})
+    declared = json.dumps(
+        {"one_hot": {"sex": ["female", "male", "other"]}, "scale": {"age": {"bounds": [0, 100], "range": [-1, 1]}}}
+    )
     response = upload(alice, _csv(["sex", "age", "label"], rows), delta=1e-3, preparation=declared)
     assert response.status_code == 201, response.text
     assert response.json()["feature_names"] == ["sex=female", "sex=male", "sex=other", "age"]
@@ -246,11 +257,18 @@ def test_an_array_dataset_takes_only_scaling_of_every_feature(
     rng = np.random.default_rng(2)
     buffer = io.BytesIO()
     np.savez(buffer, X=rng.integers(0, 17, (40, 1, 4, 4)).astype(np.float32), y=np.arange(40) % 2)
-    named = upload(alice, buffer.getvalue(), format="npz", label_column=None, delta=1e-3,
-                   preparation='{"drop": ["x0"]}')
-    assert named.status_code == 422 and "only scale[\"*\"]" in named.json()["detail"]
-    scaled = upload(alice, buffer.getvalue(), format="npz", label_column=None, delta=1e-3,
-                    preparation='{"scale": {"*": {"bounds": [0, 16], "range": [-1, 1]}}}')
+    named = upload(
+        alice, buffer.getvalue(), format="npz", label_column=None, delta=1e-3, preparation='{"drop": ["x0"]}'
+    )
+    assert named.status_code == 422 and 'only scale["*"]' in named.json()["detail"]
+    scaled = upload(
+        alice,
+        buffer.getvalue(),
+        format="npz",
+        label_column=None,
+        delta=1e-3,
+        preparation='{"scale": {"*": {"bounds": [0, 16], "range": [-1, 1]}}}',
+    )
     assert scaled.status_code == 201, scaled.text
     X, _ = _loaded(settings, database, scaled.json()["id"])
     assert X.shape == (40, 1, 4, 4) and X.min() >= -1 and X.max() <= 1 and X.min() < 0 < X.max()
@@ -260,20 +278,24 @@ def test_the_preparation_is_part_of_an_idempotent_upload(alice: TestClient) -> N
     body = _csv(["id", "a", "label"], [[f"p{i}", i, i % 2] for i in range(20)])
     params = {"name": "d", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-3}
     headers = {"Idempotency-Key": "prep-1"}
-    first = alice.post("/v1/datasets", headers=headers, content=body,
-                       params=params | {"preparation": '{"drop": ["id"]}'})
+    first = alice.post(
+        "/v1/datasets", headers=headers, content=body, params=params | {"preparation": '{"drop": ["id"]}'}
+    )
     assert first.status_code == 201, first.text
-    same = alice.post("/v1/datasets", headers=headers, content=body,
-                      params=params | {"preparation": '{ "drop" : [ "id" ] }'})  # same declaration
+    same = alice.post(
+        "/v1/datasets", headers=headers, content=body, params=params | {"preparation": '{ "drop" : [ "id" ] }'}
+    )  # same declaration
     assert same.status_code == 200 and same.json()["id"] == first.json()["id"]
-    changed = alice.post("/v1/datasets", headers=headers, content=body,
-                         params=params | {"preparation": '{"drop": ["id"], "scale": {"a": {"bounds": [0, 20]}}}'})
+    changed = alice.post(
+        "/v1/datasets",
+        headers=headers,
+        content=body,
+        params=params | {"preparation": '{"drop": ["id"], "scale": {"a": {"bounds": [0, 20]}}}'},
+    )
     assert changed.status_code == 422 and changed.json()["type"] == "/problems/idempotency-key-reused"
 
 
-def test_the_preparation_is_public_and_left_out_of_listings(
-    alice: TestClient, bob_headers: dict[str, str]
-) -> None:
+def test_the_preparation_is_public_and_left_out_of_listings(alice: TestClient, bob_headers: dict[str, str]) -> None:
     body = _csv(["id", "a", "label"], [[f"p{i}", i, i % 2] for i in range(20)])
     dataset = upload(alice, body, delta=1e-3, preparation='{"drop": ["id"]}').json()
     share(alice, dataset_id=dataset["id"], grantee_name="bob", grantee=bob_headers)
@@ -283,9 +305,7 @@ def test_the_preparation_is_public_and_left_out_of_listings(
     assert item["id"] == dataset["id"] and item["preparation"] is None
 
 
-def test_the_readme_cli_command_uploads_the_example(
-    app_client: TestClient, database: Database, tmp_path: Path
-) -> None:
+def test_the_readme_cli_command_uploads_the_example(app_client: TestClient, database: Database, tmp_path: Path) -> None:
     """`privtrain datasets upload ... --preparation @preparation.json`, as docs/preparing-data.md shows it."""
     from click.testing import CliRunner
 
@@ -304,8 +324,19 @@ def test_the_readme_cli_command_uploads_the_example(
     def run(*args: str) -> object:
         return runner.invoke(cli, list(args), obj=CliEnvironment(transport=AppTransport(app_client)), env=env)
 
-    command = ["datasets", "upload", str(tmp_path / "breast_cancer.csv"), "--label-column", "diagnosis",
-               "--classes", "benign,malignant", "--epsilon", "8", "--delta", "1e-3"]
+    command = [
+        "datasets",
+        "upload",
+        str(tmp_path / "breast_cancer.csv"),
+        "--label-column",
+        "diagnosis",
+        "--classes",
+        "benign,malignant",
+        "--epsilon",
+        "8",
+        "--delta",
+        "1e-3",
+    ]
     missing = run(*command, "--preparation", f"@{tmp_path / 'nope.json'}")
     assert missing.exit_code == 2  # type: ignore[attr-defined]
     shown = run(*command, "--preparation", f"@{tmp_path / 'preparation.json'}", "--json")
@@ -313,7 +344,8 @@ def test_the_readme_cli_command_uploads_the_example(
     dataset = json.loads(shown.stdout)  # type: ignore[attr-defined]
     assert dataset["n_features"] == 30 and dataset["classes"] == ["benign", "malignant"]
     assert dataset["preparation"] == json.loads(json.dumps(preparation())) | {
-        "scale": {name: {**scaling, "range": [0.0, 1.0]} for name, scaling in preparation()["scale"].items()}}
+        "scale": {name: {**scaling, "range": [0.0, 1.0]} for name, scaling in preparation()["scale"].items()}
+    }
 
 
 def test_datasets_declared_before_with_numeric_names_keep_index_labels(tmp_path: Path) -> None:
@@ -336,16 +368,30 @@ def test_datasets_declared_before_with_numeric_names_keep_index_labels(tmp_path:
     meta = sa.MetaData()
     tenants, datasets = (sa.Table(name, meta, autoload_with=engine) for name in ("tenants", "datasets"))
     now = dt.datetime.now(dt.UTC)
-    row = {"tenant_id": "tn_1", "format": "csv", "sha256": "0" * 64, "blob_key": "k", "size_bytes": 1,
-           "label_column": "label", "n_rows": 4, "feature_shape": [1], "n_features": 1,
-           "task": "classification", "n_classes": 2, "created_at": now}
+    row = {
+        "tenant_id": "tn_1",
+        "format": "csv",
+        "sha256": "0" * 64,
+        "blob_key": "k",
+        "size_bytes": 1,
+        "label_column": "label",
+        "n_rows": 4,
+        "feature_shape": [1],
+        "n_features": 1,
+        "task": "classification",
+        "n_classes": 2,
+        "created_at": now,
+    }
     with engine.begin() as connection:
         connection.execute(tenants.insert().values(id="tn_1", name="old", created_at=now))
-        connection.execute(datasets.insert(), [
-            row | {"id": "ds_numbers", "name": "a", "class_names": ["1", "2"], "classes_declared": True},
-            row | {"id": "ds_words", "name": "b", "class_names": ["no", "yes"], "classes_declared": True},
-            row | {"id": "ds_observed", "name": "c", "class_names": ["0", "1"], "classes_declared": False},
-        ])
+        connection.execute(
+            datasets.insert(),
+            [
+                row | {"id": "ds_numbers", "name": "a", "class_names": ["1", "2"], "classes_declared": True},
+                row | {"id": "ds_words", "name": "b", "class_names": ["no", "yes"], "classes_declared": True},
+                row | {"id": "ds_observed", "name": "c", "class_names": ["0", "1"], "classes_declared": False},
+            ],
+        )
     engine.dispose()
     command.upgrade(config, "head")
     database = Database(settings.resolved_database_url)

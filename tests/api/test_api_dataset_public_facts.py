@@ -70,8 +70,12 @@ def test_the_same_bytes_in_another_tenant_are_another_dataset(
     """Tenants are separate data controllers; a 409 across tenants would also reveal that some
     other tenant holds these bytes."""
     assert upload(alice, digits_csv).status_code == 201
-    theirs = alice.post("/v1/datasets", headers=bob_headers, content=digits_csv, params={
-        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+    theirs = alice.post(
+        "/v1/datasets",
+        headers=bob_headers,
+        content=digits_csv,
+        params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+    )
     assert theirs.status_code == 201, theirs.text
 
 
@@ -82,8 +86,7 @@ def test_an_idempotent_retry_is_not_a_duplicate(alice: TestClient, digits_csv: b
     again = alice.post("/v1/datasets", headers=headers, params=params, content=digits_csv)
     assert (first.status_code, again.status_code) == (201, 200)
     assert again.json()["id"] == first.json()["id"]
-    other_key = alice.post("/v1/datasets", headers={"Idempotency-Key": "retry-2"}, params=params,
-                           content=digits_csv)
+    other_key = alice.post("/v1/datasets", headers={"Idempotency-Key": "retry-2"}, params=params, content=digits_csv)
     assert other_key.status_code == 409
     assert other_key.json()["existing_dataset_id"] == first.json()["id"]
 
@@ -91,9 +94,7 @@ def test_an_idempotent_retry_is_not_a_duplicate(alice: TestClient, digits_csv: b
 # ------------------------------------------------------------------ exact functions of the rows
 
 
-def test_hash_and_size_are_the_owners_only(
-    alice: TestClient, digits_csv: bytes, bob_headers: dict[str, str]
-) -> None:
+def test_hash_and_size_are_the_owners_only(alice: TestClient, digits_csv: bytes, bob_headers: dict[str, str]) -> None:
     owner_view = upload(alice, digits_csv).json()
     assert owner_view["sha256"] == hashlib.sha256(digits_csv).hexdigest()
     assert owner_view["size_bytes"] == len(digits_csv)
@@ -133,8 +134,10 @@ def test_a_declared_class_list_does_not_depend_on_the_rows(alice: TestClient) ->
         assert view["classes"] == ["healthy", "benign", "malignant"]
         assert view["classes_source"] == "declared" and view["n_classes"] == 3
         assert view["notices"] == []
-    observed = [upload(alice, _labelled(seed, y), name=f"o{seed}", delta=1e-3).json()
-                for seed, y in ((3, labels), (4, neighbour))]
+    observed = [
+        upload(alice, _labelled(seed, y), name=f"o{seed}", delta=1e-3).json()
+        for seed, y in ((3, labels), (4, neighbour))
+    ]
     assert [v["n_classes"] for v in observed] == [3, 2]
     for view in observed:
         assert view["classes_source"] == "observed"

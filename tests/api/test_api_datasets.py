@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -103,8 +104,10 @@ def test_upload_over_size_limit_is_413(alice: TestClient, database: Database, se
     _assert_nothing_stored(database, settings)
 
 
-def test_streamed_upload_over_limit_without_content_length(alice: TestClient, database: Database, settings: Settings) -> None:
-    def chunks():
+def test_streamed_upload_over_limit_without_content_length(
+    alice: TestClient, database: Database, settings: Settings
+) -> None:
+    def chunks() -> Iterator[bytes]:
         yield b"a,label\n"
         for _ in range(700):
             yield b"1,0\n" * 2048  # ~5.7 MB in total
@@ -159,15 +162,27 @@ def test_upload_with_an_idempotency_key_registers_once(
     alice: TestClient, database: Database, settings: Settings, digits_csv: bytes
 ) -> None:
     headers = {"Idempotency-Key": "upload-2026-11-21"}
-    first = alice.post("/v1/datasets", headers=headers, content=digits_csv, params={
-        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
-    again = alice.post("/v1/datasets", headers=headers, content=digits_csv, params={
-        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+    first = alice.post(
+        "/v1/datasets",
+        headers=headers,
+        content=digits_csv,
+        params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+    )
+    again = alice.post(
+        "/v1/datasets",
+        headers=headers,
+        content=digits_csv,
+        params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+    )
     assert first.status_code == 201 and again.status_code == 200
     assert again.json()["id"] == first.json()["id"]
     blobs_before = sorted(p.name for p in settings.blob_dir.rglob("*") if p.is_file())
-    other = alice.post("/v1/datasets", headers=headers, content=digits_csv, params={
-        "name": "digits", "format": "csv", "label_column": "label", "epsilon": 4, "delta": 1e-5})
+    other = alice.post(
+        "/v1/datasets",
+        headers=headers,
+        content=digits_csv,
+        params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 4, "delta": 1e-5},
+    )
     assert other.status_code == 422 and other.json()["type"] == "/problems/idempotency-key-reused"
     with database.session() as session:
         assert session.scalar(select(func.count()).select_from(Dataset)) == 1

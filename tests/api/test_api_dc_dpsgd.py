@@ -29,8 +29,13 @@ def _spec(dataset_id: str, name: str, hyperparameters: dict) -> dict:
     ],
 )
 def test_dc_job_charges_the_sound_cost_and_labels_the_paper_claim(
-    alice: TestClient, settings: Settings, database: Database, digits_csv: bytes,
-    name: str, hyperparameters: dict, sensitivity: float,
+    alice: TestClient,
+    settings: Settings,
+    database: Database,
+    digits_csv: bytes,
+    name: str,
+    hyperparameters: dict,
+    sensitivity: float,
 ) -> None:
     dataset = upload(alice, digits_csv).json()
     estimate = alice.post("/v1/jobs/estimate", json=_spec(dataset["id"], name, hyperparameters)).json()

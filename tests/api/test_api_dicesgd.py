@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.db import Database
-from tests.conftest import counts, spec_for, digits_split, upload
-from worker.runner import JobRunner
 from privtrain.model_files import load_model
+from tests.conftest import counts, digits_split, spec_for, upload
+from worker.runner import JobRunner
 
 NAMES = ["dicesgd", "dicesgd-adam", "dicesgd-auto"]
 EXPECTED_FIELDS = {
@@ -101,9 +101,7 @@ def test_bad_hyperparameters_are_422_invalid_job_spec(
     assert counts(database) == (0, 0)
 
 
-def test_noise_cannot_be_switched_off_through_the_api(
-    alice: TestClient, dataset_id: str, database: Database
-) -> None:
+def test_noise_cannot_be_switched_off_through_the_api(alice: TestClient, dataset_id: str, database: Database) -> None:
     """σ = 0 exists only as a worker-level test switch; the API refuses it."""
     spec = spec_for(dataset_id, "dicesgd", {}, noise_multiplier=0.0)
     response = alice.post("/v1/jobs", json=spec)
@@ -142,7 +140,7 @@ def test_dicesgd_job_runs_end_to_end_through_the_worker(
     assert sound["epsilon_gdp_exact"] <= report["epsilon"]["ledger"]
     # the hidden state never appears: no key mentions the error vector or norms
     flat = repr(report).lower()
-    for forbidden in ("error_feedback\":", "'e':", "norm_e", "clip_fraction", "loss"):
+    for forbidden in ('error_feedback":', "'e':", "norm_e", "clip_fraction", "loss"):
         assert forbidden not in flat
     kinds = [e["kind"] for e in alice.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]]
     assert kinds == ["RESERVE", "TOUCH", "COMMIT"]

@@ -21,7 +21,9 @@ from tests.live_app import serving
 
 PAGES = ("/docs", "/redoc")
 ORIGIN = "http://testserver"
-BROWSER = next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None)
+BROWSER = next(
+    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+)
 
 
 class _References(HTMLParser):
@@ -103,9 +105,20 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _rendered(url: str) -> tuple[str, str]:
     """(DOM after the page's scripts ran, Chromium's console log) of one page load."""
     assert BROWSER is not None
-    command = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-               "--disable-extensions", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=15000",
-               "--dump-dom", url]
+    command = [
+        BROWSER,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-extensions",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=15000",
+        "--dump-dom",
+        url,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout, result.stderr

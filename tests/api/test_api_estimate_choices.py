@@ -36,9 +36,7 @@ def _with_training(spec: dict[str, Any], **training: object) -> dict[str, Any]:
     return {**spec, "training": {"batch_size": spec["training"]["batch_size"], "learning_rate": 2.0, **training}}
 
 
-def test_remaining_after_is_what_the_ledger_shows_once_the_job_is_admitted(
-    alice: TestClient, dataset_id: str
-) -> None:
+def test_remaining_after_is_what_the_ledger_shows_once_the_job_is_admitted(alice: TestClient, dataset_id: str) -> None:
     spec = _walkthrough_spec(dataset_id)
     estimate = _estimate(alice, spec)
     assert estimate["admissible"] is True
@@ -79,15 +77,16 @@ def test_a_job_too_noisy_for_one_step_says_why(alice: TestClient, dataset_id: st
     estimate = _estimate(alice, _walkthrough_spec(dataset_id, noise_multiplier=0.05))
     assert estimate["admissible"] is False and estimate["budget_remaining_after_epsilon"] is None
     assert estimate["largest_admissible_steps"] is None
-    assert estimate["largest_admissible_steps_reason"] == (
-        "not even one step at σ = 0.05 fits the remaining budget"
-    )
+    assert estimate["largest_admissible_steps_reason"] == ("not even one step at σ = 0.05 fits the remaining budget")
     assert estimate["smallest_admissible_noise_multiplier"] > 0.05
 
 
 def test_algorithms_whose_charge_does_not_grow_with_steps_say_so(alice: TestClient, dataset_id: str) -> None:
     kl = dp_sgd_spec(dataset_id)
-    kl["algorithm"] = {"name": "kl-spider", "hyperparameters": {"L0": 3.0, "L1": 2.0, "gamma": 2.0, "kappa": 1.5, "F0": 1.0}}
+    kl["algorithm"] = {
+        "name": "kl-spider",
+        "hyperparameters": {"L0": 3.0, "L1": 2.0, "gamma": 2.0, "kappa": 1.5, "F0": 1.0},
+    }
     kl["training"] = {"steps": 40}
     estimate = _estimate(alice, kl)
     assert estimate["largest_admissible_steps"] is None
@@ -95,7 +94,10 @@ def test_algorithms_whose_charge_does_not_grow_with_steps_say_so(alice: TestClie
     assert estimate["smallest_admissible_noise_multiplier"] is not None  # σ still applies
     features, _, labels, _ = digits_split()
     regression = upload(
-        alice, to_csv(features, labels, label="target"), name="digits-as-regression", task="regression",
+        alice,
+        to_csv(features, labels, label="target"),
+        name="digits-as-regression",
+        task="regression",
         label_column="target",
     )
     assert regression.status_code == 201, regression.text
@@ -128,9 +130,7 @@ def three_jobs_in(alice: TestClient, digits_csv: bytes) -> str:
     return dataset_id
 
 
-def test_remaining_and_largest_admissible_epsilon_differ_by_curve_shape(
-    alice: TestClient, three_jobs_in: str
-) -> None:
+def test_remaining_and_largest_admissible_epsilon_differ_by_curve_shape(alice: TestClient, three_jobs_in: str) -> None:
     """budget_remaining_epsilon is the ε a plain Gaussian (RDP ρ·α) job could still get;
     largest_admissible_epsilon is what THIS spec's curve fits into the same room."""
     dp_sgd = _estimate(alice, _walkthrough_spec(three_jobs_in))
@@ -155,13 +155,23 @@ def test_remaining_and_largest_admissible_epsilon_differ_by_curve_shape(
 
 
 ESTIMATE = {
-    "noise_multiplier": 2.0, "sampling_probability": 0.089, "steps": 225, "delta": 1e-05,
-    "epsilon_ledger": 4.10001, "epsilon_prv": 3.5, "epsilon_prv_method": "rdp-single-job",
-    "noise_std_on_sum": 2.0, "sensitivity": 1.0, "admissible": False, "witness_order": None,
-    "budget_remaining_epsilon": GOLDEN_REMAINING, "budget_remaining_after_epsilon": None,
+    "noise_multiplier": 2.0,
+    "sampling_probability": 0.089,
+    "steps": 225,
+    "delta": 1e-05,
+    "epsilon_ledger": 4.10001,
+    "epsilon_prv": 3.5,
+    "epsilon_prv_method": "rdp-single-job",
+    "noise_std_on_sum": 2.0,
+    "sensitivity": 1.0,
+    "admissible": False,
+    "witness_order": None,
+    "budget_remaining_epsilon": GOLDEN_REMAINING,
+    "budget_remaining_after_epsilon": None,
     "largest_admissible_epsilon": GOLDEN_LARGEST_FOR_DP_SGD,
     "smallest_admissible_noise_multiplier": 2.30617790282592,
-    "smallest_admissible_noise_multiplier_reason": None, "largest_admissible_steps": None,
+    "smallest_admissible_noise_multiplier_reason": None,
+    "largest_admissible_steps": None,
     "largest_admissible_steps_reason": "not even one step at σ = 0.05 fits the remaining budget",
     "evaluation_epsilon": None,
 }
@@ -171,8 +181,21 @@ def _cli_estimate(estimate: dict[str, Any]) -> dict[str, str]:
     """``privtrain jobs estimate`` against a server that answers ``estimate``: label → value."""
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json=estimate))
     result = CliRunner().invoke(
-        cli, ["--url", "http://privtrain.test", "--api-key", "pt_test", "jobs", "estimate",
-              "--dataset", "ds_1", "--model", "m", "--algorithm", "a"],
+        cli,
+        [
+            "--url",
+            "http://privtrain.test",
+            "--api-key",
+            "pt_test",
+            "jobs",
+            "estimate",
+            "--dataset",
+            "ds_1",
+            "--model",
+            "m",
+            "--algorithm",
+            "a",
+        ],
         obj=CliEnvironment(transport=transport),
     )
     assert result.exit_code == 0, (result.stdout, result.stderr)

@@ -23,8 +23,7 @@ SSE = {"Accept": "text/event-stream"}
 
 @pytest.fixture
 def sse_client(tmp_path: Path) -> Iterator[tuple[TestClient, Database]]:
-    settings = make_settings(tmp_path / "data", sse_poll_interval_s=0.02, sse_keepalive_s=0.05,
-                             sse_max_stream_s=0.4)
+    settings = make_settings(tmp_path / "data", sse_poll_interval_s=0.02, sse_keepalive_s=0.05, sse_max_stream_s=0.4)
     migrate(settings)
     database = Database(settings.resolved_database_url)
     app = create_app(settings, dispatcher=RecordingDispatcher())
@@ -106,8 +105,9 @@ def test_stream_of_an_unknown_or_foreign_job_is_a_404_problem(
     missing = client.get("/v1/jobs/job_missing/events", headers=SSE)
     assert missing.status_code == 404
     assert missing.headers["content-type"].startswith("application/problem+json")
-    foreign = client.get(f"/v1/jobs/{job_id}/events",
-                         headers={**SSE, "Authorization": f"Bearer {new_key(database, 'bob')}"})
+    foreign = client.get(
+        f"/v1/jobs/{job_id}/events", headers={**SSE, "Authorization": f"Bearer {new_key(database, 'bob')}"}
+    )
     assert foreign.status_code == 404
     assert foreign.headers["content-type"].startswith("application/problem+json")
     assert "data:" not in foreign.text and "seq" not in foreign.text  # nothing of the job leaks
@@ -122,8 +122,14 @@ def test_accept_header_parsing() -> None:
     assert not wants_event_stream("text/event-streamx")
 
 
-def _drive(database: Database, job_id: str, *, after: int, on_sleep: Callable[[int], None],
-           still_allowed: AccessCheck = lambda _session: True) -> tuple[str, list[float]]:
+def _drive(
+    database: Database,
+    job_id: str,
+    *,
+    after: int,
+    on_sleep: Callable[[int], None],
+    still_allowed: AccessCheck = lambda _session: True,
+) -> tuple[str, list[float]]:
     """Run the async generator to its end on a fake clock; ``on_sleep(n)`` runs at the n-th sleep."""
     now = [0.0]
     sleeps: list[float] = []
@@ -135,9 +141,14 @@ def _drive(database: Database, job_id: str, *, after: int, on_sleep: Callable[[i
 
     async def collect() -> str:
         stream = job_event_stream(
-            db=database, job_id=job_id, after=after,
+            db=database,
+            job_id=job_id,
+            after=after,
             timing=StreamTiming(poll_interval_s=1.0, keepalive_s=100.0, max_stream_s=1000.0),
-            still_allowed=still_allowed, limiter=anyio.CapacityLimiter(1), clock=lambda: now[0], sleep=fake_sleep,
+            still_allowed=still_allowed,
+            limiter=anyio.CapacityLimiter(1),
+            clock=lambda: now[0],
+            sleep=fake_sleep,
         )
         return "".join([chunk async for chunk in stream])  # ends by itself
 

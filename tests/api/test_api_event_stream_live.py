@@ -33,9 +33,9 @@ from app.auth import find_api_keys, key_digest, revoke_api_key
 from app.bootstrap import migrate
 from app.config import Settings
 from app.db import Database
+from app.errors import DomainError
 from app.main import create_app
 from app.models import DatasetGrant, Job, Tenant, utcnow
-from app.errors import DomainError
 from tests.concurrency_helpers import digits_csv, free_port
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key
 
@@ -71,8 +71,11 @@ def served(settings: Settings) -> Iterator[Served]:
     migrate(settings)
     app = create_app(settings, dispatcher=RecordingDispatcher())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+        )
+    )
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -89,16 +92,24 @@ def served(settings: Settings) -> Iterator[Served]:
 
 
 def stream_settings(data_dir: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {"run_reconciler": False, "sse_poll_interval_s": 0.05, "sse_keepalive_s": 0.5,
-                                 "sse_max_stream_s": 60.0, "max_upload_bytes": 5_000_000}
+    values: dict[str, object] = {
+        "run_reconciler": False,
+        "sse_poll_interval_s": 0.05,
+        "sse_keepalive_s": 0.5,
+        "sse_max_stream_s": 60.0,
+        "max_upload_bytes": 5_000_000,
+    }
     values.update(overrides)
     return make_settings(data_dir, **values)
 
 
 def queued_job(live: Served, key: str) -> str:
     with live.client(key) as client:
-        dataset = client.post("/v1/datasets", content=digits_csv(), params={
-            "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+        dataset = client.post(
+            "/v1/datasets",
+            content=digits_csv(),
+            params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+        )
         assert dataset.status_code == 201, dataset.text
         job = client.post("/v1/jobs", json=dp_sgd_spec(dataset.json()["id"]))
         assert job.status_code == 202, job.text
@@ -125,8 +136,9 @@ class RawStream:
 
 
 def open_streams(live: Served, job_id: str, key: str, n: int) -> list[RawStream]:
-    streams = [RawStream(live, f"/v1/jobs/{job_id}/events", {"Authorization": f"Bearer {key}", **SSE})
-               for _ in range(n)]
+    streams = [
+        RawStream(live, f"/v1/jobs/{job_id}/events", {"Authorization": f"Bearer {key}", **SSE}) for _ in range(n)
+    ]
     assert [s.status for s in streams] == [200] * n
     return streams
 
@@ -177,8 +189,14 @@ def test_sixty_open_streams_leave_sync_routes_fast(tmp_path: Path) -> None:
     """The finding: each stream slept inside Starlette's shared 40-thread pool for up to the
     keep-alive interval (15 s) per chunk, so 45 streams made every sync route wait 13–15 s.
     Default timing here (keep-alives every 15 s); only the caps are raised to let 60 streams in."""
-    settings = stream_settings(tmp_path / "data", sse_poll_interval_s=0.5, sse_keepalive_s=15.0,
-                               sse_max_stream_s=300.0, sse_max_streams_per_key=64, sse_max_streams_total=128)
+    settings = stream_settings(
+        tmp_path / "data",
+        sse_poll_interval_s=0.5,
+        sse_keepalive_s=15.0,
+        sse_max_stream_s=300.0,
+        sse_max_streams_per_key=64,
+        sse_max_streams_total=128,
+    )
     with served(settings) as live:
         alice, bob = new_key(live.db, "alice"), new_key(live.db, "bob")
         job_id = queued_job(live, alice)
@@ -316,8 +334,15 @@ def grant_world(tmp_path: Path) -> Iterator[GrantWorld]:
         with live.db.write_transaction() as tx:
             tenants = dict(tx.execute(select(Tenant.name, Tenant.id)).all())
             dataset_id = tx.scalar(select(Job.dataset_id).where(Job.id == alice_job))
-            tx.add(DatasetGrant(dataset_id=dataset_id, grantee_name="bob", grantee_tenant_id=tenants["bob"],
-                                granted_by=tenants["alice"], accepted_at=utcnow()))
+            tx.add(
+                DatasetGrant(
+                    dataset_id=dataset_id,
+                    grantee_name="bob",
+                    grantee_tenant_id=tenants["bob"],
+                    granted_by=tenants["alice"],
+                    accepted_at=utcnow(),
+                )
+            )
         with live.client(bob) as client:
             job = client.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=1.0))
             assert job.status_code == 202, job.text
@@ -326,8 +351,7 @@ def grant_world(tmp_path: Path) -> Iterator[GrantWorld]:
 
 def withdraw(world: GrantWorld) -> None:
     with world.live.db.write_transaction() as tx:
-        tx.execute(update(DatasetGrant).where(DatasetGrant.dataset_id == world.dataset_id)
-                   .values(revoked_at=utcnow()))
+        tx.execute(update(DatasetGrant).where(DatasetGrant.dataset_id == world.dataset_id).values(revoked_at=utcnow()))
 
 
 def test_stream_access_follows_the_grant_rules_after_a_withdrawal(grant_world: GrantWorld) -> None:
@@ -359,8 +383,10 @@ def test_withdrawing_the_grant_ends_the_stream_when_the_rules_drop_the_reader(
     ends bob's open stream at the next poll: the stream calls the rules, it does not copy them."""
     monkeypatch.setitem(access.JOB_PERMISSIONS, "read", frozenset({"dataset-owner", "submitter"}))
     live = grant_world.live
-    with live.client(grant_world.bob) as client, \
-            client.stream("GET", f"/v1/jobs/{grant_world.job_id}/events", headers=SSE) as body:
+    with (
+        live.client(grant_world.bob) as client,
+        client.stream("GET", f"/v1/jobs/{grant_world.job_id}/events", headers=SSE) as body,
+    ):
         assert body.status_code == 200
         lines = body.iter_lines()
         assert next(lines).startswith("retry: ")

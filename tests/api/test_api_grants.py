@@ -54,8 +54,11 @@ def test_grant_errors(alice: TestClient, bob: dict[str, str], dataset_id: str) -
     _problem(alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "alice"}), 422, "invalid-grant")
     _problem(alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob", "x": 1}), 422, "validation-error")
     for name in ('""', f'"{"x" * 201}"', '"bo\\u0000b"', '"\\ud800"', '"line\\nbreak"'):
-        raw = alice.post(f"/v1/datasets/{dataset_id}/grants", content=f'{{"tenant": {name}}}',
-                         headers={"Content-Type": "application/json"})
+        raw = alice.post(
+            f"/v1/datasets/{dataset_id}/grants",
+            content=f'{{"tenant": {name}}}',
+            headers={"Content-Type": "application/json"},
+        )
         _problem(raw, 422, "validation-error")
     _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/bob"), 404, "not-found")  # never invited
     _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/nobody"), 404, "not-found")
@@ -100,7 +103,9 @@ def test_analyst_sees_facts_and_budget_and_submits_but_not_owner_only_things(
     assert {j["id"] for j in alice.get("/v1/jobs").json()["items"]} == {job["id"], owner_job["id"]}
     filtered = alice.get("/v1/jobs", params={"dataset_id": dataset_id}).json()["items"]
     assert {j["id"] for j in filtered} == {job["id"], owner_job["id"]}
-    assert [j["id"] for j in alice.get("/v1/jobs", headers=bob, params={"dataset_id": dataset_id}).json()["items"]] == [job["id"]]
+    assert [j["id"] for j in alice.get("/v1/jobs", headers=bob, params={"dataset_id": dataset_id}).json()["items"]] == [
+        job["id"]
+    ]
     assert alice.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
     # The owner's pagination cursor may point at an analyst's job.
     first = alice.get("/v1/jobs", params={"limit": 1}).json()

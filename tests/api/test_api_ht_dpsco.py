@@ -10,9 +10,9 @@ from sklearn.datasets import load_breast_cancer, load_diabetes
 
 from app.config import Settings
 from app.db import Database
+from privtrain.model_files import load_model
 from tests.conftest import to_csv, upload
 from worker.runner import JobRunner
-from privtrain.model_files import load_model
 
 
 def _standardised(X: np.ndarray) -> np.ndarray:
@@ -38,8 +38,15 @@ def _upload(client: TestClient, body: bytes, task: str) -> dict:
     return response.json()
 
 
-def _spec(dataset_id: str, name: str, model: str, hyperparameters: dict, *, steps: int | None = None,
-          target_epsilon: float = 2.0) -> dict:
+def _spec(
+    dataset_id: str,
+    name: str,
+    model: str,
+    hyperparameters: dict,
+    *,
+    steps: int | None = None,
+    target_epsilon: float = 2.0,
+) -> dict:
     training = {"steps": steps} if steps is not None else {"epochs": 1}
     return {
         "dataset_id": dataset_id,
@@ -61,8 +68,15 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "task", "model", "hyperparameters"), CASES)
 def test_job_runs_charges_its_event_and_downloads_a_model(
-    alice: TestClient, settings: Settings, database: Database, diabetes_csv: bytes, cancer_csv: bytes,
-    name: str, task: str, model: str, hyperparameters: dict,
+    alice: TestClient,
+    settings: Settings,
+    database: Database,
+    diabetes_csv: bytes,
+    cancer_csv: bytes,
+    name: str,
+    task: str,
+    model: str,
+    hyperparameters: dict,
 ) -> None:
     dataset = _upload(alice, diabetes_csv if task == "regression" else cancer_csv, task)
     spec = _spec(dataset["id"], name, model, hyperparameters)
@@ -86,21 +100,31 @@ def test_job_runs_charges_its_event_and_downloads_a_model(
     path.write_bytes(blob.content)
     rebuilt, config = load_model(path)
     assert config["model"]["name"] == model
-    weights = [p for p in rebuilt.parameters() if p.ndim == 2][0]
+    weights = next(p for p in rebuilt.parameters() if p.ndim == 2)
     assert bool(weights.isfinite().all()) and float(weights.detach().abs().sum()) > 0
 
 
-@pytest.mark.parametrize(("task", "name", "model", "hyperparameters", "training", "needle"), [
-    ("regression", "ht-dp-fw", "linear-regression", {"kappa_typo": 1.0}, {"epochs": 1}, "kappa_typo"),
-    ("regression", "ht-dp-fw", "linear-regression", {"tau": -1.0}, {"epochs": 1}, "tau"),
-    ("regression", "ht-dp-fw", "linear-regression", {}, {"epochs": 3}, "epochs must be 1"),
-    ("regression", "ht-sparse-linreg", "linear-regression", {"s_star": 20}, {"epochs": 1}, "exceeds"),
-    ("classification", "ht-private-lasso", "logistic-regression", {}, {"epochs": 1}, "squared loss"),
-    ("regression", "ht-sparse-opt", "linear-regression", {}, {"steps": 10_000}, "fewer than one"),
-])
+@pytest.mark.parametrize(
+    ("task", "name", "model", "hyperparameters", "training", "needle"),
+    [
+        ("regression", "ht-dp-fw", "linear-regression", {"kappa_typo": 1.0}, {"epochs": 1}, "kappa_typo"),
+        ("regression", "ht-dp-fw", "linear-regression", {"tau": -1.0}, {"epochs": 1}, "tau"),
+        ("regression", "ht-dp-fw", "linear-regression", {}, {"epochs": 3}, "epochs must be 1"),
+        ("regression", "ht-sparse-linreg", "linear-regression", {"s_star": 20}, {"epochs": 1}, "exceeds"),
+        ("classification", "ht-private-lasso", "logistic-regression", {}, {"epochs": 1}, "squared loss"),
+        ("regression", "ht-sparse-opt", "linear-regression", {}, {"steps": 10_000}, "fewer than one"),
+    ],
+)
 def test_invalid_specs_are_422_problems(
-    alice: TestClient, diabetes_csv: bytes, cancer_csv: bytes,
-    task: str, name: str, model: str, hyperparameters: dict, training: dict, needle: str,
+    alice: TestClient,
+    diabetes_csv: bytes,
+    cancer_csv: bytes,
+    task: str,
+    name: str,
+    model: str,
+    hyperparameters: dict,
+    training: dict,
+    needle: str,
 ) -> None:
     dataset = _upload(alice, diabetes_csv if task == "regression" else cancer_csv, task)
     spec = _spec(dataset["id"], name, model, hyperparameters)
@@ -111,9 +135,7 @@ def test_invalid_specs_are_422_problems(
     assert needle in response.json()["detail"]
 
 
-def test_catalogue_lists_the_family_and_the_ledger_refuses_overspending(
-    alice: TestClient, diabetes_csv: bytes
-) -> None:
+def test_catalogue_lists_the_family_and_the_ledger_refuses_overspending(alice: TestClient, diabetes_csv: bytes) -> None:
     names = {entry["name"]: entry for entry in alice.get("/v1/algorithms").json()["items"]}
     for name in ("ht-dp-fw", "ht-private-lasso", "ht-sparse-linreg", "ht-sparse-opt"):
         assert names[name]["family"] == "heavy-tailed-dpsco"

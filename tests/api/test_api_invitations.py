@@ -24,8 +24,18 @@ from tests.conftest import counts, dp_sgd_spec, new_key, upload
 from tests.sharing import race_invitations
 
 GHOST_DATASET = "ds_" + "0" * 24
-INVITATION_KEYS = {"id", "dataset_id", "dataset_name", "owner", "budget", "invited_at", "status", "accepted_at",
-                   "declined_at", "links"}
+INVITATION_KEYS = {
+    "id",
+    "dataset_id",
+    "dataset_name",
+    "owner",
+    "budget",
+    "invited_at",
+    "status",
+    "accepted_at",
+    "declined_at",
+    "links",
+}
 
 
 @pytest.fixture
@@ -59,12 +69,18 @@ def _invite(client: TestClient, dataset_id: str, name: str, headers: dict[str, s
 
 def _live_rows(database: Database, dataset_id: str) -> int:
     with database.read_session() as session:
-        return session.scalar(
-            select(func.count()).select_from(DatasetGrant).where(
-                DatasetGrant.dataset_id == dataset_id, DatasetGrant.revoked_at.is_(None),
-                DatasetGrant.declined_at.is_(None),
+        return (
+            session.scalar(
+                select(func.count())
+                .select_from(DatasetGrant)
+                .where(
+                    DatasetGrant.dataset_id == dataset_id,
+                    DatasetGrant.revoked_at.is_(None),
+                    DatasetGrant.declined_at.is_(None),
+                )
             )
-        ) or 0
+            or 0
+        )
 
 
 # ------------------------------------------------------------------ no tenant enumeration
@@ -85,7 +101,9 @@ def test_an_invitation_answers_alike_for_an_existing_and_an_unknown_tenant(
     assert existing.json()["status"] == "invited" and existing.json()["active"] is False
     assert (existing.json()["tenant"], unknown.json()["tenant"]) == ("bob", "no-such-tenant")
     # Replays answer alike too.
-    assert _invite(alice, dataset_id, "bob").status_code == _invite(alice, dataset_id, "no-such-tenant").status_code == 200
+    assert (
+        _invite(alice, dataset_id, "bob").status_code == _invite(alice, dataset_id, "no-such-tenant").status_code == 200
+    )
 
 
 def test_the_invited_name_is_never_looked_up(alice: TestClient, dataset_id: str) -> None:
@@ -123,12 +141,18 @@ def test_a_pending_invitation_gives_no_access(
     before = counts(database)
     assert alice.get("/v1/datasets", headers=bob).json()["items"] == []
     for path in ("", "/budget", "/ledger"):
-        _same_404(alice.get(f"/v1/datasets/{dataset_id}{path}", headers=bob),
-                  alice.get(f"/v1/datasets/{GHOST_DATASET}{path}", headers=bob))
-    _same_404(alice.post("/v1/jobs/estimate", headers=bob, json=dp_sgd_spec(dataset_id)),
-              alice.post("/v1/jobs/estimate", headers=bob, json=dp_sgd_spec(GHOST_DATASET)))
-    _same_404(alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(dataset_id, target_epsilon=1.0)),
-              alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(GHOST_DATASET, target_epsilon=1.0)))
+        _same_404(
+            alice.get(f"/v1/datasets/{dataset_id}{path}", headers=bob),
+            alice.get(f"/v1/datasets/{GHOST_DATASET}{path}", headers=bob),
+        )
+    _same_404(
+        alice.post("/v1/jobs/estimate", headers=bob, json=dp_sgd_spec(dataset_id)),
+        alice.post("/v1/jobs/estimate", headers=bob, json=dp_sgd_spec(GHOST_DATASET)),
+    )
+    _same_404(
+        alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(dataset_id, target_epsilon=1.0)),
+        alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(GHOST_DATASET, target_epsilon=1.0)),
+    )
     assert counts(database) == before  # no job, no reservation
 
     # What bob can see: the invitation, with public facts only.
@@ -139,8 +163,10 @@ def test_a_pending_invitation_gives_no_access(
     assert invitation["id"] == invitation["dataset_id"] == dataset_id
     assert (invitation["dataset_name"], invitation["owner"], invitation["status"]) == ("digits", "alice", "invited")
     assert invitation["budget"] == {"epsilon": 8.0, "delta": 1e-5}
-    assert invitation["links"] == {"accept": f"/v1/invitations/{dataset_id}/accept",
-                                   "decline": f"/v1/invitations/{dataset_id}/decline"}
+    assert invitation["links"] == {
+        "accept": f"/v1/invitations/{dataset_id}/accept",
+        "decline": f"/v1/invitations/{dataset_id}/decline",
+    }
     # The owner does not see its own outgoing invitations there, nor does anyone else.
     assert alice.get("/v1/invitations").json()["items"] == []
 
@@ -154,7 +180,8 @@ def test_accepting_gives_the_analyst_role(alice: TestClient, bob: dict[str, str]
     assert body["links"] == {"dataset": f"/v1/datasets/{dataset_id}"}
 
     assert [(d["id"], d["role"]) for d in alice.get("/v1/datasets", headers=bob).json()["items"]] == [
-        (dataset_id, "analyst")]
+        (dataset_id, "analyst")
+    ]
     assert alice.post("/v1/jobs", headers=bob, json=dp_sgd_spec(dataset_id, target_epsilon=1.0)).status_code == 202
     assert alice.get("/v1/invitations", headers=bob).json()["items"] == []
     # Answered: no second answer.
@@ -170,8 +197,10 @@ def test_only_the_addressee_can_answer(
     assert _invite(alice, dataset_id, "bob").status_code == 202
     for answer in ("accept", "decline"):
         for caller in (carol, {}):  # another tenant; the owner itself (the client's own key)
-            _same_404(alice.post(f"/v1/invitations/{dataset_id}/{answer}", headers=caller),
-                      alice.post(f"/v1/invitations/{GHOST_DATASET}/{answer}", headers=caller))
+            _same_404(
+                alice.post(f"/v1/invitations/{dataset_id}/{answer}", headers=caller),
+                alice.post(f"/v1/invitations/{GHOST_DATASET}/{answer}", headers=caller),
+            )
         for junk in ("..", "x" * 300, "ds_%00", "%F0%9F%98%80"):
             _problem(alice.post(f"/v1/invitations/{junk}/{answer}", headers=bob), 404, "not-found")
     assert alice.get("/v1/invitations", headers=carol).json()["items"] == []
@@ -208,7 +237,12 @@ def test_the_owner_withdraws_a_pending_invitation(alice: TestClient, bob: dict[s
     withdrawn = alice.delete(f"/v1/datasets/{dataset_id}/grants/bob")
     assert withdrawn.status_code == 200, withdrawn.text
     body = withdrawn.json()
-    assert (body["status"], body["active"], body["revoked_by"], body["accepted_at"]) == ("revoked", False, "alice", None)
+    assert (body["status"], body["active"], body["revoked_by"], body["accepted_at"]) == (
+        "revoked",
+        False,
+        "alice",
+        None,
+    )
     assert alice.get("/v1/invitations", headers=bob).json()["items"] == []
     _problem(alice.post(f"/v1/invitations/{dataset_id}/accept", headers=bob), 404, "not-found")
     _problem(alice.delete(f"/v1/datasets/{dataset_id}/grants/bob"), 404, "not-found")
@@ -228,8 +262,11 @@ def test_concurrent_invitations_of_one_name_leave_one_live_row(tmp_path: Path, d
     settings = concurrency_settings(tmp_path / "data")
     migrate(settings)
     with live_server(settings) as live, live.client(live.tenant_key("alice")) as owner:
-        created = owner.post("/v1/datasets", content=digits_csv, params={
-            "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+        created = owner.post(
+            "/v1/datasets",
+            content=digits_csv,
+            params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+        )
         assert created.status_code == 201, created.text
         dataset_id = created.json()["id"]
         answers = race_invitations(owner, dataset_id=dataset_id, grantee_name="bob", racers=8)
@@ -248,8 +285,14 @@ def test_an_insert_that_loses_the_race_is_answered_as_a_replay(
 
     with database.write_transaction() as tx:
         alice_id = tx.scalar(select(Tenant.id).where(Tenant.name == "alice"))
-        tx.add(DatasetGrant(dataset_id=dataset_id, grantee_name="bob", granted_by=alice_id,
-                            granted_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)))
+        tx.add(
+            DatasetGrant(
+                dataset_id=dataset_id,
+                grantee_name="bob",
+                granted_by=alice_id,
+                granted_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+            )
+        )
     real = grants._live_grant
     missed: list[bool] = []
 
@@ -284,8 +327,10 @@ def _page_through(client: TestClient, path: str, headers: dict[str, str] | None 
 
 def _small_csv(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
-    rows = "\n".join(f"{a:.3f},{b:.3f},{int(c)}" for a, b, c in zip(rng.random(40), rng.random(40),
-                                                                     rng.integers(0, 2, 40), strict=True))
+    rows = "\n".join(
+        f"{a:.3f},{b:.3f},{int(c)}"
+        for a, b, c in zip(rng.random(40), rng.random(40), rng.integers(0, 2, 40), strict=True)
+    )
     return f"a,b,label\n{rows}\n".encode()
 
 
@@ -308,7 +353,11 @@ def test_invitations_and_grants_are_paginated(alice: TestClient, bob: dict[str, 
     assert _invite(alice, trail_of, "carol").status_code == 202
     trail = _page_through(alice, f"/v1/datasets/{trail_of}/grants")
     assert [(g["tenant"], g["status"]) for g in trail] == [
-        ("bob", "invited"), ("carol", "revoked"), ("no-such-tenant", "invited"), ("carol", "invited")]
+        ("bob", "invited"),
+        ("carol", "revoked"),
+        ("no-such-tenant", "invited"),
+        ("carol", "invited"),
+    ]
     for path in ("/v1/invitations", f"/v1/datasets/{trail_of}/grants"):
         _problem(alice.get(path, params={"limit": 201}), 422, "validation-error")
         for payload in (["abc"], [2**70], [-1], ["2020-01-01", "ds_\u0000"], [{"x": 1}], []):
@@ -327,8 +376,12 @@ def test_a_wide_dataset_does_not_blow_up_anyones_listing(
 ) -> None:
     """carol owns a dataset with 1,500 columns of 256-character names (385 KB of names). Before
     the fix, granting it to bob put all of it in every item of bob's listing."""
-    wide = alice.post("/v1/datasets", headers=carol, content=_wide_csv(1500, 256), params={
-        "name": "wide", "format": "csv", "label_column": "label", "epsilon": 1, "delta": 1e-3})
+    wide = alice.post(
+        "/v1/datasets",
+        headers=carol,
+        content=_wide_csv(1500, 256),
+        params={"name": "wide", "format": "csv", "label_column": "label", "epsilon": 1, "delta": 1e-3},
+    )
     assert wide.status_code == 201, wide.text
     wide_id = wide.json()["id"]
     assert len(wide.json()["feature_names"]) == 1500

@@ -62,7 +62,9 @@ def _submit(client: TestClient, spec: dict[str, object]) -> dict:
 def _cli(client: TestClient, *args: str) -> Result:
     key = client.headers["Authorization"].removeprefix("Bearer ")
     result = CliRunner().invoke(
-        cli, list(args), obj=CliEnvironment(transport=AppTransport(client)),
+        cli,
+        list(args),
+        obj=CliEnvironment(transport=AppTransport(client)),
         env={"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": key},
     )
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
@@ -82,8 +84,9 @@ def _list_row(result: Result, job_id: str) -> dict[str, str]:
 
 def _commit_curve(database: Database, job_id: str) -> tuple[float, ...]:
     with database.read_session() as session:
-        curve = session.scalar(select(LedgerEntry.curve).where(
-            LedgerEntry.job_id == job_id, LedgerEntry.kind == ledger.COMMIT))
+        curve = session.scalar(
+            select(LedgerEntry.curve).where(LedgerEntry.job_id == job_id, LedgerEntry.kind == ledger.COMMIT)
+        )
     assert curve is not None
     return tuple(curve)
 
@@ -232,7 +235,8 @@ def test_a_run_that_stopped_early_states_its_committed_epsilon_everywhere(
     assert report["guarantee"].startswith(f"({committed}, 1e-05)-differential privacy for one row")
     assert report["guarantee"].endswith(
         f"It ran {final['steps_run']} of {final['steps_planned']} budget units; committed ε {committed} "
-        f"(it had reserved ε {reserved}), the rest of the reservation was released")
+        f"(it had reserved ε {reserved}), the rest of the reservation was released"
+    )
     assert report["ledger"]["charge"]["rest_of_reservation_released"] is True
     page = parse(alice.get(f"/v1/jobs/{job['id']}/report", params={"format": "html"}).text)
     assert text_of(page.by_id("epsilon-ledger")) == format_guarantee(final["epsilon"], digits=6)
@@ -255,7 +259,9 @@ def test_a_queued_job_states_its_reservation(alice: TestClient, small_dataset: s
     job = _submit(alice, _spec(small_dataset, sigma=1.5, steps=20))
     row = _list_row(_cli(alice, "jobs", "list"), job["id"])
     assert (row["ε"], row["BASIS"]) == (format_guarantee(job["epsilon_ledger"]), "reserved")
-    assert _block(_cli(alice, "jobs", "show", job["id"]))["ε reserved at δ=1e-05"] == format_guarantee(job["epsilon_ledger"])
+    assert _block(_cli(alice, "jobs", "show", job["id"]))["ε reserved at δ=1e-05"] == format_guarantee(
+        job["epsilon_ledger"]
+    )
     assert job["epsilon_committed"] is None
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.db import Database
 from app.models import Job
-from tests.conftest import counts, RecordingDispatcher, dp_sgd_spec, upload
+from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, upload
 
 
 def test_estimate_prices_without_storing(alice: TestClient, dataset_id: str, database: Database) -> None:
@@ -87,7 +89,7 @@ def test_two_jobs_of_half_the_budget_fit(alice: TestClient, dataset_id: str) -> 
     ],
 )
 def test_bad_specs_are_rejected_and_store_nothing(
-    alice: TestClient, dataset_id: str, database: Database, mutate, slug: str
+    alice: TestClient, dataset_id: str, database: Database, mutate: Callable[[dict[str, Any]], None], slug: str
 ) -> None:
     spec = copy.deepcopy(dp_sgd_spec(dataset_id))
     mutate(spec)
@@ -136,7 +138,9 @@ def test_jobs_are_tenant_scoped(alice: TestClient, dataset_id: str, bob_headers:
     assert [j["id"] for j in alice.get("/v1/jobs").json()["items"]] == [job["id"]]
 
 
-def test_idempotent_submission(alice: TestClient, dataset_id: str, database: Database, dispatcher: RecordingDispatcher) -> None:
+def test_idempotent_submission(
+    alice: TestClient, dataset_id: str, database: Database, dispatcher: RecordingDispatcher
+) -> None:
     headers = {"Idempotency-Key": "retry-1"}
     first = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id), headers=headers)
     second = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id), headers=headers)
@@ -165,7 +169,9 @@ def test_health_endpoints(app_client: TestClient) -> None:
     assert "privtrain_jobs" in app_client.get("/metrics").text
 
 
-def test_cancel_of_a_requeued_touched_job_commits_its_reservation(alice: TestClient, dataset_id: str, database: Database) -> None:
+def test_cancel_of_a_requeued_touched_job_commits_its_reservation(
+    alice: TestClient, dataset_id: str, database: Database
+) -> None:
     """A job put back in the queue after a lost worker already opened the data."""
     from app import ledger
     from app.models import utcnow

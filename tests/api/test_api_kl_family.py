@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from app.algorithms.kl_family import BUDGET_UNITS
 from app.config import Settings
-from app.privacy.single_job import gaussian_dp_epsilon
 from app.db import Database
+from app.privacy.single_job import gaussian_dp_epsilon
 from tests.conftest import upload
 from worker.runner import JobRunner
 
@@ -113,8 +113,11 @@ def test_adaptive_noisy_gd_runs_on_logistic_regression(
 @pytest.mark.parametrize(
     ("name", "mutate", "detail"),
     [
-        ("kl-spider", lambda s: s["training"].update(batch_size=300),
-         "training.batch_size: kl-spider is full-batch and does not use it; leave it out"),
+        (
+            "kl-spider",
+            lambda s: s["training"].update(batch_size=300),
+            "training.batch_size: kl-spider is full-batch and does not use it; leave it out",
+        ),
         ("noisy-gd", lambda s: s["training"].update(learning_rate=1.0), "training.learning_rate: noisy-gd"),
         ("kl-spider", lambda s: s["algorithm"]["hyperparameters"].update(kappa=3.0), "kappa"),
         ("kl-spider", lambda s: s["algorithm"]["hyperparameters"].update(F0=1e3), "F0"),

@@ -46,8 +46,7 @@ def _entries(client: TestClient, dataset_id: str, job_id: str | None = None) -> 
 
 def test_every_entry_kind_has_an_explainer() -> None:
     assert set(EXPLAINERS) == set(ledger.ENTRY_KINDS)
-    assert explain_entry(kind="NEW", job_id=None, curve=None, details={}, job=None,
-                         dataset_delta=1e-5) == "a NEW entry"
+    assert explain_entry(kind="NEW", job_id=None, curve=None, details={}, job=None, dataset_delta=1e-5) == "a NEW entry"
 
 
 def test_a_job_cancelled_before_it_started_gets_its_whole_reservation_back(
@@ -90,7 +89,9 @@ def test_a_job_cancelled_while_running_commits_what_ran_and_returns_the_rest(
 
 
 def test_a_raised_budget_is_explained_with_its_reason(alice: TestClient, small_dataset: str) -> None:
-    assert alice.post(f"/v1/datasets/{small_dataset}/budget", json={"epsilon": 9.0, "reason": "year 2"}).status_code == 200
+    assert (
+        alice.post(f"/v1/datasets/{small_dataset}/budget", json={"epsilon": 9.0, "reason": "year 2"}).status_code == 200
+    )
     (adjust,) = _entries(alice, small_dataset)
     assert adjust["kind"] == "ADJUST"
     assert adjust["explanation"] == "the owner raised the budget from ε 8, δ 1e-05 to ε 9, δ 1e-05: year 2"
@@ -101,7 +102,9 @@ def test_the_cli_ledger_prints_the_explanations(alice: TestClient, small_dataset
     alice.post(f"/v1/jobs/{job['id']}/cancel")
     key = alice.headers["Authorization"].removeprefix("Bearer ")
     result = CliRunner().invoke(
-        cli, ["datasets", "ledger", small_dataset], obj=CliEnvironment(transport=AppTransport(alice)),
+        cli,
+        ["datasets", "ledger", small_dataset],
+        obj=CliEnvironment(transport=AppTransport(alice)),
         env={"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": key},
     )
     assert result.exit_code == 0, (result.stdout, result.stderr)
@@ -116,11 +119,24 @@ def test_explanations_state_epsilon_at_the_jobs_delta() -> None:
     """ε in words is the job's own (its δ), the figure its views show; rounded up."""
     curve = [0.1] * len(ledger.zero_curve())
     job = Job(id="job_x", delta=1e-6, steps_run=5, steps_planned=10, status="succeeded")
-    said = explain_entry(kind="COMMIT", job_id="job_x", curve=curve, details={"steps_run": 5, "reason": "succeeded"},
-                         job=job, dataset_delta=1e-5)
-    assert said == (f"job job_x ran 5 of 10 steps and committed ε {format_guarantee(ledger.curve_epsilon(curve, 1e-6))} "
-                    "(at δ 1e-06) (succeeded)")
-    released = explain_entry(kind="RELEASE", job_id="job_x", curve=curve,
-                             details={"reason": "unused part of the reservation"}, job=job,
-                             dataset_delta=1e-5)
+    said = explain_entry(
+        kind="COMMIT",
+        job_id="job_x",
+        curve=curve,
+        details={"steps_run": 5, "reason": "succeeded"},
+        job=job,
+        dataset_delta=1e-5,
+    )
+    assert said == (
+        f"job job_x ran 5 of 10 steps and committed ε {format_guarantee(ledger.curve_epsilon(curve, 1e-6))} "
+        "(at δ 1e-06) (succeeded)"
+    )
+    released = explain_entry(
+        kind="RELEASE",
+        job_id="job_x",
+        curve=curve,
+        details={"reason": "unused part of the reservation"},
+        job=job,
+        dataset_delta=1e-5,
+    )
     assert "(the job stopped after 5 of 10 steps;" in released

@@ -45,8 +45,7 @@ def test_bucket_allows_the_burst_then_refills_at_the_rate() -> None:
     per_minute=st.sampled_from([30.0, 120.0, 600.0]),
     burst=st.integers(min_value=1, max_value=20),
 )
-def test_never_more_than_burst_plus_rate_times_elapsed(gaps: list[float], per_minute: float,
-                                                      burst: int) -> None:
+def test_never_more_than_burst_plus_rate_times_elapsed(gaps: list[float], per_minute: float, burst: int) -> None:
     clock = FakeClock()
     limiter = RateLimiter(per_minute=per_minute, burst=burst, clock=clock)
     allowed = 0
@@ -83,9 +82,7 @@ def capped(tmp_path: Path) -> Iterator[tuple[TestClient, Database]]:
     yield from _client(tmp_path, max_active_jobs_per_tenant=2)
 
 
-def test_requests_over_the_limit_get_a_429_problem_with_retry_after(
-    limited: tuple[TestClient, Database]
-) -> None:
+def test_requests_over_the_limit_get_a_429_problem_with_retry_after(limited: tuple[TestClient, Database]) -> None:
     client, database = limited
     alice = {"Authorization": f"Bearer {new_key(database, 'alice')}"}
     bob = {"Authorization": f"Bearer {new_key(database, 'bob')}"}
@@ -101,9 +98,7 @@ def test_requests_over_the_limit_get_a_429_problem_with_retry_after(
     assert client.get("/readyz", headers=alice).status_code == 200
 
 
-def test_active_job_cap_is_a_429_and_stores_nothing(
-    capped: tuple[TestClient, Database], digits_csv: bytes
-) -> None:
+def test_active_job_cap_is_a_429_and_stores_nothing(capped: tuple[TestClient, Database], digits_csv: bytes) -> None:
     client, database = capped
     client.headers["Authorization"] = f"Bearer {new_key(database, 'carol')}"
     dataset_id = upload(client, digits_csv, epsilon=100).json()["id"]
@@ -142,10 +137,12 @@ def test_redis_mode_refuses_a_time_limit_at_or_above_the_visibility_timeout(tmp_
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="VISIBILITY_TIMEOUT"):
-        make_settings(tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=100.0,
-                      redis_visibility_timeout_s=100.0)
-    ok = make_settings(tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=99.0,
-                       redis_visibility_timeout_s=100.0)
+        make_settings(
+            tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=100.0, redis_visibility_timeout_s=100.0
+        )
+    ok = make_settings(
+        tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=99.0, redis_visibility_timeout_s=100.0
+    )
     from app.queue import create_celery
 
     assert create_celery(ok).conf.broker_transport_options["visibility_timeout"] == 100.0

@@ -8,7 +8,6 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-
 from pydantic import SecretStr
 
 from app.config import Settings
@@ -22,7 +21,8 @@ from worker.runner import JobRunner
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text) for sample in family.samples
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
     }
 
 
@@ -55,12 +55,9 @@ def test_metrics_reflect_jobs_and_the_ledger(
     assert queued["id"] not in alice.get("/metrics", headers=operator).text  # job ids are never labels
 
 
-def test_heartbeat_age_is_the_oldest_running_jobs(
-    alice: TestClient, database: Database, digits_csv: bytes
-) -> None:
+def test_heartbeat_age_is_the_oldest_running_jobs(alice: TestClient, database: Database, digits_csv: bytes) -> None:
     dataset = upload(alice, digits_csv).json()
-    ids = [alice.post("/v1/jobs", json=dp_sgd_spec(dataset["id"], target_epsilon=1.0)).json()["id"]
-           for _ in range(2)]
+    ids = [alice.post("/v1/jobs", json=dp_sgd_spec(dataset["id"], target_epsilon=1.0)).json()["id"] for _ in range(2)]
     now = dt.datetime.now(dt.UTC)
     with database.write_transaction() as tx:
         for job_id, age in zip(ids, (5.0, 42.0), strict=True):

@@ -17,8 +17,8 @@ from app.config import get_settings
 from app.db import Database
 from app.facts import DatasetFacts
 from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
-from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
 from privtrain.architectures import build_model
+from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
 
 HUGE_MLP = {"hidden_sizes": [16384] * 8, "activation": "relu"}
 # ~17 M parameters: under the parameter limit, but 256 per-sample gradients of it are ~17 GB.
@@ -87,9 +87,7 @@ CASES: list[tuple[str, dict[str, Any], DatasetFacts]] = [
 
 def _torch_sizes(name: str, params: dict[str, Any], facts: DatasetFacts) -> tuple[int, int]:
     """(parameters, activation values per example) of the module the worker builds."""
-    model = build_model(
-        name, params, input_shape=facts.feature_shape, n_outputs=get_model(name).n_outputs(facts)
-    )
+    model = build_model(name, params, input_shape=facts.feature_shape, n_outputs=get_model(name).n_outputs(facts))
     produced: list[int] = []
 
     def count(module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
@@ -114,8 +112,7 @@ def test_catalogue_sizes_equal_torch(name: str, params: dict[str, Any], facts: D
     normalised = definition.validate(params, facts)
     parameters, activations = _torch_sizes(name, normalised, facts)
     assert definition.parameter_count(normalised, facts) == parameters
-    size = definition.size(definition.params_model.model_validate(normalised), facts,
-                           definition.n_outputs(facts))
+    size = definition.size(definition.params_model.model_validate(normalised), facts, definition.n_outputs(facts))
     assert size.activations == activations
 
 
@@ -125,11 +122,11 @@ def test_limits_refuse_with_count_and_limit() -> None:
     roomy = ModelSizeLimits(max_parameters=33, max_activation_bytes=10**9, physical_batch_size=8)
     assert model.validate({}, facts, limits=roomy) == {}
     tight = ModelSizeLimits(max_parameters=32, max_activation_bytes=10**9, physical_batch_size=8)
-    with pytest.raises(ModelIncompatible, match="33 trainable parameters.*limit is 32"):
+    with pytest.raises(ModelIncompatible, match=r"33 trainable parameters.*limit is 32"):
         model.validate({}, facts, limits=tight)
     # 8 rows × 4 bytes × (2 × 13 activations + 33 parameters) = 1888 bytes
     memory = ModelSizeLimits(max_parameters=33, max_activation_bytes=1887, physical_batch_size=8)
-    with pytest.raises(ModelIncompatible, match="1888 bytes.*limit is 1887 bytes"):
+    with pytest.raises(ModelIncompatible, match=r"1888 bytes.*limit is 1887 bytes"):
         model.validate({}, facts, limits=memory)
 
 

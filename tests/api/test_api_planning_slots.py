@@ -28,7 +28,9 @@ def _slow_spec(dataset_id: str) -> dict[str, object]:
 
 
 def test_a_key_over_its_cap_gets_429_before_any_work(
-    alice: TestClient, settings: Settings, dataset_id: str,
+    alice: TestClient,
+    settings: Settings,
+    dataset_id: str,
 ) -> None:
     key = alice.headers["Authorization"].removeprefix("Bearer ")
     slots = planning_slots_of(alice.app, settings)  # type: ignore[arg-type]
@@ -63,9 +65,12 @@ def test_the_process_cap_covers_all_keys(alice: TestClient, settings: Settings, 
 
 
 def test_a_flood_of_slow_estimates_leaves_the_service_answering(tmp_path: Path) -> None:
-    settings = concurrency_settings(tmp_path, max_concurrent_plans=Settings().max_concurrent_plans,
-                                    max_concurrent_plans_per_key=Settings().max_concurrent_plans_per_key,
-                                    rate_limit_per_minute=0)
+    settings = concurrency_settings(
+        tmp_path,
+        max_concurrent_plans=Settings().max_concurrent_plans,
+        max_concurrent_plans_per_key=Settings().max_concurrent_plans_per_key,
+        rate_limit_per_minute=0,
+    )
     migrate(settings)
     with live_server(settings) as service:
         attacker, bystander = service.tenant_key("attacker"), service.tenant_key("bystander")
@@ -87,8 +92,9 @@ def test_a_flood_of_slow_estimates_leaves_the_service_answering(tmp_path: Path) 
         latencies: list[float] = []
         try:
             time.sleep(1.0)
-            with httpx.Client(base_url=service.base_url, timeout=30,
-                              headers={"Authorization": f"Bearer {bystander}"}) as probe:
+            with httpx.Client(
+                base_url=service.base_url, timeout=30, headers={"Authorization": f"Bearer {bystander}"}
+            ) as probe:
                 for _ in range(10):
                     for path in ("/healthz", "/v1/datasets"):
                         started = time.monotonic()

@@ -20,7 +20,9 @@ def _quick_problem(call: object) -> dict:
 
 
 def test_tiny_noise_multiplier_is_a_problem_naming_the_range(alice: TestClient, dataset_id: str) -> None:
-    problem = _quick_problem(lambda: alice.post("/v1/jobs/estimate", json=dp_sgd_spec(dataset_id, noise_multiplier=1e-200)))
+    problem = _quick_problem(
+        lambda: alice.post("/v1/jobs/estimate", json=dp_sgd_spec(dataset_id, noise_multiplier=1e-200))
+    )
     assert "[0.001, 100000]" in problem["detail"]
 
 

@@ -99,7 +99,8 @@ def test_a_forged_cookie_cannot_spend_another_keys_bucket(world: World) -> None:
     """Only a validly signed cookie names a principal: a forged one is anonymous (and unauthenticated)."""
     real = decode_cookie(world.cookie(world.alice), session_secret(world.settings), max_age_s=60)
     assert isinstance(real, SessionCookie) and real.key_digest == key_digest(world.alice)
-    forged = encode_cookie(SessionCookie(token=real.token, key_digest=real.key_digest, issued_at=time.time()),
-                           b"not-the-secret")
+    forged = encode_cookie(
+        SessionCookie(token=real.token, key_digest=real.key_digest, issued_at=time.time()), b"not-the-secret"
+    )
     assert 429 not in _statuses(world.client(), "/ui/datasets", BURST + 2, _with_cookie(forged))
     assert _statuses(world.client(world.alice), "/v1/datasets", BURST) == [200] * BURST

@@ -14,6 +14,7 @@ math behind the validation, not just the first schema check.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,7 +51,16 @@ CHECKS = [not_a_server_error, response_schema_conformance, content_type_conforma
 ROWS, FEATURES = 200, 12  # 12 features: the sparse algorithms' default sparsity s = 10 fits
 
 EXTREME_NUMBERS: Final[tuple[int | float, ...]] = (
-    5e-324, -5e-324, 1e-300, 1e300, -1e300, 2**70, -(2**70), 2**63, -0.0, 0,
+    5e-324,
+    -5e-324,
+    1e-300,
+    1e300,
+    -1e300,
+    2**70,
+    -(2**70),
+    2**63,
+    -0.0,
+    0,
 )
 """Subnormal, tiny, huge, beyond int64, negative zero: each once answered a 500 somewhere."""
 
@@ -60,12 +70,35 @@ def _raw_cursor(payload: bytes) -> str:
 
 
 CRAFTED_CURSORS: Final[tuple[str, ...]] = (
-    *(encode_cursor(values) for values in (
-        ["abc"], [2**70], [-(2**70)], [-1], [5e-324], [1e300], [-0.0], [True], [None], [], [[]],
-        ["2020-01-01", {"x": 1}], ["2020-01-01", 2**70], ["2020-01-01", 5e-324], [1e300, "ds_x"],
-        ["0001-01-01T00:00:00+14:00", "ds_x"], ["9999-12-31T23:59:59-14:00", "ds_x"], ["2020-01-01", "ds_\u0000"],
-    )),
-    _raw_cursor(b"[" * 900), _raw_cursor(b"[1e999]"), _raw_cursor(b"[NaN]"), _raw_cursor(b"\xff\xfe"), "!!", "A" * 5000,
+    *(
+        encode_cursor(values)
+        for values in (
+            ["abc"],
+            [2**70],
+            [-(2**70)],
+            [-1],
+            [5e-324],
+            [1e300],
+            [-0.0],
+            [True],
+            [None],
+            [],
+            [[]],
+            ["2020-01-01", {"x": 1}],
+            ["2020-01-01", 2**70],
+            ["2020-01-01", 5e-324],
+            [1e300, "ds_x"],
+            ["0001-01-01T00:00:00+14:00", "ds_x"],
+            ["9999-12-31T23:59:59-14:00", "ds_x"],
+            ["2020-01-01", "ds_\u0000"],
+        )
+    ),
+    _raw_cursor(b"[" * 900),
+    _raw_cursor(b"[1e999]"),
+    _raw_cursor(b"[NaN]"),
+    _raw_cursor(b"\xff\xfe"),
+    "!!",
+    "A" * 5000,
 )
 """Cursors are opaque base64 JSON: a client can send any array, or no valid base64 at all."""
 
@@ -93,8 +126,10 @@ def _job_bodies(client: Any, headers: dict[str, str], *, classification: str, re
         for dataset_id, model in ((classification, "logistic-regression"), (regression, "linear-regression")):
             body = spec_for(dataset_id, name, dict(entry["defaults"]), target_epsilon=4.0)
             body["model"]["name"] = model
-            body["training"] = {"epochs": 1, **{k: v for k, v in (("batch_size", ROWS), ("learning_rate", 0.5))
-                                                if k in reads}}
+            body["training"] = {
+                "epochs": 1,
+                **{k: v for k, v in (("batch_size", ROWS), ("learning_rate", 0.5)) if k in reads},
+            }
             if client.post("/v1/jobs/estimate", headers=headers, json=body).status_code == 200:
                 bodies.append(body)
                 break
@@ -117,8 +152,9 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzApi]:
     from fastapi.testclient import TestClient
 
     data_dir: Path = tmp_path_factory.mktemp("schemathesis") / "data"
-    app_settings = make_settings(data_dir, max_upload_bytes=200_000, sse_max_stream_s=0.2,
-                                 sse_poll_interval_s=0.05, sse_keepalive_s=0.1)
+    app_settings = make_settings(
+        data_dir, max_upload_bytes=200_000, sse_max_stream_s=0.2, sse_poll_interval_s=0.05, sse_keepalive_s=0.1
+    )
     migrate(app_settings)
     database = Database(app_settings.resolved_database_url)
     headers = {"Authorization": f"Bearer {new_key(database, 'fuzz')}"}
@@ -126,18 +162,28 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzApi]:
     rng = np.random.default_rng(0)
     query = {"format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5}
     with TestClient(app) as client:  # real datasets and a job to hang generated requests on
-        dataset = client.post("/v1/datasets", headers=headers, params={"name": "fuzz", **query},
-                              content=to_csv(rng.random((ROWS, FEATURES)), rng.integers(0, 2, ROWS)))
+        dataset = client.post(
+            "/v1/datasets",
+            headers=headers,
+            params={"name": "fuzz", **query},
+            content=to_csv(rng.random((ROWS, FEATURES)), rng.integers(0, 2, ROWS)),
+        )
         assert dataset.status_code == 201, dataset.text
-        regression = client.post("/v1/datasets", headers=headers, params={"name": "reg", "task": "regression", **query},
-                                 content=to_csv(rng.random((ROWS, FEATURES)), rng.random(ROWS)))
+        regression = client.post(
+            "/v1/datasets",
+            headers=headers,
+            params={"name": "reg", "task": "regression", **query},
+            content=to_csv(rng.random((ROWS, FEATURES)), rng.random(ROWS)),
+        )
         assert regression.status_code == 201, regression.text
         dataset_id = dataset.json()["id"]
         job = client.post("/v1/jobs", headers=headers, json=dp_sgd_spec(dataset_id))
         assert job.status_code == 202, job.text
         job_bodies = _job_bodies(client, headers, classification=dataset_id, regression=regression.json()["id"])
         yield FuzzApi(
-            app=app, headers=headers, path_ids={"dataset_id": dataset_id, "job_id": job.json()["id"]},
+            app=app,
+            headers=headers,
+            path_ids={"dataset_id": dataset_id, "job_id": job.json()["id"]},
             bodies={
                 "POST /v1/jobs/estimate": job_bodies,
                 "POST /v1/jobs": job_bodies[-3:],
@@ -147,31 +193,44 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzApi]:
     database.dispose()
 
 
+def _fuzz_operation(
+    operation: schemathesis.APIOperation,
+    *,
+    headers: dict[str, str],
+    executed: dict[str, int],
+    failures: list[str],
+) -> None:
+    """MAX_EXAMPLES generated cases of one operation; failures are recorded, so the caller goes on
+    to the next operation and reports them all at once."""
+
+    @given(case=operation.as_strategy())
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    def exercise(case: schemathesis.Case) -> None:
+        executed[operation.label] = executed.get(operation.label, 0) + 1
+        try:
+            case.call_and_validate(headers=headers, checks=CHECKS)
+        except (Exception, BaseExceptionGroup) as exc:  # collect every failing operation
+            failures.append(f"{operation.label}: {type(exc).__name__}: {str(exc)[:400]}")
+            raise
+
+    with contextlib.suppress(Exception, BaseExceptionGroup):  # recorded in `failures` by `exercise`
+        exercise()
+
+
 @pytest.mark.timeout(600)
 def test_no_server_errors_and_schema_conformance(api: FuzzApi) -> None:
     """Every operation of the schema, MAX_EXAMPLES generated cases each, all checks passing."""
-    app, headers = api.app, api.headers
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", api.app)
     executed: dict[str, int] = {}
     failures: list[str] = []
     for result in schema.get_all_operations():
-        operation = result.ok()
-
-        @given(case=operation.as_strategy())
-        @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
-        def exercise(case: schemathesis.Case) -> None:
-            executed[operation.label] = executed.get(operation.label, 0) + 1
-            try:
-                case.call_and_validate(headers=headers, checks=CHECKS)
-            except (Exception, BaseExceptionGroup) as exc:  # collect every failing operation
-                failures.append(f"{operation.label}: {type(exc).__name__}: {str(exc)[:400]}")
-                raise
-
-        try:
-            exercise()
-        except (Exception, BaseExceptionGroup):
-            pass  # recorded in `failures` above
+        _fuzz_operation(result.ok(), headers=api.headers, executed=executed, failures=failures)
     total = sum(executed.values())
     print(f"schemathesis: {total} cases over {len(executed)} operations")
     assert not failures, "\n".join(failures[:10])
@@ -209,8 +268,10 @@ class _QueryShape:
 
 def _query_shape(operation: Any) -> _QueryShape:
     parameters = [(p.name, p.definition.get("schema")) for p in operation.query]
-    return _QueryShape(numeric=tuple(name for name, schema in parameters if _is_numeric(schema)),
-                       cursor=any(name == "cursor" for name, _ in parameters))
+    return _QueryShape(
+        numeric=tuple(name for name, schema in parameters if _is_numeric(schema)),
+        cursor=any(name == "cursor" for name, _ in parameters),
+    )
 
 
 def _with_extremes(case: schemathesis.Case, data: st.DataObject, shape: _QueryShape) -> None:
@@ -239,16 +300,23 @@ def _exercise_with_extremes(api: FuzzApi, operation: Any, strategy: Any, tally: 
     shape = _query_shape(operation)
 
     @given(case=strategy, data=st.data())
-    @settings(max_examples=EXTREME_EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXTREME_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     def exercise(case: schemathesis.Case, data: st.DataObject) -> None:
         _with_extremes(case, data, shape)
         tally.executed[operation.label] = tally.executed.get(operation.label, 0) + 1
         try:
             case.call_and_validate(headers=api.headers, checks=CHECKS)
         except (Exception, BaseExceptionGroup) as exc:  # recorded, then re-raised
-            tally.failures.append(f"{operation.label} query={case.query} body={str(case.body)[:300]}: "
-                                  f"{type(exc).__name__}: {str(exc)[:400]}")
+            tally.failures.append(
+                f"{operation.label} query={case.query} body={str(case.body)[:300]}: "
+                f"{type(exc).__name__}: {str(exc)[:400]}"
+            )
             raise
 
     try:
@@ -268,8 +336,10 @@ def test_extreme_numbers_and_crafted_cursors_never_answer_5xx(api: FuzzApi) -> N
         operation = result.ok()
         ids = {name: value for name, value in api.path_ids.items() if "{" + name + "}" in operation.path}
         strategies = [operation.as_strategy(path_parameters=ids or None)]
-        strategies += [operation.as_strategy(path_parameters=ids or None, body=json.loads(json.dumps(body)))
-                       for body in api.bodies.get(operation.label, [])]
+        strategies += [
+            operation.as_strategy(path_parameters=ids or None, body=json.loads(json.dumps(body)))
+            for body in api.bodies.get(operation.label, [])
+        ]
         for strategy in strategies:
             _exercise_with_extremes(api, operation, strategy, tally)
     total = sum(tally.executed.values())
@@ -305,7 +375,8 @@ def test_the_bodies_that_once_answered_500_are_examples(api: FuzzApi) -> None:
     sparse["algorithm"]["hyperparameters"]["mu"] = 1e-300
     for body, range_named in ((dp_sgd, "[1e-30, 1)"), (gaussian, "[0.001, 100000]"), (sparse, "gamma/1e+06")):
         response = operation.Case(body=body, media_type="application/json").call_and_validate(
-            headers=api.headers, checks=CHECKS)
+            headers=api.headers, checks=CHECKS
+        )
         assert 400 <= response.status_code < 500 and range_named in response.json()["detail"], response.text
 
 

@@ -92,7 +92,8 @@ def test_metrics_export_the_ledger_of_a_subnormal_delta(
     assert response.status_code == 200, response.text
     samples = {
         sample.name: sample.value
-        for family in text_string_to_metric_families(response.text) for sample in family.samples
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
         if sample.labels.get("dataset_id") == old_dataset
     }
     budget = alice.get(f"/v1/datasets/{old_dataset}/budget").json()
@@ -106,7 +107,12 @@ def test_verify_ledger_passes_in_a_real_process(settings: Settings, database: Da
     env.pop("PRIVTRAIN_DATABASE_URL", None)
     result = subprocess.run(
         [sys.executable, "-m", "app.cli", "verify-ledger", "--dataset", old_dataset],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ledger audit OK" in result.stdout

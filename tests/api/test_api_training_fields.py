@@ -21,12 +21,17 @@ def _kl_spec(dataset_id: str, **training: object) -> dict[str, Any]:
     return spec
 
 
-@pytest.mark.parametrize(("training", "detail"), [
-    ({"batch_size": 1347}, "training.batch_size: kl-spider is full-batch and does not use it; leave it out"),
-    ({"learning_rate": 1.0},
-     "training.learning_rate: kl-spider takes its step sizes from the paper's schedule and does not use it; "
-     "leave it out"),
-])
+@pytest.mark.parametrize(
+    ("training", "detail"),
+    [
+        ({"batch_size": 1347}, "training.batch_size: kl-spider is full-batch and does not use it; leave it out"),
+        (
+            {"learning_rate": 1.0},
+            "training.learning_rate: kl-spider takes its step sizes from the paper's schedule and does not use it; "
+            "leave it out",
+        ),
+    ],
+)
 def test_an_unused_field_is_a_422_saying_to_leave_it_out(
     alice: TestClient, dataset_id: str, database: Database, training: dict[str, Any], detail: str
 ) -> None:
@@ -40,9 +45,7 @@ def test_an_unused_field_is_a_422_saying_to_leave_it_out(
     assert counts(database) == before
 
 
-def test_without_the_unused_fields_a_full_batch_job_is_priced_and_records_n(
-    alice: TestClient, dataset_id: str
-) -> None:
+def test_without_the_unused_fields_a_full_batch_job_is_priced_and_records_n(alice: TestClient, dataset_id: str) -> None:
     n_rows = alice.get(f"/v1/datasets/{dataset_id}").json()["n_rows"]
     estimate = alice.post("/v1/jobs/estimate", json=_kl_spec(dataset_id))
     assert estimate.status_code == 200, estimate.text

@@ -30,10 +30,7 @@ def _services(client: TestClient) -> Services:
 
 def _blob_keys(services: Services) -> set[str]:
     root, tmp = services.blobs.root, services.blobs.tmp_dir
-    return {
-        path.relative_to(root).as_posix() for path in root.rglob("*")
-        if path.is_file() and tmp not in path.parents
-    }
+    return {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file() and tmp not in path.parents}
 
 
 def _referenced_keys(database: Database) -> set[str]:

@@ -96,17 +96,13 @@ def test_per_tenant_cap_leaves_other_tenants_free(
     assert slots.in_flight(alice_id) == settings.max_concurrent_uploads_per_tenant
 
 
-def test_refused_upload_releases_its_slot(
-    alice: TestClient, settings: Settings, database: Database
-) -> None:
+def test_refused_upload_releases_its_slot(alice: TestClient, settings: Settings, database: Database) -> None:
     slots = _slots(alice, settings)
     assert upload(alice, b"not,a\ncsv").status_code == 422  # type: ignore[attr-defined]
     assert slots.in_flight() == 0
 
 
-def test_npz_over_the_compression_ratio_is_an_invalid_dataset(
-    alice: TestClient, database: Database
-) -> None:
+def test_npz_over_the_compression_ratio_is_an_invalid_dataset(alice: TestClient, database: Database) -> None:
     buffer = io.BytesIO()
     n_rows = 96 * 1024**2 // (4 * 64)
     np.savez_compressed(buffer, X=np.zeros((n_rows, 64), np.float32), y=np.zeros(n_rows, np.int8))

@@ -79,9 +79,11 @@ def _slow_raw_upload(base_url: str, key: str, *, declared: int, drip_every_s: fl
     parts = urlsplit(base_url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
         sock.sendall(
-            (f"POST /v1/datasets?name=slow&format=csv&label_column=label&epsilon=1&delta=1e-5 HTTP/1.1\r\n"
-             f"Host: {parts.netloc}\r\nAuthorization: Bearer {key}\r\nContent-Type: text/csv\r\n"
-             f"Content-Length: {declared}\r\n\r\n").encode()
+            (
+                f"POST /v1/datasets?name=slow&format=csv&label_column=label&epsilon=1&delta=1e-5 HTTP/1.1\r\n"
+                f"Host: {parts.netloc}\r\nAuthorization: Bearer {key}\r\nContent-Type: text/csv\r\n"
+                f"Content-Length: {declared}\r\n\r\n"
+            ).encode()
         )
         sock.settimeout(drip_every_s)
         answer = b""
@@ -105,7 +107,10 @@ def _slow_raw_upload(base_url: str, key: str, *, declared: int, drip_every_s: fl
 
 def test_a_slowloris_upload_gets_408_and_leaves_no_temp_file(tmp_path: Path) -> None:
     settings = concurrency_settings(
-        tmp_path, upload_idle_timeout_s=5.0, upload_min_rate_bytes_per_s=100.0, upload_rate_grace_s=1.0,
+        tmp_path,
+        upload_idle_timeout_s=5.0,
+        upload_min_rate_bytes_per_s=100.0,
+        upload_rate_grace_s=1.0,
     )
     migrate(settings)
     with live_server(settings) as service:
@@ -123,7 +128,8 @@ def test_a_slowloris_upload_gets_408_and_leaves_no_temp_file(tmp_path: Path) -> 
         # The slot was given back: a normal upload by the same tenant still works.
         with service.client(key) as client:
             response = client.post(
-                "/v1/datasets", content=digits_csv(),
+                "/v1/datasets",
+                content=digits_csv(),
                 params={"name": "ok", "format": "csv", "label_column": "label", "epsilon": 1, "delta": 1e-5},
             )
         assert response.status_code == 201, response.text
@@ -139,10 +145,12 @@ def test_an_upload_waiting_on_the_database_lock_does_not_stall_other_requests(tm
         locker = sqlite3.connect(db_path, isolation_level=None, timeout=30)
         locker.execute("BEGIN IMMEDIATE")  # another writer holds SQLite's write lock
         try:
+
             def upload() -> None:
                 with service.client(key) as client:
                     results["upload"] = client.post(
-                        "/v1/datasets", content=digits_csv(),
+                        "/v1/datasets",
+                        content=digits_csv(),
                         params={"name": "d", "format": "csv", "label_column": "label", "epsilon": 1, "delta": 1e-5},
                     )
 

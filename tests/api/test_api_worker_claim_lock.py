@@ -17,7 +17,10 @@ from worker.runner import JobRunner
 
 
 def test_no_write_lock_is_held_while_the_model_is_built(
-    alice: TestClient, settings: Settings, database: Database, dataset_id: str,
+    alice: TestClient,
+    settings: Settings,
+    database: Database,
+    dataset_id: str,
 ) -> None:
     spec = dp_sgd_spec(dataset_id, noise_multiplier=2.0)
     spec["training"] = {"steps": 2, "batch_size": 64, "learning_rate": 0.5}
@@ -37,8 +40,9 @@ def test_no_write_lock_is_held_while_the_model_is_built(
     claimer.start()
     try:
         assert building.wait(30)
-        other_writer = sqlite3.connect(Path(settings.resolved_database_url.removeprefix("sqlite:///")),
-                                       isolation_level=None, timeout=0.5)
+        other_writer = sqlite3.connect(
+            Path(settings.resolved_database_url.removeprefix("sqlite:///")), isolation_level=None, timeout=0.5
+        )
         try:
             other_writer.execute("BEGIN IMMEDIATE")  # 'database is locked' if the claim held the lock
             other_writer.execute("ROLLBACK")

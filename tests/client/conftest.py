@@ -30,7 +30,9 @@ class AppTransport(httpx.BaseTransport):
         return httpx.Response(response.status_code, headers=response.headers.raw, content=response.content)
 
 
-def wrap(inner: httpx.BaseTransport, handler: Callable[[httpx.Request, httpx.BaseTransport], httpx.Response]) -> httpx.MockTransport:
+def wrap(
+    inner: httpx.BaseTransport, handler: Callable[[httpx.Request, httpx.BaseTransport], httpx.Response]
+) -> httpx.MockTransport:
     """An httpx MockTransport that decides per request whether to fail or pass it on to the app."""
     return httpx.MockTransport(lambda request: handler(request, inner))
 

@@ -27,14 +27,16 @@ def run(transport: AppTransport, api_key: str) -> Run:
 
     def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
         return runner.invoke(
-            cli, list(args), obj=CliEnvironment(transport=transport),
+            cli,
+            list(args),
+            obj=CliEnvironment(transport=transport),
             env=env if env is not None else {"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key},
         )
 
     return invoke
 
 
-def ok_json(result: Result) -> Any:  # noqa: ANN401 - JSON
+def ok_json(result: Result) -> Any:
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     return json.loads(result.stdout)
 
@@ -44,8 +46,16 @@ def dataset_id(run: Run, digits_path: Path) -> str:
     return ok_json(run("datasets", "upload", str(digits_path), "--epsilon", "8", "--delta", "1e-5", "--json"))["id"]
 
 
-ALGORITHM = ["--model", "logistic-regression", "--algorithm", "dp-sgd", "--hyper", "clipping_norm=1.0",
-             "--hyper", "momentum=0.9"]
+ALGORITHM = [
+    "--model",
+    "logistic-regression",
+    "--algorithm",
+    "dp-sgd",
+    "--hyper",
+    "clipping_norm=1.0",
+    "--hyper",
+    "momentum=0.9",
+]
 CALIBRATED = [*ALGORITHM, "--target-epsilon", "4", "--epochs", "2", "--batch-size", "64", "--lr", "0.5"]
 # 4 steps at a fixed σ: trains in well under a second and is priced without a calibration search
 TINY_TRAINING = ["--steps", "4", "--batch-size", "256", "--lr", "0.5"]
@@ -53,10 +63,26 @@ TINY = [*ALGORITHM, "--noise-multiplier", "5", *TINY_TRAINING]
 
 
 def test_datasets_commands(run: Run, digits_path: Path, digits_csv: bytes) -> None:
-    uploaded = ok_json(run("datasets", "upload", str(digits_path), "--name", "digits-train",
-                           "--epsilon", "8", "--delta", "1e-5", "--json"))
+    uploaded = ok_json(
+        run(
+            "datasets",
+            "upload",
+            str(digits_path),
+            "--name",
+            "digits-train",
+            "--epsilon",
+            "8",
+            "--delta",
+            "1e-5",
+            "--json",
+        )
+    )
     ds = uploaded["id"]
-    assert (uploaded["name"], uploaded["n_rows"], uploaded["budget"]) == ("digits-train", 1437, {"epsilon": 8.0, "delta": 1e-5})
+    assert (uploaded["name"], uploaded["n_rows"], uploaded["budget"]) == (
+        "digits-train",
+        1437,
+        {"epsilon": 8.0, "delta": 1e-5},
+    )
     assert uploaded["sha256"] == hashlib.sha256(digits_csv).hexdigest()
     assert [d["id"] for d in ok_json(run("--json", "datasets", "list"))] == [ds]
     assert len(uploaded.pop("notices")) == 2  # the inferred task and observed class list: said once
@@ -147,7 +173,10 @@ def test_submit_wait_watch_and_download(run: Run, dataset_id: str, dispatcher: W
     out = tmp_path / "artifacts"
     files = ok_json(run("jobs", "download", job["id"], "--out", str(out), "--json"))
     report = json.loads(Path(files["report"]).read_text())
-    assert report["epsilon"]["ledger"] == pytest.approx(job["epsilon_ledger"]) and files["guarantee"] == report["guarantee"]
+    assert (
+        report["epsilon"]["ledger"] == pytest.approx(job["epsilon_ledger"])
+        and files["guarantee"] == report["guarantee"]
+    )
     model = Path(files["model"])
     assert model == out / f"{job['id']}.safetensors"
     assert hashlib.sha256(model.read_bytes()).hexdigest() == report["model"]["sha256"]
@@ -206,9 +235,7 @@ def test_url_and_key_flags_override_the_environment(run: Run, api_key: str) -> N
     assert result.exit_code == 0 and json.loads(result.stdout)
 
 
-def test_upload_declares_classes_and_a_second_upload_of_the_same_bytes_is_refused(
-    run: Run, digits_path: Path
-) -> None:
+def test_upload_declares_classes_and_a_second_upload_of_the_same_bytes_is_refused(run: Run, digits_path: Path) -> None:
     names = ",".join(f"digit-{i}" for i in range(10))
     shown = run("datasets", "upload", str(digits_path), "--epsilon", "8", "--delta", "1e-5", "--classes", names)
     assert shown.exit_code == 0, shown.stderr

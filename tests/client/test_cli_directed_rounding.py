@@ -14,21 +14,49 @@ from click.testing import CliRunner, Result
 from privtrain.cli import CliEnvironment, cli
 
 JOB = {
-    "id": "job_1", "dataset_id": "ds_1", "status": "succeeded", "algorithm": "dp-sgd",
-    "model": "logistic-regression", "noise_multiplier": 1.1, "steps_planned": 4, "steps_run": 4,
-    "delta": 1e-05, "epsilon_ledger": 3.00012, "epsilon_prv": 2.50004, "attempt": 1,
-    "cancel_requested": False, "error_code": None, "metrics": None, "spec": {},
-    "created_at": "2024-01-01T00:00:00+00:00", "started_at": None, "finished_at": None,
+    "id": "job_1",
+    "dataset_id": "ds_1",
+    "status": "succeeded",
+    "algorithm": "dp-sgd",
+    "model": "logistic-regression",
+    "noise_multiplier": 1.1,
+    "steps_planned": 4,
+    "steps_run": 4,
+    "delta": 1e-05,
+    "epsilon_ledger": 3.00012,
+    "epsilon_prv": 2.50004,
+    "attempt": 1,
+    "cancel_requested": False,
+    "error_code": None,
+    "metrics": None,
+    "spec": {},
+    "created_at": "2024-01-01T00:00:00+00:00",
+    "started_at": None,
+    "finished_at": None,
 }
 BUDGET = {
-    "dataset_id": "ds_1", "epsilon": 8.0, "delta": 1e-05, "committed_epsilon": 3.00012,
-    "reserved_epsilon": 1.20004, "spent_epsilon": 4.20016, "remaining_epsilon": 1.83186,
-    "entries": 3, "last_hash": "ab" * 32,
+    "dataset_id": "ds_1",
+    "epsilon": 8.0,
+    "delta": 1e-05,
+    "committed_epsilon": 3.00012,
+    "reserved_epsilon": 1.20004,
+    "spent_epsilon": 4.20016,
+    "remaining_epsilon": 1.83186,
+    "entries": 3,
+    "last_hash": "ab" * 32,
 }
 ESTIMATE = {
-    "noise_multiplier": 1.1, "sampling_probability": 0.01, "steps": 100, "delta": 1e-05,
-    "epsilon_ledger": 3.00012, "epsilon_prv": 2.50004, "noise_std_on_sum": 1.1, "sensitivity": 1.0,
-    "admissible": True, "budget_remaining_epsilon": 1.83186, "largest_admissible_epsilon": 1.83186,
+    "noise_multiplier": 1.1,
+    "sampling_probability": 0.01,
+    "steps": 100,
+    "delta": 1e-05,
+    "epsilon_ledger": 3.00012,
+    "epsilon_prv": 2.50004,
+    "noise_std_on_sum": 1.1,
+    "sensitivity": 1.0,
+    "admissible": True,
+    "budget_remaining_epsilon": 1.83186,
+    "largest_admissible_epsilon": 1.83186,
     "evaluation_epsilon": None,
 }
 ROUTES: dict[tuple[str, str], Any] = {
@@ -46,7 +74,8 @@ def _serve(request: httpx.Request) -> httpx.Response:
 
 def _run(*args: str) -> Result:
     result = CliRunner().invoke(
-        cli, ["--url", "http://privtrain.test", "--api-key", "pt_test", *args],
+        cli,
+        ["--url", "http://privtrain.test", "--api-key", "pt_test", *args],
         obj=CliEnvironment(transport=httpx.MockTransport(_serve)),
     )
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
@@ -74,8 +103,13 @@ def test_job_show_and_list_round_the_guarantee_up() -> None:
 
 def test_budget_rounds_spent_up_and_remaining_down() -> None:
     shown = _block(_run("datasets", "budget", "ds_1"))
-    for key, field in (("committed ε", "committed_epsilon"), ("reserved ε", "reserved_epsilon"),
-                       ("spent ε", "spent_epsilon"), ("budget ε_G", "epsilon"), ("budget δ_G", "delta")):
+    for key, field in (
+        ("committed ε", "committed_epsilon"),
+        ("reserved ε", "reserved_epsilon"),
+        ("spent ε", "spent_epsilon"),
+        ("budget ε_G", "epsilon"),
+        ("budget δ_G", "delta"),
+    ):
         assert float(shown[key]) >= BUDGET[field], key
     assert shown["committed ε"] == "3.001" and shown["spent ε"] == "4.201"
     assert shown["remaining ε"] == "1.831"  # nearest gave "1.832", more than is left

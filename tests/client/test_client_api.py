@@ -54,8 +54,9 @@ def test_upload_from_bytes_needs_a_name_and_format(client: Client, digits_csv: b
 def test_lists_follow_every_page(client: Client, digits_csv: bytes, transport: AppTransport, api_key: str) -> None:
     lines = digits_csv.splitlines()
     ids = [  # one content, one dataset: each upload leaves out a different number of rows
-        client.upload_dataset(b"\n".join(lines[: len(lines) - i]) + b"\n", name=f"d{i}", format="csv",
-                              epsilon=1, delta=1e-5).id
+        client.upload_dataset(
+            b"\n".join(lines[: len(lines) - i]) + b"\n", name=f"d{i}", format="csv", epsilon=1, delta=1e-5
+        ).id
         for i in range(3)
     ]
     pages: list[str] = []
@@ -101,9 +102,14 @@ def test_catalogues(client: Client) -> None:
 
 def test_estimate_submit_list_show_cancel_events(client: Client, dataset: Dataset, dispatcher: WorkerThreads) -> None:
     spec = build_job_spec(
-        dataset_id=dataset.id, model="logistic-regression", algorithm="dp-sgd",
-        hyperparameters={"clipping_norm": 1.0, "momentum": 0.9}, target_epsilon=4.0,
-        epochs=2, batch_size=64, learning_rate=0.5,
+        dataset_id=dataset.id,
+        model="logistic-regression",
+        algorithm="dp-sgd",
+        hyperparameters={"clipping_norm": 1.0, "momentum": 0.9},
+        target_epsilon=4.0,
+        epochs=2,
+        batch_size=64,
+        learning_rate=0.5,
     )
     assert spec == dp_sgd_spec(dataset.id)  # the builder writes exactly the API's document
     estimate = client.estimate(spec)
@@ -202,13 +208,17 @@ def test_wait_returns_the_finished_job_then_downloads_verify(
             return response
         body = bytearray(response.read())
         body[-1] ^= 1
-        return httpx.Response(200, headers={"X-Content-SHA256": response.headers["x-content-sha256"]}, content=bytes(body))
+        return httpx.Response(
+            200, headers={"X-Content-SHA256": response.headers["x-content-sha256"]}, content=bytes(body)
+        )
 
     out = tmp_path / "tampered"
     out.mkdir()
-    with Client(BASE_URL, api_key, transport=wrap(transport, flip_a_byte)) as tampered:
-        with pytest.raises(IntegrityError):
-            tampered.download_model(job.id, out / "model.safetensors")
+    with (
+        Client(BASE_URL, api_key, transport=wrap(transport, flip_a_byte)) as tampered,
+        pytest.raises(IntegrityError),
+    ):
+        tampered.download_model(job.id, out / "model.safetensors")
     assert list(out.iterdir()) == []  # no partial or corrupted model left behind
 
     cuts: list[int] = []
@@ -224,8 +234,9 @@ def test_wait_returns_the_finished_job_then_downloads_verify(
             yield body[: len(body) // 2]
             raise httpx.ReadError("connection reset")
 
-        return httpx.Response(200, headers={"X-Content-SHA256": response.headers["x-content-sha256"]},
-                              content=half_then_reset())
+        return httpx.Response(
+            200, headers={"X-Content-SHA256": response.headers["x-content-sha256"]}, content=half_then_reset()
+        )
 
     with Client(BASE_URL, api_key, transport=wrap(transport, cut_mid_body), sleep=lambda _s: None) as flaky:
         resumed = flaky.download_model(job.id, out / "model.safetensors")

@@ -45,8 +45,16 @@ def test_every_problem_type_the_api_documents_has_a_class() -> None:
     }
     registry = errors.registered_problem_types()
     assert {slug: registry[slug] for slug in expected} == expected
-    made = errors.error_for(409, {"type": "/problems/insufficient-privacy-budget", "title": "Conflict",
-                                  "status": 409, "detail": "no", "remaining_epsilon": 0.25})
+    made = errors.error_for(
+        409,
+        {
+            "type": "/problems/insufficient-privacy-budget",
+            "title": "Conflict",
+            "status": 409,
+            "detail": "no",
+            "remaining_epsilon": 0.25,
+        },
+    )
     assert isinstance(made, errors.BudgetExceeded) and made.remaining_epsilon == 0.25
     assert made.extra == {"remaining_epsilon": 0.25}
     # an unknown slug falls back by status; a non-JSON body by status too
@@ -55,10 +63,26 @@ def test_every_problem_type_the_api_documents_has_a_class() -> None:
 
 
 def test_overrides_win_and_exclusive_fields_replace_each_other() -> None:
-    base = build_job_spec(dataset_id="ds_1", model="mlp", algorithm="dp-sgd", batch_size=64, learning_rate=0.1,
-                          epochs=2, target_epsilon=3, hyperparameters={"clipping_norm": 1.0, "momentum": 0.9})
-    merged = merge_spec(base, SpecOverrides(dataset_id="ds_2", noise_multiplier=1.5, steps=10,
-                                            hyperparameters={"clipping_norm": 2.0}, model_params={"hidden_sizes": [8]}))
+    base = build_job_spec(
+        dataset_id="ds_1",
+        model="mlp",
+        algorithm="dp-sgd",
+        batch_size=64,
+        learning_rate=0.1,
+        epochs=2,
+        target_epsilon=3,
+        hyperparameters={"clipping_norm": 1.0, "momentum": 0.9},
+    )
+    merged = merge_spec(
+        base,
+        SpecOverrides(
+            dataset_id="ds_2",
+            noise_multiplier=1.5,
+            steps=10,
+            hyperparameters={"clipping_norm": 2.0},
+            model_params={"hidden_sizes": [8]},
+        ),
+    )
     assert merged["dataset_id"] == "ds_2"
     assert merged["privacy"] == {"noise_multiplier": 1.5}
     assert merged["training"] == {"steps": 10, "batch_size": 64, "learning_rate": 0.1}
@@ -69,14 +93,16 @@ def test_overrides_win_and_exclusive_fields_replace_each_other() -> None:
 
 def test_a_full_batch_spec_leaves_batch_size_and_learning_rate_out() -> None:
     """kl-spider and the other full-batch / single-pass algorithms refuse both fields."""
-    spec = build_job_spec(dataset_id="ds_1", model="linear-regression", algorithm="kl-spider", steps=40,
-                          target_epsilon=3)
+    spec = build_job_spec(
+        dataset_id="ds_1", model="linear-regression", algorithm="kl-spider", steps=40, target_epsilon=3
+    )
     assert spec["training"] == {"steps": 40}
 
 
 def test_spec_files_in_json_and_yaml(tmp_path: Path) -> None:
-    spec = build_job_spec(dataset_id="ds_1", model="mlp", algorithm="dp-sgd", batch_size=64, learning_rate=0.1,
-                          epochs=2, target_epsilon=3)
+    spec = build_job_spec(
+        dataset_id="ds_1", model="mlp", algorithm="dp-sgd", batch_size=64, learning_rate=0.1, epochs=2, target_epsilon=3
+    )
     (tmp_path / "job.json").write_text(json.dumps(spec))
     (tmp_path / "job.yaml").write_text(
         "dataset_id: ds_1\nmodel: {name: mlp, params: {}}\nalgorithm: {name: dp-sgd, hyperparameters: {}}\n"
@@ -92,8 +118,14 @@ def test_spec_files_in_json_and_yaml(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("lr=0.5", ("lr", 0.5)), ("optimizer=adam", ("optimizer", "adam")), ("sizes=[8, 8]", ("sizes", [8, 8])),
-     ("flag=true", ("flag", True)), ("name=a=b", ("name", "a=b")), (" k =1e-5", ("k", 1e-5))],
+    [
+        ("lr=0.5", ("lr", 0.5)),
+        ("optimizer=adam", ("optimizer", "adam")),
+        ("sizes=[8, 8]", ("sizes", [8, 8])),
+        ("flag=true", ("flag", True)),
+        ("name=a=b", ("name", "a=b")),
+        (" k =1e-5", ("k", 1e-5)),
+    ],
 )
 def test_assignments_read_json_values(text: str, expected: tuple) -> None:
     assert parse_assignment(text) == expected

@@ -41,8 +41,12 @@ def dataset_id(client: Client, digits_path: Path) -> str:
 @pytest.fixture
 def run(transport: AppTransport) -> Run:
     def invoke(key: str, *args: str) -> Result:
-        return CliRunner().invoke(cli, list(args), obj=CliEnvironment(transport=transport),
-                                  env={"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": key})
+        return CliRunner().invoke(
+            cli,
+            list(args),
+            obj=CliEnvironment(transport=transport),
+            env={"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": key},
+        )
 
     return invoke
 
@@ -64,7 +68,11 @@ def test_client_invite_accept_revoke(client: Client, bob: Client, dataset_id: st
     (invitation,) = bob.invitations()
     assert isinstance(invitation, Invitation)
     assert (invitation.id, invitation.dataset_name, invitation.owner, invitation.status) == (
-        dataset_id, "digits", "alice", "invited")
+        dataset_id,
+        "digits",
+        "alice",
+        "invited",
+    )
     assert (invitation.budget.epsilon, invitation.budget.delta) == (8.0, 1e-5)
     accepted = bob.accept_invitation(invitation.id)
     assert accepted.status == "active" and accepted.accepted_at is not None

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
+from app.config import Settings
 from privtrain import Client, InvalidRequest, RateLimited, ServerError, TransportError
 from privtrain.resources import Dataset
 from privtrain.retry import RetryPolicy, parse_retry_after
@@ -21,8 +23,14 @@ class FailFirst:
     """Fails the first ``len(failures)`` requests matching ``path`` (an HTTP status or an
     exception each), optionally after the app has handled them; records every request seen."""
 
-    def __init__(self, path: str, failures: list[int | Exception], *, after_app: bool = False,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        failures: list[int | Exception],
+        *,
+        after_app: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.path, self.failures, self.after_app = path, list(failures), after_app
         self.headers = headers or {}
         self.seen: list[httpx.Request] = []
@@ -44,8 +52,13 @@ class FailFirst:
 @pytest.fixture
 def make_client(transport: AppTransport, api_key: str, sleeps: list[float]) -> Callable[..., Client]:
     def make(handler: Handler, *, max_retries: int = 3) -> Client:
-        return Client(BASE_URL, api_key, max_retries=max_retries, transport=wrap(transport, handler),
-                      sleep=recording_sleep(sleeps))
+        return Client(
+            BASE_URL,
+            api_key,
+            max_retries=max_retries,
+            transport=wrap(transport, handler),
+            sleep=recording_sleep(sleeps),
+        )
 
     return make
 
@@ -116,13 +129,18 @@ def test_429_honours_retry_after(
 
 
 def test_the_active_job_cap_is_rate_limited_and_retried(
-    transport: AppTransport, api_key: str, dataset: Dataset, settings, sleeps: list[float]  # noqa: ANN001
+    transport: AppTransport,
+    api_key: str,
+    dataset: Dataset,
+    settings: Settings,
+    sleeps: list[float],
 ) -> None:
     """The server's own 429 (too-many-active-jobs, Retry-After: 30): retried, then raised."""
     notices = []
     settings.max_active_jobs_per_tenant = 1
-    with Client(BASE_URL, api_key, max_retries=1, transport=transport, sleep=recording_sleep(sleeps),
-                on_retry=notices.append) as capped:
+    with Client(
+        BASE_URL, api_key, max_retries=1, transport=transport, sleep=recording_sleep(sleeps), on_retry=notices.append
+    ) as capped:
         capped.submit(tiny_spec(dataset.id))
         with pytest.raises(RateLimited) as caught:
             capped.submit(tiny_spec(dataset.id, noise_multiplier=4.0))
@@ -145,14 +163,15 @@ def test_a_retried_upload_registers_one_dataset(
     assert [d.id for d in client.list_datasets()] == [dataset.id]
     assert client.ledger(dataset.id) == []  # one budget, nothing spent
     with pytest.raises(InvalidRequest) as reused:  # the same key for a different upload
-        client.upload_dataset(digits_csv, name="other", format="csv", epsilon=1, delta=1e-5,
-                              idempotency_key=keys[0])
+        client.upload_dataset(digits_csv, name="other", format="csv", epsilon=1, delta=1e-5, idempotency_key=keys[0])
     assert reused.value.slug == "idempotency-key-reused"
     assert len(client.list_datasets()) == 1
 
 
 def test_a_streamed_file_upload_is_resent_whole(
-    make_client: Callable[..., Client], digits_path, digits_csv: bytes  # noqa: ANN001 - fixture
+    make_client: Callable[..., Client],
+    digits_path: Path,
+    digits_csv: bytes,
 ) -> None:
     refused = FailFirst("/v1/datasets", [httpx.ConnectError("refused")])
     dataset = make_client(refused).upload_dataset(digits_path, epsilon=1, delta=1e-5)
@@ -166,7 +185,7 @@ def test_backoff_and_retry_after_parsing() -> None:
     assert policy.delay(0, httpx.Response(429, headers={"Retry-After": "3600"})) is None
     assert policy.delay(0, httpx.Response(429, headers={"Retry-After": "60"})) == 60
     assert policy.delay(2, httpx.Response(503)) == 2.0
-    now = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
     assert parse_retry_after("Sat, 21 Nov 2026 12:00:30 GMT", now=now) == 30.0
     assert parse_retry_after("Sat, 21 Nov 2026 11:00:00 GMT", now=now) == 0.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None

@@ -20,7 +20,7 @@ def test_the_parser_follows_the_event_stream_format() -> None:
     body = (
         "retry: 2000\n\n"
         ": keep-alive\n\n"
-        "id: 3\nevent: progress\ndata: {\"a\":\n"
+        'id: 3\nevent: progress\ndata: {"a":\n'
         "data: 1}\n\n"
         "id: 4\r\nevent: succeeded\r\ndata:{}\r\n\r\n"
         "data: no-id-or-event\n\n"
@@ -28,14 +28,27 @@ def test_the_parser_follows_the_event_stream_format() -> None:
     )
     messages = list(parse_sse(body.splitlines(keepends=True)))
     assert [(m.id, m.event, m.data) for m in messages] == [
-        ("3", "progress", '{"a":\n1}'), ("4", "succeeded", "{}"), ("4", "message", "no-id-or-event"),
+        ("3", "progress", '{"a":\n1}'),
+        ("4", "succeeded", "{}"),
+        ("4", "message", "no-id-or-event"),
     ]
 
 
 def test_access_revoked_ends_the_events_without_a_job_event() -> None:
     event = {"seq": 1, "kind": "progress", "payload": {"step": 3}, "created_at": "2026-11-24T00:00:00Z"}
-    body = ["id: 1", "event: progress", f"data: {json.dumps(event)}", "",
-            "event: access-revoked", "data: {}", "", "id: 2", "event: progress", f"data: {json.dumps(event)}", ""]
+    body = [
+        "id: 1",
+        "event: progress",
+        f"data: {json.dumps(event)}",
+        "",
+        "event: access-revoked",
+        "data: {}",
+        "",
+        "id: 2",
+        "event: progress",
+        f"data: {json.dumps(event)}",
+        "",
+    ]
     assert [e.kind for e in events_from_stream(body)] == ["progress"]
 
 
@@ -95,14 +108,20 @@ def test_a_stream_cut_short_is_resumed_after_the_last_event(
 
 
 def _snapshot(status: str, steps: int) -> JobProgress:
-    job = Job.from_api({"id": "job_x", "status": status, "steps_run": steps, "steps_planned": 100, "epsilon_ledger": 2.0})
+    job = Job.from_api(
+        {"id": "job_x", "status": status, "steps_run": steps, "steps_planned": 100, "epsilon_ledger": 2.0}
+    )
     return JobProgress(job=job, epsilon_spent=steps / 50)
 
 
 def test_the_bar_writes_a_line_per_tenth_and_per_status_when_not_a_terminal() -> None:
     out = io.StringIO()
     bar = ProgressBar(out)
-    for snapshot in [_snapshot("queued", 0), *(_snapshot("running", s) for s in range(0, 101, 2)), _snapshot("succeeded", 100)]:
+    for snapshot in [
+        _snapshot("queued", 0),
+        *(_snapshot("running", s) for s in range(0, 101, 2)),
+        _snapshot("succeeded", 100),
+    ]:
         bar.update(snapshot)
     lines = out.getvalue().splitlines()
     assert len(lines) == 13  # queued, running at 0, 10 … 100 %, succeeded

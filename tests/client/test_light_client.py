@@ -17,8 +17,21 @@ from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 
 CLIENT = Path(__file__).resolve().parents[2] / "client"
-SERVER_PACKAGES = {"app", "worker", "fastapi", "starlette", "sqlalchemy", "celery", "kombu", "scipy", "alembic",
-                   "pydantic", "prv_accountant", "matplotlib", "numpy"}
+SERVER_PACKAGES = {
+    "app",
+    "worker",
+    "fastapi",
+    "starlette",
+    "sqlalchemy",
+    "celery",
+    "kombu",
+    "scipy",
+    "alembic",
+    "pydantic",
+    "prv_accountant",
+    "matplotlib",
+    "numpy",
+}
 
 
 def _imported_top_levels(code: str) -> set[str]:
@@ -42,16 +55,27 @@ def test_the_client_and_cli_import_nothing_of_the_server() -> None:
 
 
 def test_load_model_needs_only_torch_and_safetensors_and_gives_the_classes(tmp_path: Path) -> None:
-    model = build_model("mlp", {"hidden_sizes": [4]}, input_shape=(3,), n_outputs=2,
-                        generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        "mlp", {"hidden_sizes": [4]}, input_shape=(3,), n_outputs=2, generator=torch.Generator().manual_seed(0)
+    )
     path = tmp_path / "model.safetensors"
-    save_model(path, model, config={
-        "format_version": 1, "model": {"name": "mlp", "params": {"hidden_sizes": [4]}}, "input_shape": [3],
-        "n_outputs": 2, "task": "classification", "classes": ["benign", "malignant"],
-    })
-    code = (f"import privtrain, torch\nloaded = privtrain.load_model({str(path)!r})\n"
-            "assert loaded.classes == ['benign', 'malignant'] and loaded.task == 'classification'\n"
-            "model, config = loaded\nassert model(torch.zeros(1, 3)).shape == (1, 2)")
+    save_model(
+        path,
+        model,
+        config={
+            "format_version": 1,
+            "model": {"name": "mlp", "params": {"hidden_sizes": [4]}},
+            "input_shape": [3],
+            "n_outputs": 2,
+            "task": "classification",
+            "classes": ["benign", "malignant"],
+        },
+    )
+    code = (
+        f"import privtrain, torch\nloaded = privtrain.load_model({str(path)!r})\n"
+        "assert loaded.classes == ['benign', 'malignant'] and loaded.task == 'classification'\n"
+        "model, config = loaded\nassert model(torch.zeros(1, 3)).shape == (1, 2)"
+    )
     imported = _imported_top_levels(code)
     assert {"torch", "safetensors", "privtrain"} <= imported
     assert not imported & SERVER_PACKAGES - {"numpy"}, imported & SERVER_PACKAGES  # torch may bring numpy

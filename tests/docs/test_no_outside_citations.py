@@ -52,11 +52,26 @@ def test_no_file_cites_notes_outside_the_repository() -> None:
 
 
 def test_the_pattern_catches_each_kind_of_citation() -> None:
-    for text in ("see privacy" + ".md §2", "(specs" + "/dicesgd.md §3.7)", "design" + ".md", "../" + "shared/papers",
-                 "never hard-coded (spec" + " §3.2)", "Spec" + " §7.5 at CI size", "(spec" + " A9)",
-                 "Spec" + " T7: D = {a, b}", "(spec" + " U1–U4)"):
+    for text in (
+        "see privacy" + ".md §2",
+        "(specs" + "/dicesgd.md §3.7)",
+        "design" + ".md",
+        "../" + "shared/papers",
+        "never hard-coded (spec" + " §3.2)",
+        "Spec" + " §7.5 at CI size",
+        "(spec" + " A9)",
+        "Spec" + " T7: D = {a, b}",
+        "(spec" + " U1–U4)",
+    ):
         assert OUTSIDE_CITATION.search(text), text
-    for text in ("docs/privacy-model.md#1-the-unit-and-the-neighbouring-relation", "docs/privacy-model.md §2",
-                 "def plan(spec: JobCreate)", "this spec's own curve", "request_hash(spec)", "TrainingSpec §2",
-                 "the paper's §6.2 settings", "job spec A or B"):
+    for text in (
+        "docs/privacy-model.md#1-the-unit-and-the-neighbouring-relation",
+        "docs/privacy-model.md §2",
+        "def plan(spec: JobCreate)",
+        "this spec's own curve",
+        "request_hash(spec)",
+        "TrainingSpec §2",
+        "the paper's §6.2 settings",
+        "job spec A or B",
+    ):
         assert not OUTSIDE_CITATION.search(text), text

@@ -22,8 +22,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestCli
     migrate(settings)
     db = Database(settings.resolved_database_url)
     log_path = root / "worker.log"
-    with running_worker(settings, log_path):
-        with TestClient(create_app(settings)) as client:
-            client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
-            yield client, log_path, db
+    with running_worker(settings, log_path), TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {new_key(db, 'alice')}"
+        yield client, log_path, db
     db.dispose()

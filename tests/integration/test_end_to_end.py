@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 
 from app.db import Database
 from app.models import Dataset
+from privtrain.model_files import load_model
 from tests.conftest import digits_split, dp_sgd_spec, to_csv, upload
 from tests.worker_process import wait_for_status
-from privtrain.model_files import load_model
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,12 @@ def test_cancel_while_running_commits_the_steps_run(embedded: tuple[TestClient, 
 
 def test_worker_failure_after_touch_commits_the_reservation(embedded: tuple[TestClient, Path, Database]) -> None:
     client, log_path, db = embedded
-    dataset = upload(client, b"a,b,label\n" + b"".join(b"%d,%d,%d\n" % (i, i % 7, i % 2) for i in range(200)), name="broken", delta=1e-3).json()
+    dataset = upload(
+        client,
+        b"a,b,label\n" + b"".join(b"%d,%d,%d\n" % (i, i % 7, i % 2) for i in range(200)),
+        name="broken",
+        delta=1e-3,
+    ).json()
     with db.read_session() as session:
         blob = session.get(Dataset, dataset["id"]).blob_key
     data_dir = Path(client.app.state.services.settings.blob_dir)

@@ -42,7 +42,7 @@ def _keys(value: object) -> list[str]:
 
 
 def test_dp_evaluation_is_released_charged_and_nothing_else_leaks(embedded: tuple[TestClient, Path, Database]) -> None:
-    client, log_path, db = embedded
+    client, log_path, _ = embedded
     dataset = _digits_dataset(client, first_row=0, name="eval")
     spec = dp_sgd_spec(dataset["id"], target_epsilon=6.0)
     spec["training"] = {"epochs": 10, "batch_size": 128, "learning_rate": 2.0}
@@ -98,8 +98,12 @@ def test_budget_raise_is_an_adjust_entry_flagged_in_later_reports(embedded: tupl
 
 def test_killed_worker_is_retried_inside_the_same_reservation(tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path / "data", heartbeat_interval_s=0.1, checkpoint_every_steps=25,
-        stale_after_s=4.0, reconcile_interval_s=0.3, max_attempts=4,
+        tmp_path / "data",
+        heartbeat_interval_s=0.1,
+        checkpoint_every_steps=25,
+        stale_after_s=4.0,
+        reconcile_interval_s=0.3,
+        max_attempts=4,
     )
     migrate(settings)
     db = Database(settings.resolved_database_url)

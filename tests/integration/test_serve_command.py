@@ -57,7 +57,10 @@ def _start_serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, BinaryIO
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -133,8 +136,9 @@ time.sleep(600)
 def test_the_parent_watch_alone_stops_an_orphan(tmp_path: Path) -> None:
     """The portable layer on its own (no prctl: the child is started plainly): SIGKILL the parent
     and the child, a plain sleeper with the watch, is SIGTERMed and exits."""
-    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT], cwd=Path(__file__).resolve().parents[2],
-                              stdout=subprocess.PIPE)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_PARENT], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE
+    )
     child = 0
     try:
         assert parent.stdout is not None
@@ -168,8 +172,13 @@ def test_the_real_worker_watches_its_parent_without_prctl(tmp_path: Path) -> Non
     env.pop("PRIVTRAIN_DATABASE_URL", None)
     env.pop("PRIVTRAIN_BROKER_URL", None)
     log = (tmp_path / "worker.log").open("wb")
-    parent = subprocess.Popen([sys.executable, "-c", _WORKER_PARENT], cwd=Path(__file__).resolve().parents[2],
-                              env=env, stdout=subprocess.PIPE, stderr=log)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _WORKER_PARENT],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
     worker = 0
     try:
         assert parent.stdout is not None

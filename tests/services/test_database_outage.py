@@ -4,6 +4,7 @@ database, and the API recovers by itself when it comes back (issue 7, faults).""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -18,7 +19,7 @@ from tests.fault_proxy import FaultProxy
 pytestmark = pytest.mark.services
 
 
-def test_api_answers_503_while_postgres_is_down_and_recovers(postgres_url: str, tmp_path) -> None:
+def test_api_answers_503_while_postgres_is_down_and_recovers(postgres_url: str, tmp_path: Path) -> None:
     real = make_url(postgres_url)
     proxy = FaultProxy(real.host or "127.0.0.1", real.port or 5432)
     proxy.start()

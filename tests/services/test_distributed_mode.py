@@ -20,18 +20,17 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture(scope="module")
-def distributed(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str) -> Iterator[tuple[TestClient, Path]]:
+def distributed(
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str
+) -> Iterator[tuple[TestClient, Path]]:
     root = tmp_path_factory.mktemp("distributed")
-    settings = make_settings(
-        root / "data", database_url=postgres_url, broker_url=redis_url, heartbeat_interval_s=0.2
-    )
+    settings = make_settings(root / "data", database_url=postgres_url, broker_url=redis_url, heartbeat_interval_s=0.2)
     migrate(settings)
     db = Database(postgres_url)
     log_path = root / "worker.log"
-    with running_worker(settings, log_path):
-        with TestClient(create_app(settings)) as client:
-            client.headers["Authorization"] = f"Bearer {new_key(db, 'distributed')}"
-            yield client, log_path
+    with running_worker(settings, log_path), TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {new_key(db, 'distributed')}"
+        yield client, log_path
     db.dispose()
 
 
@@ -52,7 +51,11 @@ def test_job_runs_through_redis_and_postgres(distributed: tuple[TestClient, Path
     X_train, _, y_train, _ = digits_split()
     dataset = upload(client, to_csv(X_train, y_train)).json()
     assert client.get("/readyz").json()["checks"] == {
-        "database": "ok", "migrations": "ok", "broker": "ok", "disk": "ok"}
+        "database": "ok",
+        "migrations": "ok",
+        "broker": "ok",
+        "disk": "ok",
+    }
     spec = dp_sgd_spec(dataset["id"], target_epsilon=3.0)
     spec["training"] = {"epochs": 2, "batch_size": 128, "learning_rate": 1.0}
     job = client.post("/v1/jobs", json=spec).json()
@@ -70,8 +73,12 @@ def test_admin_cli_migrates_postgres(postgres_url: str, tmp_path: Path) -> None:
     import os
 
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "migrate"], cwd=REPO_ROOT, env={**os.environ, **env},
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "app.cli", "migrate"],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "database at head" in result.stdout

@@ -19,22 +19,35 @@ def test_invitations_on_postgres(tmp_path_factory: pytest.TempPathFactory, postg
     assert settings.resolved_database_url.startswith("postgresql")
     migrate(settings)
     # Tenants of its own: the PostgreSQL database is shared by the session's service tests.
-    with live_server(settings) as live, live.client(live.tenant_key("invitations-owner")) as owner, \
-            live.client(live.tenant_key("invitations-analyst")) as bob:
-        created = owner.post("/v1/datasets", content=digits_csv(), params={
-            "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+    with (
+        live_server(settings) as live,
+        live.client(live.tenant_key("invitations-owner")) as owner,
+        live.client(live.tenant_key("invitations-analyst")) as bob,
+    ):
+        created = owner.post(
+            "/v1/datasets",
+            content=digits_csv(),
+            params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+        )
         assert created.status_code == 201, created.text
         dataset_id = created.json()["id"]
 
         answers = race_invitations(owner, dataset_id=dataset_id, grantee_name="invitations-analyst", racers=16)
         assert sorted(a["status"] for a in answers) == [200] * 15 + [202]
         with live.db.read_session() as session:
-            assert session.scalar(select(func.count()).select_from(DatasetGrant)
-                                  .where(DatasetGrant.dataset_id == dataset_id)) == 1
+            assert (
+                session.scalar(
+                    select(func.count()).select_from(DatasetGrant).where(DatasetGrant.dataset_id == dataset_id)
+                )
+                == 1
+            )
 
         for name in ('"bo\\u0000b"', '"\\ud800"'):
-            refused = owner.post(f"/v1/datasets/{dataset_id}/grants", content=f'{{"tenant": {name}}}',
-                                 headers={"Content-Type": "application/json"})
+            refused = owner.post(
+                f"/v1/datasets/{dataset_id}/grants",
+                content=f'{{"tenant": {name}}}',
+                headers={"Content-Type": "application/json"},
+            )
             assert refused.status_code == 422, refused.text
         assert owner.delete(f"/v1/datasets/{dataset_id}/grants/bo%00b").status_code == 404
         for path in ("ds_%00/accept", "%ED%A0%80/decline"):

@@ -22,8 +22,11 @@ def test_concurrent_cancel_and_progress_events_get_distinct_gapless_numbers(
     # The PostgreSQL database is shared by the session's service tests: a tenant of its own, so
     # no other test has registered these bytes for it already (one content, one budget).
     with live_server(settings) as live, live.client(live.tenant_key("event-seq-owner")) as client:
-        dataset = client.post("/v1/datasets", content=digits_csv(), params={
-            "name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+        dataset = client.post(
+            "/v1/datasets",
+            content=digits_csv(),
+            params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+        )
         assert dataset.status_code == 201, dataset.text
         jobs = [client.post("/v1/jobs", json=dp_sgd_spec(dataset.json()["id"], target_epsilon=1.0)) for _ in range(2)]
         assert [job.status_code for job in jobs] == [202, 202], jobs[0].text

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.services
 
 def test_queued_jobs_survive_a_redis_restart(postgres_url: str, redis_url: str, tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path / "data", database_url=postgres_url, broker_url=redis_url,
-        heartbeat_interval_s=0.2, redispatch_after_s=1.0, reconcile_interval_s=0.3,
+        tmp_path / "data",
+        database_url=postgres_url,
+        broker_url=redis_url,
+        heartbeat_interval_s=0.2,
+        redispatch_after_s=1.0,
+        reconcile_interval_s=0.3,
     )
     migrate(settings)
     db = Database(postgres_url)
@@ -41,8 +45,7 @@ def test_queued_jobs_survive_a_redis_restart(postgres_url: str, redis_url: str, 
 
         log_path = tmp_path / "worker.log"
         with running_worker(settings, log_path):
-            finals = [wait_for_status(client, job["id"], {"succeeded", "failed"}, log_path=log_path)
-                      for job in jobs]
+            finals = [wait_for_status(client, job["id"], {"succeeded", "failed"}, log_path=log_path) for job in jobs]
         assert [final["status"] for final in finals] == ["succeeded", "succeeded"]
         for job in jobs:
             kinds = [e["kind"] for e in client.get(f"/v1/jobs/{job['id']}/events").json()]

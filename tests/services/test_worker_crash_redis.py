@@ -24,9 +24,14 @@ pytestmark = pytest.mark.services
 
 def test_killed_worker_is_retried_with_redis(postgres_url: str, redis_url: str, tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path / "data", database_url=postgres_url, broker_url=redis_url,
-        heartbeat_interval_s=0.1, checkpoint_every_steps=25, stale_after_s=4.0,
-        reconcile_interval_s=0.3, max_attempts=4,
+        tmp_path / "data",
+        database_url=postgres_url,
+        broker_url=redis_url,
+        heartbeat_interval_s=0.1,
+        checkpoint_every_steps=25,
+        stale_after_s=4.0,
+        reconcile_interval_s=0.3,
+        max_attempts=4,
     )
     migrate(settings)
     db = Database(postgres_url)

@@ -23,7 +23,7 @@ from app.db import Database
 from app.main import create_app
 from tests.conftest import RecordingDispatcher, make_settings, new_key, to_csv
 
-HOSTILE_NAME = '<img src=x onerror=alert(1)> & "quoted" \'single\' <b>'
+HOSTILE_NAME = "<img src=x onerror=alert(1)> & \"quoted\" 'single' <b>"
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,11 @@ class UiWorld:
         rng = np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big"))  # distinct bytes
         X = rng.random((300, 4))
         y = (X[:, 0] > 0.5).astype(int)
-        response = self.client(key).post("/v1/datasets", content=to_csv(X, y), params={
-            "name": name, "format": "csv", "label_column": "label", "epsilon": epsilon, "delta": 1e-5})
+        response = self.client(key).post(
+            "/v1/datasets",
+            content=to_csv(X, y),
+            params={"name": name, "format": "csv", "label_column": "label", "epsilon": epsilon, "delta": 1e-5},
+        )
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
 
@@ -103,8 +106,11 @@ def built_world(root: Path, *, dataset_name: str) -> Iterator[UiWorld]:
 
     torch.set_num_threads(1)
     settings = make_settings(
-        root / "data", run_reconciler=False,
-        sse_poll_interval_s=0.05, sse_keepalive_s=0.2, sse_max_stream_s=2.0,
+        root / "data",
+        run_reconciler=False,
+        sse_poll_interval_s=0.05,
+        sse_keepalive_s=0.2,
+        sse_max_stream_s=2.0,
     )
     migrate(settings)
     db = Database(settings.resolved_database_url)
@@ -115,8 +121,11 @@ def built_world(root: Path, *, dataset_name: str) -> Iterator[UiWorld]:
     y = (X[:, 0] > 0.5).astype(int)
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {alice_key}"
-        dataset = client.post("/v1/datasets", content=to_csv(X, y), params={
-            "name": dataset_name, "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5})
+        dataset = client.post(
+            "/v1/datasets",
+            content=to_csv(X, y),
+            params={"name": dataset_name, "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5},
+        )
         assert dataset.status_code == 201, dataset.text
         dataset_id = dataset.json()["id"]
         raised = client.post(f"/v1/datasets/{dataset_id}/budget", json={"epsilon": 9.0, "reason": "owner raised <it>"})
@@ -126,8 +135,16 @@ def built_world(root: Path, *, dataset_name: str) -> Iterator[UiWorld]:
         assert JobRunner(settings, db=db).run(job.json()["id"]) == "succeeded"
         queued = client.post("/v1/jobs", json=job_spec(dataset_id, steps=10, evaluation=False))
         assert queued.status_code == 202, queued.text
-        yield UiWorld(settings=settings, db=db, app=app, alice_key=alice_key, bob_key=bob_key,
-                      dataset_id=dataset_id, job_id=job.json()["id"], queued_job_id=queued.json()["id"])
+        yield UiWorld(
+            settings=settings,
+            db=db,
+            app=app,
+            alice_key=alice_key,
+            bob_key=bob_key,
+            dataset_id=dataset_id,
+            job_id=job.json()["id"],
+            queued_job_id=queued.json()["id"],
+        )
     db.dispose()
 
 
@@ -146,9 +163,7 @@ def report_json(ui_world: UiWorld) -> dict:
 
 @pytest.fixture(scope="session")
 def report_html(ui_world: UiWorld) -> str:
-    response = ui_world.client(ui_world.alice_key).get(
-        f"/v1/jobs/{ui_world.job_id}/report", params={"format": "html"}
-    )
+    response = ui_world.client(ui_world.alice_key).get(f"/v1/jobs/{ui_world.job_id}/report", params={"format": "html"})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/html")
     return response.text

@@ -31,7 +31,7 @@ class Page:
         return [e for e in self.elements if name in e.attrs and (value is None or e.attrs[name] == value)]
 
     def inside(self, element: Element) -> list[Element]:
-        return self.elements[element.start + 1:element.end]
+        return self.elements[element.start + 1 : element.end]
 
     def values_in(self, element: Element) -> list[str]:
         """The data-value attributes of an element and its descendants, in document order."""

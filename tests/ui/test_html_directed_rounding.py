@@ -20,8 +20,15 @@ from app.reporting.templating import render
 from tests.ui.conftest import UiWorld
 from tests.ui.html_probe import Element, Page, parse, text_of
 
-GUARANTEE_FIELDS = {"epsilon", "delta", "committed_epsilon", "reserved_epsilon", "spent_epsilon", "job_epsilon",
-                    "epsilon_spent"}
+GUARANTEE_FIELDS = {
+    "epsilon",
+    "delta",
+    "committed_epsilon",
+    "reserved_epsilon",
+    "spent_epsilon",
+    "job_epsilon",
+    "epsilon_spent",
+}
 REMAINING_FIELDS = {"remaining_epsilon"}
 REPORT_GUARANTEE_IDS = ("epsilon-ledger", "epsilon-prv", "epsilon-rdp", "delta")
 
@@ -53,9 +60,15 @@ def _check_fields(page: Page) -> int:
 
 def _budget(*, committed: float, reserved: float, remaining: float) -> dict[str, object]:
     return {
-        "dataset_id": "ds_1", "epsilon": 9.0, "delta": 1e-05, "committed_epsilon": committed,
-        "reserved_epsilon": reserved, "spent_epsilon": committed + reserved,
-        "remaining_epsilon": remaining, "entries": 4, "last_hash": "ab" * 32,
+        "dataset_id": "ds_1",
+        "epsilon": 9.0,
+        "delta": 1e-05,
+        "committed_epsilon": committed,
+        "reserved_epsilon": reserved,
+        "spent_epsilon": committed + reserved,
+        "remaining_epsilon": remaining,
+        "entries": 4,
+        "last_hash": "ab" * 32,
     }
 
 
@@ -84,17 +97,38 @@ def _page_context() -> dict[str, object]:
     return {"nonce": "n", "csrf_token": "", "tenant_name": "alice", "epsilon_of": job_epsilon}
 
 
-GAUGE = BudgetGauge(committed_percent=40.0, reserved_percent=10.0, free_percent=50.0, remaining_epsilon=REMAINING_4,
-                    remaining_if_released_epsilon=REMAINING_4 + 1)
+GAUGE = BudgetGauge(
+    committed_percent=40.0,
+    reserved_percent=10.0,
+    free_percent=50.0,
+    remaining_epsilon=REMAINING_4,
+    remaining_if_released_epsilon=REMAINING_4 + 1,
+)
 
 
 def _job() -> SimpleNamespace:
     return SimpleNamespace(
-        id="job_1", dataset_id="ds_1", status="succeeded", algorithm="dp-sgd", model_name="logistic-regression",
-        steps_run=4, steps_planned=4, epsilon_ledger=CHARGED_4, epsilon_prv=2.50004, delta=1e-05,
-        noise_multiplier=1.1, sampling_probability=0.01, error_code=None, metrics=None, spec={},
-        created_at=dt.datetime(2024, 1, 1, tzinfo=dt.UTC), epsilon_committed=CHARGED_4, attempt=1,
-        cancel_requested=False, started_at=None, finished_at=None,
+        id="job_1",
+        dataset_id="ds_1",
+        status="succeeded",
+        algorithm="dp-sgd",
+        model_name="logistic-regression",
+        steps_run=4,
+        steps_planned=4,
+        epsilon_ledger=CHARGED_4,
+        epsilon_prv=2.50004,
+        delta=1e-05,
+        noise_multiplier=1.1,
+        sampling_probability=0.01,
+        error_code=None,
+        metrics=None,
+        spec={},
+        created_at=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        epsilon_committed=CHARGED_4,
+        attempt=1,
+        cancel_requested=False,
+        started_at=None,
+        finished_at=None,
     )
 
 
@@ -102,19 +136,48 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
     budget = _budget(committed=CHARGED_4, reserved=1.20004, remaining=REMAINING_4)
     dataset = SimpleNamespace(id="ds_1", name="d", n_rows=100, task="classification", sha256="0" * 64)
 
-    datasets = parse(render("datasets.html", items=[{"dataset": dataset, "budget": budget, "gauge": GAUGE,
-                                                     "shared_by": None}],
-                            limit=50, invitations=[], more_invitations=False, **_page_context()))
+    datasets = parse(
+        render(
+            "datasets.html",
+            items=[{"dataset": dataset, "budget": budget, "gauge": GAUGE, "shared_by": None}],
+            limit=50,
+            invitations=[],
+            more_invitations=False,
+            **_page_context(),
+        )
+    )
     assert _check_fields(datasets) == 3
     (committed,) = datasets.with_attr("data-field", "committed_epsilon")
     (remaining,) = datasets.with_attr("data-field", "remaining_epsilon")
     assert (text_of(committed), text_of(remaining)) == ("3.001", "1.831")  # nearest: "3", "1.832"
 
-    point = LedgerPoint(seq=2, kind="COMMIT", job_id="job_1", actor="alice", created_at=dt.datetime(2024, 1, 1),
-                        hash="cd" * 32, entry_epsilon=CHARGED_4, committed_epsilon=CHARGED_4,
-                        total_epsilon=CHARGED_4, budget_epsilon=9.0, budget_delta=1e-05)
-    one = parse(render("dataset.html", dataset=dataset, budget=budget, budget_bar=GAUGE, role="owner", shared_by=None,
-                       history=[point], ledger_svg=None, jobs=[_job()], **_page_context()))
+    point = LedgerPoint(
+        seq=2,
+        kind="COMMIT",
+        job_id="job_1",
+        actor="alice",
+        created_at=dt.datetime(2024, 1, 1),
+        hash="cd" * 32,
+        entry_epsilon=CHARGED_4,
+        committed_epsilon=CHARGED_4,
+        total_epsilon=CHARGED_4,
+        budget_epsilon=9.0,
+        budget_delta=1e-05,
+    )
+    one = parse(
+        render(
+            "dataset.html",
+            dataset=dataset,
+            budget=budget,
+            budget_bar=GAUGE,
+            role="owner",
+            shared_by=None,
+            history=[point],
+            ledger_svg=None,
+            jobs=[_job()],
+            **_page_context(),
+        )
+    )
     assert _check_fields(one) == 5
     (row,) = one.with_attr("data-seq", "2")
     ledger_cells = [e for e in one.inside(row) if e.tag == "td" and e.attrs.get("class") == "num"]
@@ -128,8 +191,17 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
 
     running = SimpleNamespace(**{**vars(_job()), "status": "running", "epsilon_committed": None})
     for job in (_job(), running):
-        html = render("job.html", job=job, dataset=None, events=[], live=job.status == "running", may_cancel=True,
-                      epsilon_spent=CHARGED_4, live_config={}, **_page_context())
+        html = render(
+            "job.html",
+            job=job,
+            dataset=None,
+            events=[],
+            live=job.status == "running",
+            may_cancel=True,
+            epsilon_spent=CHARGED_4,
+            live_config={},
+            **_page_context(),
+        )
         assert "3.00012 · 2.50004 at δ = 1e-05" in html  # a declared δ prints as it was typed
         page = parse(html)
         assert _check_fields(page) == (2 if job is running else 1)

@@ -9,10 +9,10 @@ import re
 from app import privacy
 from app.reporting.step_series import sampled_steps
 from tests.ui.conftest import HOSTILE_NAME, UiWorld
-from tests.ui.html_probe import parse, text_of
+from tests.ui.html_probe import Page, parse, text_of
 
 
-def _value(page, element_id: str) -> str:  # type: ignore[no-untyped-def]
+def _value(page: Page, element_id: str) -> str:
     return page.by_id(element_id).attrs["data-value"]
 
 
@@ -44,9 +44,11 @@ def test_headline_numbers_are_the_json_reports(report_html: str, report_json: di
 
 def test_every_mechanism_parameter_and_hyperparameter_is_shown(report_html: str, report_json: dict) -> None:
     page = parse(report_html)
-    for section, values in (("mechanism", report_json["mechanism"]),
-                            ("hyperparameters", report_json["algorithm"]["hyperparameters"]),
-                            ("training", report_json["algorithm"]["training"])):
+    for section, values in (
+        ("mechanism", report_json["mechanism"]),
+        ("hyperparameters", report_json["algorithm"]["hyperparameters"]),
+        ("training", report_json["algorithm"]["training"]),
+    ):
         for key, value in values.items():
             (cell,) = page.with_attr("data-field", f"{section}.{key}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -60,8 +62,15 @@ def test_every_mechanism_parameter_and_hyperparameter_is_shown(report_html: str,
 def test_budget_before_and_after_are_the_json_reports(report_html: str, report_json: dict) -> None:
     page = parse(report_html)
     for when in ("before", "after"):
-        for key in ("epsilon", "delta", "committed_epsilon", "reserved_epsilon", "spent_epsilon",
-                    "remaining_epsilon", "entries"):
+        for key in (
+            "epsilon",
+            "delta",
+            "committed_epsilon",
+            "reserved_epsilon",
+            "spent_epsilon",
+            "remaining_epsilon",
+            "entries",
+        ):
             (cell,) = page.with_attr("data-field", f"{when}.{key}")
             assert float(cell.attrs["data-value"]) == report_json["ledger"][when][key], (when, key)
 
@@ -75,8 +84,12 @@ def test_rdp_curve_metrics_caveats_and_event_are_all_there(report_html: str, rep
     assert metrics, "the fixture job releases a DP metric"
     shown_metrics = [float(v) for v in page.values_in(page.by_id("released-metrics"))]
     # the metric, then its interval, then its noise scale: each beside the others, from the JSON
-    assert shown_metrics == [metrics["accuracy"], metrics["interval"]["low"], metrics["interval"]["high"],
-                             metrics["noise_scale"]]
+    assert shown_metrics == [
+        metrics["accuracy"],
+        metrics["interval"]["low"],
+        metrics["interval"]["high"],
+        metrics["noise_scale"],
+    ]
     assert json.loads(page.by_id("released-metrics-json").text) == metrics
     assert "public quantities only" in text_of(page.by_id("released-metrics-note"))
     shown_event = json.loads(page.by_id("event-json").text)
@@ -99,7 +112,8 @@ def test_epsilon_by_steps_is_recomputed_with_the_accountant(report_html: str, re
     for k, epsilon in zip(ks, epsilons, strict=True):
         event = privacy.PoissonSampledGaussianEvent(
             sampling_probability=mechanism["sampling_probability"],
-            noise_multiplier=mechanism["noise_multiplier"], count=k,
+            noise_multiplier=mechanism["noise_multiplier"],
+            count=k,
         )
         assert epsilon == privacy.ledger_epsilon(privacy.rdp_curve(event), delta)
     assert epsilons == sorted(epsilons)
@@ -146,8 +160,7 @@ def test_hostile_names_are_escaped(report_html: str) -> None:
 
 
 def test_response_headers_forbid_scripts_and_name_the_file(ui_world: UiWorld) -> None:
-    response = ui_world.client(ui_world.alice_key).get(
-        f"/v1/jobs/{ui_world.job_id}/report", params={"format": "html"})
+    response = ui_world.client(ui_world.alice_key).get(f"/v1/jobs/{ui_world.job_id}/report", params={"format": "html"})
     csp = response.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src" not in csp
     assert response.headers["content-disposition"] == f'inline; filename="{ui_world.job_id}-privacy-report.html"'
@@ -163,5 +176,6 @@ def test_other_tenants_get_404_and_anonymous_401(ui_world: UiWorld) -> None:
 
 def test_unfinished_job_has_no_html_report(ui_world: UiWorld) -> None:
     response = ui_world.client(ui_world.alice_key).get(
-        f"/v1/jobs/{ui_world.queued_job_id}/report", params={"format": "html"})
+        f"/v1/jobs/{ui_world.queued_job_id}/report", params={"format": "html"}
+    )
     assert response.status_code == 409 and response.json()["type"] == "/problems/job-not-succeeded"

@@ -95,8 +95,10 @@ def test_rendering_imports_neither_torch_nor_pyplot(ui_world: UiWorld, report_js
 
 
 def test_cookie_codec_round_trips_and_rejects_tampering() -> None:
-    for cookie in (SessionCookie(token="tok", key_digest="a" * 64, issued_at=1000.0),
-                   LoginFormCookie(csrf_token="t", issued_at=1000.0)):
+    for cookie in (
+        SessionCookie(token="tok", key_digest="a" * 64, issued_at=1000.0),
+        LoginFormCookie(csrf_token="t", issued_at=1000.0),
+    ):
         value = encode_cookie(cookie, b"k" * 32)
         assert decode_cookie(value, b"k" * 32, max_age_s=100, now=1050.0) == cookie
         assert decode_cookie(value, b"k" * 32, max_age_s=100, now=1100.0) is None  # too old
@@ -104,8 +106,9 @@ def test_cookie_codec_round_trips_and_rejects_tampering() -> None:
         assert decode_cookie(value, b"x" * 32, max_age_s=100, now=1050.0) is None  # other secret
     value = encode_cookie(SessionCookie(token="tok", key_digest="a" * 64, issued_at=1000.0), b"k" * 32)
     signature = value.split(".")[1]
-    forged_payload = encode_cookie(SessionCookie(token="tok", key_digest="b" * 64, issued_at=1000.0),
-                                   b"k" * 32).split(".")[0]
+    forged_payload = encode_cookie(SessionCookie(token="tok", key_digest="b" * 64, issued_at=1000.0), b"k" * 32).split(
+        "."
+    )[0]
     assert decode_cookie(f"{forged_payload}.{signature}", b"k" * 32, max_age_s=100, now=1050.0) is None
 
 
@@ -124,8 +127,11 @@ def test_production_needs_a_long_ui_session_secret(tmp_path: Path) -> None:
     from app.config import UnsafeSettingsError
     from tests.conftest import make_settings
 
-    production = {"environment": "production", "database_url": "postgresql+psycopg://u:p@db/x",
-                  "broker_url": "redis://redis:6379/0"}
+    production = {
+        "environment": "production",
+        "database_url": "postgresql+psycopg://u:p@db/x",
+        "broker_url": "redis://redis:6379/0",
+    }
     with pytest.raises(UnsafeSettingsError, match="PRIVTRAIN_UI_SESSION_SECRET"):
         make_settings(tmp_path, ui_session_secret=None, **production).check_safe()
     make_settings(tmp_path, ui_session_secret="s" * 32, **production).check_safe()

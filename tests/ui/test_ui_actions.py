@@ -47,17 +47,29 @@ def test_dashboard_pages_send_a_same_origin_referrer_policy(ui_world: UiWorld) -
         assert browser.get(path).headers["referrer-policy"] == "same-origin", path
 
 
-@pytest.mark.parametrize(("headers", "accepted"), [
-    ({}, True),  # scripts and old browsers: the token alone
-    ({"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}, True),  # Chromium now
-    ({"Origin": "null", "Sec-Fetch-Site": "same-origin"}, True),  # Chromium on a no-referrer page
-    ({"Origin": "null"}, False),  # withheld origin, nothing vouches for it
-    ({"Origin": "null", "Sec-Fetch-Site": "cross-site"}, False),  # a sandboxed frame elsewhere
-    ({"Sec-Fetch-Site": "cross-site"}, False),
-    ({"Origin": "http://testserver", "Sec-Fetch-Site": "same-site"}, False),  # a sibling subdomain
-    ({"Origin": "https://evil.example"}, False),
-], ids=["no-headers", "same-origin", "null-vouched", "null-alone", "null-cross-site", "cross-site",
-        "same-site", "foreign-origin"])
+@pytest.mark.parametrize(
+    ("headers", "accepted"),
+    [
+        ({}, True),  # scripts and old browsers: the token alone
+        ({"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}, True),  # Chromium now
+        ({"Origin": "null", "Sec-Fetch-Site": "same-origin"}, True),  # Chromium on a no-referrer page
+        ({"Origin": "null"}, False),  # withheld origin, nothing vouches for it
+        ({"Origin": "null", "Sec-Fetch-Site": "cross-site"}, False),  # a sandboxed frame elsewhere
+        ({"Sec-Fetch-Site": "cross-site"}, False),
+        ({"Origin": "http://testserver", "Sec-Fetch-Site": "same-site"}, False),  # a sibling subdomain
+        ({"Origin": "https://evil.example"}, False),
+    ],
+    ids=[
+        "no-headers",
+        "same-origin",
+        "null-vouched",
+        "null-alone",
+        "null-cross-site",
+        "cross-site",
+        "same-site",
+        "foreign-origin",
+    ],
+)
 def test_login_origin_rules(ui_world: UiWorld, headers: dict[str, str], accepted: bool) -> None:
     client = ui_world.client()
     token = csrf_token_of(client.get("/ui/login").text)
@@ -68,8 +80,11 @@ def test_login_origin_rules(ui_world: UiWorld, headers: dict[str, str], accepted
 def test_a_vouched_null_origin_still_needs_the_token(ui_world: UiWorld) -> None:
     client = ui_world.client()
     client.get("/ui/login")
-    response = client.post("/ui/login", data={"csrf_token": "guessed", "api_key": ui_world.alice_key},
-                           headers={"Origin": "null", "Sec-Fetch-Site": "same-origin"})
+    response = client.post(
+        "/ui/login",
+        data={"csrf_token": "guessed", "api_key": ui_world.alice_key},
+        headers={"Origin": "null", "Sec-Fetch-Site": "same-origin"},
+    )
     assert response.status_code == 403
 
 
@@ -77,14 +92,18 @@ def test_a_vouched_null_origin_still_needs_the_token(ui_world: UiWorld) -> None:
 
 
 def test_cancelling_a_queued_job_from_its_page_gives_its_reservation_back(
-    ui_world: UiWorld, alice_dataset: str,
+    ui_world: UiWorld,
+    alice_dataset: str,
 ) -> None:
     before = _budget(ui_world, alice_dataset)
     job_id = ui_world.submit_job(ui_world.alice_key, dataset_id=alice_dataset)
     assert _budget(ui_world, alice_dataset)["reserved_epsilon"] > before["reserved_epsilon"]
     browser = ui_world.logged_in(ui_world.alice_key)
     page = parse(browser.get(f"/ui/jobs/{job_id}").text)
-    (form,) = [e for e in page.elements if e.tag == "form" and e.attrs.get("action") == f"/ui/jobs/{job_id}/cancel"]
+    cancel_forms = [
+        e for e in page.elements if e.tag == "form" and e.attrs.get("action") == f"/ui/jobs/{job_id}/cancel"
+    ]
+    assert len(cancel_forms) == 1, "the job page offers exactly one cancel form"
     token = csrf_token_of(browser.get(f"/ui/jobs/{job_id}").text)
 
     assert _post_form(browser, f"/ui/jobs/{job_id}/cancel", None) == 403
@@ -96,7 +115,10 @@ def test_cancelling_a_queued_job_from_its_page_gives_its_reservation_back(
     assert response.status_code == 303 and response.headers["location"] == f"/ui/jobs/{job_id}"
     assert _job(ui_world, job_id)["status"] == "cancelled"
     after = _budget(ui_world, alice_dataset)
-    assert after["reserved_epsilon"] == before["reserved_epsilon"] and after["remaining_epsilon"] == before["remaining_epsilon"]
+    assert (
+        after["reserved_epsilon"] == before["reserved_epsilon"]
+        and after["remaining_epsilon"] == before["remaining_epsilon"]
+    )
     done = parse(browser.get(f"/ui/jobs/{job_id}").text)
     assert not [e for e in done.elements if e.tag == "form" and "cancel" in e.attrs.get("action", "")]
     assert not done.tags("script"), "an ended job needs no stream"
@@ -110,8 +132,11 @@ def test_cancelling_a_queued_job_from_its_page_gives_its_reservation_back(
 def test_cancelling_a_running_job_asks_it_to_stop(ui_world: UiWorld, alice_dataset: str) -> None:
     job_id = ui_world.submit_job(ui_world.alice_key, dataset_id=alice_dataset)
     with ui_world.db.write_transaction() as tx:  # what the worker does when it starts the job
-        tx.execute(update(Job).where(Job.id == job_id).values(
-            status="running", attempt=1, started_at=utcnow(), touched_at=utcnow() - dt.timedelta(seconds=1)))
+        tx.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status="running", attempt=1, started_at=utcnow(), touched_at=utcnow() - dt.timedelta(seconds=1))
+        )
     browser = ui_world.logged_in(ui_world.alice_key)
     token = csrf_token_of(browser.get(f"/ui/jobs/{job_id}").text)
     assert browser.post(f"/ui/jobs/{job_id}/cancel", data={"csrf_token": token}).status_code == 303
@@ -145,8 +170,9 @@ def test_the_job_page_tells_its_events_in_words(ui_world: UiWorld) -> None:
     api_events = ui_world.client(ui_world.alice_key).get(f"/v1/jobs/{ui_world.job_id}/events").json()
     rows = page.inside(page.by_id("event-log"))
     rows = [e for e in rows if e.tag == "tr"]
-    assert [int(r.attrs["data-seq"]) for r in rows] == [e["seq"] for e in reversed(api_events)], \
+    assert [int(r.attrs["data-seq"]) for r in rows] == [e["seq"] for e in reversed(api_events)], (
         "numbered by the job's own seq, never the table's global row id"
+    )
     log = text_of(page.by_id("event-log"))
     assert "{" not in log, "no raw JSON"
     steps = api_events[-1]["payload"]["steps_run"]
@@ -174,7 +200,11 @@ def test_a_queued_jobs_page_follows_it_live_with_a_cancel_button(ui_world: UiWor
     assert epsilon.attrs["data-basis"] == "reserved"
     (spent,) = page.with_attr("data-field", "epsilon_spent")
     assert text_of(spent) == "0"
-    assert [e for e in page.elements if e.tag == "form" and e.attrs.get("action") == f"/ui/jobs/{ui_world.queued_job_id}/cancel"]
+    assert [
+        e
+        for e in page.elements
+        if e.tag == "form" and e.attrs.get("action") == f"/ui/jobs/{ui_world.queued_job_id}/cancel"
+    ]
     assert "data-reload-when-done" in page.by_id("job").attrs
 
 
@@ -200,7 +230,9 @@ def _pending_ids(ui_world: UiWorld) -> set[str]:
     return {i["dataset_id"] for i in items}
 
 
-def test_invitations_are_listed_and_answered_from_the_datasets_page(ui_world: UiWorld, bobs_datasets: list[str]) -> None:
+def test_invitations_are_listed_and_answered_from_the_datasets_page(
+    ui_world: UiWorld, bobs_datasets: list[str]
+) -> None:
     accepted, declined = bobs_datasets
     browser = ui_world.logged_in(ui_world.alice_key)
     html = browser.get("/ui/datasets").text

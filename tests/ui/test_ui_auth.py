@@ -48,8 +48,14 @@ def _replay(ui_world: UiWorld, value: str, path: str = "/ui/datasets") -> int:
 
 def test_pages_redirect_to_login_without_a_session(ui_world: UiWorld) -> None:
     client = ui_world.client()
-    for path in ("/ui", "/ui/datasets", f"/ui/datasets/{ui_world.dataset_id}", "/ui/jobs",
-                 f"/ui/jobs/{ui_world.job_id}", f"/ui/jobs/{ui_world.job_id}/report"):
+    for path in (
+        "/ui",
+        "/ui/datasets",
+        f"/ui/datasets/{ui_world.dataset_id}",
+        "/ui/jobs",
+        f"/ui/jobs/{ui_world.job_id}",
+        f"/ui/jobs/{ui_world.job_id}/report",
+    ):
         response = client.get(path)
         assert response.status_code == 303 and response.headers["location"] == "/ui/login", path
     assert client.get(f"/ui/jobs/{ui_world.job_id}/events").status_code == 401
@@ -87,8 +93,11 @@ def test_login_rejects_a_bad_key_and_missing_or_wrong_csrf(ui_world: UiWorld) ->
     for data in ({"api_key": ui_world.alice_key}, {"csrf_token": "forged", "api_key": ui_world.alice_key}):
         refused = client.post("/ui/login", data=data)
         assert refused.status_code == 403
-    cross_site = client.post("/ui/login", data={"csrf_token": token, "api_key": ui_world.alice_key},
-                             headers={"Origin": "https://evil.example"})
+    cross_site = client.post(
+        "/ui/login",
+        data={"csrf_token": token, "api_key": ui_world.alice_key},
+        headers={"Origin": "https://evil.example"},
+    )
     assert cross_site.status_code == 403
     no_cookie = ui_world.client().post("/ui/login", data={"csrf_token": token, "api_key": ui_world.alice_key})
     assert no_cookie.status_code == 403, "the token must match this browser's login form"
@@ -105,12 +114,14 @@ def test_logout_needs_the_csrf_token_and_ends_the_session(ui_world: UiWorld) -> 
     assert client.post("/ui/logout", data={}).status_code == 403
     assert client.post("/ui/logout", data={"csrf_token": "x" + token}).status_code == 403
     assert client.post("/ui/logout", data={"csrf_token": other}).status_code == 403, "another session's token"
-    assert client.post("/ui/logout", data={"csrf_token": token},
-                       headers={"Origin": "http://evil.example"}).status_code == 403
+    assert (
+        client.post("/ui/logout", data={"csrf_token": token}, headers={"Origin": "http://evil.example"}).status_code
+        == 403
+    )
     assert client.get("/ui/datasets").status_code == 200, "refused logouts change nothing"
     response = client.post("/ui/logout", data={"csrf_token": token})
     assert response.status_code == 303 and response.headers["location"] == "/ui/login"
-    assert "Max-Age=0" in response.headers["set-cookie"] or 'expires=' in response.headers["set-cookie"].lower()
+    assert "Max-Age=0" in response.headers["set-cookie"] or "expires=" in response.headers["set-cookie"].lower()
     assert client.get("/ui/datasets").status_code == 303
 
 
@@ -157,8 +168,11 @@ def test_an_expired_session_is_refused(ui_world: UiWorld) -> None:
     client = ui_world.logged_in(ui_world.alice_key)
     token = _cookie_of(ui_world, client.cookies[COOKIE_NAME]).token
     with ui_world.db.write_transaction() as tx:
-        tx.execute(update(UiSession).where(UiSession.token_digest == token_digest(token))
-                   .values(expires_at=utcnow() - dt.timedelta(seconds=1)))
+        tx.execute(
+            update(UiSession)
+            .where(UiSession.token_digest == token_digest(token))
+            .values(expires_at=utcnow() - dt.timedelta(seconds=1))
+        )
     assert client.get("/ui/datasets").status_code == 303
     assert client.get(f"/ui/jobs/{ui_world.job_id}/events").status_code == 401
 
@@ -175,9 +189,11 @@ def test_forged_and_unknown_sessions_are_refused(ui_world: UiWorld) -> None:
         "garbage": "garbage",
         "unsigned": payload,
         "unknown token, validly signed": encode_cookie(
-            SessionCookie(token=secrets.token_urlsafe(32), key_digest=real.key_digest, issued_at=time.time()), secret),
+            SessionCookie(token=secrets.token_urlsafe(32), key_digest=real.key_digest, issued_at=time.time()), secret
+        ),
         "real token, other key's digest": encode_cookie(
-            SessionCookie(token=real.token, key_digest=key_digest(ui_world.bob_key), issued_at=time.time()), secret),
+            SessionCookie(token=real.token, key_digest=key_digest(ui_world.bob_key), issued_at=time.time()), secret
+        ),
         "login form cookie": encode_cookie(LoginFormCookie(csrf_token="x", issued_at=time.time()), secret),
     }
     for name, value in refused.items():
@@ -201,12 +217,26 @@ def test_login_purges_sessions_over_a_day_past_their_end(ui_world: UiWorld) -> N
         api_key_id = session.scalar(select(ApiKey.id).where(ApiKey.digest == key_digest(ui_world.alice_key)))
     now = utcnow()
     rows = {
-        "ended two days ago": UiSession(token_digest=secrets.token_hex(32), api_key_id=api_key_id, csrf_token="c",
-                                        expires_at=now + dt.timedelta(hours=1), ended_at=now - dt.timedelta(days=2)),
-        "expired two days ago": UiSession(token_digest=secrets.token_hex(32), api_key_id=api_key_id, csrf_token="c",
-                                          expires_at=now - dt.timedelta(days=2)),
-        "ended an hour ago": UiSession(token_digest=secrets.token_hex(32), api_key_id=api_key_id, csrf_token="c",
-                                       expires_at=now + dt.timedelta(hours=1), ended_at=now - dt.timedelta(hours=1)),
+        "ended two days ago": UiSession(
+            token_digest=secrets.token_hex(32),
+            api_key_id=api_key_id,
+            csrf_token="c",
+            expires_at=now + dt.timedelta(hours=1),
+            ended_at=now - dt.timedelta(days=2),
+        ),
+        "expired two days ago": UiSession(
+            token_digest=secrets.token_hex(32),
+            api_key_id=api_key_id,
+            csrf_token="c",
+            expires_at=now - dt.timedelta(days=2),
+        ),
+        "ended an hour ago": UiSession(
+            token_digest=secrets.token_hex(32),
+            api_key_id=api_key_id,
+            csrf_token="c",
+            expires_at=now + dt.timedelta(hours=1),
+            ended_at=now - dt.timedelta(hours=1),
+        ),
     }
     with ui_world.db.write_transaction() as tx:
         tx.add_all(rows.values())

@@ -27,8 +27,8 @@ from app.api.ui_session import COOKIE_NAME
 from app.jobs import lifecycle
 from app.jobs.events import add_job_event
 from app.models import Job, utcnow
-from tests.ui.conftest import UiWorld, built_world
 from tests.live_app import serving
+from tests.ui.conftest import UiWorld, built_world
 
 try:
     from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
@@ -68,7 +68,8 @@ def chromium() -> str:
 def browser(chromium: str) -> Iterator[Browser]:
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(
-            executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+            executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"]
+        )
         yield launched
         launched.close()
 
@@ -147,21 +148,28 @@ def _start_running(world: UiWorld, job_id: str, *, step: int, spent: float) -> N
     with world.db.write_transaction() as tx:
         job = tx.get(Job, job_id)
         assert job is not None and job.status == "queued"
-        tx.execute(update(Job).where(Job.id == job_id).values(
-            status="running", attempt=1, started_at=utcnow(), steps_run=step))
+        tx.execute(
+            update(Job).where(Job.id == job_id).values(status="running", attempt=1, started_at=utcnow(), steps_run=step)
+        )
         add_job_event(tx, job_id, "started", {"attempt": 1, "steps_planned": job.steps_planned})
-        add_job_event(tx, job_id, "progress", {"step": step, "steps_planned": job.steps_planned, "epsilon_spent": spent})
+        add_job_event(
+            tx, job_id, "progress", {"step": step, "steps_planned": job.steps_planned, "epsilon_spent": spent}
+        )
 
 
-def _bar_shares(page: Page, row: Any) -> tuple[float, float]:  # noqa: ANN401 - a Playwright locator
+def _bar_shares(page: Page, row: Any) -> tuple[float, float]:
     """The drawn (committed, reserved) widths of a row's gauge, as fractions of the whole bar."""
     return row.locator(".gauge").evaluate(
         "bar => [bar.querySelector('.committed').getBoundingClientRect().width / bar.getBoundingClientRect().width,"
-        " bar.querySelector('.reserved').getBoundingClientRect().width / bar.getBoundingClientRect().width]")
+        " bar.querySelector('.reserved').getBoundingClientRect().width / bar.getBoundingClientRect().width]"
+    )
 
 
 def test_log_in_through_the_form_and_click_through_to_the_report(
-    demo_world: UiWorld, live_url: str, page: Page, problems: _Problems,
+    demo_world: UiWorld,
+    live_url: str,
+    page: Page,
+    problems: _Problems,
 ) -> None:
     problems.allow("Failed to load resource: the server responded with a status of 401 (Unauthorized)")
     page.goto(f"{live_url}/ui")
@@ -174,8 +182,9 @@ def test_log_in_through_the_form_and_click_through_to_the_report(
     row = page.locator(f'tr[data-dataset-id="{demo_world.dataset_id}"]')
     committed, reserved = _bar_shares(page, row)
     free = 1 - committed - reserved
-    assert free == pytest.approx(budget["remaining_epsilon"] / budget["epsilon"], abs=0.01), \
+    assert free == pytest.approx(budget["remaining_epsilon"] / budget["epsilon"], abs=0.01), (
         "the bar's empty part is what a new job can get"
+    )
 
     row.get_by_role("link", name="credit-scoring (demo)").click()
     expect(page.locator("#dataset-name")).to_have_text("credit-scoring (demo)")
@@ -206,12 +215,15 @@ def test_a_job_page_follows_the_job_live(demo_world: UiWorld, live_url: str, pag
     assert page.locator("progress.steps-bar").evaluate("bar => bar.value") == 7
     expect(page.locator(".epsilon-spent")).to_have_text("0.9124")  # rounded up, never down
     expect(page.locator("#event-log tr").first).to_have_text(
-        re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s*progress\s*Step 7 of 10 done; ε spent so far 0\.9124\."))
+        re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s*progress\s*Step 7 of 10 done; ε spent so far 0\.9124\.")
+    )
     assert page.evaluate("window.stillTheSamePage") is True, "updated in place, not reloaded"
 
     assert lifecycle.fail(  # the worker gives up before opening the data
-        demo_world.db, attempt=lifecycle.Attempt(job_id=job_id, dataset_id=demo_world.dataset_id, number=1),
-        error_code="worker-gave-up", actor="worker:demo",
+        demo_world.db,
+        attempt=lifecycle.Attempt(job_id=job_id, dataset_id=demo_world.dataset_id, number=1),
+        error_code="worker-gave-up",
+        actor="worker:demo",
     )
     expect(page.locator("#job .status")).to_have_text("failed")
     expect(page.locator("#job")).to_contain_text("ε committed (what this job spent)")
@@ -246,7 +258,10 @@ def test_accept_an_invitation_with_a_click(demo_world: UiWorld, live_url: str, p
 
 
 def test_log_out_ends_the_session_for_every_copy_of_the_cookie(
-    demo_world: UiWorld, live_url: str, context: BrowserContext, page: Page,
+    demo_world: UiWorld,
+    live_url: str,
+    context: BrowserContext,
+    page: Page,
 ) -> None:
     _log_in(page, live_url, demo_world.alice_key)
     (session_cookie,) = [c for c in context.cookies() if c["name"] == COOKIE_NAME]
@@ -273,13 +288,15 @@ def test_screenshots_of_the_pages_people_use(demo_world: UiWorld, live_url: str,
     page.get_by_label("API key").fill(demo_world.alice_key)
     page.get_by_role("button", name="Log in").click()
     expect(page).to_have_url(f"{live_url}/ui/datasets")
-    shots.update({
-        "datasets": "/ui/datasets",
-        "ledger": f"/ui/datasets/{demo_world.dataset_id}",
-        "jobs": "/ui/jobs",
-        "job": f"/ui/jobs/{running}",
-        "report": f"/ui/jobs/{demo_world.job_id}/report",
-    })
+    shots.update(
+        {
+            "datasets": "/ui/datasets",
+            "ledger": f"/ui/datasets/{demo_world.dataset_id}",
+            "jobs": "/ui/jobs",
+            "job": f"/ui/jobs/{running}",
+            "report": f"/ui/jobs/{demo_world.job_id}/report",
+        }
+    )
     for name, path in shots.items():
         if path is not None:
             page.goto(live_url + path)

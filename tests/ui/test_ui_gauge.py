@@ -31,14 +31,24 @@ def _gaussian_curve(epsilon: float) -> list[float]:
 
 def _budget(*, committed: list[float] | None = None, reserved: list[float] | None = None) -> SimpleNamespace:
     zero = [0.0] * len(privacy.ORDERS)
-    return SimpleNamespace(dataset_id="ds_1", epsilon=3.0, delta=DELTA, committed=committed or zero,
-                           reserved=reserved or zero, entry_count=2, last_hash="ab" * 32, orders_version="v")
+    return SimpleNamespace(
+        dataset_id="ds_1",
+        epsilon=3.0,
+        delta=DELTA,
+        committed=committed or zero,
+        reserved=reserved or zero,
+        entry_count=2,
+        last_hash="ab" * 32,
+        orders_version="v",
+    )
 
 
 def _widths(html: str) -> tuple[float, float]:
     (bar,) = [e for e in parse(html).elements if e.attrs.get("class") == "gauge"]
-    committed, reserved = (float(re.search(r"width: ([0-9.]+)%", e.attrs["style"]).group(1))  # type: ignore[union-attr]
-                           for e in parse(html).inside(bar))
+    committed, reserved = (
+        float(re.search(r"width: ([0-9.]+)%", e.attrs["style"]).group(1))  # type: ignore[union-attr]
+        for e in parse(html).inside(bar)
+    )
     return committed, reserved
 
 
@@ -81,7 +91,21 @@ def test_a_fresh_and_an_exhausted_budget() -> None:
 def test_the_datasets_page_explains_the_bar_in_one_sentence() -> None:
     budget = _budget(committed=_gaussian_curve(2.588))
     dataset = SimpleNamespace(id="ds_1", name="d", n_rows=100)
-    item = {"dataset": dataset, "budget": ledger.budget_summary(budget), "gauge": budget_gauge(budget), "shared_by": None}
-    html = render("datasets.html", items=[item], limit=50, invitations=[], more_invitations=False, nonce="n",
-                  csrf_token="", tenant_name="alice", epsilon_of=None)
+    item = {
+        "dataset": dataset,
+        "budget": ledger.budget_summary(budget),
+        "gauge": budget_gauge(budget),
+        "shared_by": None,
+    }
+    html = render(
+        "datasets.html",
+        items=[item],
+        limit=50,
+        invitations=[],
+        more_invitations=False,
+        nonce="n",
+        csrf_token="",
+        tenant_name="alice",
+        epsilon_of=None,
+    )
     assert "not committed ε ÷ budget ε" in html and "what a new job can still get" in html

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from fastapi.testclient import TestClient
 
 from privtrain.directed_rounding import format_remaining
 from tests.ui.conftest import HOSTILE_NAME, UiWorld, csrf_token_of
@@ -14,7 +15,7 @@ from tests.ui.html_probe import parse, text_of
 
 
 @pytest.fixture(scope="module")
-def alice_browser(ui_world: UiWorld):  # type: ignore[no-untyped-def]
+def alice_browser(ui_world: UiWorld) -> TestClient:
     return ui_world.logged_in(ui_world.alice_key)
 
 
@@ -27,10 +28,12 @@ def _assert_self_contained(html: str) -> None:
             if value is not None:
                 assert value.startswith(("#", "/ui/", "data:")), (element.tag, name, value)
     assert set(re.findall(r"https?://[^\s\"'<>)]+", html)) <= {
-        "http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}
+        "http://www.w3.org/2000/svg",
+        "http://www.w3.org/1999/xlink",
+    }
 
 
-def test_datasets_page_shows_the_budget_the_api_reports(ui_world: UiWorld, alice_browser) -> None:  # type: ignore[no-untyped-def]
+def test_datasets_page_shows_the_budget_the_api_reports(ui_world: UiWorld, alice_browser: TestClient) -> None:
     html = alice_browser.get("/ui/datasets").text
     page = parse(html)
     (row,) = page.with_attr("data-dataset-id", ui_world.dataset_id)
@@ -40,11 +43,14 @@ def test_datasets_page_shows_the_budget_the_api_reports(ui_world: UiWorld, alice
         assert float(cell.attrs["data-value"]) == budget[field]
     assert budget["committed_epsilon"] > 0 and budget["reserved_epsilon"] > 0, "fixture has both"
     (gauge,) = [e for e in page.inside(row) if e.attrs.get("class") == "gauge"]
-    committed, reserved = [float(re.search(r"width: ([0-9.]+)%", e.attrs["style"]).group(1))  # type: ignore[union-attr]
-                           for e in page.inside(gauge)]
+    committed, reserved = [
+        float(re.search(r"width: ([0-9.]+)%", e.attrs["style"]).group(1))  # type: ignore[union-attr]
+        for e in page.inside(gauge)
+    ]
     free = 100 - committed - reserved
-    assert free == pytest.approx(100 * budget["remaining_epsilon"] / budget["epsilon"], abs=0.02), \
+    assert free == pytest.approx(100 * budget["remaining_epsilon"] / budget["epsilon"], abs=0.02), (
         "the empty part of the bar is what a new job can get"
+    )
     assert committed < 100 * budget["committed_epsilon"] / budget["epsilon"] - 5, "not committed ε ÷ budget ε"
     assert reserved > 0
     label = gauge.attrs["aria-label"]
@@ -55,7 +61,7 @@ def test_datasets_page_shows_the_budget_the_api_reports(ui_world: UiWorld, alice
     _assert_self_contained(html)
 
 
-def test_dataset_page_lists_the_whole_ledger_with_a_plot(ui_world: UiWorld, alice_browser) -> None:  # type: ignore[no-untyped-def]
+def test_dataset_page_lists_the_whole_ledger_with_a_plot(ui_world: UiWorld, alice_browser: TestClient) -> None:
     html = alice_browser.get(f"/ui/datasets/{ui_world.dataset_id}").text
     page = parse(html)
     entries = ui_world.client(ui_world.alice_key).get(f"/v1/datasets/{ui_world.dataset_id}/ledger").json()["items"]
@@ -74,11 +80,15 @@ def test_dataset_page_lists_the_whole_ledger_with_a_plot(ui_world: UiWorld, alic
     _assert_self_contained(html)
 
 
-def test_jobs_page_streams_live_status_under_a_nonce_csp(ui_world: UiWorld, alice_browser) -> None:  # type: ignore[no-untyped-def]
+def test_jobs_page_streams_live_status_under_a_nonce_csp(ui_world: UiWorld, alice_browser: TestClient) -> None:
     response = alice_browser.get("/ui/jobs")
     page = parse(response.text)
-    statuses = {r.attrs["data-job-id"]: text_of([e for e in page.inside(r) if e.attrs.get("class", "").startswith("status")][0])
-                for r in page.with_attr("data-job-id")}
+    statuses = {
+        r.attrs["data-job-id"]: text_of(
+            next(e for e in page.inside(r) if e.attrs.get("class", "").startswith("status"))
+        )
+        for r in page.with_attr("data-job-id")
+    }
     assert statuses[ui_world.job_id] == "succeeded" and statuses[ui_world.queued_job_id] == "queued"
     (script,) = page.tags("script")
     nonce = script.attrs["nonce"]
@@ -90,7 +100,9 @@ def test_jobs_page_streams_live_status_under_a_nonce_csp(ui_world: UiWorld, alic
     _assert_self_contained(response.text)
 
 
-def test_job_page_and_its_report_through_the_ui(ui_world: UiWorld, alice_browser, report_json: dict) -> None:  # type: ignore[no-untyped-def]
+def test_job_page_and_its_report_through_the_ui(
+    ui_world: UiWorld, alice_browser: TestClient, report_json: dict
+) -> None:
     job = alice_browser.get(f"/ui/jobs/{ui_world.job_id}")
     assert job.status_code == 200 and "succeeded" in job.text
     assert not parse(job.text).tags("script"), "a finished job's page needs no stream"
@@ -104,17 +116,20 @@ def test_job_page_and_its_report_through_the_ui(ui_world: UiWorld, alice_browser
     assert alice_browser.get(f"/ui/jobs/{ui_world.queued_job_id}/report").status_code == 409
 
 
-def test_event_stream_accepts_the_session_cookie(ui_world: UiWorld, alice_browser) -> None:  # type: ignore[no-untyped-def]
+def test_event_stream_accepts_the_session_cookie(ui_world: UiWorld, alice_browser: TestClient) -> None:
     with alice_browser.stream("GET", f"/ui/jobs/{ui_world.job_id}/events") as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         body = "".join(response.iter_text())
     kinds = re.findall(r"^event: (.+)$", body, flags=re.MULTILINE)
-    api_kinds = [e["kind"] for e in ui_world.client(ui_world.alice_key).get(f"/v1/jobs/{ui_world.job_id}/events").json()]
+    api_kinds = [
+        e["kind"] for e in ui_world.client(ui_world.alice_key).get(f"/v1/jobs/{ui_world.job_id}/events").json()
+    ]
     assert kinds == api_kinds and kinds[-1] == "succeeded"
     ids = [int(i) for i in re.findall(r"^id: (\d+)$", body, flags=re.MULTILINE)]
-    with alice_browser.stream("GET", f"/ui/jobs/{ui_world.job_id}/events",
-                              headers={"Last-Event-ID": str(ids[-2])}) as resumed:
+    with alice_browser.stream(
+        "GET", f"/ui/jobs/{ui_world.job_id}/events", headers={"Last-Event-ID": str(ids[-2])}
+    ) as resumed:
         assert re.findall(r"^event: (.+)$", "".join(resumed.iter_text()), flags=re.MULTILINE) == ["succeeded"]
 
 
@@ -122,8 +137,12 @@ def test_other_tenants_objects_are_404_and_not_listed(ui_world: UiWorld) -> None
     bob = ui_world.logged_in(ui_world.bob_key)
     assert ui_world.dataset_id not in bob.get("/ui/datasets").text
     assert ui_world.job_id not in bob.get("/ui/jobs").text
-    for path in (f"/ui/datasets/{ui_world.dataset_id}", f"/ui/jobs/{ui_world.job_id}",
-                 f"/ui/jobs/{ui_world.job_id}/report", f"/ui/jobs/{ui_world.job_id}/events"):
+    for path in (
+        f"/ui/datasets/{ui_world.dataset_id}",
+        f"/ui/jobs/{ui_world.job_id}",
+        f"/ui/jobs/{ui_world.job_id}/report",
+        f"/ui/jobs/{ui_world.job_id}/events",
+    ):
         assert bob.get(path).status_code == 404, path
     assert "alice" not in bob.get("/ui/datasets").text
     assert csrf_token_of(bob.get("/ui/jobs").text)

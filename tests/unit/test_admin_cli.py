@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
@@ -23,7 +22,9 @@ def cli_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
     get_settings.cache_clear()
 
 
-def test_create_key_prints_a_working_key(cli_env: Settings, app_client: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+def test_create_key_prints_a_working_key(
+    cli_env: Settings, app_client: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["create-key", "--tenant", "carol", "--label", "laptop"]) == 0
     key = capsys.readouterr().out.strip()
     assert key.startswith("pt_")
@@ -46,7 +47,11 @@ def test_verify_ledger_detects_one_tampered_row(
 
 
 def test_reconcile_once_resends_lost_queued_jobs(
-    cli_env: Settings, alice: TestClient, digits_csv: bytes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cli_env: Settings,
+    alice: TestClient,
+    digits_csv: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
 
     dataset_id = upload(alice, digits_csv).json()["id"]

@@ -30,7 +30,9 @@ def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     get_settings.cache_clear()
 
 
-@pytest.mark.parametrize("args", [["list-keys"], ["create-key"], ["revoke-key", "pt_x"], ["verify-ledger"], ["reconcile"]])
+@pytest.mark.parametrize(
+    "args", [["list-keys"], ["create-key"], ["revoke-key", "pt_x"], ["verify-ledger"], ["reconcile"]]
+)
 def test_no_database_here_names_where_it_looked(
     elsewhere: Path, capsys: pytest.CaptureFixture[str], args: list[str]
 ) -> None:
@@ -88,7 +90,12 @@ def test_the_installed_command_exits_non_zero_without_a_traceback(elsewhere: Pat
     executable = [str(ADMIN)] if ADMIN.exists() else [sys.executable, "-m", "app.cli"]
     environment = {name: value for name, value in os.environ.items() if not name.startswith("PRIVTRAIN_")}
     result = subprocess.run(
-        [*executable, "list-keys"], cwd=elsewhere, env=environment, capture_output=True, text=True, timeout=120,
+        [*executable, "list-keys"],
+        cwd=elsewhere,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == EXIT_NO_DATABASE
     assert "Traceback" not in result.stderr and "sqlalchemy" not in result.stderr.lower()

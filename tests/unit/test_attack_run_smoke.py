@@ -15,13 +15,22 @@ from bench.attack_run import (
 )
 
 ISSUE_13_ATTACKS = {
-    "tiny-sigma", "prv-heavy", "sse-flood", "upload-lock", "big-model", "npz-bomb", "cookie-rate",
-    "grant-enum", "tiny-delta", "slow-upload", "crafted-cursor",
+    "tiny-sigma",
+    "prv-heavy",
+    "sse-flood",
+    "upload-lock",
+    "big-model",
+    "npz-bomb",
+    "cookie-rate",
+    "grant-enum",
+    "tiny-delta",
+    "slow-upload",
+    "crafted-cursor",
 }
 
 
 def test_every_attack_of_issue_13_is_registered() -> None:
-    assert ISSUE_13_ATTACKS <= set(ATTACKS)
+    assert set(ATTACKS) >= ISSUE_13_ATTACKS
 
 
 def test_fast_refusals_hold() -> None:
@@ -37,7 +46,8 @@ def test_slow_bystander_server_error_hang_and_finding_each_break_the_verdict() -
 
 def test_missing_probe_figures_do_not_hold() -> None:
     assert verdict(healthz_p99_ms=float("nan"), bystander_p99_ms=10, outcomes=Counter(), problems=[]).startswith(
-        "NOT held: healthz p99")
+        "NOT held: healthz p99"
+    )
 
 
 def test_latency_summary_counts_timeouts_as_failures() -> None:

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from app import privacy
-from app.algorithms import InvalidHyperparameters, get_algorithm
+from app.algorithms import InvalidHyperparameters, PrivacyPlan, get_algorithm
 from app.algorithms.dc_dpsgd import (
     PAPER_CLAIM_LABEL,
     DCDPSGDHyperparameters,
@@ -24,7 +24,7 @@ from app.algorithms.dc_dpsgd import (
     paper_claimed_epsilon,
 )
 from app.facts import DatasetFacts
-from app.job_planning import plan_job
+from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate, TrainingSpec
 
@@ -33,13 +33,15 @@ FACTS = DatasetFacts(n_rows=10_000, feature_shape=(10,), task="classification", 
 DELTA = 1e-5
 
 
-def _plan(name: str, hyper: dict, *, steps: int = 100, batch_size: int = 100, facts: DatasetFacts = FACTS):
+def _plan(
+    name: str, hyper: dict, *, steps: int = 100, batch_size: int = 100, facts: DatasetFacts = FACTS
+) -> PrivacyPlan:
     algorithm = get_algorithm(name)
     training = TrainingSpec(steps=steps, batch_size=batch_size, learning_rate=0.1)
     return algorithm.plan(algorithm.validate_hyperparameters(hyper), training, facts)
 
 
-def _job(name: str, hyper: dict, privacy_spec: dict, *, n_rows: int = 10_000):
+def _job(name: str, hyper: dict, privacy_spec: dict, *, n_rows: int = 10_000) -> JobPlan:
     dataset = Dataset(n_rows=n_rows, feature_shape=[10], task="classification", n_classes=2)
     spec = JobCreate.model_validate(
         {
@@ -208,9 +210,7 @@ def test_effective_noise_multiplier_of_the_tracked_threshold() -> None:
     assert effective_noise_multiplier(1.0, 1.0) == pytest.approx(1 / math.sqrt(2), rel=1e-12)
     for sigma, ratio in ((0.7, 10.0), (3.0, 0.5), (1.3, 2.0)):
         sigma_b = ratio * sigma
-        assert effective_noise_multiplier(sigma, ratio) == pytest.approx(
-            (sigma**-2 + sigma_b**-2) ** -0.5, rel=1e-12
-        )
+        assert effective_noise_multiplier(sigma, ratio) == pytest.approx((sigma**-2 + sigma_b**-2) ** -0.5, rel=1e-12)
     plan = _plan(THRESHOLD, {"tracking": True, "threshold_noise_ratio": 1.0})
     event = plan.event(1.0)
     assert isinstance(event, privacy.PoissonSampledGaussianEvent)
@@ -227,9 +227,7 @@ def test_calibration_solves_for_sigma_through_the_joint_event() -> None:
     # The charged event has σ_eff = σ/sqrt(1 + 1/r²) = the σ DP-SGD needs for the same ε.
     event = privacy.event_from_json(tracked.event_json)
     assert event.noise_multiplier == pytest.approx(dp_sgd.noise_multiplier, rel=1e-5)
-    assert tracked.noise_multiplier == pytest.approx(
-        dp_sgd.noise_multiplier * math.sqrt(1 + 1 / ratio**2), rel=1e-5
-    )
+    assert tracked.noise_multiplier == pytest.approx(dp_sgd.noise_multiplier * math.sqrt(1 + 1 / ratio**2), rel=1e-5)
     assert tracked.epsilon_ledger <= 2.0
     # The gradient's noise is σ·c1 with the (larger) job σ; the count's is r·σ.
     assert tracked.noise_std_on_sum == pytest.approx(tracked.noise_multiplier * 1.0)

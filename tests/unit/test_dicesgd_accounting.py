@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app import privacy
-from app.algorithms import InvalidHyperparameters, get_algorithm
+from app.algorithms import InvalidHyperparameters, PrivacyPlan, get_algorithm
 from app.algorithms.dicesgd import (
     PAPER_CLAIM_LABEL,
     Thresholds,
@@ -37,7 +37,9 @@ NAMES = ("dicesgd", "dicesgd-adam", "dicesgd-auto")
 FACTS = DatasetFacts(n_rows=1000, feature_shape=(10,), task="classification", n_classes=2)
 
 
-def _plan(name: str, hyper: dict, *, steps: int = 100, batch_size: int = 10, facts: DatasetFacts = FACTS):
+def _plan(
+    name: str, hyper: dict, *, steps: int = 100, batch_size: int = 10, facts: DatasetFacts = FACTS
+) -> PrivacyPlan:
     algorithm = get_algorithm(name)
     training = TrainingSpec(steps=steps, batch_size=batch_size, learning_rate=0.1)
     return algorithm.plan(algorithm.validate_hyperparameters(hyper), training, facts)
@@ -184,8 +186,14 @@ def test_paper_closed_form_p1() -> None:
 def test_paper_accountant_form_p3() -> None:
     """(P-c) V1: z* = 1.0802 (RDP) ⇒ σ1 = z*·√6/B = 0.26459 claims ε ≈ 1 (our order grid: 2%).
     G̃ = 3 is C = B·C2 = 1, i.e. C2 = 1/B = 0.1."""
-    claim = paper_claim(Thresholds(c1=1.0, c2=0.1), expected_batch_size=10, sampling_probability=0.01,
-                        steps=100, sigma1=0.26459, delta=1e-5)
+    claim = paper_claim(
+        Thresholds(c1=1.0, c2=0.1),
+        expected_batch_size=10,
+        sampling_probability=0.01,
+        steps=100,
+        sigma1=0.26459,
+        delta=1e-5,
+    )
     assert claim.g_tilde == pytest.approx(3.0)
     assert claim.effective_noise_multiplier == pytest.approx(1.0802, abs=1e-4)
     assert claim.epsilon == pytest.approx(1.0, rel=0.02)
@@ -213,8 +221,11 @@ def test_sound_noise_is_far_above_dp_sgds_at_equal_epsilon() -> None:
     """The headline consequence: at (2, 1e-5), N = 1000, B = 10, T = 100 with C1 = C2 = 1 the
     DiceSGD noise on the average is > 100× DP-SGD's."""
     dp = get_algorithm("dp-sgd")
-    dp_plan = dp.plan(dp.validate_hyperparameters({"clipping_norm": 1.0}),
-                      TrainingSpec(steps=100, batch_size=10, learning_rate=0.1), FACTS)
+    dp_plan = dp.plan(
+        dp.validate_hyperparameters({"clipping_norm": 1.0}),
+        TrainingSpec(steps=100, batch_size=10, learning_rate=0.1),
+        FACTS,
+    )
     dp_sigma = privacy.calibrate_noise_multiplier(dp_plan.event, target_epsilon=2.0, delta=1e-5)
     dice_plan = _plan("dicesgd", {"c1": 1.0, "c2": 1.0})
     dice_sigma = privacy.calibrate_noise_multiplier(dice_plan.event, target_epsilon=2.0, delta=1e-5)

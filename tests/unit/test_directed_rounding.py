@@ -102,7 +102,7 @@ def test_missing_and_non_finite_values_are_spelled_out() -> None:
 
 
 def test_the_reports_guarantee_sentence_rounds_the_charged_epsilon_up() -> None:
-    """worker/report.py states the job's committed (ε, δ), and for a run that stopped early the
+    """app/reporting/privacy_report.py states the job's committed (ε, δ), and for a run that stopped early the
     reservation it released; nearest rounding printed ε = 3.00012 as ``3``."""
     from tests.report_fixtures import small_report
 
@@ -111,4 +111,7 @@ def test_the_reports_guarantee_sentence_rounds_the_charged_epsilon_up() -> None:
     assert sentence.startswith(f"({format_guarantee(committed)}, 1e-05)-differential privacy for one row"), sentence
     epsilon, delta = sentence[1:].split(")")[0].split(", ")
     assert float(epsilon) >= committed and float(delta) >= 1e-05
-    assert "ran 10 of 20 steps" in sentence and "(it had reserved ε 3.001), the rest of the reservation was released" in sentence
+    assert (
+        "ran 10 of 20 steps" in sentence
+        and "(it had reserved ε 3.001), the rest of the reservation was released" in sentence
+    )

@@ -59,12 +59,12 @@ def test_alg1_theory_preset_golden_and_tight_mode() -> None:
 
 def test_alg2_golden() -> None:
     n, eps = 10_000, 1.0
-    delta = n ** -1.1
+    delta = n**-1.1
     T = cal.lasso_paper_iterations(n=n, epsilon=eps)
     K = cal.lasso_truncation(n=n, epsilon=eps, iterations=T)
     assert delta == pytest.approx(3.98107e-5, rel=REL)
     assert T == 39
-    assert K == pytest.approx(6.32582, rel=REL)
+    assert pytest.approx(6.32582, rel=REL) == K
     eps0 = cal.lasso_paper_step_epsilon(epsilon=eps, iterations=T, delta=delta)
     assert eps0 == pytest.approx(0.0177864, rel=REL)
     paper = cal.lasso_score_sensitivity_replace_one(truncation=K, radius=1.0, n=n, vertex_norm=2.0)
@@ -76,12 +76,12 @@ def test_alg2_golden() -> None:
 
 def test_alg3_golden() -> None:
     n, eps, s, T, eta0 = 50_000, 1.0, 40, 10, 0.1
-    delta = n ** -1.1
+    delta = n**-1.1
     K = cal.linreg_truncation(n=n, epsilon=eps, sparsity=s, iterations=T)
     lam = cal.linreg_sensitivity_replace_one(truncation=K, step=eta0, sparsity=s, radius=1.0, block_size=5000)
     b = cal.peeling_scale_paper(sensitivity=lam, sparsity=s, epsilon=eps, delta=delta)
     assert delta == pytest.approx(6.77849e-6, rel=REL)
-    assert K == pytest.approx(3.34370, rel=REL)
+    assert pytest.approx(3.34370, rel=REL) == K
     assert lam == pytest.approx(0.00327564, rel=REL)
     assert b == pytest.approx(0.247584, rel=REL)
 
@@ -93,8 +93,12 @@ def test_alg5_golden_box_and_tight() -> None:
     tight = cal.sparse_opt_sensitivity_replace_one(scale=k_paper, step=eta, block_size=m, box=False)
     assert box == pytest.approx(22.6274, rel=REL)
     assert tight == pytest.approx(7.54247, rel=REL)
-    assert cal.peeling_scale_paper(sensitivity=box, sparsity=s, epsilon=eps, delta=delta) == pytest.approx(1558.71, rel=REL)
-    assert cal.peeling_scale_paper(sensitivity=tight, sparsity=s, epsilon=eps, delta=delta) == pytest.approx(519.569, rel=REL)
+    assert cal.peeling_scale_paper(sensitivity=box, sparsity=s, epsilon=eps, delta=delta) == pytest.approx(
+        1558.71, rel=REL
+    )
+    assert cal.peeling_scale_paper(sensitivity=tight, sparsity=s, epsilon=eps, delta=delta) == pytest.approx(
+        519.569, rel=REL
+    )
     k_theory = cal.sparse_opt_theory_scale(n=n, epsilon=eps, tau=1.0, sparsity=s, iterations=T, zeta=0.05)
     assert k_theory == pytest.approx(2.90599, rel=REL)
 
@@ -143,7 +147,7 @@ def test_lasso_rdp_calibration_is_looser_noise_than_the_papers_split_at_the_same
     """The paper's ε₀ (advanced composition) meets the target in the ledger too, and the RDP
     calibration the service runs gives a larger ε₀ (less noise) for the same (ε, δ)."""
     n, eps, T = 10_000, 1.0, 39
-    delta = n ** -1.1
+    delta = n**-1.1
     paper_eps0 = cal.lasso_paper_step_epsilon(epsilon=eps, iterations=T, delta=delta)
 
     def event(sigma: float) -> ExponentialMechanismEvent:
@@ -160,19 +164,21 @@ def test_peeling_event_at_the_papers_scale_meets_the_target_and_calibration_is_c
     advanced-composition check gives 0.92–0.94; RDP gives 0.60–0.89 here), so the
     calibrated b is at most the paper's and not far below it."""
     n = 50_000
-    delta = n ** -1.1
+    delta = n**-1.1
     lam = 1.0
     paper_sigma = cal.peeling_scale_paper(sensitivity=lam, sparsity=s, epsilon=eps, delta=delta) / lam
     ratio = privacy.ledger_epsilon(privacy.rdp_curve(peeling_event(paper_sigma, sparsity=s, uses=1)), delta) / eps
     assert 0.5 < ratio <= 1.0
     sigma = privacy.calibrate_noise_multiplier(
-        lambda x: peeling_event(x, sparsity=s, uses=1), target_epsilon=eps, delta=delta)
+        lambda x: peeling_event(x, sparsity=s, uses=1), target_epsilon=eps, delta=delta
+    )
     assert 0.5 * paper_sigma < sigma <= paper_sigma
 
 
 def test_peeling_event_structure() -> None:
-    assert peeling_event(2.0, sparsity=3, uses=1) == ComposedEvent(events=(
-        PureDPEvent(epsilon=1.0, count=3), LaplaceEvent(noise_multiplier=2.0, count=3)))
+    assert peeling_event(2.0, sparsity=3, uses=1) == ComposedEvent(
+        events=(PureDPEvent(epsilon=1.0, count=3), LaplaceEvent(noise_multiplier=2.0, count=3))
+    )
 
 
 # ----------------------------------------------------------------------------- U10, U11
@@ -185,8 +191,11 @@ def test_resolution_is_a_function_of_public_inputs_only(n: int, d: int, eps: flo
     argument at all — and the same inputs give the same parameters."""
     for name in ("ht-dp-fw", "ht-sparse-linreg", "ht-sparse-opt"):
         algorithm = get_algorithm(name)
-        hyper = algorithm.Hyperparameters(design_epsilon=eps, s_star=1) if name != "ht-dp-fw" else \
-            algorithm.Hyperparameters(design_epsilon=eps)
+        hyper = (
+            algorithm.Hyperparameters(design_epsilon=eps, s_star=1)
+            if name != "ht-dp-fw"
+            else algorithm.Hyperparameters(design_epsilon=eps)
+        )
         try:
             first = algorithm.resolve(hyper, training=ONE_EPOCH, training_rows=n, facts=_facts(n, d))
         except InvalidHyperparameters:
@@ -208,8 +217,9 @@ def test_resolution_is_a_function_of_public_inputs_only(n: int, d: int, eps: flo
         ("ht-dp-fw", {}, _facts(task="classification", classes=3), ONE_EPOCH, "two classes"),
     ],
 )
-def test_preconditions_are_rejected(name: str, hyperparameters: dict, facts: DatasetFacts,
-                                    training: TrainingSpec, message: str) -> None:
+def test_preconditions_are_rejected(
+    name: str, hyperparameters: dict, facts: DatasetFacts, training: TrainingSpec, message: str
+) -> None:
     algorithm = get_algorithm(name)
     with pytest.raises(InvalidHyperparameters, match=message):
         algorithm.plan(algorithm.validate_hyperparameters(hyperparameters), training, facts)
@@ -218,10 +228,15 @@ def test_preconditions_are_rejected(name: str, hyperparameters: dict, facts: Dat
 @pytest.mark.parametrize(
     ("name", "raw"),
     [
-        ("ht-dp-fw", {"tau": 0}), ("ht-dp-fw", {"radius": -1}), ("ht-dp-fw", {"constraint": "l2_ball"}),
-        ("ht-dp-fw", {"unknown": 1}), ("ht-dp-fw", {"kappa": float("inf")}),
-        ("ht-sparse-opt", {"mu": 2.0, "gamma": 1.0}), ("ht-sparse-linreg", {"s_star": 0}),
-        ("ht-private-lasso", {"zeta": 1.0}), ("ht-sparse-opt", {"sensitivity_mode": "loose"}),
+        ("ht-dp-fw", {"tau": 0}),
+        ("ht-dp-fw", {"radius": -1}),
+        ("ht-dp-fw", {"constraint": "l2_ball"}),
+        ("ht-dp-fw", {"unknown": 1}),
+        ("ht-dp-fw", {"kappa": float("inf")}),
+        ("ht-sparse-opt", {"mu": 2.0, "gamma": 1.0}),
+        ("ht-sparse-linreg", {"s_star": 0}),
+        ("ht-private-lasso", {"zeta": 1.0}),
+        ("ht-sparse-opt", {"sensitivity_mode": "loose"}),
     ],
 )
 def test_hyperparameter_schema_rejects_invalid_public_constants(name: str, raw: dict) -> None:
@@ -250,12 +265,15 @@ def test_design_epsilon_defaults_to_the_jobs_target_epsilon() -> None:
     dataset = Dataset(n_rows=4000, feature_shape=[10], task="regression", n_classes=None)
 
     def planned(hyperparameters: dict, privacy_spec: dict) -> dict:
-        spec = JobCreate.model_validate({
-            "dataset_id": "d", "model": {"name": "linear-regression", "params": {}},
-            "algorithm": {"name": "ht-dp-fw", "hyperparameters": hyperparameters},
-            "privacy": privacy_spec,
-            "training": {"epochs": 1},
-        })
+        spec = JobCreate.model_validate(
+            {
+                "dataset_id": "d",
+                "model": {"name": "linear-regression", "params": {}},
+                "algorithm": {"name": "ht-dp-fw", "hyperparameters": hyperparameters},
+                "privacy": privacy_spec,
+                "training": {"epochs": 1},
+            }
+        )
         plan = plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10**6)
         return plan.spec["algorithm"]["hyperparameters"]
 

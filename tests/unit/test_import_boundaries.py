@@ -20,10 +20,12 @@ def _run(code: str) -> str:
 
 
 def test_the_worker_runner_loads_no_web_framework() -> None:
-    loaded = json.loads(_run(
-        "import json, sys, worker.runner; "
-        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {WEB_FRAMEWORKS!r})))"
-    ))
+    loaded = json.loads(
+        _run(
+            "import json, sys, worker.runner; "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {WEB_FRAMEWORKS!r})))"
+        )
+    )
     assert loaded == [], f"worker.runner pulls in {loaded[:5]}"
 
 
@@ -41,23 +43,32 @@ sys.meta_path.insert(0, _NoTorch())
 
 
 def test_the_api_imports_and_builds_without_torch(tmp_path: Path) -> None:
-    out = _run(_BLOCK_TORCH + f"""
+    out = _run(
+        _BLOCK_TORCH
+        + f"""
 from app.main import create_app
 from tests.conftest import RecordingDispatcher, make_settings
 app = create_app(make_settings({str(tmp_path)!r}), dispatcher=RecordingDispatcher())
 print("torch" in sys.modules, len(app.routes) > 0)
-""")
+"""
+    )
     assert out == "False True"
 
 
 def test_the_torch_blocker_does_block_torch() -> None:
     """The check above would pass vacuously if the finder did not stop torch."""
-    assert _run(_BLOCK_TORCH + """
+    assert (
+        _run(
+            _BLOCK_TORCH
+            + """
 try:
     import torch  # noqa: F401
 except ImportError:
     print("blocked")
-""") == "blocked"
+"""
+        )
+        == "blocked"
+    )
 
 
 def _imported_modules(tree: ast.AST) -> set[str]:
@@ -74,7 +85,8 @@ def _imported_modules(tree: ast.AST) -> set[str]:
 def test_no_module_under_app_imports_worker() -> None:
     offenders = {
         str(path.relative_to(REPO)): sorted(
-            name for name in _imported_modules(ast.parse(path.read_text(), filename=str(path)))
+            name
+            for name in _imported_modules(ast.parse(path.read_text(), filename=str(path)))
             if name == "worker" or name.startswith("worker.")
         )
         for path in sorted((REPO / "app").rglob("*.py"))

@@ -21,8 +21,11 @@ def _lifecycle_writes(tree: ast.AST) -> list[str]:
     found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
-            found += [f"line {node.lineno}: .status =" for target in node.targets
-                      if isinstance(target, ast.Attribute) and target.attr == "status"]
+            found += [
+                f"line {node.lineno}: .status ="
+                for target in node.targets
+                if isinstance(target, ast.Attribute) and target.attr == "status"
+            ]
         elif isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -35,8 +38,12 @@ def _lifecycle_writes(tree: ast.AST) -> list[str]:
 
 
 def test_only_the_lifecycle_writes_job_transitions() -> None:
-    allowed = {REPO / "app" / "jobs" / "lifecycle.py", REPO / "app" / "jobs" / "events.py", REPO / "app" / "ledger.py",
-               REPO / "app" / "problems.py"}  # Problem.status is an HTTP status
+    allowed = {
+        REPO / "app" / "jobs" / "lifecycle.py",
+        REPO / "app" / "jobs" / "events.py",
+        REPO / "app" / "ledger.py",
+        REPO / "app" / "problems.py",
+    }  # Problem.status is an HTTP status
     offenders = {
         str(path.relative_to(REPO)): writes
         for path in sorted([*(REPO / "app").rglob("*.py"), *(REPO / "worker").rglob("*.py")])
@@ -54,13 +61,20 @@ def test_the_scan_sees_status_writes() -> None:
 def test_a_domain_error_answers_as_the_problem_with_the_same_members() -> None:
     limit = ActiveJobLimitReached(active=3, limit=3)
     problem = problem_for(limit)
-    expected = Problem(status=429, slug="too-many-active-jobs", detail=limit.detail,
-                       extra={"active_jobs": 3, "limit": 3}, headers={"Retry-After": "30"})
+    expected = Problem(
+        status=429,
+        slug="too-many-active-jobs",
+        detail=limit.detail,
+        extra={"active_jobs": 3, "limit": 3},
+        headers={"Retry-After": "30"},
+    )
     assert (problem.body("/v1/jobs"), problem.headers) == (expected.body("/v1/jobs"), expected.headers)
 
 
 def test_each_kind_of_domain_error_has_its_status() -> None:
-    statuses = {kind.__name__: problem_for(kind(slug="s", detail="d")).status
-                for kind in (InvalidInput, NotFound, Conflict, LimitReached)}
+    statuses = {
+        kind.__name__: problem_for(kind(slug="s", detail="d")).status
+        for kind in (InvalidInput, NotFound, Conflict, LimitReached)
+    }
     assert statuses == {"InvalidInput": 422, "NotFound": 404, "Conflict": 409, "LimitReached": 429}
     assert problem_for(JobNotCancellable("succeeded")).status == 409  # a subclass takes its base's

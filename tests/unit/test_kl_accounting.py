@@ -129,15 +129,28 @@ def test_alg4_and_alg2_counts_match_the_spec() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    n=st.floats(1e3, 1e8), d=st.integers(1, 1000), rho=st.floats(1e-3, 10.0),
-    L0=st.floats(0.5, 5.0), L1=st.floats(0.01, 2.0), gamma=st.floats(0.2, 2.0),
-    kappa=st.floats(1.0, 2.0), f0_share=st.floats(0.3, 1.0), theta=st.floats(0.05, 0.95),
+    n=st.floats(1e3, 1e8),
+    d=st.integers(1, 1000),
+    rho=st.floats(1e-3, 10.0),
+    L0=st.floats(0.5, 5.0),
+    L1=st.floats(0.01, 2.0),
+    gamma=st.floats(0.2, 2.0),
+    kappa=st.floats(1.0, 2.0),
+    f0_share=st.floats(0.3, 1.0),
+    theta=st.floats(0.05, 0.95),
 )
 # θ's floor leaves no difference although θ = 1's would: the unused share goes to round starts
 @example(n=1000.0, d=1, rho=1.0, L0=3.0, L1=0.5, gamma=1.0, kappa=1.0, f0_share=0.5, theta=0.5)
 def test_spider_worst_case_is_exactly_rho_and_each_release_costs_its_share(
-    n: float, d: int, rho: float, L0: float, L1: float, gamma: float, kappa: float,
-    f0_share: float, theta: float,
+    n: float,
+    d: int,
+    rho: float,
+    L0: float,
+    L1: float,
+    gamma: float,
+    kappa: float,
+    f0_share: float,
+    theta: float,
 ) -> None:
     F0 = f0_share * (L0 * gamma) ** kappa
     s = spider_schedule(n=n, d=d, rho=rho, L0=L0, L1=L1, gamma=gamma, kappa=kappa, F0=F0, beta=0.05, theta=theta)
@@ -158,9 +171,13 @@ def test_spider_worst_case_is_exactly_rho_and_each_release_costs_its_share(
 @settings(max_examples=200, deadline=None)
 @given(
     norms=st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(0.0), st.floats(1e-300, 1e-10)), min_size=1, max_size=400),
-    n=st.floats(10.0, 1e7), rho=st.floats(1e-4, 10.0), d=st.integers(1, 10_000),
+    n=st.floats(10.0, 1e7),
+    rho=st.floats(1e-4, 10.0),
+    d=st.integers(1, 10_000),
 )
-def test_adaptive_filter_never_exceeds_rho_for_any_released_norms(norms: list[float], n: float, rho: float, d: int) -> None:
+def test_adaptive_filter_never_exceeds_rho_for_any_released_norms(
+    norms: list[float], n: float, rho: float, d: int
+) -> None:
     """Fuzz: whatever the noisy norms (negative, zero, huge), the adaptive noisy GD loop with the
     exact costs spends ≤ ρ and stops after a floor step."""
     a = adaptive_constants(n=n, d=d, rho=rho, L0=1.0, beta=0.05)
@@ -252,7 +269,7 @@ def test_public_constants_are_validated(name: str, hyper: dict[str, object], mes
 
 def test_f0_defaults_to_the_kl_ceiling_and_the_schema_documents_every_constant() -> None:
     hyper = KLSpiderHyperparameters(L0=2.0, gamma=0.5, kappa=1.5)
-    assert hyper.F0 == pytest.approx(1.0)
+    assert pytest.approx(1.0) == hyper.F0
     assert KLSpiderHyperparameters.model_validate(hyper.model_dump()).F0 == hyper.F0  # idempotent
     for name in ("kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point"):
         described = get_algorithm(name).describe()

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 from app import ledger, privacy
 from app.db import Database
 from app.ledger_audit import PROBLEM_CODES, AuditReport, format_report, verify_ledger
-from tests.ledger_fixtures import budgeted_dataset
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
+from tests.ledger_fixtures import budgeted_dataset
 
 Q = 0.01
 
@@ -31,9 +31,18 @@ def _submit(db: Database, dataset_id: str, *, sigma: float = 1.0, steps: int = 1
     with db.write_transaction() as s:
         budget = ledger.lock_budget(s, dataset_id)
         job = Job(
-            tenant_id=s.get(Dataset, dataset_id).tenant_id, dataset_id=dataset_id, status="queued", spec={},
-            algorithm="dp-sgd", model_name="m", noise_multiplier=sigma, sampling_probability=Q,
-            steps_planned=steps, delta=1e-5, epsilon_ledger=1.0, event=event,
+            tenant_id=s.get(Dataset, dataset_id).tenant_id,
+            dataset_id=dataset_id,
+            status="queued",
+            spec={},
+            algorithm="dp-sgd",
+            model_name="m",
+            noise_multiplier=sigma,
+            sampling_probability=Q,
+            steps_planned=steps,
+            delta=1e-5,
+            epsilon_ledger=1.0,
+            event=event,
             reserved_curve=list(privacy.rdp_curve(privacy.event_from_json(event))),
         )
         s.add(job)
@@ -128,7 +137,11 @@ def _tamper(db: Database, statement: Any) -> None:
 
 def test_clean_ledger_verifies(database: Database, built: Built) -> None:
     with database.read_session() as s:
-        kinds = list(s.scalars(select(LedgerEntry.kind).where(LedgerEntry.dataset_id == built.dataset_id).order_by(LedgerEntry.seq)))
+        kinds = list(
+            s.scalars(
+                select(LedgerEntry.kind).where(LedgerEntry.dataset_id == built.dataset_id).order_by(LedgerEntry.seq)
+            )
+        )
     assert kinds == ["RESERVE"] * 3 + ["TOUCH", "RESERVE", "COMMIT", "RELEASE", "RELEASE", "TOUCH", "COMMIT"]
     report = verify_ledger(database)
     assert report.ok, format_report(report)
@@ -139,7 +152,10 @@ def test_clean_ledger_verifies(database: Database, built: Built) -> None:
 def test_dataset_filter(database: Database, built: Built) -> None:
     report = verify_ledger(database, dataset_id=built.other_dataset_id)
     assert report.ok and (report.datasets_checked, report.entries_checked) == (1, 2)
-    _tamper(database, update(LedgerEntry).where(LedgerEntry.dataset_id == built.dataset_id, LedgerEntry.seq == 2).values(actor="x"))
+    _tamper(
+        database,
+        update(LedgerEntry).where(LedgerEntry.dataset_id == built.dataset_id, LedgerEntry.seq == 2).values(actor="x"),
+    )
     assert verify_ledger(database, dataset_id=built.other_dataset_id).ok
     report = verify_ledger(database, dataset_id=built.dataset_id)
     assert (report.datasets_checked, report.entries_checked) == (1, 10)
@@ -159,15 +175,23 @@ def _halved(curve: list[float]) -> list[float]:
 TAMPERS: dict[str, tuple[Callable[[Built, Callable[..., LedgerEntry]], Any], set[str]]] = {
     # one column of one entry, hash left alone
     "commit curve": (
-        lambda b, e: update(LedgerEntry).where(LedgerEntry.id == e(kind="COMMIT").id).values(curve=_halved(e(kind="COMMIT").curve)),
+        lambda b, e: (
+            update(LedgerEntry)
+            .where(LedgerEntry.id == e(kind="COMMIT").id)
+            .values(curve=_halved(e(kind="COMMIT").curve))
+        ),
         {"hash-mismatch", "curve-mismatch", "total-mismatch"},
     ),
     "reserve details": (
-        lambda b, e: update(LedgerEntry).where(LedgerEntry.id == e(kind="RESERVE").id).values(details={"witness_order": 2.0}),
+        lambda b, e: (
+            update(LedgerEntry).where(LedgerEntry.id == e(kind="RESERVE").id).values(details={"witness_order": 2.0})
+        ),
         {"hash-mismatch"},
     ),
     "release kind": (
-        lambda b, e: update(LedgerEntry).where(LedgerEntry.id == e(kind="RELEASE", job_id=b.cancelled).id).values(kind="TOUCH"),
+        lambda b, e: (
+            update(LedgerEntry).where(LedgerEntry.id == e(kind="RELEASE", job_id=b.cancelled).id).values(kind="TOUCH")
+        ),
         {"hash-mismatch", "malformed-entry", "unsettled-terminal-job", "total-mismatch"},
     ),
     "actor": (
@@ -184,7 +208,9 @@ TAMPERS: dict[str, tuple[Callable[[Built, Callable[..., LedgerEntry]], Any], set
     ),
     # the budget row and the jobs
     "committed cache": (
-        lambda b, e: update(PrivacyBudget).where(PrivacyBudget.dataset_id == b.dataset_id).values(committed=ledger.zero_curve()),
+        lambda b, e: (
+            update(PrivacyBudget).where(PrivacyBudget.dataset_id == b.dataset_id).values(committed=ledger.zero_curve())
+        ),
         {"total-mismatch"},
     ),
     "budget head": (
@@ -196,7 +222,11 @@ TAMPERS: dict[str, tuple[Callable[[Built, Callable[..., LedgerEntry]], Any], set
         {"broken-chain", "over-capacity", "inadmissible-reservation"},  # the anchor commits to the budget
     ),
     "job reserved_curve": (
-        lambda b, e: update(Job).where(Job.id == b.queued).values(reserved_curve=_halved(e(kind="RESERVE", job_id=b.queued).curve)),
+        lambda b, e: (
+            update(Job)
+            .where(Job.id == b.queued)
+            .values(reserved_curve=_halved(e(kind="RESERVE", job_id=b.queued).curve))
+        ),
         {"curve-mismatch"},
     ),
     "job event": (
@@ -250,7 +280,10 @@ def test_forged_tail_with_budget_head_is_detected(database: Database, built: Bui
     """Forging the last entry and the budget head leaves the chain intact; the event still gives it away."""
     commit = _entry(database, built.dataset_id, kind="COMMIT", job_id=built.failed)
     _forge(database, commit, curve=_halved(commit.curve))
-    _tamper(database, update(PrivacyBudget).where(PrivacyBudget.dataset_id == built.dataset_id).values(last_hash=commit.hash))
+    _tamper(
+        database,
+        update(PrivacyBudget).where(PrivacyBudget.dataset_id == built.dataset_id).values(last_hash=commit.hash),
+    )
     # ...and a full-reservation COMMIT that is now smaller leaves a remainder nobody released
     assert _codes(verify_ledger(database)) == {"curve-mismatch", "total-mismatch", "lifecycle"}
 
@@ -262,7 +295,9 @@ def test_forged_cheaper_commit_event_is_detected(database: Database, built: Buil
     _forge(database, commit, event=cheaper, curve=list(privacy.rdp_curve(privacy.event_from_json(cheaper))))
     with database.write_transaction() as s:  # re-chain everything after it and fix the budget row
         budget = s.get(PrivacyBudget, built.dataset_id)
-        entries = list(s.scalars(select(LedgerEntry).where(LedgerEntry.dataset_id == built.dataset_id).order_by(LedgerEntry.seq)))
+        entries = list(
+            s.scalars(select(LedgerEntry).where(LedgerEntry.dataset_id == built.dataset_id).order_by(LedgerEntry.seq))
+        )
         previous = ledger.genesis_hash(
             built.dataset_id, epsilon=budget.epsilon, delta=budget.delta, orders_version=budget.orders_version
         )
@@ -285,7 +320,9 @@ def test_release_after_touch_is_a_lifecycle_problem(database: Database) -> None:
     def bypass(s: Session, budget: PrivacyBudget, job: Job) -> None:
         job.status = "cancelled"
         budget.reserved = ledger.zero_curve()
-        ledger._append(s, budget, kind=ledger.RELEASE, job_id=job.id, event=None, curve=list(job.reserved_curve), actor="w")
+        ledger._append(
+            s, budget, kind=ledger.RELEASE, job_id=job.id, event=None, curve=list(job.reserved_curve), actor="w"
+        )
 
     with pytest.raises(ledger.LedgerStateError):
         _locked(database, job_id, lambda s, b, j: ledger.release(s, b, job=j, actor="w", reason="x"))
@@ -315,8 +352,15 @@ def _adjust(db: Database, dataset_id: str, *, epsilon_to: float) -> None:
     """An owner's budget raise, as docs/privacy-model.md#budget-raise asks: its own entry, then the row."""
     with db.write_transaction() as s:
         budget = ledger.lock_budget(s, dataset_id)
-        details = {"epsilon_from": budget.epsilon, "epsilon_to": epsilon_to, "delta_from": budget.delta, "delta_to": budget.delta}
-        ledger._append(s, budget, kind=ledger.ADJUST, job_id=None, event=None, curve=None, actor="owner", details=details)
+        details = {
+            "epsilon_from": budget.epsilon,
+            "epsilon_to": epsilon_to,
+            "delta_from": budget.delta,
+            "delta_to": budget.delta,
+        }
+        ledger._append(
+            s, budget, kind=ledger.ADJUST, job_id=None, event=None, curve=None, actor="owner", details=details
+        )
         budget.epsilon = epsilon_to
 
 
@@ -340,14 +384,25 @@ def test_reservation_before_the_raise_is_replayed_against_the_old_budget(databas
 
     def bypass(s: Session, budget: PrivacyBudget, job: Job) -> None:
         big_job = Job(
-            tenant_id=job.tenant_id, dataset_id=dataset_id, spec={}, algorithm="dp-sgd", model_name="m",
-            noise_multiplier=0.7, sampling_probability=Q, steps_planned=1000, delta=1e-5, epsilon_ledger=9.0,
-            event=big, reserved_curve=list(privacy.rdp_curve(privacy.event_from_json(big))),
+            tenant_id=job.tenant_id,
+            dataset_id=dataset_id,
+            spec={},
+            algorithm="dp-sgd",
+            model_name="m",
+            noise_multiplier=0.7,
+            sampling_probability=Q,
+            steps_planned=1000,
+            delta=1e-5,
+            epsilon_ledger=9.0,
+            event=big,
+            reserved_curve=list(privacy.rdp_curve(privacy.event_from_json(big))),
         )
         s.add(big_job)
         s.flush()
         budget.reserved = list(privacy.add_curves(budget.reserved, big_job.reserved_curve))
-        ledger._append(s, budget, kind=ledger.RESERVE, job_id=big_job.id, event=big, curve=big_job.reserved_curve, actor="x")
+        ledger._append(
+            s, budget, kind=ledger.RESERVE, job_id=big_job.id, event=big, curve=big_job.reserved_curve, actor="x"
+        )
 
     _locked(database, job_id, bypass)
     _adjust(database, dataset_id, epsilon_to=50.0)

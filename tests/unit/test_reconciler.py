@@ -12,8 +12,8 @@ from app import ledger
 from app.config import Settings
 from app.db import Database
 from app.models import Job, LedgerEntry, utcnow
-from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 from app.reconciler import reconcile_once
+from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 
 
 def _running(database: Database, job_id: str, *, attempt: int, heartbeat_age_s: float) -> None:
@@ -52,7 +52,9 @@ def test_stale_job_is_requeued_inside_its_reservation(database: Database, settin
     assert kinds == ["RESERVE", "TOUCH"]  # no new reservation, nothing settled yet
 
 
-def test_last_attempt_fails_and_commits_the_full_reservation(database: Database, settings: Settings, job_id: str) -> None:
+def test_last_attempt_fails_and_commits_the_full_reservation(
+    database: Database, settings: Settings, job_id: str
+) -> None:
     _running(database, job_id, attempt=settings.max_attempts, heartbeat_age_s=settings.stale_after_s + 5)
     result = reconcile_once(database, settings, RecordingDispatcher())
     assert result.failed == (job_id,)

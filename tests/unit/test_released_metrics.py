@@ -44,8 +44,12 @@ def _gaussian_mse() -> EvaluationPlan:
 
 def _release(plan: EvaluationPlan, noisy_sum: float) -> dict:
     half_width = evaluation.NOISE_TAILS[plan.mechanism].half_width(plan, (1 - CONFIDENCE) / 2)
-    return released_metric(plan, noisy_sum=noisy_sum, noise_half_width_on_sum=half_width,
-                           noise_distribution=evaluation.NOISE_TAILS[plan.mechanism].distribution)
+    return released_metric(
+        plan,
+        noisy_sum=noisy_sum,
+        noise_half_width_on_sum=half_width,
+        noise_distribution=evaluation.NOISE_TAILS[plan.mechanism].distribution,
+    )
 
 
 noisy_sums = st.one_of(
@@ -85,7 +89,8 @@ def test_snapped_laplace_half_width_bounds_the_exact_tail(grid_bits: int) -> Non
     """P(|γZ + rounding| > w) ≤ P(|Z| ≥ k) with k = ⌊(w - γ/2)/γ⌋ + 1, exactly 2pᵏ/(1 + p)."""
     for scale, alpha in ((2.0, 0.025), (0.7, 0.01), (40.0, 0.05)):
         p = discrete_samplers.snapped_laplace_parameters(
-            scale=scale, l1_sensitivity=1.0, dimension=1, grid_bits=grid_bits)
+            scale=scale, l1_sensitivity=1.0, dimension=1, grid_bits=grid_bits
+        )
         w = snapped_laplace_half_width(grid=p.grid, noise_units=p.noise_units, alpha=alpha)
         k = math.floor((w - p.grid / 2) / p.grid) + 1
         log_tail = math.log(2) - k / p.noise_units - math.log1p(math.exp(-1.0 / p.noise_units))
@@ -99,8 +104,10 @@ def test_snapped_laplace_tail_matches_samples_on_a_coarse_grid() -> None:
     p = discrete_samplers.snapped_laplace_parameters(scale=2.0, l1_sensitivity=1.0, dimension=1, grid_bits=2)
     w = snapped_laplace_half_width(grid=p.grid, noise_units=p.noise_units, alpha=0.05)
     rng = np.random.default_rng(0)
-    sampled = [discrete_samplers.snapped_laplace(rng, np.array([0.3]), scale=2.0, l1_sensitivity=1.0,
-                                                 grid_bits=2)[0] - 0.3 for _ in range(20_000)]
+    sampled = [
+        discrete_samplers.snapped_laplace(rng, np.array([0.3]), scale=2.0, l1_sensitivity=1.0, grid_bits=2)[0] - 0.3
+        for _ in range(20_000)
+    ]
     assert np.mean(np.abs(sampled) > w) <= 0.05
     assert np.mean(np.abs(sampled) > 0.8 * w) > 0.05  # and not wildly loose
 
@@ -116,8 +123,11 @@ def test_holdout_size_bounds_hold_with_the_stated_probability() -> None:
 def test_the_interval_covers_the_true_holdout_accuracy(mechanism: str) -> None:
     """Simulate the whole release: per-row coins, a model with true accuracy 0.9 on the hold-out,
     the worker's own noise; the true value S/|H| lies in the interval at least 95% of the time."""
-    spec = (EvaluationSpec(holdout_fraction=0.2, mechanism="laplace", epsilon=0.5) if mechanism == "laplace"
-            else EvaluationSpec(holdout_fraction=0.2, mechanism="gaussian", noise_multiplier=2.0))
+    spec = (
+        EvaluationSpec(holdout_fraction=0.2, mechanism="laplace", epsilon=0.5)
+        if mechanism == "laplace"
+        else EvaluationSpec(holdout_fraction=0.2, mechanism="gaussian", noise_multiplier=2.0)
+    )
     plan = plan_evaluation(spec, CLASSIFICATION)
     coins = np.random.default_rng(1)
     random = SecureRandom.from_seed(2)

@@ -56,8 +56,9 @@ def test_serve_prints_the_key_once_in_a_frame_on_stderr(serve_env: Path, capsys:
     assert capsys.readouterr().err.count(key) == 1
 
 
-def test_an_operators_own_key_is_never_echoed(serve_env: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_operators_own_key_is_never_echoed(
+    serve_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     secret = "pt_operator-chosen-secret-key-0123456789abcdef"
     monkeypatch.setenv("PRIVTRAIN_BOOTSTRAP_API_KEY", secret)
     get_settings.cache_clear()

@@ -9,10 +9,10 @@ import pytest
 
 from app.algorithms import ALGORITHMS, MissingTrainingFields, UnusedTrainingField, get_algorithm
 from app.algorithms.training_fields import ALL_TRAINING_FIELDS, PER_ALGORITHM_FIELDS
+from app.errors import InvalidInput
 from app.facts import DatasetFacts
 from app.job_planning import plan_job
 from app.models import Dataset
-from app.errors import InvalidInput
 from app.schemas.jobs import JobCreate, TrainingSpec
 
 FULL_BATCH = {"kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point", "ht-private-lasso"}
@@ -54,20 +54,25 @@ PRICED_BEFORE: dict[str, tuple[float, int, float]] = {
 
 def _spec(name: str, *, holdout: bool = False, **extra_training: Any) -> tuple[JobCreate, Dataset]:
     task, hyper, training = CASES[name]
-    dataset = Dataset(n_rows=N_ROWS, feature_shape=[20], task=task,
-                      n_classes=2 if task == "classification" else None)
+    dataset = Dataset(n_rows=N_ROWS, feature_shape=[20], task=task, n_classes=2 if task == "classification" else None)
     evaluation = None
     if holdout:
-        evaluation = {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.5,
-                      **({"error_clip": 4.0} if task == "regression" else {})}
-    spec = JobCreate.model_validate({
-        "dataset_id": "ds_x",
-        "model": {"name": "logistic-regression" if task == "classification" else "linear-regression"},
-        "algorithm": {"name": name, "hyperparameters": hyper},
-        "privacy": {"target_epsilon": 2.0},
-        "training": {**training, **extra_training},
-        "evaluation": evaluation,
-    })
+        evaluation = {
+            "holdout_fraction": 0.2,
+            "mechanism": "laplace",
+            "epsilon": 0.5,
+            **({"error_clip": 4.0} if task == "regression" else {}),
+        }
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "ds_x",
+            "model": {"name": "logistic-regression" if task == "classification" else "linear-regression"},
+            "algorithm": {"name": name, "hyperparameters": hyper},
+            "privacy": {"target_epsilon": 2.0},
+            "training": {**training, **extra_training},
+            "evaluation": evaluation,
+        }
+    )
     return spec, dataset
 
 
@@ -94,13 +99,16 @@ def test_the_stored_spec_records_n_for_full_batch_and_nothing_for_single_pass(na
     assert job.hyperparameters == get_algorithm(name).validate_hyperparameters(job.spec["algorithm"]["hyperparameters"])
 
 
-@pytest.mark.parametrize(("name", "field", "reason"), [
-    ("kl-spider", "batch_size", "kl-spider is full-batch"),
-    ("noisy-gd", "learning_rate", "noisy-gd takes its step sizes from the paper's schedule"),
-    ("ht-private-lasso", "batch_size", "ht-private-lasso is full-batch"),
-    ("ht-dp-fw", "batch_size", "ht-dp-fw is single-pass over disjoint blocks of n_train/T rows"),
-    ("ht-sparse-opt", "learning_rate", "ht-sparse-opt takes its step sizes from its hyperparameters"),
-])
+@pytest.mark.parametrize(
+    ("name", "field", "reason"),
+    [
+        ("kl-spider", "batch_size", "kl-spider is full-batch"),
+        ("noisy-gd", "learning_rate", "noisy-gd takes its step sizes from the paper's schedule"),
+        ("ht-private-lasso", "batch_size", "ht-private-lasso is full-batch"),
+        ("ht-dp-fw", "batch_size", "ht-dp-fw is single-pass over disjoint blocks of n_train/T rows"),
+        ("ht-sparse-opt", "learning_rate", "ht-sparse-opt takes its step sizes from its hyperparameters"),
+    ],
+)
 def test_an_unused_field_is_refused_with_what_to_do(name: str, field: str, reason: str) -> None:
     value = N_ROWS if field == "batch_size" else 1.0  # even the value the old specs had to repeat
     with pytest.raises(InvalidInput) as caught:
@@ -112,11 +120,15 @@ def test_an_unused_field_is_refused_with_what_to_do(name: str, field: str, reaso
 @pytest.mark.parametrize("missing", [("batch_size",), ("learning_rate",), ("batch_size", "learning_rate")])
 def test_a_missing_field_of_an_algorithm_that_reads_it_is_the_old_validation_error(missing: tuple[str, ...]) -> None:
     training = {k: v for k, v in {"batch_size": 32, "learning_rate": 0.5}.items() if k not in missing}
-    spec = JobCreate.model_validate({
-        "dataset_id": "ds_x", "model": {"name": "logistic-regression"},
-        "algorithm": {"name": "dp-sgd"}, "privacy": {"target_epsilon": 2.0},
-        "training": {"steps": 10, **training},
-    })
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "ds_x",
+            "model": {"name": "logistic-regression"},
+            "algorithm": {"name": "dp-sgd"},
+            "privacy": {"target_epsilon": 2.0},
+            "training": {"steps": 10, **training},
+        }
+    )
     dataset = Dataset(n_rows=N_ROWS, feature_shape=[20], task="classification", n_classes=2)
     with pytest.raises(InvalidInput) as caught:
         _plan(spec, dataset)

@@ -116,10 +116,7 @@ def add_clipped(
     finite = torch.isfinite(norms)
     scale = clip_scales(norms, tail, c1, c2)
     if not bool(finite.all()):
-        grads = {
-            name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
-            for name, g in grads.items()
-        }
+        grads = {name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()}
     for name, g in grads.items():
         total[name].add_(torch.tensordot(scale, g, dims=1))
 
@@ -201,9 +198,7 @@ class RankAggregator(_DCAggregator):
             kept: dict[str, torch.Tensor] | None = None
             single_chunk = n <= max_physical_batch_size
             traces = []
-            for grads in iter_per_sample_grads(
-                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-            ):
+            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 traces.append(projection.traces(grads).to(trace_noise.device))
                 kept = grads if single_chunk else None
                 del grads
@@ -215,9 +210,7 @@ class RankAggregator(_DCAggregator):
                 add_clipped(total, kept, tail, c1=self.c1, c2=self.c2)
                 return total
             start = 0  # second pass: the same rows in the same order, now clipped
-            for grads in iter_per_sample_grads(
-                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-            ):
+            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 m = next(iter(grads.values())).shape[0]
                 add_clipped(total, grads, tail[start : start + m], c1=self.c1, c2=self.c2)
                 start += m
@@ -315,9 +308,7 @@ class ThresholdAggregator(_DCAggregator):
         count = 0
         start = 0
         with torch.no_grad():
-            for grads in iter_per_sample_grads(
-                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-            ):
+            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 traces = projection.traces(grads).to(trace_noise.device)
                 m = traces.shape[0]
                 tail = threshold_tail_mask(traces + trace_noise[start : start + m], tau)

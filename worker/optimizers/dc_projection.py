@@ -11,9 +11,10 @@ because W(WᵀW)⁻¹Wᵀ is the orthogonal projector onto colspan(W) whatever b
 and no dense V: W_t is generated block by block of rows from a counter-based stream: the job's
 128-bit projection key (``SecureRandom.derive_key``) with (step, block index) in the counter —
 NumPy Philox4x64 on the CPU, two keyed CUDA generators on CUDA
-(:func:`worker.optimizers.secure_random.keyed_uniform`) — used once for P and M and dropped. λ_i ∈ [0, 1] depends on record i and
-the data-independent W_t only (per-sample normalisation; never a batch-level normaliser), which is
-the precondition of DC-DPSGD's sensitivity bounds (docs/algorithms/dc-dpsgd.md#privacy-calibration-as-we-charge-it).
+(:func:`worker.optimizers.secure_random.keyed_uniform`) — used once for P and M and dropped.
+λ_i ∈ [0, 1] depends on record i and the data-independent W_t only (per-sample normalisation;
+never a batch-level normaliser), which is the precondition of DC-DPSGD's sensitivity bounds
+(docs/algorithms/dc-dpsgd.md#privacy-calibration-as-we-charge-it).
 
 Cost per step, for a batch processed in c chunks of per-sample gradients (c = ⌈|S| / max physical
 batch size⌉, usually 1): 2·|S|·d_J·k FLOP for P, d_J·k² for M (once per step, in float64),
@@ -130,9 +131,7 @@ class GramAccumulator:
     def add(self, G_block: torch.Tensor, W_block: torch.Tensor) -> None:
         """Add rows of the scope: G_block (m × rows) gradient columns, W_block (rows × k)."""
         if W_block.dim() != 2 or W_block.shape[1] != self.k or G_block.shape[1] != W_block.shape[0]:
-            raise ValueError(
-                f"shapes do not match: G block {tuple(G_block.shape)}, W block {tuple(W_block.shape)}"
-            )
+            raise ValueError(f"shapes do not match: G block {tuple(G_block.shape)}, W block {tuple(W_block.shape)}")
         product = (G_block.to(W_block.dtype) @ W_block).to(torch.float64)
         squares = G_block.to(torch.float64).pow(2).sum(dim=1)
         if self.P is None:
@@ -185,8 +184,7 @@ class StreamingProjection:
         unknown = [name for name in names if name not in parameters]
         if unknown:
             raise ValueError(
-                f"projection scope names unknown trainable parameters {unknown}; "
-                f"known: {list(parameters)}"
+                f"projection scope names unknown trainable parameters {unknown}; known: {list(parameters)}"
             )
         sizes = {name: parameters[name].numel() for name in names}
         d_scope = sum(sizes.values())
@@ -208,7 +206,12 @@ class StreamingProjection:
         return blocks
 
     def w_block(
-        self, key: bytes, step: int, block: Block, *, device: torch.device | str,
+        self,
+        key: bytes,
+        step: int,
+        block: Block,
+        *,
+        device: torch.device | str,
         dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         """Rows [start, stop) of W_t for this block: deterministic in (key, step, block.index).
@@ -218,13 +221,17 @@ class StreamingProjection:
         for name, value in (("step", step), ("block", block.index)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        u = keyed_uniform(key, counter=(step, block.index), shape=(block.rows, self.k), dtype=dtype,
-                          device=device)
+        u = keyed_uniform(key, counter=(step, block.index), shape=(block.rows, self.k), dtype=dtype, device=device)
         return weibull_from_uniform(u, theta=self.theta)
 
     def dense_w(
-        self, key: bytes, step: int, parameters: Mapping[str, torch.Tensor], *,
-        device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+        self,
+        key: bytes,
+        step: int,
+        parameters: Mapping[str, torch.Tensor],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
     ) -> torch.Tensor:
         """The whole d_J × k matrix W_t (tests and small scopes only: the loop never builds it)."""
         blocks = self.layout(parameters)

@@ -130,9 +130,7 @@ def _global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
     return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
-def apply_feedback_map(
-    feedback_map: ErrorFeedbackMap, error: Mapping[str, torch.Tensor]
-) -> TensorDict:
+def apply_feedback_map(feedback_map: ErrorFeedbackMap, error: Mapping[str, torch.Tensor]) -> TensorDict:
     """ψ(e) with ||ψ(e)|| ≤ feedback_map.norm_bound guaranteed (0 if ||e|| is not finite)."""
     norm = _global_norm(error)
     if not math.isfinite(norm):
@@ -233,17 +231,14 @@ class ErrorFeedbackAggregator:
     ) -> None:
         """Both sums in ONE pass of the materialising engine: a 2×m contraction per chunk."""
         with torch.no_grad():
-            for grads in iter_per_sample_grads(
-                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-            ):
+            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 norms = per_sample_norms(grads)
                 finite = torch.isfinite(norms)
                 scale = torch.where(finite, self.per_sample_map.scale_factors(norms), 0.0)
                 rest = torch.where(finite, 1.0 - scale, 0.0)
                 if not bool(finite.all()):
                     grads = {
-                        name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
-                        for name, g in grads.items()
+                        name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()
                     }
                 weights = torch.stack([scale, rest])  # (2, m): [w_i, 1 − w_i]
                 for name, g in grads.items():
@@ -270,25 +265,22 @@ class ErrorFeedbackAggregator:
         residual = {name: torch.zeros_like(e) for name, e in error.items()}
         if self._use_ghost(model):
             mapped, rest = ghost_weighted_grad_sums(
-                model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size,
+                model,
+                X,
+                y,
+                loss=loss,
+                max_physical_batch_size=max_physical_batch_size,
                 per_sample_maps=(self.per_sample_map, _Residual(self.per_sample_map)),
             )
             for name, r in rest.items():
                 residual[name].add_(r.to(residual[name].dtype))
         else:
-            self._vmap_sums(model, X, y, mapped, residual, loss=loss,
-                            max_physical_batch_size=max_physical_batch_size)
+            self._vmap_sums(model, X, y, mapped, residual, loss=loss, max_physical_batch_size=max_physical_batch_size)
         with torch.no_grad():
             feedback = apply_feedback_map(self.feedback_map, error)
             batch = self.expected_batch_size
-            released = {
-                name: mapped[name].add_(feedback[name].to(mapped[name].dtype), alpha=batch)
-                for name in mapped
-            }
-            updated = {
-                name: error[name].sub(feedback[name]).add_(residual[name], alpha=1.0 / batch)
-                for name in error
-            }
+            released = {name: mapped[name].add_(feedback[name].to(mapped[name].dtype), alpha=batch) for name in mapped}
+            updated = {name: error[name].sub(feedback[name]).add_(residual[name], alpha=1.0 / batch) for name in error}
             if not math.isfinite(_global_norm(updated)):
                 updated = {name: torch.zeros_like(e) for name, e in updated.items()}
             self.error = updated
@@ -323,9 +315,7 @@ def with_error_feedback_in_checkpoints(
     return dataclasses.replace(hooks, save_checkpoint=save_with_error)
 
 
-def split_error_feedback(
-    state: TrainingState, model: nn.Module
-) -> tuple[TrainingState, TensorDict | None]:
+def split_error_feedback(state: TrainingState, model: nn.Module) -> tuple[TrainingState, TensorDict | None]:
     """(the state without e, e by parameter name) — e is None in a checkpoint that has none."""
     names = list(trainable_parameters(model))
     optimizer_state = copy.copy(state.optimizer_state)

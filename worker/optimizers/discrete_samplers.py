@@ -42,13 +42,13 @@ __all__ = [
     "snapped_laplace_parameters",
 ]
 
-_PRODUCT_LIMIT = 1 << 62          # every `rng.integers` bound stays below this
-_MAX_DENOMINATOR_LOG2 = 50        # bernoulli_exp_neg: 2^k ≤ 2^50
-_MAX_NOISE_UNITS = 1 << 50        # discrete Laplace scale t ≤ 2^50
-_GRID_BITS = 40                   # grid = 2^(floor(log2 scale) - 40): rounding ~2^-40 of scale
-_EM_EXPONENT_BITS = 40            # EM log-weights are multiples of 2^-40
-_INF_BOUND = 2.0 ** 1000          # ±inf values of snapped_laplace are clamped to ±2^1000
-_EXP_RANGE = 960                  # scales / sensitivities must lie in [2^-960, 2^960]
+_PRODUCT_LIMIT = 1 << 62  # every `rng.integers` bound stays below this
+_MAX_DENOMINATOR_LOG2 = 50  # bernoulli_exp_neg: 2^k ≤ 2^50
+_MAX_NOISE_UNITS = 1 << 50  # discrete Laplace scale t ≤ 2^50
+_GRID_BITS = 40  # grid = 2^(floor(log2 scale) - 40): rounding ~2^-40 of scale
+_EM_EXPONENT_BITS = 40  # EM log-weights are multiples of 2^-40
+_INF_BOUND = 2.0**1000  # ±inf values of snapped_laplace are clamped to ±2^1000
+_EXP_RANGE = 960  # scales / sensitivities must lie in [2^-960, 2^960]
 
 
 # ----------------------------------------------------------------------------- validation
@@ -60,7 +60,7 @@ def _positive_finite(name: str, value: float) -> float:
     value = float(value)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be positive and finite, got {value}")
-    if not (2.0 ** -_EXP_RANGE <= value <= 2.0 ** _EXP_RANGE):
+    if not (2.0**-_EXP_RANGE <= value <= 2.0**_EXP_RANGE):
         raise ValueError(f"{name} must lie in [2^-{_EXP_RANGE}, 2^{_EXP_RANGE}], got {value}")
     return value
 
@@ -120,8 +120,7 @@ def _bernoulli_exp_neg_unit(rng: np.random.Generator, num: np.ndarray, den: int)
         if den * k < _PRODUCT_LIMIT:
             a = rng.integers(0, den * k, size=live.size) < num[live]
         else:
-            a = (rng.integers(0, den, size=live.size) < num[live]) & (
-                rng.integers(0, k, size=live.size) == 0)
+            a = (rng.integers(0, den, size=live.size) < num[live]) & (rng.integers(0, k, size=live.size) == 0)
         out[live[~a]] = k % 2 == 1
         live = live[a]
         k += 1
@@ -145,9 +144,7 @@ def _e1_run_lengths(rng: np.random.Generator, limit: np.ndarray) -> np.ndarray:
     return capped
 
 
-def _bernoulli_exp_neg_parts(
-    rng: np.random.Generator, whole: np.ndarray, frac: np.ndarray, den: int
-) -> np.ndarray:
+def _bernoulli_exp_neg_parts(rng: np.random.Generator, whole: np.ndarray, frac: np.ndarray, den: int) -> np.ndarray:
     """Bernoulli(exp(-(whole + frac/den))) = Π_{whole} Bernoulli(e^-1) · Bernoulli(e^-(frac/den)).
 
     The product of `whole` Bernoulli(e^-1) is the event G ≥ whole for the run length G; a run
@@ -160,9 +157,7 @@ def _bernoulli_exp_neg_parts(
     return out
 
 
-def bernoulli_exp_neg(
-    rng: np.random.Generator, numerators: np.ndarray, *, denominator_log2: int
-) -> np.ndarray:
+def bernoulli_exp_neg(rng: np.random.Generator, numerators: np.ndarray, *, denominator_log2: int) -> np.ndarray:
     """Exact, independent Bernoulli(exp(-γ_i)) with γ_i = numerators_i / 2^k (boolean array).
 
     γ ≤ 1: CKS Algorithm 1; γ > 1: floor(γ) Bernoulli(e^-1) and one Bernoulli(e^-(γ-floor γ)),
@@ -183,9 +178,7 @@ def bernoulli_exp_neg(
 # ----------------------------------------------------------------------------- discrete Laplace
 
 
-def _discrete_laplace_parts(
-    rng: np.random.Generator, n: int, t: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _discrete_laplace_parts(rng: np.random.Generator, n: int, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n draws of CKS Algorithm 2 (s = 1) as (negative, U, V) with Z = ±(U + t·V), int64 parts.
 
     Round: U ~ Uniform{0..t-1} kept with Bernoulli(exp(-U/t)); V = number of Bernoulli(e^-1)
@@ -199,13 +192,13 @@ def _discrete_laplace_parts(
     filled = 0
     while filled < n:
         m = n - filled
-        m = m + m * 3 // 4 + 16      # ~63 % of iid candidates are accepted: 1-2 rounds
+        m = m + m * 3 // 4 + 16  # ~63 % of iid candidates are accepted: 1-2 rounds
         u = rng.integers(0, t, size=m)
         u = u[_bernoulli_exp_neg_unit(rng, u, t)]
         v = _e1_run_lengths(rng, np.full(u.size, np.iinfo(np.int64).max, dtype=np.int64))
         negative = rng.integers(0, 2, size=u.size) == 1
         good = ~(negative & (u == 0) & (v == 0))
-        take = min(int(good.sum()), n - filled)   # the first accepted iid candidates, in order
+        take = min(int(good.sum()), n - filled)  # the first accepted iid candidates, in order
         sel = np.flatnonzero(good)[:take]
         dest = slice(filled, filled + take)
         neg[dest], u_out[dest], v_out[dest] = negative[sel], u[sel], v[sel]
@@ -222,7 +215,8 @@ def discrete_laplace(rng: np.random.Generator, size: int | tuple[int, ...], *, s
     t = _integer("scale", scale, low=1, high=_MAX_NOISE_UNITS)
     shape = (size,) if isinstance(size, (int, np.integer)) and not isinstance(size, bool) else size
     if not isinstance(shape, tuple) or any(
-            isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
+        isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in shape
+    ):
         raise ValueError(f"size must be a non-negative int or tuple of them, got {size!r}")
     n = math.prod(shape)
     neg, u, v = _discrete_laplace_parts(rng, n, t)
@@ -263,7 +257,8 @@ def snapped_laplace_parameters(
     if t > _MAX_NOISE_UNITS:
         raise ValueError(
             f"epsilon = l1_sensitivity/scale = {delta / b:g} is too small for {d} values on the "
-            f"grid 2^{k} (needs dimension·grid ≲ 2^{_floor_log2(_MAX_NOISE_UNITS) - bits}·l1_sensitivity)")
+            f"grid 2^{k} (needs dimension·grid ≲ 2^{_floor_log2(_MAX_NOISE_UNITS) - bits}·l1_sensitivity)"
+        )
     return SnappedLaplaceParameters(float(gamma), t, float(grid_sensitivity / (t * gamma)))
 
 
@@ -290,18 +285,17 @@ def snapped_laplace(
     an already-bounded query; `grid_bits` < 40 gives coarser grids (tests, small t).
     """
     v = np.asarray(values, dtype=np.float64)
-    p = snapped_laplace_parameters(
-        scale=scale, l1_sensitivity=l1_sensitivity, dimension=v.size, grid_bits=grid_bits)
+    p = snapped_laplace_parameters(scale=scale, l1_sensitivity=l1_sensitivity, dimension=v.size, grid_bits=grid_bits)
     k = _floor_log2(p.grid)
     flat = np.nan_to_num(v.ravel(), nan=0.0, posinf=_INF_BOUND, neginf=-_INF_BOUND)
     rounded = _snap(flat, k)
     neg, u, w = _discrete_laplace_parts(rng, flat.size, p.noise_units)
-    exact = w < (1 << 53) // p.noise_units                        # |Z| < 2^53: float-exact
+    exact = w < (1 << 53) // p.noise_units  # |Z| < 2^53: float-exact
     z = np.where(exact, u + p.noise_units * np.where(exact, w, 0), 0)
     z = np.where(neg, -z, z)
     with np.errstate(over="ignore"):
         out = rounded + z.astype(np.float64) * p.grid
-    for i in np.flatnonzero(~exact):     # probability < exp(-2^11) per value: exact rationals
+    for i in np.flatnonzero(~exact):  # probability < exp(-2^11) per value: exact rationals
         zi = (int(u[i]) + p.noise_units * int(w[i])) * (-1 if neg[i] else 1)
         out[i] = _fraction_to_float(Fraction(float(rounded[i])) + zi * Fraction(p.grid))
     return out.reshape(v.shape)
@@ -327,9 +321,7 @@ class RnmParameters:
     epsilon: float
 
 
-def report_noisy_max_parameters(
-    *, scale: float, sensitivity: float, grid_bits: int = _GRID_BITS
-) -> RnmParameters:
+def report_noisy_max_parameters(*, scale: float, sensitivity: float, grid_bits: int = _GRID_BITS) -> RnmParameters:
     """γ = 2^(floor(log2 scale) - grid_bits), δ = floor(Δ/γ) + 1, t = ceil(scale·(2δ+1)/(2Δ)).
 
     The discrete mechanism is (2δ+1)/t-DP (see `report_noisy_max`), ≤ 2Δ/scale exactly.
@@ -372,15 +364,17 @@ def report_noisy_max(
     s, finite = _scores_1d(scores)
     p = report_noisy_max_parameters(scale=scale, sensitivity=sensitivity, grid_bits=grid_bits)
     k = _floor_log2(p.grid)
-    gaps = _floored_gaps(s[finite], k)                      # max H - H_i ∈ [0, 2^52], int64
+    gaps = _floored_gaps(s[finite], k)  # max H - H_i ∈ [0, 2^52], int64
     neg, u, v = _discrete_laplace_parts(rng, finite.size, p.noise_units)
-    if v.max() <= (1 << 60) // p.noise_units - 1:           # |Z| < 2^60: int64 arithmetic
+    if v.max() <= (1 << 60) // p.noise_units - 1:  # |Z| < 2^60: int64 arithmetic
         z = u + p.noise_units * v
         w = np.where(neg, -z, z) - gaps
         winners = np.flatnonzero(w == w.max())
-    else:                                                   # probability < exp(-2^10): exact ints
-        w_obj = [(-1 if n_ else 1) * (int(a) + p.noise_units * int(b)) - int(g)
-                 for n_, a, b, g in zip(neg, u, v, gaps, strict=True)]
+    else:  # probability < exp(-2^10): exact ints
+        w_obj = [
+            (-1 if n_ else 1) * (int(a) + p.noise_units * int(b)) - int(g)
+            for n_, a, b, g in zip(neg, u, v, gaps, strict=True)
+        ]
         best = max(w_obj)
         winners = np.array([i for i, x in enumerate(w_obj) if x == best])
     choice = winners[int(rng.integers(0, winners.size))] if winners.size > 1 else winners[0]
@@ -424,7 +418,7 @@ def exponential_mechanism_parameters(*, epsilon: float, sensitivity: float) -> E
     """
     eps = _positive_finite("epsilon", epsilon)
     delta = _positive_finite("sensitivity", sensitivity)
-    if eps > 2.0 ** 40:
+    if eps > 2.0**40:
         raise ValueError(f"epsilon must be ≤ 2^40, got {eps}")
     e_delta = _floor_log2(delta)
     g = min(max((39 + _floor_log2(eps)) // 2, 4), 60)
@@ -442,9 +436,7 @@ def exponential_mechanism_parameters(*, epsilon: float, sensitivity: float) -> E
     return EmParameters(float(gamma), units, a, float(used), float(lam / gamma))
 
 
-def exponential_mechanism(
-    rng: np.random.Generator, scores: np.ndarray, *, epsilon: float, sensitivity: float
-) -> int:
+def exponential_mechanism(rng: np.random.Generator, scores: np.ndarray, *, epsilon: float, sensitivity: float) -> int:
     """Exact sample of P(i) ∝ exp(c·u_i), c = temperature ≈ ε/(2Δ): ε-DP and ε-bounded-range.
 
     Construction (γ, δ, a from `exponential_mechanism_parameters`, λ = a/2^40):
@@ -464,11 +456,11 @@ def exponential_mechanism(
     """
     s, finite = _scores_1d(scores)
     p = exponential_mechanism_parameters(epsilon=epsilon, sensitivity=sensitivity)
-    gaps = _floored_gaps(s[finite], _floor_log2(p.grid))          # ≤ 2^52
-    a = p.weight_numerator                                         # < 2^31
-    hi, lo = gaps >> 31, gaps & ((1 << 31) - 1)                    # a·gaps = a·hi·2^31 + a·lo
-    p_hi, p_lo = a * hi, a * lo                                    # < 2^52, < 2^62
-    rest = (p_hi & 511) * (1 << 31) + p_lo                         # < 2^40 + 2^62
+    gaps = _floored_gaps(s[finite], _floor_log2(p.grid))  # ≤ 2^52
+    a = p.weight_numerator  # < 2^31
+    hi, lo = gaps >> 31, gaps & ((1 << 31) - 1)  # a·gaps = a·hi·2^31 + a·lo
+    p_hi, p_lo = a * hi, a * lo  # < 2^52, < 2^62
+    rest = (p_hi & 511) * (1 << 31) + p_lo  # < 2^40 + 2^62
     whole = (p_hi >> 9) + (rest >> _EM_EXPONENT_BITS)
     frac = rest & ((1 << _EM_EXPONENT_BITS) - 1)
     m = finite.size

@@ -44,10 +44,10 @@ __all__ = [
     "BatchAggregator",
     "DPSGDConfig",
     "PerSampleMapAggregator",
-    "per_sample_map_aggregator",
     "TrainingHooks",
     "TrainingResult",
     "TrainingState",
+    "per_sample_map_aggregator",
     "train_dp_sgd",
 ]
 
@@ -87,9 +87,7 @@ class DPSGDConfig:
         if not (_finite(q) and 0.0 < q <= 1.0):
             raise ValueError(f"sampling_probability must be in (0, 1], got {q!r}")
         if not (_finite(self.noise_multiplier) and self.noise_multiplier >= 0.0):
-            raise ValueError(
-                f"noise_multiplier must be finite and >= 0, got {self.noise_multiplier!r}"
-            )
+            raise ValueError(f"noise_multiplier must be finite and >= 0, got {self.noise_multiplier!r}")
         if not (_finite(self.clipping_norm) and self.clipping_norm > 0.0):
             raise ValueError(f"clipping_norm must be finite and > 0, got {self.clipping_norm!r}")
         if not (_finite(self.learning_rate) and self.learning_rate > 0.0):
@@ -157,7 +155,11 @@ class PerSampleMapAggregator:
         generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
         return clipped_grad_sum(
-            model, X, y, loss=loss, per_sample_map=self.per_sample_map,
+            model,
+            X,
+            y,
+            loss=loss,
+            per_sample_map=self.per_sample_map,
             max_physical_batch_size=max_physical_batch_size,
         )
 
@@ -178,12 +180,13 @@ def _make_optimizer(params: list[nn.Parameter], config: DPSGDConfig) -> torch.op
     """SGD or Adam on the privatised gradient: post-processing, no privacy effect."""
     if config.optimizer == "adam":
         return torch.optim.Adam(
-            params, lr=config.learning_rate, betas=config.adam_betas, eps=config.adam_eps,
+            params,
+            lr=config.learning_rate,
+            betas=config.adam_betas,
+            eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
-    return torch.optim.SGD(
-        params, lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+    return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 def _cpu_copy(value: object) -> object:
@@ -199,9 +202,7 @@ def _cpu_copy(value: object) -> object:
     return copy.deepcopy(value)
 
 
-def _snapshot(
-    step: int, model: nn.Module, optimizer: torch.optim.Optimizer, generator: SecureRandom
-) -> TrainingState:
+def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, generator: SecureRandom) -> TrainingState:
     optimizer_state = _cpu_copy(optimizer.state_dict())
     assert isinstance(optimizer_state, dict)
     return TrainingState(
@@ -261,33 +262,25 @@ def train_dp_sgd(
     step = 0
     if resume_from is not None:
         if not 0 <= resume_from.step <= config.steps:
-            raise ValueError(
-                f"cannot resume at step {resume_from.step} of a {config.steps}-step run"
-            )
+            raise ValueError(f"cannot resume at step {resume_from.step} of a {config.steps}-step run")
         model.load_state_dict(resume_from.model_state, strict=True)
         optimizer.load_state_dict(copy.deepcopy(resume_from.optimizer_state))
         generator.set_state(resume_from.generator_state)
         step = resume_from.step
 
     aggregator = (
-        aggregator
-        if aggregator is not None
-        else per_sample_map_aggregator(model, AbadiClip(config.clipping_norm))
+        aggregator if aggregator is not None else per_sample_map_aggregator(model, AbadiClip(config.clipping_norm))
     )
     noise_std = config.noise_multiplier * aggregator.sensitivity
     expected_batch_size = (  # public: q, n and the hold-out fraction are public
-        config.expected_batch_size
-        if config.expected_batch_size is not None
-        else config.sampling_probability * n
+        config.expected_batch_size if config.expected_batch_size is not None else config.sampling_probability * n
     )
 
     while step < config.steps:
         if hooks.should_stop is not None and hooks.should_stop():
             return TrainingResult(steps_run=step, stopped_early=True)
 
-        batch = poisson_sample(
-            n, sampling_probability=config.sampling_probability, generator=generator
-        )
+        batch = poisson_sample(n, sampling_probability=config.sampling_probability, generator=generator)
         grad_sum = aggregator.clipped_sum(
             model,
             X[batch.to(X.device)],
@@ -297,9 +290,7 @@ def train_dp_sgd(
             max_physical_batch_size=config.max_physical_batch_size,
             generator=generator,
         )
-        noisy_grad = privatise_sum(
-            grad_sum, noise_std=noise_std, normaliser=expected_batch_size, generator=generator
-        )
+        noisy_grad = privatise_sum(grad_sum, noise_std=noise_std, normaliser=expected_batch_size, generator=generator)
         del grad_sum
         for name, p in params.items():
             p.grad = noisy_grad[name]
@@ -307,11 +298,7 @@ def train_dp_sgd(
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
-        if (
-            hooks.save_checkpoint is not None
-            and hooks.checkpoint_every > 0
-            and step % hooks.checkpoint_every == 0
-        ):
+        if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:
             hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
         if hooks.on_step_end is not None:
             hooks.on_step_end(step)

@@ -33,8 +33,8 @@ from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 
 __all__ = [
-    "FWConfig",
     "LOSS_DERIVATIVES",
+    "FWConfig",
     "LassoConfig",
     "LoopOutcome",
     "RowAccess",
@@ -85,8 +85,9 @@ def _biweight(z: torch.Tensor, y: torch.Tensor, c: float) -> torch.Tensor:
     return torch.where(inside, u * (1.0 - (u / c) ** 2) ** 2, torch.zeros_like(u))
 
 
-def per_sample_gradients(loss: str, w: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *,
-                         biweight_c: float = 1.0, l2: float = 0.0) -> torch.Tensor:
+def per_sample_gradients(
+    loss: str, w: torch.Tensor, X: torch.Tensor, y: torch.Tensor, *, biweight_c: float = 1.0, l2: float = 0.0
+) -> torch.Tensor:
     """Rows ∇_w ℓ(w, (x_i, y_i)) = c_i·x_i (+ λ₂w), shape (rows, d)."""
     c = LOSS_DERIVATIVES[loss](X @ w, y, biweight_c)
     grads = c[:, None] * X
@@ -168,13 +169,19 @@ def fw_step_size(t: int, iterations: int, *, constant: bool) -> float:
 def fw_gradient_estimate(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, config: FWConfig) -> torch.Tensor:
     """g̃ = (1/m)Σψ_κ(∇ℓ(w, z)) over the block, m the public expected block size."""
     grads = per_sample_gradients(config.loss, w, X, y, biweight_c=config.biweight_c)
-    return robust_mean_sum(
-        grads, kappa=config.kappa, beta=config.beta, term_bound=config.term_bound
-    ) / config.block_size
+    return (
+        robust_mean_sum(grads, kappa=config.kappa, beta=config.beta, term_bound=config.term_bound) / config.block_size
+    )
 
 
-def run_ht_frank_wolfe(data: RowAccess, config: FWConfig, *, generator: SecureRandom,
-                       hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
+def run_ht_frank_wolfe(
+    data: RowAccess,
+    config: FWConfig,
+    *,
+    generator: SecureRandom,
+    hooks: TrainingHooks,
+    noise: NoiseSource | None = None,
+) -> LoopOutcome:
     """Alg 1: robust mean of the block's per-sample gradients → exponential mechanism → FW step."""
     noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
@@ -184,8 +191,13 @@ def run_ht_frank_wolfe(data: RowAccess, config: FWConfig, *, generator: SecureRa
             return LoopOutcome(w, t, True)
         X, y = data.take(index)
         estimate = fw_gradient_estimate(X, y, w, config)
-        j = exponential_mechanism(config.polytope.scores(estimate), epsilon=config.epsilon_step,
-                                  sensitivity=config.score_sensitivity, noise=noise, selection=config.selection)
+        j = exponential_mechanism(
+            config.polytope.scores(estimate),
+            epsilon=config.epsilon_step,
+            sensitivity=config.score_sensitivity,
+            noise=noise,
+            selection=config.selection,
+        )
         step = fw_step_size(t, config.iterations, constant=config.constant_step)
         w = (1.0 - step) * w + step * config.polytope.vertex(j, torch.float64, w.device)
         _step_done(hooks, t + 1)
@@ -205,8 +217,9 @@ class LassoConfig:
     score_sensitivity: float
 
 
-def lasso_gradient(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, *, truncation: float,
-                   normaliser: float) -> torch.Tensor:
+def lasso_gradient(
+    X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, *, truncation: float, normaliser: float
+) -> torch.Tensor:
     """g̃ = (2/n)Σx̃(⟨x̃,w⟩ − ỹ) on entrywise-clipped data, n the public training-row count."""
     return _squared_loss_gradient(_clip(X, truncation), _clip(y, truncation), w, normaliser=normaliser)
 
@@ -215,8 +228,14 @@ def _squared_loss_gradient(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, *,
     return 2.0 * (X.T @ (X @ w - y)) / normaliser
 
 
-def run_ht_private_lasso(data: RowAccess, config: LassoConfig, *, generator: SecureRandom,
-                         hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
+def run_ht_private_lasso(
+    data: RowAccess,
+    config: LassoConfig,
+    *,
+    generator: SecureRandom,
+    hooks: TrainingHooks,
+    noise: NoiseSource | None = None,
+) -> LoopOutcome:
     """Alg 2: full-data gradient (2/n)Σx̃(⟨x̃,w⟩ − ỹ) of the clipped data → exp. mechanism → FW step.
     Every row enters every iteration's gradient; the data are read and clipped once (the clip is
     a fixed per-row map, so this is the same quantity)."""
@@ -228,8 +247,12 @@ def run_ht_private_lasso(data: RowAccess, config: LassoConfig, *, generator: Sec
         if _stop(hooks):
             return LoopOutcome(w, t, True)
         gradient = _squared_loss_gradient(X, y, w, normaliser=config.normaliser)
-        j = exponential_mechanism(config.polytope.scores(gradient), epsilon=config.epsilon_step,
-                                  sensitivity=config.score_sensitivity, noise=noise)
+        j = exponential_mechanism(
+            config.polytope.scores(gradient),
+            epsilon=config.epsilon_step,
+            sensitivity=config.score_sensitivity,
+            noise=noise,
+        )
         step = fw_step_size(t, config.iterations, constant=False)
         w = (1.0 - step) * w + step * config.polytope.vertex(j, torch.float64, w.device)
         _step_done(hooks, t + 1)
@@ -258,8 +281,14 @@ def linreg_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, config: 
     return w - config.step * (X.T @ (X @ w - y)) / config.block_size
 
 
-def run_ht_sparse_linreg(data: RowAccess, config: SparseLinRegConfig, *, generator: SecureRandom,
-                         hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
+def run_ht_sparse_linreg(
+    data: RowAccess,
+    config: SparseLinRegConfig,
+    *,
+    generator: SecureRandom,
+    hooks: TrainingHooks,
+    noise: NoiseSource | None = None,
+) -> LoopOutcome:
     """Alg 3: w − (η₀/m)Σx̃(⟨x̃,w⟩ − ỹ) on the block → Peeling → projection onto the ℓ2 ball."""
     noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
@@ -269,9 +298,12 @@ def run_ht_sparse_linreg(data: RowAccess, config: SparseLinRegConfig, *, generat
             return LoopOutcome(w, t, True)
         X, y = data.take(index)
         half = linreg_half_step(X, y, w, config)
-        w = project_l2_ball(peeling(half, sparsity=config.sparsity, scale=config.laplace_scale,
-                                   sensitivity=config.sensitivity, noise=noise),
-                            config.radius)
+        w = project_l2_ball(
+            peeling(
+                half, sparsity=config.sparsity, scale=config.laplace_scale, sensitivity=config.sensitivity, noise=noise
+            ),
+            config.radius,
+        )
         _step_done(hooks, t + 1)
     return LoopOutcome(w, config.iterations, False)
 
@@ -301,16 +333,22 @@ def sparse_opt_half_step(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, conf
     """w^{t+.5} = w − η·g̃ with g̃ the robust mean of the block's per-sample gradients at w^t."""
     inside = config.l2 if config.regulariser_in_estimator else 0.0
     grads = per_sample_gradients(config.loss, w, X, y, l2=inside)
-    estimate = robust_mean_sum(
-        grads, kappa=config.scale, beta=config.beta, term_bound=config.term_bound
-    ) / config.block_size
+    estimate = (
+        robust_mean_sum(grads, kappa=config.scale, beta=config.beta, term_bound=config.term_bound) / config.block_size
+    )
     if not config.regulariser_in_estimator:
         estimate = estimate + config.l2 * w  # deterministic given w: adds no sensitivity
     return w - config.step * estimate
 
 
-def run_ht_sparse_opt(data: RowAccess, config: SparseOptConfig, *, generator: SecureRandom,
-                      hooks: TrainingHooks, noise: NoiseSource | None = None) -> LoopOutcome:
+def run_ht_sparse_opt(
+    data: RowAccess,
+    config: SparseOptConfig,
+    *,
+    generator: SecureRandom,
+    hooks: TrainingHooks,
+    noise: NoiseSource | None = None,
+) -> LoopOutcome:
     """Alg 5: robust mean of the block's per-sample gradients at w^t (the step's own point) → step → Peeling."""
     noise = noise or ExactNoise(generator)
     blocks = _blocks(data, config.iterations, generator)
@@ -319,7 +357,12 @@ def run_ht_sparse_opt(data: RowAccess, config: SparseOptConfig, *, generator: Se
         if _stop(hooks):
             return LoopOutcome(w, t, True)
         X, y = data.take(index)
-        w = peeling(sparse_opt_half_step(X, y, w, config), sparsity=config.sparsity, scale=config.laplace_scale,
-                    sensitivity=config.sensitivity, noise=noise)
+        w = peeling(
+            sparse_opt_half_step(X, y, w, config),
+            sparsity=config.sparsity,
+            scale=config.laplace_scale,
+            sensitivity=config.sensitivity,
+            noise=noise,
+        )
         _step_done(hooks, t + 1)
     return LoopOutcome(w, config.iterations, False)

@@ -114,8 +114,14 @@ class Polytope:
         return v
 
 
-def exponential_mechanism(scores: torch.Tensor, *, epsilon: float, sensitivity: float, noise: NoiseSource,
-                          selection: Literal["gumbel", "laplace-noisy-max"] = "gumbel") -> int:
+def exponential_mechanism(
+    scores: torch.Tensor,
+    *,
+    epsilon: float,
+    sensitivity: float,
+    noise: NoiseSource,
+    selection: Literal["gumbel", "laplace-noisy-max"] = "gumbel",
+) -> int:
     """'gumbel' (the catalogue's name for it): the exponential mechanism P(v) ∝ exp(ε·u_v/(2Δ)),
     sampled exactly. 'laplace-noisy-max': argmax u + Lap(2Δ/ε) on a grid, also ε-DP, a different
     law."""

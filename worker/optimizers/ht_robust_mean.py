@@ -130,5 +130,5 @@ def robust_mean_sum(
     every term within ±κ·term_bound."""
     total = torch.zeros(g.shape[1], dtype=torch.float64, device=g.device)
     for start in range(0, g.shape[0], chunk_rows):
-        total += robust_terms(g[start:start + chunk_rows], kappa=kappa, beta=beta, term_bound=term_bound).sum(dim=0)
+        total += robust_terms(g[start : start + chunk_rows], kappa=kappa, beta=beta, term_bound=term_bound).sum(dim=0)
     return total

@@ -17,6 +17,7 @@ count and the finished flag.
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 import torch
@@ -82,8 +83,14 @@ def train_adaptive_noisy_gd(
         finished = noise == constants.floor_noise
         progress.boundary(
             data.units_for(spent / rho),
-            lambda: snapshot(
-                step=data.units_for(spent / rho), model=model, generator=data.generator, tensors={},
+            # partial, not a closure: the arguments are this iteration's values (the snapshot itself,
+            # the costly part, is taken only when boundary() checkpoints, before it returns)
+            functools.partial(
+                snapshot,
+                step=data.units_for(spent / rho),
+                model=model,
+                generator=data.generator,
+                tensors={},
                 scalars={"spent": spent, "finished": finished, "passes": data.passes},
             ),
         )

@@ -37,9 +37,9 @@ from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
 __all__ = [
     "FullBatch",
-    "UnitsFor",
     "Progress",
     "ReleaseObserver",
+    "UnitsFor",
     "assign_flat",
     "flat",
     "flat_params",
@@ -105,16 +105,25 @@ class FullBatch:
         aggregator = per_sample_map_aggregator(model, AbadiClip(self.lipschitz))
         self.passes += 1
         return aggregator.clipped_sum(
-            model, self.X, self.y, step=0, loss=self.loss,
-            max_physical_batch_size=self.max_physical_batch_size, generator=self.generator,
+            model,
+            self.X,
+            self.y,
+            step=0,
+            loss=self.loss,
+            max_physical_batch_size=self.max_physical_batch_size,
+            generator=self.generator,
         )
 
-    def release(self, kind: str, model: nn.Module, grad_sum: dict[str, torch.Tensor], *, noise_std: float) -> torch.Tensor:
+    def release(
+        self, kind: str, model: nn.Module, grad_sum: dict[str, torch.Tensor], *, noise_std: float
+    ) -> torch.Tensor:
         """(sum + N(0, (n·s·safety)² I))/n as a flat float64 vector: the Gaussian mechanism on the
         average with std s (one vector drawn from the job's generator, even when s = 0)."""
         released = privatise_sum(
-            grad_sum, noise_std=noise_std * self.noise_safety * self.normaliser,
-            normaliser=self.normaliser, generator=self.generator,
+            grad_sum,
+            noise_std=noise_std * self.noise_safety * self.normaliser,
+            normaliser=self.normaliser,
+            generator=self.generator,
         )
         vector = flat(released).double()
         if self.observer is not None:
@@ -133,7 +142,9 @@ class FullBatch:
             self.observer(kind, flat_params(model).double(), torch.tensor([released], dtype=torch.float64), noise_std)
         return released
 
-    def clipped_difference_sum(self, model: nn.Module, old_point: torch.Tensor, *, clip: float) -> dict[str, torch.Tensor]:
+    def clipped_difference_sum(
+        self, model: nn.Module, old_point: torch.Tensor, *, clip: float
+    ) -> dict[str, torch.Tensor]:
         """Σ_i clip_C(clip_L0(∇f(w'; x_i)) − clip_L0(∇f(w; x_i))), w' = model, w = old_point.
 
         PRIVATE; add/remove sensitivity C. Both points see the same rows in the same physical
@@ -213,8 +224,12 @@ class Progress:
 
 
 def snapshot(
-    *, step: int, model: nn.Module, generator: SecureRandom,
-    tensors: dict[str, torch.Tensor], scalars: dict[str, Any],
+    *,
+    step: int,
+    model: nn.Module,
+    generator: SecureRandom,
+    tensors: dict[str, torch.Tensor],
+    scalars: dict[str, Any],
 ) -> TrainingState:
     """A TrainingState whose optimizer_state carries the algorithm's private tensors (slot 0) and
     its JSON scalars (first param group), as worker.training.artifacts stores them."""
@@ -229,7 +244,9 @@ def snapshot(
     )
 
 
-def restore(state: TrainingState, model: nn.Module, generator: SecureRandom) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def restore(
+    state: TrainingState, model: nn.Module, generator: SecureRandom
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Load model and generator; return the algorithm's tensors and scalars of a ``snapshot``."""
     model.load_state_dict(state.model_state, strict=True)
     generator.set_state(state.generator_state)

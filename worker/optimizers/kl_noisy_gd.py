@@ -14,6 +14,7 @@ the weighted sum, the inner and outer counters, the spent share and the pass cou
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -73,19 +74,26 @@ def inner_step(model: nn.Module, data: FullBatch, solver: InnerSolver, state: In
     state.weighted_sum = state.weighted_sum + (s + 1) * flat_params(model).double()
 
 
-def _snapshot(step: int, model: nn.Module, data: FullBatch, inner: InnerState, scalars: dict[str, object]) -> TrainingState:
+def _snapshot(
+    step: int, model: nn.Module, data: FullBatch, inner: InnerState, scalars: dict[str, object]
+) -> TrainingState:
     return snapshot(
-        step=step, model=model, generator=data.generator,
+        step=step,
+        model=model,
+        generator=data.generator,
         tensors={"center": inner.center, "weighted_sum": inner.weighted_sum},
         scalars={**scalars, "s": inner.s, "passes": data.passes},
     )
 
 
-def _resume_inner(resume_from: TrainingState, model: nn.Module, data: FullBatch) -> tuple[InnerState, dict[str, object]]:
+def _resume_inner(
+    resume_from: TrainingState, model: nn.Module, data: FullBatch
+) -> tuple[InnerState, dict[str, object]]:
     tensors, scalars = restore(resume_from, model, data.generator)
     device = next(model.parameters()).device
     inner = InnerState(
-        center=tensors["center"].to(device), weighted_sum=tensors["weighted_sum"].to(device),
+        center=tensors["center"].to(device),
+        weighted_sum=tensors["weighted_sum"].to(device),
         s=int(scalars["s"]),
     )
     data.passes = int(scalars["passes"])
@@ -154,7 +162,9 @@ def train_proximal_point(
         inner_step(model, data, solver, inner)
         progress.boundary(
             data.units_for(spent()),
-            lambda: _snapshot(data.units_for(spent()), model, data, inner, {"outer": outer}),
+            # partial, not a closure: the arguments are this iteration's values (the snapshot itself,
+            # the costly part, is taken only when boundary() checkpoints, before it returns)
+            functools.partial(_snapshot, data.units_for(spent()), model, data, inner, {"outer": outer}),
         )
     return progress.result(stopped=False)
 

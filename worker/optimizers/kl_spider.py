@@ -67,8 +67,12 @@ class SpiderState:
 
     def scalars(self, passes: int) -> dict[str, object]:
         return {
-            "round": self.round, "t": self.t, "started": self.started,
-            "spent_num": self.spent.numerator, "spent_den": self.spent.denominator, "passes": passes,
+            "round": self.round,
+            "t": self.t,
+            "started": self.started,
+            "spent_num": self.spent.numerator,
+            "spent_den": self.spent.denominator,
+            "passes": passes,
         }
 
 
@@ -86,8 +90,11 @@ def train_kl_spider(
     if resume_from is not None:
         tensors, scalars = restore(resume_from, model, data.generator)
         state = SpiderState(
-            round=int(scalars["round"]), t=int(scalars["t"]), started=bool(scalars["started"]),
-            g=tensors.get("g"), spent=Fraction(int(scalars["spent_num"]), int(scalars["spent_den"])),
+            round=int(scalars["round"]),
+            t=int(scalars["t"]),
+            started=bool(scalars["started"]),
+            g=tensors.get("g"),
+            spent=Fraction(int(scalars["spent_num"]), int(scalars["spent_den"])),
         )
         data.passes = int(scalars["passes"])
     progress = Progress(hooks, step=data.units_for(state.spent))
@@ -102,8 +109,11 @@ def train_kl_spider(
         progress.boundary(
             data.units_for(state.spent),
             lambda: snapshot(
-                step=data.units_for(state.spent), model=model, generator=data.generator,
-                tensors={"g": state.g}, scalars=state.scalars(data.passes),  # type: ignore[dict-item]
+                step=data.units_for(state.spent),
+                model=model,
+                generator=data.generator,
+                tensors={"g": state.g},  # type: ignore[dict-item]
+                scalars=state.scalars(data.passes),
             ),
         )
 

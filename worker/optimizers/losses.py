@@ -70,7 +70,6 @@ def _mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     if predictions.shape != targets.shape:
         # Broadcasting (batch, k) against (batch,) would silently train the wrong thing.
         raise ValueError(
-            f"mse needs one output per row, got outputs {tuple(outputs.shape)} "
-            f"for targets {tuple(targets.shape)}"
+            f"mse needs one output per row, got outputs {tuple(outputs.shape)} for targets {tuple(targets.shape)}"
         )
     return F.mse_loss(predictions, targets, reduction="sum")

@@ -22,10 +22,7 @@ def gaussian_noise_like(
     """
     if not (std >= 0 and std < float("inf")):
         raise ValueError(f"noise std must be finite and >= 0, got {std}")
-    return {
-        name: generator.normal(t.shape, std=std, dtype=t.dtype, device=t.device)
-        for name, t in tensors.items()
-    }
+    return {name: generator.normal(t.shape, std=std, dtype=t.dtype, device=t.device) for name, t in tensors.items()}
 
 
 def privatise_sum(

@@ -46,24 +46,26 @@ __all__ = [
 ModuleT = TypeVar("ModuleT", bound=type[nn.Module])
 
 # Row-wise layers without parameters: activations, pooling and reshaping within a row.
-PARAMETER_FREE_MODULES: frozenset[type[nn.Module]] = frozenset({
-    nn.Identity,
-    nn.Flatten,
-    nn.Unflatten,
-    nn.Tanh,
-    nn.ReLU,
-    nn.GELU,
-    nn.SiLU,
-    nn.Sigmoid,
-    nn.ELU,
-    nn.LeakyReLU,
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
-})
+PARAMETER_FREE_MODULES: frozenset[type[nn.Module]] = frozenset(
+    {
+        nn.Identity,
+        nn.Flatten,
+        nn.Unflatten,
+        nn.Tanh,
+        nn.ReLU,
+        nn.GELU,
+        nn.SiLU,
+        nn.Sigmoid,
+        nn.ELU,
+        nn.LeakyReLU,
+        nn.MaxPool1d,
+        nn.MaxPool2d,
+        nn.AvgPool1d,
+        nn.AvgPool2d,
+        nn.AdaptiveAvgPool1d,
+        nn.AdaptiveAvgPool2d,
+    }
+)
 
 # Exact types (not subclasses): a subclass may override forward with something row-mixing.
 SUPPORTED_MODULES: set[type[nn.Module]] = {
@@ -100,8 +102,7 @@ def check_supported(model: nn.Module) -> None:
             )
         if type(module) not in SUPPORTED_MODULES:
             raise ValueError(
-                f"module {where} of type {type(module).__name__} is not supported by the "
-                "per-sample gradient engine"
+                f"module {where} of type {type(module).__name__} is not supported by the per-sample gradient engine"
             )
 
 
@@ -193,8 +194,7 @@ def iter_per_sample_grads(
         x = X[start : start + max_physical_batch_size].to(device)
         if x.is_floating_point():
             x = x.to(dtype)
-        target = prepare_targets(spec, y[start : start + max_physical_batch_size].to(device),
-                                 dtype=dtype)
+        target = prepare_targets(spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype)
         yield per_sample_grad(params, buffers, x, target)
 
 
@@ -227,17 +227,12 @@ def clipped_grad_sum(
         for name, p in trainable_parameters(model).items()
     }
     with torch.no_grad():
-        for grads in iter_per_sample_grads(
-            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-        ):
+        for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
             norms = per_sample_norms(grads)
             finite = torch.isfinite(norms)
             scale = torch.where(finite, per_sample_map.scale_factors(norms), 0.0)
             if not bool(finite.all()):
-                grads = {
-                    name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
-                    for name, g in grads.items()
-                }
+                grads = {name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()}
             for name, g in grads.items():
                 total[name].add_(torch.tensordot(scale, g, dims=1))
     return total

@@ -45,9 +45,7 @@ def build_per_sample_map(name: str, **params: Any) -> PerSampleMap:
 
 
 def _positive_finite(label: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value > 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{label} must be positive and finite, got {value!r}")
 
 
@@ -96,7 +94,8 @@ class PSACClip:
 
     Hence ||ḡ|| < C for every g. The scale C/(u + r/(u + r)) is finite: the denominator is
     minimised at u = √r − r with value 2√r − r ∈ (0, 1) when r < 1, and at u = 0 with value 1
-    when r ≥ 1, so the scale is at most C/(2√r − r) (r < 1), resp. C (r ≥ 1). A zero gradient maps to exactly zero (scale C at u = 0).
+    when r ≥ 1, so the scale is at most C/(2√r − r) (r < 1), resp. C (r ≥ 1). A zero gradient
+    maps to exactly zero (scale C at u = 0).
 
     The weight C/(u + r/(u + r)) is non-monotone in u: ≈ C for tiny gradients (they are NOT
     normalised up, unlike Auto-S), largest near u = √r − r, ≈ C/u for large ones.

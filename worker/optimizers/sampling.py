@@ -9,9 +9,7 @@ from worker.optimizers.secure_random import SecureRandom
 __all__ = ["poisson_sample"]
 
 
-def poisson_sample(
-    n: int, *, sampling_probability: float, generator: SecureRandom
-) -> torch.Tensor:
+def poisson_sample(n: int, *, sampling_probability: float, generator: SecureRandom) -> torch.Tensor:
     """Indices of the rows included this step, each row independently with probability q.
 
     The batch size is random (Binomial(n, q)) and may be 0; callers must still take the step

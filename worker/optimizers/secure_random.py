@@ -52,7 +52,8 @@ Shape = int | Sequence[int]
 _STATE_FORMAT = "privtrain-secure-random/1"
 _MANTISSA_BITS = {torch.float64: 53, torch.float32: 24}
 _NUMPY_FLOATS: dict[torch.dtype, type[np.float64] | type[np.float32]] = {
-    torch.float64: np.float64, torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float32: np.float32,
 }
 
 
@@ -85,7 +86,10 @@ def _words(generator: torch.Generator, shape: tuple[int, ...], device: torch.dev
 
 
 def paired_uniform(
-    pair: tuple[torch.Generator, torch.Generator], shape: Shape, *, dtype: torch.dtype,
+    pair: tuple[torch.Generator, torch.Generator],
+    shape: Shape,
+    *,
+    dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
     """U[0, 1) from XOR of one 64-bit word of each generator, top m bits scaled by 2^−m."""
@@ -97,8 +101,13 @@ def paired_uniform(
 
 
 def paired_normal(
-    pair: tuple[torch.Generator, torch.Generator], shape: Shape, *, std: float, dtype: torch.dtype,
-    device: torch.device, secure: bool,
+    pair: tuple[torch.Generator, torch.Generator],
+    shape: Shape,
+    *,
+    std: float,
+    dtype: torch.dtype,
+    device: torch.device,
+    secure: bool,
 ) -> torch.Tensor:
     """(a + b)·s/√2, or (a1 + a2 + b1 + b2)·s/2 in secure mode; a from pair[0], b from pair[1]."""
     size = _shape(shape)
@@ -128,7 +137,11 @@ def _cuda_pair_seeds(key: bytes, counter: tuple[int, int]) -> tuple[int, int]:
 
 
 def keyed_uniform(
-    key: bytes, *, counter: tuple[int, int], shape: Shape, dtype: torch.dtype = torch.float64,
+    key: bytes,
+    *,
+    counter: tuple[int, int],
+    shape: Shape,
+    dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """U[0, 1) that depends only on (key, counter): a counter-based stream, random access.
@@ -196,8 +209,13 @@ class SecureRandom:
     """A job's secret random stream on one device; see the module docstring for the rules."""
 
     def __init__(
-        self, *, device: torch.device, numpy_stream: np.random.Generator, master_key: bytes,
-        pair: tuple[torch.Generator, torch.Generator] | None, secure_gaussian: bool,
+        self,
+        *,
+        device: torch.device,
+        numpy_stream: np.random.Generator,
+        master_key: bytes,
+        pair: tuple[torch.Generator, torch.Generator] | None,
+        secure_gaussian: bool,
     ) -> None:
         """Use :meth:`from_os_entropy` (production) or :meth:`from_seed` (tests)."""
         if device.type == "cuda" and pair is None:
@@ -220,8 +238,13 @@ class SecureRandom:
             pair = (torch.Generator(device=device), torch.Generator(device=device))
             for generator in pair:
                 generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
-        return cls(device=device, numpy_stream=numpy_stream, master_key=os.urandom(32), pair=pair,
-                   secure_gaussian=secure_gaussian)
+        return cls(
+            device=device,
+            numpy_stream=numpy_stream,
+            master_key=os.urandom(32),
+            pair=pair,
+            secure_gaussian=secure_gaussian,
+        )
 
     @classmethod
     def from_seed(cls, seed: int, device: torch.device | str = "cpu", *, secure_gaussian: bool = False) -> SecureRandom:
@@ -236,9 +259,13 @@ class SecureRandom:
             pair = (torch.Generator(device=device), torch.Generator(device=device))
             for generator, word in zip(pair, pair_seed.generate_state(2, np.uint64), strict=True):
                 generator.manual_seed(int(word))
-        return cls(device=device, numpy_stream=_philox(numpy_seed),
-                   master_key=key_seed.generate_state(8, np.uint32).tobytes(), pair=pair,
-                   secure_gaussian=secure_gaussian)
+        return cls(
+            device=device,
+            numpy_stream=_philox(numpy_seed),
+            master_key=key_seed.generate_state(8, np.uint32).tobytes(),
+            pair=pair,
+            secure_gaussian=secure_gaussian,
+        )
 
     def __repr__(self) -> str:  # never the state
         return f"SecureRandom(device={self._device}, secure_gaussian={self._secure_gaussian})"
@@ -261,8 +288,9 @@ class SecureRandom:
 
     # ------------------------------------------------------------------ draws
 
-    def uniform(self, shape: Shape, *, dtype: torch.dtype = torch.float64,
-                device: torch.device | str | None = None) -> torch.Tensor:
+    def uniform(
+        self, shape: Shape, *, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """I.i.d. U[0, 1) with the dtype's full mantissa (53 or 24 bits); never 1."""
         target = self._target(device)
         if self._pair is not None:
@@ -271,14 +299,16 @@ class SecureRandom:
         values = self._numpy.random(_shape(shape), dtype=_NUMPY_FLOATS[dtype])
         return torch.from_numpy(np.asarray(values)).to(target)
 
-    def normal(self, shape: Shape, *, std: float, dtype: torch.dtype = torch.float64,
-               device: torch.device | str | None = None) -> torch.Tensor:
+    def normal(
+        self, shape: Shape, *, std: float, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """I.i.d. N(0, std²), always drawn (even for std = 0) so the stream ignores the config."""
         std = _check_std(std)
         target = self._target(device)
         if self._pair is not None:
-            return paired_normal(self._pair, shape, std=std, dtype=dtype, device=self._device,
-                                 secure=self._secure_gaussian).to(target)
+            return paired_normal(
+                self._pair, shape, std=std, dtype=dtype, device=self._device, secure=self._secure_gaussian
+            ).to(target)
         size = _shape(shape)
         if self._secure_gaussian:
             total = np.asarray(self._numpy.standard_normal(size))
@@ -308,8 +338,7 @@ class SecureRandom:
     def derive_key(self, purpose: bytes) -> bytes:
         """A 128-bit key for a keyed sub-stream, fixed for this job and ``purpose`` (no draw:
         BLAKE2b of the purpose keyed by the 256-bit secret held in the state)."""
-        return hashlib.blake2b(purpose, key=self._master_key, digest_size=16,
-                               person=b"privtrain-key").digest()
+        return hashlib.blake2b(purpose, key=self._master_key, digest_size=16, person=b"privtrain-key").digest()
 
     # ------------------------------------------------------------------ state (SECRET)
 
@@ -346,9 +375,7 @@ class SecureRandom:
         if not isinstance(decoded, dict) or decoded.get("format") != _STATE_FORMAT:
             raise ValueError("generator state is not a SecureRandom state")
         if decoded["device_type"] != self._device.type:
-            raise ValueError(
-                f"generator state is for {decoded['device_type']}, this stream is on {self._device.type}"
-            )
+            raise ValueError(f"generator state is for {decoded['device_type']}, this stream is on {self._device.type}")
         master_key = bytes.fromhex(decoded["master_key"])
         if len(master_key) != 32:
             raise ValueError("generator state has a malformed key")

@@ -20,9 +20,9 @@ class TrainingState:
     """Everything needed to continue a run bit-for-bit: step counter, model, optimizer, RNG.
 
     Tensors are detached CPU copies, so the state stays valid while training continues.
-    SECRET: `generator_state` (a `SecureRandom` state: uint8 JSON of its keys) determines all future noise and batch choices, and the
-    model/optimizer tensors are unreleased values. A checkpoint must never leave
-    the worker's storage; only the final model is released.
+    SECRET: `generator_state` (a `SecureRandom` state: uint8 JSON of its keys) determines all
+    future noise and batch choices, and the model/optimizer tensors are unreleased values. A
+    checkpoint must never leave the worker's storage; only the final model is released.
     """
 
     step: int

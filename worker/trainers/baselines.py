@@ -29,9 +29,13 @@ from worker.trainers.per_sample_map import run_with_per_sample_map
 def run_dp_adam(request: TrainingRequest[DPAdamHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
     return run_with_per_sample_map(
-        definition_of(DPAdam), request, AbadiClip(hyper.clipping_norm),
-        optimizer="adam", weight_decay=hyper.weight_decay,
-        adam_betas=(hyper.beta1, hyper.beta2), adam_eps=hyper.eps,
+        definition_of(DPAdam),
+        request,
+        AbadiClip(hyper.clipping_norm),
+        optimizer="adam",
+        weight_decay=hyper.weight_decay,
+        adam_betas=(hyper.beta1, hyper.beta2),
+        adam_eps=hyper.eps,
     )
 
 
@@ -39,8 +43,12 @@ def run_dp_adam(request: TrainingRequest[DPAdamHyperparameters]) -> TrainingResu
 def run_auto_s(request: TrainingRequest[AutoSHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
     return run_with_per_sample_map(
-        definition_of(AutoS), request, AutoSClip(hyper.clipping_norm, gamma=hyper.gamma),
-        optimizer=hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay,
+        definition_of(AutoS),
+        request,
+        AutoSClip(hyper.clipping_norm, gamma=hyper.gamma),
+        optimizer=hyper.optimizer,
+        momentum=hyper.momentum,
+        weight_decay=hyper.weight_decay,
     )
 
 
@@ -48,6 +56,10 @@ def run_auto_s(request: TrainingRequest[AutoSHyperparameters]) -> TrainingResult
 def run_dp_psac(request: TrainingRequest[DPPSACHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
     return run_with_per_sample_map(
-        definition_of(DPPSAC), request, PSACClip(hyper.clipping_norm, r=hyper.r),
-        optimizer=hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay,
+        definition_of(DPPSAC),
+        request,
+        PSACClip(hyper.clipping_norm, r=hyper.r),
+        optimizer=hyper.optimizer,
+        momentum=hyper.momentum,
+        weight_decay=hyper.weight_decay,
     )

@@ -7,12 +7,12 @@ gets N(0, (r·σ)²) — the σ_b that the event's σ_eff = σ/sqrt(1 + 1/r²) w
 
 Checkpoints. The loop's checkpoint holds model, optimizer and SecureRandom state; W_t (keyed by
 the job key derived from that state), the trace noise and the tie-breaking order are redrawn from
-the restored stream, so they need nothing more. The tracked threshold τ_t is extra state: it is written into the checkpoint's first
-optimizer param group under :data:`TAU_CHECKPOINT_KEY` (param groups are stored as JSON by
-worker.training.artifacts and restored by ``Optimizer.load_state_dict``; the optimizers ignore
-unknown keys) and read back on resume, so a resumed run is bit-identical to an uninterrupted
-one. A checkpoint without the key (written by an older version) restarts tracking from τ_0:
-still private (τ_0 is public), only the threshold trajectory differs.
+the restored stream, so they need nothing more. The tracked threshold τ_t is extra state: it is
+written into the checkpoint's first optimizer param group under :data:`TAU_CHECKPOINT_KEY`
+(param groups are stored as JSON by worker.training.artifacts and restored by
+``Optimizer.load_state_dict``; the optimizers ignore unknown keys) and read back on resume, so a
+resumed run is bit-identical to an uninterrupted one. A checkpoint without the key (written by
+an older version) restarts tracking from τ_0: still private (τ_0 is public), only the threshold trajectory differs.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from app.algorithms.training_fields import learning_rate_of
 from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator, ThresholdTracker
 from worker.optimizers.dc_projection import StreamingProjection
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.optimizers.per_sample import trainable_parameters
+from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers.base import TrainingRequest, register_preflight, register_trainer
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,10 @@ def _run(
 def run_dc_dpsgd(request: TrainingRequest[DCDPSGDHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
     aggregator = RankAggregator(
-        c1=hyper.tail_clip, c2=hyper.c2, projection=_projection(hyper), sigma_tr=hyper.sigma_tr,
+        c1=hyper.tail_clip,
+        c2=hyper.c2,
+        projection=_projection(hyper),
+        sigma_tr=hyper.sigma_tr,
         p=hyper.p,
     )
     return _run(request, hyper, aggregator, request.hooks)
@@ -136,8 +139,12 @@ def run_dc_dpsgd_threshold(request: TrainingRequest[DCDPSGDThresholdHyperparamet
             expected_batch_size=request.expected_batch_size,
         )
     aggregator = ThresholdAggregator(
-        c1=hyper.tail_clip, c2=hyper.c2, projection=_projection(hyper), sigma_tr=hyper.sigma_tr,
-        tau=hyper.tau, tracker=tracker,
+        c1=hyper.tail_clip,
+        c2=hyper.c2,
+        projection=_projection(hyper),
+        sigma_tr=hyper.sigma_tr,
+        tau=hyper.tau,
+        tracker=tracker,
     )
     hooks = request.hooks
     if tracker is not None:

@@ -103,9 +103,7 @@ def run_dicesgd_adam(request: TrainingRequest[DiceSGDAdamHyperparameters]) -> Tr
         feedback_map=ErrorFeedbackClip(hyper.c2),
         expected_batch_size=request.expected_batch_size,
     )
-    optimizer = _Optimizer(
-        "adam", weight_decay=hyper.weight_decay, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps
-    )
+    optimizer = _Optimizer("adam", weight_decay=hyper.weight_decay, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
     return _run(request, aggregator, optimizer)
 
 

@@ -14,6 +14,10 @@ from worker.trainers.per_sample_map import run_with_per_sample_map
 def run_dp_sgd(request: TrainingRequest[DPSGDHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
     return run_with_per_sample_map(
-        definition_of(DPSGD), request, AbadiClip(hyper.clipping_norm),
-        optimizer="sgd", momentum=hyper.momentum, weight_decay=hyper.weight_decay,
+        definition_of(DPSGD),
+        request,
+        AbadiClip(hyper.clipping_norm),
+        optimizer="sgd",
+        momentum=hyper.momentum,
+        weight_decay=hyper.weight_decay,
     )

@@ -111,7 +111,9 @@ def _prepare(algorithm: HTAlgorithm[H, R], request: TrainingRequest[H]) -> _Job[
     layer = linear_layer(request.model)
     classification = request.task == "classification"
     facts = DatasetFacts(
-        n_rows=math.ceil(training_rows), feature_shape=(layer.in_features,), task=request.task,
+        n_rows=math.ceil(training_rows),
+        feature_shape=(layer.in_features,),
+        task=request.task,
         n_classes=layer.out_features if classification else None,
     )
     resolved = algorithm.resolve(
@@ -137,9 +139,17 @@ def run_ht_dp_fw(request: TrainingRequest[FWHyperparameters]) -> TrainingResult:
     job = _prepare(definition_of(HTDPFrankWolfe), request)
     r, h = job.resolved, request.hyperparameters
     config = FWConfig(
-        polytope=Polytope(h.constraint, h.radius, job.data.dim), iterations=r.iterations, block_size=r.block_size,
-        kappa=r.kappa, beta=r.beta, loss=r.loss, epsilon_step=1.0 / request.noise_multiplier,
-        score_sensitivity=r.score_sensitivity, term_bound=PHI_BOUND, constant_step=r.constant_step, biweight_c=h.biweight_c,
+        polytope=Polytope(h.constraint, h.radius, job.data.dim),
+        iterations=r.iterations,
+        block_size=r.block_size,
+        kappa=r.kappa,
+        beta=r.beta,
+        loss=r.loss,
+        epsilon_step=1.0 / request.noise_multiplier,
+        score_sensitivity=r.score_sensitivity,
+        term_bound=PHI_BOUND,
+        constant_step=r.constant_step,
+        biweight_c=h.biweight_c,
         selection=h.selection,
     )
     return _finish(request, run_ht_frank_wolfe(job.data, config, generator=request.generator, hooks=request.hooks))
@@ -150,8 +160,12 @@ def run_ht_private_lasso_job(request: TrainingRequest[LassoHyperparameters]) -> 
     job = _prepare(definition_of(HTPrivateLasso), request)
     r = job.resolved
     config = LassoConfig(
-        polytope=Polytope("l1_ball", r.radius, job.data.dim), iterations=r.iterations, normaliser=r.training_rows,
-        truncation=r.truncation, epsilon_step=1.0 / request.noise_multiplier, score_sensitivity=r.score_sensitivity,
+        polytope=Polytope("l1_ball", r.radius, job.data.dim),
+        iterations=r.iterations,
+        normaliser=r.training_rows,
+        truncation=r.truncation,
+        epsilon_step=1.0 / request.noise_multiplier,
+        score_sensitivity=r.score_sensitivity,
     )
     return _finish(request, run_ht_private_lasso(job.data, config, generator=request.generator, hooks=request.hooks))
 
@@ -161,8 +175,13 @@ def run_ht_sparse_linreg_job(request: TrainingRequest[SparseLinRegHyperparameter
     job = _prepare(definition_of(HTSparseLinReg), request)
     r = job.resolved
     config = SparseLinRegConfig(
-        iterations=r.iterations, block_size=r.block_size, sparsity=r.sparsity, truncation=r.truncation,
-        step=r.step, radius=r.radius, laplace_scale=request.noise_multiplier * r.sensitivity,
+        iterations=r.iterations,
+        block_size=r.block_size,
+        sparsity=r.sparsity,
+        truncation=r.truncation,
+        step=r.step,
+        radius=r.radius,
+        laplace_scale=request.noise_multiplier * r.sensitivity,
         sensitivity=r.sensitivity,
     )
     return _finish(request, run_ht_sparse_linreg(job.data, config, generator=request.generator, hooks=request.hooks))
@@ -173,9 +192,16 @@ def run_ht_sparse_opt_job(request: TrainingRequest[SparseOptHyperparameters]) ->
     job = _prepare(definition_of(HTSparseOpt), request)
     r, h = job.resolved, request.hyperparameters
     config = SparseOptConfig(
-        iterations=r.iterations, block_size=r.block_size, sparsity=r.sparsity, scale=r.scale, beta=r.beta,
-        step=r.step, loss=r.loss, laplace_scale=request.noise_multiplier * r.sensitivity,
-        sensitivity=r.sensitivity, term_bound=PHI_BOUND,
+        iterations=r.iterations,
+        block_size=r.block_size,
+        sparsity=r.sparsity,
+        scale=r.scale,
+        beta=r.beta,
+        step=r.step,
+        loss=r.loss,
+        laplace_scale=request.noise_multiplier * r.sensitivity,
+        sensitivity=r.sensitivity,
+        term_bound=PHI_BOUND,
         l2=h.l2_regularisation if r.loss == "logistic" else 0.0,
         regulariser_in_estimator=h.regulariser_in_estimator,
     )

@@ -57,11 +57,16 @@ def full_batch(request: TrainingRequest[Any], lipschitz: float, observer: Releas
     request.model.to(request.device)
     request.model.eval()  # no dropout: both points of a difference see the same function
     return FullBatch(
-        X=request.X, y=request.y,
+        X=request.X,
+        y=request.y,
         loss="cross_entropy" if request.task == "classification" else "mse",
-        lipschitz=lipschitz, normaliser=request.expected_batch_size,
-        max_physical_batch_size=request.max_physical_batch_size, generator=request.generator,
-        noise_safety=NOISE_SAFETY, units_for=units_for, observer=observer,
+        lipschitz=lipschitz,
+        normaliser=request.expected_batch_size,
+        max_physical_batch_size=request.max_physical_batch_size,
+        generator=request.generator,
+        noise_safety=NOISE_SAFETY,
+        units_for=units_for,
+        observer=observer,
     )
 
 
@@ -81,8 +86,15 @@ def run_kl_spider(
     assert hyper.F0 is not None  # the schema's validator fills it
     data = full_batch(request, hyper.L0, observer)
     schedule = spider_schedule(
-        n=request.expected_batch_size, d=_dimension(request), rho=_rho(request), L0=hyper.L0,
-        L1=hyper.L1, gamma=hyper.gamma, kappa=hyper.kappa, F0=hyper.F0, beta=hyper.beta,
+        n=request.expected_batch_size,
+        d=_dimension(request),
+        rho=_rho(request),
+        L0=hyper.L0,
+        L1=hyper.L1,
+        gamma=hyper.gamma,
+        kappa=hyper.kappa,
+        F0=hyper.F0,
+        beta=hyper.beta,
         theta=hyper.theta,
     )
     # Public facts only (the schedule is a function of public constants and ρ).
@@ -91,8 +103,12 @@ def run_kl_spider(
     elif schedule.vacuous:
         log.warning("kl-spider: the schedule is vacuous (Φ_floor = F0): the utility guarantee says nothing")
     return train_kl_spider(
-        request.model, data, schedule=schedule, max_passes=max_passes(request),
-        hooks=request.hooks, resume_from=request.resume_from,
+        request.model,
+        data,
+        schedule=schedule,
+        max_passes=max_passes(request),
+        hooks=request.hooks,
+        resume_from=request.resume_from,
     )
 
 
@@ -103,14 +119,22 @@ def run_adaptive_noisy_gd(
     hyper = request.hyperparameters
     data = full_batch(request, hyper.L0, observer)
     constants = adaptive_constants(
-        n=request.expected_batch_size, d=_dimension(request), rho=_rho(request), L0=hyper.L0,
+        n=request.expected_batch_size,
+        d=_dimension(request),
+        rho=_rho(request),
+        L0=hyper.L0,
         beta=hyper.beta,
     )
     if constants is None:
         log.warning("adaptive-noisy-gd: n√ρ is too small for the ρ/2 filter; the model is returned untouched")
     return train_adaptive_noisy_gd(
-        request.model, data, constants=constants, smoothness=hyper.L1,
-        max_passes=max_passes(request), hooks=request.hooks, resume_from=request.resume_from,
+        request.model,
+        data,
+        constants=constants,
+        smoothness=hyper.L1,
+        max_passes=max_passes(request),
+        hooks=request.hooks,
+        resume_from=request.resume_from,
     )
 
 
@@ -121,11 +145,17 @@ def run_noisy_gd(
     hyper = request.hyperparameters
     data = full_batch(request, hyper.L0, observer)
     solver = InnerSolver(
-        lipschitz=hyper.L0, weak_convexity=hyper.L1_tilde, steps=request.steps,
+        lipschitz=hyper.L0,
+        weak_convexity=hyper.L1_tilde,
+        steps=request.steps,
         noise_std=request.noise_multiplier * hyper.L0 / request.expected_batch_size,
     )
     return train_noisy_gd(
-        request.model, data, solver=solver, hooks=request.hooks, resume_from=request.resume_from,
+        request.model,
+        data,
+        solver=solver,
+        hooks=request.hooks,
+        resume_from=request.resume_from,
     )
 
 
@@ -137,19 +167,34 @@ def run_proximal_point(
     data = full_batch(request, hyper.L0, observer)
     n, d, rho = request.expected_batch_size, _dimension(request), _rho(request)
     t_out = outer_iterations(
-        n=n, d=d, rho=rho, L0=hyper.L0, L1_tilde=hyper.L1_tilde, gamma=hyper.gamma,
-        kappa=hyper.kappa, F0=hyper.F0,
+        n=n,
+        d=d,
+        rho=rho,
+        L0=hyper.L0,
+        L1_tilde=hyper.L1_tilde,
+        gamma=hyper.gamma,
+        kappa=hyper.kappa,
+        F0=hyper.F0,
     )
     steps = inner_solver_steps(
-        n=n, d=d, rho_in=rho / max(1, t_out), beta_in=hyper.beta / max(1, t_out),
+        n=n,
+        d=d,
+        rho_in=rho / max(1, t_out),
+        beta_in=hyper.beta / max(1, t_out),
         cap=hyper.max_inner_steps,
     )
     solver = InnerSolver(
-        lipschitz=hyper.L0, weak_convexity=hyper.L1_tilde, steps=steps,
+        lipschitz=hyper.L0,
+        weak_convexity=hyper.L1_tilde,
+        steps=steps,
         noise_std=inner_noise_std(lipschitz=hyper.L0, normaliser=n, rho=rho, releases=max(1, t_out) * steps),
     )
     return train_proximal_point(
-        request.model, data, solver=solver, outer_iterations=t_out, max_passes=max_passes(request),
-        hooks=request.hooks, resume_from=request.resume_from,
+        request.model,
+        data,
+        solver=solver,
+        outer_iterations=t_out,
+        max_passes=max_passes(request),
+        hooks=request.hooks,
+        resume_from=request.resume_from,
     )
-

@@ -30,9 +30,7 @@ def run_with_per_sample_map(
 ) -> TrainingResult:
     charged = algorithm.sensitivity(request.hyperparameters)
     if per_sample_map.norm_bound != charged:
-        raise RuntimeError(
-            f"{algorithm.name}: the per-sample map's bound differs from the charged sensitivity"
-        )
+        raise RuntimeError(f"{algorithm.name}: the per-sample map's bound differs from the charged sensitivity")
     config = DPSGDConfig(
         steps=request.steps,
         sampling_probability=request.sampling_probability,

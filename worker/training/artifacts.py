@@ -69,9 +69,7 @@ def load_training_state(path: Path) -> TrainingState:
     header = json.loads(raw)
     if header.get("version") != _CHECKPOINT_VERSION:
         raise ValueError(f"unsupported checkpoint version {header.get('version')!r}")
-    model_state = {
-        k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")
-    }
+    model_state = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     per_param: dict[int, dict[str, object]] = {i: {} for i in header["optimizer_indices"]}
     for key, value in tensors.items():
         if key.startswith("optimizer/"):

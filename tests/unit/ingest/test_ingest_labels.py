@@ -20,8 +20,9 @@ from app.ingest import DatasetValidationError, IngestLimits, ParsedDataset, pars
 LIMITS = IngestLimits()
 
 
-def _parse(labels: list[str], *, task: str | None = None, classes: tuple[str, ...] | None = None,
-           limits: IngestLimits = LIMITS) -> ParsedDataset:
+def _parse(
+    labels: list[str], *, task: str | None = None, classes: tuple[str, ...] | None = None, limits: IngestLimits = LIMITS
+) -> ParsedDataset:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "data.csv"
         with open(path, "w", newline="", encoding="utf-8") as handle:
@@ -41,8 +42,11 @@ words = st.text(alphabet="abcdeXYZ _-é", min_size=1, max_size=8).map(str.strip)
 
 
 @settings(database=None, max_examples=60, deadline=None)
-@given(labels=st.lists(words, min_size=2, max_size=30).filter(lambda ls: len(set(ls)) >= 2 and not
-                                                                all(_is_number(w) for w in ls)))
+@given(
+    labels=st.lists(words, min_size=2, max_size=30).filter(
+        lambda ls: len(set(ls)) >= 2 and not all(_is_number(w) for w in ls)
+    )
+)
 def test_text_labels_map_to_the_sorted_distinct_names(labels: list[str]) -> None:
     parsed = _parse(labels)
     assert parsed.task == "classification" and parsed.classes is not None
@@ -74,8 +78,10 @@ def test_labels_match_a_declared_list_by_name_in_any_order(data: st.DataObject, 
 
 
 @settings(database=None, max_examples=60, deadline=None)
-@given(offset=st.integers(-5, 40).filter(bool), codes=st.lists(st.integers(0, 6), min_size=2, max_size=30)
-       .filter(lambda cs: len(set(cs)) >= 2))
+@given(
+    offset=st.integers(-5, 40).filter(bool),
+    codes=st.lists(st.integers(0, 6), min_size=2, max_size=30).filter(lambda cs: len(set(cs)) >= 2),
+)
 def test_whole_numbers_not_starting_at_zero_are_names_once_the_task_is_stated(offset: int, codes: list[int]) -> None:
     labels = [code + offset for code in codes]
     if min(labels) == 0:

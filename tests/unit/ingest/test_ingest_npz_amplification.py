@@ -25,16 +25,12 @@ GiB = 1024**3
 
 
 def _parse(path: Path, *, limits: IngestLimits | None = None) -> object:
-    return parse_dataset(
-        path, fmt="npz", label_column=None, task=None, limits=limits or IngestLimits()
-    )
+    return parse_dataset(path, fmt="npz", label_column=None, task=None, limits=limits or IngestLimits())
 
 
 def _npy_header(shape: tuple[int, ...], descr: str) -> bytes:
     buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buffer, {"descr": descr, "fortran_order": False, "shape": shape}
-    )
+    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
     return buffer.getvalue()
 
 
@@ -51,12 +47,35 @@ def _write_zip(path: Path, members: list[tuple[str, bytes, int, int]]) -> None:
     for name, data, crc, size in members:
         encoded = name.encode()
         offset = len(out)
-        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0x21, crc, len(data), size,
-                           len(encoded), 0) + encoded + data
-        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0x21, crc,
-                               len(data), size, len(encoded), 0, 0, 0, 0, 0, offset) + encoded
-    out += central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members),
-                                 len(central), len(out), 0)
+        out += (
+            struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0x21, crc, len(data), size, len(encoded), 0)
+            + encoded
+            + data
+        )
+        central += (
+            struct.pack(
+                "<IHHHHHHIIIHHHHHII",
+                0x02014B50,
+                20,
+                20,
+                0,
+                8,
+                0,
+                0x21,
+                crc,
+                len(data),
+                size,
+                len(encoded),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + encoded
+        )
+    out += central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members), len(central), len(out), 0)
     path.write_bytes(bytes(out))
 
 
@@ -110,9 +129,7 @@ def test_the_bomb_construction_parses_when_small(tmp_path: Path) -> None:
     assert parsed.X.shape == (4096, 256)  # type: ignore[attr-defined]
 
 
-def test_small_npz_declaring_2_gib_is_refused_before_decompression(
-    bomb: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_small_npz_declaring_2_gib_is_refused_before_decompression(bomb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _forbid_opening_members(monkeypatch)
     started = time.perf_counter()
     with pytest.raises(DatasetValidationError) as caught:
@@ -124,9 +141,7 @@ def test_small_npz_declaring_2_gib_is_refused_before_decompression(
     assert f"the limit is {200 * bomb.stat().st_size} bytes" in caught.value.detail
 
 
-def test_absolute_limit_applies_whatever_the_ratio(
-    bomb: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_absolute_limit_applies_whatever_the_ratio(bomb: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _forbid_opening_members(monkeypatch)
     limits = IngestLimits(max_compression_ratio=10**6)
     with pytest.raises(DatasetValidationError) as caught:

@@ -50,9 +50,11 @@ def declarations(draw: st.DrawFn) -> dict[str, object]:
     drop = [name for name, role in zip(names, roles, strict=True) if role == "drop"]
     if drop:
         declared["drop"] = drop
-    one_hot = {name: draw(st.lists(st.text(alphabet="pqr1", min_size=1, max_size=3), min_size=1, max_size=4,
-                                   unique=True))
-               for name, role in zip(names, roles, strict=True) if role == "one_hot"}
+    one_hot = {
+        name: draw(st.lists(st.text(alphabet="pqr1", min_size=1, max_size=3), min_size=1, max_size=4, unique=True))
+        for name, role in zip(names, roles, strict=True)
+        if role == "one_hot"
+    }
     if one_hot:
         declared["one_hot"] = one_hot
     scale = {name: draw(scalings()) for name, role in zip(names, roles, strict=True) if role == "scale"}
@@ -78,8 +80,14 @@ def test_a_valid_declaration_round_trips_through_its_canonical_form(declared: di
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(
-        st.sampled_from(["drop", "one_hot", "scale", "labels", "bounds", "range", "center", "a", "*"]), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["drop", "one_hot", "scale", "labels", "bounds", "range", "center", "a", "*"]),
+            children,
+            max_size=3,
+        )
+    ),
     max_leaves=12,
 )
 
@@ -115,7 +123,9 @@ def test_a_declaration_too_long_is_refused() -> None:
 @settings(database=None, max_examples=100, deadline=None)
 @given(
     X=hnp.arrays(np.float32, (7, 3), elements=st.floats(-1e4, 1e4, width=32)),
-    low=st.floats(-100, 100), width=st.floats(0.5, 500), target=st.sampled_from([(0.0, 1.0), (-1.0, 1.0)]),
+    low=st.floats(-100, 100),
+    width=st.floats(0.5, 500),
+    target=st.sampled_from([(0.0, 1.0), (-1.0, 1.0)]),
 )
 def test_bounds_clip_then_scale_into_the_target_range(
     X: np.ndarray, low: float, width: float, target: tuple[float, float]
@@ -149,19 +159,26 @@ def _write(rows: list[list[object]], header: list[str]) -> Path:
 
 
 def _parse(path: Path, declared: dict[str, object] | None) -> ParsedDataset:
-    return parse_dataset(path, fmt="csv", label_column="label", task=None, limits=LIMITS,
-                         preparation=parse_preparation(json.dumps(declared), limits=LIMITS) if declared else None)
+    return parse_dataset(
+        path,
+        fmt="csv",
+        label_column="label",
+        task=None,
+        limits=LIMITS,
+        preparation=parse_preparation(json.dumps(declared), limits=LIMITS) if declared else None,
+    )
 
 
 @settings(database=None, max_examples=60, deadline=None)
-@given(data=st.data(), categories=st.lists(st.sampled_from(["red", "green", "blue", "1"]), min_size=1, max_size=4,
-                                            unique=True))
+@given(
+    data=st.data(),
+    categories=st.lists(st.sampled_from(["red", "green", "blue", "1"]), min_size=1, max_size=4, unique=True),
+)
 def test_one_hot_puts_a_single_one_at_each_rows_category(data: st.DataObject, categories: list[str]) -> None:
     values = data.draw(st.lists(st.sampled_from(categories), min_size=2, max_size=20))
     rows = [[f"id{i}", value, float(i), i % 2] for i, value in enumerate(values)]
     rows[0][-1], rows[1][-1] = 0, 1
-    parsed = _parse(_write(rows, ["id", "colour", "x", "label"]),
-                    {"drop": ["id"], "one_hot": {"colour": categories}})
+    parsed = _parse(_write(rows, ["id", "colour", "x", "label"]), {"drop": ["id"], "one_hot": {"colour": categories}})
     assert parsed.feature_names == (*(f"colour={c}" for c in categories), "x")
     one_hot = parsed.X[:, : len(categories)]
     np.testing.assert_array_equal(one_hot.sum(axis=1), 1.0)
@@ -171,8 +188,16 @@ def test_one_hot_puts_a_single_one_at_each_rows_category(data: st.DataObject, ca
 
 def test_named_scaling_wins_over_the_default_for_every_feature() -> None:
     rows = [[10.0, 10.0, 200.0, 0], [0.0, 5.0, -50.0, 1]]
-    parsed = _parse(_write(rows, ["a", "b", "c", "label"]), {"scale": {
-        "a": {"bounds": [0, 20]}, "*": {"center": 5, "scale": 5}, "c": {"bounds": [0, 100], "range": [-1, 1]}}})
+    parsed = _parse(
+        _write(rows, ["a", "b", "c", "label"]),
+        {
+            "scale": {
+                "a": {"bounds": [0, 20]},
+                "*": {"center": 5, "scale": 5},
+                "c": {"bounds": [0, 100], "range": [-1, 1]},
+            }
+        },
+    )
     np.testing.assert_allclose(parsed.X, [[0.5, 1.0, 1.0], [0.0, 0.0, -1.0]])
 
 

@@ -32,9 +32,7 @@ def tables(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int]:
 
 @settings(database=None, max_examples=60, deadline=None)
 @given(table=tables(), crlf=st.booleans(), quote_all=st.booleans())
-def test_csv_round_trip(
-    table: tuple[np.ndarray, np.ndarray, int], crlf: bool, quote_all: bool
-) -> None:
+def test_csv_round_trip(table: tuple[np.ndarray, np.ndarray, int], crlf: bool, quote_all: bool) -> None:
     X, y, label_at = table
     names = [f"f{j}" for j in range(X.shape[1])]
     with tempfile.TemporaryDirectory() as directory:
@@ -49,9 +47,7 @@ def test_csv_round_trip(
             for features, label in zip(X.tolist(), y.tolist(), strict=True):
                 cells = [repr(v) for v in features]
                 writer.writerow(cells[:label_at] + [str(label)] + cells[label_at:])
-        parsed = parse_dataset(
-            path, fmt="csv", label_column="label", task=None, limits=IngestLimits()
-        )
+        parsed = parse_dataset(path, fmt="csv", label_column="label", task=None, limits=IngestLimits())
     assert parsed.task == "classification"
     np.testing.assert_array_equal(parsed.X, X.astype(np.float32))
     np.testing.assert_array_equal(parsed.y, y)
@@ -60,9 +56,7 @@ def test_csv_round_trip(
 
 
 csv_bytes = st.lists(
-    st.sampled_from(
-        [b'"', b",", b"\r", b"\n", b" ", b"1", b"-2.5", b"e9", b"nan", b"label", b"\xff"]
-    ),
+    st.sampled_from([b'"', b",", b"\r", b"\n", b" ", b"1", b"-2.5", b"e9", b"nan", b"label", b"\xff"]),
     max_size=40,
 ).map(b"".join)
 
@@ -74,9 +68,7 @@ def test_arbitrary_csv_bytes_parse_or_raise_a_validation_error(body: bytes) -> N
         path = Path(directory) / "data.csv"
         path.write_bytes(b"a,label\n" + body)
         try:
-            parsed = parse_dataset(
-                path, fmt="csv", label_column="label", task=None, limits=IngestLimits()
-            )
+            parsed = parse_dataset(path, fmt="csv", label_column="label", task=None, limits=IngestLimits())
         except DatasetValidationError:
             return
     assert parsed.X.shape == (parsed.y.shape[0], 1)

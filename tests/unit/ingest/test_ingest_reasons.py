@@ -254,13 +254,15 @@ def test_every_reason_has_a_case() -> None:
 def test_a_missing_label_column_suggests_a_near_miss_and_recognises_semicolons(tmp_path: Path) -> None:
     near = tmp_path / "near.csv"
     near.write_text("x1,x2,labels\n1,2,0\n")
-    error = _reject(near, fmt="csv", label_column="label", task=None, limits=IngestLimits(), classes=None,
-                    preparation=None)
+    error = _reject(
+        near, fmt="csv", label_column="label", task=None, limits=IngestLimits(), classes=None, preparation=None
+    )
     assert error.reason == "missing-label-column" and "did you mean 'labels'?" in error.detail
     semicolons = tmp_path / "semicolons.csv"
     semicolons.write_text("x1;x2;label\n1;2;0\n")
-    error = _reject(semicolons, fmt="csv", label_column="label", task=None, limits=IngestLimits(), classes=None,
-                    preparation=None)
+    error = _reject(
+        semicolons, fmt="csv", label_column="label", task=None, limits=IngestLimits(), classes=None, preparation=None
+    )
     assert error.reason == "missing-label-column" and "semicolon-separated" in error.detail
 
 
@@ -291,9 +293,7 @@ def test_missing_label_column_when_none_given(tmp_path: Path) -> None:
     assert error.reason == "missing-label-column"
 
 
-@pytest.mark.parametrize(
-    "spelling", ["nan", "NaN", "-nan", "inf", "-inf", "+Infinity", "INF", "-infinity", "1e400"]
-)
+@pytest.mark.parametrize("spelling", ["nan", "NaN", "-nan", "inf", "-inf", "+Infinity", "INF", "-infinity", "1e400"])
 def test_non_finite_spellings(spelling: str, tmp_path: Path) -> None:
     error = _reject(_text(f"a,b,label\n1,2,0\n3,{spelling},1\n")(tmp_path))
     assert error.reason == "non-finite"
@@ -475,15 +475,11 @@ def test_npz_non_finite_label_names_the_index(tmp_path: Path) -> None:
         ([0, 0, 0], None, None),  # one value: inferred as regression, which is fine
     ],
 )
-def test_classification_labels(
-    labels: list[int], task: str | None, expected: str | None, tmp_path: Path
-) -> None:
+def test_classification_labels(labels: list[int], task: str | None, expected: str | None, tmp_path: Path) -> None:
     rows = "".join(f"{i},{label}\n" for i, label in enumerate(labels))
     path = _text(f"a,label\n{rows}")(tmp_path)
     if expected is None:
-        parsed = parse_dataset(
-            path, fmt="csv", label_column="label", task=task, limits=IngestLimits()
-        )
+        parsed = parse_dataset(path, fmt="csv", label_column="label", task=task, limits=IngestLimits())
         assert parsed.task == "regression"
         return
     error = _reject(path, task=task)

@@ -23,9 +23,7 @@ from app.ingest import (
 LIMITS = IngestLimits()
 
 
-def _write_table(
-    path: Path, *, X: np.ndarray, y: np.ndarray, label_at: int, newline: str = "\n"
-) -> list[str]:
+def _write_table(path: Path, *, X: np.ndarray, y: np.ndarray, label_at: int, newline: str = "\n") -> list[str]:
     """Write X and y as CSV with the label column inserted at `label_at`; return the header."""
     names = [f"pixel_{j}" for j in range(X.shape[1])]
     header = names[:label_at] + ["label"] + names[label_at:]
@@ -83,9 +81,7 @@ def test_label_column_in_the_middle_is_removed_from_features(tmp_path: Path) -> 
     assert "label" not in parsed.feature_names
 
 
-def test_crlf_and_bom_parse_identically(
-    digits_csv: tuple[Path, list[str]], tmp_path: Path
-) -> None:
+def test_crlf_and_bom_parse_identically(digits_csv: tuple[Path, list[str]], tmp_path: Path) -> None:
     path, _ = digits_csv
     variant = tmp_path / "crlf_bom.csv"
     variant.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
@@ -100,9 +96,7 @@ def test_crlf_and_bom_parse_identically(
 def test_quoted_fields(tmp_path: Path) -> None:
     path = tmp_path / "quoted.csv"
     path.write_text(
-        '"height, cm","wei""ght",label\n'
-        '"1.5", 2 ,"0"\n'
-        '"-3e2","4",1\n',
+        '"height, cm","wei""ght",label\n"1.5", 2 ,"0"\n"-3e2","4",1\n',
         encoding="utf-8",
     )
     parsed = _parse_csv(path)

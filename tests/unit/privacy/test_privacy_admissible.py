@@ -164,12 +164,14 @@ def test_sigma_search_ends_at_the_bounds() -> None:
     def cost(sigma: float) -> Curve:
         return rdp_curve(GaussianEvent(noise_multiplier=sigma, count=1))
 
-    assert smallest_admissible_noise_multiplier(
-        cost_of_sigma=cost, state=_state(budget_epsilon=50.0), low=5.0, high=10.0
-    ) == 5.0
-    assert smallest_admissible_noise_multiplier(
-        cost_of_sigma=cost, state=_state(budget_epsilon=0.01), low=0.1, high=1.0
-    ) is None
+    assert (
+        smallest_admissible_noise_multiplier(cost_of_sigma=cost, state=_state(budget_epsilon=50.0), low=5.0, high=10.0)
+        == 5.0
+    )
+    assert (
+        smallest_admissible_noise_multiplier(cost_of_sigma=cost, state=_state(budget_epsilon=0.01), low=0.1, high=1.0)
+        is None
+    )
     with pytest.raises(ValueError):
         smallest_admissible_noise_multiplier(cost_of_sigma=cost, state=_state(budget_epsilon=1.0), low=2.0, high=1.0)
 

@@ -40,8 +40,14 @@ def admitted_alone(event: PrivacyEvent, *, epsilon: float, delta: float) -> bool
     return admission_order(committed=ZEROS, reserved=ZEROS, cost=rdp_curve(event), capacity=capacity) is not None
 
 
-def jobs_that_fit(job_target: float, *, budget_epsilon: float = 8.0, delta: float = 1e-5,
-                  sampling_probability: float = MNIST_Q, epochs: int = 3) -> int:
+def jobs_that_fit(
+    job_target: float,
+    *,
+    budget_epsilon: float = 8.0,
+    delta: float = 1e-5,
+    sampling_probability: float = MNIST_Q,
+    epochs: int = 3,
+) -> int:
     """How many identical jobs, each calibrated to ``job_target``, a fresh dataset admits."""
     build = subsampled(sampling_probability, math.ceil(epochs / sampling_probability))
     sigma = calibrate_noise_multiplier(build, target_epsilon=job_target, delta=delta)
@@ -66,7 +72,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("build", "target", "delta"), CASES)
-def test_calibrated_sigma_is_the_admission_boundary(build: Callable[[float], PrivacyEvent], target: float, delta: float) -> None:
+def test_calibrated_sigma_is_the_admission_boundary(
+    build: Callable[[float], PrivacyEvent], target: float, delta: float
+) -> None:
     sigma = calibrate_noise_multiplier(build, target_epsilon=target, delta=delta)
     assert admitted_alone(build(sigma), epsilon=target, delta=delta)
     assert not admitted_alone(build(sigma * (1 - 1e-4)), epsilon=target, delta=delta)
@@ -127,8 +135,9 @@ def test_how_many_mnist_jobs_fit_into_a_budget_of_8() -> None:
 )
 def test_impossible_or_invalid_requests_raise(target: float, delta: float, lower: float, upper: float) -> None:
     with pytest.raises(CalibrationError):
-        calibrate_noise_multiplier(lambda s: GaussianEvent(s, 1), target_epsilon=target, delta=delta,
-                                   lower=lower, upper=upper)
+        calibrate_noise_multiplier(
+            lambda s: GaussianEvent(s, 1), target_epsilon=target, delta=delta, lower=lower, upper=upper
+        )
 
 
 def test_a_builder_that_makes_invalid_events_raises_calibration_error() -> None:

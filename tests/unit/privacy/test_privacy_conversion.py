@@ -58,8 +58,10 @@ def test_rdp_epsilon_of_subsampled_anchors(params: tuple[float, float, int], anc
     assert eps >= eps_pld
 
 
-@pytest.mark.parametrize("event", [PoissonSampledGaussianEvent(*p) for p in SUBSAMPLED_ANCHORS]
-                         + [GaussianEvent(10.0, 100), GaussianEvent(0.8, 3)])
+@pytest.mark.parametrize(
+    "event",
+    [PoissonSampledGaussianEvent(*p) for p in SUBSAMPLED_ANCHORS] + [GaussianEvent(10.0, 100), GaussianEvent(0.8, 3)],
+)
 @pytest.mark.parametrize("delta", [1e-5, 1e-8, 5e-7])
 def test_conversion_matches_dp_accounting(event: object, delta: float) -> None:
     """dp_accounting.rdp.compute_epsilon uses the same CKS conversion. Differences, all making ours

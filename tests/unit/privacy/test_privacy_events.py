@@ -55,16 +55,19 @@ def test_json_round_trips_through_text(event: PrivacyEvent) -> None:
 
 
 def test_json_layout_is_the_documented_one() -> None:
-    event = ComposedEvent(
-        (PoissonSampledGaussianEvent(0.01, 1.1, 100), LaplaceEvent(noise_multiplier=2, count=3))
-    )
+    event = ComposedEvent((PoissonSampledGaussianEvent(0.01, 1.1, 100), LaplaceEvent(noise_multiplier=2, count=3)))
     assert event_to_json(event) == {
         "schema": "privtrain.privacy-event",
         "version": 1,
         "event": {
             "kind": "composed",
             "events": [
-                {"kind": "poisson_subsampled_gaussian", "sampling_probability": 0.01, "noise_multiplier": 1.1, "count": 100},
+                {
+                    "kind": "poisson_subsampled_gaussian",
+                    "sampling_probability": 0.01,
+                    "noise_multiplier": 1.1,
+                    "count": 100,
+                },
                 {"kind": "laplace", "noise_multiplier": 2.0, "count": 3},
             ],
         },
@@ -162,10 +165,26 @@ _DELETE = object()
         _mutated(["event", "events", 0, "noise_multiplier"], None),
         _mutated(["event", "events", 0, "noise_multiplier"], True),
         _mutated(["event", "events", 1, "epsilon"], [0.5]),
-        {"schema": "privtrain.privacy-event", "version": 1, "event": {
-            "kind": "poisson_subsampled_gaussian", "sampling_probability": 1.5, "noise_multiplier": 1.0, "count": 1}},
-        {"schema": "privtrain.privacy-event", "version": 1, "event": {
-            "kind": "poisson_subsampled_gaussian", "sampling_probability": 0.0, "noise_multiplier": 1.0, "count": 1}},
+        {
+            "schema": "privtrain.privacy-event",
+            "version": 1,
+            "event": {
+                "kind": "poisson_subsampled_gaussian",
+                "sampling_probability": 1.5,
+                "noise_multiplier": 1.0,
+                "count": 1,
+            },
+        },
+        {
+            "schema": "privtrain.privacy-event",
+            "version": 1,
+            "event": {
+                "kind": "poisson_subsampled_gaussian",
+                "sampling_probability": 0.0,
+                "noise_multiplier": 1.0,
+                "count": 1,
+            },
+        },
         {"schema": "privtrain.privacy-event", "version": 1, "event": ["gaussian", 1.0, 1]},
         [],
         "gaussian",
@@ -191,14 +210,16 @@ def test_absurdly_deep_trees_are_rejected() -> None:
         event_from_json({"schema": "privtrain.privacy-event", "version": 1, "event": node})
 
 
-@given(st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),
-    lambda children: st.one_of(
-        st.lists(children, max_size=3),
-        st.dictionaries(st.sampled_from(["kind", "count", "events", "epsilon", "rho", "x"]), children, max_size=4),
-    ),
-    max_leaves=10,
-))
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5)),
+        lambda children: st.one_of(
+            st.lists(children, max_size=3),
+            st.dictionaries(st.sampled_from(["kind", "count", "events", "epsilon", "rho", "x"]), children, max_size=4),
+        ),
+        max_leaves=10,
+    )
+)
 @settings(max_examples=300, deadline=None)
 def test_random_junk_is_rejected_unless_it_is_exactly_canonical(junk: Any) -> None:
     data = {"schema": "privtrain.privacy-event", "version": 1, "event": junk}

@@ -67,8 +67,9 @@ def test_admitted_jobs_never_overspend(budget: tuple[float, float], submitted: l
 
 @given(curves, curves, curves, curves)
 @settings(max_examples=300, deadline=None)
-def test_admission_is_sound_in_exact_arithmetic(committed: tuple[float, ...], reserved: tuple[float, ...],
-                                                cost: tuple[float, ...], capacity: tuple[float, ...]) -> None:
+def test_admission_is_sound_in_exact_arithmetic(
+    committed: tuple[float, ...], reserved: tuple[float, ...], cost: tuple[float, ...], capacity: tuple[float, ...]
+) -> None:
     witness = admission_order(committed=committed, reserved=reserved, cost=cost, capacity=capacity)
     exact_fits = [
         Fraction(c) + Fraction(r) + Fraction(x) <= Fraction(k)
@@ -88,7 +89,9 @@ def test_admission_is_sound_in_exact_arithmetic(committed: tuple[float, ...], re
 
 @given(curves, curves)
 @settings(max_examples=300, deadline=None)
-def test_add_then_subtract_restores_and_never_undershoots(used: tuple[float, ...], reservation: tuple[float, ...]) -> None:
+def test_add_then_subtract_restores_and_never_undershoots(
+    used: tuple[float, ...], reservation: tuple[float, ...]
+) -> None:
     total = add_curves(used, reservation)
     back = subtract_curves(total, reservation)
     for u, r, t, b in zip(used, reservation, total, back, strict=True):
@@ -101,7 +104,9 @@ def test_add_then_subtract_restores_and_never_undershoots(used: tuple[float, ...
 
 @given(curves, curves)
 @settings(max_examples=300, deadline=None)
-def test_subtract_is_the_tightest_float_not_below_the_exact_difference(a: tuple[float, ...], b: tuple[float, ...]) -> None:
+def test_subtract_is_the_tightest_float_not_below_the_exact_difference(
+    a: tuple[float, ...], b: tuple[float, ...]
+) -> None:
     for x, y, d in zip(a, b, subtract_curves(a, b), strict=True):
         exact = max(Fraction(0), Fraction(x) - Fraction(y))
         assert Fraction(d) >= exact
@@ -113,8 +118,11 @@ def test_exactly_equal_curves_subtract_to_exact_zero() -> None:
     assert subtract_curves(curve, curve) == ZEROS
 
 
-@given(st.integers(0, N - 1), st.sampled_from([math.nan, math.inf, -math.inf, -1e-300, -1.0]),
-       st.sampled_from(["cost", "committed", "reserved", "capacity"]))
+@given(
+    st.integers(0, N - 1),
+    st.sampled_from([math.nan, math.inf, -math.inf, -1e-300, -1.0]),
+    st.sampled_from(["cost", "committed", "reserved", "capacity"]),
+)
 @settings(max_examples=60, deadline=None)
 def test_nan_inf_and_negative_values_are_refused(index: int, bad: float, which: str) -> None:
     curves_in = {"committed": ZEROS, "reserved": ZEROS, "cost": (0.1,) * N, "capacity": (1.0,) * N}
@@ -143,7 +151,9 @@ def test_remaining_epsilon_of_a_fresh_ledger_is_the_budget(epsilon: float, delta
 
 @given(budgets, st.lists(jobs, min_size=1, max_size=8))
 @settings(max_examples=40, deadline=None)
-def test_remaining_epsilon_decreases_as_jobs_are_added(budget: tuple[float, float], submitted: list[PrivacyEvent]) -> None:
+def test_remaining_epsilon_decreases_as_jobs_are_added(
+    budget: tuple[float, float], submitted: list[PrivacyEvent]
+) -> None:
     epsilon, delta = budget
     capacity = capacity_curve(epsilon, delta)
     used = ZEROS

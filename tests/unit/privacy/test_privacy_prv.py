@@ -65,8 +65,10 @@ def _laplace_delta(b: float, eps: float) -> float:
         q = math.exp(-abs(x - 1) / b) / (2 * b)
         return max(0.0, p - math.exp(eps) * q)
 
-    return sum(integrate.quad(integrand, lo, hi, epsabs=1e-14, limit=200)[0]
-               for lo, hi in ((-np.inf, 0.0), (0.0, 1.0), (1.0, np.inf)))
+    return sum(
+        integrate.quad(integrand, lo, hi, epsabs=1e-14, limit=200)[0]
+        for lo, hi in ((-np.inf, 0.0), (0.0, 1.0), (1.0, np.inf))
+    )
 
 
 @pytest.mark.parametrize("b", [2.0, 0.5])
@@ -125,8 +127,11 @@ def test_identical_leaves_are_merged_into_one_self_composition() -> None:
 
 @pytest.mark.parametrize(
     "event",
-    [ZCDPEvent(0.1, 1), ExponentialMechanismEvent(1.0, 1),
-     ComposedEvent((GaussianEvent(1.0, 1), ComposedEvent((ZCDPEvent(0.1, 0),))))],
+    [
+        ZCDPEvent(0.1, 1),
+        ExponentialMechanismEvent(1.0, 1),
+        ComposedEvent((GaussianEvent(1.0, 1), ComposedEvent((ZCDPEvent(0.1, 0),)))),
+    ],
 )
 def test_mechanisms_without_a_prv_give_none(event: PrivacyEvent) -> None:
     assert prv_epsilon(event, DELTA) is None
@@ -139,7 +144,9 @@ def test_nothing_costs_nothing() -> None:
 
 def test_a_failing_accountant_gives_none_not_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
-        def __init__(self, *, prvs: object, max_self_compositions: object, eps_error: float, delta_error: float) -> None:
+        def __init__(
+            self, *, prvs: object, max_self_compositions: object, eps_error: float, delta_error: float
+        ) -> None:
             raise RuntimeError("Discrete mean differs from continuous mean significantly.")
 
     monkeypatch.setattr(prv_module, "PRVAccountant", Broken)
@@ -148,7 +155,9 @@ def test_a_failing_accountant_gives_none_not_a_number(monkeypatch: pytest.Monkey
 
 def test_a_non_finite_answer_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
     class Infinite:
-        def __init__(self, *, prvs: object, max_self_compositions: object, eps_error: float, delta_error: float) -> None:
+        def __init__(
+            self, *, prvs: object, max_self_compositions: object, eps_error: float, delta_error: float
+        ) -> None:
             pass
 
         def compute_epsilon(self, *, delta: float, num_self_compositions: object) -> tuple[float, float, float]:

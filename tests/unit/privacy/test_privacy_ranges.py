@@ -10,7 +10,8 @@ import math
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app.privacy import (
     CalibrationError,
@@ -20,9 +21,9 @@ from app.privacy import (
     calibrate_noise_multiplier,
     ledger_epsilon,
     rdp_curve,
+    single_job,
     single_job_epsilon,
 )
-from app.privacy import single_job
 from app.privacy.rdp import PRV_SIGMA_RANGE
 
 WALL_CLOCK_S = 2.0
@@ -63,17 +64,20 @@ def test_request_path_calls_return_or_refuse_quickly(sigma: float, q: float, ste
 
 @pytest.mark.timeout(120)
 @settings(max_examples=10, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(q=QS, steps=st.integers(1, 10**6), delta=DELTAS,
-       target=st.one_of(st.sampled_from([1e-300, 1e-9, 100.0, 1e300]), st.floats(1e-300, 1e300)))
+@given(
+    q=QS,
+    steps=st.integers(1, 10**6),
+    delta=DELTAS,
+    target=st.one_of(st.sampled_from([1e-300, 1e-9, 100.0, 1e300]), st.floats(1e-300, 1e300)),
+)
 def test_calibration_returns_or_refuses_quickly(q: float, steps: int, delta: float, target: float) -> None:
     def build(sigma: float) -> PoissonSampledGaussianEvent:
         return PoissonSampledGaussianEvent(q, sigma, steps)
 
-    sigma = _timed(lambda: calibrate_noise_multiplier(build, target_epsilon=target, delta=delta),
-                   limit_s=CALIBRATION_WALL_CLOCK_S)
+    sigma = _timed(
+        lambda: calibrate_noise_multiplier(build, target_epsilon=target, delta=delta), limit_s=CALIBRATION_WALL_CLOCK_S
+    )
     assert isinstance(sigma, CalibrationError) or 0 < sigma <= 1e6  # type: ignore[operator]
-
-
 
 
 def test_outside_the_prv_range_the_gaussian_bound_is_used_and_is_an_upper_bound() -> None:
@@ -101,8 +105,9 @@ def test_request_path_single_job_epsilon_never_runs_the_numeric_accountants(monk
     monkeypatch.setattr(single_job, "pld_epsilon", boom)
     single_job.single_job_epsilon.cache_clear()
     try:
-        result = single_job_epsilon(PoissonSampledGaussianEvent(0.01, 1.0, 100), 1e-5,
-                                    zcdp_is_gaussian=False, numeric=False)
+        result = single_job_epsilon(
+            PoissonSampledGaussianEvent(0.01, 1.0, 100), 1e-5, zcdp_is_gaussian=False, numeric=False
+        )
     finally:
         single_job.single_job_epsilon.cache_clear()
     assert result.method in {"rdp-single-job", "rdp"}

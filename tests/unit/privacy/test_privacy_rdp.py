@@ -34,8 +34,28 @@ def _close_above(ours: float, exact: float, *, rel: float = ROUNDING) -> None:
 
 
 def test_orders_grid() -> None:
-    assert ORDERS == (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0,
-                      32.0, 48.0, 64.0, 128.0, 256.0)
+    assert ORDERS == (
+        1.25,
+        1.5,
+        1.75,
+        2.0,
+        2.5,
+        3.0,
+        4.0,
+        5.0,
+        6.0,
+        8.0,
+        10.0,
+        12.0,
+        16.0,
+        20.0,
+        24.0,
+        32.0,
+        48.0,
+        64.0,
+        128.0,
+        256.0,
+    )
     assert list(ORDERS) == sorted(set(ORDERS))
 
 
@@ -126,9 +146,7 @@ def test_subsampled_gaussian_agrees_with_dp_accounting(q: float, sigma: float, s
     alternates in sign for k > a, so it returns a (valid, looser) upper bound. prv-accountant keeps
     the signs and matches the 40-digit integral (test below), so there ours must be <= Google's."""
     google = dp_accounting.rdp.RdpAccountant(orders=list(ORDERS))
-    google.compose(
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
-    )
+    google.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
     ours = rdp_curve(PoissonSampledGaussianEvent(q, sigma, steps))
     for order, value, g in zip(ORDERS, ours, google.rdp, strict=True):
         if order == int(order) or q == 1.0:
@@ -142,8 +160,16 @@ def test_subsampled_gaussian_agrees_with_dp_accounting(q: float, sigma: float, s
 # Points where prv-accountant's double-precision computation was measured to be least accurate
 # (absolute error up to ~6e-13 below the truth, or even negative for tiny q).
 MPMATH_CASES = [
-    (0.05, 0.3, 1.25), (0.3, 3.0, 1.25), (0.5, 300.0, 1.25), (1e-5, 0.3, 1.25), (0.1, 2.0, 1.75),
-    (0.01, 1.0, 2.5), (1e-8, 2.0, 1.25), (1e-8, 1.0, 64.0), (0.02, 1.1, 256.0), (0.9999, 0.5, 3.0),
+    (0.05, 0.3, 1.25),
+    (0.3, 3.0, 1.25),
+    (0.5, 300.0, 1.25),
+    (1e-5, 0.3, 1.25),
+    (0.1, 2.0, 1.75),
+    (0.01, 1.0, 2.5),
+    (1e-8, 2.0, 1.25),
+    (1e-8, 1.0, 64.0),
+    (0.02, 1.1, 256.0),
+    (0.9999, 0.5, 3.0),
 ]
 
 
@@ -196,8 +222,12 @@ def test_costs_never_underflow_to_zero() -> None:
 
 @pytest.mark.parametrize(
     "event",
-    [GaussianEvent(1e-160, 1), ZCDPEvent(1e300, 10**10), LaplaceEvent(1e-320, 1),
-     PoissonSampledGaussianEvent(0.5, 1e-160, 1)],
+    [
+        GaussianEvent(1e-160, 1),
+        ZCDPEvent(1e300, 10**10),
+        LaplaceEvent(1e-320, 1),
+        PoissonSampledGaussianEvent(0.5, 1e-160, 1),
+    ],
 )
 def test_non_finite_costs_are_refused(event: object) -> None:
     with pytest.raises(PrivacyEventError):

@@ -50,7 +50,10 @@ def _ledger(event: PrivacyEvent, delta: float = DELTA) -> float:
 def _dp_accounting_gaussian(sigma: float, count: int, *, q: float = 1.0, pessimistic: bool) -> float:
     """dp-accounting's PLD ε (independent accountant); optimistic = a lower estimate of the truth."""
     pld = pld_module.from_gaussian_mechanism(
-        sigma, sampling_prob=q, pessimistic_estimate=pessimistic, use_connect_dots=pessimistic,
+        sigma,
+        sampling_prob=q,
+        pessimistic_estimate=pessimistic,
+        use_connect_dots=pessimistic,
         value_discretization_interval=1e-4,
     )
     return pld.self_compose(count).get_epsilon_for_delta(DELTA)
@@ -75,7 +78,9 @@ def test_gaussian_dp_far_tail_is_finite_and_monotone() -> None:
 def test_zcdp_declared_gaussian_equals_the_gaussian_event() -> None:
     rho = 0.02
     zcdp = single_job_epsilon(ZCDPEvent(rho=rho, count=30), DELTA, zcdp_is_gaussian=True, numeric=True)
-    gaussian = single_job_epsilon(GaussianEvent(1.0 / math.sqrt(2.0 * rho), 30), DELTA, zcdp_is_gaussian=False, numeric=True)
+    gaussian = single_job_epsilon(
+        GaussianEvent(1.0 / math.sqrt(2.0 * rho), 30), DELTA, zcdp_is_gaussian=False, numeric=True
+    )
     assert zcdp.method == gaussian.method == "gaussian-dp"
     assert zcdp.epsilon == pytest.approx(gaussian.epsilon, rel=1e-12)
     assert zcdp.epsilon == pytest.approx(gaussian_dp_epsilon(mu=math.sqrt(2 * rho * 30), delta=DELTA), rel=1e-12)
@@ -128,15 +133,16 @@ def test_pure_dp_composition_inverse_is_valid_and_tight() -> None:
 
 
 def test_exponential_mechanism_gets_a_bound_below_the_ledger() -> None:
-    for event in (ExponentialMechanismEvent(0.1, 100), ExponentialMechanismEvent(2.0, 3),
-                  ExponentialMechanismEvent(0.01, 100_000)):
+    for event in (
+        ExponentialMechanismEvent(0.1, 100),
+        ExponentialMechanismEvent(2.0, 3),
+        ExponentialMechanismEvent(0.01, 100_000),
+    ):
         result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
         assert result.method in ("pure-dp-optimal", "rdp-single-job") and result.epsilon < _ledger(event)
         # never below the exact optimum of k ε0-DP composition when that is what won
         if result.method == "pure-dp-optimal":
-            assert result.epsilon == pure_dp_composition_epsilon(
-                epsilon0=event.epsilon, count=event.count, delta=DELTA
-            )
+            assert result.epsilon == pure_dp_composition_epsilon(epsilon0=event.epsilon, count=event.count, delta=DELTA)
 
 
 # ----------------------------------------------------------------------------- independent accountant
@@ -254,10 +260,10 @@ def _catalogue_events() -> dict[str, PrivacyEvent]:
         definition = ALGORITHMS.get(name)
         for batch in (1000, 100):
             try:
-                hyperparameters = definition.adopt_privacy_target(
-                    definition.Hyperparameters(), target_epsilon=2.0
+                hyperparameters = definition.adopt_privacy_target(definition.Hyperparameters(), target_epsilon=2.0)
+                plan = definition.plan(
+                    hyperparameters, TrainingSpec(steps=20, batch_size=batch, learning_rate=0.1), facts
                 )
-                plan = definition.plan(hyperparameters, TrainingSpec(steps=20, batch_size=batch, learning_rate=0.1), facts)
                 events[name] = plan.event(2.0)
                 break
             except (InvalidHyperparameters, ValueError, TypeError):
@@ -271,8 +277,11 @@ def test_every_catalogue_event_gets_a_number() -> None:
     kinds = set()
     for name, training in events.items():
         gaussian = ALGORITHMS.get(name).zcdp_leaves_are_gaussian
-        for event in (training, ComposedEvent((training, LaplaceEvent(20.0, 1))),
-                      ComposedEvent((training, GaussianEvent(20.0, 1)))):
+        for event in (
+            training,
+            ComposedEvent((training, LaplaceEvent(20.0, 1))),
+            ComposedEvent((training, GaussianEvent(20.0, 1))),
+        ):
             result = single_job_epsilon(event, DELTA, zcdp_is_gaussian=gaussian, numeric=True)
             assert result.method in METHODS and 0.0 <= result.epsilon <= _ledger(event), name
             kinds.update(type(leaf).__name__ for leaf in _leaves(event))

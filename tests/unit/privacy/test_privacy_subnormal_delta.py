@@ -45,7 +45,9 @@ ROUNDING = 1e-12
 the quotient's log on one side and a difference of logs on the other, equal to ~1e-13."""
 CURVE_EVENTS = st.builds(
     PoissonSampledGaussianEvent,
-    st.floats(1e-4, 1.0), st.floats(0.3, 50.0), st.integers(1, 10_000),
+    st.floats(1e-4, 1.0),
+    st.floats(0.3, 50.0),
+    st.integers(1, 10_000),
 )
 
 
@@ -153,8 +155,9 @@ def test_pure_dp_and_rdp_single_job_are_finite(delta: float, epsilon0: float, co
     assert math.isfinite(rdp) and rdp >= 0
 
 
-@pytest.mark.parametrize("event", [GaussianEvent(1.0, 10), PoissonSampledGaussianEvent(0.01, 1.0, 100),
-                                   PureDPEvent(0.5, 10)])
+@pytest.mark.parametrize(
+    "event", [GaussianEvent(1.0, 10), PoissonSampledGaussianEvent(0.01, 1.0, 100), PureDPEvent(0.5, 10)]
+)
 def test_single_job_epsilon_at_a_subnormal_delta_uses_closed_forms_only(event: object) -> None:
     """Below 1e-30 prv-accountant is not trusted (its δ error underflows): no child process is
     started, the answer is a finite closed form, no larger than the ledger's number."""

@@ -14,8 +14,7 @@ def test_code_compat_noise_is_table_n1() -> None:
     1.9·c1·σ (rank) that the sound calibration adds."""
     std = code_compat_noise_std(noise_multiplier=1.0, c1=1.0, c2=0.1, tail=25, batch=256)
     assert std == pytest.approx(0.1334, abs=5e-4)
-    assert code_compat_noise_std(noise_multiplier=2.0, c1=1.0, c2=0.1, tail=25, batch=256) == \
-        pytest.approx(2 * std)
+    assert code_compat_noise_std(noise_multiplier=2.0, c1=1.0, c2=0.1, tail=25, batch=256) == pytest.approx(2 * std)
 
 
 def test_guesses_take_the_extremes_of_the_scores() -> None:
@@ -30,8 +29,7 @@ def test_guesses_take_the_extremes_of_the_scores() -> None:
 
 @pytest.mark.parametrize("claimed", [4.0])
 def test_the_audit_flags_the_code_and_not_the_service(claimed: float) -> None:
-    rows = {row["configuration"]: row for row in audit_rows(claimed=claimed, canaries=4000,
-                                                            guess_fraction=0.5, seed=1)}
+    rows = {row["configuration"]: row for row in audit_rows(claimed=claimed, canaries=4000, guess_fraction=0.5, seed=1)}
     unsafe = rows["code-compat (UNSAFE)"]
     assert unsafe["violation"] and unsafe["epsilon_lower_bound"] > claimed + 1.0
     for sound in ("rank", "threshold"):

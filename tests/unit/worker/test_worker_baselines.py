@@ -36,6 +36,7 @@ from app.algorithms import get_algorithm
 from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, per_sample_norms
 from worker.optimizers.per_sample_maps import (
     PER_SAMPLE_MAPS,
@@ -46,7 +47,6 @@ from worker.optimizers.per_sample_maps import (
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 MAPS = {"auto-s": lambda c: AutoSClip(c, gamma=0.01), "psac": lambda c: PSACClip(c, r=0.01)}
 
@@ -74,9 +74,7 @@ def _exact_mapped_norm(name: str, c: float, u: float, smoothing: float) -> Fract
         st.floats(min_value=1e250, max_value=1e300),  # huge
     ),
 )
-def test_mapped_norm_is_strictly_below_c_exactly(
-    name: str, c: float, smoothing: float, u: float
-) -> None:
+def test_mapped_norm_is_strictly_below_c_exactly(name: str, c: float, smoothing: float, u: float) -> None:
     """The formulas themselves: ||ḡ|| < C for every norm u ≥ 0 (exact arithmetic, no rounding)."""
     assert _exact_mapped_norm(name, c, u, smoothing) < Fraction(c)
 
@@ -99,8 +97,7 @@ def test_implemented_maps_respect_the_bound(
     g = torch.randn(3, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     # norms up to 1e150: beyond ~1e154 the float64 norm overflows to inf, and clipped_grad_sum
     # maps such rows to zero before any scale is applied (covered by the float32 test below)
-    g = g / g.norm(dim=1, keepdim=True) * torch.tensor([[10.0**log10_norm], [1e-300], [1e150]],
-                                                        dtype=torch.float64)
+    g = g / g.norm(dim=1, keepdim=True) * torch.tensor([[10.0**log10_norm], [1e-300], [1e150]], dtype=torch.float64)
     norms = per_sample_norms({"w": g})
     scale = per_sample_map.scale_factors(norms)
     assert bool(torch.isfinite(scale).all())
@@ -119,9 +116,7 @@ def test_implemented_maps_respect_the_bound(
     c=st.sampled_from([0.01, 1.0, 37.0, 1e4]),
     seed=st.integers(min_value=0, max_value=2**31 - 1),
 )
-def test_clipped_sum_of_one_row_is_below_c_in_float32(
-    name: str, log10_scale: float, c: float, seed: int
-) -> None:
+def test_clipped_sum_of_one_row_is_below_c_in_float32(name: str, log10_scale: float, c: float, seed: int) -> None:
     """The real path (float32 per-sample gradients, their norm, the scale, the sum) for one row of
     a logistic regression whose input is scaled from 1e-40 (underflow) to 1e40 (overflow)."""
     gen = torch.Generator().manual_seed(seed)
@@ -129,8 +124,9 @@ def test_clipped_sum_of_one_row_is_below_c_in_float32(
     per_sample_map = AutoSClip(c, gamma=0.01) if name == "auto-s" else PSACClip(c, r=0.01)
     X = torch.randn(1, 20, generator=gen) * 10.0**log10_scale
     y = torch.randint(0, 3, (1,), generator=gen)
-    total = clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=per_sample_map,
-                             max_physical_batch_size=8)
+    total = clipped_grad_sum(
+        model, X, y, loss="cross_entropy", per_sample_map=per_sample_map, max_physical_batch_size=8
+    )
     norm = math.sqrt(sum(float(t.double().pow(2).sum()) for t in total.values()))
     assert math.isfinite(norm)
     assert norm <= c * (1 + 1e-5)  # float32 rounding of the norm and of the products only
@@ -144,8 +140,9 @@ def test_zero_gradients_map_to_zero(name: str) -> None:
     model = nn.Sequential(nn.Linear(6, 3, bias=False))
     X = torch.zeros(5, 6)  # no bias: every per-sample gradient is exactly zero
     y = torch.tensor([0, 1, 2, 0, 1])
-    total = clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=per_sample_map,
-                             max_physical_batch_size=2)
+    total = clipped_grad_sum(
+        model, X, y, loss="cross_entropy", per_sample_map=per_sample_map, max_physical_batch_size=2
+    )
     assert all(bool((t == 0).all()) for t in total.values())
 
 
@@ -255,16 +252,22 @@ def _plan(name: str, hyperparameters: dict, evaluation: dict | None = None, **tr
     return plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10_000)
 
 
-def _request(plan: JobPlan, model: nn.Module, X: torch.Tensor, y: torch.Tensor,
-             seed: int = 1) -> TrainingRequest:
+def _request(plan: JobPlan, model: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int = 1) -> TrainingRequest:
     return TrainingRequest(
-        model=model, X=X, y=y, task="classification",
-        hyperparameters=plan.hyperparameters, training=plan.training,
+        model=model,
+        X=X,
+        y=y,
+        task="classification",
+        hyperparameters=plan.hyperparameters,
+        training=plan.training,
         noise_multiplier=plan.noise_multiplier,
         sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size,
-        steps=plan.plan.steps, max_physical_batch_size=64,
-        generator=SecureRandom.from_seed(seed), hooks=TrainingHooks(), resume_from=None,
+        steps=plan.plan.steps,
+        max_physical_batch_size=64,
+        generator=SecureRandom.from_seed(seed),
+        hooks=TrainingHooks(),
+        resume_from=None,
         device=torch.device("cpu"),
     )
 
@@ -284,9 +287,7 @@ def _assert_noise(samples: np.ndarray, expected_std: float) -> None:
     ids=["all-rows", "with-holdout"],
 )
 @pytest.mark.parametrize(("name", "hyperparameters"), CASES, ids=CASE_IDS)
-def test_baseline_trainer_draws_the_charged_noise(
-    name: str, hyperparameters: dict, evaluation: dict | None
-) -> None:
+def test_baseline_trainer_draws_the_charged_noise(name: str, hyperparameters: dict, evaluation: dict | None) -> None:
     plan = _plan(name, hyperparameters, evaluation)
     event = privacy.event_from_json(plan.event_json)
     if evaluation is not None:
@@ -294,13 +295,15 @@ def test_baseline_trainer_draws_the_charged_noise(
         event = event.events[0]
     assert event == privacy.PoissonSampledGaussianEvent(
         sampling_probability=plan.plan.sampling_probability,
-        noise_multiplier=plan.noise_multiplier, count=20,
+        noise_multiplier=plan.noise_multiplier,
+        count=20,
     )
     assert plan.plan.sensitivity == CLIP  # S = C for every map here
     assert plan.plan.expected_batch_size == 100
 
-    model = build_model("logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2,
-                        generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        "logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2, generator=torch.Generator().manual_seed(0)
+    )
     weight = model[-1].weight
     before = weight.detach().clone()
     # All n rows are passed even with a hold-out: q = B/(0.75·n) then makes q·len(X) ≈ 133 ≠ B,
@@ -361,9 +364,7 @@ LEARNING_CASES = [
 @pytest.fixture(scope="module")
 def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     X, y = load_digits(return_X_y=True)
-    X_train, X_test, y_train, y_test = train_test_split(
-        X, y, test_size=0.25, random_state=0, stratify=y
-    )
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0, stratify=y)
     scaler = StandardScaler().fit(X_train)
     return (
         torch.tensor(scaler.transform(X_train), dtype=torch.float32),
@@ -374,7 +375,8 @@ def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("name", "hyperparameters", "learning_rate"), LEARNING_CASES,
+    ("name", "hyperparameters", "learning_rate"),
+    LEARNING_CASES,
     ids=["dp-adam", "auto-s-sgd", "auto-s-adam", "dp-psac-sgd", "dp-psac-adam"],
 )
 def test_baseline_learns_digits(name: str, hyperparameters: dict, learning_rate: float, digits) -> None:  # noqa: ANN001
@@ -391,8 +393,9 @@ def test_baseline_learns_digits(name: str, hyperparameters: dict, learning_rate:
     )
     plan = plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10_000)
     assert plan.noise_multiplier == 1.0 and plan.plan.steps == 300
-    model = build_model("logistic-regression", {}, input_shape=(64,), n_outputs=10,
-                        generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        "logistic-regression", {}, input_shape=(64,), n_outputs=10, generator=torch.Generator().manual_seed(0)
+    )
     result = get_trainer(name)(_request(plan, model, X_train, y_train))
     assert result.steps_run == 300
     model.eval()
@@ -406,8 +409,9 @@ def test_trainer_refuses_a_map_whose_bound_differs_from_the_charge(monkeypatch) 
     plan = _plan("auto-s", {"clipping_norm": CLIP})
     definition = get_algorithm("auto-s")
     monkeypatch.setattr(type(definition), "sensitivity", lambda self, hyper: 2 * CLIP)
-    model = build_model("logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2,
-                        generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        "logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2, generator=torch.Generator().manual_seed(0)
+    )
     X, y = torch.zeros(10, N_FEATURES), torch.zeros(10, dtype=torch.long)
     with pytest.raises(RuntimeError, match="charged sensitivity"):
         get_trainer("auto-s")(_request(plan, model, X, y))

@@ -19,10 +19,10 @@ from app import privacy
 from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 N_ROWS, N_FEATURES = 2000, 1500
 
@@ -55,19 +55,28 @@ def test_dp_sgd_trainer_draws_the_charged_noise(evaluation: dict | None) -> None
     assert event.noise_multiplier == plan.noise_multiplier and event.count == 20
     assert plan.plan.expected_batch_size == 100
 
-    model = build_model("logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2, generator=torch.Generator().manual_seed(0))
+    model = build_model(
+        "logistic-regression", {}, input_shape=(N_FEATURES,), n_outputs=2, generator=torch.Generator().manual_seed(0)
+    )
     before = model[-1].weight.detach().clone()
     X = torch.zeros(N_ROWS, N_FEATURES)  # zero inputs: every weight gradient is exactly zero
     y = torch.randint(0, 2, (N_ROWS,))
     result = get_trainer("dp-sgd")(
         TrainingRequest(
-            model=model, X=X, y=y, task="classification",
-            hyperparameters=plan.hyperparameters, training=plan.training,
+            model=model,
+            X=X,
+            y=y,
+            task="classification",
+            hyperparameters=plan.hyperparameters,
+            training=plan.training,
             noise_multiplier=plan.noise_multiplier,
             sampling_probability=plan.plan.sampling_probability,
             expected_batch_size=plan.plan.expected_batch_size,
-            steps=plan.plan.steps, max_physical_batch_size=64,
-            generator=SecureRandom.from_seed(1), hooks=TrainingHooks(), resume_from=None,
+            steps=plan.plan.steps,
+            max_physical_batch_size=64,
+            generator=SecureRandom.from_seed(1),
+            hooks=TrainingHooks(),
+            resume_from=None,
             device=torch.device("cpu"),
         )
     )

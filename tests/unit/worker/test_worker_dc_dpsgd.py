@@ -3,6 +3,7 @@ resume, and a small learning check (docs/algorithms/dc-dpsgd.md)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from pathlib import Path
@@ -15,10 +16,11 @@ from torch import nn
 
 import worker.optimizers.dc_dpsgd as dc_module
 from app import privacy
+from app.algorithms import get_algorithm
 from app.job_planning import plan_job
 from app.models import Dataset
-from app.algorithms import get_algorithm
 from app.schemas.jobs import JobCreate, TrainingSpec
+from privtrain.architectures import build_model
 from worker.optimizers.dc_dpsgd import (
     RankAggregator,
     ThresholdAggregator,
@@ -29,9 +31,9 @@ from worker.optimizers.dc_dpsgd import (
     threshold_tail_mask,
 )
 from worker.optimizers.dc_projection import (
+    PROJECTION_KEY_PURPOSE,
     GramAccumulator,
     StepProjection,
-    PROJECTION_KEY_PURPOSE,
     StreamingProjection,
     weibull_entries,
 )
@@ -42,7 +44,6 @@ from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.trainers.dc_dpsgd import TAU_CHECKPOINT_KEY
 from worker.training.artifacts import load_training_state, save_training_state
-from privtrain.architectures import build_model
 
 
 def _seeded(seed: int, device: str = "cpu") -> torch.Generator:
@@ -97,7 +98,7 @@ def test_gram_route_equals_qr_route() -> None:
     W = weibull_entries((d, k), theta=2.0, generator=_rng(0), dtype=torch.float64)
     # Heavy-tailed, sparse-ish and dense gradients, various scales (λ must be scale-free).
     G = torch.from_numpy(np.random.default_rng(0).standard_t(1.5, size=(B, d)))
-    G[:4] *= (torch.rand(4, d, generator=gen, dtype=torch.float64) < 0.01)
+    G[:4] *= torch.rand(4, d, generator=gen, dtype=torch.float64) < 0.01
     G *= torch.logspace(-3, 3, B, dtype=torch.float64)[:, None]
 
     one_shot = GramAccumulator(k)
@@ -121,8 +122,9 @@ def test_gram_route_equals_qr_route() -> None:
     orthogonal = raw - (raw @ Q) @ Q.T
     special = GramAccumulator(k)
     special.add(torch.cat([inside, orthogonal]), W)
-    torch.testing.assert_close(special.traces(), torch.tensor([1.0, 1, 1, 0, 0, 0], dtype=torch.float64),
-                               rtol=0, atol=1e-9)
+    torch.testing.assert_close(
+        special.traces(), torch.tensor([1.0, 1, 1, 0, 0, 0], dtype=torch.float64), rtol=0, atol=1e-9
+    )
 
     # A rank-deficient W (a repeated column: Cholesky fails) still projects onto its span.
     repeated = torch.cat([W[:, : k - 1], W[:, :1]], dim=1)
@@ -149,17 +151,22 @@ def test_streamed_projection_of_parameter_chunks_equals_qr(dtype: torch.dtype) -
     blocks = projection.layout(params)
     assert len(blocks) == math.ceil(1200 / 97) + math.ceil(800 / 97)
     gen = _seeded(3)
-    grads = {"w": torch.randn(16, 40, 30, generator=gen, dtype=dtype),
-             "b": torch.randn(16, 800, generator=gen, dtype=dtype)}
+    grads = {
+        "w": torch.randn(16, 40, 30, generator=gen, dtype=dtype),
+        "b": torch.randn(16, 800, generator=gen, dtype=dtype),
+    }
     step = StepProjection(projection, blocks, key=_key(11), step=5)
     traces = step.traces(grads)
     W = projection.dense_w(_key(11), 5, params, dtype=dtype)
     G = torch.cat([grads["w"].reshape(16, -1), grads["b"]], dim=1)
-    torch.testing.assert_close(traces, _qr_traces(G, W), rtol=1e-9 if dtype == torch.float64 else 1e-4,
-                               atol=0)
+    torch.testing.assert_close(traces, _qr_traces(G, W), rtol=1e-9 if dtype == torch.float64 else 1e-4, atol=0)
     # A second chunk of the same step reuses M and gives the same λ for the same rows.
-    torch.testing.assert_close(step.traces({n: g[:5] for n, g in grads.items()}), traces[:5],
-                               rtol=1e-12 if dtype == torch.float64 else 1e-6, atol=0)
+    torch.testing.assert_close(
+        step.traces({n: g[:5] for n, g in grads.items()}),
+        traces[:5],
+        rtol=1e-12 if dtype == torch.float64 else 1e-6,
+        atol=0,
+    )
 
 
 def test_mean_trace_is_about_k_over_d() -> None:
@@ -208,7 +215,12 @@ def test_non_negative_heavy_tailed_v_selects_sparse_gradients_more_often() -> No
 
 
 def _rank_inclusion_counts(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, sigma_tr: float, steps: int,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    sigma_tr: float,
+    steps: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Per-row tail counts over `steps` calls of the real RANK aggregator on the same batch, and
@@ -224,12 +236,12 @@ def _rank_inclusion_counts(
         return mask
 
     monkeypatch.setattr(dc_module, "rank_tail_mask", spy)
-    aggregator = RankAggregator(c1=1.0, c2=0.1, projection=StreamingProjection(k=4, theta=2.0),
-                                sigma_tr=sigma_tr, p=0.1)
+    aggregator = RankAggregator(
+        c1=1.0, c2=0.1, projection=StreamingProjection(k=4, theta=2.0), sigma_tr=sigma_tr, p=0.1
+    )
     gen = _rng(21)
     for step in range(steps):  # W_t is keyed by the step: a fresh one every call
-        aggregator.clipped_sum(model, X, y, step=step, loss="cross_entropy",
-                               max_physical_batch_size=64, generator=gen)
+        aggregator.clipped_sum(model, X, y, step=step, loss="cross_entropy", max_physical_batch_size=64, generator=gen)
     return counts, ranked
 
 
@@ -251,8 +263,7 @@ def test_large_trace_noise_makes_the_rank_selection_uniform(monkeypatch: pytest.
     sd_lambda = float(ranked[0].std())
     assert sd_lambda > 0
     assert chi2_pvalue(quiet) < 1e-6
-    noisy, _ = _rank_inclusion_counts(model, X, y, sigma_tr=10 * sd_lambda, steps=steps,
-                                      monkeypatch=monkeypatch)
+    noisy, _ = _rank_inclusion_counts(model, X, y, sigma_tr=10 * sd_lambda, steps=steps, monkeypatch=monkeypatch)
     assert float(noisy.sum()) == steps * tail_count(40, 0.1)
     assert chi2_pvalue(noisy) > 1e-3
 
@@ -275,8 +286,7 @@ def test_same_seed_and_step_reproduce_w_and_traces() -> None:
     streams = {tuple(keyed_uniform(key, counter=c, shape=4).tolist()) for c in ((2, 3), (3, 2), (2, 4), (0, 0))}
     assert len(streams) == 4  # (step, block) counters never share a stream
     flipped = bytes([key[0] ^ 0x80]) + key[1:]  # one bit of the 128-bit key
-    assert not torch.equal(keyed_uniform(key, counter=(2, 3), shape=4),
-                           keyed_uniform(flipped, counter=(2, 3), shape=4))
+    assert not torch.equal(keyed_uniform(key, counter=(2, 3), shape=4), keyed_uniform(flipped, counter=(2, 3), shape=4))
 
     grads = {"a": torch.randn(6, 3, 4, generator=_seeded(0)), "b": torch.randn(6, 7, generator=_seeded(1))}
     lam = StepProjection(projection, blocks, key, 4).traces(grads)
@@ -310,7 +320,7 @@ def test_tail_count_is_floor_p_times_batch_and_grows_by_at_most_one() -> None:
     assert tail_count(256, 0.1) == 25 and tail_count(3, 0.5) == 1 and tail_count(2, 0.5) == 1
     for p in (0.01, 0.05, 0.1, 0.3, 0.5, 0.77, 0.99):
         counts = [tail_count(n, p) for n in range(0, 1001)]
-        assert all(0 <= b - a <= 1 for a, b in zip(counts, counts[1:]))
+        assert all(0 <= b - a <= 1 for a, b in itertools.pairwise(counts))
         assert all(c == math.floor(p * n + 1e-9) for n, c in enumerate(counts))
 
 
@@ -374,14 +384,27 @@ def test_clipping_uses_the_norm_of_the_full_gradient_not_the_scope() -> None:
     assert float(grads["1.bias"][0].norm()) < float(full.norm())
     c2 = 0.01
     aggregator = RankAggregator(c1=1.0, c2=c2, projection=StreamingProjection(k=2, scope=("1.bias",)), p=0.1)
-    total = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=8,
-                                   generator=_rng(2))
+    total = aggregator.clipped_sum(
+        model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=8, generator=_rng(2)
+    )
     torch.testing.assert_close(_flat(total), full * (c2 / full.norm()), rtol=1e-5, atol=1e-9)
 
 
-def _manual_step(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, mode: str, c1: float, c2: float,
-                 p: float, tau: float, sigma_tr: float, projection: StreamingProjection, seed: int,
-                 step: int) -> tuple[torch.Tensor, int]:
+def _manual_step(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    mode: str,
+    c1: float,
+    c2: float,
+    p: float,
+    tau: float,
+    sigma_tr: float,
+    projection: StreamingProjection,
+    seed: int,
+    step: int,
+) -> tuple[torch.Tensor, int]:
     """An independent re-implementation of one aggregator step: dense W, QR, explicit sort."""
     replay = _rng(seed)
     key = replay.derive_key(PROJECTION_KEY_PURPOSE)
@@ -420,10 +443,12 @@ def test_aggregator_equals_an_independent_implementation(mode: str, chunk: int) 
         aggregator = RankAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr, p=p)
     else:
         aggregator = ThresholdAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr)
-    total = aggregator.clipped_sum(model, X, y, step=3, loss="cross_entropy", max_physical_batch_size=chunk,
-                                   generator=_rng(77))
-    expected, n_tail = _manual_step(model, X, y, mode=mode, c1=c1, c2=c2, p=p, tau=tau, sigma_tr=sigma_tr,
-                                    projection=projection, seed=77, step=3)
+    total = aggregator.clipped_sum(
+        model, X, y, step=3, loss="cross_entropy", max_physical_batch_size=chunk, generator=_rng(77)
+    )
+    expected, n_tail = _manual_step(
+        model, X, y, mode=mode, c1=c1, c2=c2, p=p, tau=tau, sigma_tr=sigma_tr, projection=projection, seed=77, step=3
+    )
     assert 0 < n_tail < 40
     torch.testing.assert_close(_flat(total).double(), expected, rtol=1e-4, atol=1e-6)
     if mode == "threshold":
@@ -433,8 +458,17 @@ def test_aggregator_equals_an_independent_implementation(mode: str, chunk: int) 
 # ----------------------------------------------------------------------------- T7 sensitivity
 
 
-def _sum_given_traces(grads: torch.Tensor, noisy: torch.Tensor, keys: torch.Tensor, *, mode: str,
-                      c1: float, c2: float, p: float = 0.5, tau: float = 0.5) -> torch.Tensor:
+def _sum_given_traces(
+    grads: torch.Tensor,
+    noisy: torch.Tensor,
+    keys: torch.Tensor,
+    *,
+    mode: str,
+    c1: float,
+    c2: float,
+    p: float = 0.5,
+    tau: float = 0.5,
+) -> torch.Tensor:
     """Σ clip_{c(i)}(g_i) for given per-record traces and tie-breaking priorities."""
     if mode == "rank":
         tail = rank_tail_mask(noisy, tail_count(noisy.numel(), p), torch.argsort(keys))
@@ -458,8 +492,9 @@ def test_rank_coupling_example_shifts_the_sum_by_2c1_minus_c2() -> None:
     torch.testing.assert_close(sum_D_plus, -e1 + 0.1 * e1 + g_b)
     assert float((sum_D_plus - sum_D).norm()) == pytest.approx(1.9, abs=1e-12)
     # The same pair under the threshold rule (τ = 0.4: a and z tail) moves by c1 only.
-    shift = _sum_given_traces(D_plus, lam_plus, keys_plus, mode="threshold", c1=1.0, c2=0.1, tau=0.4) - \
-        _sum_given_traces(D, lam, keys, mode="threshold", c1=1.0, c2=0.1, tau=0.4)
+    shift = _sum_given_traces(
+        D_plus, lam_plus, keys_plus, mode="threshold", c1=1.0, c2=0.1, tau=0.4
+    ) - _sum_given_traces(D, lam, keys, mode="threshold", c1=1.0, c2=0.1, tau=0.4)
     assert float(shift.norm()) == pytest.approx(1.0, abs=1e-12)
 
 
@@ -501,11 +536,22 @@ def test_fuzzed_neighbours_through_the_real_aggregators() -> None:
         y = torch.from_numpy(rng.integers(0, 3, n + 1))
         z = int(rng.integers(0, n + 1))
         keep = [i for i in range(n + 1) if i != z]
-        for aggregator in (RankAggregator(c1=c1, c2=c2, projection=projection, p=float(rng.uniform(0.1, 0.6))),
-                           ThresholdAggregator(c1=c1, c2=c2, projection=projection, tau=0.3)):
+        for aggregator in (
+            RankAggregator(c1=c1, c2=c2, projection=projection, p=float(rng.uniform(0.1, 0.6))),
+            ThresholdAggregator(c1=c1, c2=c2, projection=projection, tau=0.3),
+        ):
             sums = [
-                _flat(aggregator.clipped_sum(model, X[rows], y[rows], step=trial, loss="cross_entropy",
-                                             max_physical_batch_size=64, generator=_rng(trial)))
+                _flat(
+                    aggregator.clipped_sum(
+                        model,
+                        X[rows],
+                        y[rows],
+                        step=trial,
+                        loss="cross_entropy",
+                        max_physical_batch_size=64,
+                        generator=_rng(trial),
+                    )
+                )
                 for rows in (list(range(n + 1)), keep)
             ]
             assert float((sums[0] - sums[1]).norm()) <= aggregator.sensitivity * (1 + 1e-5)
@@ -516,10 +562,13 @@ def test_an_empty_batch_gives_a_zero_sum_and_still_releases_the_noisy_count() ->
     X, y = torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)
     projection = StreamingProjection(k=5)
     tracker = ThresholdTracker(target_fraction=0.1, eta=0.2, count_noise_std=1.0, expected_batch_size=10.0)
-    for aggregator in (RankAggregator(c1=1.0, c2=0.1, projection=projection),
-                       ThresholdAggregator(c1=1.0, c2=0.1, projection=projection, tau=0.5, tracker=tracker)):
-        total = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=4,
-                                       generator=_rng(1))
+    for aggregator in (
+        RankAggregator(c1=1.0, c2=0.1, projection=projection),
+        ThresholdAggregator(c1=1.0, c2=0.1, projection=projection, tau=0.5, tracker=tracker),
+    ):
+        total = aggregator.clipped_sum(
+            model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=4, generator=_rng(1)
+        )
         assert set(total) == {"1.weight", "1.bias"} and all(not bool(t.any()) for t in total.values())
     assert aggregator.tau != 0.5  # τ moved: the count's noise was drawn and released
 
@@ -557,8 +606,15 @@ def test_exactly_one_gaussian_vector_per_step(mode: str) -> None:
         aggregator = ThresholdAggregator(c1=1.0, c2=0.1, projection=projection, sigma_tr=0.3, tracker=tracker)
     snapshots = [model[1].weight.detach().clone()]
     hooks = TrainingHooks(on_step_end=lambda _: snapshots.append(model[1].weight.detach().clone()))
-    config = DPSGDConfig(steps=steps, sampling_probability=q, noise_multiplier=sigma, clipping_norm=1.0,
-                         learning_rate=1.0, max_physical_batch_size=8, expected_batch_size=B)
+    config = DPSGDConfig(
+        steps=steps,
+        sampling_probability=q,
+        noise_multiplier=sigma,
+        clipping_norm=1.0,
+        learning_rate=1.0,
+        max_physical_batch_size=8,
+        expected_batch_size=B,
+    )
     train_dp_sgd(model, X, y, config=config, generator=_rng(99), hooks=hooks, aggregator=aggregator)
     updates = -torch.diff(torch.stack(snapshots).double(), dim=0)
 
@@ -625,11 +681,20 @@ def test_trainer_draws_the_charged_noise(name: str, hyper: dict, monkeypatch: py
     y = torch.randint(0, 2, (N_ROWS,), generator=_seeded(7))
     result = get_trainer(name)(
         TrainingRequest(
-            model=model, X=X, y=y, task="classification", hyperparameters=plan.hyperparameters,
-            training=plan.training, noise_multiplier=sigma,
+            model=model,
+            X=X,
+            y=y,
+            task="classification",
+            hyperparameters=plan.hyperparameters,
+            training=plan.training,
+            noise_multiplier=sigma,
             sampling_probability=plan.plan.sampling_probability,
-            expected_batch_size=plan.plan.expected_batch_size, steps=plan.plan.steps,
-            max_physical_batch_size=64, generator=_rng(1), hooks=TrainingHooks(), resume_from=None,
+            expected_batch_size=plan.plan.expected_batch_size,
+            steps=plan.plan.steps,
+            max_physical_batch_size=64,
+            generator=_rng(1),
+            hooks=TrainingHooks(),
+            resume_from=None,
             device=torch.device("cpu"),
         )
     )
@@ -696,8 +761,7 @@ def test_rank_tail_fraction_is_floor_p_exactly_in_training(monkeypatch: pytest.M
     model = build_model("logistic-regression", {}, input_shape=(8,), n_outputs=3, generator=_seeded(0))
     X, y = torch.randn(300, 8, generator=_seeded(1)), torch.randint(0, 3, (300,), generator=_seeded(2))
     aggregator = RankAggregator(c1=1.0, c2=0.1, projection=StreamingProjection(k=5), p=0.1)
-    config = DPSGDConfig(steps=15, sampling_probability=0.2, noise_multiplier=1.0, clipping_norm=1.9,
-                         learning_rate=0.1)
+    config = DPSGDConfig(steps=15, sampling_probability=0.2, noise_multiplier=1.0, clipping_norm=1.9, learning_rate=0.1)
     train_dp_sgd(model, X, y, config=config, generator=_rng(3), aggregator=aggregator)
     assert len(sizes) == 15
     assert all(tail == math.floor(0.1 * size) for size, tail in sizes)
@@ -706,17 +770,30 @@ def test_rank_tail_fraction_is_floor_p_exactly_in_training(monkeypatch: pytest.M
 # ----------------------------------------------------------------------------- resume
 
 
-def _threshold_request(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, seed: int, hooks: TrainingHooks,
-                       resume: TrainingState | None) -> TrainingRequest:
-    hyperparameters = get_algorithm("dc-dpsgd-threshold").validate_hyperparameters({
-        "c2": 0.02, "c1": 0.5, "k": 6, "tracking": True, "eta_tau": 0.5, "threshold_noise_ratio": 2.0,
-        "momentum": 0.5})
+def _threshold_request(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, seed: int, hooks: TrainingHooks, resume: TrainingState | None
+) -> TrainingRequest:
+    hyperparameters = get_algorithm("dc-dpsgd-threshold").validate_hyperparameters(
+        {"c2": 0.02, "c1": 0.5, "k": 6, "tracking": True, "eta_tau": 0.5, "threshold_noise_ratio": 2.0, "momentum": 0.5}
+    )
     training = TrainingSpec(steps=12, batch_size=15, learning_rate=0.3)
-    return TrainingRequest(model=model, X=X, y=y, task="classification", hyperparameters=hyperparameters,
-                           training=training, noise_multiplier=0.8,
-                           sampling_probability=0.25, expected_batch_size=15.0, steps=12,
-                           max_physical_batch_size=16, generator=_rng(seed), hooks=hooks,
-                           resume_from=resume, device=torch.device("cpu"))
+    return TrainingRequest(
+        model=model,
+        X=X,
+        y=y,
+        task="classification",
+        hyperparameters=hyperparameters,
+        training=training,
+        noise_multiplier=0.8,
+        sampling_probability=0.25,
+        expected_batch_size=15.0,
+        steps=12,
+        max_physical_batch_size=16,
+        generator=_rng(seed),
+        hooks=hooks,
+        resume_from=resume,
+        device=torch.device("cpu"),
+    )
 
 
 def test_tracked_threshold_survives_checkpoint_and_resume(tmp_path: Path) -> None:
@@ -737,8 +814,9 @@ def test_tracked_threshold_survives_checkpoint_and_resume(tmp_path: Path) -> Non
 
     interrupted, _, _ = problem()
     done: list[int] = []
-    hooks = TrainingHooks(save_checkpoint=save, checkpoint_every=5, on_step_end=done.append,
-                          should_stop=lambda: len(done) == 7)
+    hooks = TrainingHooks(
+        save_checkpoint=save, checkpoint_every=5, on_step_end=done.append, should_stop=lambda: len(done) == 7
+    )
     assert trainer(_threshold_request(interrupted, X, y, seed=42, hooks=hooks, resume=None)).stopped_early
     saved_tau = checkpoints[0].optimizer_state["param_groups"][0][TAU_CHECKPOINT_KEY]
     assert isinstance(saved_tau, float) and saved_tau != 6 / sum(p.numel() for p in reference.parameters())
@@ -762,8 +840,14 @@ def test_rank_result_does_not_depend_on_the_chunk_size() -> None:
         X = torch.randn(50, 4, generator=_seeded(1), dtype=torch.float64)
         y = torch.randint(0, 3, (50,), generator=_seeded(2))
         aggregator = RankAggregator(c1=0.5, c2=0.05, projection=StreamingProjection(k=7), p=0.2)
-        config = DPSGDConfig(steps=5, sampling_probability=0.5, noise_multiplier=1.0, clipping_norm=0.95,
-                             learning_rate=0.1, max_physical_batch_size=chunk)
+        config = DPSGDConfig(
+            steps=5,
+            sampling_probability=0.5,
+            noise_multiplier=1.0,
+            clipping_norm=0.95,
+            learning_rate=0.1,
+            max_physical_batch_size=chunk,
+        )
         train_dp_sgd(model, X, y, config=config, generator=_rng(3), aggregator=aggregator)
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
@@ -791,12 +875,21 @@ def test_dc_dpsgd_learns_digits(name: str) -> None:
     q = 0.05
     result = get_trainer(name)(
         TrainingRequest(
-            model=model, X=X_train_t, y=torch.tensor(y_train), task="classification",
+            model=model,
+            X=X_train_t,
+            y=torch.tensor(y_train),
+            task="classification",
             hyperparameters=get_algorithm(name).validate_hyperparameters(hyper),
             training=TrainingSpec(steps=300, batch_size=round(q * len(X_train)), learning_rate=1.0),
-            noise_multiplier=1.0, sampling_probability=q, expected_batch_size=q * len(X_train),
-            steps=300, max_physical_batch_size=256, generator=_rng(1), hooks=TrainingHooks(),
-            resume_from=None, device=torch.device("cpu"),
+            noise_multiplier=1.0,
+            sampling_probability=q,
+            expected_batch_size=q * len(X_train),
+            steps=300,
+            max_physical_batch_size=256,
+            generator=_rng(1),
+            hooks=TrainingHooks(),
+            resume_from=None,
+            device=torch.device("cpu"),
         )
     )
     assert result.steps_run == 300

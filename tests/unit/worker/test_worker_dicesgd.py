@@ -8,9 +8,11 @@ switch: the API only accepts σ > 0 or a target ε (tests/api/test_api_dicesgd.p
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,9 +23,10 @@ from scipy import stats
 from torch import nn
 
 from app import privacy
-from app.job_planning import plan_job
+from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.dicesgd import (
     ERROR_FEEDBACK_CHECKPOINT_KEY,
     ErrorFeedbackAggregator,
@@ -36,10 +39,9 @@ from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_
 from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.per_sample_maps import AutoSClip
 from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks, TrainingState
+from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.artifacts import load_training_state, save_training_state
-from privtrain.architectures import build_model
 
 
 def _seeded(seed: int) -> torch.Generator:
@@ -75,11 +77,16 @@ def _toy_data(xi: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ones(len(xi), 1, dtype=torch.float64), torch.tensor(xi, dtype=torch.float64)
 
 
-def _config(*, steps: int, q: float, batch: float, lr: float, sigma: float = 0.0, **extra) -> DPSGDConfig:
+def _config(*, steps: int, q: float, batch: float, lr: float, sigma: float = 0.0) -> DPSGDConfig:
     return DPSGDConfig(
-        steps=steps, sampling_probability=q, noise_multiplier=sigma, clipping_norm=1.0,
-        learning_rate=lr, loss="mse", max_physical_batch_size=256, expected_batch_size=batch,
-        **extra,
+        steps=steps,
+        sampling_probability=q,
+        noise_multiplier=sigma,
+        clipping_norm=1.0,
+        learning_rate=lr,
+        loss="mse",
+        max_physical_batch_size=256,
+        expected_batch_size=batch,
     )
 
 
@@ -89,13 +96,35 @@ def _dice(c1: float, c2: float, batch: float) -> ErrorFeedbackAggregator:
     )
 
 
-def _run_dice(model, X, y, aggregator, config, seed=0, **kw):
-    return train_dicesgd(model, X, y, config=config, aggregator=aggregator, generator=_rng(seed), **kw)
+def _run_dice(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    aggregator: ErrorFeedbackAggregator,
+    config: DPSGDConfig,
+    *,
+    seed: int = 0,
+    hooks: TrainingHooks | None = None,
+    resume_from: TrainingState | None = None,
+) -> TrainingResult:
+    return train_dicesgd(
+        model,
+        X,
+        y,
+        config=config,
+        aggregator=aggregator,
+        generator=_rng(seed),
+        hooks=hooks,
+        resume_from=resume_from,
+    )
 
 
-def _run_dpsgd(model, X, y, c1, config, seed=0):
-    return train_dp_sgd(model, X, y, config=config, generator=_rng(seed),
-                        aggregator=PerSampleMapAggregator(AbadiClip(c1)))
+def _run_dpsgd(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, c1: float, config: DPSGDConfig, *, seed: int = 0
+) -> TrainingResult:
+    return train_dp_sgd(
+        model, X, y, config=config, generator=_rng(seed), aggregator=PerSampleMapAggregator(AbadiClip(c1))
+    )
 
 
 # ----------------------------------------------------------------------------- T1: ψ
@@ -118,7 +147,9 @@ def test_clip_keeps_short_vectors_and_clips_long_ones_to_exactly_c2() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    values=st.lists(st.floats(min_value=-2.0**100, max_value=2.0**100, allow_nan=False, width=32), min_size=1, max_size=12),
+    values=st.lists(
+        st.floats(min_value=-(2.0**100), max_value=2.0**100, allow_nan=False, width=32), min_size=1, max_size=12
+    ),
     c2=st.floats(min_value=1e-6, max_value=1e4),
     gamma=st.floats(min_value=1e-6, max_value=1e4),
 )
@@ -146,7 +177,9 @@ def test_normalisation_of_a_zero_error_is_zero_not_nan() -> None:
 # ----------------------------------------------------------------------------- T2/T4/T6: one step
 
 
-def _reference_step(model, X, y, c1, batch):
+def _reference_step(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, c1: float, batch: float
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Independent per-row autograd: (c̄, ḡ) on the averaged scale."""
     params = dict(model.named_parameters())
     clipped = {k: torch.zeros_like(p) for k, p in params.items()}
@@ -157,7 +190,7 @@ def _reference_step(model, X, y, c1, batch):
         grads = torch.autograd.grad(loss, list(params.values()))
         norm = torch.cat([g.flatten() for g in grads]).norm()
         factor = min(1.0, c1 / float(norm))
-        for (k, _), g in zip(params.items(), grads):
+        for (k, _), g in zip(params.items(), grads, strict=True):
             clipped[k] += factor * g / batch
             plain[k] += g / batch
     return clipped, plain
@@ -171,8 +204,9 @@ def test_one_step_matches_algorithm_2_and_keeps_noise_out_of_e() -> None:
     aggregator = _dice(c1, c2, batch)
     e0 = {k: torch.randn_like(p) for k, p in model.named_parameters()}
     aggregator.error = {k: v.clone() for k, v in e0.items()}
-    released = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy",
-                                      max_physical_batch_size=5, generator=_rng(0))
+    released = aggregator.clipped_sum(
+        model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=5, generator=_rng(0)
+    )
     c_bar, g_bar = _reference_step(model, X, y, c1, batch)
     assert _norm(e0) > c2
     s = c2 / _norm(e0) * (1 - 2.0**-20)  # the documented safety shrink of the clip scale
@@ -189,10 +223,15 @@ def test_empty_batch_releases_the_clipped_error_and_keeps_the_rest() -> None:
     aggregator = _dice(1.0, 0.5, 4.0)
     e0 = {k: torch.full_like(p, 3.0) for k, p in model.named_parameters()}
     aggregator.error = {k: v.clone() for k, v in e0.items()}
-    released = aggregator.clipped_sum(model, torch.zeros(0, 2, dtype=torch.float64),
-                                      torch.zeros(0, dtype=torch.int64), step=0,
-                                      loss="cross_entropy", max_physical_batch_size=8,
-                                      generator=_rng(0))
+    released = aggregator.clipped_sum(
+        model,
+        torch.zeros(0, 2, dtype=torch.float64),
+        torch.zeros(0, dtype=torch.int64),
+        step=0,
+        loss="cross_entropy",
+        max_physical_batch_size=8,
+        generator=_rng(0),
+    )
     s = 0.5 / _norm(e0)
     for k in e0:
         assert torch.allclose(released[k] / 4.0, s * e0[k], rtol=1e-5)
@@ -206,8 +245,9 @@ def test_sum_and_mean_scale_agree_because_b_is_the_public_constant() -> None:
     outs = []
     for batch in (7.0, 14.0):
         aggregator = _dice(1e6, 1.0, batch)
-        released = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy",
-                                          max_physical_batch_size=3, generator=_rng(0))
+        released = aggregator.clipped_sum(
+            model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=3, generator=_rng(0)
+        )
         outs.append({k: v / batch for k, v in released.items()})
     for k in outs[0]:
         assert torch.allclose(outs[0][k], 2 * outs[1][k], atol=1e-12)
@@ -237,13 +277,19 @@ def test_c2_zero_follows_dpsgd_exactly_with_the_same_noise() -> None:
     base = nn.Sequential(nn.Linear(4, 3)).double()
     a, b = nn.Sequential(nn.Linear(4, 3)).double(), nn.Sequential(nn.Linear(4, 3)).double()
     a.load_state_dict(base.state_dict()), b.load_state_dict(base.state_dict())
-    config = DPSGDConfig(steps=15, sampling_probability=0.25, noise_multiplier=0.7, clipping_norm=0.5,
-                         learning_rate=0.3, expected_batch_size=10.0)
+    config = DPSGDConfig(
+        steps=15,
+        sampling_probability=0.25,
+        noise_multiplier=0.7,
+        clipping_norm=0.5,
+        learning_rate=0.3,
+        expected_batch_size=10.0,
+    )
     aggregator = _dice(0.5, 0.0, 10.0)
     assert aggregator.sensitivity == 0.5
     _run_dice(a, X, y, aggregator, config, seed=3)
     _run_dpsgd(b, X, y, 0.5, config, seed=3)
-    for pa, pb in zip(a.parameters(), b.parameters()):
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(pa, pb, atol=1e-12)
 
 
@@ -254,13 +300,19 @@ def test_unclipped_rows_leave_e_at_zero_and_equal_dpsgd() -> None:
     base = nn.Sequential(nn.Linear(4, 2)).double()
     a, b = nn.Sequential(nn.Linear(4, 2)).double(), nn.Sequential(nn.Linear(4, 2)).double()
     a.load_state_dict(base.state_dict()), b.load_state_dict(base.state_dict())
-    config = DPSGDConfig(steps=10, sampling_probability=0.5, noise_multiplier=0.0, clipping_norm=100.0,
-                         learning_rate=0.1, expected_batch_size=15.0)
+    config = DPSGDConfig(
+        steps=10,
+        sampling_probability=0.5,
+        noise_multiplier=0.0,
+        clipping_norm=100.0,
+        learning_rate=0.1,
+        expected_batch_size=15.0,
+    )
     aggregator = _dice(100.0, 1.0, 15.0)
     _run_dice(a, X, y, aggregator, config, seed=4)
     _run_dpsgd(b, X, y, 100.0, config, seed=4)
     assert all(torch.equal(e, torch.zeros_like(e)) for e in aggregator.error.values())
-    for pa, pb in zip(a.parameters(), b.parameters()):
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(pa, pb, atol=1e-12)
 
 
@@ -342,8 +394,15 @@ def test_adam_variant_without_noise_or_clipping_is_torch_adam() -> None:
     base = nn.Sequential(nn.Linear(3, 2)).double()
     a, b = nn.Sequential(nn.Linear(3, 2)).double(), nn.Sequential(nn.Linear(3, 2)).double()
     a.load_state_dict(base.state_dict()), b.load_state_dict(base.state_dict())
-    config = DPSGDConfig(steps=12, sampling_probability=1.0, noise_multiplier=0.0, clipping_norm=1.0,
-                         learning_rate=0.01, optimizer="adam", expected_batch_size=16.0)
+    config = DPSGDConfig(
+        steps=12,
+        sampling_probability=1.0,
+        noise_multiplier=0.0,
+        clipping_norm=1.0,
+        learning_rate=0.01,
+        optimizer="adam",
+        expected_batch_size=16.0,
+    )
     aggregator = _dice(1e6, 1e6, 16.0)
     _run_dice(a, X, y, aggregator, config)
     adam = torch.optim.Adam(b.parameters(), lr=0.01)
@@ -351,7 +410,7 @@ def test_adam_variant_without_noise_or_clipping_is_torch_adam() -> None:
         adam.zero_grad()
         (nn.functional.cross_entropy(b(X), y, reduction="sum") / 16.0).backward()
         adam.step()
-    for pa, pb in zip(a.parameters(), b.parameters()):
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(pa, pb, atol=1e-10)
     assert all(float(e.abs().max()) < 1e-12 for e in aggregator.error.values())
 
@@ -360,7 +419,8 @@ def test_automatic_variant_has_no_nan_at_zero_error_and_reaches_the_mean() -> No
     X, y, mean = _outlier_data()
     aggregator = ErrorFeedbackAggregator(
         per_sample_map=AutoSClip(clipping_norm=1.0, gamma=0.01),
-        feedback_map=ErrorFeedbackNormalise(0.01), expected_batch_size=200.0,
+        feedback_map=ErrorFeedbackNormalise(0.01),
+        expected_batch_size=200.0,
     )
     assert aggregator.sensitivity == 1.0 + 2 * 200.0
     model = _scalar_model()
@@ -377,8 +437,15 @@ def test_resume_restores_the_error_feedback_bit_for_bit(optimizer: str, tmp_path
     torch.manual_seed(5)
     X, y = torch.randn(60, 4) * 5, torch.randint(0, 3, (60,))
     base = nn.Sequential(nn.Linear(4, 3))
-    config = DPSGDConfig(steps=9, sampling_probability=0.3, noise_multiplier=0.8, clipping_norm=1.0,
-                         learning_rate=0.2, optimizer=optimizer, expected_batch_size=18.0)
+    config = DPSGDConfig(
+        steps=9,
+        sampling_probability=0.3,
+        noise_multiplier=0.8,
+        clipping_norm=1.0,
+        learning_rate=0.2,
+        optimizer=optimizer,
+        expected_batch_size=18.0,
+    )
 
     def fresh() -> nn.Module:
         m = nn.Sequential(nn.Linear(4, 3))
@@ -396,8 +463,15 @@ def test_resume_restores_the_error_feedback_bit_for_bit(optimizer: str, tmp_path
         saved.append(state.step)
 
     crashed = fresh()
-    _run_dice(crashed, X, y, _dice(0.2, 0.3, 18.0), config, seed=7,
-              hooks=TrainingHooks(save_checkpoint=save, checkpoint_every=4))
+    _run_dice(
+        crashed,
+        X,
+        y,
+        _dice(0.2, 0.3, 18.0),
+        config,
+        seed=7,
+        hooks=TrainingHooks(save_checkpoint=save, checkpoint_every=4),
+    )
     assert saved == [4, 8]
     state = load_training_state(path)
     keys = {k for entries in state.optimizer_state["state"].values() for k in entries}
@@ -406,7 +480,7 @@ def test_resume_restores_the_error_feedback_bit_for_bit(optimizer: str, tmp_path
     # resume from step 8's checkpoint on a fresh model and aggregator
     resumed = fresh()
     _run_dice(resumed, X, y, _dice(0.2, 0.3, 18.0), config, seed=99, resume_from=state)
-    for pa, pb in zip(resumed.parameters(), straight.parameters()):
+    for pa, pb in zip(resumed.parameters(), straight.parameters(), strict=True):
         assert torch.equal(pa, pb)
 
     # e is load-bearing: dropping it from the checkpoint changes the continuation
@@ -415,15 +489,16 @@ def test_resume_restores_the_error_feedback_bit_for_bit(optimizer: str, tmp_path
         entries.pop(ERROR_FEEDBACK_CHECKPOINT_KEY, None)
     without = fresh()
     _run_dice(without, X, y, _dice(0.2, 0.3, 18.0), config, seed=99, resume_from=state)
-    assert any(not torch.equal(pa, pb) for pa, pb in zip(without.parameters(), straight.parameters()))
+    assert any(not torch.equal(pa, pb) for pa, pb in zip(without.parameters(), straight.parameters(), strict=True))
 
 
 def test_cancel_stops_before_a_step() -> None:
     X, y = _toy_data([0.0, 1.0])
     calls: list[int] = []
     hooks = TrainingHooks(on_step_end=calls.append, should_stop=lambda: len(calls) >= 3)
-    result = _run_dice(_scalar_model(), X, y, _dice(1.0, 1.0, 2.0), _config(steps=10, q=1.0, batch=2.0, lr=0.1),
-                       hooks=hooks)
+    result = _run_dice(
+        _scalar_model(), X, y, _dice(1.0, 1.0, 2.0), _config(steps=10, q=1.0, batch=2.0, lr=0.1), hooks=hooks
+    )
     assert result.stopped_early and result.steps_run == 3
 
 
@@ -437,17 +512,21 @@ N_ROWS, N_FEATURES = 2000, 600
 def test_trainer_sensitivity_equals_the_charged_one(name: str) -> None:
     dataset = Dataset(n_rows=N_ROWS, feature_shape=[N_FEATURES], task="classification", n_classes=2)
     hyper = {"dicesgd": {"c1": 0.7, "c2": 0.05}, "dicesgd-adam": {"c1": 2.0, "c2": 0.5}, "dicesgd-auto": {}}[name]
-    spec = JobCreate.model_validate({
-        "dataset_id": "ds_x", "model": {"name": "logistic-regression"},
-        "algorithm": {"name": name, "hyperparameters": hyper},
-        "privacy": {"target_epsilon": 4.0},
-        "training": {"steps": 3, "batch_size": 100, "learning_rate": 0.1},
-    })
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "ds_x",
+            "model": {"name": "logistic-regression"},
+            "algorithm": {"name": name, "hyperparameters": hyper},
+            "privacy": {"target_epsilon": 4.0},
+            "training": {"steps": 3, "batch_size": 100, "learning_rate": 0.1},
+        }
+    )
     plan = plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10_000)
     captured: list[float] = []
     original = ErrorFeedbackAggregator.clipped_sum
 
-    def spy(self, *args, **kwargs):
+    def spy(self: ErrorFeedbackAggregator, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """Forwards unchanged to the real method: only records the sensitivity it runs with."""
         captured.append(self.sensitivity)
         return original(self, *args, **kwargs)
 
@@ -460,15 +539,29 @@ def test_trainer_sensitivity_equals_the_charged_one(name: str) -> None:
     assert captured and all(s == pytest.approx(plan.plan.sensitivity, rel=1e-12) for s in captured)
 
 
-def _request(plan, model, X, y, name, hooks=None) -> TrainingRequest:
+def _request(
+    plan: JobPlan,
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    name: str,
+    hooks: TrainingHooks | None = None,
+) -> TrainingRequest:
     return TrainingRequest(
-        model=model, X=X, y=y, task="classification",
-        hyperparameters=plan.hyperparameters, training=plan.training,
+        model=model,
+        X=X,
+        y=y,
+        task="classification",
+        hyperparameters=plan.hyperparameters,
+        training=plan.training,
         noise_multiplier=plan.noise_multiplier,
         sampling_probability=plan.plan.sampling_probability,
         expected_batch_size=plan.plan.expected_batch_size,
-        steps=plan.plan.steps, max_physical_batch_size=128,
-        generator=_rng(1), hooks=hooks or TrainingHooks(), resume_from=None,
+        steps=plan.plan.steps,
+        max_physical_batch_size=128,
+        generator=_rng(1),
+        hooks=hooks or TrainingHooks(),
+        resume_from=None,
         device=torch.device("cpu"),
     )
 
@@ -481,12 +574,15 @@ def test_dicesgd_trainer_draws_the_charged_noise_every_step(caplog: pytest.LogCa
     on the averaged scale, Δ = C1/B + 2·C2 — the charged GaussianEvent's σ times its sensitivity.
     """
     dataset = Dataset(n_rows=N_ROWS, feature_shape=[N_FEATURES], task="classification", n_classes=2)
-    spec = JobCreate.model_validate({
-        "dataset_id": "ds_x", "model": {"name": "logistic-regression"},
-        "algorithm": {"name": "dicesgd", "hyperparameters": {"c1": 0.7, "c2": 0.01}},
-        "privacy": {"target_epsilon": 8.0},
-        "training": {"steps": 10, "batch_size": 100, "learning_rate": 0.5},
-    })
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "ds_x",
+            "model": {"name": "logistic-regression"},
+            "algorithm": {"name": "dicesgd", "hyperparameters": {"c1": 0.7, "c2": 0.01}},
+            "privacy": {"target_epsilon": 8.0},
+            "training": {"steps": 10, "batch_size": 100, "learning_rate": 0.5},
+        }
+    )
     plan = plan_job(spec, dataset, dataset_delta=1e-5, max_steps=10_000)
     event = privacy.event_from_json(plan.event_json)
     assert event == privacy.GaussianEvent(noise_multiplier=plan.noise_multiplier, count=10)
@@ -501,7 +597,7 @@ def test_dicesgd_trainer_draws_the_charged_noise_every_step(caplog: pytest.LogCa
         result = get_trainer("dicesgd")(_request(plan, model, X, y, "dicesgd", hooks))
     assert result.steps_run == 10
     assert not caplog.records  # nothing at all is logged by a normal run
-    increments = torch.stack([(b - a).flatten() for a, b in zip(weights, weights[1:])]).double()
+    increments = torch.stack([(b - a).flatten() for a, b in itertools.pairwise(weights)]).double()
     noise = (-increments / 0.5).numpy()  # (T, d): the noise of each step on the averaged scale
     expected_std = plan.noise_multiplier * delta_avg
     for per_step in noise:  # every step draws fresh noise at the charged scale
@@ -525,11 +621,13 @@ def test_ghost_and_vmap_engines_give_the_same_step() -> None:
     e0 = {k: torch.randn_like(p) * 0.1 for k, p in model.named_parameters()}
     outs = []
     for engine in ("ghost", "vmap"):
-        aggregator = ErrorFeedbackAggregator(per_sample_map=AbadiClip(0.3), feedback_map=ErrorFeedbackClip(0.5),
-                                             expected_batch_size=16.0, engine=engine)
+        aggregator = ErrorFeedbackAggregator(
+            per_sample_map=AbadiClip(0.3), feedback_map=ErrorFeedbackClip(0.5), expected_batch_size=16.0, engine=engine
+        )
         aggregator.error = {k: v.clone() for k, v in e0.items()}
-        released = aggregator.clipped_sum(model, X, y, step=0, loss="cross_entropy",
-                                          max_physical_batch_size=7, generator=_rng(0))
+        released = aggregator.clipped_sum(
+            model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=7, generator=_rng(0)
+        )
         outs.append((released, aggregator.error))
     for k in e0:
         assert torch.isfinite(outs[0][0][k]).all() and torch.isfinite(outs[0][1][k]).all()
@@ -540,19 +638,21 @@ def test_ghost_and_vmap_engines_give_the_same_step() -> None:
 
 def test_one_book_keeping_pass_equals_separate_ghost_sums() -> None:
     """ghost_weighted_grad_sums (added for DiceSGD) == ghost_clipped_grad_sum once per map."""
-    from worker.optimizers.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
     from worker.optimizers.dicesgd import _Residual
+    from worker.optimizers.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
 
     model = build_model("cnn2-gn", {}, input_shape=(1, 14, 14), n_outputs=3, generator=_seeded(0)).double()
     X = torch.randn(9, 1, 14, 14, dtype=torch.float64, generator=_seeded(1)) * 3
     y = torch.randint(0, 3, (9,), generator=_seeded(2))
     X[4] = float("nan")
     maps = (AbadiClip(0.5), _Residual(AbadiClip(0.5)))
-    together = ghost_weighted_grad_sums(model, X, y, loss="cross_entropy", per_sample_maps=maps,
-                                        max_physical_batch_size=4)
-    for per_sample_map, result in zip(maps, together):
-        alone = ghost_clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=per_sample_map,
-                                       max_physical_batch_size=4)
+    together = ghost_weighted_grad_sums(
+        model, X, y, loss="cross_entropy", per_sample_maps=maps, max_physical_batch_size=4
+    )
+    for per_sample_map, result in zip(maps, together, strict=True):
+        alone = ghost_clipped_grad_sum(
+            model, X, y, loss="cross_entropy", per_sample_map=per_sample_map, max_physical_batch_size=4
+        )
         for name in alone:
             assert torch.isfinite(result[name]).all()
             assert torch.allclose(result[name], alone[name], rtol=1e-12, atol=1e-12)

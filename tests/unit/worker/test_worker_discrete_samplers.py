@@ -83,9 +83,15 @@ def test_discrete_laplace_goodness_of_fit(t: int) -> None:
         support = np.arange(support[0] - 1, support[-1] + 2)
     p_in = _dlap_pmf(support, t)
     tail = (1 - p_in.sum()) / 2
-    observed = np.concatenate([[np.sum(z < support[0])], np.bincount(
-        np.clip(z - support[0], 0, support.size)[(z >= support[0]) & (z <= support[-1])],
-        minlength=support.size), [np.sum(z > support[-1])]])
+    observed = np.concatenate(
+        [
+            [np.sum(z < support[0])],
+            np.bincount(
+                np.clip(z - support[0], 0, support.size)[(z >= support[0]) & (z <= support[-1])], minlength=support.size
+            ),
+            [np.sum(z > support[-1])],
+        ]
+    )
     expected = n * np.concatenate([[tail], p_in, [tail]])
     assert stats.chisquare(observed, expected).pvalue > _P_MIN
     # symmetry: sign test and mean
@@ -144,9 +150,7 @@ def test_snapped_laplace_rejects_bad_parameters(scale: float, delta: float) -> N
     epsilon=st.floats(1e-6, 1e3),
     dimension=st.integers(0, 100_000),
 )
-def test_snapped_laplace_epsilon_never_exceeds_the_charged_one(
-    scale: float, epsilon: float, dimension: int
-) -> None:
+def test_snapped_laplace_epsilon_never_exceeds_the_charged_one(scale: float, epsilon: float, dimension: int) -> None:
     delta = epsilon * scale
     p = snapped_laplace_parameters(scale=scale, l1_sensitivity=delta, dimension=dimension)
     exact = (Fraction(delta) + dimension * Fraction(p.grid)) / (p.noise_units * Fraction(p.grid))
@@ -190,8 +194,7 @@ def test_snapped_laplace_exact_pmf_privacy_loss(
 
 def test_report_noisy_max_picks_the_clear_winner() -> None:
     rng = _rng(30)
-    picks = [report_noisy_max(rng, np.array([0.0, 1.0, 30.0, 2.0]), scale=1.0, sensitivity=1.0)
-             for _ in range(500)]
+    picks = [report_noisy_max(rng, np.array([0.0, 1.0, 30.0, 2.0]), scale=1.0, sensitivity=1.0) for _ in range(500)]
     assert picks.count(2) >= 495
 
 
@@ -207,8 +210,9 @@ def test_report_noisy_max_is_uniform_over_exact_ties() -> None:
     rng = _rng(32)
     p = report_noisy_max_parameters(scale=1.0, sensitivity=1.0, grid_bits=0)
     assert p.noise_units <= 4
-    counts = np.bincount([report_noisy_max(rng, np.zeros(3), scale=1.0, sensitivity=1.0, grid_bits=0)
-                          for _ in range(6000)], minlength=3)
+    counts = np.bincount(
+        [report_noisy_max(rng, np.zeros(3), scale=1.0, sensitivity=1.0, grid_bits=0) for _ in range(6000)], minlength=3
+    )
     assert stats.chisquare(counts).pvalue > _P_MIN
 
 
@@ -223,7 +227,8 @@ def _rnm_two_candidate_law(h0: int, h1: int, t: int) -> float:
     below = np.where(idx_lt >= 0, cdf[np.clip(idx_lt, 0, None)], 0.0)
     eq_idx = np.searchsorted(z, h0 - h1 + z)
     equal = np.where(eq_idx < z.size, p[np.clip(eq_idx, 0, z.size - 1)], 0.0) * (
-        z[np.clip(eq_idx, 0, z.size - 1)] == h0 - h1 + z)
+        z[np.clip(eq_idx, 0, z.size - 1)] == h0 - h1 + z
+    )
     return float(np.sum(p * (below + 0.5 * equal)))
 
 
@@ -241,8 +246,10 @@ def test_report_noisy_max_privacy_ratio_on_two_candidates(grid_bits: int) -> Non
             assert max(a / b, b / a) <= math.exp(p.epsilon) * (1 + 1e-9)
     rng = _rng(33 + grid_bits)
     n = 4000
-    freq = [np.mean([report_noisy_max(rng, s, scale=scale, sensitivity=delta, grid_bits=grid_bits) == 1
-                     for _ in range(n)]) for s in (np.array([0.0, 0.0]), np.array([delta, -delta]))]
+    freq = [
+        np.mean([report_noisy_max(rng, s, scale=scale, sensitivity=delta, grid_bits=grid_bits) == 1 for _ in range(n)])
+        for s in (np.array([0.0, 0.0]), np.array([delta, -delta]))
+    ]
     for a, b in ((freq[0], freq[1]), (1 - freq[0], 1 - freq[1])):
         tol = 5 * math.sqrt(0.25 / n) / min(a, b)
         assert max(a / b, b / a) <= math.exp(eps) * (1 + tol)
@@ -278,8 +285,9 @@ def test_exponential_mechanism_matches_softmax(scores: list[float]) -> None:
     epsilon, delta = 2.0, 1.0
     rng = _rng(40)
     n = 10_000
-    counts = np.bincount([exponential_mechanism(rng, s, epsilon=epsilon, sensitivity=delta)
-                          for _ in range(n)], minlength=s.size)
+    counts = np.bincount(
+        [exponential_mechanism(rng, s, epsilon=epsilon, sensitivity=delta) for _ in range(n)], minlength=s.size
+    )
     finite = np.isfinite(s)
     assert counts[~finite].sum() == 0
     c = exponential_mechanism_parameters(epsilon=epsilon, sensitivity=delta).temperature
@@ -299,10 +307,9 @@ def test_exponential_mechanism_reaches_the_far_tail() -> None:
     p_tail = 1000 * math.exp(-c * gap) / (1 + 1000 * math.exp(-c * gap))
     rng = _rng(41)
     n = 3000
-    hits = sum(exponential_mechanism(rng, scores, epsilon=epsilon, sensitivity=delta) != 0
-               for _ in range(n))
+    hits = sum(exponential_mechanism(rng, scores, epsilon=epsilon, sensitivity=delta) != 0 for _ in range(n))
     law = stats.poisson(n * p_tail)
-    assert 0 < hits and law.cdf(hits) > _P_MIN and law.sf(hits - 1) > _P_MIN
+    assert hits > 0 and law.cdf(hits) > _P_MIN and law.sf(hits - 1) > _P_MIN
 
 
 def test_exponential_mechanism_keeps_gap_40_weights_exact() -> None:
@@ -364,7 +371,7 @@ def test_rare_huge_noise_paths_stay_exact(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(ds, "_discrete_laplace_parts", fake_parts)
     p = snapped_laplace_parameters(scale=1.0, l1_sensitivity=1.0, dimension=2)
     out = snapped_laplace(_rng(0), np.array([0.5, 0.5]), scale=1.0, l1_sensitivity=1.0)
-    assert out[0] == float((Fraction(0.5) + (1 + p.noise_units * (1 << 40)) * Fraction(p.grid)))
+    assert out[0] == float(Fraction(0.5) + (1 + p.noise_units * (1 << 40)) * Fraction(p.grid))
     assert out[1] == 0.5 - p.grid
     assert report_noisy_max(_rng(0), np.array([-5.0, 5.0]), scale=1.0, sensitivity=1.0) == 0
 
@@ -378,8 +385,7 @@ def test_speed_figures() -> None:
     snapped_laplace(rng, np.zeros(100_000), scale=1.0, l1_sensitivity=1.0)
     t_snap = time.perf_counter() - t0
     timings = {}
-    for name, scores in (("peaked", np.concatenate([[0.0], np.full(1999, -50.0)])),
-                         ("flat", np.zeros(2000))):
+    for name, scores in (("peaked", np.concatenate([[0.0], np.full(1999, -50.0)])), ("flat", np.zeros(2000))):
         t0 = time.perf_counter()
         for _ in range(100):
             exponential_mechanism(rng, scores, epsilon=2.0, sensitivity=1.0)
@@ -388,6 +394,8 @@ def test_speed_figures() -> None:
     for _ in range(100):
         report_noisy_max(rng, rng.normal(size=2000), scale=1.0, sensitivity=1.0)
     t_rnm = time.perf_counter() - t0
-    print(f"\nsnapped_laplace 1e5 draws: {t_snap * 1e3:.1f} ms; "
-          f"exponential_mechanism 100 calls x 2000 candidates: peaked {timings['peaked'] * 1e3:.1f} ms, "
-          f"flat {timings['flat'] * 1e3:.1f} ms; report_noisy_max 100 x 2000: {t_rnm * 1e3:.1f} ms")
+    print(
+        f"\nsnapped_laplace 1e5 draws: {t_snap * 1e3:.1f} ms; "
+        f"exponential_mechanism 100 calls x 2000 candidates: peaked {timings['peaked'] * 1e3:.1f} ms, "
+        f"flat {timings['flat'] * 1e3:.1f} ms; report_noisy_max 100 x 2000: {t_rnm * 1e3:.1f} ms"
+    )

@@ -12,6 +12,7 @@ from scipy import stats
 from torch import nn
 
 import worker.optimizers.dp_sgd as dp_sgd_module
+from privtrain.architectures import build_model
 from worker.optimizers.dp_sgd import (
     DPSGDConfig,
     TrainingHooks,
@@ -22,7 +23,6 @@ from worker.optimizers.noise import privatise_sum
 from worker.optimizers.sampling import poisson_sample
 from worker.optimizers.secure_random import SecureRandom
 from worker.training.artifacts import load_training_state, save_training_state
-from privtrain.architectures import build_model
 
 
 def _seeded(seed: int) -> torch.Generator:
@@ -101,8 +101,14 @@ def test_end_to_end_noise_equals_the_charged_gaussian() -> None:
     model, X, y = _zero_gradient_problem(n, d, k)
     snapshots = [model[1].weight.detach().clone()]
     hooks = TrainingHooks(on_step_end=lambda _: snapshots.append(model[1].weight.detach().clone()))
-    config = _config(steps=steps, sampling_probability=q, noise_multiplier=sigma,
-                     clipping_norm=clip, learning_rate=1.0, max_physical_batch_size=16)
+    config = _config(
+        steps=steps,
+        sampling_probability=q,
+        noise_multiplier=sigma,
+        clipping_norm=clip,
+        learning_rate=1.0,
+        max_physical_batch_size=16,
+    )
     result = train_dp_sgd(model, X, y, config=config, generator=_rng(99), hooks=hooks)
     assert result.steps_run == steps and not result.stopped_early
 
@@ -117,8 +123,7 @@ def test_end_to_end_noise_equals_the_charged_gaussian() -> None:
     for _ in range(steps):
         replay.uniform(n, dtype=torch.float64)
         expected.append(replay.normal((k, d), std=sigma * clip, dtype=torch.float32) / (q * n))
-    torch.testing.assert_close(noise_on_update, torch.stack(expected).double(),
-                               rtol=0, atol=2e-5)
+    torch.testing.assert_close(noise_on_update, torch.stack(expected).double(), rtol=0, atol=2e-5)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -133,7 +138,7 @@ def test_poisson_batch_sizes_have_binomial_mean_and_variance() -> None:
         batch = poisson_sample(n, sampling_probability=q, generator=gen)
         assert batch.dtype == torch.int64
         assert bool((batch[1:] > batch[:-1]).all())  # sorted, no duplicates
-        assert batch.numel() == 0 or (0 <= int(batch.min()) and int(batch.max()) < n)
+        assert batch.numel() == 0 or (int(batch.min()) >= 0 and int(batch.max()) < n)
         counts[batch] += 1
         sizes.append(batch.numel())
     size_t = torch.tensor(sizes, dtype=torch.float64)
@@ -160,8 +165,7 @@ def test_empty_batches_still_take_a_noisy_step(monkeypatch: pytest.MonkeyPatch) 
         return batch
 
     monkeypatch.setattr(dp_sgd_module, "poisson_sample", spy)
-    model = build_model("logistic-regression", {}, input_shape=(3,), n_outputs=2,
-                        generator=_seeded(0))
+    model = build_model("logistic-regression", {}, input_shape=(3,), n_outputs=2, generator=_seeded(0))
     X = torch.randn(20, 3, generator=_seeded(1))
     y = torch.randint(0, 2, (20,), generator=_seeded(2))
     weights = [model[1].weight.detach().clone()]
@@ -172,8 +176,7 @@ def test_empty_batches_still_take_a_noisy_step(monkeypatch: pytest.MonkeyPatch) 
         weights.append(model[1].weight.detach().clone())
 
     config = _config(steps=30, sampling_probability=0.02)
-    result = train_dp_sgd(model, X, y, config=config, generator=_rng(3),
-                          hooks=TrainingHooks(on_step_end=on_step_end))
+    result = train_dp_sgd(model, X, y, config=config, generator=_rng(3), hooks=TrainingHooks(on_step_end=on_step_end))
     assert result.steps_run == 30 and done == list(range(1, 31))
     empty_steps = [i for i, size in enumerate(sizes) if size == 0]
     assert len(empty_steps) >= 5
@@ -205,16 +208,16 @@ def test_update_is_divided_by_the_expected_not_the_realised_batch_size() -> None
     clipped = grads * torch.clamp(clip / norms, max=1.0)[:, None]
     expected = w0 - lr * clipped[in_batch].sum(dim=0, keepdim=True) / (q * n)
 
-    config = _config(steps=1, sampling_probability=q, noise_multiplier=0.0, clipping_norm=clip,
-                     learning_rate=lr, loss="mse")
+    config = _config(
+        steps=1, sampling_probability=q, noise_multiplier=0.0, clipping_norm=clip, learning_rate=lr, loss="mse"
+    )
     train_dp_sgd(model, X, y, config=config, generator=_rng(seed))
     torch.testing.assert_close(model[0].weight.detach(), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_chunk_size_does_not_change_training() -> None:
     def run(chunk: int) -> torch.Tensor:
-        model = build_model("mlp", {"hidden_sizes": [5]}, input_shape=(4,), n_outputs=3,
-                            generator=_seeded(0)).double()
+        model = build_model("mlp", {"hidden_sizes": [5]}, input_shape=(4,), n_outputs=3, generator=_seeded(0)).double()
         X = torch.randn(50, 4, generator=_seeded(1), dtype=torch.float64)
         y = torch.randint(0, 3, (50,), generator=_seeded(2))
         config = _config(steps=5, sampling_probability=0.5, max_physical_batch_size=chunk)
@@ -228,16 +231,22 @@ def test_chunk_size_does_not_change_training() -> None:
 
 
 def _mlp_problem(init_seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    model = build_model("mlp", {"hidden_sizes": [8]}, input_shape=(5,), n_outputs=3,
-                        generator=_seeded(init_seed))
+    model = build_model("mlp", {"hidden_sizes": [8]}, input_shape=(5,), n_outputs=3, generator=_seeded(init_seed))
     X = torch.randn(60, 5, generator=_seeded(100))
     y = torch.randint(0, 3, (60,), generator=_seeded(101))
     return model, X, y
 
 
-RESUME_CONFIG = _config(steps=12, sampling_probability=0.2, noise_multiplier=1.1,
-                        clipping_norm=0.5, learning_rate=0.2, momentum=0.9, weight_decay=1e-3,
-                        max_physical_batch_size=4)
+RESUME_CONFIG = _config(
+    steps=12,
+    sampling_probability=0.2,
+    noise_multiplier=1.1,
+    clipping_norm=0.5,
+    learning_rate=0.2,
+    momentum=0.9,
+    weight_decay=1e-3,
+    max_physical_batch_size=4,
+)
 
 
 def _params(model: nn.Module) -> list[torch.Tensor]:
@@ -253,8 +262,14 @@ def test_should_stop_cancels_before_the_next_step() -> None:
         return calls["n"] > 3
 
     done: list[int] = []
-    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(42),
-                          hooks=TrainingHooks(should_stop=should_stop, on_step_end=done.append))
+    result = train_dp_sgd(
+        model,
+        X,
+        y,
+        config=RESUME_CONFIG,
+        generator=_rng(42),
+        hooks=TrainingHooks(should_stop=should_stop, on_step_end=done.append),
+    )
     assert result.steps_run == 3 and result.stopped_early
     assert done == [1, 2, 3]
 
@@ -284,10 +299,17 @@ def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) 
     interrupted, _, _ = _mlp_problem()
     steps_done: list[int] = []
     result = train_dp_sgd(
-        interrupted, X, y, config=RESUME_CONFIG, generator=_rng(42),
-        hooks=TrainingHooks(save_checkpoint=save, checkpoint_every=5,
-                            on_step_end=steps_done.append,
-                            should_stop=lambda: len(steps_done) == 7),
+        interrupted,
+        X,
+        y,
+        config=RESUME_CONFIG,
+        generator=_rng(42),
+        hooks=TrainingHooks(
+            save_checkpoint=save,
+            checkpoint_every=5,
+            on_step_end=steps_done.append,
+            should_stop=lambda: len(steps_done) == 7,
+        ),
     )
     assert result.steps_run == 7 and result.stopped_early
     assert [c.step for c in checkpoints] == [5]
@@ -295,8 +317,15 @@ def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) 
     # A retry: a fresh process with a different init and a different seed; state is restored.
     resumed, _, _ = _mlp_problem(init_seed=9)
     done: list[int] = []
-    result = train_dp_sgd(resumed, X, y, config=RESUME_CONFIG, generator=_rng(12345),
-                          resume_from=checkpoints[0], hooks=TrainingHooks(on_step_end=done.append))
+    result = train_dp_sgd(
+        resumed,
+        X,
+        y,
+        config=RESUME_CONFIG,
+        generator=_rng(12345),
+        resume_from=checkpoints[0],
+        hooks=TrainingHooks(on_step_end=done.append),
+    )
     assert result.steps_run == RESUME_CONFIG.steps and not result.stopped_early
     assert done == list(range(6, 13))
     for a, b in zip(_params(resumed), _params(reference), strict=True):
@@ -306,17 +335,21 @@ def test_checkpoint_and_resume_is_bit_identical(via_file: bool, tmp_path: Path) 
 def test_resume_at_the_end_runs_no_more_steps_and_bad_steps_are_refused() -> None:
     model, X, y = _mlp_problem()
     states: list[TrainingState] = []
-    train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(1),
-                 hooks=TrainingHooks(save_checkpoint=states.append, checkpoint_every=4))
+    train_dp_sgd(
+        model,
+        X,
+        y,
+        config=RESUME_CONFIG,
+        generator=_rng(1),
+        hooks=TrainingHooks(save_checkpoint=states.append, checkpoint_every=4),
+    )
     assert [s.step for s in states] == [4, 8, 12]
     before = _params(model)
-    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(1),
-                          resume_from=states[-1])
+    result = train_dp_sgd(model, X, y, config=RESUME_CONFIG, generator=_rng(1), resume_from=states[-1])
     assert result.steps_run == 12 and not result.stopped_early
     assert all(torch.equal(a, b) for a, b in zip(before, _params(model), strict=True))
     with pytest.raises(ValueError, match="cannot resume"):
-        train_dp_sgd(model, X, y, config=_config(steps=3), generator=_rng(1),
-                     resume_from=states[0])
+        train_dp_sgd(model, X, y, config=_config(steps=3), generator=_rng(1), resume_from=states[0])
 
 
 # ----------------------------------------------------------------------------- validation

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -48,12 +50,14 @@ def test_invalid_evaluations() -> None:
     with pytest.raises(InvalidEvaluation):
         plan_evaluation(EvaluationSpec(holdout_fraction=0.2, mechanism="laplace", epsilon=1.0), REGRESSION)
     with pytest.raises(InvalidEvaluation):
-        plan_evaluation(EvaluationSpec(holdout_fraction=0.2, mechanism="laplace", epsilon=1.0, error_clip=1.0), CLASSIFICATION)
+        plan_evaluation(
+            EvaluationSpec(holdout_fraction=0.2, mechanism="laplace", epsilon=1.0, error_clip=1.0), CLASSIFICATION
+        )
     with pytest.raises(ValueError):
         EvaluationSpec(holdout_fraction=0.2, mechanism="gaussian", epsilon=1.0)
 
 
-def test_holdout_is_per_row_and_survives_retries(tmp_path) -> None:
+def test_holdout_is_per_row_and_survives_retries(tmp_path: Path) -> None:
     path = tmp_path / "job.holdout.npy"
     first = evaluation.load_or_draw_holdout(path, 10_000, 0.2)
     assert abs(first.mean() - 0.2) < 0.03
@@ -71,7 +75,7 @@ def test_metric_sum_has_the_declared_sensitivity() -> None:
     )
     X, y = torch.randn(50, 3), torch.randn(50) * 100  # huge errors get clipped
     base = evaluation.metric_sum(model, X, y, plan)
-    for extra in range(5):
+    for _ in range(5):
         x_new, y_new = torch.randn(1, 3) * 10, torch.randn(1) * 1e6
         more = evaluation.metric_sum(model, torch.cat([X, x_new]), torch.cat([y, y_new]), plan)
         assert 0 <= more - base <= plan.sensitivity + 1e-9

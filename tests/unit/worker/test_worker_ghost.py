@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from privtrain.architectures import build_model
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.ghost import (
     GhostClipAggregator,
@@ -36,7 +37,6 @@ from worker.optimizers.per_sample import (
     trainable_parameters,
 )
 from worker.optimizers.secure_random import SecureRandom
-from privtrain.architectures import build_model
 
 MODES = ("bk", "retain", "recompute")
 
@@ -51,8 +51,7 @@ ZOO = [
     ("mlp-relu-mse", "mlp", {"hidden_sizes": [7], "activation": "relu"}, (3,), 1, "mse"),
     ("cnn2-gn-16", "cnn2-gn", {"groups": 4}, (1, 16, 16), 4, "cross_entropy"),
     ("cnn2-gn-28", "cnn2-gn", {"groups": 4}, (1, 28, 28), 10, "cross_entropy"),
-    ("cnn2-gn-flat", "cnn2-gn", {"groups": 2, "image_shape": [1, 16, 16]}, (256,), 4,
-     "cross_entropy"),
+    ("cnn2-gn-flat", "cnn2-gn", {"groups": 2, "image_shape": [1, 16, 16]}, (256,), 4, "cross_entropy"),
 ]
 
 
@@ -71,12 +70,10 @@ class NormalisingMap:
         return self.clipping_norm / (norms + self.gamma)
 
 
-def _zoo(case: tuple, dtype: torch.dtype, n: int = 10) -> tuple[nn.Module, torch.Tensor,
-                                                                  torch.Tensor, str]:
+def _zoo(case: tuple, dtype: torch.dtype, n: int = 10) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
     _, name, params, input_shape, n_outputs, loss = case
     gen = torch.Generator().manual_seed(1234)
-    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs,
-                        generator=gen).to(dtype)
+    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs, generator=gen).to(dtype)
     X = torch.randn(n, *input_shape, generator=gen, dtype=dtype)
     if loss == "cross_entropy":
         y = torch.randint(0, n_outputs, (n,), generator=gen)
@@ -86,12 +83,12 @@ def _zoo(case: tuple, dtype: torch.dtype, n: int = 10) -> tuple[nn.Module, torch
 
 
 def _vmap_norms(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
-    return torch.cat([per_sample_norms(g) for g in iter_per_sample_grads(
-        model, X, y, loss=loss, max_physical_batch_size=4)])
+    return torch.cat(
+        [per_sample_norms(g) for g in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=4)]
+    )
 
 
-def _assert_sums_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-                       tol: float) -> None:
+def _assert_sums_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], tol: float) -> None:
     assert list(got) == list(ref)
     for name, r in ref.items():
         g = got[name]
@@ -101,9 +98,16 @@ def _assert_sums_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor
         assert float((g - r).norm()) <= tol * scale, (name, float((g - r).norm()) / scale)
 
 
-def _check_against_vmap(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str, *,
-                        chunks: tuple[int, ...] = (3, 64), per_sample_map: object = None,
-                        modes: tuple[str, ...] = MODES) -> torch.Tensor:
+def _check_against_vmap(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    loss: str,
+    *,
+    chunks: tuple[int, ...] = (3, 64),
+    per_sample_map: object = None,
+    modes: tuple[str, ...] = MODES,
+) -> torch.Tensor:
     """Norms and clipped sums of every pass-2 mode and chunking equal the vmap engine's."""
     dtype = next(model.parameters()).dtype
     tol = TOL[dtype]
@@ -113,17 +117,17 @@ def _check_against_vmap(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss
     finite = torch.isfinite(ref_norms)
     if per_sample_map is None:
         # About half of the (finite) rows get clipped.
-        per_sample_map = AbadiClip(float(ref_norms[finite].median()) if bool(finite.any()) else 1.)
-    reference = clipped_grad_sum(vmap_model, X, y, loss=loss, per_sample_map=per_sample_map,
-                                 max_physical_batch_size=4)
+        per_sample_map = AbadiClip(float(ref_norms[finite].median()) if bool(finite.any()) else 1.0)
+    reference = clipped_grad_sum(vmap_model, X, y, loss=loss, per_sample_map=per_sample_map, max_physical_batch_size=4)
     for chunk in chunks:
         norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=chunk)
         assert norms.shape == ref_norms.shape
         assert torch.equal(torch.isfinite(norms), finite)
         torch.testing.assert_close(norms[finite], ref_norms[finite], rtol=tol, atol=tol * 1e-3)
         for mode in modes:
-            got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=per_sample_map,
-                                         max_physical_batch_size=chunk, pass2=mode)
+            got = ghost_clipped_grad_sum(
+                model, X, y, loss=loss, per_sample_map=per_sample_map, max_physical_batch_size=chunk, pass2=mode
+            )
             _assert_sums_close(got, reference, tol)
     return ref_norms
 
@@ -131,11 +135,16 @@ def _check_against_vmap(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss
 @contextmanager
 def _force(gram: bool | None = None, strided: bool | None = None) -> Iterator[None]:
     """Force the Gram or the materialised rule, and the strided or unfold conv path."""
-    with mock.patch.object(linear_conv, "_use_gram", (lambda *a, **k: gram)
-                           if gram is not None else linear_conv._use_gram), \
-         mock.patch.object(linear_conv, "CONV_STRIDED_DEVICES",
-                           ({"cpu"} if strided else set()) if strided is not None
-                           else linear_conv.CONV_STRIDED_DEVICES):
+    with (
+        mock.patch.object(
+            linear_conv, "_use_gram", (lambda *a, **k: gram) if gram is not None else linear_conv._use_gram
+        ),
+        mock.patch.object(
+            linear_conv,
+            "CONV_STRIDED_DEVICES",
+            ({"cpu"} if strided else set()) if strided is not None else linear_conv.CONV_STRIDED_DEVICES,
+        ),
+    ):
         yield
 
 
@@ -190,11 +199,9 @@ def test_huge_zero_and_non_finite_rows(case: tuple, dtype: torch.dtype) -> None:
     # Non-finite rows contribute exactly nothing: the sum equals the sum over the clean rows.
     keep = torch.isfinite(norms)
     clip = AbadiClip(1.0)
-    clean = ghost_clipped_grad_sum(model, X[keep], y[keep], loss=loss, per_sample_map=clip,
-                                   max_physical_batch_size=4)
+    clean = ghost_clipped_grad_sum(model, X[keep], y[keep], loss=loss, per_sample_map=clip, max_physical_batch_size=4)
     for mode in MODES:
-        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                     max_physical_batch_size=4, pass2=mode)
+        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=4, pass2=mode)
         _assert_sums_close(got, clean, TOL[dtype])
 
 
@@ -202,8 +209,9 @@ def test_all_rows_non_finite_gives_zeros() -> None:
     model, X, y, loss = _zoo(ZOO[2], torch.float64, n=3)
     X = torch.full_like(X, float("nan"))
     for mode in MODES:
-        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
-                                     max_physical_batch_size=2, pass2=mode)
+        got = ghost_clipped_grad_sum(
+            model, X, y, loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=2, pass2=mode
+        )
         for name, p in trainable_parameters(model).items():
             assert torch.equal(got[name], torch.zeros_like(p))
 
@@ -211,33 +219,33 @@ def test_all_rows_non_finite_gives_zeros() -> None:
 def test_works_when_the_caller_disabled_gradients() -> None:
     model, X, y, loss = _zoo(ZOO[4], torch.float64, n=5)
     clip = AbadiClip(0.1)
-    expected = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                max_physical_batch_size=2)
+    expected = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=2)
     for mode in MODES:
         with torch.no_grad():
-            got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                         max_physical_batch_size=2, pass2=mode)
+            got = ghost_clipped_grad_sum(
+                model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=2, pass2=mode
+            )
         _assert_sums_close(got, expected, 1e-10)
 
 
 def test_empty_batch_gives_zeros_and_empty_norms() -> None:
     model, X, y, loss = _zoo(ZOO[4], torch.float32)
     for mode in MODES:
-        got = ghost_clipped_grad_sum(model, X[:0], y[:0], loss=loss,
-                                     per_sample_map=AbadiClip(1.0), max_physical_batch_size=4,
-                                     pass2=mode)
+        got = ghost_clipped_grad_sum(
+            model, X[:0], y[:0], loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=4, pass2=mode
+        )
         for name, p in trainable_parameters(model).items():
             assert torch.equal(got[name], torch.zeros_like(p))
-    assert ghost_per_sample_norms(model, X[:0], y[:0], loss=loss,
-                                  max_physical_batch_size=4).shape == (0,)
+    assert ghost_per_sample_norms(model, X[:0], y[:0], loss=loss, max_physical_batch_size=4).shape == (0,)
 
 
 def test_clipped_rows_have_norm_exactly_the_bound() -> None:
     """Guards the joint (flat) norm: per-layer norms would leave the total above C."""
     model, X, y, loss = _zoo(ZOO[2], torch.float64, n=1)
     norm = float(ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=1)[0])
-    total = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(norm / 3),
-                                   max_physical_batch_size=1)
+    total = ghost_clipped_grad_sum(
+        model, X, y, loss=loss, per_sample_map=AbadiClip(norm / 3), max_physical_batch_size=1
+    )
     flat = sum(float(t.pow(2).sum()) for t in total.values()) ** 0.5
     assert flat == pytest.approx(norm / 3, rel=1e-12)
 
@@ -245,9 +253,15 @@ def test_clipped_rows_have_norm_exactly_the_bound() -> None:
 # ----------------------------------------------------------------------------- other layers
 
 
-def _with_data(model: nn.Module, input_shape: tuple[int, ...], n_outputs: int, *, n: int = 7,
-               vocab: int | None = None, seed: int = 0) -> tuple[nn.Module, torch.Tensor,
-                                                                  torch.Tensor, str]:
+def _with_data(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    n_outputs: int,
+    *,
+    n: int = 7,
+    vocab: int | None = None,
+    seed: int = 0,
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
     gen = torch.Generator().manual_seed(seed)
     model = model.double()
     if vocab is not None:
@@ -264,29 +278,83 @@ def _seeded(builder):  # noqa: ANN001, ANN202 - reproducible init for the ad-hoc
 
 
 LAYER_CASES = {
-    "linear-sequence": (lambda: nn.Sequential(
-        nn.Linear(4, 5), nn.GELU(), nn.LayerNorm(5), nn.Linear(5, 3), nn.Flatten(),
-        nn.Linear(18, 3)), (6, 4), 3, None),
-    "layernorm-2d-shape": (lambda: nn.Sequential(
-        nn.LayerNorm((3, 4)), nn.Flatten(), nn.Linear(12, 2)), (3, 4), 2, None),
-    "conv1d-groups-circular": (lambda: nn.Sequential(
-        nn.Conv1d(4, 6, 3, stride=2, padding=2, groups=2, padding_mode="circular"), nn.SiLU(),
-        nn.AvgPool1d(2), nn.Flatten(), nn.Linear(24, 3)), (4, 15), 3, None),
-    "conv1d-same-dilated": (lambda: nn.Sequential(
-        nn.Conv1d(2, 3, 3, padding="same", dilation=2), nn.ELU(),
-        nn.AdaptiveAvgPool1d(2), nn.Flatten(), nn.Linear(6, 2)), (2, 9), 2, None),
-    "conv2d-groups-dilation-reflect": (lambda: nn.Sequential(
-        nn.Conv2d(4, 6, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2,
-                  padding_mode="reflect"), nn.GroupNorm(3, 6), nn.LeakyReLU(),
-        nn.AdaptiveAvgPool2d((2, 2)), nn.Flatten(), nn.Linear(24, 3)), (4, 9, 8), 3, None),
-    "conv2d-same-no-bias": (lambda: nn.Sequential(
-        nn.Conv2d(3, 4, (3, 2), padding="same", bias=False), nn.Sigmoid(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 2)), (3, 6, 6), 2, None),
-    "embedding-padding-idx": (lambda: nn.Sequential(
-        nn.Embedding(6, 3, padding_idx=0), nn.Linear(3, 4), nn.Tanh(), nn.Flatten(),
-        nn.Linear(20, 3)), (5,), 3, 6),
-    "embedding-large-vocab": (lambda: nn.Sequential(
-        nn.Embedding(500, 4), nn.LayerNorm(4), nn.Flatten(), nn.Linear(12, 2)), (3,), 2, 500),
+    "linear-sequence": (
+        lambda: nn.Sequential(
+            nn.Linear(4, 5), nn.GELU(), nn.LayerNorm(5), nn.Linear(5, 3), nn.Flatten(), nn.Linear(18, 3)
+        ),
+        (6, 4),
+        3,
+        None,
+    ),
+    "layernorm-2d-shape": (
+        lambda: nn.Sequential(nn.LayerNorm((3, 4)), nn.Flatten(), nn.Linear(12, 2)),
+        (3, 4),
+        2,
+        None,
+    ),
+    "conv1d-groups-circular": (
+        lambda: nn.Sequential(
+            nn.Conv1d(4, 6, 3, stride=2, padding=2, groups=2, padding_mode="circular"),
+            nn.SiLU(),
+            nn.AvgPool1d(2),
+            nn.Flatten(),
+            nn.Linear(24, 3),
+        ),
+        (4, 15),
+        3,
+        None,
+    ),
+    "conv1d-same-dilated": (
+        lambda: nn.Sequential(
+            nn.Conv1d(2, 3, 3, padding="same", dilation=2),
+            nn.ELU(),
+            nn.AdaptiveAvgPool1d(2),
+            nn.Flatten(),
+            nn.Linear(6, 2),
+        ),
+        (2, 9),
+        2,
+        None,
+    ),
+    "conv2d-groups-dilation-reflect": (
+        lambda: nn.Sequential(
+            nn.Conv2d(4, 6, 3, stride=(2, 1), padding=1, dilation=(1, 2), groups=2, padding_mode="reflect"),
+            nn.GroupNorm(3, 6),
+            nn.LeakyReLU(),
+            nn.AdaptiveAvgPool2d((2, 2)),
+            nn.Flatten(),
+            nn.Linear(24, 3),
+        ),
+        (4, 9, 8),
+        3,
+        None,
+    ),
+    "conv2d-same-no-bias": (
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 4, (3, 2), padding="same", bias=False),
+            nn.Sigmoid(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(36, 2),
+        ),
+        (3, 6, 6),
+        2,
+        None,
+    ),
+    "embedding-padding-idx": (
+        lambda: nn.Sequential(
+            nn.Embedding(6, 3, padding_idx=0), nn.Linear(3, 4), nn.Tanh(), nn.Flatten(), nn.Linear(20, 3)
+        ),
+        (5,),
+        3,
+        6,
+    ),
+    "embedding-large-vocab": (
+        lambda: nn.Sequential(nn.Embedding(500, 4), nn.LayerNorm(4), nn.Flatten(), nn.Linear(12, 2)),
+        (3,),
+        2,
+        500,
+    ),
 }
 
 
@@ -297,16 +365,25 @@ def test_other_layers_match_vmap_engine(case: str, gram: bool | None) -> None:
     builder, input_shape, n_outputs, vocab = LAYER_CASES[case]
     model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
     with _force(gram=gram):
-        _check_against_vmap(model, X, y, loss, chunks=(3,),
-                            modes=MODES if gram is None else ("bk",))
+        _check_against_vmap(model, X, y, loss, chunks=(3,), modes=MODES if gram is None else ("bk",))
 
 
 def test_reused_layer_and_frozen_parameters() -> None:
     torch.manual_seed(0)
     shared = nn.Linear(5, 5)
     conv = nn.Conv1d(1, 2, 3)
-    model = nn.Sequential(nn.Unflatten(1, (1, 5)), conv, nn.Flatten(), nn.Tanh(),
-                          nn.Linear(6, 5), shared, nn.Tanh(), shared, nn.ReLU(), nn.Linear(5, 3))
+    model = nn.Sequential(
+        nn.Unflatten(1, (1, 5)),
+        conv,
+        nn.Flatten(),
+        nn.Tanh(),
+        nn.Linear(6, 5),
+        shared,
+        nn.Tanh(),
+        shared,
+        nn.ReLU(),
+        nn.Linear(5, 3),
+    )
     model, X, y, loss = _with_data(model, (5,), 3)
     for gram in (None, True, False):
         with _force(gram=gram):
@@ -343,8 +420,18 @@ def test_sequence_linear_rule_is_chosen_by_shape() -> None:
     seed=st.integers(0, 2**16),
 )
 def test_random_linear_stacks_match_vmap_engine(
-    widths: list[int], d_in: int, positions: int | None, n_outputs: int, activation: type,
-    bias: bool, n: int, chunk: int, mse: bool, gram: bool | None, mode: str, seed: int,
+    widths: list[int],
+    d_in: int,
+    positions: int | None,
+    n_outputs: int,
+    activation: type,
+    bias: bool,
+    n: int,
+    chunk: int,
+    mse: bool,
+    gram: bool | None,
+    mode: str,
+    seed: int,
 ) -> None:
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
@@ -363,16 +450,15 @@ def test_random_linear_stacks_match_vmap_engine(
     y = torch.randn(n, dtype=torch.float64) if mse else torch.randint(0, outputs, (n,))
     loss = "mse" if mse else "cross_entropy"
     clip = AbadiClip(0.5)
-    reference = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                 max_physical_batch_size=4)
+    reference = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=4)
     with _force(gram=gram):
-        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                     max_physical_batch_size=chunk, pass2=mode)  # type: ignore[arg-type]
+        got = ghost_clipped_grad_sum(
+            model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=chunk, pass2=mode
+        )  # type: ignore[arg-type]
         norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=chunk)
     _assert_sums_close(got, reference, 1e-10)
     if n:
-        torch.testing.assert_close(norms, _vmap_norms(model, X, y, loss), rtol=1e-10,
-                                   atol=1e-13)
+        torch.testing.assert_close(norms, _vmap_norms(model, X, y, loss), rtol=1e-10, atol=1e-13)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -403,11 +489,9 @@ class _OwnParam(nn.Sequential):
         (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), r"module 1 is BatchNorm1d"),
         (lambda: nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"module 1 of type Dropout"),
         (lambda: nn.Sequential(nn.Flatten(0), nn.Linear(3, 3)), r"module 0 \(Flatten\)"),
-        (lambda: nn.Sequential(nn.Unflatten(-2, (1, 3)), nn.Flatten(), nn.Linear(3, 3)),
-         r"module 0 \(Unflatten\)"),
+        (lambda: nn.Sequential(nn.Unflatten(-2, (1, 3)), nn.Flatten(), nn.Linear(3, 3)), r"module 0 \(Unflatten\)"),
         (lambda: nn.Sequential(nn.Embedding(5, 3, max_norm=1.0)), r"module 0 \(Embedding\)"),
-        (lambda: nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True)),
-         r"module 0 \(Embedding\)"),
+        (lambda: nn.Sequential(nn.Embedding(5, 3, scale_grad_by_freq=True)), r"module 0 \(Embedding\)"),
         (_Custom, r"module <root> of type _Custom"),
         (_tied, r"tied parameters"),
         (lambda: nn.Sequential(nn.Conv3d(1, 1, 1)), r"module 0 of type Conv3d"),
@@ -420,8 +504,9 @@ def test_unsupported_models_are_refused_with_the_layer_named(make, message: str)
         check_ghost_supported(model)
     X, y = torch.randn(4, 3), torch.zeros(4, dtype=torch.int64)
     with pytest.raises(ValueError, match=message):
-        ghost_clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=4)
+        ghost_clipped_grad_sum(
+            model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0), max_physical_batch_size=4
+        )
 
 
 def test_container_owning_a_parameter_is_refused() -> None:
@@ -435,9 +520,14 @@ def test_inplace_activation_after_a_recorded_layer_is_refused_at_run_time() -> N
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
     assert supports(model)  # only visible when it runs
     with pytest.raises(ValueError, match=r"module 0 \(Linear\) is modified in place"):
-        ghost_clipped_grad_sum(model, torch.randn(4, 3), torch.zeros(4, dtype=torch.int64),
-                               loss="cross_entropy", per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=4)
+        ghost_clipped_grad_sum(
+            model,
+            torch.randn(4, 3),
+            torch.zeros(4, dtype=torch.int64),
+            loss="cross_entropy",
+            per_sample_map=AbadiClip(1.0),
+            max_physical_batch_size=4,
+        )
     for m in model.modules():
         assert not m._forward_hooks
 
@@ -453,18 +543,16 @@ def test_registered_container_is_accepted() -> None:
 def test_bad_arguments() -> None:
     model, X, y, loss = _zoo(ZOO[0], torch.float64)
     with pytest.raises(ValueError, match="max_physical_batch_size"):
-        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=0)
+        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=0)
     with pytest.raises(ValueError, match="rows"):
-        ghost_clipped_grad_sum(model, X, y[:-1], loss=loss, per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=4)
+        ghost_clipped_grad_sum(model, X, y[:-1], loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=4)
     with pytest.raises(ValueError, match="pass2"):
-        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=4, pass2="twice")  # type: ignore[arg-type]
+        ghost_clipped_grad_sum(
+            model, X, y, loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=4, pass2="twice"
+        )  # type: ignore[arg-type]
     model.requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
-        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=4)
+        ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=4)
 
 
 # ----------------------------------------------------------------------------- the aggregator
@@ -477,17 +565,21 @@ def test_aggregator_matches_per_sample_map_aggregator_and_trains_identically() -
     model, X, y, loss = _zoo(ZOO[4], torch.float64, n=12)
     gen = SecureRandom.from_seed(0)
     kwargs = dict(step=0, loss=loss, max_physical_batch_size=5, generator=gen)
-    _assert_sums_close(ghost_agg.clipped_sum(model, X, y, **kwargs),
-                       vmap_agg.clipped_sum(model, X, y, **kwargs), 1e-10)
+    _assert_sums_close(ghost_agg.clipped_sum(model, X, y, **kwargs), vmap_agg.clipped_sum(model, X, y, **kwargs), 1e-10)
 
-    config = DPSGDConfig(steps=3, sampling_probability=0.5, noise_multiplier=1.0,
-                         clipping_norm=0.7, learning_rate=0.1, momentum=0.9,
-                         max_physical_batch_size=4)
+    config = DPSGDConfig(
+        steps=3,
+        sampling_probability=0.5,
+        noise_multiplier=1.0,
+        clipping_norm=0.7,
+        learning_rate=0.1,
+        momentum=0.9,
+        max_physical_batch_size=4,
+    )
     trained = []
     for aggregator in (None, ghost_agg):
         m, _, _, _ = _zoo(ZOO[4], torch.float64, n=12)
-        train_dp_sgd(m, X, y, config=config, generator=SecureRandom.from_seed(5),
-                     aggregator=aggregator)
+        train_dp_sgd(m, X, y, config=config, generator=SecureRandom.from_seed(5), aggregator=aggregator)
         trained.append(m.state_dict())
     for name, value in trained[0].items():
         torch.testing.assert_close(trained[1][name], value, rtol=1e-9, atol=1e-12)
@@ -497,16 +589,16 @@ def test_aggregator_matches_per_sample_map_aggregator_and_trains_identically() -
 def test_cuda_matches_cpu() -> None:  # pragma: no cover - runs on GPU workers only
     model, X, y, loss = _zoo(ZOO[5], torch.float64, n=20)
     clip = AbadiClip(1.0)
-    expected = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                max_physical_batch_size=8)
+    expected = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=8)
     model = model.float().cuda()
     X = X.float()  # rows stay on the CPU: each chunk is moved to the model's device
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         for mode in MODES:
-            got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                                         max_physical_batch_size=8, pass2=mode)
+            got = ghost_clipped_grad_sum(
+                model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=8, pass2=mode
+            )
             assert all(t.device.type == "cuda" for t in got.values())
             _assert_sums_close({k: v.cpu().double() for k, v in got.items()}, expected, 1e-4)
     finally:

@@ -76,13 +76,18 @@ def _model(scale: nn.Module) -> nn.Module:
     """The layer on (B, 4) rows, then reused on (B, 3, 4) positions: both calls add up."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(4, 4), scale, nn.Tanh(), nn.Linear(4, 12), nn.Unflatten(1, (3, 4)), scale,
-        nn.Flatten(), nn.Linear(12, 3),
+        nn.Linear(4, 4),
+        scale,
+        nn.Tanh(),
+        nn.Linear(4, 12),
+        nn.Unflatten(1, (3, 4)),
+        scale,
+        nn.Flatten(),
+        nn.Linear(12, 3),
     ).double()
 
 
-def _materialised_grads(model: nn.Module, X: torch.Tensor,
-                        y: torch.Tensor) -> dict[str, torch.Tensor]:
+def _materialised_grads(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """name -> (n, *shape) per-sample gradients of the summed cross-entropy, by torch.func.
 
     On a copy: functional_call leaves a layer that is called twice with plain-tensor weights."""
@@ -120,12 +125,12 @@ def test_one_decorator_makes_a_new_layer_type_exact() -> None:
     scales = clip.scale_factors(expected_norms)
     expected_sum = {name: torch.tensordot(scales, g, dims=1) for name, g in per_sample.items()}
     for chunk in (3, 7):
-        norms = ghost_per_sample_norms(model, X, y, loss="cross_entropy",
-                                       max_physical_batch_size=chunk)
+        norms = ghost_per_sample_norms(model, X, y, loss="cross_entropy", max_physical_batch_size=chunk)
         torch.testing.assert_close(norms, expected_norms, rtol=1e-10, atol=1e-13)
         for mode in MODES:
-            got = ghost_clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=clip,
-                                         max_physical_batch_size=chunk, pass2=mode)
+            got = ghost_clipped_grad_sum(
+                model, X, y, loss="cross_entropy", per_sample_map=clip, max_physical_batch_size=chunk, pass2=mode
+            )
             assert list(got) == list(expected_sum)
             for name, value in expected_sum.items():
                 torch.testing.assert_close(got[name], value, rtol=1e-10, atol=1e-13)
@@ -147,8 +152,9 @@ def test_an_unregistered_layer_with_parameters_is_refused(layer: nn.Module, mess
         check_ghost_supported(model)
     X, y = _data()
     with pytest.raises(ValueError, match=message):
-        ghost_clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0),
-                               max_physical_batch_size=4)
+        ghost_clipped_grad_sum(
+            model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0), max_physical_batch_size=4
+        )
 
 
 def test_a_rule_refuses_its_own_unsupported_configurations() -> None:
@@ -160,8 +166,11 @@ def test_a_rule_refuses_its_own_unsupported_configurations() -> None:
 def test_a_parameter_the_rule_does_not_cover_is_refused() -> None:
     scale = _Scale(4)
     scale.register_parameter("bias", nn.Parameter(torch.zeros(4)))
-    with pytest.raises(ValueError, match=r"parameter 'bias' of module 1 \(_Scale\) is not the "
-                                         r"scale of a layer"):
+    with pytest.raises(
+        ValueError,
+        match=r"parameter 'bias' of module 1 \(_Scale\) is not the "
+        r"scale of a layer",
+    ):
         check_ghost_supported(_model(scale))
     scale.bias.requires_grad_(False)  # a frozen extra parameter gets no gradient: fine
     assert supports(_model(scale))

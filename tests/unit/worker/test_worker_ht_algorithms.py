@@ -14,6 +14,7 @@ from app.algorithms import ht_calibration as cal
 from app.facts import DatasetFacts
 from app.schemas.jobs import TrainingSpec
 from bench.ht_data import few_spike_l1, linear_problem
+from privtrain.architectures import build_model
 from worker.optimizers import ht_algorithms as loops
 from worker.optimizers.ht_algorithms import (
     FWConfig,
@@ -31,7 +32,6 @@ from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import ht_dpsco as trainers
 from worker.trainers.base import TrainingRequest, get_trainer
-from privtrain.architectures import build_model
 
 ADVERSARIAL = [1e300, -1e300, 1e8, -1e8, 0.0]
 
@@ -61,8 +61,10 @@ def _sparse_unit(rng: np.random.Generator, d: int, s: int, R: float) -> torch.Te
 def _neighbours(X: torch.Tensor, y: torch.Tensor, value: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """D with one extra adversarial row (add/remove neighbour)."""
     row = torch.full((1, X.shape[1]), value, dtype=torch.float64)
-    return [(torch.cat([X, row]), torch.cat([y, torch.tensor([value], dtype=torch.float64)])),
-            (torch.cat([X, -row]), torch.cat([y, torch.tensor([value], dtype=torch.float64)]))]
+    return [
+        (torch.cat([X, row]), torch.cat([y, torch.tensor([value], dtype=torch.float64)])),
+        (torch.cat([X, -row]), torch.cat([y, torch.tensor([value], dtype=torch.float64)])),
+    ]
 
 
 # ----------------------------------------------------------------------------- U4/U5 sensitivity
@@ -85,8 +87,16 @@ def test_lasso_gradient_add_remove_sensitivity() -> None:
 def test_linreg_half_step_add_remove_sensitivity() -> None:
     X, y = _data()
     s, R = 4, 1.0
-    config = SparseLinRegConfig(iterations=1, block_size=100.0, sparsity=s, truncation=1.7, step=0.3, radius=R,
-                                laplace_scale=1.0, sensitivity=1.0)
+    config = SparseLinRegConfig(
+        iterations=1,
+        block_size=100.0,
+        sparsity=s,
+        truncation=1.7,
+        step=0.3,
+        radius=R,
+        laplace_scale=1.0,
+        sensitivity=1.0,
+    )
     bound = cal.linreg_sensitivity(truncation=1.7, step=0.3, sparsity=s, radius=R, block_size=100.0)
     rng = np.random.default_rng(2)
     for _ in range(10):
@@ -102,8 +112,19 @@ def test_sparse_opt_half_step_add_remove_sensitivity(loss: str) -> None:
     X, y = _data()
     if loss == "logistic":
         y = torch.sign(y) + (y == 0)
-    config = SparseOptConfig(iterations=1, block_size=80.0, sparsity=3, scale=0.7, beta=1.0, step=0.4, loss=loss,
-                             laplace_scale=1.0, sensitivity=1.0, term_bound=cal.PHI_BOUND, l2=0.01)
+    config = SparseOptConfig(
+        iterations=1,
+        block_size=80.0,
+        sparsity=3,
+        scale=0.7,
+        beta=1.0,
+        step=0.4,
+        loss=loss,
+        laplace_scale=1.0,
+        sensitivity=1.0,
+        term_bound=cal.PHI_BOUND,
+        l2=0.01,
+    )
     tight = cal.sparse_opt_sensitivity(scale=0.7, step=0.4, block_size=80.0, box=False)
     w = torch.zeros(X.shape[1], dtype=torch.float64)
     w[[1, 5]] = torch.tensor([3.0, -2.0], dtype=torch.float64)
@@ -115,8 +136,17 @@ def test_sparse_opt_half_step_add_remove_sensitivity(loss: str) -> None:
 
 def test_fw_estimate_add_remove_sensitivity() -> None:
     X, y = _data()
-    config = FWConfig(polytope=Polytope("l1_ball", 1.0, X.shape[1]), iterations=1, block_size=50.0, kappa=2.0,
-                      beta=1.0, loss="squared", epsilon_step=1.0, score_sensitivity=1.0, term_bound=cal.PHI_BOUND)
+    config = FWConfig(
+        polytope=Polytope("l1_ball", 1.0, X.shape[1]),
+        iterations=1,
+        block_size=50.0,
+        kappa=2.0,
+        beta=1.0,
+        loss="squared",
+        epsilon_step=1.0,
+        score_sensitivity=1.0,
+        term_bound=cal.PHI_BOUND,
+    )
     bound = cal.robust_mean_sensitivity(kappa=2.0, block_size=50.0)
     w = _random_l1(np.random.default_rng(3), X.shape[1], 1.0)
     base = fw_gradient_estimate(X, y, w, config)
@@ -140,16 +170,48 @@ class RecordingRows(RowAccess):
 
 def _configs(d: int, T: int) -> dict[str, Any]:
     return {
-        "fw": (loops.run_ht_frank_wolfe, FWConfig(polytope=Polytope("l1_ball", 1.0, d), iterations=T, block_size=40.0,
-                                                  kappa=1.0, beta=1.0, loss="squared", epsilon_step=1.0,
-                                                  score_sensitivity=0.1, term_bound=cal.PHI_BOUND)),
-        "linreg": (loops.run_ht_sparse_linreg, SparseLinRegConfig(iterations=T, block_size=40.0, sparsity=3,
-                                                                  truncation=2.0, step=0.5, radius=1.0,
-                                                                  laplace_scale=0.01, sensitivity=0.01)),
-        "opt": (loops.run_ht_sparse_opt, SparseOptConfig(iterations=T, block_size=40.0, sparsity=3, scale=1.0,
-                                                         beta=1.0, step=0.5, loss="half_squared",
-                                                         laplace_scale=0.01, sensitivity=0.01,
-                                                         term_bound=cal.PHI_BOUND)),
+        "fw": (
+            loops.run_ht_frank_wolfe,
+            FWConfig(
+                polytope=Polytope("l1_ball", 1.0, d),
+                iterations=T,
+                block_size=40.0,
+                kappa=1.0,
+                beta=1.0,
+                loss="squared",
+                epsilon_step=1.0,
+                score_sensitivity=0.1,
+                term_bound=cal.PHI_BOUND,
+            ),
+        ),
+        "linreg": (
+            loops.run_ht_sparse_linreg,
+            SparseLinRegConfig(
+                iterations=T,
+                block_size=40.0,
+                sparsity=3,
+                truncation=2.0,
+                step=0.5,
+                radius=1.0,
+                laplace_scale=0.01,
+                sensitivity=0.01,
+            ),
+        ),
+        "opt": (
+            loops.run_ht_sparse_opt,
+            SparseOptConfig(
+                iterations=T,
+                block_size=40.0,
+                sparsity=3,
+                scale=1.0,
+                beta=1.0,
+                step=0.5,
+                loss="half_squared",
+                laplace_scale=0.01,
+                sensitivity=0.01,
+                term_bound=cal.PHI_BOUND,
+            ),
+        ),
     }
 
 
@@ -171,7 +233,7 @@ def test_block_split_is_identical_for_a_dataset_with_one_more_row() -> None:
     small, large = RecordingRows(X[:399], y[:399]), RecordingRows(X, y)
     run(small, config, generator=_gen(5), hooks=TrainingHooks())
     run(large, config, generator=_gen(5), hooks=TrainingHooks())
-    changed = [i for i, (a, b) in enumerate(zip(small.reads, large.reads)) if a != b]
+    changed = [i for i, (a, b) in enumerate(zip(small.reads, large.reads, strict=True)) if a != b]
     assert len(changed) == 1 and set(large.reads[changed[0]]) - set(small.reads[changed[0]]) == {399}
 
 
@@ -180,8 +242,14 @@ def test_lasso_uses_every_row_in_every_iteration_and_stops_when_asked(monkeypatc
     dropping any one row changes every iteration's gradient."""
     X, y = _data(n=100)
     rows = RecordingRows(X, y)
-    config = LassoConfig(polytope=Polytope("l1_ball", 1.0, X.shape[1]), iterations=6, normaliser=100.0,
-                         truncation=2.0, epsilon_step=1.0, score_sensitivity=0.1)
+    config = LassoConfig(
+        polytope=Polytope("l1_ball", 1.0, X.shape[1]),
+        iterations=6,
+        normaliser=100.0,
+        truncation=2.0,
+        epsilon_step=1.0,
+        score_sensitivity=0.1,
+    )
     stop_after = {"n": 0}
 
     def should_stop() -> bool:
@@ -190,8 +258,9 @@ def test_lasso_uses_every_row_in_every_iteration_and_stops_when_asked(monkeypatc
     def on_step_end(step: int) -> None:
         stop_after["n"] = step
 
-    outcome = loops.run_ht_private_lasso(rows, config, generator=_gen(),
-                                         hooks=TrainingHooks(on_step_end=on_step_end, should_stop=should_stop))
+    outcome = loops.run_ht_private_lasso(
+        rows, config, generator=_gen(), hooks=TrainingHooks(on_step_end=on_step_end, should_stop=should_stop)
+    )
     assert outcome.stopped_early and outcome.steps_run == 4
     assert rows.reads == [list(range(100))]
     seen: list[torch.Tensor] = []
@@ -233,8 +302,16 @@ def test_alg3_without_noise_or_truncation_is_iht_and_recovers_the_support() -> N
     w_star = np.zeros(200)
     w_star[rng.choice(200, 5, replace=False)] = rng.choice([-0.2, 0.2], size=5)  # ‖w*‖₂ ≈ 0.45 ≤ ½ (Thm 7)
     problem = linear_problem(rng, n=5000, w_star=w_star, features="gaussian_unit", noise="normal")
-    config = SparseLinRegConfig(iterations=10, block_size=500.0, sparsity=5, truncation=1e12, step=0.9, radius=1.0,
-                                laplace_scale=1e-12, sensitivity=1e-12)
+    config = SparseLinRegConfig(
+        iterations=10,
+        block_size=500.0,
+        sparsity=5,
+        truncation=1e12,
+        step=0.9,
+        radius=1.0,
+        laplace_scale=1e-12,
+        sensitivity=1e-12,
+    )
     data = RowAccess(torch.from_numpy(problem.X), torch.from_numpy(problem.y))
     w = loops.run_ht_sparse_linreg(data, config, generator=_gen(), hooks=TrainingHooks()).weights
     assert set(np.flatnonzero(w.numpy())) == set(np.flatnonzero(w_star))
@@ -254,8 +331,17 @@ def test_alg1_without_noise_or_truncation_is_plain_frank_wolfe_on_the_same_block
     problem = linear_problem(rng, n=3000, w_star=few_spike_l1(rng, 30), features="lognormal", noise="normal")
     X, y = torch.from_numpy(problem.X), torch.from_numpy(problem.y)
     T, d = 12, 30
-    config = FWConfig(polytope=Polytope("l1_ball", 1.0, d), iterations=T, block_size=250.0, kappa=1e12, beta=1.0,
-                      loss="squared", epsilon_step=1e9, score_sensitivity=1.0, term_bound=cal.PHI_BOUND)
+    config = FWConfig(
+        polytope=Polytope("l1_ball", 1.0, d),
+        iterations=T,
+        block_size=250.0,
+        kappa=1e12,
+        beta=1.0,
+        loss="squared",
+        epsilon_step=1e9,
+        score_sensitivity=1.0,
+        term_bound=cal.PHI_BOUND,
+    )
     w = loops.run_ht_frank_wolfe(RowAccess(X, y), config, generator=_gen(3), hooks=TrainingHooks()).weights
     blocks = loops._blocks(RowAccess(X, y), T, _gen(3))
     plain = torch.zeros(d, dtype=torch.float64)
@@ -271,8 +357,17 @@ def test_alg1_without_noise_or_truncation_is_plain_frank_wolfe_on_the_same_block
 # ----------------------------------------------------------------------------- trainers
 
 
-def _request(name: str, hyperparameters: dict, X: torch.Tensor, y: torch.Tensor, *, task: str, sigma: float,
-             steps: int | None = None, seed: int = 0) -> tuple[TrainingRequest, Any]:
+def _request(
+    name: str,
+    hyperparameters: dict,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    task: str,
+    sigma: float,
+    steps: int | None = None,
+    seed: int = 0,
+) -> tuple[TrainingRequest, Any]:
     n, d = X.shape
     classes = 2 if task == "classification" else None
     facts = DatasetFacts(n_rows=n, feature_shape=(d,), task=task, n_classes=classes)
@@ -280,26 +375,41 @@ def _request(name: str, hyperparameters: dict, X: torch.Tensor, y: torch.Tensor,
     training = algorithm.accept_training(TrainingSpec(steps=steps, epochs=None if steps else 1), facts)
     hyper = algorithm.validate_hyperparameters(hyperparameters)
     plan = algorithm.plan(hyper, training, facts)
-    model = build_model("linear-regression" if classes is None else "logistic-regression", {},
-                        input_shape=(d,), n_outputs=classes or 1)
+    model = build_model(
+        "linear-regression" if classes is None else "logistic-regression", {}, input_shape=(d,), n_outputs=classes or 1
+    )
     request = TrainingRequest(
-        model=model, X=X.float(), y=y, task=task, hyperparameters=hyper, training=training,
+        model=model,
+        X=X.float(),
+        y=y,
+        task=task,
+        hyperparameters=hyper,
+        training=training,
         noise_multiplier=sigma,
-        sampling_probability=plan.sampling_probability, expected_batch_size=plan.expected_batch_size,
-        steps=plan.steps, max_physical_batch_size=256, generator=_gen(seed), hooks=TrainingHooks(),
-        resume_from=None, device=torch.device("cpu"),
+        sampling_probability=plan.sampling_probability,
+        expected_batch_size=plan.expected_batch_size,
+        steps=plan.steps,
+        max_physical_batch_size=256,
+        generator=_gen(seed),
+        hooks=TrainingHooks(),
+        resume_from=None,
+        device=torch.device("cpu"),
     )
     return request, plan
 
 
-@pytest.mark.parametrize(("name", "runner", "hyper"), [
-    ("ht-dp-fw", "run_ht_frank_wolfe", {"constraint": "simplex"}),
-    ("ht-private-lasso", "run_ht_private_lasso", {}),
-    ("ht-sparse-linreg", "run_ht_sparse_linreg", {}),
-    ("ht-sparse-opt", "run_ht_sparse_opt", {"sensitivity_mode": "tight"}),
-])
-def test_trainers_use_exactly_the_charged_noise(monkeypatch: pytest.MonkeyPatch, name: str, runner: str,
-                                                hyper: dict) -> None:
+@pytest.mark.parametrize(
+    ("name", "runner", "hyper"),
+    [
+        ("ht-dp-fw", "run_ht_frank_wolfe", {"constraint": "simplex"}),
+        ("ht-private-lasso", "run_ht_private_lasso", {}),
+        ("ht-sparse-linreg", "run_ht_sparse_linreg", {}),
+        ("ht-sparse-opt", "run_ht_sparse_opt", {"sensitivity_mode": "tight"}),
+    ],
+)
+def test_trainers_use_exactly_the_charged_noise(
+    monkeypatch: pytest.MonkeyPatch, name: str, runner: str, hyper: dict
+) -> None:
     """ε_step = 1/σ with the planned Δ (exponential mechanism), b = σ·λ (Peeling)."""
     X, y = _data(n=800)
     request, plan = _request(name, hyper, X, y, task="regression", sigma=0.37)

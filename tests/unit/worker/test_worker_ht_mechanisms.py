@@ -65,8 +65,10 @@ def test_limits_and_no_overflow() -> None:
 def test_laplace_noisy_max_selection_is_the_report_noisy_max_of_the_scores() -> None:
     scores = torch.tensor([0.0, 5.0, 1.0], dtype=torch.float64)
     noise = _noise(3)
-    picks = [exponential_mechanism(scores, epsilon=20.0, sensitivity=0.1, noise=noise,
-                                   selection="laplace-noisy-max") for _ in range(200)]
+    picks = [
+        exponential_mechanism(scores, epsilon=20.0, sensitivity=0.1, noise=noise, selection="laplace-noisy-max")
+        for _ in range(200)
+    ]
     assert picks.count(1) >= 199  # noise scale 2Δ/ε = 0.01 against a gap of 4
 
 
@@ -136,8 +138,9 @@ def test_laplace_release_has_the_right_law_and_lies_on_one_grid() -> None:
     noise = _noise(6)
     draws = noise.laplace_release(torch.zeros(200_000, dtype=torch.float64), scale=2.5, sensitivity=1.0).numpy()
     assert stats.kstest(draws, stats.laplace(scale=2.5).cdf).pvalue > 1e-3
-    shifted = noise.laplace_release(torch.full((1000,), 1.0 / 3.0, dtype=torch.float64), scale=2.5,
-                                    sensitivity=1.0).numpy()
+    shifted = noise.laplace_release(
+        torch.full((1000,), 1.0 / 3.0, dtype=torch.float64), scale=2.5, sensitivity=1.0
+    ).numpy()
     grid = 2.0 ** (math.floor(math.log2(2.5)) - 40)
     for values in (draws[:1000], shifted):
         assert np.all(np.mod(values, grid) == 0.0)

@@ -29,10 +29,17 @@ def _alg3_error(n: int, eps: float, seed: int, *, s_star: int = 5) -> tuple[floa
     rng = np.random.default_rng(seed)
     X = rng.normal(0, math.sqrt(5), size=(n, 200))
     y = X @ w_star + rng.lognormal(0, 0.5, size=n)
-    hyper = {"preset": "paper-experiments", "s_star": s_star, "gamma": 5.0, "mu": 5.0, "eta": 0.5,
-             "design_epsilon": eps}
-    w = run_private("ht-sparse-linreg", hyper, X, y, task="regression", target_epsilon=eps, delta=n ** -1.1,
-                    seed=seed).weights
+    hyper = {
+        "preset": "paper-experiments",
+        "s_star": s_star,
+        "gamma": 5.0,
+        "mu": 5.0,
+        "eta": 0.5,
+        "design_epsilon": eps,
+    }
+    w = run_private(
+        "ht-sparse-linreg", hyper, X, y, task="regression", target_epsilon=eps, delta=n**-1.1, seed=seed
+    ).weights
     recall = len(set(np.flatnonzero(w)) & set(np.flatnonzero(w_star))) / s_star
     return float(np.sum((w - w_star) ** 2)), recall
 
@@ -52,8 +59,16 @@ def _alg1_risk(n: int, eps: float, seed: int, d: int = 200) -> float:
     w_star = few_spike_l1(np.random.default_rng(7), d)
     tau = fw_tau(d, w_star)
     p = linear_problem(np.random.default_rng(seed), n=n, w_star=w_star, features="lognormal", noise="normal")
-    w = run_private("ht-dp-fw", {"tau": tau, "design_epsilon": eps}, p.X, p.y, task="regression",
-                    target_epsilon=eps, delta=n ** -1.1, seed=seed).weights
+    w = run_private(
+        "ht-dp-fw",
+        {"tau": tau, "design_epsilon": eps},
+        p.X,
+        p.y,
+        task="regression",
+        target_epsilon=eps,
+        delta=n**-1.1,
+        seed=seed,
+    ).weights
     return excess_risk_linear(w, w_star, "lognormal")
 
 
@@ -72,8 +87,16 @@ def test_s5_alg2_error_decreases_in_n() -> None:
     def risk(n: int, seed: int) -> float:
         w_star = few_spike_l1(np.random.default_rng(7), 200)
         p = linear_problem(np.random.default_rng(seed), n=n, w_star=w_star, features="lognormal", noise="normal")
-        w = run_private("ht-private-lasso", {"preset": "paper-experiments", "design_epsilon": 10.0}, p.X, p.y,
-                        task="regression", target_epsilon=10.0, delta=n ** -1.1, seed=seed).weights
+        w = run_private(
+            "ht-private-lasso",
+            {"preset": "paper-experiments", "design_epsilon": 10.0},
+            p.X,
+            p.y,
+            task="regression",
+            target_epsilon=10.0,
+            delta=n**-1.1,
+            seed=seed,
+        ).weights
         return excess_risk_linear(w, w_star, "lognormal")
 
     assert np.mean([risk(100_000, s) for s in range(3)]) < np.mean([risk(10_000, s) for s in range(3)])
@@ -84,9 +107,21 @@ def test_s3_alg5_logistic_held_out_risk_decreases_in_n() -> None:
     test = logistic_problem(np.random.default_rng(99), n=200_000, w_star=w_star, features="gaussian_unit", noise="none")
 
     def held_out_risk(n: int, seed: int) -> float:
-        p = logistic_problem(np.random.default_rng(seed), n=n, w_star=w_star, features="gaussian_unit", noise="logistic")
-        w = run_private("ht-sparse-opt", {"s_star": 5, "design_epsilon": 10.0}, p.X, ((p.y + 1) / 2).astype(np.int64),
-                        task="classification", target_epsilon=10.0, delta=n ** -1.1, seed=seed).weights
+        p = logistic_problem(
+            np.random.default_rng(seed), n=n, w_star=w_star, features="gaussian_unit", noise="logistic"
+        )
+        w = run_private(
+            "ht-sparse-opt",
+            {"s_star": 5, "design_epsilon": 10.0},
+            p.X,
+            ((p.y + 1) / 2).astype(np.int64),
+            task="classification",
+            target_epsilon=10.0,
+            delta=n**-1.1,
+            seed=seed,
+        ).weights
         return float(np.mean(np.logaddexp(0.0, -test.y * (test.X @ w))))
 
-    assert np.mean([held_out_risk(200_000, s) for s in range(2)]) < np.mean([held_out_risk(20_000, s) for s in range(2)])
+    assert np.mean([held_out_risk(200_000, s) for s in range(2)]) < np.mean(
+        [held_out_risk(20_000, s) for s in range(2)]
+    )

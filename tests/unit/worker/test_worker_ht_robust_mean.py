@@ -61,18 +61,29 @@ def test_phi_values_continuity_and_shape() -> None:
 # ----------------------------------------------------------------------------- U2
 
 
-@pytest.mark.parametrize(("a", "b", "expected"), [
-    (0.3, 0.3, 0.282001), (1.0, 1.0, 0.564087), (2.0, 2.0, 0.621625), (-3.0, 3.0, -0.633666), (10.0, 10.0, 0.642735),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        (0.3, 0.3, 0.282001),
+        (1.0, 1.0, 0.564087),
+        (2.0, 2.0, 0.621625),
+        (-3.0, 3.0, -0.633666),
+        (10.0, 10.0, 0.642735),
+    ],
+)
 def test_golden_values(a: float, b: float, expected: float) -> None:
     assert float(smoothed_truncation(_t(a), _t(b))) == pytest.approx(expected, abs=6e-7)
 
 
 # |a| ∈ {10⁻³ … 10⁴}, b ∈ {0.1, 1, 10}·|a|, both signs; only b ≥ 0.01, where the adaptive
 # quadrature reference itself is reliable.
-GRID = [(sign * magnitude, ratio * magnitude)
-        for magnitude in (1e-3, 1e-2, 0.1, 1.0, 10.0, 99.0, 101.0, 1e3, 1e4)
-        for ratio in (0.1, 1.0, 10.0) for sign in (1.0, -1.0) if ratio * magnitude >= 0.01]
+GRID = [
+    (sign * magnitude, ratio * magnitude)
+    for magnitude in (1e-3, 1e-2, 0.1, 1.0, 10.0, 99.0, 101.0, 1e3, 1e4)
+    for ratio in (0.1, 1.0, 10.0)
+    for sign in (1.0, -1.0)
+    if ratio * magnitude >= 0.01
+]
 
 
 @pytest.mark.parametrize(("a", "b"), GRID)

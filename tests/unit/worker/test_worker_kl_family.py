@@ -4,6 +4,7 @@ settled within its charge, and the synthetic least-squares excess risk falls wit
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -27,53 +28,80 @@ from app.algorithms.kl_family import (
 from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
+from privtrain.architectures import build_model
 from worker.optimizers.kl_common import FullBatch, assign_flat
 from worker.optimizers.per_sample import iter_per_sample_grads
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingState
 from worker.trainers import TrainingRequest, get_trainer
 from worker.training.artifacts import load_training_state, save_training_state
-from privtrain.architectures import build_model
 
 N_ROWS, N_FEATURES = 240, 150
 
 Release = tuple[str, torch.Tensor, torch.Tensor, float]
 
 
-def _plan(name: str, hyper: dict[str, Any], *, n: int = N_ROWS, features: int = N_FEATURES,
-          task: str = "classification", epsilon: float = 2.0, steps: int = 60,
-          evaluation: dict[str, Any] | None = None) -> JobPlan:
-    dataset = Dataset(n_rows=n, feature_shape=[features], task=task,
-                      n_classes=2 if task == "classification" else None)
-    spec = JobCreate.model_validate({
-        "dataset_id": "ds_x",
-        "model": {"name": "logistic-regression" if task == "classification" else "linear-regression"},
-        "algorithm": {"name": name, "hyperparameters": hyper},
-        "privacy": {"target_epsilon": epsilon},
-        "training": {"steps": steps},
-        "evaluation": evaluation,
-    })
+def _plan(
+    name: str,
+    hyper: dict[str, Any],
+    *,
+    n: int = N_ROWS,
+    features: int = N_FEATURES,
+    task: str = "classification",
+    epsilon: float = 2.0,
+    steps: int = 60,
+    evaluation: dict[str, Any] | None = None,
+) -> JobPlan:
+    dataset = Dataset(n_rows=n, feature_shape=[features], task=task, n_classes=2 if task == "classification" else None)
+    spec = JobCreate.model_validate(
+        {
+            "dataset_id": "ds_x",
+            "model": {"name": "logistic-regression" if task == "classification" else "linear-regression"},
+            "algorithm": {"name": name, "hyperparameters": hyper},
+            "privacy": {"target_epsilon": epsilon},
+            "training": {"steps": steps},
+            "evaluation": evaluation,
+        }
+    )
     return plan_job(spec, dataset, dataset_delta=1e-5, max_steps=1_000_000)
 
 
 def _model(task: str, features: int, seed: int = 0) -> torch.nn.Module:
     return build_model(
-        "logistic-regression" if task == "classification" else "linear-regression", {},
-        input_shape=(features,), n_outputs=2 if task == "classification" else 1,
+        "logistic-regression" if task == "classification" else "linear-regression",
+        {},
+        input_shape=(features,),
+        n_outputs=2 if task == "classification" else 1,
         generator=torch.Generator().manual_seed(seed),
     )
 
 
-def _request(job: JobPlan, model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor, *,
-             seed: int = 1, hooks: TrainingHooks | None = None,
-             resume_from: TrainingState | None = None) -> TrainingRequest:
+def _request(
+    job: JobPlan,
+    model: torch.nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    seed: int = 1,
+    hooks: TrainingHooks | None = None,
+    resume_from: TrainingState | None = None,
+) -> TrainingRequest:
     return TrainingRequest(
-        model=model, X=X, y=y, task="classification" if job.model_name == "logistic-regression" else "regression",
-        hyperparameters=job.hyperparameters, training=job.training, noise_multiplier=job.noise_multiplier,
+        model=model,
+        X=X,
+        y=y,
+        task="classification" if job.model_name == "logistic-regression" else "regression",
+        hyperparameters=job.hyperparameters,
+        training=job.training,
+        noise_multiplier=job.noise_multiplier,
         sampling_probability=job.plan.sampling_probability,
-        expected_batch_size=job.plan.expected_batch_size, steps=job.plan.steps,
-        max_physical_batch_size=64, generator=SecureRandom.from_seed(seed),
-        hooks=hooks or TrainingHooks(), resume_from=resume_from, device=torch.device("cpu"),
+        expected_batch_size=job.plan.expected_batch_size,
+        steps=job.plan.steps,
+        max_physical_batch_size=64,
+        generator=SecureRandom.from_seed(seed),
+        hooks=hooks or TrainingHooks(),
+        resume_from=resume_from,
+        device=torch.device("cpu"),
     )
 
 
@@ -169,10 +197,16 @@ SPIDER_N, SPIDER_FEATURES = 1000, 20
 def _spider_job() -> tuple[JobPlan, Any, torch.Tensor, torch.Tensor]:
     """A non-vacuous schedule (n√ρ large for d = 21) on data whose clipped gradients align, so
     that rounds take steps and release differences."""
-    job = _plan("kl-spider", SPIDER_HYPER, n=SPIDER_N, features=SPIDER_FEATURES, task="regression",
-                epsilon=60.0, steps=10_000)
-    schedule = spider_schedule(n=SPIDER_N, d=SPIDER_FEATURES + 1, rho=rho_of(job.noise_multiplier),
-                               **{k: v for k, v in SPIDER_HYPER.items()}, beta=0.05)
+    job = _plan(
+        "kl-spider", SPIDER_HYPER, n=SPIDER_N, features=SPIDER_FEATURES, task="regression", epsilon=60.0, steps=10_000
+    )
+    schedule = spider_schedule(
+        n=SPIDER_N,
+        d=SPIDER_FEATURES + 1,
+        rho=rho_of(job.noise_multiplier),
+        **{k: v for k, v in SPIDER_HYPER.items()},
+        beta=0.05,
+    )
     assert schedule is not None and not schedule.vacuous and schedule.total_differences > 0
     g = torch.Generator().manual_seed(4)
     X = 0.1 * torch.randn(SPIDER_N, SPIDER_FEATURES, generator=g)
@@ -190,9 +224,17 @@ def test_kl_spider_draws_the_charged_noise() -> None:
     assert kinds.count("round-start") >= 10 and kinds.count("difference") >= 10
     clip_of = {r.difference_noise: r.difference_clip for r in schedule.rounds if r.differences}
     probe = _model("regression", SPIDER_FEATURES)
-    exact = FullBatch(X=X, y=y, loss="mse", lipschitz=1.0, normaliser=float(SPIDER_N),
-                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0),
-                      noise_safety=NOISE_SAFETY, units_for=units_for)
+    exact = FullBatch(
+        X=X,
+        y=y,
+        loss="mse",
+        lipschitz=1.0,
+        normaliser=float(SPIDER_N),
+        max_physical_batch_size=512,
+        generator=SecureRandom.from_seed(0),
+        noise_safety=NOISE_SAFETY,
+        units_for=units_for,
+    )
     z, drawn = [], 0.0
     for index, (kind, point, released, std) in enumerate(releases):
         assign_flat(probe, point)
@@ -215,8 +257,15 @@ def test_kl_spider_draws_the_charged_noise() -> None:
 def test_adaptive_noisy_gd_draws_the_charged_noise() -> None:
     """Recover the norm and gradient noise as released − exact at each iterate; the gradient's std
     must be the public function of the RELEASED norm, and the drawn cost stays within the charge."""
-    job = _plan("adaptive-noisy-gd", {"L0": 1.0, "L1": 1.5}, n=SPIDER_N, features=SPIDER_FEATURES,
-                task="regression", epsilon=3.0, steps=500)
+    job = _plan(
+        "adaptive-noisy-gd",
+        {"L0": 1.0, "L1": 1.5},
+        n=SPIDER_N,
+        features=SPIDER_FEATURES,
+        task="regression",
+        epsilon=3.0,
+        steps=500,
+    )
     rho = rho_of(job.noise_multiplier)
     constants = adaptive_constants(n=SPIDER_N, d=SPIDER_FEATURES + 1, rho=rho, L0=1.0, beta=0.05)
     assert constants is not None
@@ -226,9 +275,17 @@ def test_adaptive_noisy_gd_draws_the_charged_noise() -> None:
     gradients = [r for r in releases if r[0] == "gradient"]
     assert len(norms) == len(gradients) >= 10
     probe = _model("regression", SPIDER_FEATURES)
-    exact = FullBatch(X=X, y=y, loss="mse", lipschitz=1.0, normaliser=float(SPIDER_N),
-                      max_physical_batch_size=512, generator=SecureRandom.from_seed(0),
-                      noise_safety=NOISE_SAFETY, units_for=units_for)
+    exact = FullBatch(
+        X=X,
+        y=y,
+        loss="mse",
+        lipschitz=1.0,
+        normaliser=float(SPIDER_N),
+        max_physical_batch_size=512,
+        generator=SecureRandom.from_seed(0),
+        noise_safety=NOISE_SAFETY,
+        units_for=units_for,
+    )
     z_norm, z_grad, drawn = [], [], 0.0
     for (_, point, noisy_norm, norm_std), (_, grad_point, noisy_grad, grad_std) in zip(norms, gradients, strict=True):
         assert norm_std == constants.norm_noise and torch.equal(point, grad_point)
@@ -257,9 +314,17 @@ def _rows(seed: int, n: int, features: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _batch(X: torch.Tensor, y: torch.Tensor, L0: float) -> FullBatch:
-    return FullBatch(X=X, y=y, loss="mse", lipschitz=L0, normaliser=50.0, max_physical_batch_size=7,
-                     generator=torch.Generator().manual_seed(0),
-                     noise_safety=NOISE_SAFETY, units_for=units_for)
+    return FullBatch(
+        X=X,
+        y=y,
+        loss="mse",
+        lipschitz=L0,
+        normaliser=50.0,
+        max_physical_batch_size=7,
+        generator=torch.Generator().manual_seed(0),
+        noise_safety=NOISE_SAFETY,
+        units_for=units_for,
+    )
 
 
 def _flat(d: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -287,8 +352,9 @@ def test_clipped_difference_matches_a_per_example_loop_and_is_bounded_by_C_under
         diff = clipped(new, X[i], y[i]) - clipped(old, X[i], y[i])
         reference += diff * min(1.0, C / float(diff.norm()))
     torch.testing.assert_close(total, reference, rtol=1e-5, atol=1e-6)
-    added = _flat(_batch(torch.cat([X, adversary_x]), torch.cat([y, adversary_y]), L0)
-                  .clipped_difference_sum(model, old, clip=C))
+    added = _flat(
+        _batch(torch.cat([X, adversary_x]), torch.cat([y, adversary_y]), L0).clipped_difference_sum(model, old, clip=C)
+    )
     assert float((added - total).norm()) <= C * (1 + 1e-5)  # Δ(D) = C/n on the average
 
 
@@ -297,8 +363,9 @@ def test_gradient_and_norm_releases_move_by_at_most_L0_when_a_row_is_added() -> 
     model = _model("regression", 6)
     L0 = 0.5
     base = _flat(_batch(X, y, L0).clipped_sum(model))
-    added = _flat(_batch(torch.cat([X, torch.full((1, 6), 50.0)]), torch.cat([y, torch.tensor([-80.0])]), L0)
-                  .clipped_sum(model))
+    added = _flat(
+        _batch(torch.cat([X, torch.full((1, 6), 50.0)]), torch.cat([y, torch.tensor([-80.0])]), L0).clipped_sum(model)
+    )
     assert float((added - base).norm()) <= L0 * (1 + 1e-5)
     assert abs(float(added.norm()) - float(base.norm())) <= L0 * (1 + 1e-5)
 
@@ -314,7 +381,7 @@ def test_spider_steps_have_length_r_k_rounds_restart_and_stay_in_the_lemma_1_bal
     start = releases[0][1]
     radius = sum(r.steps * r.step_length for r in schedule.rounds)
     in_round = 0
-    for (kind, point, _, std), (_, prev_point, _, _) in zip(releases[1:], releases[:-1]):
+    for (_, prev_point, _, _), (kind, point, _, std) in itertools.pairwise(releases):
         assert float((point - start).norm()) <= radius * (1 + 1e-9)
         if kind == "round-start":
             in_round = 0
@@ -349,15 +416,17 @@ ALGORITHMS = {
     "kl-spider": (SPIDER_HYPER, 60.0, 10_000),
     "adaptive-noisy-gd": ({"L0": 1.0, "L1": 1.5}, 3.0, 500),
     "noisy-gd": ({"L0": 1.0, "L1_tilde": 0.5}, 2.0, 30),
-    "proximal-point": ({"L0": 1.0, "L1_tilde": 0.5, "kappa": 2.0, "gamma": 1.0, "F0": 1.0,
-                        "max_inner_steps": 4}, 4.0, 30),
+    "proximal-point": (
+        {"L0": 1.0, "L1_tilde": 0.5, "kappa": 2.0, "gamma": 1.0, "F0": 1.0, "max_inner_steps": 4},
+        4.0,
+        30,
+    ),
 }
 
 
 def _regression_job(name: str) -> tuple[JobPlan, torch.Tensor, torch.Tensor]:
     hyper, epsilon, steps = ALGORITHMS[name]
-    job = _plan(name, hyper, n=SPIDER_N, features=SPIDER_FEATURES, task="regression",
-                epsilon=epsilon, steps=steps)
+    job = _plan(name, hyper, n=SPIDER_N, features=SPIDER_FEATURES, task="regression", epsilon=epsilon, steps=steps)
     _, _, X, y = _spider_job()
     return job, X, y
 
@@ -447,7 +516,7 @@ def test_kl_spider_reaches_small_excess_risk_when_the_noise_is_negligible() -> N
     """Non-private sanity: ε huge (σ tiny) on a PL least-squares problem (κ = 2)."""
     hyper = {"L0": 4.0, "L1": 2.0, "gamma": 3.0, "kappa": 2.0, "F0": 0.8}
     excess = _excess("kl-spider", hyper, 200, 0, epsilon=90.0, steps=400)
-    X, y, best = _least_squares(200, 0)
+    _, y, best = _least_squares(200, 0)
     start = float(y.double().pow(2).mean()) - best
     assert excess < start / 20
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from worker.optimizers.per_sample import check_supported
 from privtrain.architectures import MODEL_REGISTRY, build_model, register_model
+from worker.optimizers.per_sample import check_supported
 
 # (name, params, input_shape, n_outputs) — one representative configuration per zoo entry.
 ZOO_CASES: list[tuple[str, dict[str, object], tuple[int, ...], int]] = [
@@ -36,8 +36,7 @@ def test_register_model_refuses_a_duplicate_name() -> None:
 def test_output_shape_and_engine_support(
     name: str, params: dict[str, object], input_shape: tuple[int, ...], n_outputs: int
 ) -> None:
-    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs,
-                        generator=_seeded(0))
+    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs, generator=_seeded(0))
     check_supported(model)  # only layers the per-sample engine handles; no BatchNorm
     out = model(torch.randn(5, *input_shape))
     assert out.shape == (5, n_outputs)
@@ -61,10 +60,8 @@ def test_mlp_defaults_and_layer_stack() -> None:
     default = build_model("mlp", {}, input_shape=(5,), n_outputs=2)
     assert [type(m) for m in default] == [nn.Flatten, nn.Linear, nn.Tanh, nn.Linear]
     assert default[1].out_features == 128
-    relu = build_model("mlp", {"hidden_sizes": [8, 4], "activation": "relu"},
-                       input_shape=(5,), n_outputs=2)
-    assert [type(m) for m in relu] == [nn.Flatten, nn.Linear, nn.ReLU, nn.Linear, nn.ReLU,
-                                       nn.Linear]
+    relu = build_model("mlp", {"hidden_sizes": [8, 4], "activation": "relu"}, input_shape=(5,), n_outputs=2)
+    assert [type(m) for m in relu] == [nn.Flatten, nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
     assert [m.out_features for m in relu if isinstance(m, nn.Linear)] == [8, 4, 2]
 
 
@@ -94,7 +91,10 @@ def test_mlp_defaults_and_layer_stack() -> None:
     ],
 )
 def test_invalid_configurations_raise_value_error(
-    name: str, params: dict[str, object], input_shape: tuple[int, ...], n_outputs: int,
+    name: str,
+    params: dict[str, object],
+    input_shape: tuple[int, ...],
+    n_outputs: int,
     message: str,
 ) -> None:
     with pytest.raises(ValueError, match=message):
@@ -159,23 +159,20 @@ def test_cnn2_builds_iff_the_api_formula_says_the_input_is_large_enough() -> Non
 
 def test_seeded_initialisation_is_reproducible_and_leaves_global_rng_alone() -> None:
     global_state = torch.get_rng_state()
-    a = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(4,), n_outputs=3,
-                    generator=_seeded(7))
-    b = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(4,), n_outputs=3,
-                    generator=_seeded(7))
-    c = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(4,), n_outputs=3,
-                    generator=_seeded(8))
+    a = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(4,), n_outputs=3, generator=_seeded(7))
+    b = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(4,), n_outputs=3, generator=_seeded(7))
+    c = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(4,), n_outputs=3, generator=_seeded(8))
     assert torch.equal(torch.get_rng_state(), global_state)
-    for (name, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(),
-                                  c.state_dict().values(), strict=True):
+    for (name, pa), pb, pc in zip(
+        a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True
+    ):
         assert torch.equal(pa, pb), name
         assert not torch.equal(pa, pc), name
 
 
 def test_seeded_initialisation_keeps_pytorch_default_init_distribution() -> None:
     """Default Linear init is U(-1/sqrt(fan_in), 1/sqrt(fan_in)); seeding must not change it."""
-    model = build_model("logistic-regression", {}, input_shape=(400,), n_outputs=50,
-                        generator=_seeded(1))
+    model = build_model("logistic-regression", {}, input_shape=(400,), n_outputs=50, generator=_seeded(1))
     weight = model[1].weight.detach()
     bound = 1 / 400**0.5
     assert weight.abs().max() <= bound

@@ -24,8 +24,9 @@ def test_no_optimizer_module_imports_the_catalogue() -> None:
     modules = sorted(OPTIMIZERS.rglob("*.py"))
     assert len(modules) > 10  # the scan really sees the package
     offenders = {
-        str(path.relative_to(OPTIMIZERS)): sorted(n for n in _imported_modules(path)
-                                                 if n == "app.algorithms" or n.startswith("app.algorithms."))
+        str(path.relative_to(OPTIMIZERS)): sorted(
+            n for n in _imported_modules(path) if n == "app.algorithms" or n.startswith("app.algorithms.")
+        )
         for path in modules
     }
     assert {path: names for path, names in offenders.items() if names} == {}

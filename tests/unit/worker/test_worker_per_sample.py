@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from privtrain.architectures import build_model
 from worker.optimizers.losses import get_loss, prepare_targets
 from worker.optimizers.per_sample import (
     SUPPORTED_MODULES,
@@ -21,7 +22,6 @@ from worker.optimizers.per_sample import (
     supported_module,
     trainable_parameters,
 )
-from privtrain.architectures import build_model
 
 # (id, model name, params, input_shape, n_outputs, loss)
 Case = tuple[str, str, dict[str, object], tuple[int, ...], int, str]
@@ -31,20 +31,16 @@ CASES: list[Case] = [
     ("mlp-tanh", "mlp", {"hidden_sizes": [6, 4], "activation": "tanh"}, (5,), 3, "cross_entropy"),
     ("mlp-relu-mse", "mlp", {"hidden_sizes": [7], "activation": "relu"}, (3,), 1, "mse"),
     ("cnn2-gn", "cnn2-gn", {"groups": 4, "image_shape": None}, (1, 16, 16), 4, "cross_entropy"),
-    ("cnn2-gn-flat", "cnn2-gn", {"groups": 2, "image_shape": [1, 16, 16]}, (256,), 4,
-     "cross_entropy"),
+    ("cnn2-gn-flat", "cnn2-gn", {"groups": 2, "image_shape": [1, 16, 16]}, (256,), 4, "cross_entropy"),
 ]
 CASE_IDS = [case[0] for case in CASES]
 
 
-def _setup(
-    case: Case, n: int = 10
-) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
+def _setup(case: Case, n: int = 10) -> tuple[nn.Module, torch.Tensor, torch.Tensor, str]:
     """A float64 model (so comparisons can be tight) and a random batch."""
     _, name, params, input_shape, n_outputs, loss = case
     gen = torch.Generator().manual_seed(1234)
-    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs,
-                        generator=gen).double()
+    model = build_model(name, params, input_shape=input_shape, n_outputs=n_outputs, generator=gen).double()
     X = torch.randn(n, *input_shape, generator=gen, dtype=torch.float64)
     if loss == "cross_entropy":
         y = torch.randint(0, n_outputs, (n,), generator=gen)
@@ -53,9 +49,7 @@ def _setup(
     return model, X, y, loss
 
 
-def _reference_grads(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str
-) -> list[dict[str, torch.Tensor]]:
+def _reference_grads(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str) -> list[dict[str, torch.Tensor]]:
     """Ordinary autograd, one row at a time: the definition of a per-sample gradient."""
     spec = get_loss(loss)
     dtype = next(model.parameters()).dtype
@@ -102,10 +96,8 @@ def test_clipped_sum_matches_reference_and_chunking_does_not_change_it(case: Cas
         for name, g in ref.items():
             expected[name] += scale * g
     clip = AbadiClip(clip_norm)
-    chunked = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                               max_physical_batch_size=3)
-    whole = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip,
-                             max_physical_batch_size=10)
+    chunked = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=3)
+    whole = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=10)
     for name in expected:
         torch.testing.assert_close(chunked[name], expected[name], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(whole[name], chunked[name], rtol=1e-12, atol=1e-14)
@@ -115,14 +107,14 @@ def test_clipped_sum_matches_reference_and_chunking_does_not_change_it(case: Cas
 def test_joint_norm_differs_from_per_layer_clipping() -> None:
     """Guards the 'flat norm over all parameters' rule with a case where it matters."""
     model, X, y, loss = _setup(CASES[2])
-    (grads,) = list(iter_per_sample_grads(model, X[:1], y[:1], loss=loss,
-                                          max_physical_batch_size=1))
+    (grads,) = list(iter_per_sample_grads(model, X[:1], y[:1], loss=loss, max_physical_batch_size=1))
     joint = float(per_sample_norms(grads)[0])
     per_layer_max = max(float(g.norm()) for g in grads.values())
     assert joint > per_layer_max * 1.0001
     clip_norm = (joint + per_layer_max) / 2  # clips jointly, would not clip any single layer
-    total = clipped_grad_sum(model, X[:1], y[:1], loss=loss,
-                             per_sample_map=AbadiClip(clip_norm), max_physical_batch_size=1)
+    total = clipped_grad_sum(
+        model, X[:1], y[:1], loss=loss, per_sample_map=AbadiClip(clip_norm), max_physical_batch_size=1
+    )
     assert _flat_norm(total) == pytest.approx(clip_norm, rel=1e-12)
 
 
@@ -140,14 +132,12 @@ def test_clipped_per_sample_norms_are_bounded_and_small_rows_unchanged() -> None
     clipped = {name: g * scale.view(-1, *[1] * (g.dim() - 1)) for name, g in grads.items()}
     clipped_norms = per_sample_norms(clipped)
     assert bool((clipped_norms <= clip_norm * (1 + 1e-12)).all())
-    torch.testing.assert_close(clipped_norms[~below],
-                               torch.full_like(clipped_norms[~below], clip_norm))
+    torch.testing.assert_close(clipped_norms[~below], torch.full_like(clipped_norms[~below], clip_norm))
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    norms=st.lists(st.floats(min_value=0.0, max_value=1e30, allow_nan=False), min_size=1,
-                   max_size=20),
+    norms=st.lists(st.floats(min_value=0.0, max_value=1e30, allow_nan=False), min_size=1, max_size=20),
     clip_norm=st.floats(min_value=1e-6, max_value=1e6),
 )
 def test_abadi_scale_factors_bound_every_norm(norms: list[float], clip_norm: float) -> None:
@@ -168,13 +158,11 @@ def test_rows_with_non_finite_gradients_contribute_nothing() -> None:
     """A NaN/inf row must not turn the released sum into NaN (that would reveal it was sampled)."""
     model, X, y, loss = _setup(CASES[0])
     clip = AbadiClip(0.5)
-    clean = clipped_grad_sum(model, X[2:], y[2:], loss=loss, per_sample_map=clip,
-                             max_physical_batch_size=4)
+    clean = clipped_grad_sum(model, X[2:], y[2:], loss=loss, per_sample_map=clip, max_physical_batch_size=4)
     poisoned_X = X.clone()
     poisoned_X[0, 0] = float("inf")
     poisoned_X[1, 1] = float("nan")
-    poisoned = clipped_grad_sum(model, poisoned_X, y, loss=loss, per_sample_map=clip,
-                                max_physical_batch_size=4)
+    poisoned = clipped_grad_sum(model, poisoned_X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=4)
     for name in clean:
         assert bool(torch.isfinite(poisoned[name]).all())
         torch.testing.assert_close(poisoned[name], clean[name], rtol=1e-12, atol=1e-14)
@@ -182,8 +170,7 @@ def test_rows_with_non_finite_gradients_contribute_nothing() -> None:
 
 def test_empty_batch_gives_zero_sum() -> None:
     model, X, y, loss = _setup(CASES[0])
-    total = clipped_grad_sum(model, X[:0], y[:0], loss=loss, per_sample_map=AbadiClip(1.0),
-                             max_physical_batch_size=4)
+    total = clipped_grad_sum(model, X[:0], y[:0], loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=4)
     for name, p in trainable_parameters(model).items():
         assert torch.equal(total[name], torch.zeros_like(p))
 
@@ -191,8 +178,7 @@ def test_empty_batch_gives_zero_sum() -> None:
 def test_frozen_parameters_are_left_out() -> None:
     model, X, y, loss = _setup(CASES[2])
     model[1].weight.requires_grad_(False)
-    total = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0),
-                             max_physical_batch_size=4)
+    total = clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(1.0), max_physical_batch_size=4)
     assert "1.weight" not in total and "1.bias" in total
 
 
@@ -205,9 +191,14 @@ def test_unsupported_layers_are_refused(layer: nn.Module, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_supported(model)
     with pytest.raises(ValueError, match=message):
-        clipped_grad_sum(model, torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64),
-                         loss="cross_entropy", per_sample_map=AbadiClip(1.0),
-                         max_physical_batch_size=2)
+        clipped_grad_sum(
+            model,
+            torch.zeros(2, 3),
+            torch.zeros(2, dtype=torch.int64),
+            loss="cross_entropy",
+            per_sample_map=AbadiClip(1.0),
+            max_physical_batch_size=2,
+        )
 
 
 def test_custom_modules_need_explicit_registration() -> None:
@@ -232,12 +223,24 @@ def test_custom_modules_need_explicit_registration() -> None:
 def test_mse_refuses_multi_column_outputs() -> None:
     model = nn.Sequential(nn.Linear(3, 2))
     with pytest.raises(ValueError, match="one output per row"):
-        clipped_grad_sum(model, torch.zeros(2, 3), torch.zeros(2), loss="mse",
-                         per_sample_map=AbadiClip(1.0), max_physical_batch_size=2)
+        clipped_grad_sum(
+            model,
+            torch.zeros(2, 3),
+            torch.zeros(2),
+            loss="mse",
+            per_sample_map=AbadiClip(1.0),
+            max_physical_batch_size=2,
+        )
 
 
 def test_cross_entropy_refuses_float_labels() -> None:
     model = nn.Sequential(nn.Linear(3, 2))
     with pytest.raises(ValueError, match="integer class labels"):
-        clipped_grad_sum(model, torch.zeros(2, 3), torch.zeros(2), loss="cross_entropy",
-                         per_sample_map=AbadiClip(1.0), max_physical_batch_size=2)
+        clipped_grad_sum(
+            model,
+            torch.zeros(2, 3),
+            torch.zeros(2),
+            loss="cross_entropy",
+            per_sample_map=AbadiClip(1.0),
+            max_physical_batch_size=2,
+        )

@@ -3,6 +3,8 @@ class list was declared: caveats state what the guarantee does not cover."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.report_fixtures import small_report
 
 
@@ -39,7 +41,9 @@ def test_report_has_a_numeric_prv_bound_for_an_ordinary_dp_sgd_job() -> None:
     assert epsilon["prv_upper_bound"] <= epsilon["ledger"]
 
 
-def test_report_falls_back_with_a_reason_when_the_numeric_accountant_times_out(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_report_falls_back_with_a_reason_when_the_numeric_accountant_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from app.privacy import single_job
     from tests.report_fixtures import small_report
 

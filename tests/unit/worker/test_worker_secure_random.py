@@ -16,13 +16,13 @@ from scipy import stats
 
 from app.config import Settings, UnsafeSettingsError
 from app.db import Database
+from privtrain.architectures import build_model
 from tests.conftest import dp_sgd_spec, make_settings, upload
 from worker import runner as runner_module
 from worker.optimizers import secure_random as secure_random_module
 from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StreamingProjection
 from worker.optimizers.secure_random import SecureRandom, keyed_uniform, paired_normal, paired_uniform
 from worker.runner import JobRunner
-from privtrain.architectures import build_model
 
 # ----------------------------------------------------------------------------- seed bits
 
@@ -83,9 +83,12 @@ def _draws(random: SecureRandom) -> list[torch.Tensor]:
     projection = StreamingProjection(k=3, block_rows=4)
     params = {"w": torch.zeros(5, 2)}
     return [
-        random.uniform(7), random.uniform((2, 3), dtype=torch.float32),
-        random.normal(5, std=2.0, dtype=torch.float32), random.normal((), std=1.0),
-        random.permutation(9), random.randint(5, (6,)),
+        random.uniform(7),
+        random.uniform((2, 3), dtype=torch.float32),
+        random.normal(5, std=2.0, dtype=torch.float32),
+        random.normal((), std=1.0),
+        random.permutation(9),
+        random.randint(5, (6,)),
         projection.dense_w(random.derive_key(PROJECTION_KEY_PURPOSE), 3, params),
     ]
 
@@ -228,8 +231,9 @@ def test_cuda_stream_law_and_exact_resume(secure: bool) -> None:
     expected = [random.uniform(9), random.normal(9, std=1.0), random.permutation(5)]
     restored = SecureRandom.from_os_entropy("cuda", secure_gaussian=secure)
     restored.set_state(state)
-    for got, want in zip([restored.uniform(9), restored.normal(9, std=1.0), restored.permutation(5)], expected,
-                         strict=True):
+    for got, want in zip(
+        [restored.uniform(9), restored.normal(9, std=1.0), restored.permutation(5)], expected, strict=True
+    ):
         assert torch.equal(got, want)
 
 
@@ -239,8 +243,7 @@ def test_cuda_keyed_blocks_are_reproducible_on_the_device() -> None:
     block = keyed_uniform(key, counter=(1, 2), shape=(64, 8), dtype=torch.float32, device="cuda")
     assert block.device.type == "cuda" and float(block.max()) < 1.0
     assert torch.equal(block, keyed_uniform(key, counter=(1, 2), shape=(64, 8), dtype=torch.float32, device="cuda"))
-    assert not torch.equal(block, keyed_uniform(key, counter=(1, 3), shape=(64, 8), dtype=torch.float32,
-                                                device="cuda"))
+    assert not torch.equal(block, keyed_uniform(key, counter=(1, 3), shape=(64, 8), dtype=torch.float32, device="cuda"))
 
 
 # ----------------------------------------------------------------------------- settings and init
@@ -253,8 +256,12 @@ def test_secure_noise_is_on_by_default_and_cannot_be_off_in_production(
     monkeypatch.setenv("PRIVTRAIN_SECURE_NOISE", "false")
     assert Settings().secure_noise is False
     monkeypatch.delenv("PRIVTRAIN_SECURE_NOISE")
-    production = {"environment": "production", "database_url": "postgresql://x/y",
-                  "broker_url": "redis://x", "ui_session_secret": "s" * 32}
+    production = {
+        "environment": "production",
+        "database_url": "postgresql://x/y",
+        "broker_url": "redis://x",
+        "ui_session_secret": "s" * 32,
+    }
     make_settings(tmp_path, **production).check_safe()
     with pytest.raises(UnsafeSettingsError, match="PRIVTRAIN_SECURE_NOISE"):
         make_settings(tmp_path, secure_noise=False, **production).check_safe()
@@ -274,8 +281,13 @@ def _secret_needles(random: SecureRandom) -> list[bytes]:
     state = json.loads(bytes(random.get_state().numpy()).decode())
     key_words = [int(w) for w in state["numpy"]["state"]["key"]]
     master = bytes.fromhex(state["master_key"])
-    needles = [master, master.hex().encode(), np.array(key_words, dtype="<u8").tobytes(),
-               random.derive_key(PROJECTION_KEY_PURPOSE), random.derive_key(PROJECTION_KEY_PURPOSE).hex().encode()]
+    needles = [
+        master,
+        master.hex().encode(),
+        np.array(key_words, dtype="<u8").tobytes(),
+        random.derive_key(PROJECTION_KEY_PURPOSE),
+        random.derive_key(PROJECTION_KEY_PURPOSE).hex().encode(),
+    ]
     needles += [str(w).encode() for w in key_words] + [f"{w:016x}".encode() for w in key_words]
     return needles
 
@@ -285,8 +297,12 @@ def _leaks(blob: bytes, needles: list[bytes]) -> list[bytes]:
 
 
 def test_a_real_job_releases_nothing_of_its_stream(
-    alice: TestClient, settings: Settings, database: Database, digits_csv: bytes,
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    alice: TestClient,
+    settings: Settings,
+    database: Database,
+    digits_csv: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Run a job through JobRunner (checkpoints and DP evaluation on), then search everything the
     service keeps or serves — the database, every blob (model, report), the API's responses and
@@ -314,10 +330,15 @@ def test_a_real_job_releases_nothing_of_its_stream(
     needles = _secret_needles(training)
     assert _leaks(json.dumps(json.loads(bytes(training.get_state().numpy()).decode())).encode(), needles)
 
-    served = b"".join(alice.get(path).content for path in (
-        f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/report", f"/v1/jobs/{job_id}/model",
-        f"/v1/datasets/{dataset['id']}/ledger",
-    ))
+    served = b"".join(
+        alice.get(path).content
+        for path in (
+            f"/v1/jobs/{job_id}",
+            f"/v1/jobs/{job_id}/report",
+            f"/v1/jobs/{job_id}/model",
+            f"/v1/datasets/{dataset['id']}/ledger",
+        )
+    )
     assert _leaks(served, needles) == []
     stored = [p for p in settings.data_dir.rglob("*") if p.is_file()]
     assert not list(settings.checkpoint_dir.glob("*"))  # the checkpoint was deleted when settled
@@ -336,8 +357,12 @@ def test_a_checkpoint_from_the_old_generator_is_restarted_not_failed(tmp_path: P
 
     def checkpoint(name: str, generator_state: torch.Tensor) -> Path:
         path = tmp_path / name
-        save_training_state(path, TrainingState(step=3, model_state={"w": torch.zeros(2)}, optimizer_state={},
-                                                generator_state=generator_state))
+        save_training_state(
+            path,
+            TrainingState(
+                step=3, model_state={"w": torch.zeros(2)}, optimizer_state={}, generator_state=generator_state
+            ),
+        )
         return path
 
     old = checkpoint("old.safetensors", torch.Generator().manual_seed(1).get_state())

@@ -67,11 +67,8 @@ def ghost_per_sample_norms(
     parameters' device. Private: for tests and for algorithms that keep it inside the worker."""
     norms = []
     with Recorder(model) as recorder:
-        for spec, x, target in iter_chunks(
-            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-        ):
-            chunk = pass1(model, recorder, x, target, spec, bk=False,
-                          want_out_grad=False, retain_graph=False)
+        for spec, x, target in iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            chunk = pass1(model, recorder, x, target, spec, bk=False, want_out_grad=False, retain_graph=False)
             norms.append(chunk.sq_norms.sqrt())
     if not norms:
         first = next(iter(trainable_parameters(model).values()))
@@ -100,12 +97,16 @@ def ghost_clipped_grad_sum(
     params = trainable_parameters(model)
     totals = Totals()
     with Recorder(model) as recorder:
-        for spec, x, target in iter_chunks(
-            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-        ):
+        for spec, x, target in iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
             chunk = pass1(
-                model, recorder, x, target, spec, bk=pass2 == "bk",
-                want_out_grad=pass2 != "bk", retain_graph=pass2 == "retain",
+                model,
+                recorder,
+                x,
+                target,
+                spec,
+                bk=pass2 == "bk",
+                want_out_grad=pass2 != "bk",
+                retain_graph=pass2 == "retain",
             )
             with torch.no_grad():
                 norms = chunk.sq_norms.sqrt()
@@ -127,8 +128,11 @@ def ghost_clipped_grad_sum(
             if pass2 == "retain" and all_finite:
                 assert chunk.out is not None
                 grads = torch.autograd.grad(
-                    chunk.out, list(params.values()), grad_outputs=out_grad,
-                    allow_unused=True, materialize_grads=True,
+                    chunk.out,
+                    list(params.values()),
+                    grad_outputs=out_grad,
+                    allow_unused=True,
+                    materialize_grads=True,
                 )
             else:
                 chunk.out = None  # free pass 1's graph before the second forward
@@ -139,8 +143,11 @@ def ghost_clipped_grad_sum(
                 with torch.enable_grad():
                     out = model(x.index_select(0, keep))
                 grads = torch.autograd.grad(
-                    out, list(params.values()), grad_outputs=out_grad.index_select(0, keep),
-                    allow_unused=True, materialize_grads=True,
+                    out,
+                    list(params.values()),
+                    grad_outputs=out_grad.index_select(0, keep),
+                    allow_unused=True,
+                    materialize_grads=True,
                 )
             with torch.no_grad():
                 for name, g in zip(params, grads, strict=True):
@@ -176,8 +183,13 @@ class GhostClipAggregator:
         generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
         return ghost_clipped_grad_sum(
-            model, X, y, loss=loss, per_sample_map=self.per_sample_map,
-            max_physical_batch_size=max_physical_batch_size, pass2=self.pass2,
+            model,
+            X,
+            y,
+            loss=loss,
+            per_sample_map=self.per_sample_map,
+            max_physical_batch_size=max_physical_batch_size,
+            pass2=self.pass2,
         )
 
 
@@ -201,11 +213,8 @@ def ghost_weighted_grad_sums(
     params = trainable_parameters(model)
     totals = [Totals() for _ in per_sample_maps]
     with Recorder(model) as recorder:
-        for spec, x, target in iter_chunks(
-            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size
-        ):
-            chunk = pass1(model, recorder, x, target, spec, bk=True,
-                          want_out_grad=False, retain_graph=False)
+        for spec, x, target in iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            chunk = pass1(model, recorder, x, target, spec, bk=True, want_out_grad=False, retain_graph=False)
             with torch.no_grad():
                 norms = chunk.sq_norms.sqrt()
                 finite = torch.isfinite(norms)

@@ -32,14 +32,12 @@ def _keeps_rows(module: nn.Embedding, inp: torch.Tensor, out: torch.Tensor, batc
 
 def _refusal(module: nn.Embedding) -> str | None:
     if module.max_norm is not None or module.scale_grad_by_freq:
-        return ("uses max_norm or scale_grad_by_freq, which the ghost clipping engine does not "
-                "support")
+        return "uses max_norm or scale_grad_by_freq, which the ghost clipping engine does not support"
     return None
 
 
 @ghost_layer(nn.Embedding, keeps_rows=_keeps_rows, refusal=_refusal)
-def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *,
-                   bk: bool) -> LayerWork:
+def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
     name = names["weight"]
     assert name is not None
     batch = calls[0][0].shape[0]
@@ -50,10 +48,7 @@ def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *,
         D = D * (idx != module.padding_idx).unsqueeze(-1).to(D.dtype)
     positions, vocab = idx.shape[1], module.num_embeddings
     # Gram: T²·(d+1) flops and T² memory per row; materialised: V·d of both (zero-fill, norm).
-    gram = (
-        positions * positions * (dim + 1) <= vocab * dim
-        or batch * vocab * dim > MATERIALISE_MAX_ELEMENTS
-    )
+    gram = positions * positions * (dim + 1) <= vocab * dim or batch * vocab * dim > MATERIALISE_MAX_ELEMENTS
     if not gram:
         G = D.new_zeros(batch, vocab, dim)
         G.scatter_add_(1, idx.unsqueeze(-1).expand(-1, -1, dim), D)

@@ -58,8 +58,9 @@ def pass1(
         finally:
             recorder.stop()
         recorder.check_versions()
-        return _pass1_backward(recorder, out, target, spec, bk=bk,
-                               want_out_grad=want_out_grad, retain_graph=retain_graph)
+        return _pass1_backward(
+            recorder, out, target, spec, bk=bk, want_out_grad=want_out_grad, retain_graph=retain_graph
+        )
 
 
 def _pass1_backward(
@@ -82,7 +83,10 @@ def _pass1_backward(
         raise ValueError("the model output does not depend on any trainable parameter")
     loss = spec.fn(out, target)
     grads = torch.autograd.grad(
-        loss, taps + ([out] if want_out_grad else []), allow_unused=True, materialize_grads=True,
+        loss,
+        taps + ([out] if want_out_grad else []),
+        allow_unused=True,
+        materialize_grads=True,
         retain_graph=retain_graph,
     )
     per_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -120,7 +124,5 @@ def iter_chunks(
         x = X[start : start + max_physical_batch_size].to(device)
         if x.is_floating_point():
             x = x.to(dtype)
-        target = prepare_targets(
-            spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype
-        )
+        target = prepare_targets(spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype)
         yield spec, x, target

@@ -93,7 +93,7 @@ def _positional_work(
 
     Per-sample weight gradient of group j: G_ij = Σ_t D_ijt A_ijtᵀ (o × k); bias: Σ_t D_ijt.
     """
-    batch, groups, positions, o = D.shape
+    batch, groups, positions, _ = D.shape
     terms: list[torch.Tensor] = []
     parts: list[Accumulate] = []
 
@@ -118,8 +118,11 @@ def _positional_work(
         assert A is not None
         if positions == 1:
             # ||δ aᵀ||² = ||a||²·||δ||²: no per-sample gradient, O(k + o) per row.
-            terms.append((squared_norm(A, 3) * squared_norm(D, 3)) if groups == 1
-                         else (squared_norm(A, 1) * squared_norm(D, 1)).sum(dim=(1, 2)))
+            terms.append(
+                (squared_norm(A, 3) * squared_norm(D, 3))
+                if groups == 1
+                else (squared_norm(A, 1) * squared_norm(D, 1)).sum(dim=(1, 2))
+            )
         else:  # Gram form: Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
             aat = torch.matmul(A, A.transpose(-1, -2))  # (B, g, T, T)
             ddt = torch.matmul(D, D.transpose(-1, -2))
@@ -141,9 +144,7 @@ def _positional_work(
     return LayerWork(sq, accumulate)
 
 
-def _dense_work(
-    weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor
-) -> LayerWork:
+def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor) -> LayerWork:
     """Linear on (B, k) rows, called once: ||g_i||² = ||δ_i||²·(||a_i||² + 1) with a bias,
     and the clipped sum is (s·δ)ᵀa, Σ s·δ — the fast path of `_positional_work` (fewer ops)."""
     sq = torch.linalg.vecdot(d, d)
@@ -200,13 +201,10 @@ def linear_work(module: nn.Linear, names: ParamNames, calls: Calls, *, bk: bool)
         As = [a.reshape(batch, 1, -1, k) for a, _ in calls]
         return As[0] if len(As) == 1 else torch.cat(As, dim=2)
 
-    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk,
-                         per_sample_grads=per_sample_grads, inputs=inputs)
+    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
 
 
-def _conv_input(
-    module: nn.Conv1d | nn.Conv2d, a: torch.Tensor
-) -> tuple[torch.Tensor, tuple[int, ...]]:
+def _conv_input(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The input as the convolution sees it, and the padding still to apply (zeros)."""
     if module.padding_mode != "zeros" or isinstance(module.padding, str):
         mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
@@ -227,14 +225,15 @@ def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> torch.Tenso
             stride=(1, module.stride[0]),
         )
     return F.unfold(
-        a, kernel_size=module.kernel_size, dilation=module.dilation, padding=padding,
+        a,
+        kernel_size=module.kernel_size,
+        dilation=module.dilation,
+        padding=padding,
         stride=module.stride,
     )
 
 
-def _conv_per_sample_grads(
-    module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor
-) -> torch.Tensor:
+def _conv_per_sample_grads(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Per-sample weight gradients (B, g, o, k) of one call."""
     batch, g = a.shape[0], module.groups
     o = module.out_channels // g
@@ -250,17 +249,19 @@ def _conv_per_sample_grads(
         sb, sc, *ss = x.stride()
         window = x.as_strided(  # (B, g, c, *kernel, *out_spatial): the patches, without a copy
             (batch, g, c, *module.kernel_size, *spatial),
-            (sb, sc * c, sc, *(st * dl for st, dl in zip(ss, module.dilation, strict=True)),
-             *(st * sd for st, sd in zip(ss, module.stride, strict=True))),
+            (
+                sb,
+                sc * c,
+                sc,
+                *(st * dl for st, dl in zip(ss, module.dilation, strict=True)),
+                *(st * sd for st, sd in zip(ss, module.stride, strict=True)),
+            ),
         )
         pos, kern = "hw"[:nd], "ij"[:nd]
-        G = torch.einsum(f"bgo{pos},bgc{kern}{pos}->bgoc{kern}", d.reshape(batch, g, o, *spatial),
-                         window)
+        G = torch.einsum(f"bgo{pos},bgc{kern}{pos}->bgoc{kern}", d.reshape(batch, g, o, *spatial), window)
         return G.reshape(batch, g, o, k)
     patches = _conv_patches(module, a)  # (B, g·k, T)
-    return torch.matmul(
-        d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2)
-    )
+    return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
 
 
 def _input_dims(dims: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor, int], bool]:
@@ -274,8 +275,7 @@ def _input_dims(dims: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor, i
 
 @ghost_layer(nn.Conv1d, keeps_rows=_input_dims(3))
 @ghost_layer(nn.Conv2d, keeps_rows=_input_dims(4))
-def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
-              bk: bool) -> LayerWork:
+def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
     """Conv1d/Conv2d on (B, C, *spatial), per group; the calls of a reused layer are stacked."""
     batch = calls[0][0].shape[0]
     g = module.groups
@@ -297,5 +297,4 @@ def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
             As.append(patches.view(batch, g, k, -1).transpose(-1, -2))  # (B, g, T, k)
         return As[0] if len(As) == 1 else torch.cat(As, dim=2)
 
-    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk,
-                         per_sample_grads=per_sample_grads, inputs=inputs)
+    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)

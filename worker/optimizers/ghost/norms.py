@@ -23,7 +23,10 @@ Reduce = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def _affine_work(
-    names: ParamNames, calls: Calls, *, normalise: Callable[[torch.Tensor], torch.Tensor],
+    names: ParamNames,
+    calls: Calls,
+    *,
+    normalise: Callable[[torch.Tensor], torch.Tensor],
     reduce: Reduce,
 ) -> LayerWork:
     """Per-sample gradients of an affine transform y = x̂·weight + bias applied per position."""
@@ -43,8 +46,7 @@ def _affine_work(
 
 
 @ghost_layer(nn.GroupNorm)
-def group_norm_work(module: nn.GroupNorm, names: ParamNames, calls: Calls, *,
-                    bk: bool) -> LayerWork:
+def group_norm_work(module: nn.GroupNorm, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
     """(B, C, *) -> sum over positions -> (B, C)."""
 
     def normalise(a: torch.Tensor) -> torch.Tensor:
@@ -56,15 +58,13 @@ def group_norm_work(module: nn.GroupNorm, names: ParamNames, calls: Calls, *,
     return _affine_work(names, calls, normalise=normalise, reduce=reduce)
 
 
-def _layer_norm_keeps_rows(module: nn.LayerNorm, inp: torch.Tensor, out: torch.Tensor,
-                           batch: int) -> bool:
+def _layer_norm_keeps_rows(module: nn.LayerNorm, inp: torch.Tensor, out: torch.Tensor, batch: int) -> bool:
     """Rows on dimension 0 and at least one dimension in front of the normalised shape."""
     return rows_on_dim0(module, inp, out, batch) and inp.dim() > len(module.normalized_shape)
 
 
 @ghost_layer(nn.LayerNorm, keeps_rows=_layer_norm_keeps_rows)
-def layer_norm_work(module: nn.LayerNorm, names: ParamNames, calls: Calls, *,
-                    bk: bool) -> LayerWork:
+def layer_norm_work(module: nn.LayerNorm, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
     """(B, *, *normalized_shape) -> sum over the middle positions -> (B, *normalized_shape)."""
     shape = tuple(module.normalized_shape)
 

@@ -20,7 +20,7 @@ from worker.optimizers.ghost.registry import GHOST_LAYERS, GhostLayerRule
 from worker.optimizers.ghost.work import ParamNames
 from worker.optimizers.per_sample import trainable_parameters
 
-__all__ = ["HookedLayer", "Recorder", "RecordedCall"]
+__all__ = ["HookedLayer", "RecordedCall", "Recorder"]
 
 
 @dataclass
@@ -54,12 +54,9 @@ class Recorder:
         by_id = {id(p): name for name, p in trainable_parameters(self.model).items()}
         for name, module in self.model.named_modules():
             rule = GHOST_LAYERS.rule_for(module)
-            if rule is not None and any(
-                p.requires_grad for p in module.parameters(recurse=False)
-            ):
+            if rule is not None and any(p.requires_grad for p in module.parameters(recurse=False)):
                 where = name or "<root>"
-                self.layers.append(HookedLayer(where, module, rule, _param_names(module, rule,
-                                                                                 by_id)))
+                self.layers.append(HookedLayer(where, module, rule, _param_names(module, rule, by_id)))
                 hook = self._make_hook(where, rule)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
         return self
@@ -79,9 +76,7 @@ class Recorder:
         self.active = False
 
     def _make_hook(self, where: str, rule: GhostLayerRule[Any]) -> Callable[..., None]:
-        def hook(
-            module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object
-        ) -> None:
+        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object) -> None:
             if not self.active:
                 return
             inp = args[0] if args else kwargs.get("input")
@@ -97,9 +92,7 @@ class Recorder:
                     f"module {where} ({kind}) got an input that does not keep the rows of the "
                     "batch on dimension 0; the ghost clipping engine cannot make it per-sample"
                 )
-            self.calls[id(module)].append(
-                RecordedCall(inp.detach(), output, inp._version, output._version)
-            )
+            self.calls[id(module)].append(RecordedCall(inp.detach(), output, inp._version, output._version))
 
         return hook
 
@@ -115,8 +108,7 @@ class Recorder:
                     )
 
 
-def _param_names(module: nn.Module, rule: GhostLayerRule[Any],
-                 by_id: dict[int, str]) -> ParamNames:
+def _param_names(module: nn.Module, rule: GhostLayerRule[Any], by_id: dict[int, str]) -> ParamNames:
     """The rule's parameter attributes -> trainable parameter names (None: absent or frozen)."""
     names: ParamNames = {}
     for pname in rule.parameters:

@@ -42,9 +42,7 @@ class LayerWorkFn(Protocol[M_contra]):
     has several exact forms can weigh that cost in its choice; rules with one form ignore it.
     """
 
-    def __call__(
-        self, module: M_contra, names: ParamNames, calls: Calls, *, bk: bool
-    ) -> LayerWork: ...
+    def __call__(self, module: M_contra, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork: ...
 
 
 WorkFn = TypeVar("WorkFn", bound=LayerWorkFn[Any])
@@ -101,8 +99,9 @@ class GhostLayerRegistry:
             raise ValueError("ghost_layer needs at least one module class")
 
         def decorator(work: WorkFn) -> WorkFn:
-            rule: GhostLayerRule[M] = GhostLayerRule(work=work, keeps_rows=keeps_rows, refusal=refusal,
-                                  parameters=parameters)
+            rule: GhostLayerRule[M] = GhostLayerRule(
+                work=work, keeps_rows=keeps_rows, refusal=refusal, parameters=parameters
+            )
             for cls in classes:
                 self.add(cls, rule)
             return work

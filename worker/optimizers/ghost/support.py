@@ -41,15 +41,16 @@ GHOST_PARAMETER_FREE: set[type[nn.Module]] = set(PARAMETER_FREE_MODULES)
 
 def _flatten_refusal(module: nn.Flatten) -> str | None:
     if module.start_dim < 1:
-        return (f"has start_dim={module.start_dim}: the ghost clipping engine needs dimension 0 "
-                "to stay the batch (use start_dim >= 1)")
+        return (
+            f"has start_dim={module.start_dim}: the ghost clipping engine needs dimension 0 "
+            "to stay the batch (use start_dim >= 1)"
+        )
     return None
 
 
 def _unflatten_refusal(module: nn.Unflatten) -> str | None:
     if not isinstance(module.dim, int) or module.dim < 1:
-        return (f"has dim={module.dim!r}: the ghost clipping engine needs dimension 0 to stay "
-                "the batch (use dim >= 1)")
+        return f"has dim={module.dim!r}: the ghost clipping engine needs dimension 0 to stay the batch (use dim >= 1)"
     return None
 
 
@@ -81,10 +82,7 @@ def _allowed_parameters(module: nn.Module, where: str) -> tuple[str, ...]:
     elif kind in GHOST_CONTAINERS or kind in GHOST_PARAMETER_FREE:
         refusal = _PARAMETER_FREE_REFUSALS.get(kind)
     else:
-        raise ValueError(
-            f"module {where} of type {kind.__name__} is not supported by the ghost clipping "
-            "engine"
-        )
+        raise ValueError(f"module {where} of type {kind.__name__} is not supported by the ghost clipping engine")
     reason = refusal(module) if refusal is not None else None
     if reason is not None:
         raise ValueError(f"module {where} ({kind.__name__}) {reason}")

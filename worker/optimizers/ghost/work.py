@@ -52,12 +52,10 @@ class Totals:
         else:
             current.add_(value)
 
-    def index_add(self, name: str, like: torch.Tensor, index: torch.Tensor,
-                  source: torch.Tensor) -> None:
+    def index_add(self, name: str, like: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> None:
         current = self.sums.get(name)
         if current is None:
-            current = self.sums[name] = torch.zeros_like(
-                like, memory_format=torch.contiguous_format)
+            current = self.sums[name] = torch.zeros_like(like, memory_format=torch.contiguous_format)
         current.index_add_(0, index, source)
 
     def result(self, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
@@ -65,8 +63,11 @@ class Totals:
         out = {}
         for name, p in params.items():
             value = self.sums.get(name)
-            out[name] = (torch.zeros_like(p, memory_format=torch.contiguous_format)
-                         if value is None else value.reshape(p.shape).contiguous())
+            out[name] = (
+                torch.zeros_like(p, memory_format=torch.contiguous_format)
+                if value is None
+                else value.reshape(p.shape).contiguous()
+            )
         return out
 
 
@@ -96,8 +97,7 @@ def squared_norm(t: torch.Tensor, dims: int) -> torch.Tensor:
 
 def materialised_work(grads: dict[str, torch.Tensor]) -> LayerWork:
     """Per-sample gradients already in hand (B, *param.shape): norm and tensordot."""
-    sq = torch.stack([squared_norm(g.reshape(g.shape[0], -1), 1)
-                      for g in grads.values()]).sum(dim=0)
+    sq = torch.stack([squared_norm(g.reshape(g.shape[0], -1), 1) for g in grads.values()]).sum(dim=0)
 
     def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
         for name, g in grads.items():

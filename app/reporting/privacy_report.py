@@ -46,8 +46,8 @@ def noise_caveat(*, secure_gaussian: bool) -> str:
     gaussian = (
         "Gaussian noise was drawn in secure mode (each value the sum of four draws, halved; Holohan "
         "& Braghin 2021); floating-point effects of the sampler beyond that are not accounted for."
-        if secure_gaussian else
-        "Gaussian noise was NOT drawn in secure mode (the service's secure_noise setting was off, "
+        if secure_gaussian
+        else "Gaussian noise was NOT drawn in secure mode (the service's secure_noise setting was off, "
         "which production refuses): floating-point effects of the sampler are not accounted for."
     )
     return (
@@ -57,6 +57,7 @@ def noise_caveat(*, secure_gaussian: bool) -> str:
         "arithmetic on a power-of-two grid (no Mironov-style floating-point leak), the grid's "
         f"rounding paid for by slightly more noise. {gaussian}"
     )
+
 
 OBSERVED_CLASSES_CAVEAT = (
     "No class list was declared at upload, so the list shown was taken from the labels found: it is "
@@ -89,8 +90,12 @@ NORMALISATION = {
 
 def _class_list_fields(dataset: Dataset) -> dict[str, Any]:
     """The public class list and whether the owner declared it (docs/privacy-model.md §2)."""
-    classes = public_class_list(task=dataset.task, n_classes=dataset.n_classes,
-                                class_names=dataset.class_names, declared=dataset.classes_declared)
+    classes = public_class_list(
+        task=dataset.task,
+        n_classes=dataset.n_classes,
+        class_names=dataset.class_names,
+        declared=dataset.classes_declared,
+    )
     if classes is None:
         return {}
     return {"classes": list(classes.names), "classes_source": classes.source}
@@ -104,11 +109,14 @@ def _sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) 
     return {"sensitivity": sensitivity, "sensitivity_norm": norm}
 
 
-def report_single_job_epsilon(actual_event: dict[str, Any], *, delta: float, algorithm: str) -> privacy.SingleJobEpsilon:
+def report_single_job_epsilon(
+    actual_event: dict[str, Any], *, delta: float, algorithm: str
+) -> privacy.SingleJobEpsilon:
     """The report's single-job ε: numeric accountants in a time- and memory-capped child process,
     the closed forms when it gives up. Slow, so computed before the commit transaction."""
     return privacy.capped_single_job_epsilon(
-        privacy.event_from_json(actual_event), delta,
+        privacy.event_from_json(actual_event),
+        delta,
         zcdp_is_gaussian=get_algorithm(algorithm).zcdp_leaves_are_gaussian,
     )
 
@@ -223,9 +231,14 @@ def build_report(
             "before": budget_before,
             "before_definition": BEFORE_DEFINITION.format(before_seq=commit_entry.seq - 1),
             "charge": job_charge(
-                committed_epsilon=committed, reserved_epsilon=job.epsilon_ledger, curve=curve,
-                orders=privacy.ORDERS, orders_version=privacy.ORDERS_VERSION, steps_run=job.steps_run,
-                steps_planned=job.steps_planned, commit_entry=commit_entry,
+                committed_epsilon=committed,
+                reserved_epsilon=job.epsilon_ledger,
+                curve=curve,
+                orders=privacy.ORDERS,
+                orders_version=privacy.ORDERS_VERSION,
+                steps_run=job.steps_run,
+                steps_planned=job.steps_planned,
+                commit_entry=commit_entry,
             ),
             "after": budget_after,
             "after_definition": AFTER_DEFINITION.format(after_seq=budget_after.get("entries", commit_entry.seq)),
