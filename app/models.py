@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
     false,
     text,
@@ -115,6 +116,38 @@ class Dataset(Base):
     """True when the owner declared the list at upload; False when it was taken from the labels."""
     preparation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """The owner's declared preparation (app.ingest.preparation canonical form); NULL: none."""
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Declared public by its owner at upload: no budget, no ledger, non-private training allowed."""
+    modality: Mapped[str] = mapped_column(String(16), default="tabular", server_default="tabular")
+    """"tabular" (rows of numbers) or "image" (uint8 images, normalised on the worker)."""
+    array_blob_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """For image datasets: the decoded uint8 array (.npy, memory-mappable) the worker trains on."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class BaseModelRecord(Base):
+    """Public pretrained weights a tenant uploaded for one zoo architecture (safetensors, by hash)."""
+
+    __tablename__ = "base_models"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_base_models_tenant_idempotency"),
+        Index("ix_base_models_tenant_sha256", "tenant_id", "sha256"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("bm"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    architecture: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input_shape: Mapped[list[int]] = mapped_column(JSON)
+    n_outputs: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    blob_key: Mapped[str] = mapped_column(String(200))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    source: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Where the owner says the weights came from (shown in every report built on them)."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -263,4 +296,3 @@ class JobEvent(Base):
     kind: Mapped[str] = mapped_column(String(32))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-
