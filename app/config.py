@@ -142,6 +142,20 @@ class Settings(BaseSettings):
         description="an NPZ upload may decompress to at most this many times its size on disk "
         "(beyond the first 64 MiB)",
     )
+    max_image_files: int = Field(
+        default=200_000,
+        gt=0,
+        description="a ZIP image upload with more image files is refused (422 invalid-dataset, "
+        "too-many-files) from its directory, before any image is decoded",
+    )
+    max_image_pixels: int = Field(
+        default=16_777_216,
+        gt=0,
+        description="width × height of one uploaded image (PNG/JPEG in a ZIP); a larger one is refused "
+        "from its header (image-too-large) before it is decoded, and Pillow's decompression-bomb guard "
+        "enforces the same bound while decoding. The decoded uint8 array of the whole dataset is bounded "
+        "by PRIVTRAIN_MAX_DECOMPRESSED_BYTES",
+    )
     max_concurrent_uploads: int = Field(
         default=4, gt=0, description="uploads the API process parses at once, all tenants together"
     )

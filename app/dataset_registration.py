@@ -12,16 +12,30 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import ledger
+from app.blob_references import discard_unreferenced_blob, lock_blob_key
+from app.dataset_arrays import StagedArray, stage_image_array
 from app.db import Database
 from app.errors import Conflict, InvalidInput
 from app.idempotency import IdempotentRequest, create_once, earlier
-from app.ingest import DatasetValidationError, IngestFacts, IngestLimits, Preparation, dataset_facts, parse_dataset
+from app.ingest import (
+    DatasetValidationError,
+    ImageOptions,
+    IngestFacts,
+    IngestLimits,
+    Modality,
+    Preparation,
+    dataset_facts,
+    image_facts,
+    parse_dataset,
+    parse_images,
+    resolve_modality,
+)
 from app.models import Dataset, PrivacyBudget, Tenant
 from app.storage import BlobStore, PendingBlob
 from privtrain.directed_rounding import format_remaining
@@ -50,6 +64,11 @@ class UploadRequest:
     class_list: tuple[str, ...] | None
     idempotency_key: str | None
     preparation: Preparation | None = None
+    public: bool = False
+    """Declared public by its owner: no budget (epsilon/delta are 0 and unused), no ledger."""
+    modality: str | None = None
+    """"image" or "tabular" as declared; None: decided from the format and the NPZ's X dtype."""
+    image_options: ImageOptions = field(default_factory=ImageOptions)
 
 
 @dataclass(frozen=True)
@@ -101,6 +120,9 @@ def upload_hash(
     task: str | None,
     classes: tuple[str, ...] | None,
     preparation: Preparation | None = None,
+    public: bool = False,
+    modality: str | None = None,
+    image_options: ImageOptions | None = None,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
     request: dict[str, object] = {
@@ -116,6 +138,12 @@ def upload_hash(
         request["classes"] = list(classes)
     if preparation is not None:  # absent from digests made before preparations existed
         request["preparation"] = preparation.to_json()
+    if public:  # absent from digests made before public datasets existed
+        request["public"] = True
+    if modality is not None:  # absent from digests made before image datasets existed
+        request["modality"] = modality
+    if image_options is not None and image_options.to_json():
+        request["image"] = image_options.to_json()
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -169,36 +197,6 @@ def _observed_classes_notice(names: tuple[str, ...]) -> str:
     )
 
 
-def lock_blob_key(session: Session, key: str) -> None:
-    """Serialise registrations and clean-ups of one content-addressed blob until commit.
-
-    On PostgreSQL a transaction-scoped advisory lock on the key: a clean-up cannot check "no row
-    uses this blob" and then delete it while another upload of the same bytes (any tenant) commits
-    its row in between. SQLite's write transactions are already serialised (BEGIN IMMEDIATE).
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        lock_id = int.from_bytes(hashlib.sha256(f"blob:{key}".encode()).digest()[:8], "big", signed=True)
-        session.execute(text("SELECT pg_advisory_xact_lock(:lock_id)"), {"lock_id": lock_id})
-
-
-def _discard_unreferenced_blob(db: Database, blobs: BlobStore, *, key: str) -> None:
-    """Delete a blob this upload created but did not register, unless a dataset row uses it.
-
-    Blobs are content-addressed, so a concurrent upload of the same bytes may have registered
-    the very blob this failed upload wrote: the committed rows decide, not this request's fate.
-    The check and the delete share one write transaction (on SQLite it serialises with every
-    registration). If the check itself fails the blob is kept: a stray blob is harmless, a
-    registered dataset without its bytes is not.
-    """
-    try:
-        with db.write_transaction() as session:
-            lock_blob_key(session, key)
-            if session.scalar(select(Dataset.id).where(Dataset.blob_key == key).limit(1)) is None:
-                blobs.delete(key)
-    except Exception:
-        log.warning("could not check whether blob %s is referenced; kept", key, exc_info=True)
-
-
 @dataclass(frozen=True)
 class _Validated:
     """A parsed body's public facts, and the blob it was stored as."""
@@ -209,6 +207,9 @@ class _Validated:
     facts: IngestFacts
     feature_names: list[str] | None
     class_names: tuple[str, ...] | None
+    modality: Modality = "tabular"
+    array: StagedArray | None = None
+    """An image dataset's decoded uint8 array, stored as its own blob."""
 
 
 def _new_dataset(
@@ -232,6 +233,9 @@ def _new_dataset(
         classes_declared=upload.class_list is not None,
         preparation=upload.preparation.to_json() if upload.preparation is not None else None,
         feature_names=body.feature_names,
+        public=upload.public,
+        modality=body.modality,
+        array_blob_key=body.array.key if body.array is not None else None,
         idempotency_key=upload.idempotency_key,
         request_hash=request_hash if upload.idempotency_key else None,
     )
@@ -243,7 +247,7 @@ def _notices(upload: UploadRequest, body: _Validated) -> tuple[str, ...]:
         if upload.class_list is not None or body.class_names is None
         else [_observed_classes_notice(body.class_names)]
     )
-    if upload.task is None and upload.class_list is None:
+    if upload.task is None and upload.class_list is None and upload.fmt != "zip":  # a ZIP is classification
         notices.insert(0, _inferred_task_notice(str(body.facts["task"])))
     return tuple(notices)
 
@@ -256,12 +260,16 @@ def _register(
     with db.write_transaction() as session:
         session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
         lock_blob_key(session, body.key)  # a failed upload's clean-up cannot race this row
+        if body.array is not None:
+            lock_blob_key(session, body.array.key)
         existing = _registered_with_content(session, tenant_id, body.sha256)
         if existing is not None:
             raise ContentAlreadyRegistered(existing)
         dataset = _new_dataset(tenant_id, upload, body, size_bytes=size_bytes, request_hash=request_hash)
         session.add(dataset)
         session.flush()
+        # A public dataset's budget row is only the lock its jobs' transitions take: it holds
+        # ε = δ = 0, and no ledger entry is ever written to it (app.jobs.lifecycle).
         budget = ledger.open_budget(session, dataset=dataset, epsilon=upload.epsilon, delta=upload.delta)
         session.flush()
     return RegisteredDataset(dataset=dataset, budget=budget, replayed=False, notices=_notices(upload, body))
@@ -299,6 +307,9 @@ def register_upload(
                 task=upload.task,
                 classes=upload.class_list,
                 preparation=upload.preparation,
+                public=upload.public,
+                modality=upload.modality,
+                image_options=upload.image_options,
             ),
         )
         replay = _earlier_upload(db, request)
@@ -331,9 +342,15 @@ def register_upload(
         if registered and not body.created:
             # the blob was another upload's: restore it if that one failed and removed it
             blobs.adopt(pending.path, sha256)
+        if registered and body.array is not None and not body.array.created:
+            blobs.adopt(body.array.pending.path, body.array.sha256)
     finally:
         if body.created and not registered:
-            _discard_unreferenced_blob(db, blobs, key=body.key)
+            discard_unreferenced_blob(db, blobs, key=body.key)
+        if body.array is not None:
+            if body.array.created and not registered:
+                discard_unreferenced_blob(db, blobs, key=body.array.key)
+            body.array.pending.discard()
         pending.discard()
     if registered:
         log.info("dataset registered", extra={"dataset_id": result.dataset.id, "tenant_id": tenant_id})
@@ -345,6 +362,11 @@ def _validate(
 ) -> _Validated:
     """Parse the rows (refusing what the ingest refuses) and adopt the body as its blob."""
     try:
+        modality = resolve_modality(
+            pending.path, fmt=upload.fmt, declared=upload.modality, options=upload.image_options, limits=limits
+        )
+        if modality == "image":
+            return _validate_images(blobs, pending, sha256=sha256, upload=upload, limits=limits)
         parsed = parse_dataset(
             pending.path,
             fmt=upload.fmt,
@@ -360,12 +382,7 @@ def _validate(
     feature_names = list(parsed.feature_names) if parsed.feature_names else None
     public_classes = parsed.classes
     del parsed
-    n_rows = int(facts["n_rows"])
-    if upload.delta >= 1.0 / n_rows:
-        raise InvalidInput(
-            slug="invalid-budget",
-            detail=f"delta must be below 1/n = {format_remaining(1.0 / n_rows)} for n = {facts['n_rows']} rows",
-        )
+    _check_delta(upload, n_rows=int(facts["n_rows"]))
     key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
     return _Validated(
         sha256=sha256,
@@ -374,4 +391,56 @@ def _validate(
         facts=facts,
         feature_names=feature_names,
         class_names=public_classes.names if public_classes is not None else None,
+    )
+
+
+def _check_delta(upload: UploadRequest, *, n_rows: int) -> None:
+    if upload.delta >= 1.0 / n_rows:
+        raise InvalidInput(
+            slug="invalid-budget",
+            detail=f"delta must be below 1/n = {format_remaining(1.0 / n_rows)} for n = {n_rows} rows",
+        )
+
+
+def _validate_images(
+    blobs: BlobStore, pending: PendingBlob, *, sha256: str, upload: UploadRequest, limits: IngestLimits
+) -> _Validated:
+    """Decode the images (refusing what the ingest refuses), store their uint8 array as its own
+    blob and adopt the body as the upload's blob, as sent."""
+    try:
+        if upload.preparation is not None:
+            raise DatasetValidationError(
+                "bad-image-options", "preparation= applies to rows of numbers; image datasets are scaled to x / 255"
+            )
+        parsed = parse_images(
+            pending.path,
+            fmt=upload.fmt,
+            task=upload.task,
+            classes=upload.class_list,
+            limits=limits,
+            options=upload.image_options,
+        )
+    except DatasetValidationError as exc:
+        raise invalid_dataset(exc) from exc
+    facts = image_facts(parsed)
+    _check_delta(upload, n_rows=int(facts["n_rows"]))
+    class_names = parsed.classes.names if parsed.classes is not None else None
+    array = stage_image_array(blobs, parsed.images)
+    del parsed
+    try:
+        key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
+    except BaseException:
+        if array.created:
+            blobs.delete(array.key)
+        array.pending.discard()
+        raise
+    return _Validated(
+        sha256=sha256,
+        key=key,
+        created=created,
+        facts=facts,
+        feature_names=None,
+        class_names=class_names,
+        modality="image",
+        array=array,
     )

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidInput",
     "LimitReached",
     "NotFound",
+    "Unavailable",
     "forbidden",
     "not_found",
 ]
@@ -61,6 +62,10 @@ class Conflict(DomainError):
 
 class LimitReached(DomainError):
     """A per-tenant limit is reached; ``retry_after_s`` says when to try again."""
+
+
+class Unavailable(DomainError):
+    """This deployment cannot serve the request (a missing component), whatever the input."""
 
 
 def not_found(what: str) -> NotFound:

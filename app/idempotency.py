@@ -1,6 +1,6 @@
 """Idempotency keys: a retried request answers with what its first attempt created.
 
-Dataset uploads and job submissions both take an ``Idempotency-Key`` header. The row they create
+Dataset uploads, base-model uploads and job submissions all take an ``Idempotency-Key`` header. The row they create
 records the key and a digest of the request; a unique constraint on (tenant, key) makes the
 database the arbiter. Two steps, shared by both:
 
@@ -23,11 +23,11 @@ from sqlalchemy.orm import Session
 
 from app.db import Database
 from app.errors import InvalidInput
-from app.models import Dataset, Job
+from app.models import BaseModelRecord, Dataset, Job
 
 __all__ = ["IdempotencyKeyReused", "IdempotentRequest", "create_once", "earlier"]
 
-Row = TypeVar("Row", Job, Dataset)
+Row = TypeVar("Row", Job, Dataset, BaseModelRecord)
 T = TypeVar("T")
 
 

@@ -58,6 +58,8 @@ class InvitationView:
     owner: str
     epsilon: float
     delta: float
+    public: bool = False
+    """The dataset was declared public: it has no budget (``epsilon``/``delta`` are meaningless)."""
 
     @property
     def dataset_id(self) -> str:
@@ -68,21 +70,23 @@ class InvitationView:
         return grant_status(self.grant)
 
 
-def _views() -> Select[DatasetGrant, str, str, float, float]:
+def _views() -> Select[DatasetGrant, str, str, float, float, bool]:
     """Invitations with their dataset's name, owner and budget; the columns only, so a dataset's
     feature names (megabytes on a wide one) are never loaded for a listing."""
     owner = aliased(Tenant)
     return (
-        select(DatasetGrant, Dataset.name, owner.name, PrivacyBudget.epsilon, PrivacyBudget.delta)
+        select(DatasetGrant, Dataset.name, owner.name, PrivacyBudget.epsilon, PrivacyBudget.delta, Dataset.public)
         .join(Dataset, Dataset.id == DatasetGrant.dataset_id)
         .join(owner, owner.id == Dataset.tenant_id)
         .join(PrivacyBudget, PrivacyBudget.dataset_id == Dataset.id)
     )
 
 
-def _view(row: Row[DatasetGrant, str, str, float, float]) -> InvitationView:
-    grant, dataset_name, owner, epsilon, delta = row
-    return InvitationView(grant=grant, dataset_name=dataset_name, owner=owner, epsilon=epsilon, delta=delta)
+def _view(row: Row[DatasetGrant, str, str, float, float, bool]) -> InvitationView:
+    grant, dataset_name, owner, epsilon, delta, public = row
+    return InvitationView(
+        grant=grant, dataset_name=dataset_name, owner=owner, epsilon=epsilon, delta=delta, public=bool(public)
+    )
 
 
 def pending_invitations(

@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -42,6 +42,9 @@ from app.privacy.ranges import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
 from app.registry import Registry
 from app.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
 from privtrain.directed_rounding import format_remaining
+
+if TYPE_CHECKING:
+    from app.base_models.init import InitSource
 
 
 def compose_job_event(
@@ -78,6 +81,8 @@ class JobPlan:
     epsilon_prv: float | None
     epsilon_prv_method: str | None = None
     """Which single-job method gave ``epsilon_prv`` (app.privacy.single_job.METHODS)."""
+    public_dataset: bool = False
+    """The dataset was declared public: the job reserves and commits nothing (zero curve, ε 0)."""
 
     @property
     def noise_std_on_sum(self) -> float:
@@ -138,6 +143,12 @@ for _name in ("ht-dp-fw", "ht-sparse-linreg", "ht-sparse-opt"):
     STEPS_CHARGES.add(_name, _PARALLEL_BLOCKS)
 for _name in ("kl-spider", "adaptive-noisy-gd", "proximal-point"):
     STEPS_CHARGES.add(_name, _BUDGET_UNITS)
+_NOT_CHARGED = StepsCharge(
+    composes=False,
+    reason="this optimizer is not private: it runs on public datasets only, which have no budget to fit",
+)
+for _name in ("sgd", "adam"):
+    STEPS_CHARGES.add(_name, _NOT_CHARGED)
 
 
 @dataclass(frozen=True)
@@ -260,13 +271,73 @@ def facts_of(dataset: Dataset) -> DatasetFacts:
     )
 
 
+FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
+    ("model", "init"),
+    ("training", "finetune"),
+    ("training", "finetune_k"),
+)
+"""Spec fields newer than stored Idempotency-Key digests: left out of the digest while unset, so a
+retry of a job submitted before they existed still matches its first attempt."""
+
+
 def request_hash(spec: JobCreate) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The digest an Idempotency-Key retry must match (canonical JSON of the validated spec)."""
+    body = spec.model_dump(mode="json")
+    for section, field in FIELDS_ADDED_LATER:
+        part = body.get(section)
+        if isinstance(part, dict) and part.get(field) is None:
+            part.pop(field, None)
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _invalid(slug: str, detail: str) -> InvalidInput:
     return InvalidInput(slug=slug, detail=detail)
+
+
+PUBLIC_JOB_DELTA = 1e-5
+
+
+def public_job_delta(n_rows: int) -> float:
+    """δ of a DP mechanism run on a public dataset when the spec names none: it calibrates the
+    noise only (nothing is charged), so any value below 1/n serves; min(1e-5, 0.1/n)."""
+    return min(PUBLIC_JOB_DELTA, 0.1 / n_rows)
+
+
+def _check_init(
+    spec: JobCreate, init: InitSource | None, *, model_name: str, model_params: dict[str, Any], facts: DatasetFacts
+) -> None:
+    """``model.init`` was resolved by the caller and must fit; ``training.finetune`` needs one."""
+    from app.base_models.init import check_init_fits  # here: that module imports facts_of from this one
+
+    if (spec.model.init is None) != (init is None):
+        raise AssertionError("model.init must be resolved by the caller before planning")
+    if init is None:
+        if spec.training.finetune is not None:
+            raise _invalid("invalid-job-spec", "training.finetune needs model.init (the weights to fine-tune)")
+        return
+    check_init_fits(init, architecture=model_name, params=model_params, input_shape=facts.feature_shape)
+
+
+def _check_privacy_fits_dataset(spec: JobCreate, algorithm: AlgorithmDefinition[Any], dataset: Dataset) -> None:
+    """Non-private optimizers run on public datasets only; DP algorithms need a privacy block."""
+    if not algorithm.private and not dataset.public:
+        raise _invalid(
+            "non-private-on-private-data",
+            f"algorithm '{algorithm.name}' is not differentially private and runs only on datasets "
+            "their owner declared public; choose a DP algorithm (e.g. dp-sgd) for this dataset",
+        )
+    if not algorithm.private and spec.privacy is not None:
+        raise _invalid(
+            "invalid-job-spec",
+            f"privacy: algorithm '{algorithm.name}' is not private and takes no privacy block; leave it out",
+        )
+    if algorithm.private and spec.privacy is None:
+        raise _invalid(
+            "invalid-job-spec",
+            f"privacy: algorithm '{algorithm.name}' is differentially private and needs privacy.target_epsilon "
+            "or privacy.noise_multiplier",
+        )
 
 
 def plan_job(
@@ -277,10 +348,13 @@ def plan_job(
     max_steps: int,
     max_time_limit_s: float | None = None,
     model_limits: ModelSizeLimits | None = None,
+    init: InitSource | None = None,
 ) -> JobPlan:
     """Validate the spec against the catalogues and price it; raises :class:`app.errors.InvalidInput`.
 
-    ``model_limits``: the service's model-size limits (default: the process settings)."""
+    ``model_limits``: the service's model-size limits (default: the process settings). ``init``:
+    ``spec.model.init`` resolved by the caller (app.base_models.init); it must fit the model, and
+    changes nothing in the price (the starting weights are treated as public)."""
     facts = facts_of(dataset)
     try:
         algorithm = get_algorithm(spec.algorithm.name)
@@ -295,6 +369,7 @@ def plan_job(
         raise _invalid(
             "unknown-model", suggestions.unknown_name(kind="model", name=spec.model.name, known=MODELS.names())
         ) from None
+    _check_privacy_fits_dataset(spec, algorithm, dataset)
     misnamed_param = suggestions.unknown_field(given=spec.model.params, model=model.params_model, where="model.params")
     if misnamed_param:
         raise _invalid("model-incompatible", misnamed_param)
@@ -307,11 +382,12 @@ def plan_job(
         model_params = model.validate(spec.model.params, facts, limits=model_limits)
     except ModelIncompatible as exc:
         raise _invalid("model-incompatible", str(exc)) from None
+    _check_init(spec, init, model_name=model.name, model_params=model_params, facts=facts)
     try:
         evaluation = plan_evaluation(spec.evaluation, facts) if spec.evaluation else None
         hyperparameters = algorithm.adopt_privacy_target(
             algorithm.validate_hyperparameters(spec.algorithm.hyperparameters),
-            target_epsilon=spec.privacy.target_epsilon,
+            target_epsilon=spec.privacy.target_epsilon if spec.privacy is not None else None,
         )
         training = algorithm.accept_training(spec.training, facts)
         plan = algorithm.plan(
@@ -348,14 +424,19 @@ def plan_job(
             f"training.time_limit_s {limit:g} is above the service's limit of {max_time_limit_s:g} s "
             "(with Redis it must stay below the broker's visibility timeout)",
         )
-    delta = spec.privacy.delta if spec.privacy.delta is not None else dataset_delta
+    if spec.privacy is not None and spec.privacy.delta is not None:
+        delta = spec.privacy.delta
+    else:
+        delta = public_job_delta(facts.n_rows) if dataset.public else dataset_delta
     if delta >= 1.0 / facts.n_rows:
         raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {format_remaining(1 / facts.n_rows)}")
 
     def event_for_sigma(noise_multiplier: float) -> PrivacyEvent:
         return compose_job_event(plan, evaluation, noise_multiplier=noise_multiplier, steps=plan.steps, evaluated=True)
 
-    if spec.privacy.noise_multiplier is not None:
+    if spec.privacy is None:  # a non-private optimizer (checked above): no noise to choose
+        sigma = 0.0
+    elif spec.privacy.noise_multiplier is not None:
         sigma = spec.privacy.noise_multiplier
     else:
         assert spec.privacy.target_epsilon is not None
@@ -374,7 +455,27 @@ def plan_job(
     normalised["model"]["params"] = model_params
     normalised["algorithm"]["hyperparameters"] = hyperparameters.model_dump(mode="json")
     normalised["training"] = training.model_dump(mode="json")
-    normalised["privacy"]["delta"] = delta
+    if normalised["privacy"] is not None:
+        normalised["privacy"]["delta"] = delta
+    if init is not None:  # where the weights start, as the report states it
+        normalised["init"] = init.provenance
+    if dataset.public:  # nothing is reserved or charged: the dataset has no budget
+        return JobPlan(
+            spec=normalised,
+            algorithm=algorithm,
+            model_name=model.name,
+            hyperparameters=hyperparameters,
+            training=training,
+            plan=plan,
+            evaluation=evaluation,
+            noise_multiplier=sigma,
+            delta=delta,
+            event_json=privacy.event_to_json(event),
+            curve=tuple(0.0 for _ in curve),
+            epsilon_ledger=0.0,
+            epsilon_prv=None,
+            public_dataset=True,
+        )
     return JobPlan(
         spec=normalised,
         algorithm=algorithm,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.config import Settings, get_settings
 from app.facts import DatasetFacts
@@ -200,10 +200,23 @@ def _mlp_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSi
     return ModelSize(parameters=parameters, activations=activations - n_outputs)
 
 
+def image_chw(facts: DatasetFacts) -> tuple[int, int, int] | None:
+    """(C, H, W) of the images the model receives, None when the rows are not images.
+
+    A 3-D feature shape is channels-first, (C, H, W): an NPZ of floats with X of shape
+    (n, C, H, W), and an image dataset, whose public feature shape is the layout the worker feeds
+    the model (its uint8 array is stored channels-last and transposed batch by batch).
+    """
+    if len(facts.feature_shape) != 3:
+        return None
+    channels, height, width = facts.feature_shape
+    return channels, height, width
+
+
 def _cnn_image(params: CNN2Params, facts: DatasetFacts) -> tuple[int, int, int]:
-    if len(facts.feature_shape) == 3:
-        channels, height, width = facts.feature_shape
-        return channels, height, width
+    image = image_chw(facts)
+    if image is not None:
+        return image
     assert params.image_shape is not None  # _cnn_shape refused flat rows without one
     return params.image_shape
 
@@ -307,5 +320,272 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_cnn_shape,
         size=_cnn_size,
+    )
+)
+
+
+# ----------------------------------------------------------------------------- the image zoo
+#
+# wrn, resnet-gn, cnn and vit take images (C, H, W) (see image_chw). Each size function
+# mirrors its privtrain.architectures builder layer by layer: parameters exactly, activations as
+# the input plus every layer's output, residual sums and attention's score matrices
+# (tests/unit/test_model_catalogue_zoo.py pins both against torch).
+
+
+class WRNParams(_Params):
+    depth: int = Field(default=16, ge=10, le=100, description="6k + 4: 16 is WRN-16 (two blocks per stage)")
+    width: int = Field(default=4, ge=1, le=20, description="channel multiplier: stages have 16, 32, 64 × width")
+    groups: Literal[1, 2, 4, 8, 16] = Field(default=16, description="GroupNorm groups")
+    weight_standardisation: bool = Field(
+        default=True, description="standardise every conv's weight per output channel (De et al. 2022)"
+    )
+
+    @model_validator(mode="after")
+    def _depth_is_6k_plus_4(self) -> WRNParams:
+        if (self.depth - 4) % 6:
+            raise ValueError(f"depth must be 6k + 4 (10, 16, 22, 28, ...), got {self.depth}")
+        return self
+
+
+class ResNetGNParams(_Params):
+    blocks: list[int] = Field(
+        default_factory=lambda: [2, 2, 2, 2],
+        min_length=1,
+        max_length=6,
+        description="basic blocks per stage; [2, 2, 2, 2] is ResNet-18",
+    )
+    width: int = Field(default=64, ge=1, le=512, description="channels of the first stage, doubled per stage")
+    groups: int = Field(default=32, ge=1, le=512, description="GroupNorm groups; must divide width")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ResNetGNParams:
+        if any(count < 1 or count > 16 for count in self.blocks):
+            raise ValueError("blocks entries must be between 1 and 16")
+        if self.width % self.groups:
+            raise ValueError(f"groups ({self.groups}) must divide width ({self.width})")
+        return self
+
+
+class CNNParams(_Params):
+    channels: list[int] = Field(
+        default_factory=lambda: [32, 64, 128],
+        min_length=1,
+        max_length=8,
+        description="output channels of each stage (3x3 conv, GroupNorm, activation, 2x2 pooling)",
+    )
+    groups: int = Field(default=8, ge=1, le=1024, description="GroupNorm groups; must divide every channel count")
+    activation: Literal["tanh", "relu"] = "relu"
+    pooling: Literal["max", "avg"] = "max"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CNNParams:
+        if any(c < 1 or c > 1024 for c in self.channels):
+            raise ValueError("channels entries must be between 1 and 1024")
+        bad = [c for c in self.channels if c % self.groups]
+        if bad:
+            raise ValueError(f"groups ({self.groups}) must divide every channel count, not {bad}")
+        return self
+
+
+class ViTParams(_Params):
+    patch_size: int = Field(default=4, ge=1, le=64, description="side of the square patches; must divide H and W")
+    dim: int = Field(default=192, ge=1, le=4096, description="token width")
+    depth: int = Field(default=6, ge=1, le=48, description="transformer blocks")
+    heads: int = Field(default=3, ge=1, le=64, description="attention heads; must divide dim")
+    mlp_dim: int = Field(default=384, ge=1, le=16384, description="hidden width of each block's MLP")
+
+    @model_validator(mode="after")
+    def _heads_divide_dim(self) -> ViTParams:
+        if self.dim % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
+        return self
+
+
+def _conv_out(size: int, *, kernel: int, stride: int = 1, padding: int = 0) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def _needs_images(model: str) -> ModelIncompatible:
+    return ModelIncompatible(
+        f"{model} needs image data: upload an image dataset (an NPZ with uint8 X of shape (n, H, W, C) "
+        "or a ZIP of images), or an NPZ with float X of shape (n, C, H, W)"
+    )
+
+
+def _image_or_refuse(model: str, facts: DatasetFacts) -> tuple[int, int, int]:
+    image = image_chw(facts)
+    if image is None:
+        raise _needs_images(model)
+    return image
+
+
+def _wrn_shape(params: BaseModel, facts: DatasetFacts) -> None:
+    _image_or_refuse("wrn", facts)
+
+
+def _wrn_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    assert isinstance(params, WRNParams)
+    in_channels, height, width = _image_or_refuse("wrn", facts)
+    blocks = (params.depth - 4) // 6
+    current = 16
+    parameters = in_channels * current * 9 + current
+    activations = in_channels * height * width + current * height * width
+    for stage, out in enumerate((16 * params.width, 32 * params.width, 64 * params.width)):
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            h2, w2 = (
+                _conv_out(height, kernel=3, stride=stride, padding=1),
+                _conv_out(width, kernel=3, stride=stride, padding=1),
+            )
+            parameters += 2 * current + (current * out * 9 + out) + 2 * out + (out * out * 9 + out)
+            activations += 2 * current * height * width + 4 * out * h2 * w2 + out * h2 * w2  # + residual sum
+            if stride != 1 or current != out:
+                parameters += current * out + out
+                activations += out * h2 * w2
+            current, height, width = out, h2, w2
+    parameters += 2 * current + current * n_outputs + n_outputs
+    activations += 2 * current * height * width + current + n_outputs
+    return ModelSize(parameters=parameters, activations=activations)
+
+
+def _resnet_shape(params: BaseModel, facts: DatasetFacts) -> None:
+    _image_or_refuse("resnet-gn", facts)
+
+
+def _resnet_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    assert isinstance(params, ResNetGNParams)
+    in_channels, height, width = _image_or_refuse("resnet-gn", facts)
+    current = params.width
+    parameters = in_channels * current * 9 + 2 * current
+    activations = in_channels * height * width + 3 * current * height * width
+    for stage, count in enumerate(params.blocks):
+        out = params.width * 2**stage
+        for block in range(count):
+            stride = 2 if stage > 0 and block == 0 else 1
+            h2, w2 = (
+                _conv_out(height, kernel=3, stride=stride, padding=1),
+                _conv_out(width, kernel=3, stride=stride, padding=1),
+            )
+            parameters += current * out * 9 + 2 * out + out * out * 9 + 2 * out
+            activations += 5 * out * h2 * w2 + 2 * out * h2 * w2  # body; residual sum and ReLU
+            if stride != 1 or current != out:
+                parameters += current * out + 2 * out
+                activations += 2 * out * h2 * w2
+            current, height, width = out, h2, w2
+    parameters += current * n_outputs + n_outputs
+    activations += current + n_outputs
+    return ModelSize(parameters=parameters, activations=activations)
+
+
+def _cnn_stages_fit(params: CNNParams, height: int, width: int) -> bool:
+    return (height >> len(params.channels)) >= 1 and (width >> len(params.channels)) >= 1
+
+
+def _configurable_cnn_shape(params: BaseModel, facts: DatasetFacts) -> None:
+    assert isinstance(params, CNNParams)
+    _, height, width = _image_or_refuse("cnn", facts)
+    if not _cnn_stages_fit(params, height, width):
+        side = 2 ** len(params.channels)
+        raise ModelIncompatible(
+            f"images of {height}x{width} are too small for cnn with {len(params.channels)} pooling stages "
+            f"(needs at least {side}x{side}; use fewer channels entries)"
+        )
+
+
+def _configurable_cnn_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    assert isinstance(params, CNNParams)
+    current, height, width = _image_or_refuse("cnn", facts)
+    parameters, activations = 0, current * height * width
+    for out in params.channels:
+        parameters += current * out * 9 + out + 2 * out
+        activations += 3 * out * height * width  # conv, GroupNorm, activation
+        current, height, width = out, height // 2, width // 2
+        activations += current * height * width  # pooling
+    parameters += current * height * width * n_outputs + n_outputs
+    return ModelSize(parameters=parameters, activations=activations + n_outputs)
+
+
+def _vit_shape(params: BaseModel, facts: DatasetFacts) -> None:
+    assert isinstance(params, ViTParams)
+    _, height, width = _image_or_refuse("vit", facts)
+    if height % params.patch_size or width % params.patch_size:
+        raise ModelIncompatible(f"vit patch_size {params.patch_size} must divide the image size {height}x{width}")
+
+
+def _vit_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    assert isinstance(params, ViTParams)
+    channels, height, width = _image_or_refuse("vit", facts)
+    d, m, p = params.dim, params.mlp_dim, params.patch_size
+    tokens = (height // p) * (width // p) + 1  # patches and the class token
+    block_parameters = 2 * d + 4 * (d * d + d) + 2 * d + (d * m + m) + (m * d + d)
+    # LayerNorm, q, k, v, out, attention output, sum, LayerNorm, MLP out, sum: 10 (T, d) tensors;
+    # the MLP's hidden layer and GELU; the scores and their softmax per head.
+    block_activations = 10 * tokens * d + 2 * tokens * m + 2 * params.heads * tokens * tokens
+    parameters = (
+        channels * d * p * p
+        + d  # patch embedding
+        + d  # class token
+        + tokens * d  # positional embedding
+        + params.depth * block_parameters
+        + 2 * d  # final LayerNorm
+        + d * n_outputs
+        + n_outputs
+    )
+    activations = (
+        channels * height * width
+        + (tokens - 1) * d  # patch embedding
+        + 2 * tokens * d  # class token prepended, positions added
+        + params.depth * block_activations
+        + tokens * d
+        + d
+        + n_outputs  # final LayerNorm, class token, head
+    )
+    return ModelSize(parameters=parameters, activations=activations)
+
+
+register_model(
+    ModelDefinition(
+        name="wrn",
+        summary=(
+            "WideResNet-depth-width (De et al. 2022's WRN-16-4 by default) with GroupNorm, pre-activation "
+            "residual blocks and optional weight standardisation, for images."
+        ),
+        params_model=WRNParams,
+        tasks=frozenset({"classification", "regression"}),
+        check_shape=_wrn_shape,
+        size=_wrn_size,
+    )
+)
+register_model(
+    ModelDefinition(
+        name="resnet-gn",
+        summary="ResNet-18-style network (basic blocks per stage, configurable) with GroupNorm, for images.",
+        params_model=ResNetGNParams,
+        tasks=frozenset({"classification", "regression"}),
+        check_shape=_resnet_shape,
+        size=_resnet_size,
+    )
+)
+register_model(
+    ModelDefinition(
+        name="cnn",
+        summary="A configurable CNN for small images: per stage a 3x3 conv, GroupNorm, activation and 2x2 pooling.",
+        params_model=CNNParams,
+        tasks=frozenset({"classification", "regression"}),
+        check_shape=_configurable_cnn_shape,
+        size=_configurable_cnn_size,
+    )
+)
+register_model(
+    ModelDefinition(
+        name="vit",
+        summary=(
+            "Vision Transformer: patch embedding, class token, positional embedding and pre-norm "
+            "multi-head self-attention blocks, all with exact ghost clipping."
+        ),
+        params_model=ViTParams,
+        tasks=frozenset({"classification", "regression"}),
+        check_shape=_vit_shape,
+        size=_vit_size,
     )
 )

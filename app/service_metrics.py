@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.jobs.status import JobStatus
-from app.models import Job, PrivacyBudget
+from app.models import Dataset, Job, PrivacyBudget
 
 __all__ = ["RECENT_JOBS", "collect_metrics"]
 
@@ -109,7 +109,8 @@ def collect_metrics(session: Session, *, per_dataset: bool, now: dt.datetime | N
     reserved = Gauge(
         "privtrain_epsilon_reserved", "ε reserved by queued/running jobs", ["dataset_id"], registry=registry
     )
-    for budget in session.scalars(select(PrivacyBudget)):
+    public = select(Dataset.id).where(Dataset.public.is_(True))  # their budget row is only a lock
+    for budget in session.scalars(select(PrivacyBudget).where(PrivacyBudget.dataset_id.not_in(public))):
         summary = ledger.budget_summary(budget)
         committed.labels(dataset_id=budget.dataset_id).set(summary["committed_epsilon"])
         reserved.labels(dataset_id=budget.dataset_id).set(summary["reserved_epsilon"])

@@ -33,22 +33,25 @@ from app.config import Settings
 from app.db import Database
 from app.evaluation import EvaluationPlan
 from app.facts import public_class_list
-from app.ingest import IngestLimits, parse_dataset, preparation_from_json
+from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
 from app.models import Dataset, Job
-from app.reporting.privacy_report import build_report, report_single_job_epsilon
+from app.reporting.privacy_report import build_public_report, build_report, init_section, report_single_job_epsilon
 from app.schemas.jobs import TrainingSpec
 from app.storage import BlobStore
 from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
+from worker.data.images import ImageRows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers import TrainingRequest, get_trainer, preflight
 from worker.training.artifacts import load_training_state, save_training_state
+from worker.training.finetune import apply_finetune
+from worker.training.init_weights import apply_init, init_blob_path
 
 log = logging.getLogger("privtrain.worker")
 
@@ -162,7 +165,7 @@ class JobRunner:
             log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
             return _Prepared(dataset=dataset, plan=None, evaluation=None, refusal="plan-mismatch")
         try:  # checks that need the model but not the data: fail before TOUCH
-            preflight(job.algorithm, self._build_model(job, dataset), rebuilt.hyperparameters)
+            preflight(job.algorithm, self._starting_model(job, dataset), rebuilt.hyperparameters)
         except ValueError:
             log.exception("job spec does not fit its model", extra={"job_id": job_id})
             return _Prepared(dataset=dataset, plan=plan, evaluation=evaluation, refusal="invalid-for-model")
@@ -229,6 +232,8 @@ class JobRunner:
             class_names=dataset.class_names,
             declared=dataset.classes_declared,
         )
+        if dataset.modality == "image":
+            return self._load_images(dataset, limits=limits, classes=public.names if public is not None else None)
         parsed = parse_dataset(
             self.blobs.path(dataset.blob_key),
             fmt=dataset.format,
@@ -239,6 +244,21 @@ class JobRunner:
             preparation=preparation_from_json(dataset.preparation, limits=limits),
         )
         return torch.from_numpy(parsed.X), torch.from_numpy(parsed.y)
+
+    def _load_images(
+        self, dataset: Dataset, *, limits: IngestLimits, classes: tuple[str, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An image dataset: its decoded uint8 array, memory-mapped and normalised to x / 255 in
+        (C, H, W) (worker/data/images.py); its labels from the upload, mapped as at upload."""
+        assert dataset.array_blob_key is not None
+        channels, height, width = dataset.feature_shape
+        rows = ImageRows(self.blobs.path(dataset.array_blob_key), shape=(channels, height, width))
+        y = parse_image_labels(
+            self.blobs.path(dataset.blob_key), fmt=dataset.format, task=dataset.task, classes=classes, limits=limits
+        )
+        if y.shape[0] != rows.n_rows:
+            raise ValueError(f"dataset {dataset.id}: {rows.n_rows} images but {y.shape[0]} labels")
+        return rows.to_tensor(), torch.from_numpy(y)
 
     def _private_path(self, job_id: str, suffix: str) -> Path:
         """Checkpoints and hold-out masks: secret, on worker storage only, deleted when settled."""
@@ -261,7 +281,7 @@ class JobRunner:
             kept = torch.from_numpy(np.flatnonzero(~mask))
             X_eval, y_eval = X[held_out], y[held_out]
             X, y = X[kept], y[kept]
-        model = self._build_model(job, dataset)
+        model = self._starting_model(job, dataset)
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
         checkpoint = self._private_path(job.id, ".safetensors")
         resume = self._resumable(job.id, checkpoint, device)
@@ -325,6 +345,18 @@ class JobRunner:
             generator=_init_generator(),
         )
 
+    def _starting_model(self, job: Job, dataset: Dataset) -> torch.nn.Module:
+        """The built model, loaded with the job's ``model.init`` weights (a new head when the class
+        count differs) and frozen as ``training.finetune`` says (worker/training/finetune.py)."""
+        model = self._build_model(job, dataset)
+        provenance = job.spec.get("init")
+        if provenance is None:
+            return model
+        apply_init(model, init_blob_path(self.db, self.blobs, provenance))
+        training = job.spec["training"]
+        apply_finetune(model, mode=training.get("finetune") or "full", k=training.get("finetune_k"))
+        return model
+
     def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:
         job, dataset = claimed.job, claimed.dataset
         classes = public_class_list(
@@ -374,8 +406,12 @@ class JobRunner:
             if step % every and step != job.steps_planned and now - state["last_beat"] < interval:
                 return
             state["last_beat"] = now
-            spent = privacy.ledger_epsilon(
-                privacy.rdp_curve(claimed.plan.event_for(job.noise_multiplier, step)), job.delta
+            spent = (
+                0.0  # a public dataset has no budget: nothing is spent
+                if claimed.dataset.public
+                else privacy.ledger_epsilon(
+                    privacy.rdp_curve(claimed.plan.event_for(job.noise_multiplier, step)), job.delta
+                )
             )
             # True once a cancel was asked for, or a newer attempt owns the job: stop quietly.
             state["stop"] = lifecycle.record_progress(
@@ -409,6 +445,18 @@ class JobRunner:
         single_job = report_single_job_epsilon(actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm)
 
         def write_report(commit: lifecycle.CommitRecord) -> str:
+            if commit.commit_entry is None or commit.budget_before is None or commit.budget_after is None:
+                report = build_public_report(  # a public dataset: no ledger, no guarantee
+                    job=commit.job,
+                    dataset=claimed.dataset,
+                    expected_batch_size=claimed.plan.expected_batch_size,
+                    sampling=claimed.plan.sampling,
+                    metrics=outcome.metrics,
+                    model_sha256=model_sha,
+                )
+                report["init"] = init_section(commit.job.spec.get("init"))
+                report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
+                return report_key
             report = build_report(
                 job=commit.job,
                 dataset=claimed.dataset,
@@ -427,6 +475,8 @@ class JobRunner:
                 secure_gaussian=self.settings.secure_noise,
                 single_job=single_job,
             )
+            if commit.job.spec.get("init") is not None:  # where the weights started (treated as public)
+                report["init"] = init_section(commit.job.spec["init"])
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key
 

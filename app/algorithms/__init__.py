@@ -10,6 +10,7 @@ from app.algorithms import dicesgd as _dicesgd  # noqa: F401  (registers "dicesg
 from app.algorithms import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
 from app.algorithms import ht_dpsco as _ht_dpsco  # noqa: F401  (registers "ht-dp-fw", "ht-private-lasso", "ht-sparse-linreg", "ht-sparse-opt")
 from app.algorithms import kl_family as _kl_family  # noqa: F401  (registers "kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point")
+from app.algorithms import non_private as _non_private  # noqa: F401  (registers "sgd", "adam")
 from app.algorithms.errors import MissingTrainingFields, UnusedTrainingField
 from app.algorithms.registry import (
     ALGORITHMS,

@@ -84,6 +84,8 @@ class AlgorithmDefinition(Generic[H]):
     """Why each field outside ``training_fields`` is unused, completing '<name> … and does not use it'."""
     full_batch: ClassVar[bool] = False
     """Every step uses all n rows: the service records ``training.batch_size = n`` itself."""
+    private: ClassVar[bool] = True
+    """False for the non-private optimizers (app.algorithms.non_private): public datasets only."""
 
     def validate_hyperparameters(self, raw: dict[str, Any]) -> H:
         try:
@@ -143,6 +145,7 @@ class AlgorithmDefinition(Generic[H]):
             "defaults": self.Hyperparameters().model_dump(mode="json"),
             "training_fields": sorted(self.training_fields),
             "full_batch": self.full_batch,
+            "private": self.private,
             "training_schema": training_schema(self.training_fields),
         }
 

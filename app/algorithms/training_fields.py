@@ -15,7 +15,10 @@ from typing import Any, Final
 from app.algorithms.errors import MissingTrainingFields, UnusedTrainingField
 from app.schemas.jobs import TrainingSpec
 
-ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields)
+FINETUNE_FIELDS: Final[frozenset[str]] = frozenset({"finetune", "finetune_k"})
+"""Which parameters train, with ``model.init``: about the model, the same for every algorithm,
+so not listed among an algorithm's ``training_fields`` (docs/pretraining-and-finetuning.md)."""
+ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields) - FINETUNE_FIELDS
 PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("batch_size", "learning_rate")
 """Optional in the schema; required by exactly the algorithms that read them."""
 SCHEDULE_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - frozenset(PER_ALGORITHM_FIELDS)

@@ -18,7 +18,15 @@ from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.dataset_registration import UploadRequest, invalid_dataset, register_upload
 from app.facts import public_class_list
-from app.ingest import DatasetValidationError, IngestLimits, parse_class_list, parse_preparation
+from app.ingest import (
+    DatasetValidationError,
+    ImageOptions,
+    IngestLimits,
+    check_channels,
+    parse_class_list,
+    parse_image_size,
+    parse_preparation,
+)
 from app.ledger_explanations import explain_entries, jobs_of
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from app.pagination import cursor_id, cursor_seq, cursor_time, decode_cursor, encode_cursor
@@ -51,7 +59,17 @@ def _check_name(name: str) -> str:
 
 
 OWNER_LINKS = ("ledger", "grants")
+PRIVACY_LINKS = ("budget", "ledger")
+"""Links a public dataset does not have (docs/pretraining-and-finetuning.md)."""
 """Links only the owner can follow; an analyst's view does not advertise them."""
+
+
+def image_shape(dataset: Dataset) -> list[int] | None:
+    """An image dataset's [H, W, C] from its public (C, H, W) feature shape."""
+    if dataset.modality != "image":
+        return None
+    channels, height, width = dataset.feature_shape
+    return [int(height), int(width), int(channels)]
 
 
 def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner", listing: bool = False) -> DatasetOut:
@@ -66,6 +84,8 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         "grants": f"/v1/datasets/{dataset.id}/grants",
     }
     owner = role == "owner"
+    if dataset.public:  # no budget and no ledger to link to
+        links = {name: href for name, href in links.items() if name not in PRIVACY_LINKS}
     if not owner:
         links = {name: href for name, href in links.items() if name not in OWNER_LINKS}
     classes = public_class_list(  # a listing does not load the names (deferred): only the source is used
@@ -83,6 +103,8 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         size_bytes=dataset.size_bytes if owner else None,
         n_rows=dataset.n_rows,
         feature_shape=list(dataset.feature_shape),
+        modality="image" if dataset.modality == "image" else "tabular",
+        image_shape=image_shape(dataset),
         n_features=dataset.n_features,
         task=dataset.task,
         n_classes=dataset.n_classes,
@@ -91,7 +113,8 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         label_column=dataset.label_column,
         preparation=None if listing else dataset.preparation,  # declared, public; bounded, yet left out of listings
         feature_names=None if listing else dataset.feature_names,
-        budget=BudgetOut(epsilon=budget.epsilon, delta=budget.delta),
+        budget=None if dataset.public else BudgetOut(epsilon=budget.epsilon, delta=budget.delta),
+        public=dataset.public,
         created_at=dataset.created_at,
         links=links,
         role=role,
@@ -105,17 +128,22 @@ async def upload_dataset(
     tenant: TenantDep,
     _upload_slot: UploadSlotDep,
     name: Annotated[str, Query(min_length=1, max_length=200)],
-    format: Annotated[str, Query(description="csv or npz")],
-    epsilon: Annotated[float, Query(gt=0, le=100, allow_inf_nan=False)],
+    format: Annotated[
+        str,
+        Query(description="csv, npz, or zip (a ZIP of class folders of PNG/JPEG images; docs/preparing-data.md)"),
+    ],
+    epsilon: Annotated[
+        float | None, Query(gt=0, le=100, allow_inf_nan=False, description="ε of the budget; required unless public")
+    ] = None,
     delta: Annotated[
-        float,
+        float | None,
         Query(
             ge=1e-30,
             lt=1,
             allow_inf_nan=False,
-            description="δ of the budget, in [1e-30, 1) (app.privacy.ranges.DELTA_MIN)",
+            description="δ of the budget, in [1e-30, 1) (app.privacy.ranges.DELTA_MIN); required unless public",
         ),
-    ],
+    ] = None,
     label_column: Annotated[str | None, Query(max_length=200)] = None,
     task: Annotated[
         Literal["classification", "regression"] | None,
@@ -147,6 +175,36 @@ async def upload_dataset(
             'class list whose names are numbers. At most 16,000 characters ("*" scales every feature).',
         ),
     ] = None,
+    modality: Annotated[
+        Literal["tabular", "image"] | None,
+        Query(
+            description="image or tabular; when omitted, zip is image, csv is tabular, and an npz is image "
+            "when its X is uint8 with 3 or 4 dimensions ((n, H, W) or (n, H, W, C), channels-last), tabular "
+            "otherwise. modality=tabular reads a uint8 X as numbers, as before image datasets existed",
+        ),
+    ] = None,
+    image_size: Annotated[
+        str | None,
+        Query(
+            max_length=20,
+            description="HxW (e.g. 32x32) or one side (28): every ZIP image is resized to it (Pillow, bilinear); "
+            "when omitted, all images must share one size",
+        ),
+    ] = None,
+    channels: Annotated[
+        int | None,
+        Query(
+            description="1 (grey) or 3 (RGB): every image is converted to it; when omitted, a ZIP takes it "
+            "from its first image (sorted by path) and an NPZ from X's last axis",
+        ),
+    ] = None,
+    public: Annotated[
+        bool,
+        Query(
+            description="declare the dataset public: no budget (leave out epsilon and delta), no ledger, "
+            "non-private optimizers allowed; see docs/pretraining-and-finetuning.md",
+        ),
+    ] = False,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> DatasetOut | JSONResponse:
     """Stream the raw body to disk while hashing it, validate it, then register it with a budget.
@@ -156,11 +214,13 @@ async def upload_dataset(
     the tenant already registered otherwise get 409 ``dataset-already-registered``.
     """
     _check_name(name)
+    budget_epsilon, budget_delta = _declared_budget(public=public, epsilon=epsilon, delta=delta)
     settings = services.settings
     limits = IngestLimits.from_settings(settings)
     try:
         class_list = parse_class_list(classes, max_classes=limits.max_classes)
         declared_preparation = parse_preparation(preparation, limits=limits)
+        image_options = ImageOptions(channels=check_channels(channels), size=parse_image_size(image_size))
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
     declared = request.headers.get("content-length")
@@ -191,19 +251,55 @@ async def upload_dataset(
         upload=UploadRequest(
             name=name,
             fmt=format,
-            epsilon=epsilon,
-            delta=delta,
+            epsilon=budget_epsilon,
+            delta=budget_delta,
             label_column=label_column,
             task=task,
             class_list=class_list,
             idempotency_key=idempotency_key,
             preparation=declared_preparation,
+            public=public,
+            modality=modality,
+            image_options=image_options,
         ),
     )
     out = dataset_out(registered.dataset, registered.budget)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out.model_copy(update={"notices": list(registered.notices)})
+
+
+def _declared_budget(*, public: bool, epsilon: float | None, delta: float | None) -> tuple[float, float]:
+    """The upload's (ε, δ): both required for a private dataset, both refused for a public one
+    (it has no budget; its row holds 0, 0 and is only the lock its jobs' transitions take)."""
+    if public:
+        if epsilon is not None or delta is not None:
+            raise Problem(
+                status=422,
+                slug="invalid-budget",
+                detail="a public dataset has no privacy budget: leave out epsilon and delta with public=true",
+            )
+        return 0.0, 0.0
+    if epsilon is None or delta is None:
+        missing = [name for name, value in (("epsilon", epsilon), ("delta", delta)) if value is None]
+        raise Problem(
+            status=422,
+            slug="validation-error",
+            detail=f"query.{missing[0]}: Field required (every dataset that is not public needs a budget)",
+            extra={
+                "errors": [{"loc": ["query", name], "msg": "Field required", "type": "missing"} for name in missing]
+            },
+        )
+    return epsilon, delta
+
+
+def _refuse_public(dataset: Dataset) -> None:
+    if dataset.public:
+        raise Problem(
+            status=409,
+            slug="public-dataset",
+            detail="this dataset is public: it has no privacy budget and no ledger",
+        )
 
 
 def _too_large_problem(limit: int) -> Problem:
@@ -274,6 +370,7 @@ def get_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> Data
 @router.get("/{dataset_id}/budget", response_model=BudgetView)
 def get_budget(dataset_id: str, session: SessionDep, tenant: TenantDep) -> BudgetView:
     dataset = dataset_for(session, tenant, dataset_id, need="read")
+    _refuse_public(dataset)
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     return BudgetView(**ledger.budget_summary(budget))
@@ -285,6 +382,7 @@ def raise_budget(
 ) -> BudgetView:
     """Raise ε (and optionally δ): only the owner can, and only upwards (docs/privacy-model.md §4)."""
     dataset = dataset_for(session, tenant, dataset_id, need="own")
+    _refuse_public(dataset)
     session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
         budget = ledger.lock_budget(tx, dataset.id)
@@ -316,6 +414,7 @@ def get_ledger(
 ) -> LedgerPage:
     """The full ledger (every job's entries and actors): the owner's view only."""
     dataset = dataset_for(session, tenant, dataset_id, need="own")
+    _refuse_public(dataset)
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     (after,) = decode_cursor(cursor, fields=(cursor_seq,)) if cursor else (0,)

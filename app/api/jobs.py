@@ -25,6 +25,7 @@ from app.api.planning_slots import PlanningSlotDep
 from app.api.routing import ReleasingRoute
 from app.api.stream_access import api_reader, bearer_key_digest
 from app.api.stream_slots import StreamSlot
+from app.base_models.init import resolve_init
 from app.idempotency import IdempotentRequest, create_once, earlier
 from app.job_planning import JobPlan, job_choices, plan_job, request_hash
 from app.job_views import event_out, job_out
@@ -47,6 +48,7 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
     dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
+    init = resolve_init(session, tenant, spec.model.init) if spec.model.init is not None else None
     plan = plan_job(
         spec,
         dataset,
@@ -54,11 +56,35 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
         max_steps=services.settings.max_steps,
         max_time_limit_s=services.settings.job_time_limit_s,
         model_limits=ModelSizeLimits.from_settings(services.settings),
+        init=init,
     )
     return plan, budget
 
 
+def _public_estimate(plan: JobPlan) -> PrivacyEstimate:
+    """A job on a public dataset: charged nothing, always admissible (there is no budget)."""
+    return PrivacyEstimate(
+        noise_multiplier=plan.noise_multiplier,
+        sampling_probability=plan.plan.sampling_probability,
+        steps=plan.plan.steps,
+        delta=plan.delta,
+        epsilon_ledger=0.0,
+        epsilon_prv=None,
+        noise_std_on_sum=plan.noise_std_on_sum,
+        sensitivity=plan.plan.sensitivity,
+        admissible=True,
+        witness_order=None,
+        public_dataset=True,
+        budget_remaining_epsilon=None,
+        largest_admissible_epsilon=None,
+        largest_admissible_steps_reason="the dataset is public: it has no budget, so any number of steps is admitted",
+        smallest_admissible_noise_multiplier_reason="the dataset is public: it has no budget to fit",
+    )
+
+
 def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> PrivacyEstimate:
+    if plan.public_dataset:
+        return _public_estimate(plan)
     witness = ledger.check_admissible(budget, plan.curve)
     choices = job_choices(plan, budget, max_steps=max_steps)
     return PrivacyEstimate(

@@ -297,8 +297,8 @@ def datasets_page(viewer: ViewerDep, db_session: SessionDep) -> Response:
     items = [
         {
             "dataset": d,
-            "budget": ledger.budget_summary(b),
-            "gauge": budget_gauge(b),
+            "budget": None if d.public else ledger.budget_summary(b),  # public: no budget
+            "gauge": None if d.public else budget_gauge(b),
             "shared_by": None if d.tenant_id == viewer.tenant.id else owner,
         }
         for d, b, owner in rows
@@ -338,7 +338,7 @@ def dataset_page(dataset_id: str, viewer: ViewerDep, db_session: SessionDep) -> 
     budget = db_session.get(PrivacyBudget, dataset.id)
     assert budget is not None
     history: list[Any] = []
-    if access.role == "owner":
+    if access.role == "owner" and not dataset.public:
         entries = list(
             db_session.scalars(
                 select(LedgerEntry).where(LedgerEntry.dataset_id == dataset.id).order_by(LedgerEntry.seq)
@@ -363,8 +363,8 @@ def dataset_page(dataset_id: str, viewer: ViewerDep, db_session: SessionDep) -> 
         dataset=dataset,
         role=access.role,
         shared_by=owner.name if owner is not None else None,
-        budget=ledger.budget_summary(budget),
-        budget_bar=budget_gauge(budget),
+        budget=None if dataset.public else ledger.budget_summary(budget),  # public: no budget, no ledger
+        budget_bar=None if dataset.public else budget_gauge(budget),
         history=list(reversed(history)),
         ledger_svg=_ledger_plot(history),
         jobs=jobs,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Reason = Literal[
+TabularReason = Literal[
     "unknown-format",
     "missing-label-column",
     "duplicate-column",
@@ -32,7 +32,23 @@ Reason = Literal[
     "unknown-category",
 ]
 
+ImageReason = Literal[
+    "invalid-archive",
+    "bad-archive-path",
+    "bad-archive-layout",
+    "too-many-files",
+    "not-an-image",
+    "image-too-large",
+    "decompression-bomb",
+    "mixed-image-sizes",
+    "bad-image-options",
+]
+"""Refusals of image uploads (app/ingest/images.py): ZIP layout, decoding and image limits."""
+
+Reason = Literal[TabularReason, ImageReason]
+
 REASONS: tuple[Reason, ...] = get_args(Reason)
+IMAGE_REASONS: tuple[ImageReason, ...] = get_args(ImageReason)
 
 
 class DatasetValidationError(ValueError):

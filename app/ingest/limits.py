@@ -35,6 +35,11 @@ class IngestLimits:
     """NPZ uncompressed bytes per byte on disk, above RATIO_FREE_BYTES: bounds the work a small
     upload can cause (a 2 MB file declaring 2 GiB is 1000×; real numeric data is far below 200×)."""
     max_classes: int = 1000
+    max_image_files: int = 200_000
+    """Image files in one ZIP upload (each one decoded row)."""
+    max_image_pixels: int = 16_777_216
+    """Width × height of one uploaded image (4096 × 4096), checked from its header before it is
+    decoded; Pillow's decompression-bomb guard applies the same bound while decoding."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -51,6 +56,8 @@ class IngestLimits:
             max_features=settings.max_features,
             max_decompressed_bytes=settings.max_decompressed_bytes,
             max_compression_ratio=settings.max_compression_ratio,
+            max_image_files=settings.max_image_files,
+            max_image_pixels=settings.max_image_pixels,
         )
 
     def decompressed_allowance(self, *, compressed_bytes: int) -> tuple[int, str]:

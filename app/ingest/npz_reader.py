@@ -68,6 +68,18 @@ def read_npz(
     """
     check_preparation_for_format(preparation, has_column_names=False)
     everything = preparation.scale.get(SCALE_ALL) if preparation is not None else None
+    features, labels = read_npz_arrays(path, limits=limits)
+    return RawDataset(
+        X=_features_float32(features),
+        labels=RawLabels(numbers=_labels_float64(labels)),
+        feature_names=None,
+        rows=RowPositions(),
+        scaling=(ScalingGroup(features=None, scaling=everything),) if everything is not None else (),
+    )
+
+
+def read_npz_arrays(path: Path, *, limits: IngestLimits) -> tuple[np.ndarray, np.ndarray]:
+    """X and y exactly as stored (any numeric dtype), after every check of the archive and shapes."""
     allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
     with _open_zip(path) as archive:
         features_info, labels_info = _inspect_members(archive, allowance=allowance)
@@ -76,13 +88,33 @@ def read_npz(
         _check_shapes(features_header, labels_header, limits=limits)
         features = _load(archive, features_header, allowance=allowance)
         labels = _load(archive, labels_header, allowance=allowance)
-    return RawDataset(
-        X=_features_float32(features),
-        labels=RawLabels(numbers=_labels_float64(labels)),
-        feature_names=None,
-        rows=RowPositions(),
-        scaling=(ScalingGroup(features=None, scaling=everything),) if everything is not None else (),
-    )
+    return features, labels
+
+
+def read_npz_labels(path: Path, *, limits: IngestLimits) -> np.ndarray:
+    """y alone, after the same checks as read_npz_arrays (the worker's labels of an image NPZ,
+    whose images it reads from their decoded array instead)."""
+    allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
+    with _open_zip(path) as archive:
+        features_info, labels_info = _inspect_members(archive, allowance=allowance)
+        features_header = _read_header(archive, features_info)
+        labels_header = _read_header(archive, labels_info)
+        _check_shapes(features_header, labels_header, limits=limits)
+        return _load(archive, labels_header, allowance=allowance)
+
+
+def npz_features_header(path: Path, *, limits: IngestLimits) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype X declares, read from its .npy header only (decides image vs numeric)."""
+    allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
+    with _open_zip(path) as archive:
+        features_info, _labels_info = _inspect_members(archive, allowance=allowance)
+        header = _read_header(archive, features_info)
+    return header.shape, header.dtype
+
+
+def labels_as_numbers(labels: np.ndarray) -> np.ndarray:
+    """y as finite float64 numbers, for the task rules of app/ingest/labels.py."""
+    return _labels_float64(labels)
 
 
 class _Allowance:

@@ -32,6 +32,11 @@ The privacy rules of the lifecycle (docs/privacy-model.md §7 says what each vie
   ``worker-lost`` and commits its whole reservation. A queued job cancelled after such a lost
   attempt also commits its whole reservation.
 
+* **Public datasets have no ledger.** A dataset its owner declared public keeps its budget row
+  only as the lock every transition takes; no transition writes a ledger entry for its jobs, and
+  every job on it ends with ``epsilon_committed = 0`` (docs/pretraining-and-finetuning.md).
+  Non-private optimizers are admitted on public datasets only.
+
 Events carry public values only (docs/privacy-model.md §1); errors are generic codes.
 """
 
@@ -48,10 +53,10 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.changed_rows import changed_rows
 from app.db import Database
-from app.errors import Conflict, LimitReached
+from app.errors import Conflict, InvalidInput, LimitReached
 from app.jobs.events import add_job_event
 from app.jobs.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobEventKind, JobStatus
-from app.models import Job, LedgerEntry, PrivacyBudget, Tenant, utcnow
+from app.models import Dataset, Job, LedgerEntry, PrivacyBudget, Tenant, utcnow
 from app.reporting.budget_change import budget_without_job
 from privtrain.directed_rounding import format_guarantee, format_remaining
 
@@ -129,6 +134,22 @@ class JobNotCancellable(Conflict):
         self.job_status = job_status
 
 
+# ---------------------------------------------------------------------------------- locks
+
+
+def _lock(tx: Session, dataset_id: str) -> tuple[PrivacyBudget, bool]:
+    """Lock the dataset's budget row (every transition's lock) and say whether the dataset is
+    public: then no ledger entry is written for its jobs."""
+    budget = ledger.lock_budget(tx, dataset_id)
+    public = bool(tx.scalar(select(Dataset.public).where(Dataset.id == dataset_id)))
+    return budget, public
+
+
+def _end_without_ledger(job: Job) -> None:
+    """A job on a public dataset ends having spent nothing: there is no budget to charge."""
+    job.epsilon_committed = 0.0
+
+
 # ---------------------------------------------------------------------------------- admit
 
 
@@ -186,7 +207,12 @@ def admit(
     by a concurrent submission surfaces as the database's IntegrityError (app.idempotency).
     """
     with db.write_transaction() as tx:
-        budget = ledger.lock_budget(tx, dataset_id)
+        budget, public = _lock(tx, dataset_id)
+        if public != plan.public_dataset or (not public and not plan.algorithm.private):
+            raise InvalidInput(  # planned against another view of the dataset: never admit it unpriced
+                slug="non-private-on-private-data",
+                detail="the job was planned for a public dataset but this one is not (or the reverse); submit it again",
+            )
         recheck_access(tx)
         _check_active_job_limit(tx, tenant_id, max_active_jobs)
         job = _new_job(
@@ -194,15 +220,17 @@ def admit(
         )
         tx.add(job)
         tx.flush()
-        try:
-            admission = ledger.reserve(tx, budget, job=job, actor=actor)
-        except ledger.InsufficientBudget as exc:
-            raise BudgetExhausted(job=job, budget=budget, remaining_epsilon=exc.remaining_epsilon) from None
+        witness_order = None
+        if not public:
+            try:
+                witness_order = ledger.reserve(tx, budget, job=job, actor=actor).witness_order
+            except ledger.InsufficientBudget as exc:
+                raise BudgetExhausted(job=job, budget=budget, remaining_epsilon=exc.remaining_epsilon) from None
         add_job_event(
             tx,
             job.id,
             JobEventKind.QUEUED,
-            {"steps_planned": job.steps_planned, "witness_order": admission.witness_order},
+            {"steps_planned": job.steps_planned, "witness_order": witness_order},
         )
     return job
 
@@ -225,9 +253,15 @@ class Attempt:
     number: int
 
 
-def _settle_failed(tx: Session, budget: PrivacyBudget, job: Job, *, error_code: str, actor: str) -> LedgerEntry:
+def _settle_failed(
+    tx: Session, budget: PrivacyBudget, job: Job, *, error_code: str, actor: str, public: bool
+) -> LedgerEntry | None:
     """After TOUCH the data was opened: commit the full reservation. Before it: release it."""
-    if job.touched_at is not None:
+    entry: LedgerEntry | None
+    if public:
+        entry = None
+        _end_without_ledger(job)
+    elif job.touched_at is not None:
         entry = ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason=f"failed: {error_code}")
     else:
         entry = ledger.release(tx, budget, job=job, actor=actor, reason=f"failed: {error_code}")
@@ -246,7 +280,7 @@ def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: st
     not fit its model) the claimed job fails at once instead, before any data is opened.
     """
     with db.write_transaction() as tx:
-        budget = ledger.lock_budget(tx, dataset_id)
+        budget, public = _lock(tx, dataset_id)
         claimed = changed_rows(
             tx,
             update(Job)
@@ -258,10 +292,11 @@ def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: st
         job = tx.get(Job, job_id, populate_existing=True)
         assert job is not None
         if refusal is not None:
-            _settle_failed(tx, budget, job, error_code=refusal, actor=actor)
+            _settle_failed(tx, budget, job, error_code=refusal, actor=actor, public=public)
             return None
         if job.touched_at is None:
-            ledger.touch(tx, budget, job=job, actor=actor)
+            if not public:
+                ledger.touch(tx, budget, job=job, actor=actor)
             job.touched_at = utcnow()
         add_job_event(tx, job.id, JobEventKind.STARTED, {"attempt": job.attempt, "steps_planned": job.steps_planned})
     return job
@@ -289,14 +324,15 @@ def record_progress(db: Database, *, attempt: Attempt, step: int, steps_planned:
         return bool(current is not None and current.cancel_requested)
 
 
-def _lock_own_job(tx: Session, attempt: Attempt) -> tuple[PrivacyBudget, Job] | None:
-    """Lock the budget and re-read the job; None if this attempt no longer owns it."""
-    budget = ledger.lock_budget(tx, attempt.dataset_id)
+def _lock_own_job(tx: Session, attempt: Attempt) -> tuple[PrivacyBudget, Job, bool] | None:
+    """Lock the budget and re-read the job; None if this attempt no longer owns it. The flag
+    says whether the dataset is public (no ledger entries)."""
+    budget, public = _lock(tx, attempt.dataset_id)
     job = tx.get(Job, attempt.job_id, populate_existing=True)
     assert job is not None
     if job.status != JobStatus.RUNNING or job.attempt != attempt.number:
         return None
-    return budget, job
+    return budget, job, public
 
 
 @dataclass(frozen=True)
@@ -319,9 +355,10 @@ class CommitRecord:
     """The ledger around a success's COMMIT, as its report states it (read in the same transaction)."""
 
     job: Job
-    commit_entry: LedgerEntry
-    budget_before: dict[str, Any]
-    budget_after: dict[str, Any]
+    commit_entry: LedgerEntry | None
+    """None on a public dataset (no ledger); so are the budgets."""
+    budget_before: dict[str, Any] | None
+    budget_after: dict[str, Any] | None
     adjustments: list[dict[str, Any]]
 
 
@@ -336,22 +373,27 @@ def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, wri
         owned = _lock_own_job(tx, attempt)
         if owned is None:
             return False
-        budget, job = owned
-        committed_before = list(budget.committed)
+        budget, job, public = owned
         job.steps_run = success.steps_run
-        entry = ledger.commit(tx, budget, job=job, actual_event=success.actual_event, actor=actor, reason="succeeded")
-        tx.flush()
-        report_key = write_report(
-            CommitRecord(
+        if public:
+            _end_without_ledger(job)
+            record = CommitRecord(job=job, commit_entry=None, budget_before=None, budget_after=None, adjustments=[])
+        else:
+            committed_before = list(budget.committed)
+            entry = ledger.commit(
+                tx, budget, job=job, actual_event=success.actual_event, actor=actor, reason="succeeded"
+            )
+            tx.flush()
+            record = CommitRecord(
                 job=job,
                 commit_entry=entry,
                 budget_before=budget_without_job(budget, committed_before=committed_before, commit_entry=entry),
                 budget_after=ledger.budget_summary(budget),
                 adjustments=ledger.adjustments(tx, attempt.dataset_id),
             )
-        )
+        report_key = write_report(record)
         job.status = JobStatus.SUCCEEDED
-        job.epsilon_prv = success.epsilon_prv
+        job.epsilon_prv = None if public else success.epsilon_prv
         job.metrics = success.metrics
         job.model_blob, job.model_sha256, job.report_blob = success.model_blob, success.model_sha256, report_key
         job.finished_at = utcnow()
@@ -368,9 +410,12 @@ def stop_early(db: Database, *, attempt: Attempt, steps_run: int, actual_event: 
         owned = _lock_own_job(tx, attempt)
         if owned is None:
             return False
-        budget, job = owned
+        budget, job, public = owned
         job.steps_run = steps_run
-        ledger.commit(tx, budget, job=job, actual_event=actual_event, actor=actor, reason="cancelled")
+        if public:
+            _end_without_ledger(job)
+        else:
+            ledger.commit(tx, budget, job=job, actual_event=actual_event, actor=actor, reason="cancelled")
         job.status = JobStatus.CANCELLED
         job.finished_at = utcnow()
         add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": steps_run})
@@ -384,8 +429,8 @@ def fail(db: Database, *, attempt: Attempt, error_code: str, actor: str) -> bool
         owned = _lock_own_job(tx, attempt)
         if owned is None:
             return False
-        budget, job = owned
-        _settle_failed(tx, budget, job, error_code=error_code, actor=actor)
+        budget, job, public = owned
+        _settle_failed(tx, budget, job, error_code=error_code, actor=actor, public=public)
     return True
 
 
@@ -404,7 +449,7 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
     :class:`JobNotCancellable` for a job that has already ended.
     """
     with db.write_transaction() as tx:
-        budget = ledger.lock_budget(tx, dataset_id)
+        budget, public = _lock(tx, dataset_id)
         cancelled_queued = changed_rows(
             tx,
             update(Job)
@@ -413,7 +458,10 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
         )
         job = tx.get(Job, job_id, populate_existing=True)
         assert job is not None
-        if cancelled_queued == 1 and job.touched_at is None:
+        if cancelled_queued == 1 and public:
+            _end_without_ledger(job)
+            add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run})
+        elif cancelled_queued == 1 and job.touched_at is None:
             ledger.release(tx, budget, job=job, actor=actor, reason="cancelled before start")
             add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0})
         elif cancelled_queued == 1:
@@ -448,7 +496,7 @@ def requeue_or_fail(
     the job moved to; None when nothing was done (staleness is checked again under the lock: the
     worker may be back)."""
     with db.write_transaction() as tx:
-        budget = ledger.lock_budget(tx, dataset_id)
+        budget, public = _lock(tx, dataset_id)
         job = tx.get(Job, job_id, populate_existing=True)
         if job is None or job.status != JobStatus.RUNNING or job.attempt != attempt:
             return None
@@ -460,5 +508,5 @@ def requeue_or_fail(
             job.dispatched_at = None
             add_job_event(tx, job.id, JobEventKind.REQUEUED, {"attempt": job.attempt, "reason": "worker-lost"})
             return JobStatus.QUEUED
-        _settle_failed(tx, budget, job, error_code="worker-lost", actor=RECONCILER_ACTOR)
+        _settle_failed(tx, budget, job, error_code="worker-lost", actor=RECONCILER_ACTOR, public=public)
         return JobStatus.FAILED

@@ -22,6 +22,7 @@ from app.ledger_explanations import jobs_of
 from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
 from app.reporting.html_report import render_report_html
 from app.reporting.ledger_history import ledger_history, opening_budget
+from app.reporting.privacy_report import public_report_html
 from app.reporting.redaction import report_for_viewer
 from app.reporting.step_series import SeriesUnavailable, StepSeries, epsilon_by_steps
 
@@ -45,6 +46,8 @@ def report_html_for_job(
     assert dataset is not None and budget is not None
     full_ledger = dataset.tenant_id == viewer_tenant_id
     report = report_for_viewer(report, viewer_owns_dataset=full_ledger)
+    if report.get("public_dataset"):  # no ε, no ledger: a plain page says so
+        return public_report_html(report)
     content = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()
     key = (job.id, content, budget.last_hash, dashboard_links, full_ledger)
     with _CACHE_LOCK:

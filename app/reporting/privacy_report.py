@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import html
+import json
 from typing import Any
 
 from app import privacy
@@ -248,3 +250,104 @@ def build_report(
         },
         "caveats": caveats,
     }
+
+
+PUBLIC_DATASET_GUARANTEE = (
+    "trained on a dataset its owner declared public: no differential privacy guarantee is given or needed"
+)
+
+
+def build_public_report(
+    *,
+    job: Job,
+    dataset: Dataset,
+    expected_batch_size: float,
+    sampling: str,
+    metrics: dict[str, Any] | None,
+    model_sha256: str,
+) -> dict[str, Any]:
+    """The report of a job on a public dataset: what ran, and plainly that no guarantee is given.
+
+    No ε, no privacy event and no ledger block: the dataset has no budget, and a number would read
+    as a guarantee that nothing here provides (docs/pretraining-and-finetuning.md)."""
+    return {
+        "report_version": REPORT_VERSION,
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(),
+        "job_id": job.id,
+        "status": JobStatus.SUCCEEDED,
+        "public_dataset": True,
+        "dataset": {
+            "id": dataset.id,
+            "name": dataset.name,
+            "sha256": dataset.sha256,
+            "public": True,
+            "n_rows": dataset.n_rows,
+            "feature_shape": dataset.feature_shape,
+            "task": dataset.task,
+            "n_classes": dataset.n_classes,
+            **_class_list_fields(dataset),
+        },
+        "preparation": preparation_report(dataset.preparation),
+        "guarantee": PUBLIC_DATASET_GUARANTEE,
+        "model": {"name": job.model_name, "params": job.spec["model"]["params"], "sha256": model_sha256},
+        "algorithm": {
+            "name": job.algorithm,
+            "private": get_algorithm(job.algorithm).private,
+            "hyperparameters": job.spec["algorithm"]["hyperparameters"],
+            "training": job.spec["training"],
+        },
+        "training_run": {
+            "sampling": sampling,
+            "sampling_probability": job.sampling_probability,
+            "expected_batch_size": expected_batch_size,
+            "steps_planned": job.steps_planned,
+            "steps_run": job.steps_run,
+        },
+        "released_metrics": metrics,
+        "caveats": [
+            "The owner declared this dataset public when uploading it: the service keeps no budget or "
+            "ledger for it, and nothing in this report bounds what the released model reveals about its rows."
+        ],
+    }
+
+
+def public_report_html(report: dict[str, Any]) -> str:
+    """The HTML form of :func:`build_public_report`: the statement first, then the report as JSON."""
+    body = html.escape(json.dumps(report, indent=2, allow_nan=False))
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>Report of job {html.escape(str(report['job_id']))}</title></head><body>"
+        f"<h1>Job {html.escape(str(report['job_id']))}</h1>"
+        f"<p><strong>{html.escape(str(report['guarantee']).capitalize())}.</strong></p>"
+        f"<pre>{body}</pre></body></html>"
+    )
+
+
+def init_section(provenance: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where a fine-tuned job's starting weights came from, and what that means for its guarantee.
+
+    The starting weights are treated as public: this job's guarantee (if any) covers its own
+    dataset only. A base model is described by its owner's name, source and SHA-256; a job's model
+    by that job and whether its dataset was public or private."""
+    if provenance is None:
+        return None
+    if provenance["kind"] == "base-model":
+        statement = (
+            f"Training started from base model {provenance['base_model_id']} ({provenance['name']!r}, "
+            f"source: {provenance.get('source') or 'not stated'}, SHA-256 {provenance['sha256']}), uploaded "
+            "as public pretrained weights: they are treated as public, and this report covers nothing "
+            "about the data they were trained on."
+        )
+    elif provenance.get("dataset_public"):
+        statement = (
+            f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
+            f"trained on public dataset {provenance['dataset_id']}: those weights are treated as public."
+        )
+    else:
+        statement = (
+            f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
+            f"trained on private dataset {provenance['dataset_id']}: that model carries its own differential "
+            "privacy guarantee, already spent on that dataset's budget (see that job's report); here its "
+            "weights are treated as public, and this report covers this job's dataset only."
+        )
+    return {**provenance, "treated_as": "public", "statement": statement}

@@ -38,7 +38,20 @@ class DatasetOut(BaseModel):
         "only (null for analysts)",
     )
     n_rows: int
-    feature_shape: list[int]
+    feature_shape: list[int] = Field(
+        description="the shape of one row as the models see it: [d] for rows of numbers, [C, H, W] for "
+        "images (channels first)",
+    )
+    modality: Literal["tabular", "image"] = Field(
+        default="tabular",
+        description="image: uint8 images stored as uploaded (channels-last) and normalised to x / 255 "
+        "on the worker; tabular: rows of numbers",
+    )
+    image_shape: list[int] | None = Field(
+        default=None,
+        description="an image dataset's [H, W, C] (height, width, channels: 1 grey, 3 RGB), as stored; "
+        "null for tabular datasets",
+    )
     n_features: int
     task: str
     n_classes: int | None
@@ -64,7 +77,14 @@ class DatasetOut(BaseModel):
         description="the CSV header's feature columns; null for NPZ, and null in GET /v1/datasets "
         "items (a wide dataset's names run to megabytes: read them from GET /v1/datasets/{id})",
     )
-    budget: BudgetOut
+    budget: BudgetOut | None = Field(
+        description="the privacy budget; null for a public dataset, which has none",
+    )
+    public: bool = Field(
+        default=False,
+        description="declared public by its owner at upload: no budget, no ledger, non-private "
+        "optimizers (sgd, adam) allowed, and no differential privacy guarantee in its jobs' reports",
+    )
     created_at: UtcDateTime
     links: dict[str, str]
     role: Literal["owner", "analyst"] = Field(

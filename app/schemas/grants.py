@@ -64,7 +64,10 @@ class InvitationOut(BaseModel):
     dataset_id: str
     dataset_name: str
     owner: str = Field(description="the name of the tenant that owns the dataset and sent the invitation")
-    budget: BudgetOut = Field(description="the dataset's total privacy budget (ε_G, δ_G), shared by every analyst")
+    budget: BudgetOut | None = Field(
+        description="the dataset's total privacy budget (ε_G, δ_G), shared by every analyst; null for a public dataset"
+    )
+    public: bool = Field(default=False, description="the owner declared the dataset public: no budget, no ledger")
     invited_at: UtcDateTime
     status: GrantStatusField = Field(description="invited while pending; active once accepted; declined")
     accepted_at: UtcDateTime | None

@@ -32,9 +32,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class ModelInit(_Strict):
+    """Where a job's weights start: a base model of the caller's, or a succeeded job's model the
+    caller may read (docs/pretraining-and-finetuning.md). Exactly one of the two."""
+
+    base_model_id: str | None = Field(default=None, min_length=1, max_length=64)
+    job_id: str | None = Field(default=None, min_length=1, max_length=64)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelInit:
+        if (self.base_model_id is None) == (self.job_id is None):
+            raise ValueError("give exactly one of base_model_id and job_id")
+        return self
+
+
 class ModelChoice(_Strict):
     name: str = Field(min_length=1, max_length=64, examples=["mlp"])
     params: dict[str, Any] = Field(default_factory=dict)
+    init: ModelInit | None = Field(
+        default=None,
+        description="start from these weights (treated as public) instead of a fresh initialisation; "
+        "the architecture, params and input shape must match, the output layer may differ",
+    )
 
 
 class AlgorithmChoice(_Strict):
@@ -90,6 +109,13 @@ class TrainingSpec(_Strict):
         le=1000,
         description="step size; only for algorithms that take one (others set their own steps)",
     )
+    finetune: Literal["full", "head", "last_k_blocks"] | None = Field(
+        default=None,
+        description="with model.init: which parameters train. full (the default): all; head: only the "
+        "last parameterised module (the classifier); last_k_blocks: the last finetune_k top-level "
+        "parameterised children. The others are frozen",
+    )
+    finetune_k: int | None = Field(default=None, ge=1, le=1000, description="k of last_k_blocks (required there)")
     time_limit_s: float | None = Field(
         default=None,
         gt=0,
@@ -102,6 +128,8 @@ class TrainingSpec(_Strict):
     def _exactly_one(self) -> TrainingSpec:
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("give exactly one of epochs and steps")
+        if (self.finetune == "last_k_blocks") != (self.finetune_k is not None):
+            raise ValueError("finetune_k is required with finetune last_k_blocks, and only there")
         return self
 
 
@@ -138,7 +166,11 @@ class JobCreate(_Strict):
     dataset_id: str = Field(min_length=1, max_length=64)
     model: ModelChoice
     algorithm: AlgorithmChoice
-    privacy: PrivacySpec
+    privacy: PrivacySpec | None = Field(
+        default=None,
+        description="required by every DP algorithm; left out for the non-private optimizers "
+        "(sgd, adam), which run on public datasets only",
+    )
     training: TrainingSpec
     evaluation: EvaluationSpec | None = None
 
@@ -163,8 +195,14 @@ class PrivacyEstimate(BaseModel):
     sensitivity: float
     admissible: bool
     witness_order: float | None
-    budget_remaining_epsilon: float = Field(
-        description="the dataset's unused budget as one number: the largest ε a job shaped like a "
+    public_dataset: bool = Field(
+        default=False,
+        description="true when the dataset was declared public by its owner: it has no budget, the "
+        "job is charged nothing and every epsilon field here is 0 or null",
+    )
+    budget_remaining_epsilon: float | None = Field(
+        description="null on a public dataset (it has no budget). The dataset's unused budget as "
+        "one number: the largest ε a job shaped like a "
         "plain Gaussian mechanism (RDP ρ·α) could be calibrated to and still fit now. It is the "
         "same for every spec, so it compares datasets and moments; what THIS spec can still get "
         "is largest_admissible_epsilon, which differs because the filter's capacity is a curve "
@@ -176,9 +214,9 @@ class PrivacyEstimate(BaseModel):
         description="budget_remaining_epsilon as the ledger would show it right after admitting "
         "this job (its curve added to committed + reserved); null when the job is not admissible",
     )
-    largest_admissible_epsilon: float = Field(
-        description="the largest target ε this spec (same steps, sampling and evaluation) could "
-        "be given and still be admitted now: the ledger ε of smallest_admissible_noise_multiplier. "
+    largest_admissible_epsilon: float | None = Field(
+        description="null on a public dataset. The largest target ε this spec (same steps, sampling and "
+        "evaluation) could be given and still be admitted now: the ledger ε of smallest_admissible_noise_multiplier. "
         "Measured with this spec's own curve, so it may exceed budget_remaining_epsilon"
     )
     smallest_admissible_noise_multiplier: float | None = Field(

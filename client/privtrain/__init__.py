@@ -32,6 +32,7 @@ from privtrain.errors import (
 )
 from privtrain.resources import (
     Algorithm,
+    BaseModel,
     BudgetStatus,
     Dataset,
     Estimate,
@@ -45,6 +46,7 @@ from privtrain.specs import build_job_spec
 __all__ = [
     "Algorithm",
     "AlreadyRegistered",
+    "BaseModel",
     "BudgetExceeded",
     "BudgetStatus",
     "Client",

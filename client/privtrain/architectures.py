@@ -2,9 +2,10 @@
 
 No user code is ever executed: a job names a model and gives plain JSON parameters, and the
 worker (and anyone loading a downloaded artifact) rebuilds the exact module from that name and
-those parameters. Every model is built only from layers the per-sample gradient engine supports
-(`worker.optimizers.per_sample.SUPPORTED_MODULES`); there is no BatchNorm, whose batch statistics
-would mix samples and break per-sample clipping.
+those parameters. Every model is built only from layers the per-sample gradient engines support
+(`worker.optimizers.per_sample.SUPPORTED_MODULES`, and the zoo's own layers below, which the
+worker registers with both engines in `worker.optimizers.ghost.zoo`); there is no BatchNorm,
+whose batch statistics would mix samples and break per-sample clipping.
 
 Initialisation is PyTorch's default, made reproducible by the `generator` argument of
 `build_model` (see there).
@@ -22,7 +23,17 @@ from torch import nn
 __all__ = [
     "ACTIVATIONS",
     "MODEL_REGISTRY",
+    "ZOO_CONTAINERS",
+    "ZOO_LAYERS",
+    "FirstToken",
     "ModelBuilder",
+    "PatchTokens",
+    "PositionalEmbedding",
+    "Residual",
+    "SelfAttention",
+    "TokenPrepend",
+    "TransformerBlock",
+    "WSConv2d",
     "build_model",
     "register_model",
 ]
@@ -228,3 +239,331 @@ def _cnn2_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_ou
         nn.Linear(32, n_outputs),
     ]
     return nn.Sequential(*layers)
+
+
+# ----------------------------------------------------------------------------- image-model layers
+#
+# The layers below are the zoo's own building blocks. Each one either only calls its children
+# (a container) or owns parameters with an exact per-sample gradient rule in the worker's ghost
+# engine; none mixes the rows of a batch. Their parameter names are part of the model file
+# format: never rename them.
+
+
+def _standardise(weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero mean, unit variance per output channel (over the fan-in), as in weight standardisation."""
+    dims = tuple(range(1, weight.dim()))
+    mean = weight.mean(dim=dims, keepdim=True)
+    var = weight.var(dim=dims, keepdim=True, unbiased=False)
+    return (weight - mean) / torch.sqrt(var + eps)
+
+
+class WSConv2d(nn.Conv2d):
+    """Conv2d whose effective weight is the standardised raw weight (Qiao et al. 2019; De et al. 2022).
+
+    Standardisation is a function of the parameter only, never of the data, so rows stay
+    independent; the ghost engine maps the per-sample gradient of the effective weight back to
+    the raw weight through the standardisation's Jacobian.
+    """
+
+    eps: float = 1e-5
+
+    def effective_weight(self) -> torch.Tensor:
+        return _standardise(self.weight, self.eps)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._conv_forward(input, self.effective_weight(), self.bias)
+        return out
+
+
+class Residual(nn.Module):
+    """body(x) + shortcut(x): the skip connection of residual blocks (a container)."""
+
+    def __init__(self, body: nn.Module, shortcut: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.shortcut = shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.body(x) + self.shortcut(x)
+        return out
+
+
+class PatchTokens(nn.Module):
+    """(B, C, H, W) -> (B, T, d): the patch embedding's feature map as a sequence of tokens."""
+
+    def __init__(self, projection: nn.Conv2d) -> None:
+        super().__init__()
+        self.projection = projection
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens: torch.Tensor = self.projection(x).flatten(2).transpose(1, 2)
+        return tokens
+
+
+class TokenPrepend(nn.Module):
+    """Prepends one learned token (the class token) to every sequence: (B, T, d) -> (B, T+1, d)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(1, 1, dim))
+        nn.init.normal_(self.token, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.token.expand(x.shape[0], -1, -1), x], dim=1)
+
+
+class PositionalEmbedding(nn.Module):
+    """Adds a learned embedding per position: (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, positions: int, dim: int) -> None:
+        super().__init__()
+        self.embedding = nn.Parameter(torch.zeros(1, positions, dim))
+        nn.init.normal_(self.embedding, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.embedding
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention from four Linear layers (q, k, v, out) applied per position.
+
+    Written out instead of nn.MultiheadAttention so that every parameter belongs to a Linear,
+    which both per-sample gradient engines handle exactly. Attention mixes positions, never rows.
+    """
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"attention dim {dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def _split(self, t: torch.Tensor) -> torch.Tensor:
+        batch, positions, dim = t.shape
+        return t.reshape(batch, positions, self.heads, dim // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        mixed = torch.matmul(scores.softmax(dim=-1), v)  # (B, heads, T, d_head)
+        out: torch.Tensor = self.out(mixed.transpose(1, 2).flatten(2))
+        return out
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, dim: int, heads: int, mlp_dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attention = SelfAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
+
+
+class FirstToken(nn.Module):
+    """(B, T, d) -> (B, d): the class token's final representation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0]
+
+
+# Custom module types in the zoo, for the worker's per-sample engines to register: containers
+# and parameter-free modules (rows independent) and layers with parameters (each needs a rule).
+ZOO_CONTAINERS: tuple[type[nn.Module], ...] = (Residual, PatchTokens, SelfAttention, TransformerBlock, FirstToken)
+ZOO_LAYERS: tuple[type[nn.Module], ...] = (WSConv2d, TokenPrepend, PositionalEmbedding)
+
+
+# ----------------------------------------------------------------------------- image-model helpers
+
+
+def _image_input(model: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(C, H, W) of the images the model receives: rows are channels-first, as for cnn2-gn."""
+    if len(input_shape) != 3:
+        raise ValueError(f"{model} needs image rows of shape (C, H, W), got {input_shape}")
+    channels, height, width = input_shape
+    return channels, height, width
+
+
+def _int_list(what: str, value: object, *, min_length: int = 1) -> list[int]:
+    if not isinstance(value, (list, tuple)) or len(value) < min_length:
+        raise ValueError(f"{what} must be a list of at least {min_length} positive integers, got {value!r}")
+    return [_check_positive_int(f"{what} entries", v) for v in value]
+
+
+def _groups_for(model: str, groups: object, channels: list[int]) -> int:
+    count = _check_positive_int(f"{model} groups", groups)
+    bad = [c for c in channels if c % count]
+    if bad:
+        raise ValueError(f"{model} groups must divide every channel count, {count} does not divide {bad}")
+    return count
+
+
+def _choice(what: str, value: object, allowed: Mapping[str, object]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{what} must be one of {sorted(allowed)}, got {value!r}")
+    return value
+
+
+def _bool(what: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+def _classifier(channels: int, n_outputs: int) -> list[nn.Module]:
+    """Global average pooling and a Linear head."""
+    return [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, n_outputs)]
+
+
+# ----------------------------------------------------------------------------- image models
+
+
+def wrn_channels(depth: int, width: int) -> tuple[int, list[int]]:
+    """Blocks per stage and the stem + stage channels of a WRN-depth-width."""
+    return (depth - 4) // 6, [16, 16 * width, 32 * width, 64 * width]
+
+
+@register_model("wrn")
+def _wrn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """WideResNet (Zagoruyko & Komodakis 2016) with GroupNorm and optional weight standardisation.
+
+    As in De et al. 2022 (WRN-16-4 is their CIFAR-10 model): a 3x3 stem conv, three stages of
+    pre-activation basic blocks (GroupNorm, ReLU, 3x3 conv, twice) with 16·width, 32·width and
+    64·width channels, stride 2 at the start of stages 2 and 3, a 1x1 conv on the shortcut
+    where the shape changes, then GroupNorm, ReLU, global average pooling and a Linear head.
+    """
+    p = _with_defaults("wrn", params, {"depth": 16, "width": 4, "groups": 16, "weight_standardisation": True})
+    depth = _check_positive_int("wrn depth", p["depth"])
+    if depth < 10 or (depth - 4) % 6:
+        raise ValueError(f"wrn depth must be 6k + 4 with k >= 1 (10, 16, 22, 28, ...), got {depth}")
+    width = _check_positive_int("wrn width", p["width"])
+    blocks, channels = wrn_channels(depth, width)
+    groups = _groups_for("wrn", p["groups"], channels)
+    conv: type[nn.Conv2d] = WSConv2d if _bool("wrn weight_standardisation", p["weight_standardisation"]) else nn.Conv2d
+    in_channels, _, _ = _image_input("wrn", input_shape)
+
+    layers: list[nn.Module] = [conv(in_channels, channels[0], 3, padding=1)]
+    current = channels[0]
+    for stage, out in enumerate(channels[1:]):
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            body = nn.Sequential(
+                nn.GroupNorm(groups, current),
+                nn.ReLU(),
+                conv(current, out, 3, stride=stride, padding=1),
+                nn.GroupNorm(groups, out),
+                nn.ReLU(),
+                conv(out, out, 3, padding=1),
+            )
+            shortcut = nn.Identity() if stride == 1 and current == out else conv(current, out, 1, stride=stride)
+            layers.append(Residual(body, shortcut))
+            current = out
+    layers += [nn.GroupNorm(groups, current), nn.ReLU(), *_classifier(current, n_outputs)]
+    return nn.Sequential(*layers)
+
+
+@register_model("resnet-gn")
+def _resnet_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """ResNet-18-style network with GroupNorm for small images (He et al. 2016, CIFAR stem).
+
+    A 3x3 stem conv, then stages of basic blocks (conv, GroupNorm, ReLU, conv, GroupNorm, plus
+    the shortcut, then ReLU) with width·2^s channels; stride 2 at the start of every stage but
+    the first, a 1x1 conv + GroupNorm shortcut where the shape changes; global average pooling
+    and a Linear head. `blocks` [2, 2, 2, 2] with width 64 is ResNet-18.
+    """
+    p = _with_defaults("resnet-gn", params, {"blocks": [2, 2, 2, 2], "width": 64, "groups": 32})
+    blocks = _int_list("resnet-gn blocks", p["blocks"])
+    width = _check_positive_int("resnet-gn width", p["width"])
+    channels = [width * 2**stage for stage in range(len(blocks))]
+    groups = _groups_for("resnet-gn", p["groups"], channels)
+    in_channels, _, _ = _image_input("resnet-gn", input_shape)
+
+    layers: list[nn.Module] = [
+        nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
+        nn.GroupNorm(groups, width),
+        nn.ReLU(),
+    ]
+    current = width
+    for stage, (count, out) in enumerate(zip(blocks, channels, strict=True)):
+        for block in range(count):
+            stride = 2 if stage > 0 and block == 0 else 1
+            body = nn.Sequential(
+                nn.Conv2d(current, out, 3, stride=stride, padding=1, bias=False),
+                nn.GroupNorm(groups, out),
+                nn.ReLU(),
+                nn.Conv2d(out, out, 3, padding=1, bias=False),
+                nn.GroupNorm(groups, out),
+            )
+            shortcut: nn.Module = nn.Identity()
+            if stride != 1 or current != out:
+                shortcut = nn.Sequential(
+                    nn.Conv2d(current, out, 1, stride=stride, bias=False), nn.GroupNorm(groups, out)
+                )
+            layers += [Residual(body, shortcut), nn.ReLU()]
+            current = out
+    layers += _classifier(current, n_outputs)
+    return nn.Sequential(*layers)
+
+
+POOLINGS: dict[str, type[nn.Module]] = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
+
+
+@register_model("cnn")
+def _cnn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """A configurable CNN for small images: per stage a 3x3 conv, GroupNorm, activation and a 2x2
+    pooling (halving height and width), then a Linear head on the flattened feature map."""
+    p = _with_defaults("cnn", params, {"channels": [32, 64, 128], "groups": 8, "activation": "relu", "pooling": "max"})
+    channels = _int_list("cnn channels", p["channels"])
+    groups = _groups_for("cnn", p["groups"], channels)
+    activation = ACTIVATIONS[_choice("cnn activation", p["activation"], ACTIVATIONS)]
+    pooling = POOLINGS[_choice("cnn pooling", p["pooling"], POOLINGS)]
+    current, height, width = _image_input("cnn", input_shape)
+    if height >> len(channels) < 1 or width >> len(channels) < 1:
+        raise ValueError(
+            f"cnn input {height}x{width} is too small for {len(channels)} pooling stages "
+            f"(needs at least {2 ** len(channels)}x{2 ** len(channels)})"
+        )
+    layers: list[nn.Module] = []
+    for out in channels:
+        layers += [nn.Conv2d(current, out, 3, padding=1), nn.GroupNorm(groups, out), activation(), pooling(2)]
+        current, height, width = out, height // 2, width // 2
+    layers += [nn.Flatten(), nn.Linear(current * height * width, n_outputs)]
+    return nn.Sequential(*layers)
+
+
+@register_model("vit")
+def _vit(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """Vision Transformer (Dosovitskiy et al. 2021): non-overlapping patches embedded by a conv
+    with stride = patch size, a class token and learned positional embeddings, `depth` pre-norm
+    blocks (multi-head self-attention and a GELU MLP), a final LayerNorm and a Linear head on the
+    class token."""
+    p = _with_defaults("vit", params, {"patch_size": 4, "dim": 192, "depth": 6, "heads": 3, "mlp_dim": 384})
+    patch = _check_positive_int("vit patch_size", p["patch_size"])
+    dim = _check_positive_int("vit dim", p["dim"])
+    depth = _check_positive_int("vit depth", p["depth"])
+    heads = _check_positive_int("vit heads", p["heads"])
+    mlp_dim = _check_positive_int("vit mlp_dim", p["mlp_dim"])
+    if dim % heads:
+        raise ValueError(f"vit dim must be divisible by heads, got dim={dim}, heads={heads}")
+    channels, height, width = _image_input("vit", input_shape)
+    if height % patch or width % patch:
+        raise ValueError(f"vit patch_size {patch} must divide the image size {height}x{width}")
+    positions = (height // patch) * (width // patch) + 1
+    return nn.Sequential(
+        PatchTokens(nn.Conv2d(channels, dim, patch, stride=patch)),
+        TokenPrepend(dim),
+        PositionalEmbedding(positions, dim),
+        *[TransformerBlock(dim, heads, mlp_dim) for _ in range(depth)],
+        nn.LayerNorm(dim),
+        FirstToken(),
+        nn.Linear(dim, n_outputs),
+    )

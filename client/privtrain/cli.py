@@ -23,6 +23,7 @@ from privtrain.events import ProgressSource, poll_progress
 from privtrain.output import Column, key_values, table, to_json
 from privtrain.resources import (
     Algorithm,
+    BaseModel,
     BudgetStatus,
     Dataset,
     Estimate,
@@ -211,8 +212,8 @@ DATASET_COLUMNS: list[Column[Dataset]] = [
     Column("FEATURES", lambda d: "x".join(map(str, d.feature_shape or []))),
     Column("TASK", lambda d: d.task),
     Column("CLASSES", lambda d: d.n_classes),
-    Column("ε_G", lambda d: _up(d.budget.epsilon)),
-    Column("δ_G", lambda d: _up(d.budget.delta)),
+    Column("ε_G", lambda d: _up(d.budget.epsilon) if d.budget is not None else "public"),
+    Column("δ_G", lambda d: _up(d.budget.delta) if d.budget is not None else "-"),
     Column("CREATED", lambda d: d.created_at),
 ]
 
@@ -235,11 +236,15 @@ def _dataset_block(d: Dataset) -> str:
             ("format", d.format),
             ("rows", d.n_rows),
             ("feature shape", d.feature_shape),
+            *([("images (H, W, C)", d.image_shape)] if d.image_shape else []),
             ("task", d.task),
             ("classes", _class_list(d)),
             ("label column", d.label_column),
-            ("budget ε_G", _up(d.budget.epsilon)),
-            ("budget δ_G", _up(d.budget.delta)),
+            *(
+                [("budget", "none: declared public by its owner (no ledger)")]
+                if d.budget is None
+                else [("budget ε_G", _up(d.budget.epsilon)), ("budget δ_G", _up(d.budget.delta))]
+            ),
             ("sha256", d.sha256 or "(the owner's view only)"),
             ("size (bytes)", d.size_bytes if d.size_bytes is not None else "(the owner's view only)"),
             ("created", d.created_at),
@@ -278,9 +283,14 @@ def datasets() -> None:
 @datasets.command("upload")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--name", help="default: the file name without its suffix")
-@click.option("--epsilon", type=float, required=True, help="the dataset's total budget ε_G")
-@click.option("--delta", type=float, required=True, help="the dataset's δ_G (below 1/n)")
-@click.option("--format", "fmt", type=click.Choice(["csv", "npz"]), help="default: from the suffix")
+@click.option("--epsilon", type=float, help="the dataset's total budget ε_G (required unless --public)")
+@click.option("--delta", type=float, help="the dataset's δ_G, below 1/n (required unless --public)")
+@click.option(
+    "--public",
+    is_flag=True,
+    help="declare the dataset public: no budget, no ledger, sgd/adam allowed (give no --epsilon/--delta)",
+)
+@click.option("--format", "fmt", type=click.Choice(["csv", "npz", "zip"]), help="default: from the suffix")
 @click.option("--label-column", default="label", show_default=True, help="CSV label column")
 @click.option("--task", type=click.Choice(["classification", "regression"]), help="default: inferred by the server")
 @click.option(
@@ -293,23 +303,42 @@ def datasets() -> None:
     help="public data preparation as JSON, or @FILE holding it: "
     '{"drop": ["id"], "one_hot": {"sex": ["f", "m"]}, "scale": {"age": {"bounds": [0, 120]}}}',
 )
+@click.option(
+    "--image-size",
+    help="resize every image of a ZIP to HxW (e.g. 32x32) or to one side (28); default: all share one size",
+)
+@click.option("--channels", type=click.IntRange(1, 3), help="convert every image to 1 (grey) or 3 (RGB) channels")
+@click.option(
+    "--modality",
+    type=click.Choice(["image", "tabular"]),
+    help="default: zip is image; npz is image when X is uint8 (n, H, W) or (n, H, W, C)",
+)
 @json_flag
 def datasets_upload(
     path: Path,
     name: str | None,
-    epsilon: float,
-    delta: float,
+    epsilon: float | None,
+    delta: float | None,
+    public: bool,
     fmt: str | None,
     label_column: str,
     task: str | None,
     classes: str | None,
     preparation: str | None,
+    image_size: str | None,
+    channels: int | None,
+    modality: str | None,
 ) -> None:
-    """Upload a CSV (header + label column) or NPZ (X, y) file with its budget.
+    """Upload a CSV (header + label column), NPZ (X, y) or ZIP (class folders of PNG/JPEG
+    images) file with its budget.
 
     The same bytes can be registered once: a second upload is refused and names the dataset that
     holds them (raise its budget instead).
     """
+    if public and (epsilon is not None or delta is not None):
+        raise click.UsageError("a public dataset has no budget: leave out --epsilon and --delta with --public")
+    if not public and (epsilon is None or delta is None):
+        raise click.UsageError("give --epsilon and --delta (the dataset's budget), or --public")
     if preparation is not None and preparation.startswith("@"):
         try:
             preparation = Path(preparation[1:]).read_text(encoding="utf-8")
@@ -324,17 +353,32 @@ def datasets_upload(
                 name=name,
                 epsilon=epsilon,
                 delta=delta,
+                public=public,
                 format=fmt,
                 label_column=label_column,
                 task=task,
                 classes=classes.split(",") if classes is not None else None,
                 preparation=preparation,
+                modality=modality,
+                image_size=_cli_image_size(image_size),
+                channels=channels,
             )
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     notices = [str(n) for n in dataset.raw.get("notices", [])]
     emit(dataset, lambda: "\n".join([_dataset_block(dataset), *(f"note: {n}" for n in notices)]))
+
+
+def _cli_image_size(text: str | None) -> int | tuple[int, int] | None:
+    """--image-size 28 or 32x24 (height x width), checked before anything is sent."""
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(part.strip().isdigit() for part in parts):
+        raise click.UsageError(f"--image-size {text!r}: give HxW (e.g. 32x32) or one side (e.g. 28)")
+    sides = [int(part) for part in parts]
+    return sides[0] if len(sides) == 1 else (sides[0], sides[1])
 
 
 @datasets.command("list")
@@ -405,8 +449,8 @@ INVITATION_COLUMNS: list[Column[Invitation]] = [
     Column("ID", lambda i: i.id),
     Column("DATASET", lambda i: i.dataset_name, 30),
     Column("OWNER", lambda i: i.owner, 30),
-    Column("ε_G", lambda i: _up(i.budget.epsilon)),
-    Column("δ_G", lambda i: _up(i.budget.delta)),
+    Column("ε_G", lambda i: _up(i.budget.epsilon) if i.budget is not None else "public"),
+    Column("δ_G", lambda i: _up(i.budget.delta) if i.budget is not None else "-"),
     Column("INVITED", lambda i: i.invited_at),
 ]
 
@@ -434,8 +478,11 @@ def _invitation_block(i: Invitation) -> str:
             ("dataset", i.dataset_name),
             ("owner", i.owner),
             ("status", i.status),
-            ("budget ε_G", _up(i.budget.epsilon)),
-            ("budget δ_G", _up(i.budget.delta)),
+            *(
+                [("budget", "none: declared public by its owner")]
+                if i.budget is None
+                else [("budget ε_G", _up(i.budget.epsilon)), ("budget δ_G", _up(i.budget.delta))]
+            ),
             ("invited", i.invited_at),
             ("accepted", i.accepted_at),
             ("declined", i.declined_at),
@@ -580,6 +627,14 @@ SPEC_OPTIONS = [
     _spec_option("--steps", type=int),
     _spec_option("--batch-size", type=int, help="expected batch size q·n"),
     _spec_option("--lr", "learning_rate", type=float, help="learning rate"),
+    _spec_option("--init-job", help="model.init: start from this succeeded job's model"),
+    _spec_option("--init-base-model", help="model.init: start from this base model (bm_...)"),
+    _spec_option(
+        "--finetune",
+        type=click.Choice(["full", "head", "last_k_blocks"]),
+        help="with an init: which parameters train (default full)",
+    ),
+    _spec_option("--finetune-k", type=int, help="k of --finetune last_k_blocks"),
 ]
 
 
@@ -658,6 +713,15 @@ def _or_reason(value: str | int | None, reason: object) -> object:
 def _estimate_block(e: Estimate) -> str:
     # Newer fields come from ``raw``, so this CLI also prints estimates of older servers.
     raw = e.raw
+    if raw.get("public_dataset"):
+        return key_values(
+            [
+                ("dataset", "public: no budget, nothing is charged, no privacy guarantee"),
+                ("noise multiplier σ", e.noise_multiplier),
+                ("sampling probability q", e.sampling_probability),
+                ("steps", e.steps),
+            ]
+        )
     differ = _down(e.budget_remaining_epsilon) != _down(e.largest_admissible_epsilon)
     return key_values(
         [
@@ -875,6 +939,111 @@ def jobs_download(job_id: str, out_dir: Path) -> None:
             ]
         ),
     )
+
+
+# ---------------------------------------------------------------------- base models
+
+BASE_MODEL_COLUMNS: list[Column[BaseModel]] = [
+    Column("ID", lambda b: b.id),
+    Column("NAME", lambda b: b.name, 30),
+    Column("ARCHITECTURE", lambda b: b.architecture),
+    Column("INPUT", lambda b: b.input_shape),
+    Column("OUTPUTS", lambda b: b.n_outputs),
+    Column("SOURCE", lambda b: b.source, 40),
+]
+
+
+def _base_model_block(b: BaseModel) -> str:
+    return key_values(
+        [
+            ("id", b.id),
+            ("name", b.name),
+            ("architecture", b.architecture),
+            ("params", b.params),
+            ("input shape", b.input_shape),
+            ("outputs", b.n_outputs),
+            ("source", b.source),
+            ("sha256", b.sha256),
+            ("size (bytes)", b.size_bytes),
+            ("created", b.created_at),
+        ]
+    )
+
+
+@cli.group("base-models")
+def base_models() -> None:
+    """Public pretrained weights to start jobs from (model.init)."""
+
+
+@base_models.command("upload")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", help="default: the file name without its suffix")
+@click.option("--architecture", required=True, help="the zoo model the weights belong to (see `privtrain models`)")
+@click.option(
+    "--model-param",
+    "model_params",
+    multiple=True,
+    help="architecture parameter key=value (repeatable; values read as JSON)",
+)
+@click.option("--input-shape", required=True, help="the model's input shape, comma-separated (e.g. 64 or 1,28,28)")
+@click.option("--n-outputs", type=click.IntRange(min=1), required=True, help="the model's outputs (classes, or 1)")
+@click.option("--source", help="where the weights came from (shown in every report built on them)")
+@json_flag
+def base_models_upload(
+    path: Path,
+    name: str | None,
+    architecture: str,
+    model_params: Sequence[str],
+    input_shape: str,
+    n_outputs: int,
+    source: str | None,
+) -> None:
+    """Upload a safetensors file of public pretrained weights; the server checks every tensor's
+    name, dtype and shape against the architecture (nothing is unpickled)."""
+    try:
+        params = dict(parse_assignment(v) for v in model_params)
+        shape = [int(part) for part in input_shape.split(",")]
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    base = (
+        _state()
+        .client()
+        .upload_base_model(
+            path,
+            name=name or path.stem,
+            architecture=architecture,
+            params=params,
+            input_shape=shape,
+            n_outputs=n_outputs,
+            source=source,
+        )
+    )
+    emit(base, lambda: _base_model_block(base))
+
+
+@base_models.command("list")
+@json_flag
+def base_models_list() -> None:
+    """Your base models, newest first."""
+    found = _state().client().list_base_models()
+    emit(found, lambda: table(found, BASE_MODEL_COLUMNS))
+
+
+@base_models.command("show")
+@click.argument("base_model_id")
+@json_flag
+def base_models_show(base_model_id: str) -> None:
+    base = _state().client().get_base_model(base_model_id)
+    emit(base, lambda: _base_model_block(base))
+
+
+@base_models.command("delete")
+@click.argument("base_model_id")
+@json_flag
+def base_models_delete(base_model_id: str) -> None:
+    """Delete a base model (refused while a queued or running job starts from it)."""
+    _state().client().delete_base_model(base_model_id)
+    emit({"deleted": base_model_id}, lambda: f"deleted {base_model_id}")
 
 
 # ---------------------------------------------------------------------- catalogues

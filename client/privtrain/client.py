@@ -25,6 +25,7 @@ from privtrain.events import ProgressSource, poll_progress
 from privtrain.progress import ProgressBar
 from privtrain.resources import (
     Algorithm,
+    BaseModel,
     BudgetStatus,
     Dataset,
     Estimate,
@@ -45,7 +46,15 @@ T = TypeVar("T", bound=Resource)
 DEFAULT_URL = "http://127.0.0.1:8000"
 UPLOAD_CHUNK_BYTES = 1 << 16
 EVENTS_PAGE = 500
-FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz"}
+FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz", ".zip": "zip"}
+
+
+def _image_size(size: int | tuple[int, int] | None) -> str | None:
+    """The ``image_size`` query value: "28" or "32x24" (height x width)."""
+    if size is None or isinstance(size, int):
+        return None if size is None else str(size)
+    height, width = size
+    return f"{height}x{width}"
 
 
 def _json(response: httpx.Response) -> Any:
@@ -207,16 +216,22 @@ class Client:
         source: str | os.PathLike[str] | bytes,
         *,
         name: str | None = None,
-        epsilon: float,
-        delta: float,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        public: bool = False,
         format: str | None = None,
         label_column: str | None = "label",
         task: str | None = None,
         classes: Sequence[str] | None = None,
         preparation: Mapping[str, Any] | str | None = None,
+        modality: str | None = None,
+        image_size: int | tuple[int, int] | None = None,
+        channels: int | None = None,
         idempotency_key: str | None = None,
     ) -> Dataset:
-        """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G).
+        """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G),
+        or with ``public=True`` and no budget: a dataset its owner declares public (no ledger,
+        non-private ``sgd``/``adam`` allowed; docs/pretraining-and-finetuning.md).
 
         ``format`` and ``name`` default to the file's suffix and name when ``source`` is a path.
         One Idempotency-Key per call, reused by every retry: a retried upload whose answer was
@@ -227,6 +242,10 @@ class Client:
         ``preparation`` declares, publicly, how the rows become features (a dict or its JSON text):
         ``{"drop": [...], "one_hot": {column: [categories]}, "scale": {column or "*": {"bounds":
         [lo, hi]} or {"center": c, "scale": s}}}``; see docs/preparing-data.md.
+        Images: a ``.zip`` of class folders of PNG/JPEG files (``class_name/image.png``), or an NPZ
+        of uint8 ``X`` (n, H, W) or (n, H, W, C); ``image_size`` (one side, or (height, width))
+        resizes every ZIP image, ``channels`` (1 or 3) converts them, ``modality="tabular"`` reads
+        a uint8 NPZ as numbers instead.
         """
         if isinstance(source, bytes):
             data = source
@@ -241,7 +260,7 @@ class Client:
             inferred_format, inferred_name = FORMAT_BY_SUFFIX.get(path.suffix.lower()), path.stem
         fmt = format or inferred_format
         if fmt is None:
-            raise ValueError("give format= ('csv' or 'npz'): it cannot be inferred from bytes or this suffix")
+            raise ValueError("give format= ('csv', 'npz' or 'zip'): it cannot be inferred from bytes or this suffix")
         if (name or inferred_name) is None:
             raise ValueError("give name= for an upload from bytes")
         params = {
@@ -249,12 +268,16 @@ class Client:
             "format": fmt,
             "epsilon": epsilon,
             "delta": delta,
+            "public": "true" if public else None,
             "label_column": label_column if fmt == "csv" else None,
             "task": task,
             "classes": ",".join(classes) if classes is not None else None,
             "preparation": preparation
             if isinstance(preparation, str | None)
             else json.dumps(preparation, separators=(",", ":"), allow_nan=False),
+            "modality": modality,
+            "image_size": _image_size(image_size),
+            "channels": channels,
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(
@@ -299,6 +322,56 @@ class Client:
     def ledger(self, dataset_id: str, *, page_size: int = 100) -> list[LedgerEntry]:
         """The dataset's whole append-only ledger, oldest entry first."""
         return list(self.iter_ledger(dataset_id, page_size=page_size))
+
+    # ------------------------------------------------------------------ base models
+
+    def upload_base_model(
+        self,
+        weights: str | os.PathLike[str] | bytes,
+        *,
+        name: str,
+        architecture: str,
+        input_shape: Sequence[int],
+        n_outputs: int,
+        params: Mapping[str, Any] | None = None,
+        source: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> BaseModel:
+        """Upload public pretrained weights (a safetensors file whose tensors are the state dict of
+        ``architecture`` built with ``params`` for ``input_shape`` and ``n_outputs``). ``source``
+        says where they came from: every report of a job built on them shows it."""
+        data = weights if isinstance(weights, bytes) else Path(weights).read_bytes()
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex, "Content-Type": "application/octet-stream"}
+        query = {
+            "name": name,
+            "architecture": architecture,
+            "params": json.dumps(dict(params or {}), separators=(",", ":"), allow_nan=False),
+            "input_shape": ",".join(str(int(d)) for d in input_shape),
+            "n_outputs": n_outputs,
+            "source": source,
+        }
+        return BaseModel.from_api(
+            self._call(
+                "POST",
+                "/v1/base-models",
+                replay_safe=True,
+                content=lambda: data,
+                headers=headers,
+                params={k: v for k, v in query.items() if v is not None},
+            )
+        )
+
+    def list_base_models(self) -> list[BaseModel]:
+        return [BaseModel.from_api(item) for item in self._get("/v1/base-models")["items"]]
+
+    def get_base_model(self, base_model_id: str) -> BaseModel:
+        return BaseModel.from_api(self._get(f"/v1/base-models/{_segment(base_model_id)}"))
+
+    def delete_base_model(self, base_model_id: str) -> None:
+        """Refused (409 base-model-in-use) while a queued or running job starts from it."""
+        self._call(
+            "DELETE", f"/v1/base-models/{_segment(base_model_id)}", replay_safe=True, consume=lambda _response: None
+        )
 
     # ------------------------------------------------------------------ sharing
 

@@ -74,8 +74,15 @@ class Dataset(Resource):
     classes_source: str | None
     """"declared" by the owner at upload, or "observed" (taken from the labels found)."""
     label_column: str | None
-    budget: Budget = _parsed(Budget.from_api)
+    budget: Budget | None = _parsed(Budget.from_api)
+    """None for a public dataset (it has no budget)."""
     created_at: dt.datetime | None = _parsed(_time)
+    modality: str | None = None
+    """"image" (uint8 images, feature_shape is [C, H, W]) or "tabular"."""
+    image_shape: list[int] | None = None
+    """An image dataset's [H, W, C]; None for tabular datasets."""
+    public: bool | None = None
+    """True when its owner declared it public: no budget, no ledger, sgd/adam allowed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +116,7 @@ class Invitation(Resource):
     dataset_name: str
     owner: str
     status: str
-    budget: Budget = _parsed(Budget.from_api)
+    budget: Budget | None = _parsed(Budget.from_api)
     invited_at: dt.datetime | None = _parsed(_time)
     accepted_at: dt.datetime | None = _parsed(_time)
     declined_at: dt.datetime | None = _parsed(_time)
@@ -180,8 +187,9 @@ class Estimate(Resource):
     noise_std_on_sum: float
     sensitivity: float
     admissible: bool
-    budget_remaining_epsilon: float
-    largest_admissible_epsilon: float
+    budget_remaining_epsilon: float | None
+    """None on a public dataset (no budget)."""
+    largest_admissible_epsilon: float | None
     evaluation_epsilon: float | None
     budget_remaining_after_epsilon: float | None = None
     """What would remain if this job were admitted now (None when it does not fit)."""
@@ -189,6 +197,24 @@ class Estimate(Resource):
     smallest_admissible_noise_multiplier_reason: str | None = None
     largest_admissible_steps: int | None = None
     largest_admissible_steps_reason: str | None = None
+    public_dataset: bool | None = None
+    """True on a public dataset: nothing is charged."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseModel(Resource):
+    """Public pretrained weights for one zoo architecture (``model.init``: {"base_model_id": id})."""
+
+    id: str
+    name: str
+    architecture: str
+    params: dict[str, Any]
+    input_shape: list[int]
+    n_outputs: int
+    sha256: str
+    size_bytes: int
+    source: str | None
+    created_at: dt.datetime | None = _parsed(_time)
 
 
 @dataclasses.dataclass(frozen=True)

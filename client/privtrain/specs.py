@@ -42,6 +42,12 @@ class SpecOverrides:
     steps: int | None = None
     batch_size: int | None = None
     learning_rate: float | None = None
+    init_job: str | None = None
+    """model.init: start from this succeeded job's model."""
+    init_base_model: str | None = None
+    """model.init: start from this base model."""
+    finetune: str | None = None
+    finetune_k: int | None = None
 
 
 def _set(section: dict[str, Any], key: str, value: Any) -> None:
@@ -63,11 +69,17 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
     algorithm = spec.setdefault("algorithm", {})
     _set(algorithm, "name", overrides.algorithm)
     algorithm.setdefault("hyperparameters", {}).update(overrides.hyperparameters)
+    if overrides.init_job is not None:
+        model["init"] = {"job_id": overrides.init_job}
+    if overrides.init_base_model is not None:
+        model["init"] = {"base_model_id": overrides.init_base_model}
     privacy = spec.setdefault("privacy", {})
     for key in ("target_epsilon", "noise_multiplier", "delta"):
         _set(privacy, key, getattr(overrides, key))
+    if not privacy:  # the non-private optimizers (sgd, adam on public datasets) take none
+        del spec["privacy"]
     training = spec.setdefault("training", {})
-    for key in ("epochs", "steps", "batch_size", "learning_rate"):
+    for key in ("epochs", "steps", "batch_size", "learning_rate", "finetune", "finetune_k"):
         _set(training, key, getattr(overrides, key))
     return spec
 
@@ -87,11 +99,18 @@ def build_job_spec(
     hyperparameters: Mapping[str, Any] | None = None,
     model_params: Mapping[str, Any] | None = None,
     evaluation: Mapping[str, Any] | None = None,
+    init_job: str | None = None,
+    init_base_model: str | None = None,
+    finetune: str | None = None,
+    finetune_k: int | None = None,
 ) -> dict[str, Any]:
     """The JSON job spec the API expects, from keyword arguments.
 
     ``batch_size`` and ``learning_rate`` are left out when None: full-batch and single-pass
-    algorithms refuse them (``privtrain algorithms NAME`` lists the training fields each reads)."""
+    algorithms refuse them (``privtrain algorithms NAME`` lists the training fields each reads).
+    Without ``target_epsilon`` and ``noise_multiplier`` the spec has no privacy block (the
+    non-private ``sgd``/``adam`` on public datasets). ``init_job``/``init_base_model`` set
+    ``model.init``; ``finetune`` (full, head, last_k_blocks) and ``finetune_k`` which parameters train."""
     spec = merge_spec(
         None,
         SpecOverrides(
@@ -107,6 +126,10 @@ def build_job_spec(
             steps=steps,
             batch_size=batch_size,
             learning_rate=learning_rate,
+            init_job=init_job,
+            init_base_model=init_base_model,
+            finetune=finetune,
+            finetune_k=finetune_k,
         ),
     )
     if evaluation is not None:

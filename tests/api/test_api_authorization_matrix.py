@@ -232,6 +232,7 @@ def ui(owner: int, analyst: int, other: int, revoked: int, *, anonymous: int = 3
 
 
 SHARED, PRIVATE = {"dataset_id": "ds_shared"}, {"dataset_id": "ds_other"}
+MISSING_BASE_MODEL = {"base_model_id": "=bm_x"}
 
 
 def _job(name: str) -> dict[str, str]:
@@ -292,6 +293,21 @@ CASES: tuple[Case, ...] = (
         content=lambda world: _small_csv(3),
     ),
     Case("GET", "/v1/datasets", "list", v1(200, 200, 200, 200)),
+    # Base models are tenant-scoped (tests/api/test_api_base_models.py checks another tenant's id
+    # answers 404); here: a body that is not safetensors, and an id nobody has.
+    Case(
+        "POST",
+        "/v1/base-models",
+        "not safetensors",
+        v1(422, 422, 422, 422),
+        query={"name": "bm", "architecture": "logistic-regression", "input_shape": "4", "n_outputs": "2"},
+        content=lambda world: b"not a safetensors file",
+    ),
+    Case("GET", "/v1/base-models", "list", v1(200, 200, 200, 200)),
+    *(
+        Case(method, "/v1/base-models/{base_model_id}", "missing", v1(404, 404, 404, 404), params=MISSING_BASE_MODEL)
+        for method in ("GET", "DELETE")
+    ),
     Case("GET", "/v1/invitations", "list", v1(200, 200, 200, 200)),
     *(
         case
@@ -528,6 +544,8 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "size_bytes",
         "n_rows",
         "feature_shape",
+        "modality",
+        "image_shape",
         "n_features",
         "task",
         "n_classes",
@@ -537,6 +555,7 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "feature_names",
         "preparation",
         "budget",
+        "public",
         "created_at",
         "links",
         "role",

@@ -37,10 +37,10 @@ def _problem(client: TestClient, spec: dict[str, Any] | None = None, *, content:
             "unknown model 'logistic-regresion'; did you mean 'logistic-regression'?",
         ),
         (
-            lambda s: s["model"].update(name="resnet-1000"),
+            lambda s: s["model"].update(name="bert-1000"),
             "unknown-model",
-            "unknown model 'resnet-1000'; expected one of: 'cnn2-gn', 'linear-regression', "
-            "'logistic-regression', 'mlp'",
+            "unknown model 'bert-1000'; expected one of: 'cnn', 'cnn2-gn', 'linear-regression', "
+            "'logistic-regression', 'mlp', 'resnet-gn', 'vit', 'wrn'",
         ),
         (
             lambda s: s["algorithm"]["hyperparameters"].update(clipping_nrom=1.0),

@@ -30,6 +30,7 @@ INVITATION_KEYS = {
     "dataset_name",
     "owner",
     "budget",
+    "public",
     "invited_at",
     "status",
     "accepted_at",

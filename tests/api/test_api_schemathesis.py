@@ -118,7 +118,8 @@ def _job_bodies(client: Any, headers: dict[str, str], *, classification: str, re
     optional privacy number (δ, σ, a Gaussian or Laplace evaluation). Full batches (q = 1) keep
     each valid call cheap: the subsampled RDP series is what costs seconds."""
     catalogue = client.get("/v1/algorithms", headers=headers).json()
-    names = [a["name"] for a in (catalogue["items"] if isinstance(catalogue, dict) else catalogue)]
+    items = catalogue["items"] if isinstance(catalogue, dict) else catalogue
+    names = [a["name"] for a in items if a.get("private", True)]  # sgd/adam: public datasets only
     bodies: list[dict[str, Any]] = []
     for name in names:
         entry = client.get(f"/v1/algorithms/{name}", headers=headers).json()

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 import app.dataset_registration as registration
-from app.dataset_registration import _discard_unreferenced_blob
+from app.blob_references import discard_unreferenced_blob
 from app.db import Database
 from app.models import Dataset
 from app.services import Services
@@ -130,5 +130,5 @@ def test_discard_keeps_a_referenced_blob_and_deletes_an_unreferenced_one(
     (referenced,) = _referenced_keys(database)
     stray, _ = services.blobs.put_bytes(b"no dataset uses these bytes")
     for key in (referenced, stray):
-        _discard_unreferenced_blob(services.db, services.blobs, key=key)
+        discard_unreferenced_blob(services.db, services.blobs, key=key)
     assert _blob_keys(services) == {referenced}

@@ -10,6 +10,7 @@ from worker.trainers import dicesgd as _dicesgd  # noqa: F401  (registers "dices
 from worker.trainers import dp_sgd as _dp_sgd  # noqa: F401  (registers "dp-sgd")
 from worker.trainers import ht_dpsco as _ht_dpsco  # noqa: F401  (registers the "ht-*" family)
 from worker.trainers import kl_family as _kl_family  # noqa: F401  (registers "kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point")
+from worker.trainers import non_private as _non_private  # noqa: F401  (registers "sgd", "adam")
 from worker.trainers.base import (
     TRAINERS,
     Trainer,

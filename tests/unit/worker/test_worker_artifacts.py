@@ -31,6 +31,10 @@ ZOO: list[ZooCase] = [
     ("mlp", {"hidden_sizes": [5], "activation": "tanh"}, [6], 1, "regression"),
     ("cnn2-gn", {"groups": 4, "image_shape": None}, [1, 28, 28], 10, "classification"),
     ("cnn2-gn", {"groups": 8, "image_shape": [3, 16, 16]}, [768], 5, "classification"),
+    ("wrn", {"depth": 10, "width": 1, "groups": 4, "weight_standardisation": True}, [3, 8, 8], 3, "classification"),
+    ("resnet-gn", {"blocks": [1, 1], "width": 4, "groups": 2}, [3, 8, 8], 3, "classification"),
+    ("cnn", {"channels": [4, 8], "groups": 2, "activation": "relu", "pooling": "max"}, [1, 8, 8], 2, "regression"),
+    ("vit", {"patch_size": 4, "dim": 8, "depth": 1, "heads": 2, "mlp_dim": 16}, [3, 8, 8], 3, "classification"),
 ]
 
 

@@ -24,7 +24,13 @@ def _seeded(seed: int) -> torch.Generator:
 
 
 def test_registry_holds_exactly_the_documented_models() -> None:
-    assert set(MODEL_REGISTRY) == {"logistic-regression", "linear-regression", "mlp", "cnn2-gn"}
+    assert set(MODEL_REGISTRY) == {
+        "logistic-regression",
+        "linear-regression",
+        "mlp",
+        "cnn2-gn",
+        *("wrn", "resnet-gn", "cnn", "vit"),  # the image zoo: tests/unit/test_model_catalogue_zoo.py
+    }
 
 
 def test_register_model_refuses_a_duplicate_name() -> None:

@@ -18,14 +18,17 @@ Modules, one job each:
 - `registry`: `GHOST_LAYERS` and the `@ghost_layer(...)` decorator, one rule per layer type;
   `work`: what a rule returns (`LayerWork`) and the helpers rules share.
 - Layer families, each registering its rules: `linear_conv` (Linear, Conv1d, Conv2d), `norms`
-  (GroupNorm, LayerNorm), `embedding` (Embedding). Supporting another layer is one new module
-  like these, imported below.
+  (GroupNorm, LayerNorm), `embedding` (Embedding), `standardised_conv` (the zoo's
+  weight-standardised conv), `tokens` (the ViT's class token and positional embedding).
+  Supporting another layer is one new module like these, imported below.
+- `zoo`: the zoo's containers (residual blocks, attention, transformer blocks) registered with
+  both engines.
 """
 
 from __future__ import annotations
 
 # Each layer family registers its rules in GHOST_LAYERS when imported.
-from worker.optimizers.ghost import embedding, linear_conv, norms  # noqa: F401
+from worker.optimizers.ghost import embedding, linear_conv, norms, standardised_conv, tokens, zoo  # noqa: F401
 from worker.optimizers.ghost.api import (
     PASS2_MODES,
     GhostClipAggregator,

@@ -1,0 +1,6 @@
+"""Public pretrained weights a tenant uploads for one zoo architecture (docs/pretraining-and-finetuning.md).
+
+``safetensors_header`` reads a file's tensor table without torch, ``expected`` asks a capped child
+process which tensors the architecture has, ``registry`` validates, stores by content hash and
+answers list/show/delete.
+"""

@@ -1,0 +1,98 @@
+"""Resolve a job's ``model.init`` into the provenance its plan, worker and report use.
+
+The starting weights are treated as public: training from them changes nothing in the privacy
+accounting of the new job (its cost depends only on its own mechanism). The report states where
+they came from: a base model's name, source and SHA-256, or the job they were trained by, and
+whether that job's dataset was public or private (a private job's model carries its own DP
+guarantee, already spent on that job's dataset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.access import job_for
+from app.base_models.registry import base_model_for
+from app.errors import InvalidInput
+from app.jobs.status import JobStatus
+from app.model_catalogue import get_model
+from app.models import Dataset, Tenant
+from app.schemas.jobs import ModelInit
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """What a job's starting weights are: enough to check they fit and to say where they came from."""
+
+    architecture: str
+    params: dict[str, Any]
+    input_shape: tuple[int, ...]
+    provenance: dict[str, Any]
+    """Stored in the job's spec as ``init`` (public: the report shows it)."""
+
+
+def _invalid(detail: str) -> InvalidInput:
+    return InvalidInput(slug="invalid-model-init", detail=detail)
+
+
+def resolve_init(session: Session, tenant: Tenant, init: ModelInit) -> InitSource:
+    """The caller's base model, or a succeeded job whose model the caller may read (404 otherwise)."""
+    if init.base_model_id is not None:
+        record = base_model_for(session, tenant.id, init.base_model_id)
+        return InitSource(
+            architecture=record.architecture,
+            params=dict(record.params),
+            input_shape=tuple(record.input_shape),
+            provenance={
+                "kind": "base-model",
+                "base_model_id": record.id,
+                "name": record.name,
+                "source": record.source,
+                "sha256": record.sha256,
+                "architecture": record.architecture,
+                "n_outputs": record.n_outputs,
+            },
+        )
+    assert init.job_id is not None
+    job = job_for(session, tenant, init.job_id, need="read")
+    if job.status != JobStatus.SUCCEEDED or job.model_sha256 is None:
+        raise _invalid(f"model.init.job_id: job {job.id} is {job.status}; only a succeeded job's model can be a start")
+    dataset = session.get(Dataset, job.dataset_id)
+    assert dataset is not None
+    from app.job_planning import facts_of  # here: job_planning imports this module (a cycle at import time)
+
+    facts = facts_of(dataset)
+    return InitSource(
+        architecture=job.model_name,
+        params=dict(job.spec["model"]["params"]),
+        input_shape=tuple(dataset.feature_shape),
+        provenance={
+            "kind": "job",
+            "job_id": job.id,
+            "dataset_id": dataset.id,
+            "dataset_public": dataset.public,
+            "sha256": job.model_sha256,
+            "architecture": job.model_name,
+            "n_outputs": get_model(job.model_name).n_outputs(facts),
+            "epsilon": None if dataset.public else job.epsilon_committed,
+            "delta": None if dataset.public else job.delta,
+        },
+    )
+
+
+def check_init_fits(
+    init: InitSource, *, architecture: str, params: dict[str, Any], input_shape: tuple[int, ...]
+) -> None:
+    """The new job's architecture, params and input shape must be the init's (the head may differ)."""
+    if init.architecture != architecture:
+        raise _invalid(f"model.init is a '{init.architecture}' model; this job's model is '{architecture}'")
+    if init.params != params:
+        raise _invalid(f"model.params {params} differ from the init's {init.params}; use the same params")
+    if init.input_shape != input_shape:
+        raise _invalid(
+            f"the init takes inputs of shape {list(init.input_shape)}; "
+            f"this dataset's rows have shape {list(input_shape)}"
+        )

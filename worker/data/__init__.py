@@ -1,0 +1,1 @@
+"""How the worker reads a dataset's stored arrays into the tensors a trainer uses."""

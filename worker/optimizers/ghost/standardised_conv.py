@@ -1,0 +1,118 @@
+"""Ghost rule for the weight-standardised convolution (`privtrain.architectures.WSConv2d`).
+
+The layer convolves with ŵ = (w − mean)/σ, σ = sqrt(var + eps), standardised per output channel
+o over its fan-in (k values) from the raw parameter w. Row i's gradient w.r.t. the raw weight is
+the standardisation's Jacobian transpose applied to its gradient w.r.t. ŵ, per output channel
+(the same map as a LayerNorm's backward):
+
+    g_io = M_o Ĝ_io / σ_o,   Ĝ_io = Σ_t δ_iot a_it,   M_o = I − 1·1ᵀ/k − ŵ_o ŵ_oᵀ/k
+
+Exact without materialising anything the plain conv rule would not: with δ' = δ/σ_o the conv
+rule (Gram or materialised form, its own choice) gives Σ_o ||G'_io||² for G'_io = Σ_t δ'_iot a_it,
+and since 1 ⊥ ŵ_o and ||ŵ_o||² = c_o·k with c_o = var/(var + eps),
+
+    ||M_o G'||² = ||G'||² − (1ᵀG')²/k − (2 − c_o)(ŵ_oᵀG')²/k
+
+where 1ᵀG'_io = Σ_t δ'_iot s_it (s_it: the sum of the input patch at t, a box filter) and
+ŵ_oᵀG'_io = Σ_t δ'_iot z_iot (z: the convolution with ŵ, i.e. the layer's output without bias):
+O(positions × channels) per row. The weighted sum is linear, so M is applied once to the conv
+rule's Σ_i scale_i·G'_i. The bias is not standardised: its gradient is Σ_t δ_iot as for a conv.
+The subtraction can cancel, so the squared norm carries an absolute rounding error of about
+eps·||G'||², like the conv rule's Gram form; it is clamped at 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from privtrain.architectures import WSConv2d
+from worker.optimizers.ghost.linear_conv import _conv_input, _input_dims, conv_work
+from worker.optimizers.ghost.registry import ghost_layer
+from worker.optimizers.ghost.work import Calls, LayerWork, ParamNames, Totals
+
+__all__ = ["standardisation_vjp", "standardised_conv_work"]
+
+
+def _standardisation(weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ŵ, 1/σ) per output channel: (O, k) and (O, 1)."""
+    flat = weight.detach().reshape(weight.shape[0], -1)
+    mean = flat.mean(dim=1, keepdim=True)
+    inv_std = torch.rsqrt(flat.var(dim=1, keepdim=True, unbiased=False) + eps)
+    return (flat - mean) * inv_std, inv_std
+
+
+def _project(w_hat: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """M_o x per output channel for x of shape (..., O, k)."""
+    return grads - grads.mean(dim=-1, keepdim=True) - w_hat * (grads * w_hat).mean(dim=-1, keepdim=True)
+
+
+def standardisation_vjp(weight: torch.Tensor, eps: float, grads: torch.Tensor) -> torch.Tensor:
+    """Gradients w.r.t. the raw weight from gradients w.r.t. the standardised weight.
+
+    weight: (O, *fan_in); grads: (*batch, O, *fan_in) -> the same shape.
+    """
+    with torch.no_grad():
+        w_hat, inv_std = _standardisation(weight, eps)
+        flat = grads.reshape(*grads.shape[: grads.dim() - weight.dim()], *w_hat.shape)
+        return (_project(w_hat, flat) * inv_std).reshape(grads.shape)
+
+
+def _patch_sums_and_outputs(
+    module: WSConv2d, a: torch.Tensor, w_hat: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per call: s (B, O, T), each output channel's input-patch sums, and z (B, O, T), the
+    convolution with ŵ (no bias)."""
+    batch, groups = a.shape[0], module.groups
+    x, padding = _conv_input(module, a)
+    geometry = {"stride": module.stride, "padding": padding, "dilation": module.dilation}
+    z = F.conv2d(x, w_hat.reshape(module.weight.shape).to(x.dtype), None, groups=groups, **geometry)
+    summed = x.reshape(batch, groups, -1, *x.shape[2:]).sum(dim=2)  # (B, g, H, W)
+    ones = torch.ones(groups, 1, *module.kernel_size, dtype=x.dtype, device=x.device)
+    s = F.conv2d(summed, ones, None, groups=groups, **geometry)  # (B, g, H', W')
+    per_group = module.out_channels // groups
+    s = s.repeat_interleave(per_group, dim=1)
+    return s.reshape(batch, module.out_channels, -1), z.reshape(batch, module.out_channels, -1)
+
+
+@ghost_layer(WSConv2d, keeps_rows=_input_dims(4))
+def standardised_conv_work(module: WSConv2d, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
+    """The conv rule on δ/σ for ||G'||² and Σ scale·G', corrected by the standardisation's Jacobian."""
+    weight_name, bias_name = names["weight"], names["bias"]
+    works: list[LayerWork] = []
+    if bias_name is not None:
+        works.append(conv_work(module, {"weight": None, "bias": bias_name}, calls, bk=bk))
+    if weight_name is not None:
+        with torch.no_grad():
+            w_hat, inv_std = _standardisation(module.weight, module.eps)
+            k = w_hat.shape[1]
+            c = w_hat.square().sum(dim=1) / k  # (O,)
+            scaled: list[tuple[torch.Tensor, torch.Tensor]] = []
+            ones_term = w_term = None
+            for a, d in calls:
+                d_scaled = d * inv_std.view(1, -1, 1, 1).to(d.dtype)
+                scaled.append((a, d_scaled))
+                s, z = _patch_sums_and_outputs(module, a, w_hat)
+                flat_d = d_scaled.reshape(d.shape[0], module.out_channels, -1)
+                ones_part, w_part = (flat_d * s).sum(dim=2), (flat_d * z).sum(dim=2)  # (B, O)
+                ones_term = ones_part if ones_term is None else ones_term + ones_part
+                w_term = w_part if w_term is None else w_term + w_part
+            assert ones_term is not None and w_term is not None
+            effective = conv_work(module, {"weight": weight_name, "bias": None}, scaled, bk=bk)
+            correction = (ones_term.square() + (2.0 - c) * w_term.square()).sum(dim=1) / k
+            sq = (effective.sq_norms - correction).clamp_min(0.0)
+
+        def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+            own = Totals()
+            effective.accumulate(w, mask, own)
+            summed = own.sums[weight_name].reshape(w_hat.shape)
+            totals.add(weight_name, _project(w_hat.to(summed.dtype), summed).reshape(module.weight.shape))
+
+        works.append(LayerWork(sq, accumulate))
+
+    def accumulate_all(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+        for work in works:
+            work.accumulate(w, mask, totals)
+
+    sq_total = works[0].sq_norms if len(works) == 1 else works[0].sq_norms + works[1].sq_norms
+    return LayerWork(sq_total, accumulate_all)

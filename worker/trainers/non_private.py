@@ -1,0 +1,87 @@
+"""Trainers of the non-private optimizers (``sgd``, ``adam``): public datasets only.
+
+Plain minibatch training: each step draws ``training.batch_size`` rows uniformly without
+replacement, averages the loss and steps the optimizer. No clipping and no noise: the catalogue
+(app.algorithms.non_private) and the job lifecycle admit these jobs on public datasets only.
+Frozen parameters (``requires_grad=False``, fine-tuning) are left out of the optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from app.algorithms.non_private import SGD, Adam, AdamHyperparameters, SGDHyperparameters
+from app.algorithms.training_fields import learning_rate_of
+from worker.optimizers.dp_sgd import _snapshot
+from worker.optimizers.per_sample import trainable_parameters
+from worker.optimizers.state import TrainingResult
+from worker.trainers.base import TrainingRequest, register_trainer
+
+
+def _loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
+    if task == "classification":
+        return F.cross_entropy(output, target.long())
+    return F.mse_loss(output.reshape(target.shape), target.to(output.dtype))
+
+
+def run_minibatches(
+    request: TrainingRequest[SGDHyperparameters] | TrainingRequest[AdamHyperparameters],
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+) -> TrainingResult:
+    """The shared loop: uniform minibatches, resumable from a checkpoint, cooperative stop."""
+    hooks, generator = request.hooks, request.generator
+    X, y = request.X.to(request.device), request.y.to(request.device)
+    n = X.shape[0]
+    batch_size = max(1, min(n, round(request.expected_batch_size)))
+    step = 0
+    if request.resume_from is not None:
+        model.load_state_dict(request.resume_from.model_state, strict=True)
+        optimizer.load_state_dict(copy.deepcopy(request.resume_from.optimizer_state))
+        generator.set_state(request.resume_from.generator_state)
+        step = request.resume_from.step
+    model.train()
+    while step < request.steps:
+        if hooks.should_stop is not None and hooks.should_stop():
+            return TrainingResult(steps_run=step, stopped_early=True)
+        rows = generator.permutation(n)[:batch_size].to(X.device)
+        optimizer.zero_grad(set_to_none=True)
+        _loss(model(X[rows]), y[rows], request.task).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        step += 1
+        if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:
+            hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
+        if hooks.on_step_end is not None:
+            hooks.on_step_end(step)
+    return TrainingResult(steps_run=step, stopped_early=False)
+
+
+@register_trainer(SGD)
+def run_sgd(request: TrainingRequest[SGDHyperparameters]) -> TrainingResult:
+    model = request.model.to(request.device)
+    hyper = request.hyperparameters
+    optimizer = torch.optim.SGD(
+        list(trainable_parameters(model).values()),
+        lr=learning_rate_of(request.training),
+        momentum=hyper.momentum,
+        weight_decay=hyper.weight_decay,
+    )
+    return run_minibatches(request, optimizer, model)
+
+
+@register_trainer(Adam)
+def run_adam(request: TrainingRequest[AdamHyperparameters]) -> TrainingResult:
+    model = request.model.to(request.device)
+    hyper = request.hyperparameters
+    optimizer = torch.optim.Adam(
+        list(trainable_parameters(model).values()),
+        lr=learning_rate_of(request.training),
+        betas=(hyper.beta1, hyper.beta2),
+        eps=hyper.eps,
+        weight_decay=hyper.weight_decay,
+    )
+    return run_minibatches(request, optimizer, model)

@@ -1,0 +1,67 @@
+"""Which parameters a fine-tuning job trains: ``full``, ``head`` or ``last_k_blocks``.
+
+Defined generically, so every zoo model works, including ones added later:
+
+* the **head** is the last module (in ``model.modules()`` order) that owns parameters directly:
+  the classifier layer of every zoo model;
+* the **blocks** are the model's top-level children that hold parameters, in order, unless the
+  architecture declares its own list as a ``finetune_blocks`` attribute (names of submodules).
+
+Frozen parameters get ``requires_grad = False``: the DP engines (per-sample and ghost) and the
+non-private trainers train only the parameters that require gradients, so a frozen parameter has
+no per-sample gradient, is not clipped, gets no noise and is never updated.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import nn
+
+FinetuneMode = Literal["full", "head", "last_k_blocks"]
+
+
+def head_module_name(model: nn.Module) -> str:
+    """The qualified name of the last module that owns parameters directly (the classifier)."""
+    last: str | None = None
+    for name, module in model.named_modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            last = name
+    if last is None:
+        raise ValueError("the model has no parameters")
+    return last
+
+
+def head_parameter_names(model: nn.Module) -> set[str]:
+    """The state-dict names of the head's own parameters (e.g. ``3.weight``, ``3.bias``)."""
+    head = head_module_name(model)
+    module = model.get_submodule(head)
+    prefix = f"{head}." if head else ""
+    return {prefix + name for name, _ in module.named_parameters(recurse=False)}
+
+
+def block_names(model: nn.Module) -> list[str]:
+    """The model's fine-tuning blocks, first to last (see the module docstring)."""
+    declared = getattr(model, "finetune_blocks", None)
+    if declared is not None:
+        return [str(name) for name in declared]
+    return [name for name, child in model.named_children() if any(True for _ in child.parameters())]
+
+
+def apply_finetune(model: nn.Module, *, mode: FinetuneMode, k: int | None = None) -> int:
+    """Freeze every parameter the mode does not train; returns how many parameters stay trainable."""
+    if mode == "full":
+        trainable = {name for name, _ in model.named_parameters()}
+    elif mode == "head":
+        trainable = head_parameter_names(model)
+    else:
+        blocks = block_names(model)
+        if k is None or not 1 <= k <= len(blocks):
+            raise ValueError(f"finetune_k must be between 1 and the model's {len(blocks)} blocks, got {k}")
+        chosen = blocks[-k:]
+        trainable = {
+            name for name, _ in model.named_parameters() if any(name.startswith(f"{block}.") for block in chosen)
+        }
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name in trainable)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
