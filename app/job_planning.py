@@ -460,22 +460,15 @@ def plan_job(
     if init is not None:  # where the weights start, as the report states it
         normalised["init"] = init.provenance
     if dataset.public:  # nothing is reserved or charged: the dataset has no budget
-        return JobPlan(
-            spec=normalised,
-            algorithm=algorithm,
-            model_name=model.name,
-            hyperparameters=hyperparameters,
-            training=training,
-            plan=plan,
-            evaluation=evaluation,
-            noise_multiplier=sigma,
-            delta=delta,
-            event_json=privacy.event_to_json(event),
-            curve=tuple(0.0 for _ in curve),
-            epsilon_ledger=0.0,
-            epsilon_prv=None,
-            public_dataset=True,
+        charged_curve: tuple[float, ...] = tuple(0.0 for _ in curve)
+        epsilon_ledger, epsilon_prv, epsilon_prv_method = 0.0, None, None
+    else:
+        tight = privacy.single_job_epsilon(
+            event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian, numeric=False
         )
+        charged_curve = curve
+        epsilon_ledger = privacy.ledger_epsilon(curve, delta)
+        epsilon_prv, epsilon_prv_method = tight.epsilon, tight.method
     return JobPlan(
         spec=normalised,
         algorithm=algorithm,
@@ -487,14 +480,11 @@ def plan_job(
         noise_multiplier=sigma,
         delta=delta,
         event_json=privacy.event_to_json(event),
-        curve=curve,
-        epsilon_ledger=privacy.ledger_epsilon(curve, delta),
-        epsilon_prv=(
-            tight := privacy.single_job_epsilon(
-                event, delta, zcdp_is_gaussian=algorithm.zcdp_leaves_are_gaussian, numeric=False
-            )
-        ).epsilon,
-        epsilon_prv_method=tight.method,
+        curve=charged_curve,
+        epsilon_ledger=epsilon_ledger,
+        epsilon_prv=epsilon_prv,
+        epsilon_prv_method=epsilon_prv_method,
+        public_dataset=dataset.public,
     )
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -78,29 +79,39 @@ def read_npz(
     )
 
 
-def read_npz_arrays(path: Path, *, limits: IngestLimits) -> tuple[np.ndarray, np.ndarray]:
-    """X and y exactly as stored (any numeric dtype), after every check of the archive and shapes."""
+@dataclass(frozen=True)
+class _CheckedArchive:
+    archive: zipfile.ZipFile
+    features: _NpyHeader
+    labels: _NpyHeader
+    allowance: _Allowance
+
+
+@contextmanager
+def _checked_archive(path: Path, *, limits: IngestLimits) -> Iterator[_CheckedArchive]:
+    """The open archive with both members' headers read and every check of names and shapes passed."""
     allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
     with _open_zip(path) as archive:
         features_info, labels_info = _inspect_members(archive, allowance=allowance)
         features_header = _read_header(archive, features_info)
         labels_header = _read_header(archive, labels_info)
         _check_shapes(features_header, labels_header, limits=limits)
-        features = _load(archive, features_header, allowance=allowance)
-        labels = _load(archive, labels_header, allowance=allowance)
+        yield _CheckedArchive(archive, features_header, labels_header, allowance)
+
+
+def read_npz_arrays(path: Path, *, limits: IngestLimits) -> tuple[np.ndarray, np.ndarray]:
+    """X and y exactly as stored (any numeric dtype), after every check of the archive and shapes."""
+    with _checked_archive(path, limits=limits) as checked:
+        features = _load(checked.archive, checked.features, allowance=checked.allowance)
+        labels = _load(checked.archive, checked.labels, allowance=checked.allowance)
     return features, labels
 
 
 def read_npz_labels(path: Path, *, limits: IngestLimits) -> np.ndarray:
     """y alone, after the same checks as read_npz_arrays (the worker's labels of an image NPZ,
     whose images it reads from their decoded array instead)."""
-    allowance = _Allowance.of(limits, compressed_bytes=path.stat().st_size)
-    with _open_zip(path) as archive:
-        features_info, labels_info = _inspect_members(archive, allowance=allowance)
-        features_header = _read_header(archive, features_info)
-        labels_header = _read_header(archive, labels_info)
-        _check_shapes(features_header, labels_header, limits=limits)
-        return _load(archive, labels_header, allowance=allowance)
+    with _checked_archive(path, limits=limits) as checked:
+        return _load(checked.archive, checked.labels, allowance=checked.allowance)
 
 
 def npz_features_header(path: Path, *, limits: IngestLimits) -> tuple[tuple[int, ...], np.dtype]:
