@@ -458,7 +458,10 @@ def plan_job(
     if normalised["privacy"] is not None:
         normalised["privacy"]["delta"] = delta
     if init is not None:  # where the weights start, as the report states it
-        normalised["init"] = init.provenance
+        from app.base_models.init import dataset_classes, head_is_new  # here: that module imports this one
+
+        new_head = head_is_new(init, n_outputs=model.n_outputs(facts), classes=dataset_classes(dataset))
+        normalised["init"] = {**init.provenance, "new_head": new_head}
     if dataset.public:  # nothing is reserved or charged: the dataset has no budget
         charged_curve: tuple[float, ...] = tuple(0.0 for _ in curve)
         epsilon_ledger, epsilon_prv, epsilon_prv_method = 0.0, None, None

@@ -39,7 +39,13 @@ from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
 from app.models import Dataset, Job
-from app.reporting.privacy_report import build_public_report, build_report, init_section, report_single_job_epsilon
+from app.reporting.privacy_report import (
+    build_public_report,
+    build_report,
+    init_section,
+    released_weights_section,
+    report_single_job_epsilon,
+)
 from app.schemas.jobs import TrainingSpec
 from app.storage import BlobStore
 from privtrain.architectures import build_model
@@ -49,7 +55,8 @@ from worker.data.images import ImageRows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers import TrainingRequest, get_trainer, preflight
-from worker.training.artifacts import load_training_state, save_training_state
+from worker.training.artifacts import load_checkpoint_extras, load_training_state, save_training_state
+from worker.training.ema import ParameterAverage
 from worker.training.finetune import apply_finetune
 from worker.training.init_weights import apply_init, init_blob_path
 
@@ -285,7 +292,8 @@ class JobRunner:
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
         checkpoint = self._private_path(job.id, ".safetensors")
         resume = self._resumable(job.id, checkpoint, device)
-        hooks, timed_out = self._hooks(claimed, checkpoint)
+        average = self._parameter_average(claimed.training, model, checkpoint, resume)
+        hooks, timed_out = self._hooks(claimed, checkpoint, model=model, average=average)
         result = get_trainer(job.algorithm)(
             TrainingRequest(
                 model=model,
@@ -307,6 +315,8 @@ class JobRunner:
         )
         if result.stopped_early:
             return Outcome(result=result, model_path=None, metrics=None, timed_out=timed_out())
+        if average is not None:  # released and evaluated: the average, not the last iterate
+            average.copy_to(model)
         metrics = None
         if claimed.evaluation is not None:
             assert X_eval is not None and y_eval is not None
@@ -314,6 +324,18 @@ class JobRunner:
                 model, X_eval, y_eval, claimed.evaluation, secure_gaussian=self.settings.secure_noise
             )
         return Outcome(result=result, model_path=self._write_model(claimed, model, n_outputs), metrics=metrics)
+
+    @staticmethod
+    def _parameter_average(
+        training: TrainingSpec, model: torch.nn.Module, checkpoint: Path, resume: TrainingState | None
+    ) -> ParameterAverage | None:
+        """The average of ``training.ema_decay`` (None when off), continued from the checkpoint on resume."""
+        if training.ema_decay is None:
+            return None
+        average = ParameterAverage(model, decay=training.ema_decay)
+        if resume is not None:
+            average.restore(load_checkpoint_extras(checkpoint), step=resume.step)
+        return average
 
     @staticmethod
     def _resumable(job_id: str, checkpoint: Path, device: torch.device) -> TrainingState | None:
@@ -352,7 +374,7 @@ class JobRunner:
         provenance = job.spec.get("init")
         if provenance is None:
             return model
-        apply_init(model, init_blob_path(self.db, self.blobs, provenance))
+        apply_init(model, init_blob_path(self.db, self.blobs, provenance), new_head=bool(provenance.get("new_head")))
         training = job.spec["training"]
         apply_finetune(model, mode=training.get("finetune") or "full", k=training.get("finetune_k"))
         return model
@@ -384,12 +406,23 @@ class JobRunner:
                 # Output i is classes[i]; the features were prepared as declared before training.
                 "classes": list(classes.names) if classes is not None else None,
                 "preparation": dataset.preparation,
+                # The released weights: the last iterate, or their moving average (post-processing).
+                "ema_decay": claimed.training.ema_decay,
             },
         )
         return path
 
-    def _hooks(self, claimed: Claimed, checkpoint: Path) -> tuple[TrainingHooks, Callable[[], bool]]:
-        """Progress, heartbeat, cancel and the time limit; returns the hooks and a 'timed out?' probe."""
+    def _hooks(
+        self,
+        claimed: Claimed,
+        checkpoint: Path,
+        *,
+        model: torch.nn.Module,
+        average: ParameterAverage | None,
+    ) -> tuple[TrainingHooks, Callable[[], bool]]:
+        """Progress, heartbeat, cancel, the time limit and the parameter average (folded in after
+        every optimizer step, and before a checkpoint is written so that it holds the step's
+        average); returns the hooks and a 'timed out?' probe."""
         job = claimed.job
         every = max(1, job.steps_planned // 100)
         state = {"stop": False, "last_beat": 0.0}
@@ -402,6 +435,8 @@ class JobRunner:
             return time.monotonic() > deadline
 
         def on_step_end(step: int) -> None:
+            if average is not None:
+                average.advance_to(step, model)
             now = time.monotonic()
             if step % every and step != job.steps_planned and now - state["last_beat"] < interval:
                 return
@@ -424,7 +459,11 @@ class JobRunner:
 
         def save(training_state: TrainingState) -> None:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            save_training_state(checkpoint, training_state)
+            if average is None:
+                save_training_state(checkpoint, training_state)
+                return
+            average.advance_to(training_state.step, model)
+            save_training_state(checkpoint, training_state, extras=average.checkpoint_tensors())
 
         hooks = TrainingHooks(
             on_step_end=on_step_end,
@@ -455,6 +494,7 @@ class JobRunner:
                     model_sha256=model_sha,
                 )
                 report["init"] = init_section(commit.job.spec.get("init"))
+                report["released_weights"] = released_weights_section(claimed.training.ema_decay)
                 report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
                 return report_key
             report = build_report(
@@ -477,6 +517,7 @@ class JobRunner:
             )
             if commit.job.spec.get("init") is not None:  # where the weights started (treated as public)
                 report["init"] = init_section(commit.job.spec["init"])
+            report["released_weights"] = released_weights_section(claimed.training.ema_decay)
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key
 

@@ -188,6 +188,7 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
     unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is single-pass over disjoint blocks of n_train/T rows",
         "learning_rate": "takes its step sizes from its hyperparameters",
+        "ema_decay": "releases the iterate its analysis bounds",
     }
 
     def resolve(

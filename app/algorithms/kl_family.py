@@ -555,6 +555,7 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is full-batch",
         "learning_rate": "takes its step sizes from the paper's schedule",
+        "ema_decay": "releases the iterate its analysis bounds",
     }
     full_batch = True
     paper = (

@@ -21,7 +21,12 @@ so not listed among an algorithm's ``training_fields`` (docs/pretraining-and-fin
 ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields) - FINETUNE_FIELDS
 PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("batch_size", "learning_rate")
 """Optional in the schema; required by exactly the algorithms that read them."""
-SCHEDULE_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - frozenset(PER_ALGORITHM_FIELDS)
+OPTIONAL_PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("ema_decay",)
+"""Never required; refused by the algorithms that do not list them (parameter averaging makes no
+sense where the analysis releases one specific iterate: the single-pass and KL-family ones)."""
+SCHEDULE_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - frozenset(
+    PER_ALGORITHM_FIELDS + OPTIONAL_PER_ALGORITHM_FIELDS
+)
 """epochs / steps / time_limit_s: read for every job."""
 
 
@@ -35,7 +40,7 @@ def accept_training(
 ) -> TrainingSpec:
     """The training spec an algorithm runs with: unused fields refused, read ones required, and
     ``batch_size = full_batch_rows`` recorded for a full-batch algorithm."""
-    for field in PER_ALGORITHM_FIELDS:
+    for field in PER_ALGORITHM_FIELDS + OPTIONAL_PER_ALGORITHM_FIELDS:
         if field not in reads and getattr(training, field) is not None:
             reason = unused_reasons.get(field, "does not read it")
             raise UnusedTrainingField(f"training.{field}: {algorithm} {reason} and does not use it; leave it out")

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.access import job_for
 from app.base_models.registry import base_model_for
 from app.errors import InvalidInput
+from app.facts import public_class_list
 from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
 from app.models import Dataset, Tenant
@@ -79,8 +80,34 @@ def resolve_init(session: Session, tenant: Tenant, init: ModelInit) -> InitSourc
             "n_outputs": get_model(job.model_name).n_outputs(facts),
             "epsilon": None if dataset.public else job.epsilon_committed,
             "delta": None if dataset.public else job.delta,
+            "classes": dataset_classes(dataset),
         },
     )
+
+
+def dataset_classes(dataset: Dataset) -> list[str] | None:
+    """The dataset's public class list (index i = output i); None for regression."""
+    classes = public_class_list(
+        task=dataset.task,
+        n_classes=dataset.n_classes,
+        class_names=dataset.class_names,
+        declared=dataset.classes_declared,
+    )
+    return None if classes is None else list(classes.names)
+
+
+def head_is_new(init: InitSource, *, n_outputs: int, classes: list[str] | None) -> bool:
+    """Whether the job starts with a fresh head instead of the init's.
+
+    A head's output i means the init dataset's class i: it is reused only when that meaning holds,
+    i.e. the class lists are the same, in the same order (a job's model), or, for a base model
+    (which records no class names), when the output count is. Otherwise outputs would be scored as
+    the wrong classes, and a trained head is a worse start than a fresh one.
+    """
+    if init.provenance["n_outputs"] != n_outputs:
+        return True
+    init_classes = init.provenance.get("classes")
+    return init_classes is not None and classes is not None and list(init_classes) != list(classes)
 
 
 def check_init_fits(

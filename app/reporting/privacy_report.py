@@ -350,4 +350,22 @@ def init_section(provenance: dict[str, Any] | None) -> dict[str, Any] | None:
             "privacy guarantee, already spent on that dataset's budget (see that job's report); here its "
             "weights are treated as public, and this report covers this job's dataset only."
         )
+    if provenance.get("new_head"):
+        statement += (
+            " Its classifier head was not reused: the start's outputs mean other classes (or another number"
+            " of them), so the head started fresh."
+        )
     return {**provenance, "treated_as": "public", "statement": statement}
+
+
+def released_weights_section(ema_decay: float | None) -> dict[str, Any]:
+    """Which weights the model file holds: the last iterate, or (``training.ema_decay``) their
+    exponential moving average, a function of the iterates only, hence free post-processing."""
+    if ema_decay is None:
+        return {"method": "last-iterate", "statement": "released weights: the last iterate"}
+    return {
+        "method": "ema",
+        "decay": ema_decay,
+        "statement": f"released weights: exponential moving average of the iterates (decay {ema_decay}), "
+        "post-processing: no privacy cost",
+    }

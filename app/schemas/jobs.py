@@ -116,6 +116,14 @@ class TrainingSpec(_Strict):
         "parameterised children. The others are frozen",
     )
     finetune_k: int | None = Field(default=None, ge=1, le=1000, description="k of last_k_blocks (required there)")
+    ema_decay: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="release an exponential moving average of the iterates, w̄ ← d·w̄ + (1 − d)·w after "
+        "every step starting from the initial weights (e.g. 0.999), instead of the last iterate: "
+        "post-processing, no privacy cost; only for the per-step algorithms that list it",
+    )
     time_limit_s: float | None = Field(
         default=None,
         gt=0,

@@ -165,3 +165,68 @@ def test_last_k_blocks_trains_the_last_blocks_only(
     assert torch.equal(start["1.weight"], end["1.weight"])  # first block frozen
     assert not torch.equal(start["3.weight"], end["3.weight"])  # second block trained
     assert end["5.weight"].shape == (10, 12) and np.isfinite(end["5.weight"].numpy()).all()  # new head trained
+
+
+def test_a_head_is_reused_only_when_its_outputs_mean_the_same_classes(
+    alice: TestClient, settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    """Digits 0-4 pretrain a 5-output head; fine-tuning on digits 5-9 (also 5 classes, other names)
+    must start a fresh head, since output i of the pretrained head means digit i, not 5 + i. On
+    digits 0-4 again (the same list) the pretrained head is the start."""
+    X, X_other, y, y_other = digits_split()
+    low, high = y < 5, y_other >= 5
+    public = upload_public(alice, to_csv(X[low], y[low]))
+    same_classes = upload(alice, to_csv(X_other[y_other < 5], y_other[y_other < 5])).json()  # type: ignore[attr-defined]
+    other_classes = alice.post(
+        "/v1/datasets",
+        params={
+            "name": "high",
+            "format": "csv",
+            "label_column": "label",
+            "task": "classification",
+            "epsilon": 8,
+            "delta": 1e-5,
+        },
+        content=to_csv(X_other[high], y_other[high]),
+    ).json()
+    assert other_classes["classes"] == ["5", "6", "7", "8", "9"] and same_classes["classes"] == [
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    pretrain = _run(
+        alice,
+        settings,
+        database,
+        {
+            "dataset_id": public["id"],
+            "model": MLP,
+            "algorithm": {"name": "sgd", "hyperparameters": {"momentum": 0.9}},
+            "training": {"epochs": 3, "batch_size": 32, "learning_rate": 0.1},
+        },
+    )
+    start = _model_tensors(alice, pretrain, tmp_path)
+    head = sorted(start)[-2:]  # the last Linear's bias and weight
+    heads: dict[bool, dict[str, torch.Tensor]] = {}
+    for dataset, expect_new in ((same_classes, False), (other_classes, True)):
+        job = _run(
+            alice,
+            settings,
+            database,
+            {
+                "dataset_id": dataset["id"],
+                "model": {**MLP, "init": {"job_id": pretrain}},
+                "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
+                "privacy": {"noise_multiplier": 1e4},  # the trained head barely moves: its start shows
+                "training": {"steps": 1, "batch_size": 64, "learning_rate": 1e-6, "finetune": "head"},
+            },
+        )
+        report = alice.get(f"/v1/jobs/{job}/report").json()
+        assert report["init"]["new_head"] is expect_new
+        assert ("head started fresh" in report["init"]["statement"]) is expect_new
+        heads[expect_new] = _model_tensors(alice, job, tmp_path)
+    for name in head:
+        assert torch.allclose(heads[False][name], start[name], atol=1e-3), name  # reused
+        assert not torch.allclose(heads[True][name], start[name], atol=1e-3), name  # fresh

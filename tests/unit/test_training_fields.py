@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.algorithms import ALGORITHMS, MissingTrainingFields, UnusedTrainingField, get_algorithm
-from app.algorithms.training_fields import ALL_TRAINING_FIELDS, PER_ALGORITHM_FIELDS
+from app.algorithms.training_fields import ALL_TRAINING_FIELDS, OPTIONAL_PER_ALGORITHM_FIELDS, PER_ALGORITHM_FIELDS
 from app.errors import InvalidInput
 from app.facts import DatasetFacts
 from app.job_planning import plan_job
@@ -163,7 +163,7 @@ def test_describe_lists_the_training_fields(name: str) -> None:
     assert set(described["training_schema"]["properties"]) == algorithm.training_fields
     assert described["full_batch"] == (name in FULL_BATCH)
     if name in FULL_BATCH | SINGLE_PASS:
-        assert unused == set(PER_ALGORITHM_FIELDS)
+        assert unused == set(PER_ALGORITHM_FIELDS + OPTIONAL_PER_ALGORITHM_FIELDS)
         assert set(algorithm.unused_training_reasons) == unused
     else:
         assert not unused

@@ -16,20 +16,22 @@ from safetensors.torch import save as safetensors_save
 from privtrain.model_files import cpu_contiguous, read_safetensors, write_atomically
 from worker.optimizers.state import TrainingState
 
-__all__ = ["load_training_state", "save_training_state"]
+__all__ = ["load_checkpoint_extras", "load_training_state", "save_training_state"]
 
 _CHECKPOINT_KEY = "privtrain.checkpoint"
 _CHECKPOINT_VERSION = 1
+_EXTRAS_PREFIX = "extra/"
 
 
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def save_training_state(path: Path, state: TrainingState) -> str:
+def save_training_state(path: Path, state: TrainingState, *, extras: Mapping[str, torch.Tensor] | None = None) -> str:
     """Write a TrainingState checkpoint atomically as safetensors; return the sha256 hex.
 
     Optimizer tensors are stored per parameter index; its non-tensor entries and param_groups
-    go to JSON metadata. SECRET file: keep it on worker storage only.
+    go to JSON metadata. ``extras`` are the runner's own tensors (e.g. the parameter average,
+    worker/training/ema.py), stored under ``extra/``. SECRET file: keep it on worker storage only.
     """
     optimizer_state = state.optimizer_state
     per_param = optimizer_state.get("state", {})
@@ -45,6 +47,7 @@ def save_training_state(path: Path, state: TrainingState) -> str:
             else:
                 scalars.setdefault(str(int(index)), {})[key] = value
     tensors["generator_state"] = state.generator_state
+    tensors.update({f"{_EXTRAS_PREFIX}{k}": v for k, v in (extras or {}).items()})
     header = {
         "version": _CHECKPOINT_VERSION,
         "step": state.step,
@@ -83,3 +86,9 @@ def load_training_state(path: Path) -> TrainingState:
         optimizer_state={"state": per_param, "param_groups": header["param_groups"]},
         generator_state=tensors["generator_state"],
     )
+
+
+def load_checkpoint_extras(path: Path) -> dict[str, torch.Tensor]:
+    """The ``extras`` tensors a checkpoint was saved with (empty when none)."""
+    tensors, _ = read_safetensors(Path(path))
+    return {k.removeprefix(_EXTRAS_PREFIX): v for k, v in tensors.items() if k.startswith(_EXTRAS_PREFIX)}

@@ -48,15 +48,20 @@ def init_blob_path(db: Database, blobs: BlobStore, provenance: dict[str, Any]) -
     return path
 
 
-def load_into(model: nn.Module, weights: dict[str, torch.Tensor]) -> list[str]:
+def load_into(model: nn.Module, weights: dict[str, torch.Tensor], *, new_head: bool = False) -> list[str]:
     """Copy every matching tensor into ``model``; returns the names kept fresh (a new head).
 
-    Raises ValueError when anything outside the head is missing or has another shape."""
+    ``new_head``: keep the head fresh even where the init's has the same shape (planning decided
+    its outputs mean other classes). Raises ValueError when anything outside the head is missing
+    or has another shape."""
     head = head_parameter_names(model)
     state = model.state_dict()
     fresh: list[str] = []
     for name, tensor in state.items():
         source = weights.get(name)
+        if new_head and name in head:
+            fresh.append(name)
+            continue
         if source is not None and tuple(source.shape) == tuple(tensor.shape):
             continue
         if name in head:
@@ -69,6 +74,6 @@ def load_into(model: nn.Module, weights: dict[str, torch.Tensor]) -> list[str]:
     return fresh
 
 
-def apply_init(model: nn.Module, path: Path) -> list[str]:
+def apply_init(model: nn.Module, path: Path, *, new_head: bool = False) -> list[str]:
     """Load the safetensors file at ``path`` into ``model`` (see :func:`load_into`)."""
-    return load_into(model, load_file(str(path)))
+    return load_into(model, load_file(str(path)), new_head=new_head)
