@@ -275,6 +275,7 @@ FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
     ("model", "init"),
     ("training", "finetune"),
     ("training", "finetune_k"),
+    ("training", "ema_decay"),
 )
 """Spec fields newer than stored Idempotency-Key digests: left out of the digest while unset, so a
 retry of a job submitted before they existed still matches its first attempt."""
