@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
+from app.api.upload_body import receive_upload_body
 from app.base_models.registry import (
     BaseModelUpload,
     base_model_for,
@@ -23,8 +24,6 @@ from app.model_catalogue import ModelSizeLimits
 from app.models import BaseModelRecord
 from app.problems import Problem
 from app.schemas.base_models import BaseModelList, BaseModelOut
-from app.storage import UploadTooLarge
-from app.upload_pace import UploadPace, UploadTooSlow, receive_paced
 from app.upload_slots import UploadSlotDep
 
 router = APIRouter(prefix="/v1/base-models", tags=["base-models"], route_class=ReleasingRoute)
@@ -110,23 +109,7 @@ async def upload_base_model(
         idempotency_key=idempotency_key,
     )
     settings = services.settings
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > settings.max_upload_bytes:
-        raise _too_large(settings.max_upload_bytes)
-    pending = services.blobs.begin(max_bytes=settings.max_upload_bytes)
-    try:
-        await receive_paced(request.stream(), pending.write, pace=UploadPace.from_settings(settings))
-    except UploadTooLarge as exc:
-        pending.discard()
-        raise _too_large(settings.max_upload_bytes) from exc
-    except UploadTooSlow as exc:
-        pending.discard()
-        raise Problem(
-            status=408, slug="upload-too-slow", detail=f"upload refused after {exc.received} bytes; nothing was stored"
-        ) from None
-    except BaseException:
-        pending.discard()
-        raise
+    pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
     registered = await run_in_threadpool(
         register_base_model,
         db=services.db,
@@ -140,10 +123,6 @@ async def upload_base_model(
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out
-
-
-def _too_large(limit: int) -> Problem:
-    return Problem(status=413, slug="payload-too-large", detail=f"upload exceeds the limit of {limit} bytes")
 
 
 @router.get("", response_model=BaseModelList)

@@ -16,6 +16,7 @@ from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
+from app.api.upload_body import receive_upload_body
 from app.dataset_registration import UploadRequest, invalid_dataset, register_upload
 from app.facts import public_class_list
 from app.ingest import (
@@ -40,8 +41,6 @@ from app.schemas.datasets import (
     LedgerEntryOut,
     LedgerPage,
 )
-from app.storage import UploadTooLarge
-from app.upload_pace import UploadPace, UploadTooSlow, receive_paced
 from app.upload_slots import UploadSlotDep
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=ReleasingRoute)
@@ -223,21 +222,7 @@ async def upload_dataset(
         image_options = ImageOptions(channels=check_channels(channels), size=parse_image_size(image_size))
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > settings.max_upload_bytes:
-        raise _too_large_problem(settings.max_upload_bytes)
-    pending = services.blobs.begin(max_bytes=settings.max_upload_bytes)
-    try:
-        await receive_paced(request.stream(), pending.write, pace=UploadPace.from_settings(settings))
-    except UploadTooLarge as exc:
-        pending.discard()
-        raise _too_large_problem(settings.max_upload_bytes) from exc
-    except UploadTooSlow as exc:
-        pending.discard()
-        raise _too_slow_problem(exc, UploadPace.from_settings(settings)) from None
-    except BaseException:
-        pending.discard()
-        raise
+    pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
     # Everything after the body (hashing, parsing, the registration transaction) is blocking
     # work: it runs in a worker thread, so a registration waiting on the database lock never
     # stalls the event loop (and with it every other request).
@@ -300,25 +285,6 @@ def _refuse_public(dataset: Dataset) -> None:
             slug="public-dataset",
             detail="this dataset is public: it has no privacy budget and no ledger",
         )
-
-
-def _too_large_problem(limit: int) -> Problem:
-    return Problem(status=413, slug="payload-too-large", detail=f"upload exceeds the limit of {limit} bytes")
-
-
-def _too_slow_problem(exc: UploadTooSlow, pace: UploadPace) -> Problem:
-    why = (
-        f"nothing arrived for {pace.idle_timeout_s:g} s"
-        if exc.reason == "idle"
-        else f"the body arrived slower than {pace.min_rate_bytes_per_s:g} bytes/s on average"
-    )
-    return Problem(
-        status=408,
-        slug="upload-too-slow",
-        detail=f"upload refused after {exc.received} bytes in {exc.elapsed_s:.1f} s: {why}; nothing was stored",
-        extra={"reason": exc.reason},
-        headers={"Connection": "close"},
-    )
 
 
 @router.get("", response_model=DatasetList)
