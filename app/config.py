@@ -118,6 +118,14 @@ class Settings(BaseSettings):
         gt=0,
         description="rows per per-sample-gradient chunk (bounds memory, never changes results)",
     )
+    data_on_device_max_fraction: float = Field(
+        default=0.3,
+        ge=0,
+        le=0.9,
+        description="on a GPU worker, an image dataset's uint8 array is copied to the device when it "
+        "takes at most this fraction of the device's memory (sampling and augmentation then stay on "
+        "the device); larger ones are memory-mapped and read batch by batch. 0: always memory-mapped",
+    )
     max_model_parameters: int = Field(
         default=50_000_000,
         gt=0,

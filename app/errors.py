@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "Conflict",
     "DomainError",
+    "FinetuneKOutOfRange",
     "Forbidden",
     "InvalidInput",
     "LimitReached",
@@ -46,6 +47,21 @@ class DomainError(Exception):
 
 class InvalidInput(DomainError):
     """The request itself is wrong (a spec, a cursor, a reused idempotency key)."""
+
+
+class FinetuneKOutOfRange(InvalidInput):
+    """``training.finetune_k`` asks for more fine-tuning blocks than the model has.
+
+    Checked at submission from the params alone (the catalogue knows each model's blocks without
+    torch), so the job is refused before any budget is reserved instead of failing on the worker."""
+
+    def __init__(self, *, model: str, finetune_k: int, blocks: list[str]) -> None:
+        super().__init__(
+            slug="finetune-k-out-of-range",
+            detail=f"training.finetune_k is {finetune_k}, but model '{model}' with these params has "
+            f"{len(blocks)} fine-tuning blocks ({', '.join(blocks)}); choose 1 to {len(blocks)}",
+            extra={"finetune_k": finetune_k, "block_count": len(blocks), "blocks": blocks},
+        )
 
 
 class NotFound(DomainError):

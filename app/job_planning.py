@@ -276,6 +276,8 @@ FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
     ("training", "finetune"),
     ("training", "finetune_k"),
     ("training", "ema_decay"),
+    ("training", "augmult"),
+    ("training", "precision"),
 )
 """Spec fields newer than stored Idempotency-Key digests: left out of the digest while unset, so a
 retry of a job submitted before they existed still matches its first attempt."""
@@ -318,6 +320,16 @@ def _check_init(
             raise _invalid("invalid-job-spec", "training.finetune needs model.init (the weights to fine-tune)")
         return
     check_init_fits(init, architecture=model_name, params=model_params, input_shape=facts.feature_shape)
+
+
+def _check_augmult_fits_dataset(spec: JobCreate, dataset: Dataset) -> None:
+    """Augmented views are crops and flips of images: a dataset of other rows has none to make."""
+    if spec.training.augmult is not None and dataset.modality != "image":
+        raise _invalid(
+            "augmult-needs-images",
+            f"training.augmult: augmentation multiplicity makes cropped and flipped views of images, and "
+            f"dataset {dataset.id} holds {dataset.modality or 'tabular'} rows; leave it out for this dataset",
+        )
 
 
 def _check_privacy_fits_dataset(spec: JobCreate, algorithm: AlgorithmDefinition[Any], dataset: Dataset) -> None:
@@ -371,6 +383,7 @@ def plan_job(
             "unknown-model", suggestions.unknown_name(kind="model", name=spec.model.name, known=MODELS.names())
         ) from None
     _check_privacy_fits_dataset(spec, algorithm, dataset)
+    _check_augmult_fits_dataset(spec, dataset)
     misnamed_param = suggestions.unknown_field(given=spec.model.params, model=model.params_model, where="model.params")
     if misnamed_param:
         raise _invalid("model-incompatible", misnamed_param)
@@ -384,6 +397,8 @@ def plan_job(
     except ModelIncompatible as exc:
         raise _invalid("model-incompatible", str(exc)) from None
     _check_init(spec, init, model_name=model.name, model_params=model_params, facts=facts)
+    if spec.training.finetune == "last_k_blocks" and spec.training.finetune_k is not None:
+        model.check_finetune_k(model_params, spec.training.finetune_k)  # 422 finetune-k-out-of-range
     try:
         evaluation = plan_evaluation(spec.evaluation, facts) if spec.evaluation else None
         hyperparameters = algorithm.adopt_privacy_target(

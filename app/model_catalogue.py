@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.config import Settings, get_settings
+from app.errors import FinetuneKOutOfRange
 from app.facts import DatasetFacts
 from app.registry import Registry, UnknownName
 
@@ -94,6 +95,9 @@ class ModelDefinition:
     check_shape: Callable[[BaseModel, DatasetFacts], None]
     size: Callable[[BaseModel, DatasetFacts, int], ModelSize]
     """(params, facts, n_outputs) → the model's size; runs only after check_shape passed."""
+    blocks: Callable[[BaseModel], list[str]]
+    """params → the names of the model's fine-tuning blocks, first to last, as the worker's module
+    declares them (``privtrain.architectures.FINETUNE_BLOCKS``; tests pin the two together)."""
 
     def validate(
         self,
@@ -127,6 +131,20 @@ class ModelDefinition:
         """Trainable parameters of the model the worker would build; params must be valid."""
         parsed = self.params_model.model_validate(params)
         return self.size(parsed, facts, self.n_outputs(facts)).parameters
+
+    def block_names(self, params: dict[str, Any]) -> list[str]:
+        """The fine-tuning blocks ``last_k_blocks`` counts from the end; params must be valid."""
+        return self.blocks(self.params_model.model_validate(params))
+
+    def block_count(self, params: dict[str, Any]) -> int:
+        """How many fine-tuning blocks the model has: the largest ``training.finetune_k``."""
+        return len(self.block_names(params))
+
+    def check_finetune_k(self, params: dict[str, Any], finetune_k: int) -> None:
+        """Refuse a ``finetune_k`` above the block count at submission, not on the worker."""
+        names = self.block_names(params)
+        if finetune_k > len(names):
+            raise FinetuneKOutOfRange(model=self.name, finetune_k=finetune_k, blocks=names)
 
     def _check_size(self, size: ModelSize, limits: ModelSizeLimits) -> None:
         if size.parameters > limits.max_parameters:
@@ -181,6 +199,22 @@ def cnn2_output_hw(height: int, width: int) -> tuple[int, int] | None:
     if out_h < 1 or out_w < 1:
         return None
     return out_h, out_w
+
+
+def _head_only(params: BaseModel) -> list[str]:
+    """Logistic and linear regression: one Linear, the head."""
+    return ["head"]
+
+
+def _mlp_blocks(params: BaseModel) -> list[str]:
+    """One block per Linear: each hidden layer, then the head."""
+    assert isinstance(params, MLPParams)
+    return [*(f"hidden{number}" for number in range(1, len(params.hidden_sizes) + 1)), "head"]
+
+
+def _cnn2_blocks(params: BaseModel) -> list[str]:
+    """Each conv with its GroupNorm, the hidden Linear, the head."""
+    return ["conv1", "conv2", "fc", "head"]
 
 
 def _linear_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
@@ -287,6 +321,7 @@ register_model(
         tasks=frozenset({"classification"}),
         check_shape=_any_shape,
         size=_linear_size,
+        blocks=_head_only,
     )
 )
 register_model(
@@ -297,6 +332,7 @@ register_model(
         tasks=frozenset({"regression"}),
         check_shape=_any_shape,
         size=_linear_size,
+        blocks=_head_only,
     )
 )
 register_model(
@@ -307,6 +343,7 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_any_shape,
         size=_mlp_size,
+        blocks=_mlp_blocks,
     )
 )
 register_model(
@@ -320,6 +357,7 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_cnn_shape,
         size=_cnn_size,
+        blocks=_cnn2_blocks,
     )
 )
 
@@ -417,6 +455,40 @@ def _image_or_refuse(model: str, facts: DatasetFacts) -> tuple[int, int, int]:
     if image is None:
         raise _needs_images(model)
     return image
+
+
+def _stage_blocks(blocks_per_stage: list[int]) -> list[str]:
+    """``stage{s}.block{b}`` for every residual block, stage by stage."""
+    return [
+        f"stage{stage}.block{block}"
+        for stage, count in enumerate(blocks_per_stage, start=1)
+        for block in range(1, count + 1)
+    ]
+
+
+def _wrn_blocks(params: BaseModel) -> list[str]:
+    """The stem conv, each residual block, then the final GroupNorm with the Linear head."""
+    assert isinstance(params, WRNParams)
+    return ["stem", *_stage_blocks([(params.depth - 4) // 6] * 3), "head"]
+
+
+def _resnet_blocks(params: BaseModel) -> list[str]:
+    """The stem (conv and GroupNorm), each basic block, then the Linear head."""
+    assert isinstance(params, ResNetGNParams)
+    return ["stem", *_stage_blocks(params.blocks), "head"]
+
+
+def _configurable_cnn_blocks(params: BaseModel) -> list[str]:
+    """Each stage's conv with its GroupNorm, then the Linear head."""
+    assert isinstance(params, CNNParams)
+    return [*(f"stage{stage}" for stage in range(1, len(params.channels) + 1)), "head"]
+
+
+def _vit_blocks(params: BaseModel) -> list[str]:
+    """The embedding (patch projection, class token, positions), each transformer block, then the
+    final LayerNorm with the Linear head."""
+    assert isinstance(params, ViTParams)
+    return ["embedding", *(f"block{number}" for number in range(1, params.depth + 1)), "head"]
 
 
 def _wrn_shape(params: BaseModel, facts: DatasetFacts) -> None:
@@ -554,6 +626,7 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_wrn_shape,
         size=_wrn_size,
+        blocks=_wrn_blocks,
     )
 )
 register_model(
@@ -564,6 +637,7 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_resnet_shape,
         size=_resnet_size,
+        blocks=_resnet_blocks,
     )
 )
 register_model(
@@ -574,6 +648,7 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_configurable_cnn_shape,
         size=_configurable_cnn_size,
+        blocks=_configurable_cnn_blocks,
     )
 )
 register_model(
@@ -587,5 +662,6 @@ register_model(
         tasks=frozenset({"classification", "regression"}),
         check_shape=_vit_shape,
         size=_vit_size,
+        blocks=_vit_blocks,
     )
 )

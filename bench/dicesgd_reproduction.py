@@ -56,6 +56,7 @@ from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate, TrainingSpec
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
@@ -282,7 +283,7 @@ def train_mnist(
     get_trainer(name)(
         TrainingRequest(
             model=model,
-            X=torch.from_numpy(X),
+            features=TensorRows(torch.from_numpy(X)),
             y=torch.from_numpy(y),
             task="classification",
             hyperparameters=plan.hyperparameters,

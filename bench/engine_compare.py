@@ -19,7 +19,13 @@ the machine may be shared):
 Every engine's result is checked against the vmap engine (column "rel. diff"); Opacus clips with
 C/(||g|| + 1e-6), so it differs at the 1e-6 level by construction.
 
+`--precision bf16` runs the non-private step and both of our engines under bf16 autocast (ghost:
+pass 2 = "bk" only, the one mode offered under bf16), leaves Opacus out, and still compares with
+the float32 vmap engine, so "rel. diff" is then bf16's rounding. Compare timings only with a
+float32 run on the same machine.
+
     .venv/bin/python -m bench.engine_compare --repeats 15
+    .venv/bin/python -m bench.engine_compare --precision bf16 --device cuda
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from privtrain.architectures import build_model
 from worker.optimizers.ghost import ghost_clipped_grad_sum
 from worker.optimizers.losses import get_loss
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
+from worker.optimizers.precision import PRECISIONS, Precision, autocast_context
 
 CLIP = 1.0
 Step = Callable[[], list[torch.Tensor]]
@@ -92,30 +99,38 @@ def _sync(device: torch.device) -> None:
 # ----------------------------------------------------------------------------- steppers
 
 
-def nonprivate(case: Case, device: torch.device) -> Step:
+def nonprivate(case: Case, device: torch.device, precision: Precision = "fp32") -> Step:
     model, (X, y) = _model(case, device), _batch(case, device)
     params = list(trainable_parameters(model).values())
     fn = get_loss("cross_entropy").fn
 
     def step() -> list[torch.Tensor]:
-        return list(torch.autograd.grad(fn(model(X), y), params))
+        with autocast_context(precision, device_type=device.type):
+            out = model(X)
+        return list(torch.autograd.grad(fn(out.float(), y), params))
 
     return step
 
 
-def vmap_engine(case: Case, device: torch.device, chunk: int) -> Step:
+def vmap_engine(case: Case, device: torch.device, chunk: int, precision: Precision = "fp32") -> Step:
     model, (X, y) = _model(case, device), _batch(case, device)
 
     def step() -> list[torch.Tensor]:
         out = clipped_grad_sum(
-            model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(CLIP), max_physical_batch_size=chunk
+            model,
+            X,
+            y,
+            loss="cross_entropy",
+            per_sample_map=AbadiClip(CLIP),
+            max_physical_batch_size=chunk,
+            precision=precision,
         )
         return list(out.values())
 
     return step
 
 
-def ghost_engine(case: Case, device: torch.device, pass2: str, chunk: int) -> Step:
+def ghost_engine(case: Case, device: torch.device, pass2: str, chunk: int, precision: Precision = "fp32") -> Step:
     model, (X, y) = _model(case, device), _batch(case, device)
 
     def step() -> list[torch.Tensor]:
@@ -126,8 +141,9 @@ def ghost_engine(case: Case, device: torch.device, pass2: str, chunk: int) -> St
             loss="cross_entropy",
             per_sample_map=AbadiClip(CLIP),
             max_physical_batch_size=chunk,
-            pass2=pass2,
-        )  # type: ignore[arg-type]
+            pass2=pass2,  # type: ignore[arg-type]
+            precision=precision,
+        )
         return list(out.values())
 
     return step
@@ -220,21 +236,29 @@ def _rel_diff(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
 
 
 def run_case(
-    case: Case, device: torch.device, repeats: int, target_ms: float, skip_opacus: bool
+    case: Case,
+    device: torch.device,
+    repeats: int,
+    target_ms: float,
+    skip_opacus: bool,
+    precision: Precision = "fp32",
 ) -> list[tuple[str, float, float, str]]:
     candidates = sorted({c for c in (16, 32, 64, 128, 256, case.batch) if c <= case.batch})
-    vmap_chunk = _best_chunk(lambda c: vmap_engine(case, device, c), candidates, device, rounds=3, target_ms=target_ms)
+    vmap_chunk = _best_chunk(
+        lambda c: vmap_engine(case, device, c, precision), candidates, device, rounds=3, target_ms=target_ms
+    )
     steppers: dict[str, Step] = {
-        "non-private (forward + backward)": nonprivate(case, device),
-        f"vmap engine (chunk {vmap_chunk})": vmap_engine(case, device, vmap_chunk),
-        "ghost, pass 2 = bk (default)": ghost_engine(case, device, "bk", case.batch),
-        "ghost, pass 2 = retain": ghost_engine(case, device, "retain", case.batch),
-        "ghost, pass 2 = recompute": ghost_engine(case, device, "recompute", case.batch),
+        "non-private (forward + backward)": nonprivate(case, device, precision),
+        f"vmap engine (chunk {vmap_chunk})": vmap_engine(case, device, vmap_chunk, precision),
+        "ghost, pass 2 = bk (default)": ghost_engine(case, device, "bk", case.batch, precision),
     }
+    if precision == "fp32":  # the second-backward modes are refused under bf16
+        steppers["ghost, pass 2 = retain"] = ghost_engine(case, device, "retain", case.batch)
+        steppers["ghost, pass 2 = recompute"] = ghost_engine(case, device, "recompute", case.batch)
     if case.batch > 256:  # the trainers' default max_physical_batch_size
-        steppers["ghost, pass 2 = bk, chunk 256"] = ghost_engine(case, device, "bk", 256)
+        steppers["ghost, pass 2 = bk, chunk 256"] = ghost_engine(case, device, "bk", 256, precision)
     notes: dict[str, str] = {}
-    if not skip_opacus:
+    if not skip_opacus and precision == "fp32":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for label, make in (
@@ -292,6 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--skip-opacus", action="store_true")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32", help="bf16: autocast forward, float32 norms and sums"
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message=".*Secure RNG turned off")
@@ -313,12 +340,14 @@ def main(argv: list[str] | None = None) -> None:
         f"- command: `.venv/bin/python -m bench.engine_compare {' '.join(argv if argv is not None else sys.argv[1:])}`"
     )
     print(f"- load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min)")
-    print(f"- medians of {args.repeats} interleaved rounds; clipping norm C = {CLIP}; float32\n")
+    numerics = "float32" if args.precision == "fp32" else "bf16 autocast, float32 norms and sums"
+    print(f"- medians of {args.repeats} interleaved rounds; clipping norm C = {CLIP}; {numerics}\n")
     print("| case | engine | ms / step (median) | × non-private | rel. diff vs vmap | IQR ms |")
     print("|---|---|---:|---:|---:|---:|")
     for key in args.cases.split(","):
         case = CASES[key]
-        for label, ms, ratio, extra in run_case(case, device, args.repeats, args.target_ms, args.skip_opacus):
+        rows = run_case(case, device, args.repeats, args.target_ms, args.skip_opacus, args.precision)
+        for label, ms, ratio, extra in rows:
             if ms != ms:  # nan: the engine did not run
                 print(f"| {case.label} | {label} | — | — | {extra} | |")
             else:

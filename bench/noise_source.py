@@ -27,6 +27,7 @@ from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from bench.step_time import CASES, N_ROWS, Case, _data, _model, _sync
 from bench.timing import interleaved_medians
+from worker.data.rows import TensorRows
 from worker.optimizers.secure_random import SecureRandom, Shape
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
@@ -91,7 +92,7 @@ def dp_sgd_stepper(case: Case, device: torch.device, source: SecureRandom) -> Ca
         trainer(
             TrainingRequest(
                 model=model,
-                X=X,
+                features=TensorRows(X),
                 y=y,
                 task="classification",
                 hyperparameters=plan.hyperparameters,

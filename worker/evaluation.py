@@ -18,6 +18,7 @@ from app.evaluation import (
     released_metric,
     snapped_laplace_half_width,
 )
+from worker.data.rows import Rows, as_rows, iter_row_chunks
 from worker.optimizers import discrete_samplers
 from worker.optimizers.secure_random import SecureRandom
 
@@ -56,15 +57,16 @@ def load_or_draw_holdout(path: Path, n_rows: int, fraction: float) -> np.ndarray
     return mask
 
 
-def metric_sum(model: nn.Module, X: torch.Tensor, y: torch.Tensor, plan: EvaluationPlan) -> float:
+def metric_sum(model: nn.Module, X: torch.Tensor | Rows, y: torch.Tensor, plan: EvaluationPlan) -> float:
     """Σ over held-out rows of 1[correct] or min(squared error, R): sensitivity plan.sensitivity."""
     device = next(model.parameters()).device
     model.eval()
     total = 0.0
     with torch.no_grad():
-        for start in range(0, X.shape[0], EVAL_CHUNK_ROWS):
-            xb = X[start : start + EVAL_CHUNK_ROWS].to(device)
-            yb = y[start : start + EVAL_CHUNK_ROWS].to(device)
+        rows = as_rows(X)
+        for index in iter_row_chunks(rows, chunk_rows=EVAL_CHUNK_ROWS):
+            xb = rows.take(index).to(device)
+            yb = y[index.to(y.device)].to(device)
             out = model(xb)
             if plan.metric == "accuracy":
                 total += float((out.argmax(dim=1) == yb).sum().item())
@@ -125,7 +127,7 @@ NOISE_TAILS: dict[str, NoiseTail] = {
 
 
 def release(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, plan: EvaluationPlan, *, secure_gaussian: bool = True
+    model: nn.Module, X: torch.Tensor | Rows, y: torch.Tensor, plan: EvaluationPlan, *, secure_gaussian: bool = True
 ) -> dict[str, object]:
     """The released metric, clamped to its range, with its noise scale and a 95% interval."""
     raw = metric_sum(model, X, y, plan)

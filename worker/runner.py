@@ -40,8 +40,10 @@ from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
 from app.models import Dataset, Job
 from app.reporting.privacy_report import (
+    augmentation_section,
     build_public_report,
     build_report,
+    execution_section,
     init_section,
     released_weights_section,
     report_single_job_epsilon,
@@ -52,6 +54,7 @@ from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
 from worker.data.images import ImageRows
+from worker.data.rows import Rows, SubsetRows, TensorRows, place_image_rows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers import TrainingRequest, get_trainer, preflight
@@ -108,6 +111,15 @@ class Outcome:
     model_path: Path | None
     metrics: dict[str, object] | None
     timed_out: bool = False
+    execution: dict[str, Any] | None = None
+    """Device, steps and throughput of the attempt that finished (the report's execution section)."""
+
+
+def device_label(device: torch.device) -> str:
+    """The device a job ran on, as its report names it (e.g. "NVIDIA H100 80GB HBM3", "cpu")."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
 
 
 def _actor() -> str:
@@ -228,10 +240,11 @@ class JobRunner:
             if outcome.model_path is not None:
                 outcome.model_path.unlink(missing_ok=True)
 
-    def _load_data(self, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows as the model sees them: labels mapped to the dataset's public class list (by
-        name, exactly as at upload) and the owner's declared preparation applied (columns dropped,
-        one-hot encoded, scaled and clipped to declared bounds: a public map of each row, no privacy cost)."""
+    def _load_data(self, dataset: Dataset, device: torch.device) -> tuple[Rows, torch.Tensor]:
+        """The rows as the model sees them, placed for ``device`` (worker/data/rows.py): labels
+        mapped to the dataset's public class list (by name, exactly as at upload) and the owner's
+        declared preparation applied (columns dropped, one-hot encoded, scaled and clipped to
+        declared bounds: a public map of each row, no privacy cost)."""
         limits = IngestLimits.from_settings(self.settings)
         public = public_class_list(
             task=dataset.task,
@@ -240,7 +253,9 @@ class JobRunner:
             declared=dataset.classes_declared,
         )
         if dataset.modality == "image":
-            return self._load_images(dataset, limits=limits, classes=public.names if public is not None else None)
+            return self._load_images(
+                dataset, device, limits=limits, classes=public.names if public is not None else None
+            )
         parsed = parse_dataset(
             self.blobs.path(dataset.blob_key),
             fmt=dataset.format,
@@ -250,13 +265,14 @@ class JobRunner:
             classes=public.names if public is not None else None,
             preparation=preparation_from_json(dataset.preparation, limits=limits),
         )
-        return torch.from_numpy(parsed.X), torch.from_numpy(parsed.y)
+        return TensorRows(torch.from_numpy(parsed.X), device=device), torch.from_numpy(parsed.y)
 
     def _load_images(
-        self, dataset: Dataset, *, limits: IngestLimits, classes: tuple[str, ...] | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """An image dataset: its decoded uint8 array, memory-mapped and normalised to x / 255 in
-        (C, H, W) (worker/data/images.py); its labels from the upload, mapped as at upload."""
+        self, dataset: Dataset, device: torch.device, *, limits: IngestLimits, classes: tuple[str, ...] | None
+    ) -> tuple[Rows, torch.Tensor]:
+        """An image dataset: its decoded uint8 array, on the GPU when it fits there, else
+        memory-mapped, normalised to x / 255 in (C, H, W) batch by batch (never copied whole as
+        float: datasets larger than memory train); its labels from the upload, mapped as at upload."""
         assert dataset.array_blob_key is not None
         channels, height, width = dataset.feature_shape
         rows = ImageRows(self.blobs.path(dataset.array_blob_key), shape=(channels, height, width))
@@ -265,7 +281,8 @@ class JobRunner:
         )
         if y.shape[0] != rows.n_rows:
             raise ValueError(f"dataset {dataset.id}: {rows.n_rows} images but {y.shape[0]} labels")
-        return rows.to_tensor(), torch.from_numpy(y)
+        placed = place_image_rows(rows, device, max_device_fraction=self.settings.data_on_device_max_fraction)
+        return placed, torch.from_numpy(y)
 
     def _private_path(self, job_id: str, suffix: str) -> Path:
         """Checkpoints and hold-out masks: secret, on worker storage only, deleted when settled."""
@@ -278,26 +295,28 @@ class JobRunner:
     def _train(self, claimed: Claimed) -> Outcome:
         job, dataset = claimed.job, claimed.dataset
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        X, y = self._load_data(dataset)
-        X_eval = y_eval = None
+        X, y = self._load_data(dataset, device)
+        X_eval: Rows | None = None
+        y_eval: torch.Tensor | None = None
         if claimed.evaluation is not None:
             mask = dp_evaluation.load_or_draw_holdout(
-                self._private_path(job.id, ".holdout.npy"), X.shape[0], claimed.evaluation.holdout_fraction
+                self._private_path(job.id, ".holdout.npy"), X.n_rows, claimed.evaluation.holdout_fraction
             )
-            held_out = torch.from_numpy(np.flatnonzero(mask))
-            kept = torch.from_numpy(np.flatnonzero(~mask))
-            X_eval, y_eval = X[held_out], y[held_out]
-            X, y = X[kept], y[kept]
+            held_out, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
+            X_eval, y_eval = SubsetRows(X, held_out), y[torch.from_numpy(held_out)]
+            X, y = SubsetRows(X, kept), y[torch.from_numpy(kept)]
+        y = y.to(device)  # labels are small: on the device with the features, no per-step copy
         model = self._starting_model(job, dataset)
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
         checkpoint = self._private_path(job.id, ".safetensors")
         resume = self._resumable(job.id, checkpoint, device)
         average = self._parameter_average(claimed.training, model, checkpoint, resume)
         hooks, timed_out = self._hooks(claimed, checkpoint, model=model, average=average)
+        started = time.perf_counter()
         result = get_trainer(job.algorithm)(
             TrainingRequest(
                 model=model,
-                X=X,
+                features=X,
                 y=y,
                 task=dataset.task,
                 hyperparameters=claimed.hyperparameters,
@@ -313,6 +332,16 @@ class JobRunner:
                 device=device,
             )
         )
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the timing covers the queued kernels too
+        execution = execution_section(
+            device=device_label(device),
+            steps=result.steps_run - (resume.step if resume is not None else 0),
+            seconds=time.perf_counter() - started,
+            expected_batch_size=claimed.plan.expected_batch_size,
+            precision=claimed.training.precision or "fp32",
+            augmult=claimed.training.augmult,
+        )
         if result.stopped_early:
             return Outcome(result=result, model_path=None, metrics=None, timed_out=timed_out())
         if average is not None:  # released and evaluated: the average, not the last iterate
@@ -323,7 +352,12 @@ class JobRunner:
             metrics = dp_evaluation.release(
                 model, X_eval, y_eval, claimed.evaluation, secure_gaussian=self.settings.secure_noise
             )
-        return Outcome(result=result, model_path=self._write_model(claimed, model, n_outputs), metrics=metrics)
+        return Outcome(
+            result=result,
+            model_path=self._write_model(claimed, model, n_outputs),
+            metrics=metrics,
+            execution=execution,
+        )
 
     @staticmethod
     def _parameter_average(
@@ -408,6 +442,9 @@ class JobRunner:
                 "preparation": dataset.preparation,
                 # The released weights: the last iterate, or their moving average (post-processing).
                 "ema_decay": claimed.training.ema_decay,
+                # How it trained (public choices): augmented views per example, arithmetic.
+                "augmult": claimed.training.augmult,
+                "precision": claimed.training.precision or "fp32",
             },
         )
         return path
@@ -495,6 +532,8 @@ class JobRunner:
                 )
                 report["init"] = init_section(commit.job.spec.get("init"))
                 report["released_weights"] = released_weights_section(claimed.training.ema_decay)
+                report["augmentation"] = augmentation_section(claimed.training.augmult, private=False)
+                report["execution"] = outcome.execution
                 report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
                 return report_key
             report = build_report(
@@ -518,6 +557,8 @@ class JobRunner:
             if commit.job.spec.get("init") is not None:  # where the weights started (treated as public)
                 report["init"] = init_section(commit.job.spec["init"])
             report["released_weights"] = released_weights_section(claimed.training.ema_decay)
+            report["augmentation"] = augmentation_section(claimed.training.augmult)
+            report["execution"] = outcome.execution
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key
 

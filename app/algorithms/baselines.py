@@ -26,11 +26,12 @@ trainers check that the map's norm bound equals ``sensitivity(hyperparameters)``
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.algorithms.registry import PoissonGaussianAlgorithm, register_algorithm
+from app.algorithms.training_fields import ALL_TRAINING_FIELDS
 
 # Lower bound on γ and r. A per-sample norm is computed in the model's dtype (float32), where the
 # squares of coordinates below ~4e-23 underflow: the computed norm n̂ can be smaller than the true
@@ -96,6 +97,7 @@ class _PerSampleMapAlgorithm(PoissonGaussianAlgorithm[_MapH]):
     """DP-SGD's event with sensitivity = the per-sample map's norm bound S."""
 
     family = "dp-sgd"
+    training_fields: ClassVar[frozenset[str]] = ALL_TRAINING_FIELDS  # augmult, precision: per-sample-map trainer
 
     def sensitivity(self, hyperparameters: _MapH) -> float:
         """S, the bound on every mapped per-sample gradient: the add/remove sensitivity of the sum."""

@@ -8,9 +8,12 @@ normaliser q·n is public, so each step is a Poisson-subsampled Gaussian with no
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.algorithms.registry import PoissonGaussianAlgorithm, register_algorithm
+from app.algorithms.training_fields import ALL_TRAINING_FIELDS
 
 
 class DPSGDHyperparameters(BaseModel):
@@ -31,6 +34,7 @@ class DPSGD(PoissonGaussianAlgorithm[DPSGDHyperparameters]):
         "expected batch size; SGD with momentum on the privatised gradient."
     )
     Hyperparameters = DPSGDHyperparameters
+    training_fields: ClassVar[frozenset[str]] = ALL_TRAINING_FIELDS  # augmult, precision: per-sample-map trainer
 
     def sensitivity(self, hyperparameters: DPSGDHyperparameters) -> float:
         return hyperparameters.clipping_norm

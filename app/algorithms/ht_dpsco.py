@@ -49,7 +49,7 @@ from app.algorithms.registry import (
     PrivacyPlan,
     register_algorithm,
 )
-from app.algorithms.training_fields import SCHEDULE_FIELDS
+from app.algorithms.training_fields import ENGINE_OPTION_UNUSED_REASONS, SCHEDULE_FIELDS
 from app.facts import DatasetFacts
 from app.privacy import ComposedEvent, ExponentialMechanismEvent, LaplaceEvent, PrivacyEvent, PureDPEvent
 from app.schemas.jobs import TrainingSpec
@@ -189,6 +189,7 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
         "batch_size": "is single-pass over disjoint blocks of n_train/T rows",
         "learning_rate": "takes its step sizes from its hyperparameters",
         "ema_decay": "releases the iterate its analysis bounds",
+        **ENGINE_OPTION_UNUSED_REASONS,
     }
 
     def resolve(

@@ -90,7 +90,7 @@ from app.algorithms.registry import (
     PrivacyPlan,
     register_algorithm,
 )
-from app.algorithms.training_fields import SCHEDULE_FIELDS
+from app.algorithms.training_fields import ENGINE_OPTION_UNUSED_REASONS, SCHEDULE_FIELDS
 from app.facts import DatasetFacts
 from app.privacy import PrivacyEvent, ZCDPEvent
 from app.schemas.jobs import TrainingSpec
@@ -556,6 +556,7 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
         "batch_size": "is full-batch",
         "learning_rate": "takes its step sizes from the paper's schedule",
         "ema_decay": "releases the iterate its analysis bounds",
+        **ENGINE_OPTION_UNUSED_REASONS,
     }
     full_batch = True
     paper = (

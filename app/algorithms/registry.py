@@ -11,7 +11,8 @@ from pydantic import BaseModel, ValidationError
 
 from app.algorithms.errors import InvalidHyperparameters
 from app.algorithms.training_fields import (
-    ALL_TRAINING_FIELDS,
+    DEFAULT_TRAINING_FIELDS,
+    ENGINE_OPTION_UNUSED_REASONS,
     accept_training,
     batch_size_of,
     training_schema,
@@ -78,9 +79,9 @@ class AlgorithmDefinition(Generic[H]):
     zcdp_leaves_are_gaussian: ClassVar[bool] = False
     """True only when every release behind the plan's ZCDPEvent leaves is Gaussian noise on a
     bounded-L2 sum: the report may then use the exact Gaussian-DP bound (app.privacy.single_job)."""
-    training_fields: ClassVar[frozenset[str]] = ALL_TRAINING_FIELDS
+    training_fields: ClassVar[frozenset[str]] = DEFAULT_TRAINING_FIELDS
     """The ``training.*`` fields this algorithm reads; submitting any other is refused (422)."""
-    unused_training_reasons: ClassVar[Mapping[str, str]] = {}
+    unused_training_reasons: ClassVar[Mapping[str, str]] = ENGINE_OPTION_UNUSED_REASONS
     """Why each field outside ``training_fields`` is unused, completing '<name> … and does not use it'."""
     full_batch: ClassVar[bool] = False
     """Every step uses all n rows: the service records ``training.batch_size = n`` itself."""

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.api.upload_body import receive_upload_body
+from app.base_models.dtypes import stored_dtypes
 from app.base_models.registry import (
     BaseModelUpload,
     base_model_for,
@@ -24,6 +25,7 @@ from app.model_catalogue import ModelSizeLimits
 from app.models import BaseModelRecord
 from app.problems import Problem
 from app.schemas.base_models import BaseModelList, BaseModelOut
+from app.storage import BlobStore
 from app.upload_slots import UploadSlotDep
 
 router = APIRouter(prefix="/v1/base-models", tags=["base-models"], route_class=ReleasingRoute)
@@ -32,7 +34,7 @@ MAX_PARAMS_CHARS = 16_000
 MAX_INPUT_DIMS = 4
 
 
-def base_model_out(record: BaseModelRecord) -> BaseModelOut:
+def base_model_out(record: BaseModelRecord, blobs: BlobStore) -> BaseModelOut:
     return BaseModelOut(
         id=record.id,
         name=record.name,
@@ -42,6 +44,7 @@ def base_model_out(record: BaseModelRecord) -> BaseModelOut:
         n_outputs=record.n_outputs,
         sha256=record.sha256,
         size_bytes=record.size_bytes,
+        stored_dtypes=stored_dtypes(blobs, record),
         source=record.source,
         created_at=record.created_at,
         links={"self": f"/v1/base-models/{record.id}"},
@@ -95,10 +98,10 @@ async def upload_base_model(
     ] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> BaseModelOut | JSONResponse:
-    """Upload public pretrained weights: a safetensors file whose tensor names, dtypes and shapes
-    must match the architecture's exactly (checked without unpickling anything). Stored by
-    content hash; a refusal stores nothing. With an Idempotency-Key a retry answers 200 with the
-    first upload's base model."""
+    """Upload public pretrained weights: a safetensors file whose tensor names and shapes must match
+    the architecture's exactly, in any floating dtype (F16, BF16, F32, F64; the worker casts them),
+    checked without unpickling anything. Stored by content hash; a refusal stores nothing. With an
+    Idempotency-Key a retry answers 200 with the first upload's base model."""
     upload = BaseModelUpload(
         name=_check_name(name),
         architecture=architecture,
@@ -119,21 +122,21 @@ async def upload_base_model(
         upload=upload,
         limits=ModelSizeLimits.from_settings(settings),
     )
-    out = base_model_out(registered.record)
+    out = base_model_out(registered.record, services.blobs)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out
 
 
 @router.get("", response_model=BaseModelList)
-def list_all(session: SessionDep, tenant: TenantDep) -> BaseModelList:
+def list_all(services: ServicesDep, session: SessionDep, tenant: TenantDep) -> BaseModelList:
     """The caller's base models, newest first."""
-    return BaseModelList(items=[base_model_out(r) for r in list_base_models(session, tenant.id)])
+    return BaseModelList(items=[base_model_out(r, services.blobs) for r in list_base_models(session, tenant.id)])
 
 
 @router.get("/{base_model_id}", response_model=BaseModelOut)
-def get_one(base_model_id: str, session: SessionDep, tenant: TenantDep) -> BaseModelOut:
-    return base_model_out(base_model_for(session, tenant.id, base_model_id))
+def get_one(base_model_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> BaseModelOut:
+    return base_model_out(base_model_for(session, tenant.id, base_model_id), services.blobs)
 
 
 @router.delete("/{base_model_id}", status_code=204)

@@ -38,6 +38,7 @@ def list_models(_tenant: TenantDep) -> dict[str, Any]:
                 "tasks": sorted(m.tasks),
                 "params_schema": m.params_model.model_json_schema(),
                 "defaults": m.params_model().model_dump(mode="json"),
+                "finetune_blocks": m.block_names(m.params_model().model_dump(mode="json")),
             }
             for m in MODELS.values()
         ]

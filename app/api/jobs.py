@@ -48,7 +48,7 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
     dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
-    init = resolve_init(session, tenant, spec.model.init) if spec.model.init is not None else None
+    init = resolve_init(session, tenant, spec.model.init, blobs=services.blobs) if spec.model.init is not None else None
     plan = plan_job(
         spec,
         dataset,

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.access import job_for
+from app.base_models.dtypes import stored_dtypes
 from app.base_models.registry import base_model_for
 from app.errors import InvalidInput
 from app.facts import public_class_list
@@ -22,6 +23,7 @@ from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
 from app.models import Dataset, Tenant
 from app.schemas.jobs import ModelInit
+from app.storage import BlobStore
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,14 @@ def _invalid(detail: str) -> InvalidInput:
     return InvalidInput(slug="invalid-model-init", detail=detail)
 
 
-def resolve_init(session: Session, tenant: Tenant, init: ModelInit) -> InitSource:
-    """The caller's base model, or a succeeded job whose model the caller may read (404 otherwise)."""
+def resolve_init(session: Session, tenant: Tenant, init: ModelInit, *, blobs: BlobStore | None = None) -> InitSource:
+    """The caller's base model, or a succeeded job whose model the caller may read (404 otherwise).
+
+    ``blobs``: where the base model's file is stored; given, the provenance also records the dtypes
+    it was uploaded in (``stored_dtypes``), so the report can say that the weights were cast."""
     if init.base_model_id is not None:
         record = base_model_for(session, tenant.id, init.base_model_id)
+        dtypes = {} if blobs is None else {"stored_dtypes": stored_dtypes(blobs, record)}
         return InitSource(
             architecture=record.architecture,
             params=dict(record.params),
@@ -55,6 +61,7 @@ def resolve_init(session: Session, tenant: Tenant, init: ModelInit) -> InitSourc
                 "sha256": record.sha256,
                 "architecture": record.architecture,
                 "n_outputs": record.n_outputs,
+                **dtypes,
             },
         )
     assert init.job_id is not None

@@ -2,9 +2,10 @@
 
 Upload: the route streams the body into a pending blob; here the file's tensor table is read
 without torch (``safetensors_header``), the architecture's own table is asked of a capped child
-process (``expected``), and every name, dtype and shape must match exactly. Only then is the body
-adopted as a content-addressed blob and the row written; a refusal leaves neither behind. Base
-models are tenant-scoped: another tenant's id answers 404.
+process (``expected``), and every name and shape must match exactly, every dtype fit (a floating
+parameter takes any floating dtype). Only then is the body adopted as a content-addressed blob
+and the row written; a refusal leaves neither behind. Base models are tenant-scoped: another
+tenant's id answers 404.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import suggestions
+from app.base_models.dtypes import FLOAT_DTYPES, dtype_fits
 from app.base_models.expected import expected_tensors
 from app.base_models.safetensors_header import TensorEntry, read_header
 from app.blob_references import discard_unreferenced_blob, lock_blob_key
@@ -117,7 +119,10 @@ def normalised_params(upload: BaseModelUpload, limits: ModelSizeLimits) -> dict[
 
 
 def check_tensors(found: dict[str, TensorEntry], expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
-    """Names, then dtypes, then shapes must match the architecture exactly (stable problem types)."""
+    """Names, then dtypes, then shapes must match the architecture (stable problem types).
+
+    Names and shapes match exactly; a floating parameter takes any floating dtype (the worker
+    casts it on loading), anything else its own dtype (``dtypes.dtype_fits``)."""
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     if missing or unexpected:
@@ -129,10 +134,11 @@ def check_tensors(found: dict[str, TensorEntry], expected: dict[str, tuple[str, 
             unexpected=unexpected[:MAX_LISTED_NAMES],
         )
     for name, (dtype, _shape) in expected.items():
-        if found[name].dtype != dtype:
+        if not dtype_fits(found[name].dtype, expected=dtype):
+            takes = "any floating dtype (F16, BF16, F32 or F64)" if dtype in FLOAT_DTYPES else dtype
             raise _mismatch(
                 "base-model-dtype-mismatch",
-                f"tensor {name!r} is {found[name].dtype}; the architecture's is {dtype}",
+                f"tensor {name!r} is {found[name].dtype}; the architecture's is {dtype} and takes {takes}",
                 tensor=name,
             )
     for name, (_, shape) in expected.items():

@@ -338,6 +338,9 @@ def init_section(provenance: dict[str, Any] | None) -> dict[str, Any] | None:
             "as public pretrained weights: they are treated as public, and this report covers nothing "
             "about the data they were trained on."
         )
+        cast_from = [dtype for dtype in provenance.get("stored_dtypes") or [] if dtype != "F32"]
+        if cast_from:
+            statement += f" Its tensors were stored in {', '.join(cast_from)} and cast to F32 when loaded."
     elif provenance.get("dataset_public"):
         statement = (
             f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
@@ -368,4 +371,57 @@ def released_weights_section(ema_decay: float | None) -> dict[str, Any]:
         "decay": ema_decay,
         "statement": f"released weights: exponential moving average of the iterates (decay {ema_decay}), "
         "post-processing: no privacy cost",
+    }
+
+
+def augmentation_section(augmult: int | None, *, private: bool = True) -> dict[str, Any]:
+    """How each sampled image was seen: as itself, or (``training.augmult`` = K) as K random crops
+    and flips whose gradients were averaged before clipping. Each row still adds one bounded vector
+    to each step's sum, so the sensitivity, the noise and the charge do not depend on K.
+    ``private``: False for a non-private optimizer on a public dataset (no clipping, no charge)."""
+    if augmult is None or augmult == 1:
+        return {"augmult": 1, "statement": "each sampled row was used as it is (no augmentation multiplicity)"}
+    seen = f"augmentation multiplicity {augmult}: each sampled image was seen as {augmult} random crops and flips"
+    statement = (
+        f"{seen}, and its gradient is the mean over them before clipping; a row still contributes one clipped "
+        "vector per step, so the charge is the same as with one view"
+        if private
+        else f"{seen}, and the loss is the mean over them (non-private training on public data: nothing is charged)"
+    )
+    return {
+        "augmult": augmult,
+        "views": "random crop of the zero-padded image and random horizontal flip",
+        "privacy_charge_depends_on_augmult": False,
+        "statement": statement,
+    }
+
+
+def execution_section(
+    *,
+    device: str,
+    steps: int,
+    seconds: float,
+    expected_batch_size: float,
+    precision: str = "fp32",
+    augmult: int | None = None,
+) -> dict[str, Any]:
+    """Where and how fast the job trained: the device, the steps this worker ran and the throughput.
+
+    Throughput counts the PUBLIC expected batch size per step (q·n), never the realised Poisson
+    batch sizes, whose sum would say something about the rows; ``seconds`` is the training loop's
+    wall time on the attempt that finished (a resumed job counts the steps of that attempt only).
+    """
+    per_second = steps * expected_batch_size / seconds if seconds > 0 and steps > 0 else None
+    views = f", {augmult} augmented views per example" if augmult is not None and augmult > 1 else ""
+    rate = f"{per_second:,.0f} examples/s" if per_second is not None else "no steps timed"
+    return {
+        "device": device,
+        "steps": steps,
+        "seconds": round(seconds, 6),
+        "examples_per_second": per_second,
+        "examples_per_second_basis": "expected batch size × steps / seconds of the training loop",
+        "precision": precision,
+        "augmult": augmult,
+        "statement": f"trained on {device} in {precision}{views}: {steps} steps in {seconds:,.1f} s, {rate} "
+        "(counted with the public expected batch size)",
     }

@@ -18,6 +18,10 @@ class BaseModelOut(BaseModel):
     n_outputs: int
     sha256: str = Field(description="SHA-256 of the safetensors file as uploaded")
     size_bytes: int
+    stored_dtypes: list[str] = Field(
+        description="the safetensors dtypes the file's tensors were uploaded in, e.g. BF16 (each once); the worker "
+        "casts each tensor to its parameter's dtype (F32 in the zoo) when it loads them"
+    )
     source: str | None = Field(description="where the owner says the weights came from")
     created_at: UtcDateTime
     links: dict[str, str]

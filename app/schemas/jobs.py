@@ -112,10 +112,12 @@ class TrainingSpec(_Strict):
     finetune: Literal["full", "head", "last_k_blocks"] | None = Field(
         default=None,
         description="with model.init: which parameters train. full (the default): all; head: only the "
-        "last parameterised module (the classifier); last_k_blocks: the last finetune_k top-level "
-        "parameterised children. The others are frozen",
+        "last parameterised module (the classifier); last_k_blocks: the last finetune_k of the model's "
+        "fine-tuning blocks (GET /v1/models lists them). The others are frozen",
     )
-    finetune_k: int | None = Field(default=None, ge=1, le=1000, description="k of last_k_blocks (required there)")
+    finetune_k: int | None = Field(
+        default=None, ge=1, le=1000, description="k of last_k_blocks (required there; at most the model's block count)"
+    )
     ema_decay: float | None = Field(
         default=None,
         gt=0,
@@ -123,6 +125,22 @@ class TrainingSpec(_Strict):
         description="release an exponential moving average of the iterates, w̄ ← d·w̄ + (1 − d)·w after "
         "every step starting from the initial weights (e.g. 0.999), instead of the last iterate: "
         "post-processing, no privacy cost; only for the per-step algorithms that list it",
+    )
+    augmult: int | None = Field(
+        default=None,
+        ge=1,
+        le=32,
+        description="augmentation multiplicity K, image datasets only: each sampled image is seen as K "
+        "random crops (zero padding) with random horizontal flips, and its gradient is the mean over "
+        "the K views before clipping, so the privacy charge is the same for every K (K times the "
+        "compute); only for the algorithms that list it",
+    )
+    precision: Literal["fp32", "bf16"] | None = Field(
+        default=None,
+        description="arithmetic of the model's forward and backward: fp32 (the default) or bf16 mixed "
+        "precision (autocast; parameters, per-sample norms, clipping and noise stay float32, so the "
+        "privacy charge is the same); faster on GPUs with bf16 tensor cores, slower on CPUs; only for "
+        "the algorithms that list it",
     )
     time_limit_s: float | None = Field(
         default=None,

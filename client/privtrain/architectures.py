@@ -9,12 +9,18 @@ whose batch statistics would mix samples and break per-sample clipping.
 
 Initialisation is PyTorch's default, made reproducible by the `generator` argument of
 `build_model` (see there).
+
+Every model also declares its fine-tuning blocks (`FINETUNE_BLOCKS`): the units
+`training.finetune: last_k_blocks` counts from the end, each named and mapped to the children of
+the model that it spans. Together they hold every parameter exactly once. The torch-free catalogue
+(`app.model_catalogue`) lists the same names from the params alone, so `finetune_k` is checked at
+submission; tests pin the two against each other.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -22,6 +28,7 @@ from torch import nn
 
 __all__ = [
     "ACTIVATIONS",
+    "FINETUNE_BLOCKS",
     "MODEL_REGISTRY",
     "ZOO_CONTAINERS",
     "ZOO_LAYERS",
@@ -35,6 +42,7 @@ __all__ = [
     "TransformerBlock",
     "WSConv2d",
     "build_model",
+    "declare_blocks",
     "register_model",
 ]
 
@@ -61,6 +69,17 @@ def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
 
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+FINETUNE_BLOCKS = "finetune_blocks"
+"""The attribute a built model declares its fine-tuning blocks in: block name → child names."""
+
+
+def declare_blocks(model: nn.Sequential, blocks: Mapping[str, Sequence[int]]) -> nn.Sequential:
+    """Set the model's fine-tuning blocks, given as block name → indices of the children it spans.
+
+    A plain attribute, not a module or buffer: it is not part of the state dict or the model file."""
+    setattr(model, FINETUNE_BLOCKS, {name: tuple(str(index) for index in indices) for name, indices in blocks.items()})
+    return model
 
 
 def build_model(
@@ -136,7 +155,7 @@ def _n_features(input_shape: tuple[int, ...]) -> int:
 def _logistic_regression(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
     """Multinomial logistic regression: logits for cross-entropy over n_outputs classes."""
     _with_defaults("logistic-regression", params, {})
-    return nn.Sequential(nn.Flatten(), nn.Linear(_n_features(input_shape), n_outputs))
+    return declare_blocks(nn.Sequential(nn.Flatten(), nn.Linear(_n_features(input_shape), n_outputs)), {"head": [1]})
 
 
 @register_model("linear-regression")
@@ -145,7 +164,7 @@ def _linear_regression(params: Mapping[str, object], *, input_shape: tuple[int, 
     _with_defaults("linear-regression", params, {})
     if n_outputs != 1:
         raise ValueError(f"linear-regression has exactly one output, got n_outputs={n_outputs}")
-    return nn.Sequential(nn.Flatten(), nn.Linear(_n_features(input_shape), 1))
+    return declare_blocks(nn.Sequential(nn.Flatten(), nn.Linear(_n_features(input_shape), 1)), {"head": [1]})
 
 
 @register_model("mlp")
@@ -163,12 +182,15 @@ def _mlp(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(f"mlp activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     layers: list[nn.Module] = [nn.Flatten()]
+    blocks: dict[str, list[int]] = {}
     width = _n_features(input_shape)
-    for size in sizes:
+    for number, size in enumerate(sizes, start=1):
+        blocks[f"hidden{number}"] = [len(layers)]
         layers += [nn.Linear(width, size), ACTIVATIONS[activation]()]
         width = size
+    blocks["head"] = [len(layers)]
     layers.append(nn.Linear(width, n_outputs))
-    return nn.Sequential(*layers)
+    return declare_blocks(nn.Sequential(*layers), blocks)
 
 
 def _cnn2_spatial(size: int) -> int:
@@ -224,6 +246,7 @@ def _cnn2_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_ou
     h_out, w_out = _cnn2_spatial(height), _cnn2_spatial(width)
     if h_out < 1 or w_out < 1:
         raise ValueError(f"cnn2-gn input {height}x{width} is too small (needs at least 14x14)")
+    first = len(layers)  # after the optional Unflatten
     layers += [
         nn.Conv2d(channels, 16, kernel_size=8, stride=2, padding=3),
         nn.GroupNorm(groups, 16),
@@ -238,7 +261,8 @@ def _cnn2_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_ou
         nn.Tanh(),
         nn.Linear(32, n_outputs),
     ]
-    return nn.Sequential(*layers)
+    blocks = {"conv1": [first, first + 1], "conv2": [first + 4, first + 5], "fc": [first + 9], "head": [first + 11]}
+    return declare_blocks(nn.Sequential(*layers), blocks)
 
 
 # ----------------------------------------------------------------------------- image-model layers
@@ -452,9 +476,11 @@ def _wrn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
     in_channels, _, _ = _image_input("wrn", input_shape)
 
     layers: list[nn.Module] = [conv(in_channels, channels[0], 3, padding=1)]
+    finetune_blocks: dict[str, list[int]] = {"stem": [0]}
     current = channels[0]
     for stage, out in enumerate(channels[1:]):
         for block in range(blocks):
+            finetune_blocks[f"stage{stage + 1}.block{block + 1}"] = [len(layers)]
             stride = 2 if stage > 0 and block == 0 else 1
             body = nn.Sequential(
                 nn.GroupNorm(groups, current),
@@ -467,8 +493,9 @@ def _wrn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
             shortcut = nn.Identity() if stride == 1 and current == out else conv(current, out, 1, stride=stride)
             layers.append(Residual(body, shortcut))
             current = out
+    finetune_blocks["head"] = [len(layers), len(layers) + 4]  # the final GroupNorm and the Linear
     layers += [nn.GroupNorm(groups, current), nn.ReLU(), *_classifier(current, n_outputs)]
-    return nn.Sequential(*layers)
+    return declare_blocks(nn.Sequential(*layers), finetune_blocks)
 
 
 @register_model("resnet-gn")
@@ -492,9 +519,11 @@ def _resnet_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_
         nn.GroupNorm(groups, width),
         nn.ReLU(),
     ]
+    finetune_blocks: dict[str, list[int]] = {"stem": [0, 1]}
     current = width
     for stage, (count, out) in enumerate(zip(blocks, channels, strict=True)):
         for block in range(count):
+            finetune_blocks[f"stage{stage + 1}.block{block + 1}"] = [len(layers)]
             stride = 2 if stage > 0 and block == 0 else 1
             body = nn.Sequential(
                 nn.Conv2d(current, out, 3, stride=stride, padding=1, bias=False),
@@ -510,8 +539,9 @@ def _resnet_gn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_
                 )
             layers += [Residual(body, shortcut), nn.ReLU()]
             current = out
+    finetune_blocks["head"] = [len(layers) + 2]  # after pooling and flattening: the Linear
     layers += _classifier(current, n_outputs)
-    return nn.Sequential(*layers)
+    return declare_blocks(nn.Sequential(*layers), finetune_blocks)
 
 
 POOLINGS: dict[str, type[nn.Module]] = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
@@ -533,11 +563,14 @@ def _cnn(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
             f"(needs at least {2 ** len(channels)}x{2 ** len(channels)})"
         )
     layers: list[nn.Module] = []
-    for out in channels:
+    blocks: dict[str, list[int]] = {}
+    for stage, out in enumerate(channels, start=1):
+        blocks[f"stage{stage}"] = [len(layers), len(layers) + 1]  # the conv and its GroupNorm
         layers += [nn.Conv2d(current, out, 3, padding=1), nn.GroupNorm(groups, out), activation(), pooling(2)]
         current, height, width = out, height // 2, width // 2
+    blocks["head"] = [len(layers) + 1]
     layers += [nn.Flatten(), nn.Linear(current * height * width, n_outputs)]
-    return nn.Sequential(*layers)
+    return declare_blocks(nn.Sequential(*layers), blocks)
 
 
 @register_model("vit")
@@ -558,7 +591,7 @@ def _vit(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
     if height % patch or width % patch:
         raise ValueError(f"vit patch_size {patch} must divide the image size {height}x{width}")
     positions = (height // patch) * (width // patch) + 1
-    return nn.Sequential(
+    model = nn.Sequential(
         PatchTokens(nn.Conv2d(channels, dim, patch, stride=patch)),
         TokenPrepend(dim),
         PositionalEmbedding(positions, dim),
@@ -567,3 +600,9 @@ def _vit(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
         FirstToken(),
         nn.Linear(dim, n_outputs),
     )
+    blocks = {
+        "embedding": [0, 1, 2],  # patch projection, class token, positional embedding
+        **{f"block{number}": [2 + number] for number in range(1, depth + 1)},
+        "head": [3 + depth, 5 + depth],  # the final LayerNorm and the Linear
+    }
+    return declare_blocks(model, blocks)

@@ -635,6 +635,16 @@ SPEC_OPTIONS = [
         help="with an init: which parameters train (default full)",
     ),
     _spec_option("--finetune-k", type=int, help="k of --finetune last_k_blocks"),
+    _spec_option(
+        "--augmult",
+        type=click.IntRange(1, 32),
+        help="image datasets: K augmented views (crop, flip) per sampled image, gradients averaged; same ε",
+    ),
+    _spec_option(
+        "--precision",
+        type=click.Choice(["fp32", "bf16"]),
+        help="bf16: mixed precision (faster on GPUs with bf16 tensor cores); norms, clipping, noise stay fp32; same ε",
+    ),
 ]
 
 
@@ -936,6 +946,7 @@ def jobs_download(job_id: str, out_dir: Path) -> None:
                 ("guarantee", report.get("guarantee")),
                 ("ε (ledger)", _up(epsilon.get("ledger"))),
                 ("δ", _up(epsilon.get("delta"))),
+                ("trained", (report.get("execution") or {}).get("statement")),
             ]
         ),
     )

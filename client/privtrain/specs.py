@@ -48,6 +48,10 @@ class SpecOverrides:
     """model.init: start from this base model."""
     finetune: str | None = None
     finetune_k: int | None = None
+    augmult: int | None = None
+    """training.augmult: augmented views per sampled image (image datasets)."""
+    precision: str | None = None
+    """training.precision: fp32 or bf16 (mixed precision)."""
 
 
 def _set(section: dict[str, Any], key: str, value: Any) -> None:
@@ -79,7 +83,7 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
     if not privacy:  # the non-private optimizers (sgd, adam on public datasets) take none
         del spec["privacy"]
     training = spec.setdefault("training", {})
-    for key in ("epochs", "steps", "batch_size", "learning_rate", "finetune", "finetune_k"):
+    for key in ("epochs", "steps", "batch_size", "learning_rate", "finetune", "finetune_k", "augmult", "precision"):
         _set(training, key, getattr(overrides, key))
     return spec
 
@@ -103,6 +107,8 @@ def build_job_spec(
     init_base_model: str | None = None,
     finetune: str | None = None,
     finetune_k: int | None = None,
+    augmult: int | None = None,
+    precision: str | None = None,
 ) -> dict[str, Any]:
     """The JSON job spec the API expects, from keyword arguments.
 
@@ -110,7 +116,8 @@ def build_job_spec(
     algorithms refuse them (``privtrain algorithms NAME`` lists the training fields each reads).
     Without ``target_epsilon`` and ``noise_multiplier`` the spec has no privacy block (the
     non-private ``sgd``/``adam`` on public datasets). ``init_job``/``init_base_model`` set
-    ``model.init``; ``finetune`` (full, head, last_k_blocks) and ``finetune_k`` which parameters train."""
+    ``model.init``; ``finetune`` (full, head, last_k_blocks) and ``finetune_k`` which parameters train;
+    ``augmult`` the augmented views per sampled image (image datasets); ``precision`` fp32 or bf16."""
     spec = merge_spec(
         None,
         SpecOverrides(
@@ -130,6 +137,8 @@ def build_job_spec(
             init_base_model=init_base_model,
             finetune=finetune,
             finetune_k=finetune_k,
+            augmult=augmult,
+            precision=precision,
         ),
     )
     if evaluation is not None:

@@ -39,6 +39,9 @@ _MODELS_INTRO = """# Model catalogue
 
 Generated from the model registry (`app.model_catalogue.MODELS`) when the site is built: the same
 entries as `GET /v1/models`. A model that cannot take a dataset is refused at submission (422).
+Each entry lists its fine-tuning blocks with the default params (`finetune_blocks`), first to
+last: `training.finetune: last_k_blocks` trains the last `finetune_k` of them, and a larger
+`finetune_k` is refused at submission (see [fine-tuning blocks](../pretraining-and-finetuning.md#fine-tuning-blocks)).
 """
 
 
@@ -110,6 +113,7 @@ def render_models_page() -> str:
     sections = []
     for model in sorted(MODELS.values(), key=lambda m: m.name):
         params = model.params_model
+        blocks = model.block_names(params().model_dump(mode="json"))
         sections.append(
             "\n".join(
                 [
@@ -118,6 +122,9 @@ def render_models_page() -> str:
                     model.summary,
                     "",
                     f"Tasks: {', '.join(sorted(model.tasks))}.",
+                    "",
+                    f"Fine-tuning blocks with the default params ({len(blocks)}): "
+                    f"{', '.join(code(name) for name in blocks)}.",
                     "",
                     properties_table(params.model_json_schema(), params().model_dump(mode="json")),
                     "",

@@ -71,7 +71,7 @@ def test_refusals_have_stable_types_and_store_nothing(alice: TestClient, setting
     cases = [
         (tiny_mlp_bytes(hidden=8), {}, "base-model-shape-mismatch"),
         (tiny_mlp_bytes(rename=True), {}, "base-model-names-mismatch"),
-        (tiny_mlp_bytes(dtype=torch.float64), {}, "base-model-dtype-mismatch"),
+        (tiny_mlp_bytes(dtype=torch.int32), {}, "base-model-dtype-mismatch"),  # any float fits, never ints
         (b"\x80\x04\x95 a pickle, never unpickled", {}, "invalid-safetensors"),
         (tiny_mlp_bytes()[:-4], {}, "invalid-safetensors"),
         (tiny_mlp_bytes(), {"architecture": "resnet-9000"}, "unknown-model"),

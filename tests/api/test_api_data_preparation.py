@@ -26,6 +26,7 @@ from bench.breast_cancer_csv import CLASSES, preparation, training_csv
 from privtrain.model_files import load_model
 from tests.conftest import upload
 from tests.sharing import share
+from worker.data.rows import materialise
 from worker.runner import JobRunner
 
 
@@ -46,8 +47,8 @@ def _loaded(settings: Settings, database: Database, dataset_id: str) -> tuple[np
         dataset = session.get(Dataset, dataset_id)
         assert dataset is not None
         session.expunge(dataset)
-    X, y = JobRunner(settings, db=database)._load_data(dataset)
-    return X.numpy(), y.numpy()
+    X, y = JobRunner(settings, db=database)._load_data(dataset, torch.device("cpu"))
+    return materialise(X).numpy(), y.numpy()
 
 
 def _csv(header: list[str], rows: list[list[object]]) -> bytes:

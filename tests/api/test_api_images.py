@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -16,6 +17,7 @@ from app.config import Settings
 from app.db import Database
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from tests.unit.ingest.image_fixtures import class_images, image_zip, npz_bytes, png, zip_bytes
+from worker.data.rows import MappedImageRows, materialise
 from worker.runner import JobRunner
 
 
@@ -74,7 +76,9 @@ def test_a_zip_of_class_folders_uploads_as_an_image_dataset(
     stored = np.load(settings.blob_dir / dataset.array_blob_key, mmap_mode="r", allow_pickle=False)
     assert isinstance(stored, np.memmap) and stored.dtype == np.uint8 and stored.shape == (24, 8, 8, 1)
     np.testing.assert_array_equal(stored[0, :, :, 0], images[sorted(images)[0]])
-    X, y = JobRunner(settings, db=database)._load_data(dataset)
+    rows, y = JobRunner(settings, db=database)._load_data(dataset, torch.device("cpu"))
+    assert isinstance(rows, MappedImageRows)  # read batch by batch from the stored array, never copied whole
+    X = materialise(rows)
     assert X.shape == (24, 1, 8, 8) and X.dtype.is_floating_point
     np.testing.assert_allclose(X[0, 0].numpy(), images[sorted(images)[0]] / 255.0, rtol=1e-6)
     assert y.tolist() == [0 if name.startswith("dark/") else 1 for name in sorted(images)]
@@ -95,6 +99,11 @@ def test_image_models_train_on_an_uploaded_zip_through_the_worker(
     job_id = _job(alice, response.json()["id"], model, params)
     assert JobRunner(settings, db=database).run(job_id) == "succeeded"
     assert alice.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"
+    execution = alice.get(f"/v1/jobs/{job_id}/report").json()["execution"]
+    assert execution["device"] == "cpu" and execution["steps"] == 3 and execution["precision"] == "fp32"
+    # Counted with the public expected batch size (8), never the realised Poisson batches.
+    assert execution["examples_per_second"] == pytest.approx(3 * 8 / execution["seconds"], rel=0.01)
+    assert "examples/s" in execution["statement"] and "public expected batch size" in execution["statement"]
 
 
 def test_a_uint8_npz_is_an_image_dataset_unless_declared_tabular(alice: TestClient) -> None:

@@ -77,7 +77,16 @@ def test_the_catalogue_lists_each_algorithms_training_fields(alice: TestClient) 
     assert entry["full_batch"] is True
     assert "batch_size" not in entry["training_schema"]["properties"]
     dp_sgd = alice.get("/v1/algorithms/dp-sgd").json()
-    assert dp_sgd["training_fields"] == ["batch_size", "ema_decay", "epochs", "learning_rate", "steps", "time_limit_s"]
+    assert dp_sgd["training_fields"] == [
+        "augmult",
+        "batch_size",
+        "ema_decay",
+        "epochs",
+        "learning_rate",
+        "precision",
+        "steps",
+        "time_limit_s",
+    ]
     assert {"batch_size", "learning_rate"} <= set(dp_sgd["training_schema"]["required"])
     listed = {a["name"]: a for a in alice.get("/v1/algorithms").json()["items"]}
     assert "batch_size" not in listed["ht-dp-fw"]["training_fields"] and listed["ht-dp-fw"]["full_batch"] is False

@@ -109,7 +109,16 @@ def test_catalogue_commands(run: Run) -> None:
     one = ok_json(run("algorithms", "dp-sgd", "--json"))
     assert one["defaults"]["clipping_norm"] == 1.0
     assert "clipping_norm" in run("algorithms", "dp-sgd").stdout
-    assert one["training_fields"] == ["batch_size", "ema_decay", "epochs", "learning_rate", "steps", "time_limit_s"]
+    assert one["training_fields"] == [
+        "augmult",
+        "batch_size",
+        "ema_decay",
+        "epochs",
+        "learning_rate",
+        "precision",
+        "steps",
+        "time_limit_s",
+    ]
     lines = run("algorithms", "kl-spider").stdout.splitlines()
     assert any(line.startswith("training fields") and line.endswith(" epochs, steps, time_limit_s") for line in lines)
     models = ok_json(run("models", "--json"))

@@ -179,3 +179,12 @@ def test_unfinished_job_has_no_html_report(ui_world: UiWorld) -> None:
         f"/v1/jobs/{ui_world.queued_job_id}/report", params={"format": "html"}
     )
     assert response.status_code == 409 and response.json()["type"] == "/problems/job-not-succeeded"
+
+
+def test_released_weights_and_where_it_trained_are_stated(report_html: str, report_json: dict) -> None:
+    page = parse(report_html)
+    released = report_json["released_weights"]["statement"]
+    assert text_of(page.by_id("released-weights")) == released[:1].upper() + released[1:] + "."
+    execution = report_json["execution"]
+    assert execution["device"] == "cpu" and execution["examples_per_second"] > 0
+    assert text_of(page.by_id("execution")).startswith("Trained on cpu in fp32")

@@ -14,9 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-CHUNK_ROWS = 4096
-"""Rows converted at a time when a whole array is normalised: bounds the transient uint8 copy."""
-
 
 class ImageRows:
     """A read-only, memory-mapped image array that hands out normalised float batches."""
@@ -40,17 +37,17 @@ class ImageRows:
         _n, height, width, channels = self._array.shape
         return int(channels), int(height), int(width)
 
+    @property
+    def nbytes(self) -> int:
+        return int(self._array.nbytes)
+
+    def raw(self, index: np.ndarray | slice) -> np.ndarray:
+        """The uint8 (b, H, W, C) rows at ``index``: a writable copy of just those rows."""
+        return np.array(self._array[index])
+
     def batch(self, index: np.ndarray | slice) -> torch.Tensor:
         """The rows at ``index`` as float32 (b, C, H, W) in [0, 1]; reads only those rows."""
-        return normalise(np.array(self._array[index]))  # a writable copy of just these rows
-
-    def to_tensor(self) -> torch.Tensor:
-        """Every row as one float32 (n, C, H, W) tensor, filled chunk by chunk (the trainers index
-        a tensor; the transient uint8 copy never exceeds CHUNK_ROWS rows)."""
-        out = torch.empty((self.n_rows, *self.model_shape), dtype=torch.float32)
-        for start in range(0, self.n_rows, CHUNK_ROWS):
-            out[start : start + CHUNK_ROWS] = self.batch(slice(start, start + CHUNK_ROWS))
-        return out
+        return normalise(self.raw(index))
 
 
 def normalise(images: np.ndarray) -> torch.Tensor:

@@ -41,6 +41,7 @@ from typing import Literal, Protocol
 import torch
 from torch import nn
 
+from worker.data.rows import Rows
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.ghost import ghost_weighted_grad_sums
 from worker.optimizers.ghost import supports as ghost_supports
@@ -339,7 +340,7 @@ def split_error_feedback(state: TrainingState, model: nn.Module) -> tuple[Traini
 
 def train_dicesgd(
     model: nn.Module,
-    X: torch.Tensor,
+    X: torch.Tensor | Rows,
     y: torch.Tensor,
     *,
     config: DPSGDConfig,

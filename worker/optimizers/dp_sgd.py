@@ -25,6 +25,7 @@ from typing import Literal, Protocol
 import torch
 from torch import nn
 
+from worker.data.rows import Rows, as_rows
 from worker.optimizers.ghost import GhostClipAggregator
 from worker.optimizers.ghost import supports as ghost_supports
 from worker.optimizers.losses import LOSS_REGISTRY
@@ -36,6 +37,7 @@ from worker.optimizers.per_sample import (
     clipped_grad_sum,
     trainable_parameters,
 )
+from worker.optimizers.precision import Precision, check_precision
 from worker.optimizers.sampling import poisson_sample
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
@@ -135,9 +137,11 @@ class BatchAggregator(Protocol):
 
 @dataclass(frozen=True)
 class PerSampleMapAggregator:
-    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...)."""
+    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...); `precision` "bf16"
+    runs the forward under bf16 autocast with float32 norms and sums (worker/optimizers/precision.py)."""
 
     per_sample_map: PerSampleMap
+    precision: Precision = "fp32"
 
     @property
     def sensitivity(self) -> float:
@@ -161,19 +165,24 @@ class PerSampleMapAggregator:
             loss=loss,
             per_sample_map=self.per_sample_map,
             max_physical_batch_size=max_physical_batch_size,
+            precision=self.precision,
         )
 
 
-def per_sample_map_aggregator(model: nn.Module, per_sample_map: PerSampleMap) -> BatchAggregator:
+def per_sample_map_aggregator(
+    model: nn.Module, per_sample_map: PerSampleMap, *, precision: Precision = "fp32"
+) -> BatchAggregator:
     """Ghost clipping where it is exact for every layer of `model`, else the vmap engine.
 
     Same sum and same sensitivity (the map's norm bound); only the arithmetic differs. Chosen by
     bench/engine_compare.py (docs/benchmarks.md): 1.3–1.4× a non-private step on CPU against
-    1.7–18× for materialised per-sample gradients.
+    1.7–18× for materialised per-sample gradients. Both engines take `precision` ("bf16": bf16
+    autocast forward, float32 norms and sums; the ghost engine then uses its default pass 2, "bk").
     """
+    check_precision(precision)
     if ghost_supports(model):
-        return GhostClipAggregator(per_sample_map)
-    return PerSampleMapAggregator(per_sample_map)
+        return GhostClipAggregator(per_sample_map, precision=precision)
+    return PerSampleMapAggregator(per_sample_map, precision=precision)
 
 
 def _make_optimizer(params: list[nn.Parameter], config: DPSGDConfig) -> torch.optim.Optimizer:
@@ -215,7 +224,7 @@ def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, gen
 
 def train_dp_sgd(
     model: nn.Module,
-    X: torch.Tensor,
+    X: torch.Tensor | Rows,
     y: torch.Tensor,
     *,
     config: DPSGDConfig,
@@ -228,15 +237,18 @@ def train_dp_sgd(
     """Train `model` in place with DP-SGD for `config.steps` steps in total.
 
     `generator` supplies both the Poisson sampling and the noise (`SecureRandom.from_os_entropy`
-    on the model's device in production; `SecureRandom.from_seed` in tests only). X/y may stay on the CPU: only each
-    physical chunk is moved to `device` (default: the model's device). With `resume_from`, the
+    on the model's device in production; `SecureRandom.from_seed` in tests only). X is a tensor or a
+    `Rows` (worker/data/rows.py: on the device, or memory-mapped for datasets larger than memory);
+    each step asks it for the sampled rows only, so the dataset is never copied whole. y may stay on
+    the CPU; each batch is moved to `device` (default: the model's device). With `resume_from`, the
     model, optimizer and generator are restored and the run continues from that step, so the
     final parameters are bit-identical to an uninterrupted run on the same hardware.
     """
     hooks = hooks if hooks is not None else TrainingHooks()
-    if X.shape[0] != y.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
-    n = X.shape[0]
+    rows = as_rows(X)
+    if rows.n_rows != y.shape[0]:
+        raise ValueError(f"X has {rows.n_rows} rows but y has {y.shape[0]}")
+    n = rows.n_rows
     if n < 1:
         raise ValueError("the dataset has no rows")
     if y.dim() != 1:
@@ -283,7 +295,7 @@ def train_dp_sgd(
         batch = poisson_sample(n, sampling_probability=config.sampling_probability, generator=generator)
         grad_sum = aggregator.clipped_sum(
             model,
-            X[batch.to(X.device)],
+            rows.take(batch),
             y[batch.to(y.device)],
             step=step,
             loss=config.loss,

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LOSS_REGISTRY", "LossSpec", "get_loss", "prepare_targets", "register_loss"]
+__all__ = [
+    "LOSS_REGISTRY",
+    "LossSpec",
+    "get_loss",
+    "mean_over_views",
+    "prepare_targets",
+    "register_loss",
+    "register_mean_over_views",
+]
 
 
 @dataclass(frozen=True)
@@ -73,3 +81,35 @@ def _mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             f"mse needs one output per row, got outputs {tuple(outputs.shape)} for targets {tuple(targets.shape)}"
         )
     return F.mse_loss(predictions, targets, reduction="sum")
+
+
+MEAN_OVER_VIEWS_SUFFIX = "/mean-over-views"
+
+
+def mean_over_views(base: str) -> str:
+    """The name of ``base`` averaged over augmented views (see `register_mean_over_views`)."""
+    name = base + MEAN_OVER_VIEWS_SUFFIX
+    get_loss(name)  # raises for a base without a views form
+    return name
+
+
+def register_mean_over_views(base: str) -> LossSpec:
+    """Register ``base`` averaged over views: outputs (b, K, ...) and targets (b,) give
+    Σ_i (1/K) Σ_k base(outputs_ik, targets_i).
+
+    Still a sum of per-row terms, so each engine's per-sample gradient of row i is the mean of its
+    K views' gradients, and clipping bounds that mean: one row still moves the sum by at most the
+    clipping norm, whatever K is (augmentation multiplicity)."""
+    spec = get_loss(base)
+
+    def averaged(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if outputs.dim() < 2 or outputs.shape[0] != targets.shape[0]:
+            raise ValueError(f"{spec.name} over views needs outputs (b, K, ...) for targets (b,)")
+        views = outputs.shape[1]
+        return spec.fn(outputs.flatten(0, 1), targets.repeat_interleave(views, dim=0)) / views
+
+    return register_loss(base + MEAN_OVER_VIEWS_SUFFIX, integer_targets=spec.integer_targets)(averaged)
+
+
+register_mean_over_views("cross_entropy")
+register_mean_over_views("mse")

@@ -17,6 +17,13 @@ are pluggable through the `PerSampleMap` protocol (Abadi clipping now; Auto-S, P
 Only modules in `SUPPORTED_MODULES` are allowed. BatchNorm is refused: its batch statistics mix
 rows (per-sample gradients would no longer be per-sample) and its running buffers would be
 updated from private data outside any mechanism.
+
+Mixed precision (`precision="bf16"`, worker/optimizers/precision.py): each row's forward runs
+under bf16 autocast inside the vmapped function, its output is cast back to float32 before the
+loss, and autograd returns the per-sample gradients in the parameters' dtype (float32: the
+backward of autocast's cast of a float32 parameter is a cast back). Norms, scales and the sum
+are then computed from those very float32 tensors, so the norm that scales row i is the norm of
+the contribution added for row i: consistent by construction, as in float32.
 """
 
 from __future__ import annotations
@@ -30,6 +37,13 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from worker.optimizers.losses import get_loss, prepare_targets
+from worker.optimizers.precision import (
+    Precision,
+    autocast_context,
+    check_no_outer_autocast,
+    check_precision,
+    check_precision_parameters,
+)
 
 __all__ = [
     "SUPPORTED_MODULES",
@@ -148,7 +162,11 @@ TensorDict = dict[str, torch.Tensor]
 BatchedGradFn = Callable[[TensorDict, TensorDict, torch.Tensor, torch.Tensor], TensorDict]
 
 
-def _batched_grad_fn(model: nn.Module, loss: str) -> BatchedGradFn:
+def _batched_grad_fn(
+    model: nn.Module, loss: str, *, precision: Precision, device_type: str, dtype: torch.dtype
+) -> BatchedGradFn:
+    """vmap(grad) of one row's loss; the forward under `precision`'s autocast, the loss in `dtype`
+    (the parameters': a no-op cast under fp32)."""
     spec = get_loss(loss)
 
     def loss_of_one(
@@ -157,8 +175,9 @@ def _batched_grad_fn(model: nn.Module, loss: str) -> BatchedGradFn:
         x: torch.Tensor,
         target: torch.Tensor,
     ) -> torch.Tensor:
-        outputs = functional_call(model, (params, buffers), (x.unsqueeze(0),))
-        return spec.fn(outputs, target.unsqueeze(0))
+        with autocast_context(precision, device_type=device_type):
+            outputs = functional_call(model, (params, buffers), (x.unsqueeze(0),))
+        return spec.fn(outputs.to(dtype), target.unsqueeze(0))
 
     return vmap(grad(loss_of_one), in_dims=(None, None, 0, 0))
 
@@ -170,26 +189,32 @@ def iter_per_sample_grads(
     *,
     loss: str,
     max_physical_batch_size: int,
+    precision: Precision = "fp32",
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Yield per-sample gradients chunk by chunk: name -> tensor of shape (m, *param.shape).
 
     Rows of X/y may live on any device; each chunk is moved to the parameters' device. Yields
     nothing for an empty batch. The caller must drop each chunk before the next to keep memory
-    bounded (algorithms needing two passes over a batch simply iterate twice).
+    bounded (algorithms needing two passes over a batch simply iterate twice). Under `precision`
+    "bf16" the forward runs under bf16 autocast (float32 parameters required; a caller's own
+    autocast region is refused); the gradients are float32 either way.
     """
     if max_physical_batch_size < 1:
         raise ValueError(f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
+    check_precision(precision)
     check_supported(model)
     params = {name: p.detach() for name, p in trainable_parameters(model).items()}
     if not params:
         raise ValueError("model has no trainable parameters")
+    check_precision_parameters(precision, params.values())
     first = next(iter(params.values()))
     device, dtype = first.device, first.dtype
+    check_no_outer_autocast(device.type)
     buffers = {name: b.detach() for name, b in model.named_buffers()}
     spec = get_loss(loss)
-    per_sample_grad = _batched_grad_fn(model, loss)
+    per_sample_grad = _batched_grad_fn(model, loss, precision=precision, device_type=device.type, dtype=dtype)
     for start in range(0, X.shape[0], max_physical_batch_size):
         x = X[start : start + max_physical_batch_size].to(device)
         if x.is_floating_point():
@@ -212,11 +237,13 @@ def clipped_grad_sum(
     loss: str,
     per_sample_map: PerSampleMap,
     max_physical_batch_size: int,
+    precision: Precision = "fp32",
 ) -> dict[str, torch.Tensor]:
     """Σ_i scale_i · g_i over the rows of (X, y), for every trainable parameter.
 
     Returns name -> tensor of the parameter's shape, on the parameter's device (zeros for an
     empty batch). The result is private: only ever release it through a noise mechanism.
+    `precision`: "bf16" runs each forward under bf16 autocast; norms and the sum stay float32.
 
     A row whose gradient is not finite (overflow, NaN) contributes exactly zero instead of
     poisoning the sum: otherwise whether the released model is NaN would reveal whether that
@@ -227,7 +254,9 @@ def clipped_grad_sum(
         for name, p in trainable_parameters(model).items()
     }
     with torch.no_grad():
-        for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+        for grads in iter_per_sample_grads(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+        ):
             norms = per_sample_norms(grads)
             finite = torch.isfinite(norms)
             scale = torch.where(finite, per_sample_map.scale_factors(norms), 0.0)

@@ -20,6 +20,7 @@ from app.algorithms import AlgorithmDefinition
 from app.algorithms.registry import H
 from app.registry import Registry
 from app.schemas.jobs import TrainingSpec
+from worker.data.rows import Rows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
@@ -27,7 +28,8 @@ from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 @dataclass(frozen=True)
 class TrainingRequest(Generic[H]):
     model: nn.Module
-    X: torch.Tensor
+    features: Rows
+    """The training rows' features, read batch by batch (on the device, or memory-mapped)."""
     y: torch.Tensor
     task: str
     hyperparameters: H

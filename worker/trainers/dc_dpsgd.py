@@ -82,7 +82,7 @@ def _run(
     aggregator.check(request.model)  # unknown scope names or k >= d_J fail before any step
     return train_dp_sgd(
         request.model,
-        request.X,
+        request.features,
         request.y,
         config=_config(request, hyper, aggregator.sensitivity),
         generator=request.generator,

@@ -73,7 +73,7 @@ def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, opt
     )
     return train_dicesgd(
         request.model,
-        request.X,
+        request.features,
         request.y,
         config=config,
         aggregator=aggregator,

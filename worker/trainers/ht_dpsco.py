@@ -37,6 +37,7 @@ from app.algorithms.ht_dpsco import (
 )
 from app.algorithms.registry import definition_of
 from app.facts import DatasetFacts
+from worker.data.rows import materialise
 from worker.optimizers.ht_algorithms import (
     FWConfig,
     LassoConfig,
@@ -121,7 +122,8 @@ def _prepare(algorithm: HTAlgorithm[H, R], request: TrainingRequest[H]) -> _Job[
     )
     if resolved.iterations != request.steps:
         raise RuntimeError(f"{name}: the re-derived T differs from the charged number of steps")
-    X = request.X.reshape(request.X.shape[0], -1).to(device=request.device, dtype=torch.float64)
+    features = materialise(request.features)
+    X = features.reshape(features.shape[0], -1).to(device=request.device, dtype=torch.float64)
     y = request.y.to(device=request.device, dtype=torch.float64)
     if classification:
         y = 2.0 * y - 1.0  # class indices {0, 1} → labels {−1, +1}

@@ -30,6 +30,7 @@ from app.algorithms.kl_family import (
     spider_schedule,
     units_for,
 )
+from worker.data.rows import materialise
 from worker.optimizers.kl_adaptive import train_adaptive_noisy_gd
 from worker.optimizers.kl_common import FullBatch, ReleaseObserver
 from worker.optimizers.kl_noisy_gd import InnerSolver, inner_noise_std, train_noisy_gd, train_proximal_point
@@ -57,7 +58,7 @@ def full_batch(request: TrainingRequest[Any], lipschitz: float, observer: Releas
     request.model.to(request.device)
     request.model.eval()  # no dropout: both points of a difference see the same function
     return FullBatch(
-        X=request.X,
+        X=materialise(request.features),
         y=request.y,
         loss="cross_entropy" if request.task == "classification" else "mse",
         lipschitz=lipschitz,

@@ -3,7 +3,9 @@
 Plain minibatch training: each step draws ``training.batch_size`` rows uniformly without
 replacement, averages the loss and steps the optimizer. No clipping and no noise: the catalogue
 (app.algorithms.non_private) and the job lifecycle admit these jobs on public datasets only.
-Frozen parameters (``requires_grad=False``, fine-tuning) are left out of the optimizer.
+Frozen parameters (``requires_grad=False``, fine-tuning) are left out of the optimizer. With
+``training.augmult`` = K the loss is averaged over K augmented views of each drawn image; with
+``training.precision`` = bf16 the forward runs under bf16 autocast.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from app.algorithms.non_private import SGD, Adam, AdamHyperparameters, SGDHyperp
 from app.algorithms.training_fields import learning_rate_of
 from worker.optimizers.dp_sgd import _snapshot
 from worker.optimizers.per_sample import trainable_parameters
+from worker.optimizers.precision import autocast_context
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest, register_trainer
+from worker.training.augmult import forward_views
 
 
 def _loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
@@ -35,8 +39,8 @@ def run_minibatches(
 ) -> TrainingResult:
     """The shared loop: uniform minibatches, resumable from a checkpoint, cooperative stop."""
     hooks, generator = request.hooks, request.generator
-    X, y = request.X.to(request.device), request.y.to(request.device)
-    n = X.shape[0]
+    features, y = request.features, request.y.to(request.device)
+    n = features.n_rows
     batch_size = max(1, min(n, round(request.expected_batch_size)))
     step = 0
     if request.resume_from is not None:
@@ -45,12 +49,18 @@ def run_minibatches(
         generator.set_state(request.resume_from.generator_state)
         step = request.resume_from.step
     model.train()
+    views = request.training.augmult
+    precision = request.training.precision or "fp32"  # bf16: the forward under autocast, the loss in fp32
     while step < request.steps:
         if hooks.should_stop is not None and hooks.should_stop():
             return TrainingResult(steps_run=step, stopped_early=True)
-        rows = generator.permutation(n)[:batch_size].to(X.device)
+        rows = generator.permutation(n)[:batch_size].to(y.device)
         optimizer.zero_grad(set_to_none=True)
-        _loss(model(X[rows]), y[rows], request.task).backward()  # type: ignore[no-untyped-call]
+        with autocast_context(precision, device_type=request.device.type):
+            outputs, targets = forward_views(
+                model, features.take(rows), y[rows], views=views, generator=generator, step=step
+            )
+        _loss(outputs.float(), targets, request.task).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         step += 1
         if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:

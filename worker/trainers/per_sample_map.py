@@ -2,7 +2,9 @@
 
 It runs the DP loop with the job's charged σ, q and steps, the public expected batch size B as the
 normaliser, and a per-sample map whose bound S must equal the sensitivity the catalogue charged:
-the noise drawn per step is N(0, σ²S² I) on the sum.
+the noise drawn per step is N(0, σ²S² I) on the sum. With ``training.augmult`` = K each sampled
+image's per-sample gradient is the mean over K augmented views (worker/training/augmult.py), mapped
+as one row: S, and so the charge, does not depend on K.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from worker.optimizers.dp_sgd import DPSGDConfig, per_sample_map_aggregator, tra
 from worker.optimizers.per_sample import PerSampleMap
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest
+from worker.training.augmult import with_augmult
 
 
 def run_with_per_sample_map(
@@ -48,12 +51,15 @@ def run_with_per_sample_map(
     )
     return train_dp_sgd(
         request.model,
-        request.X,
+        request.features,
         request.y,
         config=config,
         generator=request.generator,
         hooks=request.hooks,
         resume_from=request.resume_from,
         device=request.device,
-        aggregator=per_sample_map_aggregator(request.model, per_sample_map),
+        aggregator=with_augmult(
+            per_sample_map_aggregator(request.model, per_sample_map, precision=request.training.precision or "fp32"),
+            request.training.augmult,
+        ),
     )

@@ -1,11 +1,12 @@
 """Which parameters a fine-tuning job trains: ``full``, ``head`` or ``last_k_blocks``.
 
-Defined generically, so every zoo model works, including ones added later:
-
 * the **head** is the last module (in ``model.modules()`` order) that owns parameters directly:
   the classifier layer of every zoo model;
-* the **blocks** are the model's top-level children that hold parameters, in order, unless the
-  architecture declares its own list as a ``finetune_blocks`` attribute (names of submodules).
+* the **blocks** are what an architecture declares in its ``finetune_blocks`` attribute: a mapping
+  from each block's name to the submodules it spans, first to last (every zoo model declares them,
+  at the granularity of its residual or transformer blocks, see ``privtrain.architectures``; a
+  plain list of submodule names is one block per name). A model that declares none falls back to
+  its top-level children that hold parameters, one block each.
 
 Frozen parameters get ``requires_grad = False``: the DP engines (per-sample and ghost) and the
 non-private trainers train only the parameters that require gradients, so a frozen parameter has
@@ -14,9 +15,12 @@ no per-sample gradient, is not clipped, gets no noise and is never updated.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from torch import nn
+
+from privtrain.architectures import FINETUNE_BLOCKS
 
 FinetuneMode = Literal["full", "head", "last_k_blocks"]
 
@@ -40,12 +44,24 @@ def head_parameter_names(model: nn.Module) -> set[str]:
     return {prefix + name for name, _ in module.named_parameters(recurse=False)}
 
 
+def block_members(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each fine-tuning block's name and the submodules it spans, first block to last."""
+    declared = getattr(model, FINETUNE_BLOCKS, None)
+    if declared is None:
+        return {name: (name,) for name, child in model.named_children() if any(True for _ in child.parameters())}
+    if isinstance(declared, Mapping):
+        blocks = {str(label): tuple(str(member) for member in members) for label, members in declared.items()}
+    else:
+        blocks = {str(name): (str(name),) for name in declared}
+    for members in blocks.values():
+        for member in members:
+            model.get_submodule(member)  # AttributeError for a name that is not a submodule
+    return blocks
+
+
 def block_names(model: nn.Module) -> list[str]:
     """The model's fine-tuning blocks, first to last (see the module docstring)."""
-    declared = getattr(model, "finetune_blocks", None)
-    if declared is not None:
-        return [str(name) for name in declared]
-    return [name for name, child in model.named_children() if any(True for _ in child.parameters())]
+    return list(block_members(model))
 
 
 def apply_finetune(model: nn.Module, *, mode: FinetuneMode, k: int | None = None) -> int:
@@ -55,12 +71,12 @@ def apply_finetune(model: nn.Module, *, mode: FinetuneMode, k: int | None = None
     elif mode == "head":
         trainable = head_parameter_names(model)
     else:
-        blocks = block_names(model)
+        blocks = block_members(model)
         if k is None or not 1 <= k <= len(blocks):
             raise ValueError(f"finetune_k must be between 1 and the model's {len(blocks)} blocks, got {k}")
-        chosen = blocks[-k:]
+        chosen = [member for members in list(blocks.values())[-k:] for member in members]
         trainable = {
-            name for name, _ in model.named_parameters() if any(name.startswith(f"{block}.") for block in chosen)
+            name for name, _ in model.named_parameters() if any(name.startswith(f"{member}.") for member in chosen)
         }
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name in trainable)

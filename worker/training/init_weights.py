@@ -52,8 +52,10 @@ def load_into(model: nn.Module, weights: dict[str, torch.Tensor], *, new_head: b
     """Copy every matching tensor into ``model``; returns the names kept fresh (a new head).
 
     ``new_head``: keep the head fresh even where the init's has the same shape (planning decided
-    its outputs mean other classes). Raises ValueError when anything outside the head is missing
-    or has another shape."""
+    its outputs mean other classes). Each tensor is cast to its parameter's dtype: a checkpoint
+    stored in F16 or BF16 loads exactly (every such value is a float32 value), an F64 one is
+    rounded once. Raises ValueError when anything outside the head is missing, has another shape,
+    or holds integers where the parameter holds floats (the upload check refuses those already)."""
     head = head_parameter_names(model)
     state = model.state_dict()
     fresh: list[str] = []
@@ -63,6 +65,8 @@ def load_into(model: nn.Module, weights: dict[str, torch.Tensor], *, new_head: b
             fresh.append(name)
             continue
         if source is not None and tuple(source.shape) == tuple(tensor.shape):
+            if tensor.is_floating_point() and not source.is_floating_point():
+                raise ValueError(f"init weights: {name} is {source.dtype}; a floating parameter needs floating values")
             continue
         if name in head:
             fresh.append(name)

@@ -37,6 +37,7 @@ from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, per_sample_norms
 from worker.optimizers.per_sample_maps import (
     PER_SAMPLE_MAPS,
@@ -255,7 +256,7 @@ def _plan(name: str, hyperparameters: dict, evaluation: dict | None = None, **tr
 def _request(plan: JobPlan, model: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int = 1) -> TrainingRequest:
     return TrainingRequest(
         model=model,
-        X=X,
+        features=TensorRows(X),
         y=y,
         task="classification",
         hyperparameters=plan.hyperparameters,

@@ -20,6 +20,7 @@ from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
@@ -64,7 +65,7 @@ def test_dp_sgd_trainer_draws_the_charged_noise(evaluation: dict | None) -> None
     result = get_trainer("dp-sgd")(
         TrainingRequest(
             model=model,
-            X=X,
+            features=TensorRows(X),
             y=y,
             task="classification",
             hyperparameters=plan.hyperparameters,

@@ -21,6 +21,7 @@ from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate, TrainingSpec
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.dc_dpsgd import (
     RankAggregator,
     ThresholdAggregator,
@@ -682,7 +683,7 @@ def test_trainer_draws_the_charged_noise(name: str, hyper: dict, monkeypatch: py
     result = get_trainer(name)(
         TrainingRequest(
             model=model,
-            X=X,
+            features=TensorRows(X),
             y=y,
             task="classification",
             hyperparameters=plan.hyperparameters,
@@ -779,7 +780,7 @@ def _threshold_request(
     training = TrainingSpec(steps=12, batch_size=15, learning_rate=0.3)
     return TrainingRequest(
         model=model,
-        X=X,
+        features=TensorRows(X),
         y=y,
         task="classification",
         hyperparameters=hyperparameters,
@@ -876,7 +877,7 @@ def test_dc_dpsgd_learns_digits(name: str) -> None:
     result = get_trainer(name)(
         TrainingRequest(
             model=model,
-            X=X_train_t,
+            features=TensorRows(X_train_t),
             y=torch.tensor(y_train),
             task="classification",
             hyperparameters=get_algorithm(name).validate_hyperparameters(hyper),

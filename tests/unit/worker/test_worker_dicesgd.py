@@ -27,6 +27,7 @@ from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.dicesgd import (
     ERROR_FEEDBACK_CHECKPOINT_KEY,
     ErrorFeedbackAggregator,
@@ -549,7 +550,7 @@ def _request(
 ) -> TrainingRequest:
     return TrainingRequest(
         model=model,
-        X=X,
+        features=TensorRows(X),
         y=y,
         task="classification",
         hyperparameters=plan.hyperparameters,

@@ -24,7 +24,7 @@ def _mlp(hidden: list[int], n_outputs: int = 3, seed: int = 0) -> torch.nn.Modul
 def test_head_and_blocks_are_found_generically() -> None:
     model = _mlp([5, 4])
     assert head_parameter_names(model) == {"5.weight", "5.bias"}
-    assert block_names(model) == ["1", "3", "5"]
+    assert block_names(model) == ["hidden1", "hidden2", "head"]  # each Linear (declared by the zoo)
     cnn = build_model("cnn2-gn", {}, input_shape=(1, 14, 14), n_outputs=3)
     head = head_parameter_names(cnn)
     assert head and all(name.endswith(("weight", "bias")) for name in head)

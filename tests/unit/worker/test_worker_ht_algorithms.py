@@ -15,6 +15,7 @@ from app.facts import DatasetFacts
 from app.schemas.jobs import TrainingSpec
 from bench.ht_data import few_spike_l1, linear_problem
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers import ht_algorithms as loops
 from worker.optimizers.ht_algorithms import (
     FWConfig,
@@ -380,7 +381,7 @@ def _request(
     )
     request = TrainingRequest(
         model=model,
-        X=X.float(),
+        features=TensorRows(X.float()),
         y=y,
         task=task,
         hyperparameters=hyper,

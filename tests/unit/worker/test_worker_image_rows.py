@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import worker.data.images as images_module
 from worker.data.images import ImageRows, normalise
+from worker.data.rows import MappedImageRows, materialise
 
 
 def _stored(tmp_path: Path, array: np.ndarray) -> Path:
@@ -30,12 +30,9 @@ def test_a_batch_is_normalised_channels_first_and_reads_only_its_rows(tmp_path: 
     assert float(normalise(np.full((1, 1, 1, 1), 255, np.uint8))) == 1.0
 
 
-def test_the_whole_array_converted_in_chunks_equals_one_conversion(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_whole_array_converted_in_chunks_equals_one_conversion(tmp_path: Path) -> None:
     array = np.arange(10 * 2 * 2 * 1, dtype=np.uint8).reshape(10, 2, 2, 1)
-    monkeypatch.setattr(images_module, "CHUNK_ROWS", 3)
-    converted = ImageRows(_stored(tmp_path, array)).to_tensor()
+    converted = materialise(MappedImageRows(ImageRows(_stored(tmp_path, array))), chunk_rows=3)
     torch.testing.assert_close(converted, normalise(array))
 
 

@@ -29,6 +29,7 @@ from app.job_planning import JobPlan, plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.kl_common import FullBatch, assign_flat
 from worker.optimizers.per_sample import iter_per_sample_grads
 from worker.optimizers.secure_random import SecureRandom
@@ -88,7 +89,7 @@ def _request(
 ) -> TrainingRequest:
     return TrainingRequest(
         model=model,
-        X=X,
+        features=TensorRows(X),
         y=y,
         task="classification" if job.model_name == "logistic-regression" else "regression",
         hyperparameters=job.hyperparameters,

@@ -25,6 +25,15 @@ case measured, so it is the default):
 "retain" and "recompute" never see rows with a non-finite norm: "recompute" drops them and
 "retain" falls back to "recompute" for any chunk that has one (a scale of 0 does not stop NaN
 from an inf activation propagating through the second backward).
+
+Mixed precision, `precision="bf16"` (worker/optimizers/precision.py): the forward runs under bf16
+autocast and every per-sample norm and every sum is float32 (engine.py says how). Only "bk" is
+offered: its contribution for row i and the norm that scales it come from the same float32 (a_i,
+δ_i), so ||scale_i·g_i|| ≤ C holds with float32 rounding. "retain" and "recompute" would form the
+sum with a second backward through the bf16 graph, whose weight-gradient kernels round the SUM
+over rows to bfloat16 and use the bf16-cast inputs, while the norms came from float32 (a, δ): the
+added contribution is then not the one whose norm was measured, and the rounding of a sum cannot
+be charged to one row. They raise ValueError under bf16 rather than weaken the bound.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from worker.optimizers.ghost.engine import iter_chunks, pass1
 from worker.optimizers.ghost.recorder import Recorder
 from worker.optimizers.ghost.work import Totals
 from worker.optimizers.per_sample import PerSampleMap, trainable_parameters
+from worker.optimizers.precision import Precision, check_precision
 from worker.optimizers.secure_random import SecureRandom
 
 __all__ = [
@@ -62,13 +72,26 @@ def ghost_per_sample_norms(
     *,
     loss: str,
     max_physical_batch_size: int,
+    precision: Precision = "fp32",
 ) -> torch.Tensor:
     """||g_i|| (flat L2 over all trainable parameters) for every row, shape (n,), on the
-    parameters' device. Private: for tests and for algorithms that keep it inside the worker."""
+    parameters' device, computed in float32 under bf16 too. Private: for tests and for algorithms
+    that keep it inside the worker."""
     norms = []
+    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
     with Recorder(model) as recorder:
-        for spec, x, target in iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
-            chunk = pass1(model, recorder, x, target, spec, bk=False, want_out_grad=False, retain_graph=False)
+        for spec, x, target in chunks:
+            chunk = pass1(
+                model,
+                recorder,
+                x,
+                target,
+                spec,
+                bk=False,
+                want_out_grad=False,
+                retain_graph=False,
+                precision=precision,
+            )
             norms.append(chunk.sq_norms.sqrt())
     if not norms:
         first = next(iter(trainable_parameters(model).values()))
@@ -85,19 +108,27 @@ def ghost_clipped_grad_sum(
     per_sample_map: PerSampleMap,
     max_physical_batch_size: int,
     pass2: Pass2 = "bk",
+    precision: Precision = "fp32",
 ) -> dict[str, torch.Tensor]:
     """Σ_i scale_i · g_i over the rows of (X, y): the same result as `clipped_grad_sum`.
 
     Returns name -> tensor of the parameter's shape on the parameter's device (zeros for an empty
-    batch). Raises ValueError, before any computation, for a model `supports` rejects. The model
-    is not modified (hooks are removed, `.grad` is never touched).
+    batch), in the parameters' dtype (float32 under bf16). Raises ValueError, before any
+    computation, for a model `supports` rejects, and for pass2 "retain"/"recompute" under bf16
+    (module docstring). The model is not modified (hooks are removed, `.grad` is never touched).
     """
     if pass2 not in PASS2_MODES:
         raise ValueError(f"pass2 must be one of {PASS2_MODES}, got {pass2!r}")
+    if check_precision(precision) != "fp32" and pass2 != "bk":
+        raise ValueError(
+            f"pass2={pass2!r} is not offered with precision={precision!r}: its second backward rounds the "
+            "clipped sum in bfloat16, which breaks the per-row clipping bound; use pass2='bk'"
+        )
     params = trainable_parameters(model)
     totals = Totals()
+    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
     with Recorder(model) as recorder:
-        for spec, x, target in iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+        for spec, x, target in chunks:
             chunk = pass1(
                 model,
                 recorder,
@@ -107,6 +138,7 @@ def ghost_clipped_grad_sum(
                 bk=pass2 == "bk",
                 want_out_grad=pass2 != "bk",
                 retain_graph=pass2 == "retain",
+                precision=precision,
             )
             with torch.no_grad():
                 norms = chunk.sq_norms.sqrt()
@@ -161,11 +193,17 @@ class GhostClipAggregator:
 
     Same sum and the same sensitivity (the map's norm bound) as `PerSampleMapAggregator`, so the
     privacy analysis of the calling loop is unchanged; only the arithmetic differs. Raises
-    ValueError for a model `supports` rejects (use PerSampleMapAggregator there).
+    ValueError for a model `supports` rejects (use PerSampleMapAggregator there). `precision`
+    "bf16" runs the forward under bf16 autocast with float32 norms and sums; it needs pass2 "bk".
     """
 
     per_sample_map: PerSampleMap
     pass2: Pass2 = "bk"
+    precision: Precision = "fp32"
+
+    def __post_init__(self) -> None:
+        if check_precision(self.precision) != "fp32" and self.pass2 != "bk":
+            raise ValueError(f"pass2={self.pass2!r} is not offered with precision={self.precision!r}; use 'bk'")
 
     @property
     def sensitivity(self) -> float:
@@ -190,6 +228,7 @@ class GhostClipAggregator:
             per_sample_map=self.per_sample_map,
             max_physical_batch_size=max_physical_batch_size,
             pass2=self.pass2,
+            precision=self.precision,
         )
 
 
@@ -201,6 +240,7 @@ def ghost_weighted_grad_sums(
     loss: str,
     per_sample_maps: Sequence[PerSampleMap],
     max_physical_batch_size: int,
+    precision: Precision = "fp32",
 ) -> list[dict[str, torch.Tensor]]:
     """Σ_i scale_k(||g_i||)·g_i for several maps k from ONE book-keeping pass.
 
@@ -208,13 +248,24 @@ def ghost_weighted_grad_sums(
     (same masking of rows with a non-finite norm): pass 1 and the norms are shared, only the
     per-layer weighted GEMMs are repeated. For algorithms that need several weightings of the
     same per-sample gradients (DiceSGD: the clipped sum and the clipping residual). Private
-    results: release them through noise only.
+    results: release them through noise only. `precision` as for ghost_clipped_grad_sum (bk: bf16 allowed).
     """
     params = trainable_parameters(model)
     totals = [Totals() for _ in per_sample_maps]
+    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
     with Recorder(model) as recorder:
-        for spec, x, target in iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
-            chunk = pass1(model, recorder, x, target, spec, bk=True, want_out_grad=False, retain_graph=False)
+        for spec, x, target in chunks:
+            chunk = pass1(
+                model,
+                recorder,
+                x,
+                target,
+                spec,
+                bk=True,
+                want_out_grad=False,
+                retain_graph=False,
+                precision=precision,
+            )
             with torch.no_grad():
                 norms = chunk.sq_norms.sqrt()
                 finite = torch.isfinite(norms)

@@ -10,6 +10,16 @@ layer is a function of (a_i, δ_i) only, and the layer's rule (registry.py) turn
 joint flat norm.
 
 Device-agnostic: each chunk is moved to the parameters' device.
+
+Mixed precision (`precision="bf16"`, worker/optimizers/precision.py): only the forward runs under
+bf16 autocast, so the recorded a and the δ autograd returns may be bfloat16. Every floating (a, δ)
+is cast to float32 before a rule sees it, and the rules run outside autocast, so each layer's
+squared norms and weighted sum are computed and accumulated in float32 from the same float32
+(a, δ). With pass 2 = "bk" the norm of row i and the contribution scale_i·g_i added for row i are
+then both functions of that one float32 (a_i, δ_i) computed in float32 — exactly what the float32
+engine computes from its own (a_i, δ_i) — so the clipping bound holds with float32's rounding
+slack; bf16 only changes which g_i is clipped, through the rounding upstream of (a, δ). The model
+output is cast to float32 before the loss, so the loss and its gradient start in float32 too.
 """
 
 from __future__ import annotations
@@ -25,6 +35,14 @@ from worker.optimizers.ghost.support import check_ghost_supported
 from worker.optimizers.ghost.work import LayerWork
 from worker.optimizers.losses import LossSpec, get_loss, prepare_targets
 from worker.optimizers.per_sample import trainable_parameters
+from worker.optimizers.precision import (
+    Precision,
+    accumulation_view,
+    autocast_context,
+    check_no_outer_autocast,
+    check_precision,
+    check_precision_parameters,
+)
 
 __all__ = ["Chunk", "iter_chunks", "pass1"]
 
@@ -47,19 +65,29 @@ def pass1(
     bk: bool,
     want_out_grad: bool,
     retain_graph: bool,
+    precision: Precision = "fp32",
 ) -> Chunk:
     """Forward and output-gradient backward of one chunk; `bk`: the weighted sums will be asked
-    for; `want_out_grad`/`retain_graph`: what a second backward (pass 2) needs."""
+    for; `want_out_grad`/`retain_graph`: what a second backward (pass 2) needs; `precision`: the
+    forward's autocast (norms and sums are float32 either way, see the module docstring)."""
     batch = x.shape[0]
     recorder.start(batch)
     with torch.enable_grad():  # also when the caller runs under torch.no_grad()
         try:
-            out = model(x)
+            with autocast_context(precision, device_type=x.device.type):
+                out = model(x)
         finally:
             recorder.stop()
         recorder.check_versions()
         return _pass1_backward(
-            recorder, out, target, spec, bk=bk, want_out_grad=want_out_grad, retain_graph=retain_graph
+            recorder,
+            accumulation_view(precision, out),
+            target,
+            spec,
+            bk=bk,
+            want_out_grad=want_out_grad,
+            retain_graph=retain_graph,
+            precision=precision,
         )
 
 
@@ -72,6 +100,7 @@ def _pass1_backward(
     bk: bool,
     want_out_grad: bool,
     retain_graph: bool,
+    precision: Precision,
 ) -> Chunk:
     taps: list[torch.Tensor] = []
     layout: list[tuple[int, torch.Tensor]] = []  # (layer index, detached input) per tap
@@ -91,7 +120,10 @@ def _pass1_backward(
     )
     per_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for (layer_index, inp), g in zip(layout, grads, strict=False):
-        per_layer.setdefault(layer_index, []).append((inp, g))
+        # float32 under bf16 before any rule sees them: the norms and sums are float32 throughout.
+        per_layer.setdefault(layer_index, []).append(
+            (accumulation_view(precision, inp), accumulation_view(precision, g))
+        )
     recorder.calls = {}  # drop the graph references held by the recorder
     works = []
     for index, calls in per_layer.items():
@@ -105,20 +137,30 @@ def _pass1_backward(
 
 
 def iter_chunks(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, loss: str, max_physical_batch_size: int
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    max_physical_batch_size: int,
+    precision: Precision = "fp32",
 ) -> Iterator[tuple[LossSpec, torch.Tensor, torch.Tensor]]:
     """(loss spec, rows, targets) per chunk on the parameters' device and dtype. Checks the
-    arguments and `check_ghost_supported` when first advanced, before any computation."""
+    arguments, `check_ghost_supported` and the precision (bf16 needs float32 parameters, and no
+    autocast region of the caller's may be active) when first advanced, before any computation."""
     if isinstance(max_physical_batch_size, bool) or max_physical_batch_size < 1:
         raise ValueError(f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
+    check_precision(precision)
     check_ghost_supported(model)
     params = trainable_parameters(model)
     if not params:
         raise ValueError("model has no trainable parameters")
+    check_precision_parameters(precision, params.values())
     first = next(iter(params.values()))
     device, dtype = first.device, first.dtype
+    check_no_outer_autocast(device.type)
     spec = get_loss(loss)
     for start in range(0, X.shape[0], max_physical_batch_size):
         x = X[start : start + max_physical_batch_size].to(device)

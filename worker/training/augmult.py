@@ -1,0 +1,137 @@
+"""Augmentation multiplicity (De et al. 2022, ``training.augmult: K``): the DP per-sample-map family and sgd/adam.
+
+Each sampled image is seen as K augmented views (worker/training/augment.py) and its per-sample
+gradient is the MEAN of the K views' gradients, g_i = (1/K) Σ_k ∇ℓ(x_ik), which is what gets
+clipped. One row still contributes one clipped vector to the released sum, so the sum's
+sensitivity — and the privacy charge — is the same for every K; only the compute grows (K
+forwards and backwards per row).
+
+Exact with both per-sample engines, without touching them: `AugmentedViews` wraps the model so
+that one row is the (K, C, H, W) stack of its views and the model is called once per view on the
+whole batch (every layer then sees the batch on dimension 0, K times, which the ghost engine's
+rules treat as a reused layer: their calls add up per row), and the loss is the registered
+mean-over-views form of the job's loss (worker/optimizers/losses.py). `AugmultAggregator` builds
+the views of the sampled batch and hands the wrapped model to the job's own aggregator, then maps
+the parameter names back to the model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from worker.optimizers.dp_sgd import BatchAggregator
+from worker.optimizers.ghost import ghost_container
+from worker.optimizers.losses import mean_over_views
+from worker.optimizers.per_sample import supported_module
+from worker.optimizers.secure_random import SecureRandom
+from worker.training.augment import augmented_views, default_padding, draw_views
+
+__all__ = ["INNER", "AugmentedViews", "AugmultAggregator", "forward_views", "with_augmult"]
+
+INNER = "inner"
+"""The wrapped model's attribute: its parameter names gain the prefix ``inner.``."""
+
+
+@ghost_container
+@supported_module
+class AugmentedViews(nn.Module):
+    """(b, K, C, H, W) -> (b, K, outputs): the wrapped model applied to each view of every row.
+
+    Owns no parameters and only calls the wrapped model, once per view on all b rows, so both
+    engines accept it wherever they accept the wrapped model."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, views: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.inner(views[:, k]) for k in range(views.shape[1])], dim=1)
+
+
+def _inner_name(name: str) -> str:
+    prefix = INNER + "."
+    if not name.startswith(prefix):
+        raise AssertionError(f"parameter {name!r} is not the wrapped model's")
+    return name[len(prefix) :]
+
+
+@dataclass(frozen=True)
+class AugmultAggregator:
+    """The job's aggregator on K augmented views of each sampled image, gradients averaged per row.
+
+    Same sensitivity as the wrapped aggregator: the per-sample map is applied to each row's mean
+    gradient, so every row still contributes at most the map's bound."""
+
+    inner: BatchAggregator
+    views: int
+    padding: int | None = None
+    """Zero padding per side before the random crop; None: `default_padding` of the images."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.views, bool) or not isinstance(self.views, int) or self.views < 1:
+            raise ValueError(f"views must be an integer >= 1, got {self.views!r}")
+
+    @property
+    def sensitivity(self) -> float:
+        return self.inner.sensitivity
+
+    def clipped_sum(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        step: int,
+        loss: str,
+        max_physical_batch_size: int,
+        generator: SecureRandom,
+    ) -> dict[str, torch.Tensor]:
+        if X.dim() != 4:
+            raise ValueError("augmentation multiplicity needs image rows of shape (C, H, W)")
+        padding = self.padding if self.padding is not None else default_padding(X.shape[2], X.shape[3])
+        draws = draw_views(
+            images=X.shape[0], views=self.views, padding=padding, generator=generator, step=step, device=X.device
+        )
+        sums = self.inner.clipped_sum(
+            AugmentedViews(model),
+            augmented_views(X, draws, padding=padding),
+            y,
+            step=step,
+            loss=mean_over_views(loss),
+            # K views per row: fewer rows per chunk keep the memory bound (the result is unchanged).
+            max_physical_batch_size=max(1, max_physical_batch_size // self.views),
+            generator=generator,
+        )
+        return {_inner_name(name): total for name, total in sums.items()}
+
+
+def with_augmult(aggregator: BatchAggregator, views: int | None) -> BatchAggregator:
+    """``aggregator`` on ``views`` augmented views per image; unchanged when views is None or 1."""
+    if views is None or views == 1:
+        return aggregator
+    return AugmultAggregator(aggregator, views)
+
+
+def forward_views(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    views: int | None,
+    generator: SecureRandom,
+    step: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs and their targets for a non-private step: the model on X, or with ``views`` = K > 1
+    on K augmented views of each image, the K outputs of row i all paired with y_i (a mean loss over
+    them is the mean over rows of each row's mean over its views)."""
+    if views is None or views == 1:
+        return model(X), y
+    if X.dim() != 4:
+        raise ValueError("augmentation multiplicity needs image rows of shape (C, H, W)")
+    padding = default_padding(X.shape[2], X.shape[3])
+    draws = draw_views(images=X.shape[0], views=views, padding=padding, generator=generator, step=step, device=X.device)
+    outputs = AugmentedViews(model)(augmented_views(X, draws, padding=padding))
+    return outputs.flatten(0, 1), y.repeat_interleave(views, dim=0)
