@@ -1,8 +1,9 @@
 """Which rows use a content-addressed blob, and the one safe way to delete a blob nobody uses.
 
 Blobs are stored by content hash, so two uploads (any tenant, any kind: a dataset, its decoded
-image array, a base model, a job's model) may share one. Whoever wrote a blob and then failed
-must not delete it if a committed row now uses it: the rows decide, under a lock on the key.
+image array or token ids, a base model, a tokenizer, a job's model) may share one. Whoever
+wrote a blob and then failed must not delete it if a committed row now uses it: the rows
+decide, under a lock on the key.
 """
 
 from __future__ import annotations
@@ -14,14 +15,20 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.db import Database
-from app.models import BaseModelRecord, Dataset, Job
+from app.models import BaseModelRecord, Dataset, Job, TokenizerRecord
 from app.storage import BlobStore
 
 __all__ = ["blob_is_referenced", "discard_unreferenced_blob", "lock_blob_key"]
 
 log = logging.getLogger("privtrain.blobs")
 
-BLOB_COLUMNS = (Dataset.blob_key, Dataset.array_blob_key, BaseModelRecord.blob_key, Job.model_blob)
+BLOB_COLUMNS = (
+    Dataset.blob_key,
+    Dataset.array_blob_key,
+    BaseModelRecord.blob_key,
+    Job.model_blob,
+    TokenizerRecord.blob_key,
+)
 """Every column that names a blob: a new kind of stored file must be added here."""
 
 

@@ -84,6 +84,19 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(
         default=200, ge=1, le=1_000_000, description="the token bucket's size: requests one key may burst"
     )
+    generation_per_minute: float = Field(
+        default=10.0,
+        gt=0,
+        le=1e6,
+        description="text generation requests per minute per API key and API process (each runs a model)",
+    )
+    generation_burst: int = Field(default=5, ge=1, le=10_000, description="text generation requests one key may burst")
+    generation_max_concurrent: int = Field(
+        default=2, ge=1, le=1_000, description="text generation processes in flight per API process"
+    )
+    generation_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, description="wall-clock limit of one text generation process"
+    )
     max_active_jobs_per_tenant: int = Field(
         default=50, ge=1, le=1_000_000, description="queued + running jobs a tenant may have at once"
     )
@@ -163,6 +176,28 @@ class Settings(BaseSettings):
         "from its header (image-too-large) before it is decoded, and Pillow's decompression-bomb guard "
         "enforces the same bound while decoding. The decoded uint8 array of the whole dataset is bounded "
         "by PRIVTRAIN_MAX_DECOMPRESSED_BYTES",
+    )
+    max_text_records: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="records (non-blank lines) one JSON Lines text upload may hold; more are refused "
+        "(422 jsonl-too-many-records)",
+    )
+    max_text_line_bytes: int = Field(
+        default=1_048_576,
+        gt=0,
+        description="bytes in one line of a JSON Lines text upload; a longer line is refused "
+        "(422 jsonl-line-too-long) before it is parsed",
+    )
+    max_text_length: int = Field(
+        default=4096,
+        gt=0,
+        description="the largest max_length (tokens kept per text row) a text upload may declare",
+    )
+    max_tokenizer_vocab: int = Field(
+        default=262_144,
+        gt=0,
+        description="tokens a tokenizer may have, uploaded (POST /v1/tokenizers) or trained",
     )
     max_concurrent_uploads: int = Field(
         default=4, gt=0, description="uploads the API process parses at once, all tenants together"

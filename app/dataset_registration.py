@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -36,8 +37,12 @@ from app.ingest import (
     parse_images,
     resolve_modality,
 )
+from app.ingest.text import TEXT_FORMATS, TextFacts, TextOptions, check_text_options, scan_text, write_token_rows
+from app.ingest.text_errors import TextValidationError
 from app.models import Dataset, PrivacyBudget, Tenant
 from app.storage import BlobStore, PendingBlob
+from app.text_arrays import stage_token_array
+from app.tokenizers.registry import LoadedTokenizer, load_for_upload
 from privtrain.directed_rounding import format_remaining
 
 __all__ = [
@@ -69,6 +74,8 @@ class UploadRequest:
     modality: str | None = None
     """"image" or "tabular" as declared; None: decided from the format and the NPZ's X dtype."""
     image_options: ImageOptions = field(default_factory=ImageOptions)
+    text_options: TextOptions | None = None
+    """A text (JSON Lines) upload's tokenizer, max_length and member names; None for other formats."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,11 @@ def invalid_dataset(exc: DatasetValidationError) -> InvalidInput:
     return InvalidInput(slug="invalid-dataset", detail=exc.detail, extra={"reason": exc.reason})
 
 
+def invalid_text(exc: TextValidationError) -> InvalidInput:
+    """A text upload the ingest refused: its reason is the problem type (e.g. jsonl-invalid-line)."""
+    return InvalidInput(slug=exc.reason, detail=exc.detail, extra={"reason": exc.reason})
+
+
 def upload_hash(
     *,
     sha256: str,
@@ -123,6 +135,7 @@ def upload_hash(
     public: bool = False,
     modality: str | None = None,
     image_options: ImageOptions | None = None,
+    text_options: TextOptions | None = None,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
     request: dict[str, object] = {
@@ -144,6 +157,8 @@ def upload_hash(
         request["modality"] = modality
     if image_options is not None and image_options.to_json():
         request["image"] = image_options.to_json()
+    if text_options is not None:  # absent from digests made before text datasets existed
+        request["text"] = text_options.to_json()
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -204,12 +219,25 @@ class _Validated:
     sha256: str
     key: str
     created: bool
-    facts: IngestFacts
+    facts: IngestFacts | TextFacts
     feature_names: list[str] | None
     class_names: tuple[str, ...] | None
-    modality: Modality = "tabular"
+    modality: Modality | Literal["text"] = "tabular"
     array: StagedArray | None = None
-    """An image dataset's decoded uint8 array, stored as its own blob."""
+    """An image dataset's decoded uint8 array, or a text dataset's token ids, stored as its own blob."""
+    text: _TextColumns | None = None
+
+
+@dataclass(frozen=True)
+class _TextColumns:
+    """A text dataset's public declarations, as stored with it."""
+
+    tokenizer_id: str
+    vocab_size: int
+    pad_id: int
+    text_field: str
+    label_field: str | None
+    """None for a language-modelling dataset (its records have no label)."""
 
 
 def _new_dataset(
@@ -223,7 +251,7 @@ def _new_dataset(
         sha256=body.sha256,
         blob_key=body.key,
         size_bytes=size_bytes,
-        label_column=upload.label_column,
+        label_column=body.text.label_field if body.text is not None else upload.label_column,
         n_rows=int(facts["n_rows"]),
         feature_shape=[int(v) for v in facts["feature_shape"]],
         n_features=int(facts["n_features"]),
@@ -236,6 +264,10 @@ def _new_dataset(
         public=upload.public,
         modality=body.modality,
         array_blob_key=body.array.key if body.array is not None else None,
+        tokenizer_id=body.text.tokenizer_id if body.text is not None else None,
+        vocab_size=body.text.vocab_size if body.text is not None else None,
+        pad_id=body.text.pad_id if body.text is not None else None,
+        text_field=body.text.text_field if body.text is not None else None,
         idempotency_key=upload.idempotency_key,
         request_hash=request_hash if upload.idempotency_key else None,
     )
@@ -247,7 +279,8 @@ def _notices(upload: UploadRequest, body: _Validated) -> tuple[str, ...]:
         if upload.class_list is not None or body.class_names is None
         else [_observed_classes_notice(body.class_names)]
     )
-    if upload.task is None and upload.class_list is None and upload.fmt != "zip":  # a ZIP is classification
+    if upload.task is None and upload.class_list is None and upload.fmt not in ("zip", *TEXT_FORMATS):
+        # a ZIP is classification; a text dataset's task follows from its records' members, not their values
         notices.insert(0, _inferred_task_notice(str(body.facts["task"])))
     return tuple(notices)
 
@@ -310,6 +343,7 @@ def register_upload(
                 public=upload.public,
                 modality=upload.modality,
                 image_options=upload.image_options,
+                text_options=upload.text_options,
             ),
         )
         replay = _earlier_upload(db, request)
@@ -317,7 +351,12 @@ def register_upload(
             pending.discard()
             return replay
         _refuse_known_content(db, tenant_id, sha256)
-        body = _validate(blobs, pending, sha256=sha256, upload=upload, limits=limits)
+        tokenizer = (
+            load_for_upload(db, blobs, tenant_id=tenant_id, tokenizer_id=upload.text_options.tokenizer)
+            if upload.text_options is not None
+            else None
+        )
+        body = _validate(blobs, pending, sha256=sha256, upload=upload, limits=limits, tokenizer=tokenizer)
     except BaseException:
         pending.discard()
         raise
@@ -358,9 +397,25 @@ def register_upload(
 
 
 def _validate(
-    blobs: BlobStore, pending: PendingBlob, *, sha256: str, upload: UploadRequest, limits: IngestLimits
+    blobs: BlobStore,
+    pending: PendingBlob,
+    *,
+    sha256: str,
+    upload: UploadRequest,
+    limits: IngestLimits,
+    tokenizer: LoadedTokenizer | None = None,
 ) -> _Validated:
     """Parse the rows (refusing what the ingest refuses) and adopt the body as its blob."""
+    if upload.text_options is not None and tokenizer is not None:
+        return _validate_text(
+            blobs,
+            pending,
+            sha256=sha256,
+            upload=upload,
+            options=upload.text_options,
+            tokenizer=tokenizer,
+            limits=limits,
+        )
     try:
         modality = resolve_modality(
             pending.path, fmt=upload.fmt, declared=upload.modality, options=upload.image_options, limits=limits
@@ -443,4 +498,64 @@ def _validate_images(
         class_names=class_names,
         modality="image",
         array=array,
+    )
+
+
+def _validate_text(
+    blobs: BlobStore,
+    pending: PendingBlob,
+    *,
+    sha256: str,
+    upload: UploadRequest,
+    options: TextOptions,
+    tokenizer: LoadedTokenizer,
+    limits: IngestLimits,
+) -> _Validated:
+    """Read the JSON Lines records twice, streamed: once to validate them and resolve the task and
+    labels, once to tokenise them into the token-id array stored as its own blob. The body is
+    adopted as the upload's blob, as sent (the worker re-reads the labels from it)."""
+    try:
+        if upload.preparation is not None:
+            raise TextValidationError("bad-text-options", "preparation= applies to rows of numbers, not to text")
+        check_text_options(options, limits=limits)
+        scanned = scan_text(pending.path, task=upload.task, classes=upload.class_list, options=options, limits=limits)
+        _check_delta(upload, n_rows=scanned.n_rows)
+        array = stage_token_array(
+            blobs,
+            lambda out: write_token_rows(
+                pending.path,
+                options=options,
+                tokenizer=tokenizer.tokenizer,
+                n_rows=scanned.n_rows,
+                limits=limits,
+                out=out,
+            ),
+        )
+    except TextValidationError as exc:
+        raise invalid_text(exc) from exc
+    except DatasetValidationError as exc:
+        raise invalid_dataset(exc) from exc
+    try:
+        key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
+    except BaseException:
+        if array.created:
+            blobs.delete(array.key)
+        array.pending.discard()
+        raise
+    return _Validated(
+        sha256=sha256,
+        key=key,
+        created=created,
+        facts=scanned.facts(max_length=options.max_length),
+        feature_names=None,
+        class_names=scanned.classes.names if scanned.classes is not None else None,
+        modality="text",
+        array=array,
+        text=_TextColumns(
+            tokenizer_id=tokenizer.id,
+            vocab_size=tokenizer.tokenizer.vocab_size,
+            pad_id=tokenizer.tokenizer.pad_id,
+            text_field=options.fields.text,
+            label_field=options.fields.label if scanned.task == "classification" else None,
+        ),
     )

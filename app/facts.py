@@ -14,8 +14,12 @@ from typing import Literal
 class DatasetFacts:
     n_rows: int
     feature_shape: tuple[int, ...]
-    task: str  # "classification" | "regression"
+    task: str  # "classification" | "regression" | "language-model"
     n_classes: int | None
+    vocab_size: int | None = None
+    """Text datasets: the tokenizer's vocabulary size (token ids are below it); None otherwise."""
+    pad_id: int | None = None
+    """Text datasets: the id rows are right-padded with; None otherwise."""
 
     @property
     def n_features(self) -> int:

@@ -27,7 +27,14 @@ from app.algorithms import (
 from app.errors import InvalidInput
 from app.evaluation import EvaluationPlan, InvalidEvaluation, plan_evaluation
 from app.facts import DatasetFacts
-from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
+from app.model_catalogue import (
+    MODELS,
+    ModelDefinition,
+    ModelIncompatible,
+    ModelSizeLimits,
+    UnknownModel,
+    get_model,
+)
 from app.models import Dataset, PrivacyBudget
 from app.privacy import PrivacyEvent
 from app.privacy.admissible import (
@@ -268,6 +275,8 @@ def facts_of(dataset: Dataset) -> DatasetFacts:
         feature_shape=tuple(dataset.feature_shape),
         task=dataset.task,
         n_classes=dataset.n_classes,
+        vocab_size=dataset.vocab_size,
+        pad_id=dataset.pad_id,
     )
 
 
@@ -278,6 +287,9 @@ FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
     ("training", "ema_decay"),
     ("training", "augmult"),
     ("training", "precision"),
+    ("training", "lora"),
+    ("training", "token_loss"),
+    ("evaluation", "loss_clip"),
 )
 """Spec fields newer than stored Idempotency-Key digests: left out of the digest while unset, so a
 retry of a job submitted before they existed still matches its first attempt."""
@@ -329,6 +341,34 @@ def _check_augmult_fits_dataset(spec: JobCreate, dataset: Dataset) -> None:
             "augmult-needs-images",
             f"training.augmult: augmentation multiplicity makes cropped and flipped views of images, and "
             f"dataset {dataset.id} holds {dataset.modality or 'tabular'} rows; leave it out for this dataset",
+        )
+
+
+def _check_task_fits(spec: JobCreate, algorithm: AlgorithmDefinition[Any], facts: DatasetFacts) -> None:
+    """The algorithm and ``training.token_loss`` must make sense for the dataset's task (``evaluation``
+    fields are checked against it by :func:`app.evaluation.plan_evaluation`)."""
+    if facts.task not in algorithm.tasks:
+        raise _invalid(
+            "algorithm-unsupported-for-task",
+            f"algorithm '{algorithm.name}' trains on {', '.join(sorted(algorithm.tasks))} datasets, and this "
+            f"dataset's task is {facts.task}; choose a per-sample-gradient algorithm (e.g. dp-sgd, dp-adam, dicesgd)",
+        )
+    if spec.training.token_loss is not None and facts.task != "language-model":
+        raise _invalid(
+            "token-loss-needs-language-model",
+            f"training.token_loss: a row's loss over its tokens applies to language-model datasets, and this "
+            f"dataset's task is {facts.task}; leave it out",
+        )
+
+
+def _check_lora_fits_model(spec: JobCreate, model: ModelDefinition) -> None:
+    """LoRA adapters go on attention and MLP Linear layers: only the transformers have them."""
+    if spec.training.finetune == "lora" and not model.lora:
+        with_lora = ", ".join(name for name in MODELS.names() if get_model(name).lora)
+        raise _invalid(
+            "lora-unsupported-model",
+            f"training.finetune lora puts adapters on attention and MLP Linear layers, which model "
+            f"'{model.name}' has none of; use it with {with_lora}",
         )
 
 
@@ -384,6 +424,8 @@ def plan_job(
         ) from None
     _check_privacy_fits_dataset(spec, algorithm, dataset)
     _check_augmult_fits_dataset(spec, dataset)
+    _check_task_fits(spec, algorithm, facts)
+    _check_lora_fits_model(spec, model)
     misnamed_param = suggestions.unknown_field(given=spec.model.params, model=model.params_model, where="model.params")
     if misnamed_param:
         raise _invalid("model-incompatible", misnamed_param)
@@ -477,6 +519,14 @@ def plan_job(
         from app.base_models.init import dataset_classes, head_is_new  # here: that module imports this one
 
         new_head = head_is_new(init, n_outputs=model.n_outputs(facts), classes=dataset_classes(dataset))
+        if new_head and spec.training.finetune == "lora":  # LoRA freezes the head: a fresh one would stay random
+            raise _invalid(
+                "lora-needs-the-init-head",
+                "training.finetune lora trains only adapters and keeps the head frozen, but this dataset's "
+                "outputs differ from the init's (another class list or output count), so the head would stay "
+                "newly initialised; start from a model trained on the same classes, or use finetune full or "
+                "last_k_blocks",
+            )
         normalised["init"] = {**init.provenance, "new_head": new_head}
     if dataset.public:  # nothing is reserved or charged: the dataset has no budget
         charged_curve: tuple[float, ...] = tuple(0.0 for _ in curve)

@@ -9,7 +9,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import base_models, catalogue, datasets, grants, health, invitations, jobs, ui
+from app.api import (
+    base_models,
+    catalogue,
+    datasets,
+    generation,
+    grants,
+    health,
+    invitations,
+    jobs,
+    tokenizers,
+    ui,
+)
 from app.api.docs_pages import install_docs_pages
 from app.api.domain_errors import install_domain_error_handler
 from app.api.ui_session import session_secret
@@ -73,6 +84,6 @@ def create_app(
     install_problem_handlers(app)
     install_domain_error_handler(app)
     document_problems(app)
-    for module in (datasets, base_models, grants, invitations, jobs, catalogue, health, ui):
+    for module in (datasets, base_models, tokenizers, grants, invitations, jobs, generation, catalogue, health, ui):
         app.include_router(module.router)
     return app

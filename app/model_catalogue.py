@@ -98,6 +98,11 @@ class ModelDefinition:
     blocks: Callable[[BaseModel], list[str]]
     """params → the names of the model's fine-tuning blocks, first to last, as the worker's module
     declares them (``privtrain.architectures.FINETUNE_BLOCKS``; tests pin the two together)."""
+    complete: Callable[[dict[str, Any], DatasetFacts], dict[str, Any]] | None = None
+    """Fills params that belong to the dataset (a text model's vocab_size and pad_id) before
+    validation, refusing a given value that differs (ModelIncompatible)."""
+    lora: bool = False
+    """Whether ``training.finetune: lora`` applies: the model has attention and MLP Linear layers."""
 
     def validate(
         self,
@@ -112,6 +117,8 @@ class ModelDefinition:
         model too large for the worker is refused here instead of failing there after its
         privacy reservation was made (and committed).
         """
+        if self.complete is not None:
+            params = self.complete(dict(params), facts)
         try:
             parsed = self.params_model.model_validate(params)
         except ValidationError as exc:
@@ -126,6 +133,28 @@ class ModelDefinition:
             limits or ModelSizeLimits.from_settings(get_settings()),
         )
         return parsed.model_dump(mode="json")
+
+    def facts_for_weights(
+        self, params: dict[str, Any], *, input_shape: tuple[int, ...], n_outputs: int
+    ) -> DatasetFacts:
+        """Facts standing for any dataset that weights of this architecture fit (a base-model upload
+        has no dataset): a language model's task when it takes one, else classification with
+        ``n_outputs`` classes (regression for one output); a text model's vocab_size and pad_id are
+        the ones its params give."""
+        if "language-model" in self.tasks:
+            task = "language-model"
+        elif n_outputs > 1:
+            task = "classification"
+        else:
+            task = "regression"
+        vocabulary = {field: params.get(field) for field in _TEXT_FACTS} if self.complete is not None else {}
+        return DatasetFacts(
+            n_rows=1,
+            feature_shape=input_shape,
+            task=task,
+            n_classes=n_outputs if task == "classification" else None,
+            **vocabulary,
+        )
 
     def parameter_count(self, params: dict[str, Any], facts: DatasetFacts) -> int:
         """Trainable parameters of the model the worker would build; params must be valid."""
@@ -164,6 +193,9 @@ class ModelDefinition:
     def n_outputs(self, facts: DatasetFacts) -> int:
         if facts.task == "regression":
             return 1
+        if facts.task == "language-model":  # next-token logits: one output per token id
+            assert facts.vocab_size is not None
+            return facts.vocab_size
         assert facts.n_classes is not None
         return facts.n_classes
 
@@ -663,5 +695,125 @@ register_model(
         check_shape=_vit_shape,
         size=_vit_size,
         blocks=_vit_blocks,
+        lora=True,
+    )
+)
+
+
+# ----------------------------------------------------------------------------- text models
+#
+# transformer-classifier and transformer-lm take a text dataset's token ids (feature_shape
+# [max_length]); vocab_size and pad_id are the dataset's tokenizer's, filled in by `_text_params`
+# when a job leaves them out. The size mirrors privtrain.architectures.TextTransformer.
+
+
+class TextTransformerParams(_Params):
+    layers: int = Field(default=2, ge=1, le=48, description="transformer blocks")
+    dim: int = Field(default=128, ge=1, le=4096, description="token width")
+    heads: int = Field(default=4, ge=1, le=64, description="attention heads; must divide dim")
+    mlp_dim: int = Field(default=256, ge=1, le=16384, description="hidden width of each block's MLP")
+    vocab_size: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="the dataset's vocabulary size (filled in from the dataset)"
+    )
+    pad_id: int | None = Field(
+        default=None, ge=0, description="the dataset's padding token id (filled in from the dataset)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TextTransformerParams:
+        if self.dim % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
+        if self.vocab_size is not None and self.pad_id is not None and self.pad_id >= self.vocab_size:
+            raise ValueError(f"pad_id ({self.pad_id}) must be below vocab_size ({self.vocab_size})")
+        return self
+
+
+class TransformerClassifierParams(TextTransformerParams):
+    pooling: Literal["mean", "first"] = Field(
+        default="mean", description="what the head sees: the mean over the non-padding tokens, or the first token"
+    )
+
+
+_TEXT_FACTS = ("vocab_size", "pad_id")
+
+
+def _text_params(params: dict[str, Any], facts: DatasetFacts) -> dict[str, Any]:
+    """vocab_size and pad_id from the dataset's tokenizer: filled in when absent, refused when different."""
+    for field in _TEXT_FACTS:
+        known = getattr(facts, field)
+        if known is None:
+            raise ModelIncompatible(
+                "transformer models need a text dataset (token ids with a vocabulary and a padding id); "
+                "upload text as JSON Lines"
+            )
+        given = params.get(field)
+        if given is None:
+            params[field] = known
+        elif given != known:
+            raise ModelIncompatible(
+                f"model.params.{field} is {given!r} but the dataset's tokenizer has {field} {known}; "
+                "leave it out to use the dataset's"
+            )
+    return params
+
+
+def _text_shape(params: BaseModel, facts: DatasetFacts) -> None:
+    if len(facts.feature_shape) != 1:
+        raise ModelIncompatible(
+            "transformer models take rows of token ids (max_length,), the dataset's rows are "
+            f"{list(facts.feature_shape)}"
+        )
+
+
+def _text_blocks(params: BaseModel) -> list[str]:
+    """The embedding (tokens and positions), each transformer block, then the final LayerNorm with the head."""
+    assert isinstance(params, TextTransformerParams)
+    return ["embedding", *(f"block{number}" for number in range(1, params.layers + 1)), "head"]
+
+
+def _text_size(params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
+    assert isinstance(params, TextTransformerParams) and params.vocab_size is not None
+    d, m, layers = params.dim, params.mlp_dim, params.layers
+    tokens = facts.feature_shape[0]
+    per_token_head = not isinstance(params, TransformerClassifierParams)  # a language model's logits
+    block_parameters = 2 * d + 4 * (d * d + d) + 2 * d + (d * m + m) + (m * d + d)
+    # As for vit: ten (T, d) tensors, the MLP's hidden layer and GELU, the scores and softmax per head.
+    block_activations = 10 * tokens * d + 2 * tokens * m + 2 * params.heads * tokens * tokens
+    parameters = params.vocab_size * d + tokens * d + layers * block_parameters + 2 * d + d * n_outputs + n_outputs
+    head_activations = tokens * n_outputs if per_token_head else d + n_outputs
+    activations = tokens + 2 * tokens * d + layers * block_activations + tokens * d + head_activations
+    return ModelSize(parameters=parameters, activations=activations)
+
+
+register_model(
+    ModelDefinition(
+        name="transformer-classifier",
+        summary=(
+            "Text classifier: token and positional embeddings, pre-norm blocks with padding-masked "
+            "multi-head self-attention, mean or first-token pooling and a Linear head; exact ghost clipping."
+        ),
+        params_model=TransformerClassifierParams,
+        tasks=frozenset({"classification"}),
+        check_shape=_text_shape,
+        size=_text_size,
+        blocks=_text_blocks,
+        complete=_text_params,
+        lora=True,
+    )
+)
+register_model(
+    ModelDefinition(
+        name="transformer-lm",
+        summary=(
+            "Decoder-only language model: causal, padding-masked pre-norm blocks and a Linear to the "
+            "vocabulary (not tied to the embedding, so clipping stays exact); next-token logits."
+        ),
+        params_model=TextTransformerParams,
+        tasks=frozenset({"language-model"}),
+        check_shape=_text_shape,
+        size=_text_size,
+        blocks=_text_blocks,
+        complete=_text_params,
+        lora=True,
     )
 )

@@ -121,7 +121,16 @@ class Dataset(Base):
     modality: Mapped[str] = mapped_column(String(16), default="tabular", server_default="tabular")
     """"tabular" (rows of numbers) or "image" (uint8 images, normalised on the worker)."""
     array_blob_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    """For image datasets: the decoded uint8 array (.npy, memory-mappable) the worker trains on."""
+    """For image datasets: the decoded uint8 array (.npy, memory-mappable) the worker trains on;
+    for text datasets: the (n, max_length) token ids (uint16 or int32 .npy)."""
+    tokenizer_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """Text datasets: "byte" (built in) or a tokenizer's ``tok_`` id; NULL for other modalities."""
+    vocab_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Text datasets: the tokenizer's vocabulary size (every token id is below it)."""
+    pad_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Text datasets: the id every row is right-padded with."""
+    text_field: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """Text datasets: the JSON member holding each record's text (its label's is ``label_column``)."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -150,6 +159,30 @@ class BaseModelRecord(Base):
     """Where the owner says the weights came from (shown in every report built on them)."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class TokenizerRecord(Base):
+    """A public tokenizer a tenant uploaded (a Hugging Face tokenizer.json) or trained on a public
+    text dataset; stored by content hash, tenant-scoped. The built-in "byte" tokenizer has no row."""
+
+    __tablename__ = "tokenizers"
+    __table_args__ = (Index("ix_tokenizers_tenant_sha256", "tenant_id", "sha256"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("tok"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    """"uploaded" or "trained"."""
+    sha256: Mapped[str] = mapped_column(String(64))
+    blob_key: Mapped[str] = mapped_column(String(200))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    vocab_size: Mapped[int] = mapped_column(Integer)
+    pad_id: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Where the owner says an uploaded tokenizer came from."""
+    trained_from_dataset_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """The public dataset a trained tokenizer learned its vocabulary from."""
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from app.job_planning import plan_job
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from privtrain.architectures import build_model
+from worker.data.rows import TensorRows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks
 from worker.trainers import TrainingRequest, get_trainer
@@ -97,13 +99,27 @@ def nonprivate_stepper(case: Case, device: torch.device) -> Callable[[int], None
 
 
 def opacus_stepper(case: Case, device: torch.device) -> Callable[[int], None]:
+    model, (X, y) = _model(case, device), _data(case, device)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=case.batch_size)
+    return opacus_run(model, loader, loss=nn.functional.cross_entropy, device=device)
+
+
+def opacus_run(
+    model: nn.Module,
+    loader: torch.utils.data.DataLoader[tuple[torch.Tensor, ...]],
+    *,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    free_per_sample_grads: bool = False,
+) -> Callable[[int], None]:
+    """Steps of Opacus's PrivacyEngine on ``model`` (hooks mode, Poisson sampling, σ = 1, C = 1),
+    the outside reference; ``loss`` is the batch's mean loss. ``free_per_sample_grads``: drop them
+    after the last step, so what a step stores is counted in its peak, not in the memory before it."""
     import warnings
 
     from opacus import PrivacyEngine
 
     warnings.filterwarnings("ignore")
-    model, (X, y) = _model(case, device), _data(case, device)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=case.batch_size)
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private(
         module=model,
@@ -120,11 +136,13 @@ def opacus_stepper(case: Case, device: torch.device) -> Callable[[int], None]:
         while done < steps:
             for xb, yb in loader:
                 optimizer.zero_grad(set_to_none=True)
-                nn.functional.cross_entropy(model(xb), yb).backward()
+                loss(model(xb), yb).backward()
                 optimizer.step()
                 done += 1
                 if done == steps:
                     break
+        if free_per_sample_grads:
+            optimizer.zero_grad(set_to_none=True)
         _sync(device)
 
     return run
@@ -153,7 +171,7 @@ def algorithm_stepper(name: str) -> Callable[[Case, torch.device], Callable[[int
             trainer(
                 TrainingRequest(
                     model=model,
-                    X=X,
+                    features=TensorRows(X),
                     y=y,
                     task="classification",
                     hyperparameters=plan.hyperparameters,
@@ -198,16 +216,22 @@ def peak_memory_child(case_key: str, stepper: str, algorithms: list[str], device
     """Run one stepper in this (fresh) process and print its peak memory above the start."""
     dev = torch.device(device)
     run = steppers(algorithms)[stepper](CASES[case_key], dev)
-    run(1)  # warm-up: lazy imports, thread pools and allocator caches are not a step's memory
-    if dev.type == "cuda":
+    print(json.dumps({"peak_bytes": peak_bytes_of_steps(run, device=dev, steps=steps)}))
+
+
+def peak_bytes_of_steps(run: Callable[[int], None], *, device: torch.device, steps: int) -> int:
+    """Peak memory of ``run(steps)`` above what was held before it, after one warm-up step (lazy
+    imports, thread pools and allocator caches are not a step's memory). Run it in a fresh process:
+    the CPU figure is the process's peak resident set."""
+    run(1)
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         run(steps)
-        print(json.dumps({"peak_bytes": torch.cuda.max_memory_allocated() - base}))
-        return
+        return int(torch.cuda.max_memory_allocated() - base)
     base = reset_peak_resident_set()
     run(steps)
-    print(json.dumps({"peak_bytes": resident_set_kib("VmHWM") * 1024 - base}))
+    return resident_set_kib("VmHWM") * 1024 - base
 
 
 def resident_set_kib(field: str) -> int:
@@ -229,24 +253,21 @@ def reset_peak_resident_set() -> int:
 
 
 def peak_memory(case_key: str, stepper: str, algorithms: list[str], device: str, steps: int) -> int:
+    return peak_memory_in_child(
+        "bench.step_time",
+        ["--memory-child", case_key, stepper, "--device", device, "--algorithms", *algorithms, "--steps", str(steps)],
+    )
+
+
+def peak_memory_in_child(module: str, arguments: list[str], *, return_freed_memory: bool = False) -> int:
+    """Run ``python -m module *arguments`` in a fresh process; its last stdout line is ``{"peak_bytes": n}``.
+
+    ``return_freed_memory``: make glibc serve every block of 64 KiB or more with its own mapping,
+    unmapped when freed, so the warm-up step's tensors do not stay resident and hide the next steps'
+    peak (without it the heap keeps freed blocks and a step can reuse them unseen)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if return_freed_memory else None
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.step_time",
-            "--memory-child",
-            case_key,
-            stepper,
-            "--device",
-            device,
-            "--algorithms",
-            *algorithms,
-            "--steps",
-            str(steps),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-m", module, *arguments], capture_output=True, text=True, check=True, env=env
     )
     return int(json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"])
 

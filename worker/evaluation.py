@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from app.evaluation import (
@@ -20,9 +21,12 @@ from app.evaluation import (
 )
 from worker.data.rows import Rows, as_rows, iter_row_chunks
 from worker.optimizers import discrete_samplers
+from worker.optimizers.losses import IGNORED_TARGET
 from worker.optimizers.secure_random import SecureRandom
 
 EVAL_CHUNK_ROWS = 4096
+EVAL_CHUNK_TOKENS = 2048
+"""Language-model evaluation: tokens a chunk, so a chunk's logits stay about 2048·vocab floats."""
 
 
 def secure_random(*, secure_gaussian: bool = True) -> SecureRandom:
@@ -57,23 +61,83 @@ def load_or_draw_holdout(path: Path, n_rows: int, fraction: float) -> np.ndarray
     return mask
 
 
+ChunkSum = Callable[[torch.Tensor, torch.Tensor, EvaluationPlan], float]
+CHUNK_SUMS: dict[str, ChunkSum] = {}
+"""A metric -> Σ over one chunk of held-out rows of its per-row term, each in [0, plan.sensitivity]."""
+
+
+def register_chunk_sum(metric: str) -> Callable[[ChunkSum], ChunkSum]:
+    def decorator(chunk_sum: ChunkSum) -> ChunkSum:
+        if metric in CHUNK_SUMS:
+            raise ValueError(f"metric {metric!r} already has a chunk sum")
+        CHUNK_SUMS[metric] = chunk_sum
+        return chunk_sum
+
+    return decorator
+
+
+@register_chunk_sum("accuracy")
+def _correct(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> float:
+    return float((outputs.argmax(dim=1) == targets).sum().item())
+
+
+@register_chunk_sum("mse")
+def _clipped_squared_errors(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> float:
+    errors = (outputs.squeeze(-1).double() - targets.double()) ** 2
+    errors = torch.nan_to_num(errors, nan=plan.sensitivity, posinf=plan.sensitivity)
+    return float(errors.clamp(0.0, plan.sensitivity).sum().item())
+
+
+def mean_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's mean next-token cross-entropy (float64, (b,)) over its non-ignored targets.
+
+    Logits at position t predict target t + 1, as in training. A row with no target token
+    (padding only, or one token) gets 0: it has no loss to average, and 0 keeps its term inside
+    [0, R] like every other row's."""
+    if logits.dim() != 3 or targets.dim() != 2 or logits.shape[:2] != targets.shape:
+        raise ValueError(
+            f"perplexity needs logits (b, T, vocab) and targets (b, T), got {tuple(logits.shape)} "
+            f"and {tuple(targets.shape)}"
+        )
+    following = targets[:, 1:]
+    losses = F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        following.reshape(-1),
+        ignore_index=IGNORED_TARGET,
+        reduction="none",
+    ).reshape(following.shape)
+    counted = following != IGNORED_TARGET
+    # float64 sums, like the other metrics; ignored positions are exactly 0 even where logits are not finite
+    losses = torch.where(counted, losses.double(), 0.0)
+    return losses.sum(dim=1) / counted.sum(dim=1).clamp_min(1).to(losses.dtype)
+
+
+@register_chunk_sum("perplexity")
+def _clipped_token_losses(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> float:
+    losses = torch.nan_to_num(mean_token_losses(outputs, targets), nan=plan.sensitivity, posinf=plan.sensitivity)
+    return float(losses.clamp(0.0, plan.sensitivity).sum().item())
+
+
+def _chunk_rows(rows: Rows, plan: EvaluationPlan) -> int:
+    """Language models: about EVAL_CHUNK_TOKENS tokens a chunk, since their logits are (b, T, vocab)."""
+    if plan.metric != "perplexity" or not rows.row_shape:
+        return EVAL_CHUNK_ROWS
+    return max(1, min(EVAL_CHUNK_ROWS, EVAL_CHUNK_TOKENS // max(1, rows.row_shape[0])))
+
+
 def metric_sum(model: nn.Module, X: torch.Tensor | Rows, y: torch.Tensor, plan: EvaluationPlan) -> float:
-    """Σ over held-out rows of 1[correct] or min(squared error, R): sensitivity plan.sensitivity."""
+    """Σ over held-out rows of 1[correct], min(squared error, R) or min(mean token loss, R):
+    sensitivity plan.sensitivity. The model runs in eval mode without gradients."""
     device = next(model.parameters()).device
+    chunk_sum = CHUNK_SUMS[plan.metric]
     model.eval()
     total = 0.0
     with torch.no_grad():
         rows = as_rows(X)
-        for index in iter_row_chunks(rows, chunk_rows=EVAL_CHUNK_ROWS):
+        for index in iter_row_chunks(rows, chunk_rows=_chunk_rows(rows, plan)):
             xb = rows.take(index).to(device)
             yb = y[index.to(y.device)].to(device)
-            out = model(xb)
-            if plan.metric == "accuracy":
-                total += float((out.argmax(dim=1) == yb).sum().item())
-            else:
-                errors = (out.squeeze(-1).double() - yb.double()) ** 2
-                errors = torch.nan_to_num(errors, nan=plan.sensitivity, posinf=plan.sensitivity)
-                total += float(errors.clamp(0.0, plan.sensitivity).sum().item())
+            total += chunk_sum(model(xb), yb, plan)
     return total
 
 

@@ -34,6 +34,8 @@ from app.db import Database
 from app.evaluation import EvaluationPlan
 from app.facts import public_class_list
 from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
+from app.ingest.jsonl import JsonlFields
+from app.ingest.text import text_labels
 from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
@@ -55,6 +57,7 @@ from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
 from worker.data.images import ImageRows
 from worker.data.rows import Rows, SubsetRows, TensorRows, place_image_rows
+from worker.data.tokens import TokenRows, language_model_targets
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers import TrainingRequest, get_trainer, preflight
@@ -62,6 +65,7 @@ from worker.training.artifacts import load_checkpoint_extras, load_training_stat
 from worker.training.ema import ParameterAverage
 from worker.training.finetune import apply_finetune
 from worker.training.init_weights import apply_init, init_blob_path
+from worker.training.lora import merge_lora
 
 log = logging.getLogger("privtrain.worker")
 
@@ -256,6 +260,10 @@ class JobRunner:
             return self._load_images(
                 dataset, device, limits=limits, classes=public.names if public is not None else None
             )
+        if dataset.modality == "text":
+            return self._load_tokens(
+                dataset, device, limits=limits, classes=public.names if public is not None else None
+            )
         parsed = parse_dataset(
             self.blobs.path(dataset.blob_key),
             fmt=dataset.format,
@@ -283,6 +291,29 @@ class JobRunner:
             raise ValueError(f"dataset {dataset.id}: {rows.n_rows} images but {y.shape[0]} labels")
         placed = place_image_rows(rows, device, max_device_fraction=self.settings.data_on_device_max_fraction)
         return placed, torch.from_numpy(y)
+
+    def _load_tokens(
+        self, dataset: Dataset, device: torch.device, *, limits: IngestLimits, classes: tuple[str, ...] | None
+    ) -> tuple[Rows, torch.Tensor]:
+        """A text dataset: its stored token ids (int64 batches; on the GPU when they fit, else
+        memory-mapped). y: for classification the labels re-read from the upload and mapped as at
+        upload; for language modelling the ids themselves with every pad position -100."""
+        assert dataset.array_blob_key is not None and dataset.pad_id is not None and dataset.text_field is not None
+        rows = TokenRows.placed(
+            self.blobs.path(dataset.array_blob_key),
+            max_length=int(dataset.feature_shape[0]),
+            device=device,
+            max_device_fraction=self.settings.data_on_device_max_fraction,
+        )
+        if dataset.task != "classification":
+            return rows, language_model_targets(rows, pad_id=dataset.pad_id)
+        fields = JsonlFields(text=dataset.text_field, label=dataset.label_column or JsonlFields().label)
+        y = text_labels(
+            self.blobs.path(dataset.blob_key), task=dataset.task, classes=classes, fields=fields, limits=limits
+        )
+        if y is None or y.shape[0] != rows.n_rows:
+            raise ValueError(f"dataset {dataset.id}: {rows.n_rows} token rows but labels do not match")
+        return rows, torch.from_numpy(y)
 
     def _private_path(self, job_id: str, suffix: str) -> Path:
         """Checkpoints and hold-out masks: secret, on worker storage only, deleted when settled."""
@@ -410,7 +441,9 @@ class JobRunner:
             return model
         apply_init(model, init_blob_path(self.db, self.blobs, provenance), new_head=bool(provenance.get("new_head")))
         training = job.spec["training"]
-        apply_finetune(model, mode=training.get("finetune") or "full", k=training.get("finetune_k"))
+        apply_finetune(
+            model, mode=training.get("finetune") or "full", k=training.get("finetune_k"), lora=training.get("lora")
+        )
         return model
 
     def _write_model(self, claimed: Claimed, model: torch.nn.Module, n_outputs: int) -> Path:
@@ -421,6 +454,8 @@ class JobRunner:
             class_names=dataset.class_names,
             declared=dataset.classes_declared,
         )
+        lora = claimed.training.lora
+        merged = merge_lora(model)  # LoRA: released as W + (alpha/r)·B·A in the plain architecture
         self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".safetensors")
         os.close(fd)
@@ -440,11 +475,26 @@ class JobRunner:
                 # Output i is classes[i]; the features were prepared as declared before training.
                 "classes": list(classes.names) if classes is not None else None,
                 "preparation": dataset.preparation,
+                # A text model's inputs: token ids from this public tokenizer, padded to max_length.
+                "text": (
+                    {
+                        "tokenizer_id": dataset.tokenizer_id,
+                        "vocab_size": dataset.vocab_size,
+                        "pad_id": dataset.pad_id,
+                        "max_length": dataset.feature_shape[0],
+                    }
+                    if dataset.modality == "text"
+                    else None
+                ),
                 # The released weights: the last iterate, or their moving average (post-processing).
                 "ema_decay": claimed.training.ema_decay,
                 # How it trained (public choices): augmented views per example, arithmetic.
                 "augmult": claimed.training.augmult,
                 "precision": claimed.training.precision or "fp32",
+                # LoRA fine-tuning: the adapters' rank and alpha; the weights hold them merged.
+                "lora": (
+                    {"rank": lora.rank, "alpha": lora.alpha, "merged": True} if lora is not None and merged else None
+                ),
             },
         )
         return path

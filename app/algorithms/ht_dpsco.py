@@ -184,6 +184,8 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
 
     family = "heavy-tailed-dpsco"
     paper = PAPER
+    tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression"})
+    """Linear models on feature vectors only (linear and logistic regression): no language models."""
     training_fields = SCHEDULE_FIELDS
     unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is single-pass over disjoint blocks of n_train/T rows",

@@ -551,6 +551,9 @@ _KLH = TypeVar(
 
 class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     family = "kl-condition"
+    tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression"})
+    """Full-batch methods analysed for one loss per feature vector: a language model's token losses are
+    out of their scope (and one full pass per step over a text corpus would be prohibitive)."""
     training_fields = SCHEDULE_FIELDS
     unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is full-batch",

@@ -87,6 +87,8 @@ class AlgorithmDefinition(Generic[H]):
     """Every step uses all n rows: the service records ``training.batch_size = n`` itself."""
     private: ClassVar[bool] = True
     """False for the non-private optimizers (app.algorithms.non_private): public datasets only."""
+    tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression", "language-model"})
+    """The dataset tasks this algorithm trains on; submission refuses the others (422)."""
 
     def validate_hyperparameters(self, raw: dict[str, Any]) -> H:
         try:
@@ -147,6 +149,7 @@ class AlgorithmDefinition(Generic[H]):
             "training_fields": sorted(self.training_fields),
             "full_batch": self.full_batch,
             "private": self.private,
+            "tasks": sorted(self.tasks),
             "training_schema": training_schema(self.training_fields),
         }
 

@@ -15,10 +15,13 @@ from typing import Any, Final
 from app.algorithms.errors import MissingTrainingFields, UnusedTrainingField
 from app.schemas.jobs import TrainingSpec
 
-FINETUNE_FIELDS: Final[frozenset[str]] = frozenset({"finetune", "finetune_k"})
+FINETUNE_FIELDS: Final[frozenset[str]] = frozenset({"finetune", "finetune_k", "lora"})
 """Which parameters train, with ``model.init``: about the model, the same for every algorithm,
 so not listed among an algorithm's ``training_fields`` (docs/pretraining-and-finetuning.md)."""
-ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields) - FINETUNE_FIELDS
+TASK_FIELDS: Final[frozenset[str]] = frozenset({"token_loss"})
+"""About the dataset's task, the same for every algorithm that accepts the task: checked against
+the dataset at submission (app/job_planning.py), not listed among ``training_fields``."""
+ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields) - FINETUNE_FIELDS - TASK_FIELDS
 PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("batch_size", "learning_rate")
 """Optional in the schema; required by exactly the algorithms that read them."""
 OPTIONAL_PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("ema_decay", "augmult", "precision")

@@ -39,6 +39,7 @@ def list_models(_tenant: TenantDep) -> dict[str, Any]:
                 "params_schema": m.params_model.model_json_schema(),
                 "defaults": m.params_model().model_dump(mode="json"),
                 "finetune_blocks": m.block_names(m.params_model().model_dump(mode="json")),
+                "lora": m.lora,  # training.finetune "lora" applies (attention and MLP Linear layers)
             }
             for m in MODELS.values()
         ]

@@ -17,7 +17,7 @@ from app.access import Role, dataset_access, dataset_for, visible_datasets
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.api.upload_body import receive_upload_body
-from app.dataset_registration import UploadRequest, invalid_dataset, register_upload
+from app.dataset_registration import UploadRequest, invalid_dataset, invalid_text, register_upload
 from app.facts import public_class_list
 from app.ingest import (
     DatasetValidationError,
@@ -28,6 +28,9 @@ from app.ingest import (
     parse_image_size,
     parse_preparation,
 )
+from app.ingest.jsonl import JsonlFields
+from app.ingest.text import DEFAULT_MAX_LENGTH, TEXT_FORMATS, TextOptions
+from app.ingest.text_errors import TextValidationError
 from app.ledger_explanations import explain_entries, jobs_of
 from app.models import Dataset, LedgerEntry, PrivacyBudget
 from app.pagination import cursor_id, cursor_seq, cursor_time, decode_cursor, encode_cursor
@@ -102,8 +105,13 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         size_bytes=dataset.size_bytes if owner else None,
         n_rows=dataset.n_rows,
         feature_shape=list(dataset.feature_shape),
-        modality="image" if dataset.modality == "image" else "tabular",
+        modality="image" if dataset.modality == "image" else "text" if dataset.modality == "text" else "tabular",
         image_shape=image_shape(dataset),
+        tokenizer_id=dataset.tokenizer_id,
+        vocab_size=dataset.vocab_size,
+        pad_id=dataset.pad_id,
+        max_length=int(dataset.feature_shape[0]) if dataset.modality == "text" else None,
+        text_field=dataset.text_field,
         n_features=dataset.n_features,
         task=dataset.task,
         n_classes=dataset.n_classes,
@@ -129,7 +137,10 @@ async def upload_dataset(
     name: Annotated[str, Query(min_length=1, max_length=200)],
     format: Annotated[
         str,
-        Query(description="csv, npz, or zip (a ZIP of class folders of PNG/JPEG images; docs/preparing-data.md)"),
+        Query(
+            description="csv, npz, zip (a ZIP of class folders of PNG/JPEG images; docs/preparing-data.md), "
+            "or jsonl (JSON Lines texts, tokenised at upload; docs/text.md)"
+        ),
     ],
     epsilon: Annotated[
         float | None, Query(gt=0, le=100, allow_inf_nan=False, description="ε of the budget; required unless public")
@@ -145,9 +156,11 @@ async def upload_dataset(
     ] = None,
     label_column: Annotated[str | None, Query(max_length=200)] = None,
     task: Annotated[
-        Literal["classification", "regression"] | None,
+        Literal["classification", "regression", "language-model"] | None,
         Query(
-            description="inferred only when the labels leave no doubt (text: classification; fractions: "
+            description="a text (jsonl) dataset is classification when its records carry the label member "
+            "and language-model when they do not; task= must agree. Otherwise inferred only when the labels "
+            "leave no doubt (text: classification; fractions: "
             "regression; whole numbers 0..K-1: classification); whole numbers not starting at 0 (1, 2) "
             "are refused as ambiguous unless task= or classes= is given",
         ),
@@ -175,7 +188,7 @@ async def upload_dataset(
         ),
     ] = None,
     modality: Annotated[
-        Literal["tabular", "image"] | None,
+        Literal["tabular", "image", "text"] | None,
         Query(
             description="image or tabular; when omitted, zip is image, csv is tabular, and an npz is image "
             "when its X is uint8 with 3 or 4 dimensions ((n, H, W) or (n, H, W, C), channels-last), tabular "
@@ -195,6 +208,34 @@ async def upload_dataset(
         Query(
             description="1 (grey) or 3 (RGB): every image is converted to it; when omitted, a ZIP takes it "
             "from its first image (sorted by path) and an NPZ from X's last axis",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        Query(
+            max_length=40,
+            description='text (jsonl) only: "byte" (built in, the default) or the id of one of your tokenizers '
+            "(GET /v1/tokenizers)",
+        ),
+    ] = None,
+    max_length: Annotated[
+        int | None,
+        Query(
+            description=f"text (jsonl) only: tokens kept per row (default {DEFAULT_MAX_LENGTH}); longer texts are "
+            "truncated, shorter ones right-padded with the tokenizer's pad id",
+        ),
+    ] = None,
+    text_field: Annotated[
+        str | None,
+        Query(min_length=1, max_length=200, description='text (jsonl) only: the text member (default "text")'),
+    ] = None,
+    label_field: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            description='text (jsonl) only: the label member (default "label"); records without it make a '
+            "language-model dataset",
         ),
     ] = None,
     public: Annotated[
@@ -220,8 +261,18 @@ async def upload_dataset(
         class_list = parse_class_list(classes, max_classes=limits.max_classes)
         declared_preparation = parse_preparation(preparation, limits=limits)
         image_options = ImageOptions(channels=check_channels(channels), size=parse_image_size(image_size))
+        text_options = _text_options(
+            fmt=format,
+            modality=modality,
+            tokenizer=tokenizer,
+            max_length=max_length,
+            text_field=text_field,
+            label_field=label_field,
+        )
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
+    except TextValidationError as exc:
+        raise invalid_text(exc) from exc
     pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
     # Everything after the body (hashing, parsing, the registration transaction) is blocking
     # work: it runs in a worker thread, so a registration waiting on the database lock never
@@ -246,12 +297,42 @@ async def upload_dataset(
             public=public,
             modality=modality,
             image_options=image_options,
+            text_options=text_options,
         ),
     )
     out = dataset_out(registered.dataset, registered.budget)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out.model_copy(update={"notices": list(registered.notices)})
+
+
+def _text_options(
+    *,
+    fmt: str,
+    modality: str | None,
+    tokenizer: str | None,
+    max_length: int | None,
+    text_field: str | None,
+    label_field: str | None,
+) -> TextOptions | None:
+    """A jsonl upload's text options (defaults filled); None for other formats, which must not
+    declare any (a declaration that would be silently ignored is refused)."""
+    if fmt not in TEXT_FORMATS:
+        if modality == "text":
+            raise TextValidationError("bad-text-options", f"modality=text needs format={' or '.join(TEXT_FORMATS)}")
+        if (tokenizer, max_length, text_field, label_field) != (None, None, None, None):
+            raise TextValidationError(
+                "bad-text-options", "tokenizer=, max_length=, text_field= and label_field= apply only to format=jsonl"
+            )
+        return None
+    if modality not in (None, "text"):
+        raise TextValidationError("bad-text-options", "a jsonl upload is text: modality=text")
+    defaults = TextOptions()
+    return TextOptions(
+        tokenizer=tokenizer or defaults.tokenizer,
+        max_length=max_length if max_length is not None else defaults.max_length,
+        fields=JsonlFields(text=text_field or defaults.fields.text, label=label_field or defaults.fields.label),
+    )
 
 
 def _declared_budget(*, public: bool, epsilon: float | None, delta: float | None) -> tuple[float, float]:

@@ -26,7 +26,6 @@ from app.base_models.safetensors_header import TensorEntry, read_header
 from app.blob_references import discard_unreferenced_blob, lock_blob_key
 from app.db import Database
 from app.errors import Conflict, InvalidInput, not_found
-from app.facts import DatasetFacts
 from app.idempotency import IdempotentRequest, create_once, earlier
 from app.jobs.status import ACTIVE_STATUSES
 from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
@@ -97,8 +96,9 @@ def upload_hash(sha256: str, upload: BaseModelUpload) -> str:
 def normalised_params(upload: BaseModelUpload, limits: ModelSizeLimits) -> dict[str, Any]:
     """The catalogue's validation of the architecture and its params (defaults filled), torch-free.
 
-    The facts stand for any dataset the weights fit: the declared input shape and, for more than
-    one output, a classification task with that many classes."""
+    The facts stand for any dataset the weights fit (``facts_for_weights``): the declared input
+    shape; a language model's task, or classification with ``n_outputs`` classes; a text model's
+    vocabulary as its params give it."""
     try:
         model = get_model(upload.architecture)
     except UnknownModel:
@@ -106,12 +106,7 @@ def normalised_params(upload: BaseModelUpload, limits: ModelSizeLimits) -> dict[
             slug="unknown-model",
             detail=suggestions.unknown_name(kind="model", name=upload.architecture, known=MODELS.names()),
         ) from None
-    facts = DatasetFacts(
-        n_rows=1,
-        feature_shape=upload.input_shape,
-        task="classification" if upload.n_outputs > 1 else "regression",
-        n_classes=upload.n_outputs if upload.n_outputs > 1 else None,
-    )
+    facts = model.facts_for_weights(upload.params, input_shape=upload.input_shape, n_outputs=upload.n_outputs)
     try:
         return model.validate(upload.params, facts, limits=limits)
     except ModelIncompatible as exc:

@@ -40,6 +40,15 @@ class IngestLimits:
     max_image_pixels: int = 16_777_216
     """Width × height of one uploaded image (4096 × 4096), checked from its header before it is
     decoded; Pillow's decompression-bomb guard applies the same bound while decoding."""
+    max_text_records: int = 1_000_000
+    """Records (non-blank lines) in one JSON Lines upload."""
+    max_text_line_bytes: int = 1_048_576
+    """Bytes in one JSON Lines line: bounds what one ``json.loads`` may hold and take."""
+    max_text_length: int = 4096
+    """The largest ``max_length`` (tokens a text row keeps) an upload may declare."""
+    max_tokenizer_vocab: int = 262_144
+    """Tokens a tokenizer may have (uploaded or trained); token ids are stored as uint16 up to
+    65,535 and as int32 above."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -58,6 +67,10 @@ class IngestLimits:
             max_compression_ratio=settings.max_compression_ratio,
             max_image_files=settings.max_image_files,
             max_image_pixels=settings.max_image_pixels,
+            max_text_records=settings.max_text_records,
+            max_text_line_bytes=settings.max_text_line_bytes,
+            max_text_length=settings.max_text_length,
+            max_tokenizer_vocab=settings.max_tokenizer_vocab,
         )
 
     def decompressed_allowance(self, *, compressed_bytes: int) -> tuple[int, str]:

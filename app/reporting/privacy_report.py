@@ -43,6 +43,13 @@ NOISE_SOURCE = {
 }
 
 
+PERPLEXITY_CAVEAT = (
+    "Perplexity is exp of the released mean token loss (post-processing, no privacy cost). Each held-out "
+    "row's mean token loss was clipped to [0, {loss_clip:.4g}] nats before summing, which biases the value "
+    "down for a model whose rows exceed the clip, and a row with no target token counted as a loss of 0."
+)
+
+
 def noise_caveat(*, secure_gaussian: bool) -> str:
     """How this job's noise was drawn, and what is not accounted for."""
     gaussian = (
@@ -160,6 +167,8 @@ def build_report(
             "is clamped to the metric's valid range (post-processing, no privacy cost); its interval "
             "is computed from public quantities only."
         )
+        if metrics.get("metric") == "perplexity":
+            caveats.append(PERPLEXITY_CAVEAT.format(loss_clip=metrics.get("loss_clip")))
     curve = privacy.rdp_curve(event)
     eps_rdp, order = privacy.epsilon_from_rdp(curve, job.delta)
     committed = curve_epsilon(curve, job.delta)  # what app.ledger.commit recorded on the job
@@ -229,6 +238,7 @@ def build_report(
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},
         "accountant": {"name": privacy.ACCOUNTANT_NAME, "version": privacy.ACCOUNTANT_VERSION},
         "released_metrics": metrics,
+        **_generation_fields(dataset, private=True),
         "ledger": {
             "before": budget_before,
             "before_definition": BEFORE_DEFINITION.format(before_seq=commit_entry.seq - 1),
@@ -304,10 +314,30 @@ def build_public_report(
             "steps_run": job.steps_run,
         },
         "released_metrics": metrics,
+        **_generation_fields(dataset, private=False),
         "caveats": [
             "The owner declared this dataset public when uploading it: the service keeps no budget or "
             "ledger for it, and nothing in this report bounds what the released model reveals about its rows."
         ],
+    }
+
+
+def _generation_fields(dataset: Dataset, *, private: bool) -> dict[str, Any]:
+    """A language model's report says what text sampled from it (``POST /v1/jobs/{id}/generate``)
+    costs: nothing, as post-processing of the released model. Other tasks get no section."""
+    if dataset.task != "language-model":
+        return {}
+    bound = (
+        "the job's guarantee covers it as it covers the model"
+        if private
+        else "the dataset is public, so nothing bounds how much of its text the samples reproduce"
+    )
+    return {
+        "generation": {
+            "post_processing": True,
+            "statement": "text generated from the released model is post-processing of it: generating reads "
+            f"no training row and costs no privacy budget; {bound}",
+        }
     }
 
 

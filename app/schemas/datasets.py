@@ -42,15 +42,36 @@ class DatasetOut(BaseModel):
         description="the shape of one row as the models see it: [d] for rows of numbers, [C, H, W] for "
         "images (channels first)",
     )
-    modality: Literal["tabular", "image"] = Field(
+    modality: Literal["tabular", "image", "text"] = Field(
         default="tabular",
         description="image: uint8 images stored as uploaded (channels-last) and normalised to x / 255 "
-        "on the worker; tabular: rows of numbers",
+        "on the worker; tabular: rows of numbers; text: JSON Lines texts stored as token ids, "
+        "[max_length] per row",
     )
     image_shape: list[int] | None = Field(
         default=None,
         description="an image dataset's [H, W, C] (height, width, channels: 1 grey, 3 RGB), as stored; "
         "null for tabular datasets",
+    )
+    tokenizer_id: str | None = Field(
+        default=None,
+        description='a text dataset\'s tokenizer: "byte" (built in) or a tok_ id (GET /v1/tokenizers); '
+        "null for other modalities",
+    )
+    vocab_size: int | None = Field(
+        default=None, description="a text dataset's vocabulary size (every token id is below it); null otherwise"
+    )
+    pad_id: int | None = Field(
+        default=None,
+        description="a text dataset's pad id: every row is truncated at max_length and right-padded with it",
+    )
+    max_length: int | None = Field(
+        default=None,
+        description="a text dataset's tokens per row, as declared at upload (its feature_shape is [max_length]); "
+        "how many texts were truncated is not shown: it depends on the private texts",
+    )
+    text_field: str | None = Field(
+        default=None, description="the JSON member holding each record's text; null for other modalities"
     )
     n_features: int
     task: str

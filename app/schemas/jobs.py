@@ -88,6 +88,13 @@ class PrivacySpec(_Strict):
         return self
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters (``training.finetune: lora``): rank r and scale alpha, the update (alpha/r)·B·A."""
+
+    rank: int = Field(ge=1, le=256, description="r: the adapters' inner width")
+    alpha: float = Field(default=16.0, gt=0, le=1024, description="the adapters' output is scaled by alpha / rank")
+
+
 class TrainingSpec(_Strict):
     """How long to train and, for the algorithms that read them, the batch size and step size.
 
@@ -109,14 +116,25 @@ class TrainingSpec(_Strict):
         le=1000,
         description="step size; only for algorithms that take one (others set their own steps)",
     )
-    finetune: Literal["full", "head", "last_k_blocks"] | None = Field(
+    finetune: Literal["full", "head", "last_k_blocks", "lora"] | None = Field(
         default=None,
         description="with model.init: which parameters train. full (the default): all; head: only the "
         "last parameterised module (the classifier); last_k_blocks: the last finetune_k of the model's "
-        "fine-tuning blocks (GET /v1/models lists them). The others are frozen",
+        "fine-tuning blocks (GET /v1/models lists them); lora: low-rank adapters on the attention and "
+        "MLP Linear layers of a transformer (training.lora). The others are frozen",
     )
     finetune_k: int | None = Field(
         default=None, ge=1, le=1000, description="k of last_k_blocks (required there; at most the model's block count)"
+    )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="rank and alpha of the adapters of finetune lora (required there, and only there); the "
+        "released model holds the merged weights W + (alpha/rank)·B·A in the plain architecture",
+    )
+    token_loss: Literal["mean", "sum"] | None = Field(
+        default=None,
+        description="language-model datasets only: a row's loss is the mean (the default) or the sum of its "
+        "next-token losses over its non-padding tokens; either way one row is one privacy unit",
     )
     ema_decay: float | None = Field(
         default=None,
@@ -156,6 +174,8 @@ class TrainingSpec(_Strict):
             raise ValueError("give exactly one of epochs and steps")
         if (self.finetune == "last_k_blocks") != (self.finetune_k is not None):
             raise ValueError("finetune_k is required with finetune last_k_blocks, and only there")
+        if (self.finetune == "lora") != (self.lora is not None):
+            raise ValueError("lora (rank and alpha) is required with finetune lora, and only there")
         return self
 
 
@@ -165,8 +185,9 @@ class EvaluationSpec(_Strict):
     Rows are held out by independent per-row coin flips (probability ``holdout_fraction``) and
     never used for training. The released value is (sum over held-out rows + noise) divided by
     the public expected hold-out size f·n: the number of correct predictions (classification,
-    sensitivity 1) or the sum of squared errors clipped to [0, ``error_clip``] (regression,
-    sensitivity ``error_clip``).
+    sensitivity 1), the sum of squared errors clipped to [0, ``error_clip``] (regression,
+    sensitivity ``error_clip``) or the sum of each row's mean token loss clipped to
+    [0, ``loss_clip``] (language model, released as perplexity, sensitivity ``loss_clip``).
     """
 
     holdout_fraction: float = Field(gt=0, le=0.5)
@@ -175,6 +196,12 @@ class EvaluationSpec(_Strict):
     noise_multiplier: float | None = _sigma_field("Gaussian: noise std / sensitivity")
     error_clip: float | None = Field(
         default=None, gt=0, le=1e12, description="regression: public bound on a squared error"
+    )
+    loss_clip: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description="language model: public bound, in nats, on one row's mean token loss; default 2·ln(vocab_size)",
     )
 
     _sigma_in_range = field_validator("noise_multiplier")(_check_sigma)

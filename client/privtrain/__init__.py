@@ -40,6 +40,7 @@ from privtrain.resources import (
     JobEvent,
     LedgerEntry,
     ModelInfo,
+    Tokenizer,
 )
 from privtrain.specs import build_job_spec
 
@@ -65,6 +66,7 @@ __all__ = [
     "PrivtrainError",
     "RateLimited",
     "ServerError",
+    "Tokenizer",
     "TransportError",
     "Unauthorized",
     "WaitTimeout",

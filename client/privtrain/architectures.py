@@ -38,6 +38,7 @@ __all__ = [
     "PositionalEmbedding",
     "Residual",
     "SelfAttention",
+    "TextTransformer",
     "TokenPrepend",
     "TransformerBlock",
     "WSConv2d",
@@ -355,11 +356,12 @@ class SelfAttention(nn.Module):
     which both per-sample gradient engines handle exactly. Attention mixes positions, never rows.
     """
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, *, causal: bool = False) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"attention dim {dim} is not divisible by heads {heads}")
         self.heads = heads
+        self.causal = causal
         self.q = nn.Linear(dim, dim)
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
@@ -369,9 +371,25 @@ class SelfAttention(nn.Module):
         batch, positions, dim = t.shape
         return t.reshape(batch, positions, self.heads, dim // self.heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _allowed(self, key_mask: torch.Tensor | None, positions: int, device: torch.device) -> torch.Tensor | None:
+        """Which keys each query may look at, broadcastable to (B, heads, T, T); None: all of them."""
+        allowed: torch.Tensor | None = None
+        if key_mask is not None:
+            allowed = key_mask[:, None, None, :]  # (B, 1, 1, T): padding is never looked at
+        if self.causal:
+            earlier = torch.ones(positions, positions, dtype=torch.bool, device=device).tril()
+            allowed = earlier if allowed is None else allowed & earlier
+        return allowed
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`key_mask` (B, T), True where a position is a real token: the others are never attended to."""
         q, k, v = self._split(self.q(x)), self._split(self.k(x)), self._split(self.v(x))
         scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        allowed = self._allowed(key_mask, x.shape[1], x.device)
+        if allowed is not None:
+            # The dtype's lowest finite value, not -inf: a query with no allowed key (an all-padding
+            # row) then averages uniformly instead of producing NaN.
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         mixed = torch.matmul(scores.softmax(dim=-1), v)  # (B, heads, T, d_head)
         out: torch.Tensor = self.out(mixed.transpose(1, 2).flatten(2))
         return out
@@ -380,15 +398,15 @@ class SelfAttention(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, dim: int, heads: int, mlp_dim: int) -> None:
+    def __init__(self, dim: int, heads: int, mlp_dim: int, *, causal: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attention = SelfAttention(dim, heads)
+        self.attention = SelfAttention(dim, heads, causal=causal)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.norm1(x))
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), key_mask)
         out: torch.Tensor = x + self.mlp(self.norm2(x))
         return out
 
@@ -400,9 +418,75 @@ class FirstToken(nn.Module):
         return x[:, 0]
 
 
+class TextTransformer(nn.Module):
+    """Token ids (B, T) -> token embedding + learned positions -> pre-norm blocks -> LayerNorm -> head.
+
+    The padding mask is read off the input (`tokens == pad_id`), so every block is told which
+    positions are padding and attention never looks at them. `pooling` says what the head sees:
+    "mean" (the mean over the non-padding positions: (B, n_classes)), "first" (the first
+    position: (B, n_classes)) or "none" (every position: (B, T, n_outputs), a language model's
+    next-token logits). A container: its parameters all belong to its children (an Embedding,
+    a PositionalEmbedding, the blocks' Linear and LayerNorm layers, the final LayerNorm and the
+    Linear head), which both per-sample engines handle exactly, and it never mixes rows.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        pad_id: int,
+        positions: int,
+        dim: int,
+        heads: int,
+        mlp_dim: int,
+        layers: int,
+        n_outputs: int,
+        pooling: str,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        if not 0 <= pad_id < vocab_size:
+            raise ValueError(f"pad_id {pad_id} is not a token id of a vocabulary of {vocab_size}")
+        if pooling not in TEXT_POOLINGS:
+            raise ValueError(f"pooling must be one of {sorted(TEXT_POOLINGS)}, got {pooling!r}")
+        self.pad_id = pad_id
+        self.pooling = pooling
+        self.embedding = nn.Embedding(vocab_size, dim)
+        self.positions = PositionalEmbedding(positions, dim)
+        self.blocks = nn.ModuleList(TransformerBlock(dim, heads, mlp_dim, causal=causal) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, n_outputs)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        real = tokens != self.pad_id  # (B, T)
+        x = self.positions(self.embedding(tokens))
+        for block in self.blocks:
+            x = block(x, real)
+        x = self.norm(x)
+        out: torch.Tensor
+        if self.pooling == "mean":
+            weights = real.unsqueeze(-1).to(x.dtype)
+            out = self.head((x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0))
+        elif self.pooling == "first":
+            out = self.head(x[:, 0])
+        else:
+            out = self.head(x)
+        return out
+
+
+TEXT_POOLINGS: frozenset[str] = frozenset({"mean", "first", "none"})
+
+
 # Custom module types in the zoo, for the worker's per-sample engines to register: containers
 # and parameter-free modules (rows independent) and layers with parameters (each needs a rule).
-ZOO_CONTAINERS: tuple[type[nn.Module], ...] = (Residual, PatchTokens, SelfAttention, TransformerBlock, FirstToken)
+ZOO_CONTAINERS: tuple[type[nn.Module], ...] = (
+    Residual,
+    PatchTokens,
+    SelfAttention,
+    TransformerBlock,
+    FirstToken,
+    TextTransformer,
+)
 ZOO_LAYERS: tuple[type[nn.Module], ...] = (WSConv2d, TokenPrepend, PositionalEmbedding)
 
 
@@ -606,3 +690,89 @@ def _vit(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_output
         "head": [3 + depth, 5 + depth],  # the final LayerNorm and the Linear
     }
     return declare_blocks(model, blocks)
+
+
+# ----------------------------------------------------------------------------- text models
+#
+# Both take int64 token ids (B, T), right-padded with `pad_id`, T = input_shape[0] (the dataset's
+# max_length). `vocab_size` and `pad_id` are the dataset's tokenizer's: the service fills them in
+# from the dataset when a job leaves them out.
+
+_TEXT_DEFAULTS: dict[str, object] = {
+    "layers": 2,
+    "dim": 128,
+    "heads": 4,
+    "mlp_dim": 256,
+    "vocab_size": None,
+    "pad_id": None,
+}
+
+
+def _text_transformer(
+    model: str,
+    params: Mapping[str, object],
+    *,
+    input_shape: tuple[int, ...],
+    n_outputs: int,
+    pooling: str | None,
+) -> nn.Module:
+    defaults = {**_TEXT_DEFAULTS, **({"pooling": "mean"} if pooling is None else {})}
+    p = _with_defaults(model, params, defaults)
+    if len(input_shape) != 1:
+        raise ValueError(f"{model} needs rows of token ids of shape (max_length,), got {input_shape}")
+    if p["vocab_size"] is None or p["pad_id"] is None:
+        raise ValueError(f"{model} needs vocab_size and pad_id (the dataset's tokenizer's)")
+    vocab_size = _check_positive_int(f"{model} vocab_size", p["vocab_size"])
+    pad_id = p["pad_id"]
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
+        raise ValueError(f"{model} pad_id must be a token id in [0, vocab_size), got {pad_id!r}")
+    dim = _check_positive_int(f"{model} dim", p["dim"])
+    heads = _check_positive_int(f"{model} heads", p["heads"])
+    if dim % heads:
+        raise ValueError(f"{model} dim must be divisible by heads, got dim={dim}, heads={heads}")
+    layers = _check_positive_int(f"{model} layers", p["layers"])
+    chosen = pooling if pooling is not None else _choice(f"{model} pooling", p["pooling"], {"mean": 0, "first": 0})
+    if pooling == "none" and n_outputs != vocab_size:
+        raise ValueError(f"{model} has one output per token id: n_outputs must be vocab_size {vocab_size}")
+    model_module = TextTransformer(
+        vocab_size=vocab_size,
+        pad_id=pad_id,
+        positions=input_shape[0],
+        dim=dim,
+        heads=heads,
+        mlp_dim=_check_positive_int(f"{model} mlp_dim", p["mlp_dim"]),
+        layers=layers,
+        n_outputs=n_outputs,
+        pooling=chosen,
+        causal=pooling == "none",
+    )
+    blocks = {
+        "embedding": ["embedding", "positions"],
+        **{f"block{number}": [f"blocks.{number - 1}"] for number in range(1, layers + 1)},
+        "head": ["norm", "head"],
+    }
+    setattr(model_module, FINETUNE_BLOCKS, {name: tuple(members) for name, members in blocks.items()})
+    return model_module
+
+
+@register_model("transformer-classifier")
+def _transformer_classifier(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """Text classifier: token embedding and learned positions, `layers` pre-norm blocks with
+    padding-masked multi-head self-attention and a GELU MLP, a final LayerNorm, then `pooling`
+    ("mean" over the non-padding tokens, or the "first" token) and a Linear head: (B, n_outputs)."""
+    return _text_transformer(
+        "transformer-classifier", params, input_shape=input_shape, n_outputs=n_outputs, pooling=None
+    )
+
+
+@register_model("transformer-lm")
+def _transformer_lm(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    """Decoder-only language model: the same blocks with a causal and padding mask (position t sees
+    the real tokens at positions <= t), a final LayerNorm and a Linear to the vocabulary, giving
+    next-token logits (B, T, vocab_size).
+
+    The output Linear is NOT tied to the token embedding: a weight shared between an Embedding and
+    a Linear has per-sample gradients that are the sum of two layers' terms, which the ghost
+    clipping engine cannot compute exactly (it refuses tied parameters), so the two are separate
+    parameters (vocab_size × dim more of them)."""
+    return _text_transformer("transformer-lm", params, input_shape=input_shape, n_outputs=n_outputs, pooling="none")

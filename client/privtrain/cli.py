@@ -34,6 +34,7 @@ from privtrain.resources import (
     LedgerEntry,
     ModelInfo,
     Resource,
+    Tokenizer,
 )
 from privtrain.retry import RetryNotice
 from privtrain.specs import SpecFileError, SpecOverrides, load_spec_file, merge_spec, parse_assignment
@@ -237,6 +238,11 @@ def _dataset_block(d: Dataset) -> str:
             ("rows", d.n_rows),
             ("feature shape", d.feature_shape),
             *([("images (H, W, C)", d.image_shape)] if d.image_shape else []),
+            *(
+                [("tokenizer", d.tokenizer_id), ("vocabulary size", d.vocab_size), ("pad id", d.pad_id)]
+                if d.tokenizer_id
+                else []
+            ),
             ("task", d.task),
             ("classes", _class_list(d)),
             ("label column", d.label_column),
@@ -290,9 +296,13 @@ def datasets() -> None:
     is_flag=True,
     help="declare the dataset public: no budget, no ledger, sgd/adam allowed (give no --epsilon/--delta)",
 )
-@click.option("--format", "fmt", type=click.Choice(["csv", "npz", "zip"]), help="default: from the suffix")
+@click.option("--format", "fmt", type=click.Choice(["csv", "npz", "zip", "jsonl"]), help="default: from the suffix")
 @click.option("--label-column", default="label", show_default=True, help="CSV label column")
-@click.option("--task", type=click.Choice(["classification", "regression"]), help="default: inferred by the server")
+@click.option(
+    "--task",
+    type=click.Choice(["classification", "regression", "language-model"]),
+    help="default: inferred by the server (jsonl: classification when the records carry a label)",
+)
 @click.option(
     "--classes",
     help="the public class list, comma-separated; labels are matched by name "
@@ -310,9 +320,13 @@ def datasets() -> None:
 @click.option("--channels", type=click.IntRange(1, 3), help="convert every image to 1 (grey) or 3 (RGB) channels")
 @click.option(
     "--modality",
-    type=click.Choice(["image", "tabular"]),
-    help="default: zip is image; npz is image when X is uint8 (n, H, W) or (n, H, W, C)",
+    type=click.Choice(["image", "tabular", "text"]),
+    help="default: zip is image; jsonl is text; npz is image when X is uint8 (n, H, W) or (n, H, W, C)",
 )
+@click.option("--tokenizer", help='jsonl: "byte" (built in; the server\'s default) or a tokenizer id')
+@click.option("--max-length", type=click.IntRange(min=1), help="jsonl: tokens kept per row (server default: 128)")
+@click.option("--text-field", help='jsonl: the member holding the text (default "text")')
+@click.option("--label-field", help='jsonl: the member holding the label (default "label"; absent: language model)')
 @json_flag
 def datasets_upload(
     path: Path,
@@ -328,9 +342,13 @@ def datasets_upload(
     image_size: str | None,
     channels: int | None,
     modality: str | None,
+    tokenizer: str | None,
+    max_length: int | None,
+    text_field: str | None,
+    label_field: str | None,
 ) -> None:
-    """Upload a CSV (header + label column), NPZ (X, y) or ZIP (class folders of PNG/JPEG
-    images) file with its budget.
+    """Upload a CSV (header + label column), NPZ (X, y), ZIP (class folders of PNG/JPEG
+    images) or JSON Lines (texts, tokenised at upload) file with its budget.
 
     The same bytes can be registered once: a second upload is refused and names the dataset that
     holds them (raise its budget instead).
@@ -362,6 +380,10 @@ def datasets_upload(
                 modality=modality,
                 image_size=_cli_image_size(image_size),
                 channels=channels,
+                tokenizer=tokenizer,
+                max_length=max_length,
+                text_field=text_field,
+                label_field=label_field,
             )
         )
     except ValueError as exc:
@@ -631,10 +653,17 @@ SPEC_OPTIONS = [
     _spec_option("--init-base-model", help="model.init: start from this base model (bm_...)"),
     _spec_option(
         "--finetune",
-        type=click.Choice(["full", "head", "last_k_blocks"]),
+        type=click.Choice(["full", "head", "last_k_blocks", "lora"]),
         help="with an init: which parameters train (default full)",
     ),
     _spec_option("--finetune-k", type=int, help="k of --finetune last_k_blocks"),
+    _spec_option("--lora-rank", type=click.IntRange(1, 256), help="rank of the adapters of --finetune lora"),
+    _spec_option("--lora-alpha", type=float, help="alpha of --finetune lora: the update is scaled by alpha/rank"),
+    _spec_option(
+        "--token-loss",
+        type=click.Choice(["mean", "sum"]),
+        help="language-model datasets: a row's loss is the mean (default) or sum of its token losses",
+    ),
     _spec_option(
         "--augmult",
         type=click.IntRange(1, 32),
@@ -693,6 +722,12 @@ METRIC_COLUMNS: list[Column[dict[str, Any]]] = [
     Column("CLAMPED", lambda m: m.get("clamped")),
 ]
 """A released DP metric beside its noise scale and interval (not privacy figures: 4 digits)."""
+
+
+def _metric_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The released metric, then the values released beside it in its shape (perplexity: the mean token loss)."""
+    also = metrics.get("also_released")
+    return [metrics, *(row for row in also if isinstance(row, dict))] if isinstance(also, list) else [metrics]
 
 
 def _interval_text(interval: object) -> str | None:
@@ -792,7 +827,7 @@ def _job_block(j: Job) -> str:
     )
     if not j.metrics:
         return block
-    return f"{block}\n\nreleased DP metrics\n{table([j.metrics], METRIC_COLUMNS)}"
+    return f"{block}\n\nreleased DP metrics\n{table(_metric_rows(j.metrics), METRIC_COLUMNS)}"
 
 
 @cli.group()
@@ -914,6 +949,27 @@ def jobs_cancel(job_id: str) -> None:
     """Cancel: a queued job is released at once, a running one stops at its next check."""
     job = _state().client().cancel(job_id)
     emit(job, lambda: _job_block(job))
+
+
+@jobs.command("generate")
+@click.argument("job_id")
+@click.option("--prompt", required=True, help="the text to continue")
+@click.option(
+    "--max-tokens", type=click.IntRange(1, 256), default=64, show_default=True, help="most tokens to generate"
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0.0, 2.0),
+    default=1.0,
+    show_default=True,
+    help="softmax temperature; 0 picks the most likely token every time",
+)
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="sample among the k most likely tokens only")
+@json_flag
+def jobs_generate(job_id: str, prompt: str, max_tokens: int, temperature: float, top_k: int | None) -> None:
+    """Sample text from a succeeded language-model job's model (post-processing: no privacy cost)."""
+    answer = _state().client().generate(job_id, prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k)
+    emit(answer, lambda: str(answer["text"]))
 
 
 @jobs.command("download")
@@ -1055,6 +1111,79 @@ def base_models_delete(base_model_id: str) -> None:
     """Delete a base model (refused while a queued or running job starts from it)."""
     _state().client().delete_base_model(base_model_id)
     emit({"deleted": base_model_id}, lambda: f"deleted {base_model_id}")
+
+
+# ---------------------------------------------------------------------- tokenizers
+
+TOKENIZER_COLUMNS: list[Column[Tokenizer]] = [
+    Column("ID", lambda t: t.id),
+    Column("NAME", lambda t: t.name, 30),
+    Column("KIND", lambda t: t.kind),
+    Column("VOCAB", lambda t: t.vocab_size),
+    Column("PAD", lambda t: t.pad_id),
+    Column("FROM", lambda t: t.trained_from_dataset_id or t.source, 40),
+]
+
+
+def _tokenizer_block(t: Tokenizer) -> str:
+    return key_values(
+        [
+            ("id", t.id),
+            ("name", t.name),
+            ("kind", t.kind),
+            ("vocabulary size", t.vocab_size),
+            ("pad id", t.pad_id),
+            ("special tokens", t.raw.get("special_tokens") or None),
+            ("trained from", t.trained_from_dataset_id),
+            ("source", t.source),
+            ("sha256", t.sha256),
+            ("created", t.created_at),
+        ]
+    )
+
+
+@cli.group("tokenizers")
+def tokenizers() -> None:
+    """Public tokenizers for text datasets: built-in byte, uploaded tokenizer.json, or trained on public text."""
+
+
+@tokenizers.command("upload")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", help="default: the file name without its suffix")
+@click.option("--pad-token", help="the pad token, when the file sets no padding and has no <pad> or [PAD] token")
+@click.option("--source", help="where the tokenizer came from")
+@json_flag
+def tokenizers_upload(path: Path, name: str | None, pad_token: str | None, source: str | None) -> None:
+    """Upload a Hugging Face tokenizer.json (public: never one learned from private text)."""
+    found = _state().client().upload_tokenizer(path, name=name or path.stem, pad_token=pad_token, source=source)
+    emit(found, lambda: _tokenizer_block(found))
+
+
+@tokenizers.command("train")
+@click.argument("dataset_id")
+@click.option("--vocab-size", type=click.IntRange(min=1), required=True, help="tokens to learn (at least 300)")
+@click.option("--name", required=True)
+@json_flag
+def tokenizers_train(dataset_id: str, vocab_size: int, name: str) -> None:
+    """Train a byte-level BPE tokenizer on a PUBLIC text dataset (a private one is refused)."""
+    found = _state().client().train_tokenizer(dataset_id=dataset_id, vocab_size=vocab_size, name=name)
+    emit(found, lambda: _tokenizer_block(found))
+
+
+@tokenizers.command("list")
+@json_flag
+def tokenizers_list() -> None:
+    """The built-in byte tokenizer, then yours, newest first."""
+    found = _state().client().tokenizers()
+    emit(found, lambda: table(found, TOKENIZER_COLUMNS))
+
+
+@tokenizers.command("show")
+@click.argument("tokenizer_id")
+@json_flag
+def tokenizers_show(tokenizer_id: str) -> None:
+    found = _state().client().tokenizer(tokenizer_id)
+    emit(found, lambda: _tokenizer_block(found))
 
 
 # ---------------------------------------------------------------------- catalogues

@@ -36,6 +36,7 @@ from privtrain.resources import (
     LedgerEntry,
     ModelInfo,
     Resource,
+    Tokenizer,
 )
 from privtrain.retry import RetryNotice, RetryPolicy
 from privtrain.sse import events_from_stream
@@ -46,7 +47,7 @@ T = TypeVar("T", bound=Resource)
 DEFAULT_URL = "http://127.0.0.1:8000"
 UPLOAD_CHUNK_BYTES = 1 << 16
 EVENTS_PAGE = 500
-FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz", ".zip": "zip"}
+FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz", ".zip": "zip", ".jsonl": "jsonl"}
 
 
 def _image_size(size: int | tuple[int, int] | None) -> str | None:
@@ -227,6 +228,10 @@ class Client:
         modality: str | None = None,
         image_size: int | tuple[int, int] | None = None,
         channels: int | None = None,
+        tokenizer: str | None = None,
+        max_length: int | None = None,
+        text_field: str | None = None,
+        label_field: str | None = None,
         idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G),
@@ -246,6 +251,10 @@ class Client:
         of uint8 ``X`` (n, H, W) or (n, H, W, C); ``image_size`` (one side, or (height, width))
         resizes every ZIP image, ``channels`` (1 or 3) converts them, ``modality="tabular"`` reads
         a uint8 NPZ as numbers instead.
+        Text: a ``.jsonl`` file of ``{"text": ..., "label": ...}`` records (classification) or
+        ``{"text": ...}`` (language modelling), tokenised at upload with ``tokenizer`` ("byte", the
+        default, or a tokenizer id) into rows of ``max_length`` tokens (server default 128);
+        ``text_field``/``label_field`` rename the members; see docs/text.md.
         """
         if isinstance(source, bytes):
             data = source
@@ -260,7 +269,9 @@ class Client:
             inferred_format, inferred_name = FORMAT_BY_SUFFIX.get(path.suffix.lower()), path.stem
         fmt = format or inferred_format
         if fmt is None:
-            raise ValueError("give format= ('csv', 'npz' or 'zip'): it cannot be inferred from bytes or this suffix")
+            raise ValueError(
+                "give format= ('csv', 'npz', 'zip' or 'jsonl'): it cannot be inferred from bytes or this suffix"
+            )
         if (name or inferred_name) is None:
             raise ValueError("give name= for an upload from bytes")
         params = {
@@ -278,6 +289,10 @@ class Client:
             "modality": modality,
             "image_size": _image_size(image_size),
             "channels": channels,
+            "tokenizer": tokenizer,
+            "max_length": max_length,
+            "text_field": text_field,
+            "label_field": label_field,
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(
@@ -366,6 +381,44 @@ class Client:
 
     def get_base_model(self, base_model_id: str) -> BaseModel:
         return BaseModel.from_api(self._get(f"/v1/base-models/{_segment(base_model_id)}"))
+
+    # ------------------------------------------------------------------ tokenizers
+
+    def upload_tokenizer(
+        self,
+        tokenizer_json: str | os.PathLike[str] | bytes,
+        *,
+        name: str,
+        pad_token: str | None = None,
+        source: str | None = None,
+    ) -> Tokenizer:
+        """Upload a Hugging Face ``tokenizer.json`` (public: never one learned from private text).
+        ``pad_token`` names the pad token when the file sets no padding and has no ``<pad>``/``[PAD]``."""
+        data = tokenizer_json if isinstance(tokenizer_json, bytes) else Path(tokenizer_json).read_bytes()
+        query = {"name": name, "pad_token": pad_token, "source": source}
+        return Tokenizer.from_api(
+            self._call(
+                "POST",
+                "/v1/tokenizers",
+                replay_safe=False,
+                content=lambda: data,
+                headers={"Content-Type": "application/octet-stream"},
+                params={k: v for k, v in query.items() if v is not None},
+            )
+        )
+
+    def train_tokenizer(self, *, dataset_id: str, vocab_size: int, name: str) -> Tokenizer:
+        """Train a byte-level BPE tokenizer on a public text dataset (a private one is refused:
+        409 tokenizer-on-private-data)."""
+        body = {"dataset_id": dataset_id, "vocab_size": vocab_size, "name": name}
+        return Tokenizer.from_api(self._call("POST", "/v1/tokenizers/train", replay_safe=False, json=body))
+
+    def tokenizers(self) -> list[Tokenizer]:
+        """The built-in byte tokenizer, then yours, newest first."""
+        return [Tokenizer.from_api(item) for item in self._get("/v1/tokenizers")["items"]]
+
+    def tokenizer(self, tokenizer_id: str) -> Tokenizer:
+        return Tokenizer.from_api(self._get(f"/v1/tokenizers/{_segment(tokenizer_id)}"))
 
     def delete_base_model(self, base_model_id: str) -> None:
         """Refused (409 base-model-in-use) while a queued or running job starts from it."""
@@ -502,6 +555,19 @@ class Client:
     def report(self, job_id: str) -> dict[str, Any]:
         """The privacy report of a succeeded job (JSON)."""
         return dict(self._get(f"/v1/jobs/{_segment(job_id)}/report"))
+
+    def generate(
+        self, job_id: str, prompt: str, *, max_tokens: int = 64, temperature: float = 1.0, top_k: int | None = None
+    ) -> dict[str, Any]:
+        """Text sampled from a succeeded language-model job's model, continuing ``prompt``:
+        {"text", "prompt", "tokens_generated", "model_sha256", "statement"}. ``temperature`` 0 is
+        greedy; ``top_k`` samples among the k most likely tokens. Post-processing of the released
+        model: no privacy cost, nothing stored. Not retried after a 503 (a generation that timed out
+        would only run again); 429 is retried after the server's ``Retry-After``."""
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature)}
+        if top_k is not None:
+            body["top_k"] = top_k
+        return dict(self._call("POST", f"/v1/jobs/{_segment(job_id)}/generate", replay_safe=False, json=body))
 
     def download_model(self, job_id: str, path: str | os.PathLike[str]) -> Path:
         """Stream the safetensors file to ``path`` (a directory gets ``<job id>.safetensors``).

@@ -5,6 +5,8 @@ JSON architecture config. `load_model` is THE documented way to rebuild a downlo
 rebuilds the architecture from the zoo by name (no code is ever loaded) and loads the tensors
 with strict=True.
 
+A model fine-tuned with LoRA is stored merged (W + (alpha/r)·B·A in the plain architecture); its
+config records ``"lora": {"rank", "alpha", "merged": true}``, and it loads like any other model.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = [
 
 CONFIG_KEY = "privtrain.config"
 FORMAT_VERSION = 1
-TASKS = ("classification", "regression")
+TASKS = ("classification", "regression", "language-model")
 
 
 # ----------------------------------------------------------------------------- files

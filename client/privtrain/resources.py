@@ -83,6 +83,12 @@ class Dataset(Resource):
     """An image dataset's [H, W, C]; None for tabular datasets."""
     public: bool | None = None
     """True when its owner declared it public: no budget, no ledger, sgd/adam allowed."""
+    tokenizer_id: str | None = None
+    """A text dataset's tokenizer ("byte" or a tok_ id); None for other modalities."""
+    vocab_size: int | None = None
+    pad_id: int | None = None
+    max_length: int | None = None
+    """A text dataset's tokens per row (its feature_shape is [max_length])."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +220,22 @@ class BaseModel(Resource):
     sha256: str
     size_bytes: int
     source: str | None
+    created_at: dt.datetime | None = _parsed(_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer(Resource):
+    """A public tokenizer for text datasets: "byte" (built in), uploaded, or trained on public text."""
+
+    id: str
+    name: str
+    kind: str
+    """"built-in", "uploaded" or "trained"."""
+    vocab_size: int
+    pad_id: int
+    sha256: str | None
+    source: str | None
+    trained_from_dataset_id: str | None
     created_at: dt.datetime | None = _parsed(_time)
 
 

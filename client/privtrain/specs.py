@@ -52,6 +52,12 @@ class SpecOverrides:
     """training.augmult: augmented views per sampled image (image datasets)."""
     precision: str | None = None
     """training.precision: fp32 or bf16 (mixed precision)."""
+    lora_rank: int | None = None
+    """training.lora.rank: the adapters' rank (with finetune lora)."""
+    lora_alpha: float | None = None
+    """training.lora.alpha: the adapters' scale (with finetune lora)."""
+    token_loss: str | None = None
+    """training.token_loss: mean or sum of a row's token losses (language-model datasets)."""
 
 
 def _set(section: dict[str, Any], key: str, value: Any) -> None:
@@ -83,8 +89,22 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
     if not privacy:  # the non-private optimizers (sgd, adam on public datasets) take none
         del spec["privacy"]
     training = spec.setdefault("training", {})
-    for key in ("epochs", "steps", "batch_size", "learning_rate", "finetune", "finetune_k", "augmult", "precision"):
+    for key in (
+        "epochs",
+        "steps",
+        "batch_size",
+        "learning_rate",
+        "finetune",
+        "finetune_k",
+        "augmult",
+        "precision",
+        "token_loss",
+    ):
         _set(training, key, getattr(overrides, key))
+    if overrides.lora_rank is not None or overrides.lora_alpha is not None:
+        lora = training.setdefault("lora", {})
+        _set(lora, "rank", overrides.lora_rank)
+        _set(lora, "alpha", overrides.lora_alpha)
     return spec
 
 
@@ -109,6 +129,9 @@ def build_job_spec(
     finetune_k: int | None = None,
     augmult: int | None = None,
     precision: str | None = None,
+    lora_rank: int | None = None,
+    lora_alpha: float | None = None,
+    token_loss: str | None = None,
 ) -> dict[str, Any]:
     """The JSON job spec the API expects, from keyword arguments.
 
@@ -116,8 +139,9 @@ def build_job_spec(
     algorithms refuse them (``privtrain algorithms NAME`` lists the training fields each reads).
     Without ``target_epsilon`` and ``noise_multiplier`` the spec has no privacy block (the
     non-private ``sgd``/``adam`` on public datasets). ``init_job``/``init_base_model`` set
-    ``model.init``; ``finetune`` (full, head, last_k_blocks) and ``finetune_k`` which parameters train;
-    ``augmult`` the augmented views per sampled image (image datasets); ``precision`` fp32 or bf16."""
+    ``model.init``; ``finetune`` (full, head, last_k_blocks, lora) and ``finetune_k`` which parameters train,
+    ``lora_rank``/``lora_alpha`` the adapters of finetune lora; ``augmult`` the augmented views per sampled
+    image (image datasets); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets)."""
     spec = merge_spec(
         None,
         SpecOverrides(
@@ -139,6 +163,9 @@ def build_job_spec(
             finetune_k=finetune_k,
             augmult=augmult,
             precision=precision,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            token_loss=token_loss,
         ),
     )
     if evaluation is not None:

@@ -21,21 +21,12 @@ from app.reporting.privacy_report import augmentation_section
 from app.schemas.jobs import JobCreate
 from privtrain.cli import CliEnvironment, cli
 from privtrain.specs import SpecOverrides, build_job_spec, merge_spec
+from tests.api.worker_jobs import run_on_worker, upload_shapes
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, dp_sgd_spec, upload
-from tests.unit.ingest.image_fixtures import image_zip
-from worker.runner import JobRunner
 from worker.training.augment import ViewDraws, augmented_views
 
 VIEWS = 2
-
-
-def _images(alice: TestClient, **params: object) -> str:
-    query: dict[str, object] = {"name": "shapes", "format": "zip", "image_size": "16", "classes": "dark,light"}
-    query.update(params or {"epsilon": 8, "delta": 1e-3})
-    response = alice.post("/v1/datasets", params=query, content=image_zip())
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
 
 
 def _spec(dataset_id: str, *, algorithm: str = "dp-sgd", augmult: int | None = VIEWS) -> dict[str, Any]:
@@ -67,18 +58,10 @@ def _recorded_views() -> Iterator[list[tuple[int, ...]]]:
         yield shapes
 
 
-def _run(alice: TestClient, settings: Settings, database: Database, spec: dict[str, Any]) -> str:
-    submitted = alice.post("/v1/jobs", json=spec)
-    assert submitted.status_code == 202, submitted.text
-    job_id = str(submitted.json()["id"])
-    assert JobRunner(settings, db=database).run(job_id) == "succeeded"
-    return job_id
-
-
 def test_a_dp_sgd_job_on_images_trains_on_views_at_the_same_price(
     alice: TestClient, settings: Settings, database: Database
 ) -> None:
-    dataset_id = _images(alice)
+    dataset_id = upload_shapes(alice)
     with_views, plain = _spec(dataset_id), _spec(dataset_id, augmult=None)
     price = alice.post("/v1/jobs/estimate", json=with_views).json()
     plain_price = alice.post("/v1/jobs/estimate", json=plain).json()
@@ -86,7 +69,7 @@ def test_a_dp_sgd_job_on_images_trains_on_views_at_the_same_price(
         assert price[field] == plain_price[field], field  # the sensitivity does not depend on K
 
     with _recorded_views() as shapes:
-        job_id = _run(alice, settings, database, with_views)
+        job_id = run_on_worker(alice, settings, database, with_views)
     assert [shape[1:] for shape in shapes] == [(VIEWS, 1, 16, 16)] * 3  # every step's sampled images
     assert alice.get(f"/v1/jobs/{job_id}").json()["spec"]["training"]["augmult"] == VIEWS
     section = alice.get(f"/v1/jobs/{job_id}/report").json()["augmentation"]
@@ -98,9 +81,9 @@ def test_a_dp_sgd_job_on_images_trains_on_views_at_the_same_price(
 def test_a_non_private_job_on_public_images_trains_on_views(
     alice: TestClient, settings: Settings, database: Database
 ) -> None:
-    dataset_id = _images(alice, public="true")
+    dataset_id = upload_shapes(alice, public="true")
     with _recorded_views() as shapes:
-        job_id = _run(alice, settings, database, _spec(dataset_id, algorithm="sgd"))
+        job_id = run_on_worker(alice, settings, database, _spec(dataset_id, algorithm="sgd"))
     assert shapes == [(8, VIEWS, 1, 16, 16)] * 3  # batch_size images per step, K views each
     section = alice.get(f"/v1/jobs/{job_id}/report").json()["augmentation"]
     assert section["augmult"] == VIEWS and "the loss is the mean over them" in section["statement"]
@@ -122,7 +105,7 @@ def test_a_dataset_without_images_is_refused_with_its_own_problem(
 
 
 def test_an_algorithm_without_a_views_trainer_refuses_it(alice: TestClient, database: Database) -> None:
-    spec = _spec(_images(alice), algorithm="dicesgd")
+    spec = _spec(upload_shapes(alice), algorithm="dicesgd")
     before = counts(database)
     response = alice.post("/v1/jobs", json=spec)
     assert response.status_code == 422, response.text
@@ -147,7 +130,7 @@ def test_the_cli_sends_augmult(alice: TestClient, transport: AppTransport, api_k
     args += ["--batch-size", "8", "--lr", "0.5", "--augmult", str(VIEWS), "--json"]
     env = {"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key}
     for dataset_id, answer in (
-        (_images(alice), '"steps": 3'),
+        (upload_shapes(alice), '"steps": 3'),
         (upload(alice, digits_csv).json()["id"], "augmult-needs-images"),
     ):
         result = CliRunner().invoke(

@@ -308,6 +308,27 @@ CASES: tuple[Case, ...] = (
         Case(method, "/v1/base-models/{base_model_id}", "missing", v1(404, 404, 404, 404), params=MISSING_BASE_MODEL)
         for method in ("GET", "DELETE")
     ),
+    # Tokenizers are tenant-scoped (tests/api/test_api_tokenizers.py checks another tenant's id answers
+    # 404); here: a body that is not a tokenizer.json, the built-in one, an id nobody has, and training
+    # on the shared (private) dataset: refused to whoever may read it, 404 to the others.
+    Case(
+        "POST",
+        "/v1/tokenizers",
+        "not a tokenizer",
+        v1(422, 422, 422, 422),
+        query={"name": "tok"},
+        content=lambda world: b"not a tokenizer.json",
+    ),
+    Case("GET", "/v1/tokenizers", "list", v1(200, 200, 200, 200)),
+    Case("GET", "/v1/tokenizers/{tokenizer_id}", "built-in", v1(200, 200, 200, 200), params={"tokenizer_id": "=byte"}),
+    Case("GET", "/v1/tokenizers/{tokenizer_id}", "missing", v1(404, 404, 404, 404), params={"tokenizer_id": "=tok_x"}),
+    Case(
+        "POST",
+        "/v1/tokenizers/train",
+        "shared dataset (private)",
+        v1(409, 409, 404, 404),
+        json=lambda world: {"dataset_id": world.ids["ds_shared"], "vocab_size": 300, "name": "tok"},
+    ),
     Case("GET", "/v1/invitations", "list", v1(200, 200, 200, 200)),
     *(
         case
@@ -404,6 +425,14 @@ CASES: tuple[Case, ...] = (
                 target,
                 {**UI_JOB[target], **dict.fromkeys(ANONYMOUS_CALLERS, 401)},
                 params=params,
+            ),
+            Case(
+                "POST",
+                "/v1/jobs/{job_id}/generate",
+                target,  # every job here trained a tabular model: 422 not-a-language-model for its readers
+                {c: 422 if s == 200 else s for c, s in read.items()},
+                params=params,
+                json=lambda world: {"prompt": "hi"},
             ),
             Case("POST", "/v1/jobs/{job_id}/cancel", target, CANCEL[target], params=params),
         )
@@ -546,6 +575,11 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "feature_shape",
         "modality",
         "image_shape",
+        "tokenizer_id",  # a text dataset's public declarations (docs/text.md)
+        "vocab_size",
+        "pad_id",
+        "max_length",
+        "text_field",
         "n_features",
         "task",
         "n_classes",

@@ -16,18 +16,10 @@ from app.config import Settings
 from app.db import Database
 from privtrain.model_files import CONFIG_KEY
 from tests.api.test_api_public_datasets import non_private_spec, upload_public
+from tests.api.worker_jobs import run_on_worker
 from tests.conftest import counts, digits_split, dp_sgd_spec, to_csv, upload
-from worker.runner import JobRunner
 
 DECAY = 0.999
-
-
-def _run(alice: TestClient, settings: Settings, database: Database, spec: dict[str, Any]) -> str:
-    submitted = alice.post("/v1/jobs", json=spec)
-    assert submitted.status_code == 202, submitted.text
-    job_id = str(submitted.json()["id"])
-    assert JobRunner(settings, db=database).run(job_id) == "succeeded"
-    return job_id
 
 
 def _model(alice: TestClient, job_id: str, tmp_path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -50,7 +42,7 @@ def test_a_dp_sgd_job_releases_the_average_at_the_same_price(
     X, X_private, y, y_private = digits_split()
     public = upload_public(alice, to_csv(X, y))
     private = upload(alice, to_csv(X_private, y_private)).json()
-    start = _run(alice, settings, database, non_private_spec(public["id"]))  # known starting weights
+    start = run_on_worker(alice, settings, database, non_private_spec(public["id"]))  # known starting weights
     start_weights, _ = _model(alice, start, tmp_path)
 
     last_iterate = {**dp_sgd_spec(private["id"]), "model": {"name": "logistic-regression", "params": {}}}
@@ -63,8 +55,8 @@ def test_a_dp_sgd_job_releases_the_average_at_the_same_price(
     for field in ("noise_multiplier", "sampling_probability", "steps", "epsilon_ledger", "epsilon_prv"):
         assert ema_price[field] == plain_price[field], field  # post-processing: no privacy cost
 
-    plain_weights, plain_config = _model(alice, _run(alice, settings, database, last_iterate), tmp_path)
-    ema_job = _run(alice, settings, database, averaged)
+    plain_weights, plain_config = _model(alice, run_on_worker(alice, settings, database, last_iterate), tmp_path)
+    ema_job = run_on_worker(alice, settings, database, averaged)
     ema_weights, ema_config = _model(alice, ema_job, tmp_path)
     assert plain_config["ema_decay"] is None and ema_config["ema_decay"] == DECAY
     # After 5 steps at d = 0.999 the start keeps weight d^5 ≈ 0.995: the average barely moves,

@@ -40,7 +40,7 @@ def _problem(client: TestClient, spec: dict[str, Any] | None = None, *, content:
             lambda s: s["model"].update(name="bert-1000"),
             "unknown-model",
             "unknown model 'bert-1000'; expected one of: 'cnn', 'cnn2-gn', 'linear-regression', "
-            "'logistic-regression', 'mlp', 'resnet-gn', 'vit', 'wrn'",
+            "'logistic-regression', 'mlp', 'resnet-gn', 'transformer-classifier', 'transformer-lm', 'vit', 'wrn'",
         ),
         (
             lambda s: s["algorithm"]["hyperparameters"].update(clipping_nrom=1.0),

@@ -21,18 +21,9 @@ from app.schemas.jobs import JobCreate
 from privtrain.cli import CliEnvironment, cli
 from privtrain.model_files import load_model
 from privtrain.specs import build_job_spec
+from tests.api.worker_jobs import run_on_worker, upload_shapes
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts
-from tests.unit.ingest.image_fixtures import image_zip
-from worker.runner import JobRunner
-
-
-def _images(alice: TestClient, **params: object) -> str:
-    query: dict[str, object] = {"name": "shapes", "format": "zip", "image_size": "16", "classes": "dark,light"}
-    query.update(params or {"epsilon": 8, "delta": 1e-3})
-    response = alice.post("/v1/datasets", params=query, content=image_zip())
-    assert response.status_code == 201, response.text
-    return str(response.json()["id"])
 
 
 def _spec(dataset_id: str, *, algorithm: str = "dp-sgd", precision: str | None = "bf16") -> dict[str, Any]:
@@ -65,18 +56,10 @@ def _autocasts() -> Iterator[list[tuple[str, torch.dtype]]]:
         yield entered
 
 
-def _run(alice: TestClient, settings: Settings, database: Database, spec: dict[str, Any]) -> str:
-    submitted = alice.post("/v1/jobs", json=spec)
-    assert submitted.status_code == 202, submitted.text
-    job_id = str(submitted.json()["id"])
-    assert JobRunner(settings, db=database).run(job_id) == "succeeded"
-    return job_id
-
-
 def test_a_bf16_dp_sgd_job_costs_the_same_and_trains_under_bf16_autocast(
     alice: TestClient, settings: Settings, database: Database, tmp_path: Path
 ) -> None:
-    dataset_id = _images(alice)
+    dataset_id = upload_shapes(alice)
     bf16, fp32 = _spec(dataset_id), _spec(dataset_id, precision=None)
     price = alice.post("/v1/jobs/estimate", json=bf16).json()
     plain = alice.post("/v1/jobs/estimate", json=fp32).json()
@@ -84,7 +67,7 @@ def test_a_bf16_dp_sgd_job_costs_the_same_and_trains_under_bf16_autocast(
         assert price[field] == plain[field], field
 
     with _autocasts() as entered:
-        job_id = _run(alice, settings, database, bf16)
+        job_id = run_on_worker(alice, settings, database, bf16)
     assert entered and set(entered) == {("cpu", torch.bfloat16)}
     execution = alice.get(f"/v1/jobs/{job_id}/report").json()["execution"]
     assert execution["precision"] == "bf16" and "in bf16" in execution["statement"]
@@ -95,7 +78,7 @@ def test_a_bf16_dp_sgd_job_costs_the_same_and_trains_under_bf16_autocast(
     assert all(p.dtype == torch.float32 for p in loaded.model.parameters())  # released weights stay fp32
 
     with _autocasts() as entered:
-        plain_job = _run(alice, settings, database, fp32)
+        plain_job = run_on_worker(alice, settings, database, fp32)
     assert entered == []  # fp32 never enters autocast
     assert alice.get(f"/v1/jobs/{plain_job}/report").json()["execution"]["precision"] == "fp32"
 
@@ -103,15 +86,15 @@ def test_a_bf16_dp_sgd_job_costs_the_same_and_trains_under_bf16_autocast(
 def test_a_non_private_job_on_public_images_trains_under_bf16(
     alice: TestClient, settings: Settings, database: Database
 ) -> None:
-    dataset_id = _images(alice, public="true")
+    dataset_id = upload_shapes(alice, public="true")
     with _autocasts() as entered:
-        job_id = _run(alice, settings, database, _spec(dataset_id, algorithm="sgd"))
+        job_id = run_on_worker(alice, settings, database, _spec(dataset_id, algorithm="sgd"))
     assert entered == [("cpu", torch.bfloat16)] * 3  # one forward per step
     assert alice.get(f"/v1/jobs/{job_id}/report").json()["execution"]["precision"] == "bf16"
 
 
 def test_an_algorithm_without_a_bf16_trainer_refuses_it(alice: TestClient, database: Database) -> None:
-    dataset_id = _images(alice)
+    dataset_id = upload_shapes(alice)
     before = counts(database)
     response = alice.post("/v1/jobs", json=_spec(dataset_id, algorithm="dicesgd"))
     assert response.status_code == 422, response.text
@@ -131,7 +114,7 @@ def test_precision_is_part_of_the_idempotency_digest_only_when_set() -> None:
 
 
 def test_the_cli_sends_precision(alice: TestClient, transport: AppTransport, api_key: str) -> None:  # noqa: F811
-    dataset_id = _images(alice)
+    dataset_id = upload_shapes(alice)
     args = ["jobs", "estimate", "--dataset", dataset_id, "--model", "cnn2-gn", "--target-epsilon", "2"]
     args += ["--steps", "3", "--batch-size", "8", "--lr", "0.5", "--precision", "bf16", "--json"]
     env = {"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key}

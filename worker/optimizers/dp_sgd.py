@@ -72,7 +72,8 @@ class DPSGDConfig:
     learning_rate: float
     momentum: float = 0.0
     weight_decay: float = 0.0
-    loss: Literal["cross_entropy", "mse"] = "cross_entropy"
+    loss: str = "cross_entropy"
+    """A registered loss (worker/optimizers/losses.py), chosen by `loss_for_task`."""
     max_physical_batch_size: int = 256
     """Rows per per-sample-gradient chunk: bounds memory only, never changes the result."""
     optimizer: Literal["sgd", "adam"] = "sgd"
@@ -251,8 +252,8 @@ def train_dp_sgd(
     n = rows.n_rows
     if n < 1:
         raise ValueError("the dataset has no rows")
-    if y.dim() != 1:
-        raise ValueError(f"y must have shape (n,), got {tuple(y.shape)}")
+    if y.dim() not in (1, 2):  # (n,) labels or values; (n, T) a language model's token targets
+        raise ValueError(f"y must have shape (n,) or (n, T), got {tuple(y.shape)}")
     check_supported(model)
     if not trainable_parameters(model):
         raise ValueError("model has no trainable parameters")

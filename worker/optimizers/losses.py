@@ -9,18 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "IGNORED_TARGET",
     "LOSS_REGISTRY",
+    "TASK_LOSSES",
     "LossSpec",
+    "TokenLoss",
     "get_loss",
+    "loss_for_task",
     "mean_over_views",
     "prepare_targets",
     "register_loss",
     "register_mean_over_views",
+    "register_task_loss",
 ]
 
 
@@ -113,3 +119,83 @@ def register_mean_over_views(base: str) -> LossSpec:
 
 register_mean_over_views("cross_entropy")
 register_mean_over_views("mse")
+
+
+# ----------------------------------------------------------------------------- language models
+
+IGNORED_TARGET = -100
+"""A language-model target that counts for nothing: the padding positions of a row."""
+
+TokenLoss = Literal["mean", "sum"]
+
+
+def _token_losses(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token next-token losses (b, T-1) and which of them count: logits at t predict target t+1."""
+    if outputs.dim() != 3 or targets.dim() != 2 or outputs.shape[:2] != targets.shape:
+        raise ValueError(
+            f"a language-model loss needs logits (b, T, vocab) and targets (b, T), got {tuple(outputs.shape)} "
+            f"and {tuple(targets.shape)}"
+        )
+    logits, following = outputs[:, :-1], targets[:, 1:]
+    losses = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), following.reshape(-1), ignore_index=IGNORED_TARGET, reduction="none"
+    ).reshape(following.shape)
+    return losses, following != IGNORED_TARGET
+
+
+@register_loss("token_cross_entropy_sum", integer_targets=True)
+def _token_cross_entropy_sum(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Σ over rows of the row's summed next-token losses: one row, however long, is one term."""
+    losses, _ = _token_losses(outputs, targets)
+    return losses.sum()
+
+
+@register_loss("token_cross_entropy_mean", integer_targets=True)
+def _token_cross_entropy_mean(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Σ over rows of the row's mean next-token loss (a row with no target token adds 0)."""
+    losses, counted = _token_losses(outputs, targets)
+    per_row = losses.sum(dim=1) / counted.sum(dim=1).clamp_min(1).to(losses.dtype)
+    return per_row.sum()
+
+
+# ----------------------------------------------------------------------------- task -> loss
+
+TaskLoss = Callable[[TokenLoss], str]
+TASK_LOSSES: dict[str, TaskLoss] = {}
+"""A dataset's task -> the registered loss its jobs train with (given ``training.token_loss``)."""
+
+
+def register_task_loss(task: str) -> Callable[[TaskLoss], TaskLoss]:
+    """Register the loss choice of one task; every trainer asks `loss_for_task`, none decides itself."""
+
+    def decorator(choose: TaskLoss) -> TaskLoss:
+        if task in TASK_LOSSES:
+            raise ValueError(f"task {task!r} already has a loss")
+        TASK_LOSSES[task] = choose
+        return choose
+
+    return decorator
+
+
+def loss_for_task(task: str, *, token_loss: TokenLoss | None = None) -> str:
+    """The loss name a job on a dataset of `task` trains with; `token_loss` (default "mean") is
+    read by the language-model task only (submission refuses it elsewhere)."""
+    choose = TASK_LOSSES.get(task)
+    if choose is None:
+        raise ValueError(f"no loss for task {task!r}; known tasks: {sorted(TASK_LOSSES)}")
+    return choose(token_loss or "mean")
+
+
+@register_task_loss("classification")
+def _classification_loss(token_loss: TokenLoss) -> str:
+    return "cross_entropy"
+
+
+@register_task_loss("regression")
+def _regression_loss(token_loss: TokenLoss) -> str:
+    return "mse"
+
+
+@register_task_loss("language-model")
+def _language_model_loss(token_loss: TokenLoss) -> str:
+    return f"token_cross_entropy_{token_loss}"

@@ -21,6 +21,7 @@ from app.algorithms.registry import H
 from app.registry import Registry
 from app.schemas.jobs import TrainingSpec
 from worker.data.rows import Rows
+from worker.optimizers.losses import loss_for_task
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 
@@ -46,6 +47,11 @@ class TrainingRequest(Generic[H]):
     hooks: TrainingHooks
     resume_from: TrainingState | None
     device: torch.device
+
+    @property
+    def loss(self) -> str:
+        """The registered loss of the dataset's task (worker/optimizers/losses.py `loss_for_task`)."""
+        return loss_for_task(self.task, token_loss=self.training.token_loss)
 
 
 TrainerOf = Callable[[TrainingRequest[H]], TrainingResult]

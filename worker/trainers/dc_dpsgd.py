@@ -67,7 +67,7 @@ def _config(request: TrainingRequest[Any], hyper: DCCommonHyperparameters, sensi
         momentum=hyper.momentum,
         weight_decay=hyper.weight_decay,
         optimizer=hyper.optimizer,
-        loss="cross_entropy" if request.task == "classification" else "mse",
+        loss=request.loss,
         max_physical_batch_size=request.max_physical_batch_size,
         expected_batch_size=request.expected_batch_size,
     )

@@ -67,7 +67,7 @@ def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, opt
         optimizer=optimizer.name,
         adam_betas=optimizer.betas,
         adam_eps=optimizer.eps,
-        loss="cross_entropy" if request.task == "classification" else "mse",
+        loss=request.loss,
         max_physical_batch_size=request.max_physical_batch_size,
         expected_batch_size=request.expected_batch_size,
     )

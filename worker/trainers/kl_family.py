@@ -60,7 +60,7 @@ def full_batch(request: TrainingRequest[Any], lipschitz: float, observer: Releas
     return FullBatch(
         X=materialise(request.features),
         y=request.y,
-        loss="cross_entropy" if request.task == "classification" else "mse",
+        loss=request.loss,
         lipschitz=lipschitz,
         normaliser=request.expected_batch_size,
         max_physical_batch_size=request.max_physical_batch_size,

@@ -14,11 +14,11 @@ import copy
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from app.algorithms.non_private import SGD, Adam, AdamHyperparameters, SGDHyperparameters
 from app.algorithms.training_fields import learning_rate_of
 from worker.optimizers.dp_sgd import _snapshot
+from worker.optimizers.losses import get_loss, prepare_targets
 from worker.optimizers.per_sample import trainable_parameters
 from worker.optimizers.precision import autocast_context
 from worker.optimizers.state import TrainingResult
@@ -26,10 +26,10 @@ from worker.trainers.base import TrainingRequest, register_trainer
 from worker.training.augmult import forward_views
 
 
-def _loss(output: torch.Tensor, target: torch.Tensor, task: str) -> torch.Tensor:
-    if task == "classification":
-        return F.cross_entropy(output, target.long())
-    return F.mse_loss(output.reshape(target.shape), target.to(output.dtype))
+def _mean_loss(output: torch.Tensor, target: torch.Tensor, loss: str) -> torch.Tensor:
+    """The task's registered loss (a sum of per-row terms) averaged over the minibatch's rows."""
+    spec = get_loss(loss)
+    return spec.fn(output, prepare_targets(spec, target, dtype=output.dtype)) / max(1, output.shape[0])
 
 
 def run_minibatches(
@@ -60,7 +60,7 @@ def run_minibatches(
             outputs, targets = forward_views(
                 model, features.take(rows), y[rows], views=views, generator=generator, step=step
             )
-        _loss(outputs.float(), targets, request.task).backward()  # type: ignore[no-untyped-call]
+        _mean_loss(outputs.float(), targets, request.loss).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         step += 1
         if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:

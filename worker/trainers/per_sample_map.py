@@ -42,7 +42,7 @@ def run_with_per_sample_map(
         learning_rate=learning_rate_of(request.training),
         momentum=momentum,
         weight_decay=weight_decay,
-        loss="cross_entropy" if request.task == "classification" else "mse",
+        loss=request.loss,
         max_physical_batch_size=request.max_physical_batch_size,
         optimizer=optimizer,
         adam_betas=adam_betas,

@@ -1,4 +1,4 @@
-"""Which parameters a fine-tuning job trains: ``full``, ``head`` or ``last_k_blocks``.
+"""Which parameters a fine-tuning job trains: ``full``, ``head``, ``last_k_blocks`` or ``lora``.
 
 * the **head** is the last module (in ``model.modules()`` order) that owns parameters directly:
   the classifier layer of every zoo model;
@@ -6,7 +6,9 @@
   from each block's name to the submodules it spans, first to last (every zoo model declares them,
   at the granularity of its residual or transformer blocks, see ``privtrain.architectures``; a
   plain list of submodule names is one block per name). A model that declares none falls back to
-  its top-level children that hold parameters, one block each.
+  its top-level children that hold parameters, one block each;
+* **lora** adds low-rank adapters to a transformer's attention and MLP Linear layers and trains
+  only them (worker/training/lora.py).
 
 Frozen parameters get ``requires_grad = False``: the DP engines (per-sample and ghost) and the
 non-private trainers train only the parameters that require gradients, so a frozen parameter has
@@ -21,8 +23,9 @@ from typing import Literal
 from torch import nn
 
 from privtrain.architectures import FINETUNE_BLOCKS
+from worker.training.lora import LoRAConfig, apply_lora
 
-FinetuneMode = Literal["full", "head", "last_k_blocks"]
+FinetuneMode = Literal["full", "head", "last_k_blocks", "lora"]
 
 
 def head_module_name(model: nn.Module) -> str:
@@ -64,8 +67,20 @@ def block_names(model: nn.Module) -> list[str]:
     return list(block_members(model))
 
 
-def apply_finetune(model: nn.Module, *, mode: FinetuneMode, k: int | None = None) -> int:
-    """Freeze every parameter the mode does not train; returns how many parameters stay trainable."""
+def apply_finetune(
+    model: nn.Module, *, mode: FinetuneMode, k: int | None = None, lora: Mapping[str, object] | None = None
+) -> int:
+    """Freeze every parameter the mode does not train; returns how many parameters stay trainable.
+
+    ``lora`` ({"rank", "alpha"}, the job's ``training.lora``) is read by mode "lora" only, which
+    adds adapters in place and trains only them (worker/training/lora.py)."""
+    if mode == "lora":
+        if lora is None:
+            raise ValueError("finetune lora needs training.lora (rank and alpha)")
+        rank, alpha = lora.get("rank"), lora.get("alpha")
+        if not isinstance(rank, int) or not isinstance(alpha, (int, float)):
+            raise ValueError(f"training.lora needs an integer rank and a number alpha, got {dict(lora)!r}")
+        return apply_lora(model, LoRAConfig(rank=rank, alpha=float(alpha)))
     if mode == "full":
         trainable = {name for name, _ in model.named_parameters()}
     elif mode == "head":

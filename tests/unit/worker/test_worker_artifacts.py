@@ -35,6 +35,20 @@ ZOO: list[ZooCase] = [
     ("resnet-gn", {"blocks": [1, 1], "width": 4, "groups": 2}, [3, 8, 8], 3, "classification"),
     ("cnn", {"channels": [4, 8], "groups": 2, "activation": "relu", "pooling": "max"}, [1, 8, 8], 2, "regression"),
     ("vit", {"patch_size": 4, "dim": 8, "depth": 1, "heads": 2, "mlp_dim": 16}, [3, 8, 8], 3, "classification"),
+    (
+        "transformer-classifier",
+        {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 8, "vocab_size": 20, "pad_id": 0, "pooling": "mean"},
+        [6],
+        3,
+        "classification",
+    ),
+    (
+        "transformer-lm",
+        {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 8, "vocab_size": 20, "pad_id": 0},
+        [6],
+        20,
+        "language-model",
+    ),
 ]
 
 
@@ -82,6 +96,8 @@ def test_round_trip_reproduces_outputs_exactly(case: ZooCase, tmp_path: Path) ->
     assert loaded_config == config
     assert not loaded.training
     x = torch.randn(4, *config["input_shape"], generator=torch.Generator().manual_seed(1))
+    if case[0].startswith("transformer-"):  # text models take token ids
+        x = torch.randint(0, 20, (4, *config["input_shape"]), generator=torch.Generator().manual_seed(1))
     model.eval()
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))

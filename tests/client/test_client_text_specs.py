@@ -1,0 +1,44 @@
+"""The client builds the text-training fields of a job spec: LoRA adapters and the token loss."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from app.schemas.jobs import JobCreate
+from privtrain.cli import cli
+from privtrain.specs import SpecOverrides, build_job_spec, merge_spec
+
+
+def test_build_job_spec_sets_lora_and_token_loss() -> None:
+    spec = build_job_spec(
+        dataset_id="ds_text",
+        model="transformer-lm",
+        algorithm="dp-sgd",
+        target_epsilon=8.0,
+        steps=10,
+        batch_size=32,
+        learning_rate=0.5,
+        init_job="job_base",
+        finetune="lora",
+        lora_rank=8,
+        lora_alpha=16.0,
+        token_loss="sum",
+    )
+    assert spec["training"]["lora"] == {"rank": 8, "alpha": 16.0}
+    assert spec["training"]["token_loss"] == "sum"
+    parsed = JobCreate.model_validate(spec)  # what the server accepts
+    assert parsed.training.lora is not None and parsed.training.lora.rank == 8
+
+
+def test_lora_flags_override_one_member_of_a_spec_file() -> None:
+    base = {"training": {"finetune": "lora", "lora": {"rank": 4, "alpha": 8}}}
+    merged = merge_spec(base, SpecOverrides(lora_rank=2))
+    assert merged["training"]["lora"] == {"rank": 2, "alpha": 8}
+    assert "lora" not in merge_spec(None, SpecOverrides(steps=3))["training"]
+
+
+def test_the_cli_offers_the_text_flags() -> None:
+    help_text = CliRunner().invoke(cli, ["jobs", "submit", "--help"]).output
+    for flag in ("--lora-rank", "--lora-alpha", "--token-loss"):
+        assert flag in help_text
+    assert "lora" in help_text.split("--finetune ")[1].split("\n")[0]

@@ -1,0 +1,204 @@
+"""Sample a continuation of a prompt from a released language model: the child process behind
+``POST /v1/jobs/{id}/generate`` (``python -m worker.generation``).
+
+The API (torch-free) feeds one JSON request on stdin: {"model_path", "tokenizer", "prompt",
+"max_tokens", "temperature", "top_k", "limits"}, and reads one JSON answer from stdout:
+{"text", "tokens_generated"}, {"error": ...} for a request the model cannot serve, or
+{"unavailable": ...} where torch is not installed. The child applies ``limits`` ({"cpu_s",
+"address_space_bytes"}) to itself before importing torch, so the parent needs no ``preexec_fn``
+(unsafe in a threaded server).
+
+The context window is the model's ``max_length`` (the dataset's): the last ``max_length`` tokens of
+prompt and continuation are fed, right-padded, and the logits at the last real position give the
+next token. Generation stops at ``max_tokens``, or at an end-of-text token (eos, or the pad id:
+the training rows end in padding).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from app.tokenizers.base import TextTokenizer
+
+__all__ = ["EndsAndPad", "SamplingChoice", "main", "sample_continuation"]
+
+EOS_NAMES: Final = ("<eos>", "</s>", "<|endoftext|>", "<|eos|>", "[EOS]", "[SEP]")
+"""Tokens of an uploaded tokenizer.json taken for end-of-text."""
+MAX_TEXT_CHARS: Final = 200_000
+"""The decoded continuation is cut here (a pathological tokenizer's tokens could be long)."""
+
+
+@dataclass(frozen=True)
+class SamplingChoice:
+    """``temperature`` 0 picks the most likely token (greedy); ``top_k`` keeps the k most likely."""
+
+    temperature: float
+    top_k: int | None
+
+
+@dataclass(frozen=True)
+class EndsAndPad:
+    """The id the window is right-padded with, and the ids that end the text (the pad id ends it too)."""
+
+    pad_id: int
+    stop_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class SamplingTokenizer:
+    """The dataset's tokenizer (to encode the prompt and decode the continuation) and its end ids."""
+
+    tokenizer: TextTokenizer
+    ends: EndsAndPad
+
+
+TokenizerLoader = Callable[[Mapping[str, Any]], SamplingTokenizer]
+TOKENIZER_LOADERS: dict[str, TokenizerLoader] = {}
+
+
+def tokenizer_loader(kind: str) -> Callable[[TokenizerLoader], TokenizerLoader]:
+    """Register how a request's ``tokenizer.kind`` is loaded (the API names the kind)."""
+
+    def register(loader: TokenizerLoader) -> TokenizerLoader:
+        TOKENIZER_LOADERS[kind] = loader
+        return loader
+
+    return register
+
+
+@tokenizer_loader("byte")
+def _byte(_request: Mapping[str, Any]) -> SamplingTokenizer:
+    from app.tokenizers import byte
+
+    return SamplingTokenizer(
+        tokenizer=byte.ByteTokenizer(), ends=EndsAndPad(pad_id=byte.PAD_ID, stop_ids=frozenset({byte.EOS_ID}))
+    )
+
+
+@tokenizer_loader("hugging-face")
+def _hugging_face(request: Mapping[str, Any]) -> SamplingTokenizer:
+    from tokenizers import Tokenizer
+
+    from app.tokenizers.hugging_face import HuggingFaceTokenizer
+
+    raw = Tokenizer.from_str(Path(str(request["path"])).read_text(encoding="utf-8"))
+    eos = {int(found) for name in EOS_NAMES if (found := raw.token_to_id(name)) is not None}
+    pad_id = int(request["pad_id"])
+    return SamplingTokenizer(
+        tokenizer=HuggingFaceTokenizer(raw, pad_id=pad_id), ends=EndsAndPad(pad_id=pad_id, stop_ids=frozenset(eos))
+    )
+
+
+def sample_continuation(
+    model: Any,
+    prompt_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    context: int,
+    ends: EndsAndPad,
+    choice: SamplingChoice,
+    generator: Any,
+) -> list[int]:
+    """Up to ``max_tokens`` ids continuing ``prompt_ids``; an end token stops (and is not returned).
+
+    ``model`` maps int64 ids (1, context), right-padded with ``ends.pad_id``, to logits
+    (1, context, vocab); ``generator`` is a ``torch.Generator`` (unused when greedy)."""
+    import torch
+
+    if not prompt_ids:
+        raise ValueError("the prompt encodes to no token")
+    tokens = list(prompt_ids)
+    generated: list[int] = []
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            window = tokens[-context:]
+            batch = torch.full((1, context), ends.pad_id, dtype=torch.int64)
+            batch[0, : len(window)] = torch.tensor(window, dtype=torch.int64)
+            logits = model(batch)[0, len(window) - 1].float()
+            token = _pick(logits, choice=choice, generator=generator)
+            if token in ends.stop_ids or token == ends.pad_id:
+                break
+            tokens.append(token)
+            generated.append(token)
+    return generated
+
+
+def _pick(logits: Any, *, choice: SamplingChoice, generator: Any) -> int:
+    import torch
+
+    if choice.temperature == 0:
+        return int(torch.argmax(logits).item())
+    scaled = logits / choice.temperature
+    if choice.top_k is not None and choice.top_k < scaled.numel():
+        kth = torch.topk(scaled, choice.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probabilities = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probabilities, 1, generator=generator).item())
+
+
+def _limit_self(limits: Mapping[str, Any]) -> None:
+    if "cpu_s" in limits:
+        cpu = int(limits["cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    if "address_space_bytes" in limits:
+        space = int(limits["address_space_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (space, space))
+
+
+def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON answer to one request (torch imported here, after the limits are in place)."""
+    import torch
+
+    from privtrain.model_files import load_model
+
+    torch.set_num_threads(1)  # one request must not take every core of the API host
+    try:
+        model, config = load_model(Path(str(request["model_path"])))
+    except (OSError, ValueError) as exc:
+        return {"error": f"the model file cannot be loaded: {exc}"}
+    if config.get("task") != "language-model":
+        return {"error": f"the model is a {config.get('task')} model, not a language model"}
+    input_shape = config["input_shape"]
+    assert isinstance(input_shape, list)
+    tokenizer_request = request["tokenizer"]
+    loaded = TOKENIZER_LOADERS[str(tokenizer_request["kind"])](tokenizer_request)
+    prompt_ids = loaded.tokenizer.encode_batch([str(request["prompt"])])[0]
+    if not prompt_ids:
+        return {"error": "the prompt encodes to no token with this model's tokenizer"}
+    top_k = request.get("top_k")
+    # Sampling from a released model is post-processing: it protects no privacy, so a torch
+    # generator seeded from the OS suffices (privacy-protecting draws use SecureRandom, not this).
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+    generated = sample_continuation(
+        model,
+        prompt_ids,
+        max_tokens=int(request["max_tokens"]),
+        context=int(input_shape[0]),
+        ends=loaded.ends,
+        choice=SamplingChoice(temperature=float(request["temperature"]), top_k=None if top_k is None else int(top_k)),
+        generator=generator,
+    )
+    text = loaded.tokenizer.decode(generated)[:MAX_TEXT_CHARS]
+    return {"text": text, "tokens_generated": len(generated)}
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    _limit_self(request.get("limits") or {})
+    try:
+        import torch  # noqa: F401  (a deployment without it cannot run models: say so)
+    except ImportError:
+        json.dump({"unavailable": "torch is not installed where the API runs"}, sys.stdout)
+        return
+    json.dump(answer(request), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
