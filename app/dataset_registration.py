@@ -482,13 +482,7 @@ def _validate_images(
     class_names = parsed.classes.names if parsed.classes is not None else None
     array = stage_image_array(blobs, parsed.images)
     del parsed
-    try:
-        key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
-    except BaseException:
-        if array.created:
-            blobs.delete(array.key)
-        array.pending.discard()
-        raise
+    key, created = _adopt_beside_array(blobs, pending, sha256=sha256, array=array)
     return _Validated(
         sha256=sha256,
         key=key,
@@ -499,6 +493,18 @@ def _validate_images(
         modality="image",
         array=array,
     )
+
+
+def _adopt_beside_array(blobs: BlobStore, pending: PendingBlob, *, sha256: str, array: StagedArray) -> tuple[str, bool]:
+    """Adopt the upload's body as its blob; if that fails, remove the array staged beside it
+    (a refused or failed upload leaves no blob behind)."""
+    try:
+        return blobs.adopt(pending.path, sha256, keep_pending=True)
+    except BaseException:
+        if array.created:
+            blobs.delete(array.key)
+        array.pending.discard()
+        raise
 
 
 def _validate_text(
@@ -535,13 +541,7 @@ def _validate_text(
         raise invalid_text(exc) from exc
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
-    try:
-        key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
-    except BaseException:
-        if array.created:
-            blobs.delete(array.key)
-        array.pending.discard()
-        raise
+    key, created = _adopt_beside_array(blobs, pending, sha256=sha256, array=array)
     return _Validated(
         sha256=sha256,
         key=key,

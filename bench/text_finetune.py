@@ -102,6 +102,19 @@ def perplexity(model_path: Path, records: list[dict[str, Any]], max_length: int)
     return math.exp(float(torch.cat(row_means).mean()))
 
 
+def evaluate(model_path: Path, data: Path, *, test_rows: int) -> str:
+    """One model's score on the test split of its task (read from the model's config)."""
+    config = load_model(model_path).config
+    text = config["text"]
+    assert isinstance(text, dict)
+    max_length = int(text["max_length"])
+    if config["task"] == "classification":
+        test = read_jsonl(data / "cls_test.jsonl")
+        return f"test accuracy {accuracy(model_path, test, max_length):.4f} on {len(test)} held-out paragraphs"
+    test = read_jsonl(data / "lm_test.jsonl", test_rows)
+    return f"test perplexity per byte {perplexity(model_path, test, max_length):.3f} on {len(test)} held-out paragraphs"
+
+
 class Runner:
     """Submits, waits, downloads and scores; prints each row as it finishes."""
 
@@ -151,7 +164,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--budget-epsilon", type=float, default=40.0)
+    parser.add_argument(
+        "--evaluate", type=Path, metavar="MODEL", help="score one downloaded model on its task's test split and stop"
+    )
     args = parser.parse_args()
+    if args.evaluate is not None:
+        print(evaluate(args.evaluate, args.data, test_rows=args.test_rows))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     client = Client.from_env(timeout=300)
     runner = Runner(client, args.out)
