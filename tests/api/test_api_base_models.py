@@ -5,6 +5,7 @@ usable as a job's ``model.init`` (docs/pretraining-and-finetuning.md)."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,17 @@ def test_an_api_host_without_torch_says_it_cannot_check_weights(
     assert "torch" in refused.json()["detail"]  # type: ignore[attr-defined]
     assert alice.get("/v1/base-models").json()["items"] == []
     assert _blob_files(settings) == before
+
+
+def test_a_text_model_uploads_as_a_base_model(alice: TestClient) -> None:
+    """A transformer's weights (its vocabulary in its params) are checked against the architecture
+    the worker would build, like any zoo model's."""
+    params = {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 16, "vocab_size": 259, "pad_id": 256}
+    model = build_model("transformer-lm", params, input_shape=(16,), n_outputs=259)
+    body = save({k: v.contiguous() for k, v in model.state_dict().items()})
+    query = {"name": "tiny-lm", "architecture": "transformer-lm", "input_shape": "16", "n_outputs": 259}
+    created = post(alice, body, **query, params=json.dumps(params))
+    assert created.status_code == 201, created.text  # type: ignore[attr-defined]
+    assert created.json()["architecture"] == "transformer-lm"  # type: ignore[attr-defined]
+    other_vocabulary = post(alice, body, **query, params=json.dumps({**params, "vocab_size": 300}))
+    assert other_vocabulary.status_code == 422  # type: ignore[attr-defined]
