@@ -363,6 +363,8 @@ class JobRunner:
                 device=device,
             )
         )
+        if result.stopped_early:
+            return Outcome(result=result, model_path=None, metrics=None, timed_out=timed_out())
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the timing covers the queued kernels too
         execution = execution_section(
@@ -373,8 +375,6 @@ class JobRunner:
             precision=claimed.training.precision or "fp32",
             augmult=claimed.training.augmult,
         )
-        if result.stopped_early:
-            return Outcome(result=result, model_path=None, metrics=None, timed_out=timed_out())
         if average is not None:  # released and evaluated: the average, not the last iterate
             average.copy_to(model)
         metrics = None

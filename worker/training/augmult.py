@@ -89,15 +89,9 @@ class AugmultAggregator:
         max_physical_batch_size: int,
         generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
-        if X.dim() != 4:
-            raise ValueError("augmentation multiplicity needs image rows of shape (C, H, W)")
-        padding = self.padding if self.padding is not None else default_padding(X.shape[2], X.shape[3])
-        draws = draw_views(
-            images=X.shape[0], views=self.views, padding=padding, generator=generator, step=step, device=X.device
-        )
         sums = self.inner.clipped_sum(
             AugmentedViews(model),
-            augmented_views(X, draws, padding=padding),
+            views_of(X, views=self.views, generator=generator, step=step, padding=self.padding),
             y,
             step=step,
             loss=mean_over_views(loss),
@@ -106,6 +100,18 @@ class AugmultAggregator:
             generator=generator,
         )
         return {_inner_name(name): total for name, total in sums.items()}
+
+
+def views_of(
+    X: torch.Tensor, *, views: int, generator: SecureRandom, step: int, padding: int | None = None
+) -> torch.Tensor:
+    """(b, C, H, W) images -> their (b, K, C, H, W) augmented views at ``step``; ``padding`` None:
+    `default_padding` of the images."""
+    if X.dim() != 4:
+        raise ValueError("augmentation multiplicity needs image rows of shape (C, H, W)")
+    pad = padding if padding is not None else default_padding(X.shape[2], X.shape[3])
+    draws = draw_views(images=X.shape[0], views=views, padding=pad, generator=generator, step=step, device=X.device)
+    return augmented_views(X, draws, padding=pad)
 
 
 def with_augmult(aggregator: BatchAggregator, views: int | None) -> BatchAggregator:
@@ -129,9 +135,5 @@ def forward_views(
     them is the mean over rows of each row's mean over its views)."""
     if views is None or views == 1:
         return model(X), y
-    if X.dim() != 4:
-        raise ValueError("augmentation multiplicity needs image rows of shape (C, H, W)")
-    padding = default_padding(X.shape[2], X.shape[3])
-    draws = draw_views(images=X.shape[0], views=views, padding=padding, generator=generator, step=step, device=X.device)
-    outputs = AugmentedViews(model)(augmented_views(X, draws, padding=padding))
+    outputs = AugmentedViews(model)(views_of(X, views=views, generator=generator, step=step))
     return outputs.flatten(0, 1), y.repeat_interleave(views, dim=0)
