@@ -148,8 +148,9 @@ class Settings(BaseSettings):
     max_activation_bytes: int = Field(
         default=8 * 1024**3,
         gt=0,
-        description="a job is refused when one physical batch (max_physical_batch_size rows) "
-        "would need more float32 memory than this for its activations and per-sample gradients",
+        description="float32 memory one per-sample-gradient chunk may take for its activations and "
+        "per-sample gradients: a job's chunks are max_physical_batch_size rows or fewer to fit it, "
+        "and a model whose single row needs more is refused",
     )
     max_decompressed_bytes: int = Field(
         default=1024**3,

@@ -361,6 +361,17 @@ def _check_task_fits(spec: JobCreate, algorithm: AlgorithmDefinition[Any], facts
         )
 
 
+def _check_algorithm_trains_model(algorithm: AlgorithmDefinition[Any], model: ModelDefinition) -> None:
+    """Some families train one model shape only (the heavy-tailed family: one linear layer)."""
+    if algorithm.models is not None and model.name not in algorithm.models:
+        raise _invalid(
+            "model-incompatible",
+            f"algorithm '{algorithm.name}' trains {' or '.join(sorted(algorithm.models))} only, not "
+            f"'{model.name}'; choose one of those models, or a per-sample-gradient algorithm (e.g. dp-sgd) "
+            f"for '{model.name}'",
+        )
+
+
 def _check_lora_fits_model(spec: JobCreate, model: ModelDefinition) -> None:
     """LoRA adapters go on attention and MLP Linear layers: only the transformers have them."""
     if spec.training.finetune == "lora" and not model.lora:
@@ -425,6 +436,7 @@ def plan_job(
     _check_privacy_fits_dataset(spec, algorithm, dataset)
     _check_augmult_fits_dataset(spec, dataset)
     _check_task_fits(spec, algorithm, facts)
+    _check_algorithm_trains_model(algorithm, model)
     _check_lora_fits_model(spec, model)
     misnamed_param = suggestions.unknown_field(given=spec.model.params, model=model.params_model, where="model.params")
     if misnamed_param:

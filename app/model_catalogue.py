@@ -85,6 +85,13 @@ class ModelSizeLimits:
             physical_batch_size=settings.max_physical_batch_size,
         )
 
+    def rows_per_chunk(self, size: ModelSize) -> int:
+        """Rows per per-sample-gradient chunk for this model: the service's physical batch, or fewer
+        when that many rows would not fit ``max_activation_bytes`` (0: not even one row fits).
+        Chunking never changes a result, so a long-sequence model trains in smaller chunks
+        instead of being refused."""
+        return min(self.physical_batch_size, self.max_activation_bytes // size.batch_bytes(1))
+
 
 @dataclass(frozen=True)
 class ModelDefinition:
@@ -156,6 +163,11 @@ class ModelDefinition:
             **vocabulary,
         )
 
+    def rows_per_chunk(self, params: dict[str, Any], facts: DatasetFacts, *, limits: ModelSizeLimits) -> int:
+        """Rows per per-sample-gradient chunk the worker uses for this model (params must be valid)."""
+        parsed = self.params_model.model_validate(params)
+        return max(1, limits.rows_per_chunk(self.size(parsed, facts, self.n_outputs(facts))))
+
     def parameter_count(self, params: dict[str, Any], facts: DatasetFacts) -> int:
         """Trainable parameters of the model the worker would build; params must be valid."""
         parsed = self.params_model.model_validate(params)
@@ -181,13 +193,12 @@ class ModelDefinition:
                 f"model '{self.name}' with these params has {size.parameters} trainable "
                 f"parameters on this dataset; the service's limit is {limits.max_parameters}"
             )
-        needed = size.batch_bytes(limits.physical_batch_size)
-        if needed > limits.max_activation_bytes:
+        if limits.rows_per_chunk(size) < 1:
             raise ModelIncompatible(
-                f"model '{self.name}' with these params needs about {needed} bytes of activations "
-                f"and per-sample gradients per physical batch of {limits.physical_batch_size} rows "
-                f"({size.parameters} parameters, {size.activations} activations per row); the "
-                f"service's limit is {limits.max_activation_bytes} bytes"
+                f"model '{self.name}' with these params needs about {size.batch_bytes(1)} bytes of "
+                f"activations and per-sample gradients for a single row ({size.parameters} parameters, "
+                f"{size.activations} activations per row); the service's limit per physical batch is "
+                f"{limits.max_activation_bytes} bytes"
             )
 
     def n_outputs(self, facts: DatasetFacts) -> int:
@@ -208,8 +219,14 @@ def register_model(definition: ModelDefinition) -> ModelDefinition:
     return MODELS.add(definition.name, definition)
 
 
-def _any_shape(_params: BaseModel, _facts: DatasetFacts) -> None:
-    return None
+def _numeric_features(_params: BaseModel, facts: DatasetFacts) -> None:
+    """Any shape of numbers (flattened); token ids are not: their values are names, not magnitudes."""
+    if facts.vocab_size is not None:
+        raise ModelIncompatible(
+            "this model reads its features as numbers, and a text dataset's rows are token ids (their "
+            "values name tokens, they do not measure anything); use transformer-classifier for text "
+            "classification or transformer-lm for language modelling"
+        )
 
 
 def cnn2_output_hw(height: int, width: int) -> tuple[int, int] | None:
@@ -351,7 +368,7 @@ register_model(
         summary="Multinomial logistic regression on the flattened features.",
         params_model=NoParams,
         tasks=frozenset({"classification"}),
-        check_shape=_any_shape,
+        check_shape=_numeric_features,
         size=_linear_size,
         blocks=_head_only,
     )
@@ -362,7 +379,7 @@ register_model(
         summary="Linear regression (squared loss) on the flattened features.",
         params_model=NoParams,
         tasks=frozenset({"regression"}),
-        check_shape=_any_shape,
+        check_shape=_numeric_features,
         size=_linear_size,
         blocks=_head_only,
     )
@@ -373,7 +390,7 @@ register_model(
         summary="Fully connected network on the flattened features.",
         params_model=MLPParams,
         tasks=frozenset({"classification", "regression"}),
-        check_shape=_any_shape,
+        check_shape=_numeric_features,
         size=_mlp_size,
         blocks=_mlp_blocks,
     )

@@ -28,7 +28,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from app.config import get_settings
-from app.job_planning import plan_job
-from app.model_catalogue import ModelSizeLimits
+from app.job_planning import facts_of, plan_job
+from app.model_catalogue import ModelSizeLimits, get_model
 from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from app.tokenizers.byte import PAD_ID, VOCAB_SIZE
@@ -62,10 +62,6 @@ MODEL_PARAMS: dict[str, object] = {
     "pad_id": PAD_ID,
 }
 LORA = {"rank": 8, "alpha": 16}
-PHYSICAL_BATCH_SIZE = 128
-"""Rows per per-sample chunk (PRIVTRAIN_MAX_PHYSICAL_BATCH_SIZE): at the default 256 the planner's
-activation estimate refuses T = 512 for this model, at 128 it admits it; a Poisson batch of expected
-size 32 is never split either way."""
 TASK = "language-model"
 
 Finetune = Literal["full", "lora"]
@@ -131,8 +127,10 @@ def trainer_stepper(algorithm: str, *, finetune: Finetune) -> Callable[[TextCase
                 "training": {"steps": 1, "batch_size": case.batch_size, "learning_rate": 0.01},
             }
         )
-        limits = replace(ModelSizeLimits.from_settings(get_settings()), physical_batch_size=PHYSICAL_BATCH_SIZE)
+        limits = ModelSizeLimits.from_settings(get_settings())
         plan = plan_job(spec, dataset, dataset_delta=1e-6, max_steps=10**9, model_limits=limits)
+        # the worker's rows per chunk under the service's default limits (about 160 at T = 512)
+        chunk = get_model(MODEL).rows_per_chunk(plan.spec["model"]["params"], facts_of(dataset), limits=limits)
         rows = TokenRows(token_rows(case), device=device, resident=device.type == "cuda")
         targets = language_model_targets(rows, pad_id=PAD_ID)
         model = text_model(case, device, finetune=finetune)
@@ -152,7 +150,7 @@ def trainer_stepper(algorithm: str, *, finetune: Finetune) -> Callable[[TextCase
                     sampling_probability=plan.plan.sampling_probability,
                     expected_batch_size=plan.plan.expected_batch_size,
                     steps=steps,
-                    max_physical_batch_size=PHYSICAL_BATCH_SIZE,
+                    max_physical_batch_size=chunk,
                     generator=generator,
                     hooks=TrainingHooks(),
                     resume_from=None,

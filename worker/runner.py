@@ -39,7 +39,7 @@ from app.ingest.text import text_labels
 from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
-from app.model_catalogue import get_model
+from app.model_catalogue import ModelSizeLimits, get_model
 from app.models import Dataset, Job
 from app.reporting.privacy_report import (
     augmentation_section,
@@ -356,7 +356,9 @@ class JobRunner:
                 sampling_probability=job.sampling_probability,
                 expected_batch_size=claimed.plan.expected_batch_size,
                 steps=job.steps_planned,
-                max_physical_batch_size=self.settings.max_physical_batch_size,
+                max_physical_batch_size=get_model(job.model_name).rows_per_chunk(
+                    job.spec["model"]["params"], facts_of(dataset), limits=ModelSizeLimits.from_settings(self.settings)
+                ),
                 generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
                 hooks=hooks,
                 resume_from=resume,

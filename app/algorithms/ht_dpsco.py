@@ -186,6 +186,8 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
     paper = PAPER
     tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression"})
     """Linear models on feature vectors only (linear and logistic regression): no language models."""
+    models: ClassVar[frozenset[str] | None] = frozenset({"linear-regression", "logistic-regression"})
+    """The family's updates are closed forms for one weight vector ⟨w, x⟩ (worker: ``linear_layer``)."""
     training_fields = SCHEDULE_FIELDS
     unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is single-pass over disjoint blocks of n_train/T rows",

@@ -89,6 +89,9 @@ class AlgorithmDefinition(Generic[H]):
     """False for the non-private optimizers (app.algorithms.non_private): public datasets only."""
     tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression", "language-model"})
     """The dataset tasks this algorithm trains on; submission refuses the others (422)."""
+    models: ClassVar[frozenset[str] | None] = None
+    """The catalogue models this algorithm can train (None: any); submission refuses the others
+    (422 model-incompatible), so the worker's own check of the built model never refuses a job."""
 
     def validate_hyperparameters(self, raw: dict[str, Any]) -> H:
         try:

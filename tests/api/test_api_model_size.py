@@ -13,15 +13,18 @@ import torch
 from fastapi.testclient import TestClient
 from torch import nn
 
-from app.config import get_settings
+import worker.runner as runner_module
+from app.config import Settings, get_settings
 from app.db import Database
 from app.facts import DatasetFacts
 from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
 from privtrain.architectures import build_model
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
+from worker.runner import JobRunner
 
 HUGE_MLP = {"hidden_sizes": [16384] * 8, "activation": "relu"}
-# ~17 M parameters: under the parameter limit, but 256 per-sample gradients of it are ~17 GB.
+# ~17 M parameters: under the parameter limit, but 256 per-sample gradients of it are ~17 GB, so
+# the worker takes fewer rows per chunk.
 WIDE_MLP = {"hidden_sizes": [4096, 4096]}
 
 
@@ -55,14 +58,53 @@ def test_huge_mlp_is_refused_with_count_and_limit(
     assert budget["reserved_epsilon"] == 0.0
 
 
-def test_activation_memory_is_bounded(alice: TestClient, dataset_id: str, database: Database) -> None:
-    settings = get_settings()
-    response = alice.post("/v1/jobs", json=_spec(dataset_id, WIDE_MLP))
-    assert response.status_code == 422, response.text
-    detail = response.json()["detail"]
-    assert str(settings.max_activation_bytes) in detail
-    assert f"physical batch of {settings.max_physical_batch_size} rows" in detail
-    assert counts(database) == (0, 0)
+def test_a_wide_model_trains_in_smaller_chunks_and_a_row_too_large_is_refused(
+    alice: TestClient, dataset_id: str, database: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """256 per-sample gradients of WIDE_MLP would not fit the activation limit; the job is admitted
+    and the worker takes fewer rows per chunk. A model whose single row does not fit is refused."""
+    digits = DatasetFacts(n_rows=1437, feature_shape=(64,), task="classification", n_classes=10)
+    definition = get_model("mlp")
+    normalised = definition.validate(WIDE_MLP, digits)
+    limits = ModelSizeLimits.from_settings(get_settings())
+    size = definition.size(definition.params_model.model_validate(normalised), digits, 10)
+    assert size.batch_bytes(limits.physical_batch_size) > limits.max_activation_bytes
+    expected_chunk = limits.max_activation_bytes // size.batch_bytes(1)
+    assert 1 <= expected_chunk < limits.physical_batch_size
+    assert definition.rows_per_chunk(normalised, digits, limits=limits) == expected_chunk
+    assert alice.post("/v1/jobs/estimate", json=_spec(dataset_id, WIDE_MLP)).status_code == 200
+
+    # The worker runs a small job in chunks its own settings fit: here 3 rows of a tiny MLP.
+    tiny = {"hidden_sizes": [16]}
+    row_bytes = definition.size(
+        definition.params_model.model_validate(definition.validate(tiny, digits)), digits, 10
+    ).batch_bytes(1)
+    spec = _spec(dataset_id, tiny)
+    spec["training"] = {"steps": 2, "batch_size": 16, "learning_rate": 0.1}
+    seen: list[int] = []
+    real = runner_module.get_trainer
+
+    def spying_get_trainer(name: str) -> Any:
+        trainer = real(name)
+
+        def spy(request: Any) -> Any:
+            seen.append(request.max_physical_batch_size)
+            return trainer(request)
+
+        return spy
+
+    monkeypatch.setattr(runner_module, "get_trainer", spying_get_trainer)
+    tight = settings.model_copy(update={"max_activation_bytes": 3 * row_bytes + row_bytes // 2})
+    submitted = alice.post("/v1/jobs", json=spec)
+    assert submitted.status_code == 202, submitted.text
+    assert JobRunner(tight, db=database).run(submitted.json()["id"]) == "succeeded"
+    assert seen == [3]
+
+    one_row = ModelSizeLimits(
+        max_parameters=limits.max_parameters, max_activation_bytes=size.batch_bytes(1) - 1, physical_batch_size=256
+    )
+    with pytest.raises(ModelIncompatible, match=rf"{size.batch_bytes(1)} bytes .* for a single row"):
+        definition.validate(WIDE_MLP, digits, limits=one_row)
 
 
 def test_models_of_ordinary_size_are_admitted(alice: TestClient, dataset_id: str) -> None:
@@ -126,10 +168,14 @@ def test_limits_refuse_with_count_and_limit() -> None:
     tight = ModelSizeLimits(max_parameters=32, max_activation_bytes=10**9, physical_batch_size=8)
     with pytest.raises(ModelIncompatible, match=r"33 trainable parameters.*limit is 32"):
         model.validate({}, facts, limits=tight)
-    # 8 rows × 4 bytes × (2 × 13 activations + 33 parameters) = 1888 bytes
+    # one row: 4 bytes × (2 × 13 activations + 33 parameters) = 236 bytes, so 1887 bytes hold 7 rows
     memory = ModelSizeLimits(max_parameters=33, max_activation_bytes=1887, physical_batch_size=8)
-    with pytest.raises(ModelIncompatible, match=r"1888 bytes.*limit is 1887 bytes"):
-        model.validate({}, facts, limits=memory)
+    assert model.validate({}, facts, limits=memory) == {}
+    assert model.rows_per_chunk({}, facts, limits=memory) == 7
+    assert model.rows_per_chunk({}, facts, limits=roomy) == 8
+    too_small = ModelSizeLimits(max_parameters=33, max_activation_bytes=235, physical_batch_size=8)
+    with pytest.raises(ModelIncompatible, match=r"236 bytes.*single row.*235 bytes"):
+        model.validate({}, facts, limits=too_small)
 
 
 def test_the_services_own_settings_set_the_limits(tmp_path: Any, digits_csv: bytes) -> None:

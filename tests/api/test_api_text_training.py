@@ -127,3 +127,33 @@ def test_a_text_classifier_trains_with_dicesgd_and_an_lm_evaluation_refuses_erro
     )
     assert refused.status_code == 422 and refused.json()["type"] == "/problems/invalid-job-spec"
     assert "evaluation.error_clip applies to regression datasets" in refused.json()["detail"]
+
+
+def test_text_jobs_that_cannot_train_are_refused_at_estimate_and_submission(
+    alice: TestClient, database: Database
+) -> None:
+    """Token ids are names, not magnitudes: numeric-feature models refuse them; the heavy-tailed
+    family trains one linear layer only, so it refuses a transformer before any reservation."""
+    reviews = _upload(alice, classification_body(), epsilon=8, delta=1e-3)
+    cases = [
+        ("logistic-regression", "dp-sgd", "reads its features as numbers"),
+        ("mlp", "dp-adam", "reads its features as numbers"),
+        ("logistic-regression", "ht-dp-fw", "reads its features as numbers"),
+        ("transformer-classifier", "ht-dp-fw", "trains linear-regression or logistic-regression only"),
+    ]
+    for model, algorithm, reason in cases:
+        training = {"epochs": 1} if algorithm.startswith("ht-") else {"steps": 3, "batch_size": 8, "learning_rate": 0.1}
+        spec = {
+            "dataset_id": reviews["id"],
+            "model": {"name": model},
+            "algorithm": {"name": algorithm},
+            "privacy": {"target_epsilon": 1.0},
+            "training": training,
+        }
+        for endpoint in ("/v1/jobs/estimate", "/v1/jobs"):
+            refused = alice.post(endpoint, json=spec)
+            assert refused.status_code == 422, (model, algorithm, refused.text)
+            assert refused.json()["type"] == "/problems/model-incompatible"
+            assert reason in refused.json()["detail"]
+    assert alice.get("/v1/jobs").json()["items"] == []
+    assert alice.get(f"/v1/datasets/{reviews['id']}/budget").json()["reserved_epsilon"] == 0.0

@@ -126,5 +126,9 @@ def test_oversized_configs_are_refused_by_the_size_limits() -> None:
     get_model("vit").validate({}, cifar, limits=limits)
     with pytest.raises(ModelIncompatible, match=r"trainable parameters on this dataset; the service's limit"):
         get_model("wrn").validate({"depth": 40, "width": 20}, cifar, limits=limits)
-    with pytest.raises(ModelIncompatible, match=r"bytes of activations"):
-        get_model("vit").validate({"patch_size": 1, "dim": 64, "heads": 1, "depth": 2}, cifar, limits=limits)
+    # 1,025 tokens per image: admitted, in chunks smaller than the service's physical batch …
+    long_vit = get_model("vit").validate({"patch_size": 1, "dim": 64, "heads": 1, "depth": 2}, cifar, limits=limits)
+    assert 1 <= get_model("vit").rows_per_chunk(long_vit, cifar, limits=limits) < 256
+    # … but not when a single image's attention scores alone are over the limit.
+    with pytest.raises(ModelIncompatible, match=r"bytes of activations and per-sample gradients for a single row"):
+        get_model("vit").validate({"patch_size": 1, "dim": 64, "heads": 64, "depth": 12}, cifar, limits=limits)
