@@ -63,15 +63,43 @@ class Case:
     input_shape: tuple[int, ...]
     n_classes: int
     batch: int
+    vocab: int = 0
+    """> 0: rows are token ids below it (text models), else float features."""
+    loss: str = "cross_entropy"
 
 
+_TEXT = {"layers": 2, "dim": 256, "heads": 4, "mlp_dim": 1024, "vocab_size": 1024, "pad_id": 0}
 CASES = {
     "cnn-b128": Case("cnn2-gn 1×28×28, B=128", "cnn2-gn", {}, (1, 28, 28), 10, 128),
     "cnn-b512": Case("cnn2-gn 1×28×28, B=512", "cnn2-gn", {}, (1, 28, 28), 10, 512),
     "mlp-b256": Case(
         "MLP 100→256→256→10, B=256", "mlp", {"hidden_sizes": [256, 256], "activation": "tanh"}, (100,), 10, 256
     ),
+    # The zoo at GPU sizes (the GPU table of docs/benchmarks.md; too slow for a 2-core CPU).
+    "cnn3-b256": Case("cnn 32-64-128 GroupNorm, 3×32×32, B=256", "cnn", {}, (3, 32, 32), 10, 256),
+    "cnn3-b1024": Case("cnn 32-64-128 GroupNorm, 3×32×32, B=1024", "cnn", {}, (3, 32, 32), 10, 1024),
+    "wrn16-4-b256": Case("wrn 16-4, 3×32×32, B=256", "wrn", {}, (3, 32, 32), 10, 256),
+    "resnet-gn-b256": Case("resnet-gn, 3×32×32, B=256", "resnet-gn", {}, (3, 32, 32), 10, 256),
+    "vit-b256": Case("vit (patch 4, dim 192, depth 6), 3×32×32, B=256", "vit", {}, (3, 32, 32), 10, 256),
+    "mlp-wide-b4096": Case(
+        "MLP 3072→2048→2048→10, B=4096", "mlp", {"hidden_sizes": [2048, 2048], "activation": "relu"}, (3072,), 10, 4096
+    ),
+    "tcls-t64-b512": Case(
+        "transformer-classifier 2×256, T=64, B=512", "transformer-classifier", _TEXT, (64,), 2, 512, vocab=1024
+    ),
+    "tlm-t256-b64": Case(
+        "transformer-lm 2×256, T=256, B=64",
+        "transformer-lm",
+        _TEXT,
+        (256,),
+        1024,
+        64,
+        vocab=1024,
+        loss="token_cross_entropy_sum",
+    ),
 }
+SMALL_CASES = ("cnn-b128", "cnn-b512", "mlp-b256")
+"""What the CPU runs by default; the GPU table adds the zoo cases."""
 
 
 def _model(case: Case, device: torch.device) -> nn.Module:
@@ -86,6 +114,10 @@ def _model(case: Case, device: torch.device) -> nn.Module:
 
 def _batch(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
+    if case.vocab > 0:  # token ids, no padding: every position counts
+        X = torch.randint(1, case.vocab, (case.batch, *case.input_shape), generator=g)
+        y = X if case.loss.startswith("token_") else torch.randint(0, case.n_classes, (case.batch,), generator=g)
+        return X.to(device), y.to(device)
     X = torch.randn((case.batch, *case.input_shape), generator=g)
     y = torch.randint(0, case.n_classes, (case.batch,), generator=g)
     return X.to(device), y.to(device)
@@ -102,12 +134,12 @@ def _sync(device: torch.device) -> None:
 def nonprivate(case: Case, device: torch.device, precision: Precision = "fp32") -> Step:
     model, (X, y) = _model(case, device), _batch(case, device)
     params = list(trainable_parameters(model).values())
-    fn = get_loss("cross_entropy").fn
+    fn = get_loss(case.loss).fn
 
     def step() -> list[torch.Tensor]:
         with autocast_context(precision, device_type=device.type):
             out = model(X)
-        return list(torch.autograd.grad(fn(out.float(), y), params))
+        return list(torch.autograd.grad(fn(out.float(), y).sum(), params))
 
     return step
 
@@ -120,7 +152,7 @@ def vmap_engine(case: Case, device: torch.device, chunk: int, precision: Precisi
             model,
             X,
             y,
-            loss="cross_entropy",
+            loss=case.loss,
             per_sample_map=AbadiClip(CLIP),
             max_physical_batch_size=chunk,
             precision=precision,
@@ -138,7 +170,7 @@ def ghost_engine(case: Case, device: torch.device, pass2: str, chunk: int, preci
             model,
             X,
             y,
-            loss="cross_entropy",
+            loss=case.loss,
             per_sample_map=AbadiClip(CLIP),
             max_physical_batch_size=chunk,
             pass2=pass2,  # type: ignore[arg-type]
@@ -166,7 +198,7 @@ def opacus_hooks(case: Case, device: torch.device) -> Step:
 
     def step() -> list[torch.Tensor]:
         opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(gsm(X), y, reduction="sum").backward()
+        get_loss(case.loss).fn(gsm(X), y).backward()
         opt.clip_and_accumulate()
         return [p.summed_grad for p in params]
 
@@ -284,15 +316,36 @@ def run_case(
         for _ in range(repeats):
             for label in random.sample(labels, len(labels)):
                 times[label].append(_time_once(steppers[label], inner[label], device))
+    peaks = {label: _peak_bytes(s, device) for label, s in steppers.items()}
     base = statistics.median(times[labels[0]])
+    base_peak = peaks[labels[0]]
     rows = []
     for label in labels:
         med = statistics.median(times[label])
         q = statistics.quantiles(times[label], n=4) if len(times[label]) >= 4 else [med, med, med]
-        rows.append((label, med, med / base, f"{diffs[label]} | {q[0]:.2f}–{q[2]:.2f}"))
+        peak = peaks[label]
+        memory = "— | —" if base_peak is None or peak is None else f"{peak / 2**20:.0f} | {peak / base_peak:.2f}"
+        rows.append((label, med, med / base, f"{diffs[label]} | {q[0]:.2f}–{q[2]:.2f} | {memory}"))
     for label, note in notes.items():
         rows.append((label, float("nan"), float("nan"), note))
     return rows
+
+
+def _peak_bytes(step: Step, device: torch.device) -> float | None:
+    """GPU memory one step allocates above what was allocated before it (models, batch): the
+    step's own peak (torch.cuda.max_memory_allocated). None on a CPU, whose allocator keeps no
+    such counter (bench.step_time measures a CPU step's resident set in a fresh process)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    result = step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del result
+    return float(max(peak, 1))
 
 
 def _cpu_name() -> str:
@@ -308,7 +361,11 @@ def _cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
+    parser.add_argument(
+        "--cases",
+        default=None,
+        help=f"comma-separated, from {list(CASES)}; default: all on a GPU, {', '.join(SMALL_CASES)} on a CPU",
+    )
     parser.add_argument("--repeats", type=int, default=15, help="timed rounds per engine (median)")
     parser.add_argument(
         "--target-ms", type=float, default=60.0, help="approximate duration of one timed round per engine"
@@ -342,17 +399,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"- load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min)")
     numerics = "float32" if args.precision == "fp32" else "bf16 autocast, float32 norms and sums"
     print(f"- medians of {args.repeats} interleaved rounds; clipping norm C = {CLIP}; {numerics}\n")
-    print("| case | engine | ms / step (median) | × non-private | rel. diff vs vmap | IQR ms |")
-    print("|---|---|---:|---:|---:|---:|")
-    for key in args.cases.split(","):
+    print(
+        "| case | engine | ms / step (median) | × non-private | rel. diff vs vmap | IQR ms "
+        "| peak MiB (GPU) | × non-private memory |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    keys = args.cases.split(",") if args.cases else list(CASES if device.type == "cuda" else SMALL_CASES)
+    for key in keys:
         case = CASES[key]
         rows = run_case(case, device, args.repeats, args.target_ms, args.skip_opacus, args.precision)
         for label, ms, ratio, extra in rows:
             if ms != ms:  # nan: the engine did not run
-                print(f"| {case.label} | {label} | — | — | {extra} | |")
+                print(f"| {case.label} | {label} | — | — | {extra} | | | |")
             else:
-                diff, iqr = extra.split(" | ")
-                print(f"| {case.label} | {label} | {ms:.2f} | {ratio:.2f} | {diff} | {iqr} |", flush=True)
+                print(f"| {case.label} | {label} | {ms:.2f} | {ratio:.2f} | {extra} |", flush=True)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"\n- load average at end: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
 

@@ -7,7 +7,9 @@ so equality with it (norms and clipped sums) is equality with the definition.
 from __future__ import annotations
 
 import copy
+import gc
 import math
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from worker.optimizers.ghost import (
     support,
     supports,
 )
+from worker.optimizers.ghost.recorder import Recorder
 from worker.optimizers.per_sample import (
     AbadiClip,
     clipped_grad_sum,
@@ -607,3 +610,56 @@ def test_cuda_matches_cpu() -> None:  # pragma: no cover - runs on GPU workers o
             _assert_sums_close({k: v.cpu().double() for k, v in got.items()}, expected, 1e-4)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+class _DeadBranch(nn.Module):
+    """One layer's output never reaches the loss: its call is recorded, autograd gives it no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(4, 3)
+        self.dead = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.dead(x)
+        out: torch.Tensor = self.used(x)
+        return out
+
+
+@pytest.mark.parametrize("pass2", ["bk", "retain", "recompute"])
+def test_a_layer_whose_output_does_not_reach_the_loss_adds_nothing(monkeypatch: pytest.MonkeyPatch, pass2: str) -> None:
+    monkeypatch.setattr(support, "GHOST_CONTAINERS", {*support.GHOST_CONTAINERS, _DeadBranch})
+    torch.manual_seed(0)
+    model = _DeadBranch()
+    X, y = torch.randn(7, 4), torch.randint(0, 3, (7,))
+    got = ghost_clipped_grad_sum(
+        model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(0.3), max_physical_batch_size=4, pass2=pass2
+    )
+    alone = ghost_clipped_grad_sum(
+        model.used, X, y, loss="cross_entropy", per_sample_map=AbadiClip(0.3), max_physical_batch_size=4
+    )
+    assert torch.equal(got["dead.weight"], torch.zeros(2, 4)) and torch.equal(got["dead.bias"], torch.zeros(2))
+    torch.testing.assert_close(got["used.weight"], alone["weight"])
+    torch.testing.assert_close(got["used.bias"], alone["bias"])
+
+
+def test_outputs_autograd_does_not_keep_are_freed_before_the_backward() -> None:
+    """The recorder hands the engine gradient edges, not the outputs: a residual branch's last
+    Linear (its output only feeds an addition, which saves nothing) is freed once recorded, so
+    pass 1 does not hold every layer's output until its backward ends; its gradient still arrives."""
+    params = {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 16, "vocab_size": 11, "pad_id": 0}
+    model = build_model("transformer-lm", params, input_shape=(6,), n_outputs=11)
+    seen: list[weakref.ref[torch.Tensor]] = []
+    model.blocks[0].attention.out.register_forward_hook(lambda _m, _a, out: seen.append(weakref.ref(out)))
+    x = torch.randint(1, 11, (3, 6))
+    with Recorder(model) as recorder:
+        recorder.start(3)
+        logits = model(x)
+        recorder.stop()
+        taps = recorder.take_taps()
+    gc.collect()
+    assert len(seen) == 1 and seen[0]() is None
+    out_layer = [index for index, layer in enumerate(recorder.layers) if layer.where == "blocks.0.attention.out"]
+    (tap,) = [tap for tap in taps if tap.layer_index == out_layer[0]]
+    (delta,) = torch.autograd.grad(logits.square().sum(), [tap.edge])
+    assert delta.shape == tap.shape == (3, 6, 8) and bool(delta.abs().sum() > 0)

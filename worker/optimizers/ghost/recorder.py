@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from worker.optimizers.ghost.registry import GHOST_LAYERS, GhostLayerRule
 from worker.optimizers.ghost.work import ParamNames
 from worker.optimizers.per_sample import trainable_parameters
 
-__all__ = ["HookedLayer", "RecordedCall", "Recorder"]
+__all__ = ["HookedLayer", "RecordedCall", "Recorder", "Tap"]
 
 
 @dataclass
@@ -29,6 +30,20 @@ class RecordedCall:
     out: torch.Tensor  # output, still in the graph
     inp_version: int
     out_version: int
+
+
+@dataclass(frozen=True)
+class Tap:
+    """What the backward of pass 1 needs of one recorded call."""
+
+    layer_index: int
+    inp: torch.Tensor  # detached input
+    edge: GradientEdge  # where the output's gradient arrives
+    like: torch.Tensor  # empty, with the output's dtype and device (zeros for an unused output)
+    shape: tuple[int, ...]  # the output's shape
+
+    def zero_gradient(self) -> torch.Tensor:
+        return self.like.new_zeros(self.shape)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,19 @@ class Recorder:
             self.calls[id(module)].append(RecordedCall(inp.detach(), output, inp._version, output._version))
 
         return hook
+
+    def take_taps(self) -> list[Tap]:
+        """One tap per recorded call, in layer order; the recorder lets go of every call. Gradient
+        edges instead of the outputs themselves: autograd keeps only the outputs it saved for its
+        backward, so an output nothing saves (a residual branch's last Linear, the logits) is freed
+        before the backward instead of held to its end."""
+        taps = [
+            Tap(index, call.inp, get_gradient_edge(call.out), call.out.new_zeros((0,)), tuple(call.out.shape))
+            for index, layer in enumerate(self.layers)
+            for call in self.calls[id(layer.module)]
+        ]
+        self.calls = {}
+        return taps
 
     def check_versions(self) -> None:
         for layer in self.layers:

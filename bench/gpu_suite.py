@@ -1,0 +1,180 @@
+"""The whole GPU table in one command: every engine, algorithm and whole-job figure the GPU goals
+are judged by, written to one Markdown file.
+
+Why: GPU time is scarce and comes in short loans, so every figure must come out of one prepared
+run, with each part bounded in time and one part's failure recorded, not fatal. In order:
+
+1. ``engine_compare``, float32, every case (the zoo at GPU sizes: cnn, wrn 16-4, resnet-gn, ViT,
+   a wide MLP, a transformer classifier and language model): ms per clipped-sum step and peak GPU
+   memory, ours (ghost, every pass 2, and the vmap engine) against Opacus hooks and Opacus ghost,
+   each as a ratio to a non-private step in the same run;
+2. ``engine_compare --precision bf16`` on the conv, ViT and text cases;
+3. ``step_time``: whole training steps of dp-sgd, dc-dpsgd, dc-dpsgd-threshold and dicesgd (their
+   ratio to dp-sgd is the DC-DPSGD ≤ 2× and DiceSGD ≤ 1.1× goals), with peak memory;
+4. ``text_step_cost``: DP fine-tuning (full and LoRA) of a transformer-lm at T = 128 and 512;
+5. ``worker_throughput`` on wrn 16-4 and the ViT: a whole job through an embedded service this
+   script starts (``privtrain-admin serve`` on a temporary data directory, one worker) against a
+   plain Opacus loop.
+
+    .venv/bin/python -m bench.gpu_suite --out /tmp/gpu_table.md            # on the GPU machine
+    .venv/bin/python -m bench.gpu_suite --quick --out /tmp/gpu_table.md    # fits a ten-minute call
+    .venv/bin/python -m bench.gpu_suite --smoke --device cpu               # checks the plumbing here
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ZOO_CASES = "cnn3-b256,cnn3-b1024,wrn16-4-b256,resnet-gn-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512,tlm-t256-b64"
+BF16_CASES = "cnn3-b1024,wrn16-4-b256,vit-b256,tlm-t256-b64"
+
+
+@dataclass(frozen=True)
+class Part:
+    title: str
+    module: str
+    arguments: list[str]
+    needs_service: bool = False
+
+
+def parts(*, device: str, quick: bool, smoke: bool) -> list[Part]:
+    """The suite's runs; ``quick`` trims repeats and cases to fit one ten-minute call, ``smoke``
+    runs each part at toy size (the plumbing, on any machine)."""
+    on = ["--device", device]
+    if smoke:
+        return [
+            Part("Engines (float32)", "bench.engine_compare", [*on, "--cases", "mlp-b256", "--repeats", "2"]),
+            Part("Whole steps per algorithm", "bench.step_time", [*on, "--cases", "mlp-b256", "--steps", "2",
+                 "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
+            Part("Text fine-tuning", "bench.text_step_cost", [*on, "--cases", "lm-t128", "--steps", "1",
+                 "--repeats", "1", "--no-memory"]),
+            Part("Whole job through the worker", "bench.worker_throughput", [*on, "--model", "cnn", "--params",
+                 '{"channels": [8], "groups": 4}', "--rows", "512", "--batch", "64", "--steps", "3"], True),
+        ]  # fmt: skip
+    repeats = "7" if quick else "15"
+    zoo = "cnn3-b1024,wrn16-4-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512" if quick else ZOO_CASES
+    steps = "10" if quick else "20"
+    algorithms = ["dp-sgd", "dc-dpsgd", "dc-dpsgd-threshold", "dicesgd"]
+    result = [
+        Part("Engines (float32)", "bench.engine_compare", [*on, "--cases", zoo, "--repeats", repeats]),
+        Part("Engines (bf16 autocast)", "bench.engine_compare",
+             [*on, "--cases", BF16_CASES, "--repeats", repeats, "--precision", "bf16", "--skip-opacus"]),
+        Part("Whole steps per algorithm", "bench.step_time",
+             [*on, "--cases", "cnn-b512", "--steps", steps, "--algorithms", *algorithms]),
+        Part("Text fine-tuning", "bench.text_step_cost", [*on, "--steps", "3" if quick else "5"]),
+        Part("Whole job through the worker: wrn 16-4", "bench.worker_throughput",
+             [*on, "--model", "wrn", "--params", '{"depth": 16, "width": 4}', "--rows", "50000",
+              "--batch", "1024", "--steps", "20" if quick else "60"], True),
+    ]  # fmt: skip
+    if not quick:
+        result.append(
+            Part("Whole job through the worker: ViT", "bench.worker_throughput",
+                 [*on, "--model", "vit", "--params", "{}", "--rows", "50000", "--batch", "1024", "--steps", "60"],
+                 True)
+        )  # fmt: skip
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def embedded_service(log: Path) -> Iterator[dict[str, str]]:
+    """``privtrain-admin serve`` (API and one worker) on a fresh data directory; yields the
+    environment a client needs (PRIVTRAIN_URL, PRIVTRAIN_API_KEY) and stops it afterwards."""
+    admin = str(Path(sys.executable).with_name("privtrain-admin"))
+    data = Path(tempfile.mkdtemp(prefix="privtrain-bench-"))
+    port = _free_port()
+    env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(data)}
+    subprocess.run([admin, "migrate"], env=env, check=True, capture_output=True)
+    key = subprocess.run(
+        [admin, "create-key", "--tenant", "bench"], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()  # the key alone, printed once
+    with log.open("ab") as out:
+        server = subprocess.Popen([admin, "serve", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if server.poll() is not None:
+                raise RuntimeError(f"the service exited with {server.returncode}; see {log}")
+            time.sleep(0.5)
+        yield {"PRIVTRAIN_URL": url, "PRIVTRAIN_API_KEY": key}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def run_part(part: Part, *, timeout_s: float, extra_env: dict[str, str]) -> str:
+    """The part's Markdown output, or a line saying why there is none (the suite goes on)."""
+    command = [sys.executable, "-m", part.module, *part.arguments]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **extra_env}
+        )
+    except subprocess.TimeoutExpired:
+        return f"_timed out after {timeout_s:.0f} s_\n"
+    if done.returncode != 0:
+        return f"_failed (exit {done.returncode}):_\n\n```\n{done.stderr[-3000:]}\n```\n"
+    return done.stdout
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("gpu_table.md"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="fewer cases and repeats: about eight minutes on an H100")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes: checks every part runs")
+    parser.add_argument("--part-timeout", type=float, default=None, help="seconds per part (default 150 quick, 900)")
+    args = parser.parse_args(argv)
+    timeout_s = args.part_timeout or (150.0 if args.quick or args.smoke else 900.0)
+    device = torch.device(args.device)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} logical CPUs"
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = (
+        f"# GPU suite · {machine} · torch {torch.__version__} · {when}\n\n"
+        f"Command: `python -m bench.gpu_suite {command}`\n"
+    )
+    args.out.write_text(header)
+    log = args.out.with_suffix(".service.log")
+    for part in parts(device=args.device, quick=args.quick, smoke=args.smoke):
+        started = time.monotonic()
+        if part.needs_service:
+            try:
+                with embedded_service(log) as env:
+                    body = run_part(part, timeout_s=timeout_s, extra_env=env)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                body = f"_the embedded service did not start: {exc}_\n"
+        else:
+            body = run_part(part, timeout_s=timeout_s, extra_env={})
+        section = f"\n## {part.title}\n\n{body.rstrip()}\n\n_({time.monotonic() - started:.0f} s)_\n"
+        with args.out.open("a") as out:
+            out.write(section)
+        print(section, flush=True)
+
+
+if __name__ == "__main__":
+    main()
