@@ -60,6 +60,7 @@ from worker.data.rows import Rows, SubsetRows, TensorRows, place_image_rows
 from worker.data.tokens import TokenRows, language_model_targets
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
+from worker.single_job_prefetch import SingleJobPrefetch
 from worker.trainers import TrainingRequest, get_trainer, preflight
 from worker.training.artifacts import load_checkpoint_extras, load_training_state, save_training_state
 from worker.training.ema import ParameterAverage
@@ -77,6 +78,14 @@ def _init_generator() -> torch.Generator:
     model never consumes or shares the noise stream; OS-seeded only so jobs do not all start alike.
     """
     return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+
+PREFETCH_SINGLE_JOB_ON: set[str] = {"cuda"}
+"""Device types whose workers compute the report's single-job ε while the job trains."""
+
+
+def _training_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,18 @@ class JobRunner:
         claimed = self.claim(job_id)
         if claimed is None:
             return "skipped"
+        # On a GPU worker the report's single-job ε of the planned run is computed on the idle CPU
+        # while the job trains (used when the job ran exactly as planned); on a CPU worker it would
+        # only take cores from training, so it is computed afterwards.
+        single_job = (
+            SingleJobPrefetch.start(
+                claimed.event_json(claimed.job.steps_planned, evaluated=True),
+                delta=claimed.job.delta,
+                algorithm=claimed.job.algorithm,
+            )
+            if _training_device().type in PREFETCH_SINGLE_JOB_ON
+            else None
+        )
         try:
             outcome = self._train(claimed)
         except Exception:
@@ -235,7 +256,7 @@ class JobRunner:
             if outcome.result.stopped_early:
                 return self.settle_stopped(claimed, outcome.result.steps_run)
             assert outcome.model_path is not None
-            return self.succeed(claimed, outcome)
+            return self.succeed(claimed, outcome, single_job=single_job)
         except Exception:
             log.exception("finishing the job failed", extra={"job_id": job_id})
             self.fail(claimed, error_code="artifact-write-failed")
@@ -325,7 +346,7 @@ class JobRunner:
 
     def _train(self, claimed: Claimed) -> Outcome:
         job, dataset = claimed.job, claimed.dataset
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = _training_device()
         X, y = self._load_data(dataset, device)
         X_eval: Rows | None = None
         y_eval: torch.Tensor | None = None
@@ -564,13 +585,17 @@ class JobRunner:
 
     # ------------------------------------------------------------------ settlement
 
-    def succeed(self, claimed: Claimed, outcome: Outcome) -> str:
+    def succeed(self, claimed: Claimed, outcome: Outcome, *, single_job: SingleJobPrefetch | None = None) -> str:
+        """Store the model, then commit the charge and write the report in one transaction;
+        ``single_job``: the planned run's single-job ε, if it was started while training."""
         assert outcome.model_path is not None
         model_key, model_sha = self.blobs.put_file(outcome.model_path)
         steps_run = outcome.result.steps_run
         actual = claimed.event_json(steps_run, evaluated=True)
         # Numeric accountants may take a while: never under the database write lock.
-        single_job = report_single_job_epsilon(actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm)
+        epsilon = (single_job.result_for(actual) if single_job is not None else None) or report_single_job_epsilon(
+            actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm
+        )
 
         def write_report(commit: lifecycle.CommitRecord) -> str:
             if commit.commit_entry is None or commit.budget_before is None or commit.budget_after is None:
@@ -604,7 +629,7 @@ class JobRunner:
                 algorithm_notes=algorithm_notes(commit.job, claimed.plan, claimed.hyperparameters),
                 model_sha256=model_sha,
                 secure_gaussian=self.settings.secure_noise,
-                single_job=single_job,
+                single_job=epsilon,
             )
             if commit.job.spec.get("init") is not None:  # where the weights started (treated as public)
                 report["init"] = init_section(commit.job.spec["init"])
@@ -620,7 +645,7 @@ class JobRunner:
             model_blob=model_key,
             model_sha256=model_sha,
             metrics=outcome.metrics,
-            epsilon_prv=single_job.epsilon,
+            epsilon_prv=epsilon.epsilon,
         )
         if not lifecycle.succeed(
             self.db, attempt=claimed.held, success=success, actor=self.actor, write_report=write_report
