@@ -657,3 +657,36 @@ def test_one_book_keeping_pass_equals_separate_ghost_sums() -> None:
         for name in alone:
             assert torch.isfinite(result[name]).all()
             assert torch.allclose(result[name], alone[name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "shape"),
+    [
+        ("transformer-lm", {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 16, "vocab_size": 13, "pad_id": 0}, (6,)),
+        ("wrn", {"depth": 10, "width": 1, "groups": 4, "weight_standardisation": True}, (3, 8, 8)),
+    ],
+)
+def test_one_pass_equals_separate_sums_on_embeddings_sequences_and_standardised_convs(
+    name: str, params: dict, shape: tuple[int, ...]
+) -> None:
+    """Every rule's accumulate takes all weightings at once (Embedding, LayerNorm, Linear on
+    sequences in both forms, weight-standardised convs): each equals its own ghost pass."""
+    from worker.optimizers.dicesgd import _Residual
+    from worker.optimizers.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
+
+    text = name == "transformer-lm"
+    n_outputs = 13 if text else 3
+    model = build_model(name, params, input_shape=shape, n_outputs=n_outputs, generator=_seeded(0)).double()
+    if text:
+        X = torch.randint(1, 13, (9, *shape), generator=_seeded(1))
+        y, loss = X.clone(), "token_cross_entropy_sum"
+    else:
+        X = torch.randn(9, *shape, dtype=torch.float64, generator=_seeded(1)) * 3
+        y, loss = torch.randint(0, 3, (9,), generator=_seeded(2)), "cross_entropy"
+    maps = (AbadiClip(0.05), _Residual(AbadiClip(0.05)), AbadiClip(1e9))
+    together = ghost_weighted_grad_sums(model, X, y, loss=loss, per_sample_maps=maps, max_physical_batch_size=4)
+    for per_sample_map, result in zip(maps, together, strict=True):
+        alone = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=per_sample_map, max_physical_batch_size=4)
+        for key in alone:
+            assert torch.allclose(result[key], alone[key], rtol=1e-12, atol=1e-12), key
+    assert any(float(t.abs().max()) > 0 for t in together[1].values())  # rows were clipped: a residual

@@ -152,7 +152,7 @@ def ghost_clipped_grad_sum(
             if pass2 == "bk":
                 with torch.no_grad():
                     for work in chunk.works:
-                        work.accumulate(scale, None if all_finite else finite, totals)
+                        work.accumulate(scale.unsqueeze(0), None if all_finite else finite, [totals])
                 continue
             del chunk.works
             assert chunk.out_grad is not None
@@ -270,11 +270,10 @@ def ghost_weighted_grad_sums(
                 norms = chunk.sq_norms.sqrt()
                 finite = torch.isfinite(norms)
                 all_finite = bool(finite.all())
-                for per_sample_map, total in zip(per_sample_maps, totals, strict=True):
-                    scale = per_sample_map.scale_factors(norms)
-                    if not all_finite:
-                        scale = torch.where(finite, scale, 0.0)
-                    scale = scale.to(chunk.sq_norms.dtype)
-                    for work in chunk.works:
-                        work.accumulate(scale, None if all_finite else finite, total)
+                scales = torch.stack([per_sample_map.scale_factors(norms) for per_sample_map in per_sample_maps])
+                if not all_finite:
+                    scales = torch.where(finite, scales, 0.0)
+                scales = scales.to(chunk.sq_norms.dtype)
+                for work in chunk.works:  # every weighting from one read of each layer's tensors
+                    work.accumulate(scales, None if all_finite else finite, totals)
     return [total.result(params) for total in totals]

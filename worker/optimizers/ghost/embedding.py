@@ -8,6 +8,8 @@ from the data) and scale_grad_by_freq (the gradient depends on the whole batch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -56,8 +58,9 @@ def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *, bk:
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(D.dtype)  # (B, T, T)
     sq = (same * torch.matmul(D, D.transpose(1, 2))).sum(dim=(1, 2)).clamp_min(0.0)
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
-        sd = masked_rows(mask, D * w.view(-1, 1, 1))
-        totals.index_add(name, module.weight, idx.reshape(-1), sd.reshape(-1, dim))
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+        rows = masked_rows(mask, D)
+        for total, weights in zip(totals, w, strict=True):
+            total.index_add(name, module.weight, idx.reshape(-1), (rows * weights.view(-1, 1, 1)).reshape(-1, dim))
 
     return LayerWork(sq, accumulate)

@@ -28,7 +28,7 @@ clamp at 0 keeps a rounded Gram sum a valid square.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -69,13 +69,15 @@ def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bo
     return not (gram_mem > MATERIALISE_MAX_ELEMENTS and mat_mem < gram_mem)
 
 
-def _weighted_outer_sum(sd: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """Σ_{i,t} sd_it a_itᵀ per group: (B, g, T, o), (B, g, T, k) -> (g, o, k). One GEMM."""
-    batch, groups, positions, o = sd.shape
+def _weighted_outer_sums(sd: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Σ_{i,t} sd_jit a_itᵀ per weighting j and group: (m, B, g, T, o), (B, g, T, k) -> (m, g, o, k).
+    One GEMM for all m: the m weightings are stacked along the output features, so a is read once."""
+    m, batch, groups, positions, o = sd.shape
     k = a.shape[-1]
     if groups == 1:
-        return (sd.reshape(batch * positions, o).T @ a.reshape(batch * positions, k)).unsqueeze(0)
-    return torch.einsum("bgto,bgtk->gok", sd, a)
+        stacked = sd.reshape(m, batch * positions, o).permute(1, 0, 2).reshape(batch * positions, m * o)
+        return (stacked.T @ a.reshape(batch * positions, k)).reshape(m, 1, o, k)
+    return torch.einsum("mbgto,bgtk->mgok", sd, a)
 
 
 def _positional_work(
@@ -101,17 +103,19 @@ def _positional_work(
         gb = D.sum(dim=2).reshape(batch, -1)  # (B, g·o) = (B, C_out)
         terms.append(squared_norm(gb, 1))
 
-        def add_bias(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
-            totals.add(bias_name, w @ masked_rows(mask, gb))
+        def add_bias(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+            for total, s in zip(totals, w @ masked_rows(mask, gb), strict=True):
+                total.add(bias_name, s)
 
         parts.append(add_bias)
 
     if weight_name is not None and G is not None:
         terms.append(squared_norm(G, 3))
 
-        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
-            s = torch.tensordot(w, masked_rows(mask, G), dims=1)  # (g, o, k)
-            totals.add(weight_name, s.reshape(weight_shape))
+        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+            sums = torch.tensordot(w, masked_rows(mask, G), dims=1)  # (m, g, o, k): G read once
+            for total, s in zip(totals, sums, strict=True):
+                total.add(weight_name, s.reshape(weight_shape))
 
         parts.append(add_weight)
     elif weight_name is not None:
@@ -129,14 +133,15 @@ def _positional_work(
             terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
             del aat, ddt
 
-        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
-            sd = masked_rows(mask, D * w.view(-1, 1, 1, 1))
-            s = _weighted_outer_sum(sd, masked_rows(mask, A))
-            totals.add(weight_name, s.reshape(weight_shape))
+        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+            sd = masked_rows(mask, D).unsqueeze(0) * w.view(w.shape[0], -1, 1, 1, 1)
+            sums = _weighted_outer_sums(sd, masked_rows(mask, A))
+            for total, s in zip(totals, sums, strict=True):
+                total.add(weight_name, s.reshape(weight_shape))
 
         parts.append(add_weight)
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         for part in parts:
             part(w, mask, totals)
 
@@ -152,12 +157,17 @@ def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor,
         sq_a = torch.linalg.vecdot(a, a)
         sq = sq * (sq_a + 1.0) if bias_name is not None else sq * sq_a
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
-        sd = masked_rows(mask, d * w.unsqueeze(1))
-        if weight_name is not None:
-            totals.add(weight_name, sd.T @ masked_rows(mask, a))
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+        m, (batch, o) = w.shape[0], d.shape
+        sd = masked_rows(mask, d).unsqueeze(0) * w.unsqueeze(2)  # (m, B, o)
+        if weight_name is not None:  # the m weightings stacked: one GEMM reads a once
+            stacked = sd.permute(1, 0, 2).reshape(batch, m * o)
+            weights = (stacked.T @ masked_rows(mask, a)).reshape(m, o, -1)
+            for total, s in zip(totals, weights, strict=True):
+                total.add(weight_name, s)
         if bias_name is not None:
-            totals.add(bias_name, sd.sum(dim=0))
+            for total, s in zip(totals, sd.sum(dim=1), strict=True):
+                total.add(bias_name, s)
 
     return LayerWork(sq, accumulate)
 

@@ -23,6 +23,8 @@ eps·||G'||², like the conv rule's Gram form; it is clamped at 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -102,15 +104,16 @@ def standardised_conv_work(module: WSConv2d, names: ParamNames, calls: Calls, *,
             correction = (ones_term.square() + (2.0 - c) * w_term.square()).sum(dim=1) / k
             sq = (effective.sq_norms - correction).clamp_min(0.0)
 
-        def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
-            own = Totals()
+        def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+            own = [Totals() for _ in totals]
             effective.accumulate(w, mask, own)
-            summed = own.sums[weight_name].reshape(w_hat.shape)
-            totals.add(weight_name, _project(w_hat.to(summed.dtype), summed).reshape(module.weight.shape))
+            for total, mine in zip(totals, own, strict=True):
+                summed = mine.sums[weight_name].reshape(w_hat.shape)
+                total.add(weight_name, _project(w_hat.to(summed.dtype), summed).reshape(module.weight.shape))
 
         works.append(LayerWork(sq, accumulate))
 
-    def accumulate_all(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+    def accumulate_all(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         for work in works:
             work.accumulate(w, mask, totals)
 

@@ -71,9 +71,10 @@ class Totals:
         return out
 
 
-# accumulate(weights (B,), row_mask, totals): totals[name] += Σ_i weights_i·g_i. row_mask is None
-# when every row is finite, else a (B,) bool tensor: rows outside it must contribute exactly 0.
-Accumulate = Callable[[torch.Tensor, torch.Tensor | None, Totals], None]
+# accumulate(weights (m, B), row_mask, totals (m of them)): totals[j][name] += Σ_i weights_ji·g_i for
+# every weighting j, each layer's recorded tensors read once for all m (DiceSGD asks for two). row_mask
+# is None when every row is finite, else a (B,) bool tensor: rows outside it must contribute exactly 0.
+Accumulate = Callable[[torch.Tensor, torch.Tensor | None, Sequence[Totals]], None]
 
 
 @dataclass
@@ -99,8 +100,10 @@ def materialised_work(grads: dict[str, torch.Tensor]) -> LayerWork:
     """Per-sample gradients already in hand (B, *param.shape): norm and tensordot."""
     sq = torch.stack([squared_norm(g.reshape(g.shape[0], -1), 1) for g in grads.values()]).sum(dim=0)
 
-    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Totals) -> None:
+    def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         for name, g in grads.items():
-            totals.add(name, torch.tensordot(w, masked_rows(mask, g), dims=1))
+            sums = torch.tensordot(w, masked_rows(mask, g), dims=1)  # (m, *param shape): g read once
+            for total, s in zip(totals, sums, strict=True):
+                total.add(name, s)
 
     return LayerWork(sq, accumulate)
