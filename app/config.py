@@ -33,6 +33,18 @@ class Settings(BaseSettings):
         description="blobs (datasets, models, reports), the SQLite file, broker folders, checkpoints",
     )
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default: SQLite file in the data dir")
+    storage_url: str | None = Field(
+        default=None,
+        description="where blobs live: file:///path, or s3://bucket/prefix for any S3-compatible store "
+        "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); "
+        "default: the blobs folder of the data dir",
+    )
+    blob_cache_max_bytes: int = Field(
+        default=20 * 1024**3,
+        gt=0,
+        description="with an object store: local copies of blobs (datasets, models) kept on this host's disk, "
+        "least recently used evicted first",
+    )
     broker_url: str | None = Field(
         default=None, description="Celery broker; default: kombu filesystem:// in the data dir"
     )
@@ -294,6 +306,17 @@ class Settings(BaseSettings):
     @property
     def blob_dir(self) -> Path:
         return self.data_dir / "blobs"
+
+    @property
+    def blob_cache_dir(self) -> Path:
+        return self.data_dir / "blob-cache"
+
+    @field_validator("storage_url")
+    @classmethod
+    def _known_storage_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("file://", "s3://")):
+            raise ValueError("storage_url must start with file:// or s3://")
+        return value
 
     @property
     def tmp_dir(self) -> Path:

@@ -148,7 +148,7 @@ def generation_target(session: Session, tenant: Tenant, job_id: str, *, blobs: B
         raise JobNotSucceeded(job.status)
     return GenerationTarget(
         job_id=job.id,
-        model_path=blobs.path(job.model_blob),
+        model_path=blobs.local_path(job.model_blob),
         model_sha256=job.model_sha256 or "",
         tokenizer=_tokenizer_of(session, job, dataset, blobs=blobs),
         statement=f"{POST_PROCESSING_STATEMENT}; {PUBLIC_BOUND if dataset.public else PRIVATE_BOUND}",
@@ -163,7 +163,7 @@ def _tokenizer_of(session: Session, job: Job, dataset: Dataset, *, blobs: BlobSt
     record = session.get(TokenizerRecord, dataset.tokenizer_id)
     if record is None:
         raise GenerationFailed(f"job {job.id}'s dataset names tokenizer {dataset.tokenizer_id}, which is gone")
-    return {"kind": "hugging-face", "path": str(blobs.path(record.blob_key)), "pad_id": record.pad_id}
+    return {"kind": "hugging-face", "path": str(blobs.local_path(record.blob_key)), "pad_id": record.pad_id}
 
 
 def generate(target: GenerationTarget, request: GenerationRequest, *, limits: GenerationLimits) -> Generated:

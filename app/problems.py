@@ -22,6 +22,7 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyPoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import json_errors, suggestions
+from app.storage import StorageUnavailable
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_BASE = "/problems/"
@@ -176,6 +177,22 @@ def install_problem_handlers(app: FastAPI) -> None:
             status=503,
             slug="database-unavailable",
             detail="the database is unreachable; retry shortly (GET /readyz shows what is down)",
+            headers={"Retry-After": "5"},
+        )
+        return problem_response(problem, request)
+
+    @app.exception_handler(StorageUnavailable)
+    async def _storage_unavailable(request: Request, exc: StorageUnavailable) -> JSONResponse:
+        import logging
+
+        logging.getLogger("privtrain.api").warning(
+            "blob store unavailable", extra={"path": request.url.path, "error": type(exc.__cause__).__name__}
+        )
+        problem = Problem(
+            status=503,
+            slug="storage-unavailable",
+            detail="the object store is unreachable or refused the operation; nothing was stored or lost, "
+            "retry shortly",
             headers={"Retry-After": "5"},
         )
         return problem_response(problem, request)

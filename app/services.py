@@ -7,7 +7,7 @@ from typing import Protocol
 
 from app.config import Settings
 from app.db import Database
-from app.storage import BlobStore
+from app.storage import BlobStore, blob_store_from_settings
 
 
 class JobDispatcher(Protocol):
@@ -48,6 +48,6 @@ def build_services(settings: Settings, dispatcher: JobDispatcher | None = None) 
     return Services(
         settings=settings,
         db=Database(settings.resolved_database_url),
-        blobs=BlobStore(settings.blob_dir, settings.tmp_dir),
+        blobs=blob_store_from_settings(settings),
         dispatcher=dispatcher or CeleryDispatcher(settings),
     )

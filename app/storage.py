@@ -12,11 +12,26 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 
 class UploadTooLarge(Exception):
     """The stream exceeded the configured limit."""
+
+
+class StorageUnavailable(Exception):
+    """The blob store could not be reached or refused an operation (an object store outage):
+    a 503 at the API, a retry later for a worker; nothing a user stored is lost."""
+
+
+def validate_key(key: str) -> str:
+    """A blob key as the store writes them: relative, no '..' (never a path outside the store)."""
+    if ".." in key.split("/") or key.startswith("/") or not key:
+        raise ValueError("invalid blob key")
+    return key
 
 
 class PendingBlob:
@@ -51,6 +66,9 @@ class PendingBlob:
 
 
 class BlobStore:
+    """Blobs as files under ``root`` (the embedded default); app/storage_s3.py keeps them in an
+    S3-compatible object store behind the same methods."""
+
     def __init__(self, root: Path, tmp_dir: Path) -> None:
         self.root = root
         self.tmp_dir = tmp_dir
@@ -59,13 +77,16 @@ class BlobStore:
     def key_for(sha256: str) -> str:
         return f"sha256/{sha256[:2]}/{sha256}"
 
-    def path(self, key: str) -> Path:
-        if ".." in key.split("/") or key.startswith("/"):
-            raise ValueError("invalid blob key")
-        return self.root / key
+    def local_path(self, key: str) -> Path:
+        """A local file with the blob's bytes, for reading only (here the blob itself; for an
+        object store, a cached copy). FileNotFoundError when there is no such blob."""
+        path = self.root / validate_key(key)
+        if not path.is_file():
+            raise FileNotFoundError(f"blob {key} is not in the store")
+        return path
 
     def exists(self, key: str) -> bool:
-        return self.path(key).is_file()
+        return (self.root / validate_key(key)).is_file()
 
     def begin(self, *, max_bytes: int | None = None) -> PendingBlob:
         return PendingBlob(self.tmp_dir, max_bytes=max_bytes)
@@ -78,7 +99,7 @@ class BlobStore:
         it can restore the blob if a concurrent, failed upload of the same bytes removed it.
         """
         key = self.key_for(sha256)
-        target = self.path(key)
+        target = self.root / key
         if target.is_file():
             if not keep_pending:
                 pending_path.unlink(missing_ok=True)
@@ -109,8 +130,22 @@ class BlobStore:
         return self.put_chunks([data])
 
     def delete(self, key: str) -> None:
-        self.path(key).unlink(missing_ok=True)
+        (self.root / validate_key(key)).unlink(missing_ok=True)
 
     def free_bytes(self) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
         return shutil.disk_usage(self.root).free
+
+
+def blob_store_from_settings(settings: Settings) -> BlobStore:
+    """The store ``PRIVTRAIN_STORAGE_URL`` names: a folder (``file://``, default the data dir's
+    blobs folder) or an S3-compatible bucket (``s3://bucket/prefix``) with a local cache."""
+    url = settings.storage_url
+    if url is None:
+        return BlobStore(settings.blob_dir, settings.tmp_dir)
+    if url.startswith("file://"):
+        return BlobStore(Path(url.removeprefix("file://")), settings.tmp_dir)
+    from app.storage_s3 import BlobCache, S3BlobStore, S3Location  # boto3 only where it is used
+
+    cache = BlobCache(settings.blob_cache_dir, max_bytes=settings.blob_cache_max_bytes)
+    return S3BlobStore(S3Location.parse(url), tmp_dir=settings.tmp_dir, cache=cache)

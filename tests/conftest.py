@@ -19,6 +19,8 @@ from app.db import Database
 from app.main import create_app
 from app.models import Job, LedgerEntry
 
+pytest_plugins = ["tests.object_store"]  # object_store_server, s3_bucket
+
 
 @pytest.fixture(autouse=True)
 def _restore_root_logging() -> Iterator[None]:

@@ -51,7 +51,7 @@ from app.reporting.privacy_report import (
     report_single_job_epsilon,
 )
 from app.schemas.jobs import TrainingSpec
-from app.storage import BlobStore
+from app.storage import blob_store_from_settings
 from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
@@ -172,7 +172,7 @@ class JobRunner:
     def __init__(self, settings: Settings, *, db: Database | None = None) -> None:
         self.settings = settings
         self.db = db or Database(settings.resolved_database_url)
-        self.blobs = BlobStore(settings.blob_dir, settings.tmp_dir)
+        self.blobs = blob_store_from_settings(settings)
         self.actor = _actor()
 
     # ------------------------------------------------------------------ claim
@@ -286,7 +286,7 @@ class JobRunner:
                 dataset, device, limits=limits, classes=public.names if public is not None else None
             )
         parsed = parse_dataset(
-            self.blobs.path(dataset.blob_key),
+            self.blobs.local_path(dataset.blob_key),
             fmt=dataset.format,
             label_column=dataset.label_column,
             task=dataset.task,
@@ -304,9 +304,13 @@ class JobRunner:
         float: datasets larger than memory train); its labels from the upload, mapped as at upload."""
         assert dataset.array_blob_key is not None
         channels, height, width = dataset.feature_shape
-        rows = ImageRows(self.blobs.path(dataset.array_blob_key), shape=(channels, height, width))
+        rows = ImageRows(self.blobs.local_path(dataset.array_blob_key), shape=(channels, height, width))
         y = parse_image_labels(
-            self.blobs.path(dataset.blob_key), fmt=dataset.format, task=dataset.task, classes=classes, limits=limits
+            self.blobs.local_path(dataset.blob_key),
+            fmt=dataset.format,
+            task=dataset.task,
+            classes=classes,
+            limits=limits,
         )
         if y.shape[0] != rows.n_rows:
             raise ValueError(f"dataset {dataset.id}: {rows.n_rows} images but {y.shape[0]} labels")
@@ -321,7 +325,7 @@ class JobRunner:
         upload; for language modelling the ids themselves with every pad position -100."""
         assert dataset.array_blob_key is not None and dataset.pad_id is not None and dataset.text_field is not None
         rows = TokenRows.placed(
-            self.blobs.path(dataset.array_blob_key),
+            self.blobs.local_path(dataset.array_blob_key),
             max_length=int(dataset.feature_shape[0]),
             device=device,
             max_device_fraction=self.settings.data_on_device_max_fraction,
@@ -330,7 +334,7 @@ class JobRunner:
             return rows, language_model_targets(rows, pad_id=dataset.pad_id)
         fields = JsonlFields(text=dataset.text_field, label=dataset.label_column or JsonlFields().label)
         y = text_labels(
-            self.blobs.path(dataset.blob_key), task=dataset.task, classes=classes, fields=fields, limits=limits
+            self.blobs.local_path(dataset.blob_key), task=dataset.task, classes=classes, fields=fields, limits=limits
         )
         if y is None or y.shape[0] != rows.n_rows:
             raise ValueError(f"dataset {dataset.id}: {rows.n_rows} token rows but labels do not match")

@@ -52,6 +52,12 @@ def _check_disk(services: Any) -> None:
         raise RuntimeError("less than 256 MiB free")
 
 
+def _check_storage(services: Any) -> None:
+    """The blob store answers (a lookup of a key that never exists; an object store's outage
+    raises StorageUnavailable)."""
+    services.blobs.exists(services.blobs.key_for("0" * 64))
+
+
 @router.get("/readyz")
 async def readyz(services: ServicesDep) -> JSONResponse:
     checks: dict[str, str] = {}
@@ -60,6 +66,7 @@ async def readyz(services: ServicesDep) -> JSONResponse:
         ("migrations", _check_migrations),
         ("broker", _check_broker),
         ("disk", _check_disk),
+        ("storage", _check_storage),
     ):
         try:
             await run_in_threadpool(check, services)

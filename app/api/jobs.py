@@ -290,7 +290,7 @@ def download_model(job_id: str, services: ServicesDep, session: SessionDep, tena
     job = job_for(session, tenant, job_id, need="read")
     key = _artifact_ready(job, job.model_blob)
     return FileResponse(
-        services.blobs.path(key),
+        services.blobs.local_path(key),
         media_type="application/octet-stream",
         filename=f"{job.id}.safetensors",
         headers={"X-Content-SHA256": job.model_sha256 or ""},
@@ -323,7 +323,7 @@ def download_report(
 ) -> Response:
     job = job_for(session, tenant, job_id, need="read")
     key = _artifact_ready(job, job.report_blob)
-    report = json.loads(services.blobs.path(key).read_text())
+    report = json.loads(services.blobs.local_path(key).read_text())
     if format == "html":
         return html_report_response(session, job, report, viewer_tenant_id=tenant.id)
     owner = relation_to(session, tenant, job) == "dataset-owner"

@@ -575,7 +575,7 @@ def job_report_page(job_id: str, viewer: ViewerDep, services: ServicesDep, db_se
             slug="job-not-succeeded",
             detail=f"a report exists only for succeeded jobs; this job is {job.status}",
         )
-    report = json.loads(services.blobs.path(job.report_blob).read_text())
+    report = json.loads(services.blobs.local_path(job.report_blob).read_text())
     return html_report_response(db_session, job, report, viewer_tenant_id=viewer.tenant.id, dashboard_links=True)
 
 

@@ -43,4 +43,4 @@ def stored_dtypes(blobs: BlobStore, record: BaseModelRecord) -> list[str]:
     empty if the file is gone (it outlives its row, never the reverse)."""
     if not blobs.exists(record.blob_key):
         return []
-    return list(_dtypes_of_blob(record.sha256, str(blobs.path(record.blob_key))))
+    return list(_dtypes_of_blob(record.sha256, str(blobs.local_path(record.blob_key))))

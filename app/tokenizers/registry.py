@@ -141,7 +141,7 @@ def train_tokenizer(
         )
     fields = JsonlFields(text=dataset.text_field, label=dataset.label_column or JsonlFields().label)
     texts: Iterator[str] = (
-        record.text for record in read_records(blobs.path(dataset.blob_key), fields=fields, limits=limits)
+        record.text for record in read_records(blobs.local_path(dataset.blob_key), fields=fields, limits=limits)
     )
     trained = train_bpe(texts, vocab_size=request.vocab_size)
     return _store_trained(db, blobs, tenant_id=tenant_id, dataset_id=dataset.id, name=request.name, trained=trained)
@@ -230,4 +230,6 @@ def load_for_upload(db: Database, blobs: BlobStore, *, tenant_id: str, tokenizer
                 "GET /v1/tokenizers",
             )
         key, pad_id = record.blob_key, record.pad_id
-    return LoadedTokenizer(id=tokenizer_id, tokenizer=stored_tokenizer(blobs.path(key).read_bytes(), pad_id=pad_id))
+    return LoadedTokenizer(
+        id=tokenizer_id, tokenizer=stored_tokenizer(blobs.local_path(key).read_bytes(), pad_id=pad_id)
+    )

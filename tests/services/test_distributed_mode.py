@@ -55,6 +55,7 @@ def test_job_runs_through_redis_and_postgres(distributed: tuple[TestClient, Path
         "migrations": "ok",
         "broker": "ok",
         "disk": "ok",
+        "storage": "ok",
     }
     spec = dp_sgd_spec(dataset["id"], target_epsilon=3.0)
     spec["training"] = {"epochs": 2, "batch_size": 128, "learning_rate": 1.0}

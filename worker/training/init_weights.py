@@ -42,7 +42,7 @@ def init_blob_path(db: Database, blobs: BlobStore, provenance: dict[str, Any]) -
             key = job.model_blob if job is not None else None
     if key is None or not blobs.exists(key):
         raise ValueError("the job's starting weights are no longer stored")
-    path = blobs.path(key)
+    path = blobs.local_path(key)
     if _sha256(path) != provenance["sha256"]:
         raise ValueError("the job's starting weights differ from the ones recorded at submission")
     return path

@@ -1,0 +1,102 @@
+"""The service with its blobs in an S3-compatible object store (a real server process): the API
+and a worker with different data directories share nothing but the database and the store; an
+outage of the store is a 503 problem that leaves nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.bootstrap import migrate
+from app.config import Settings
+from app.db import Database
+from app.main import create_app
+from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, make_settings, new_key, upload
+from tests.object_store import ObjectStoreServer, free_port
+from worker.runner import JobRunner
+
+
+@pytest.fixture
+def s3_settings(tmp_path: Path, s3_bucket: str) -> Settings:
+    settings = make_settings(tmp_path / "api", storage_url=s3_bucket, max_upload_bytes=5_000_000)
+    migrate(settings)
+    return settings
+
+
+@pytest.fixture
+def s3_client(s3_settings: Settings) -> Iterator[tuple[TestClient, Database]]:
+    database = Database(s3_settings.resolved_database_url)
+    with TestClient(create_app(s3_settings, dispatcher=RecordingDispatcher())) as client:
+        client.headers["Authorization"] = f"Bearer {new_key(database, 'alice')}"
+        yield client, database
+    database.dispose()
+
+
+def test_upload_train_and_download_share_nothing_but_the_database_and_the_store(
+    s3_client: tuple[TestClient, Database],
+    s3_settings: Settings,
+    object_store_server: ObjectStoreServer,
+    digits_csv: bytes,
+    tmp_path: Path,
+) -> None:
+    client, database = s3_client
+    response = upload(client, digits_csv)
+    assert response.status_code == 201, response.text
+    bucket = s3_settings.storage_url.removeprefix("s3://").split("/")[0]  # type: ignore[union-attr]
+    listed = object_store_server.client().list_objects_v2(Bucket=bucket)
+    digest = hashlib.sha256(digits_csv).hexdigest()
+    assert [item["Key"] for item in listed["Contents"]] == [f"blobs/sha256/{digest[:2]}/{digest}"]
+    assert not s3_settings.blob_dir.exists()  # nothing on the API's own disk but temporary files
+
+    submitted = client.post("/v1/jobs", json=dp_sgd_spec(response.json()["id"]))
+    assert submitted.status_code == 202, submitted.text
+    # A worker on "another host": its own data directory, the same database and store.
+    worker_settings = s3_settings.model_copy(
+        update={"data_dir": tmp_path / "worker", "database_url": s3_settings.resolved_database_url}
+    )
+    assert JobRunner(worker_settings, db=database).run(submitted.json()["id"]) == "succeeded"
+    assert (worker_settings.blob_cache_dir / f"sha256/{digest[:2]}/{digest}").is_file()  # fetched, cached
+
+    job = submitted.json()["id"]
+    model = client.get(f"/v1/jobs/{job}/model")
+    assert model.status_code == 200 and model.content[:8]  # streamed by the API from the store
+    listed = object_store_server.client().list_objects_v2(Bucket=bucket)
+    stored = {item["Key"].rsplit("/", 1)[-1] for item in listed["Contents"]}
+    assert hashlib.sha256(model.content).hexdigest() in stored
+    report = client.get(f"/v1/jobs/{job}/report")
+    assert report.status_code == 200 and report.json()["epsilon"]["ledger"] > 0
+
+
+def test_an_object_store_outage_is_a_503_and_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digits_csv: bytes
+) -> None:
+    server = ObjectStoreServer(port=free_port())
+    server.start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        server.client().create_bucket(Bucket="outage")
+        settings = make_settings(tmp_path / "api", storage_url="s3://outage")
+        migrate(settings)
+        database = Database(settings.resolved_database_url)
+        with TestClient(create_app(settings, dispatcher=RecordingDispatcher())) as client:
+            client.headers["Authorization"] = f"Bearer {new_key(database, 'alice')}"
+            assert client.get("/readyz").json()["checks"]["storage"] == "ok"
+            server.stop()
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["checks"]["storage"].startswith("unavailable")
+            refused = upload(client, digits_csv)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["type"] == "/problems/storage-unavailable"
+            assert refused.headers["Retry-After"] == "5"
+            assert counts(database) == (0, 0) and client.get("/v1/datasets").json()["items"] == []
+            assert not [p for p in settings.tmp_dir.iterdir() if p.is_file()]
+            server.start()  # back: the same API process takes uploads again, no restart
+            server.client().create_bucket(Bucket="outage")
+            assert upload(client, digits_csv).status_code == 201
+        database.dispose()
+    finally:
+        server.stop()
