@@ -136,6 +136,22 @@ class BlobStore:
         self.root.mkdir(parents=True, exist_ok=True)
         return shutil.disk_usage(self.root).free
 
+    # A worker's private state of a running job (its checkpoint, its hold-out split): secret, never
+    # served, deleted when the job settles. Kept in the store so that a retry on another host finds it.
+
+    def save_private(self, name: str, source: Path) -> None:
+        """Keep ``source`` as the private file ``name``. Here nothing to do: the worker's own file
+        is the copy, since every worker of a filesystem store shares one host's disk."""
+        validate_key(name)
+
+    def fetch_private(self, name: str, target: Path) -> bool:
+        """Write the private file ``name`` to ``target``; False when there is none elsewhere."""
+        validate_key(name)
+        return False
+
+    def delete_private(self, name: str) -> None:
+        validate_key(name)
+
 
 def blob_store_from_settings(settings: Settings) -> BlobStore:
     """The store ``PRIVTRAIN_STORAGE_URL`` names: a folder (``file://``, default the data dir's

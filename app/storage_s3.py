@@ -180,6 +180,37 @@ class S3BlobStore(BlobStore):
         """Room for new uploads: the local disk their temporary files are written to."""
         return _free_bytes(self.tmp_dir)
 
+    def _private(self, name: str) -> str:
+        return f"{self.location.prefix}private/{validate_key(name)}"
+
+    def save_private(self, name: str, source: Path) -> None:
+        try:
+            self.client.upload_file(str(source), self.location.bucket, self._private(name))
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"the object store did not take private file {name}: {exc}") from exc
+
+    def fetch_private(self, name: str, target: Path) -> bool:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fetched = target.with_name(f".fetch-{target.name}")
+        try:
+            self.client.download_file(self.location.bucket, self._private(name), str(fetched))
+        except ClientError as exc:
+            fetched.unlink(missing_ok=True)
+            if exc.response.get("Error", {}).get("Code") in _MISSING:
+                return False
+            raise StorageUnavailable(f"the object store refused to read private file {name}: {exc}") from exc
+        except BotoCoreError as exc:
+            fetched.unlink(missing_ok=True)
+            raise StorageUnavailable(f"the object store is unreachable: {exc}") from exc
+        os.replace(fetched, target)
+        return True
+
+    def delete_private(self, name: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.location.bucket, Key=self._private(name))
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"the object store did not delete private file {name}: {exc}") from exc
+
 
 def _free_bytes(path: Path) -> int:
     import shutil

@@ -51,7 +51,7 @@ from app.reporting.privacy_report import (
     report_single_job_epsilon,
 )
 from app.schemas.jobs import TrainingSpec
-from app.storage import blob_store_from_settings
+from app.storage import StorageUnavailable, blob_store_from_settings
 from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
@@ -79,6 +79,11 @@ def _init_generator() -> torch.Generator:
     """
     return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
 
+
+CHECKPOINT_SUFFIX = ".safetensors"
+HOLDOUT_SUFFIX = ".holdout.npy"
+PRIVATE_SUFFIXES = (CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX)
+"""A job's private files: its checkpoint and its hold-out split."""
 
 PREFETCH_SINGLE_JOB_ON: set[str] = {"cuda"}
 """Device types whose workers compute the report's single-job ε while the job trains."""
@@ -245,6 +250,11 @@ class JobRunner:
         )
         try:
             outcome = self._train(claimed)
+        except StorageUnavailable:
+            # Not the job's fault: leave it running without heartbeats, so the reconciler requeues
+            # it inside its reservation once it is stale, as for a lost worker (up to max_attempts).
+            log.warning("object store unavailable; the job will be retried", extra={"job_id": job_id})
+            return "storage-unavailable"
         except Exception:
             log.exception("job failed", extra={"job_id": job_id})
             self.fail(claimed, error_code="training-failed")
@@ -341,12 +351,37 @@ class JobRunner:
         return rows, torch.from_numpy(y)
 
     def _private_path(self, job_id: str, suffix: str) -> Path:
-        """Checkpoints and hold-out masks: secret, on worker storage only, deleted when settled."""
+        """Checkpoints and hold-out masks: secret, on worker storage (and, with an object store,
+        in its private area for a retry on another host), deleted when settled."""
         return self.settings.checkpoint_dir / f"{job_id}{suffix}"
 
     def _cleanup(self, job_id: str) -> None:
-        for suffix in (".safetensors", ".holdout.npy"):
+        for suffix in PRIVATE_SUFFIXES:
             self._private_path(job_id, suffix).unlink(missing_ok=True)
+            try:
+                self.blobs.delete_private(f"{job_id}{suffix}")
+            except StorageUnavailable:  # secret but never released; it stays in the store's private area
+                log.warning("could not delete a private file from the store", extra={"job_id": job_id})
+
+    def _restore_private(self, job_id: str, *, evaluated: bool) -> None:
+        """An earlier attempt's checkpoint and hold-out split, from the store when this host has
+        none (the attempt ran on another host). A checkpoint is used only with the split it was
+        trained on: when an evaluated job's split cannot be found, its checkpoint is dropped and
+        the job starts over inside its reservation (sound: a checkpoint is never released)."""
+        for suffix in PRIVATE_SUFFIXES:
+            path = self._private_path(job_id, suffix)
+            if not path.exists() and self.blobs.fetch_private(f"{job_id}{suffix}", path):
+                log.info("private state fetched from the store", extra={"job_id": job_id, "file": suffix})
+        if evaluated and not self._private_path(job_id, HOLDOUT_SUFFIX).exists():
+            self._private_path(job_id, CHECKPOINT_SUFFIX).unlink(missing_ok=True)
+
+    def _keep_private(self, job_id: str, suffix: str) -> None:
+        """Copy a private file to the store; a failure is logged (this host keeps its copy, and a
+        retry elsewhere starts over inside the reservation)."""
+        try:
+            self.blobs.save_private(f"{job_id}{suffix}", self._private_path(job_id, suffix))
+        except StorageUnavailable:
+            log.warning("could not copy private state to the store", extra={"job_id": job_id, "file": suffix})
 
     def _train(self, claimed: Claimed) -> Outcome:
         job, dataset = claimed.job, claimed.dataset
@@ -354,17 +389,19 @@ class JobRunner:
         X, y = self._load_data(dataset, device)
         X_eval: Rows | None = None
         y_eval: torch.Tensor | None = None
+        self._restore_private(job.id, evaluated=claimed.evaluation is not None)
         if claimed.evaluation is not None:
             mask = dp_evaluation.load_or_draw_holdout(
-                self._private_path(job.id, ".holdout.npy"), X.n_rows, claimed.evaluation.holdout_fraction
+                self._private_path(job.id, HOLDOUT_SUFFIX), X.n_rows, claimed.evaluation.holdout_fraction
             )
+            self._keep_private(job.id, HOLDOUT_SUFFIX)
             held_out, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
             X_eval, y_eval = SubsetRows(X, held_out), y[torch.from_numpy(held_out)]
             X, y = SubsetRows(X, kept), y[torch.from_numpy(kept)]
         y = y.to(device)  # labels are small: on the device with the features, no per-step copy
         model = self._starting_model(job, dataset)
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
-        checkpoint = self._private_path(job.id, ".safetensors")
+        checkpoint = self._private_path(job.id, CHECKPOINT_SUFFIX)
         resume = self._resumable(job.id, checkpoint, device)
         average = self._parameter_average(claimed.training, model, checkpoint, resume)
         hooks, timed_out = self._hooks(claimed, checkpoint, model=model, average=average)
@@ -575,9 +612,10 @@ class JobRunner:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
             if average is None:
                 save_training_state(checkpoint, training_state)
-                return
-            average.advance_to(training_state.step, model)
-            save_training_state(checkpoint, training_state, extras=average.checkpoint_tensors())
+            else:
+                average.advance_to(training_state.step, model)
+                save_training_state(checkpoint, training_state, extras=average.checkpoint_tensors())
+            self._keep_private(job.id, CHECKPOINT_SUFFIX)
 
         hooks = TrainingHooks(
             on_step_end=on_step_end,

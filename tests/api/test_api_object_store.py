@@ -7,14 +7,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+import worker.runner as runner_module
 from app.bootstrap import migrate
 from app.config import Settings
 from app.db import Database
+from app.ledger_audit import verify_ledger
 from app.main import create_app
+from app.reconciler import reconcile_once
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, make_settings, new_key, upload
 from tests.object_store import ObjectStoreServer, free_port
 from worker.runner import JobRunner
@@ -100,3 +105,72 @@ def test_an_object_store_outage_is_a_503_and_leaves_nothing_behind(
         database.dispose()
     finally:
         server.stop()
+
+
+class _HostLost(BaseException):
+    """The worker's host disappears mid-job (not an Exception: the runner cannot settle anything)."""
+
+
+def test_a_job_whose_host_is_lost_resumes_on_another_host_from_its_checkpoint(
+    s3_client: tuple[TestClient, Database],
+    s3_settings: Settings,
+    object_store_server: ObjectStoreServer,
+    digits_csv: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Host A checkpoints (and draws the evaluation's hold-out split), then vanishes; host B, with
+    its own data directory, fetches both from the store and trains only the remaining steps, inside
+    the one reservation; the private files are gone from the store once the job settles."""
+    client, database = s3_client
+    dataset = upload(client, digits_csv).json()["id"]
+    spec = dp_sgd_spec(dataset)
+    spec["training"] = {"steps": 40, "batch_size": 64, "learning_rate": 0.5}
+    spec["evaluation"] = {"holdout_fraction": 0.2, "epsilon": 0.5}
+    submitted = client.post("/v1/jobs", json=spec)
+    assert submitted.status_code == 202, submitted.text
+    job = submitted.json()["id"]
+
+    def host(name: str) -> Settings:
+        return s3_settings.model_copy(
+            update={
+                "data_dir": tmp_path / name,
+                "database_url": s3_settings.resolved_database_url,
+                "checkpoint_every_steps": 10,
+                "stale_after_s": 0.0,
+            }
+        )
+
+    real_save = runner_module.save_training_state
+
+    def save_then_vanish(path: Path, state: Any, **kwargs: Any) -> None:
+        real_save(path, state, **kwargs)
+        if state.step >= 30:
+            raise _HostLost  # step 30's checkpoint is on host A's disk only: the store has step 20's
+
+    monkeypatch.setattr(runner_module, "save_training_state", save_then_vanish)
+    host_a, host_b = host("host-a"), host("host-b")
+    with pytest.raises(_HostLost):
+        JobRunner(host_a, db=database).run(job)
+    monkeypatch.setattr(runner_module, "save_training_state", real_save)
+    bucket = host_a.storage_url.removeprefix("s3://").split("/")[0]  # type: ignore[union-attr]
+    private = object_store_server.client().list_objects_v2(Bucket=bucket, Prefix="blobs/private/")
+    assert sorted(item["Key"] for item in private["Contents"]) == [
+        f"blobs/private/{job}.holdout.npy",
+        f"blobs/private/{job}.safetensors",
+    ]
+    holdout_a = np.load(host_a.checkpoint_dir / f"{job}.holdout.npy")
+
+    assert reconcile_once(database, host_b, RecordingDispatcher()).requeued == (job,)
+    assert JobRunner(host_b, db=database).run(job) == "succeeded"
+    final = client.get(f"/v1/jobs/{job}").json()
+    assert final["attempt"] == 2 and final["steps_run"] == 40
+    report = client.get(f"/v1/jobs/{job}/report").json()
+    assert report["execution"]["steps"] == 20  # only the steps after the checkpoint ran on host B
+    ledger = client.get(f"/v1/datasets/{dataset}/ledger").json()["items"]
+    assert [entry["kind"] for entry in ledger] == ["RESERVE", "TOUCH", "COMMIT"]
+    assert verify_ledger(database).ok
+    assert not (host_b.checkpoint_dir / f"{job}.holdout.npy").exists()  # settled: deleted
+    private = object_store_server.client().list_objects_v2(Bucket=bucket, Prefix="blobs/private/")
+    assert private.get("KeyCount", 0) == 0
+    assert holdout_a.dtype == np.bool_ and 0 < holdout_a.sum() < holdout_a.size
