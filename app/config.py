@@ -84,6 +84,13 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="a running job without a heartbeat for this long is lost"
     )
     redispatch_after_s: float = Field(default=120.0, gt=0, description="re-send a queued job's message after this long")
+    dispatch_per_tenant: int = Field(
+        default=4,
+        ge=1,
+        le=10_000,
+        description="at most this many of a tenant's jobs wait in the broker at a time; the rest wait in the "
+        "database and are sent round robin over tenants as workers take jobs (fair sharing)",
+    )
     reconcile_interval_s: float = Field(
         default=15.0, gt=0, description="how often the reconciler loop runs inside the API process"
     )

@@ -19,6 +19,7 @@ from sqlalchemy import or_, select
 
 from app.config import Settings
 from app.db import Database
+from app.fair_dispatch import dispatch_fairly
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Job, utcnow
@@ -54,8 +55,8 @@ def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[str]:
             session.scalars(
                 select(Job.id).where(
                     Job.status == JobStatus.QUEUED,
-                    or_(Job.dispatched_at.is_(None), Job.dispatched_at < cutoff),
-                    Job.created_at < cutoff,
+                    Job.dispatched_at.is_not(None),  # never sent: app/fair_dispatch.py sends those
+                    Job.dispatched_at < cutoff,
                 )
             )
         )
@@ -80,8 +81,9 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
         elif outcome == JobStatus.FAILED:
             failed.append(job_id)
     redispatched: list[str] = []
-    due = set(_due_for_dispatch(db, now - dt.timedelta(seconds=settings.redispatch_after_s)))
-    for job_id in [*requeued, *sorted(due - set(requeued))]:
+    # Lost messages (sent long ago, never started) are sent again as they were; requeued and
+    # never-sent jobs take their turn through fair dispatch.
+    for job_id in sorted(set(_due_for_dispatch(db, now - dt.timedelta(seconds=settings.redispatch_after_s)))):
         try:
             dispatcher.dispatch(job_id)
         except Exception:  # the broker may be down; the next round tries again
@@ -89,6 +91,10 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             continue
         lifecycle.mark_dispatched(db, job_id)
         redispatched.append(job_id)
+    try:
+        redispatched.extend(dispatch_fairly(db, dispatcher, per_tenant=settings.dispatch_per_tenant))
+    except Exception:
+        log.exception("fair dispatch failed; the next round tries again")
     if requeued or failed or redispatched:
         log.info(
             "reconciled",

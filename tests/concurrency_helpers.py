@@ -62,9 +62,12 @@ def digits_csv() -> bytes:
 def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
     """Test settings for the races; the in-process reconciler is off so that nothing but the
     submissions touches the ledger or the dispatcher while the test counts them, and the upload
-    and pricing slots are wide enough that the races are decided by the database, not by 429 caps."""
+    and pricing slots are wide enough that the races are decided by the database, not by 429 caps.
+    Every admitted job goes to the broker at once (fair sharing's per-tenant share is wider than
+    any race here), so each must be sent exactly once, however the submissions interleave."""
     values: dict[str, object] = {
         "max_upload_bytes": 5_000_000,
+        "dispatch_per_tenant": 10_000,
         "run_reconciler": False,
         "max_concurrent_uploads": 64,
         "max_concurrent_uploads_per_tenant": 64,
@@ -410,6 +413,7 @@ def assert_ledger_state(
     assert not report.problems, format_report(report)
     dispatched = [job_id for job_id in live.dispatcher.sent if job_id in jobs]
     assert sorted(dispatched) == sorted(admitted_ids), "each admitted job must be dispatched exactly once"
+    assert len(set(live.dispatcher.sent)) == len(live.dispatcher.sent), "a job was sent twice"
 
 
 # -------------------------------------------------------------------------------- scenarios

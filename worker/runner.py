@@ -33,6 +33,7 @@ from app.config import Settings
 from app.db import Database
 from app.evaluation import EvaluationPlan
 from app.facts import public_class_list
+from app.fair_dispatch import Dispatcher, dispatch_fairly
 from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from app.ingest.jsonl import JsonlFields
 from app.ingest.text import text_labels
@@ -174,11 +175,23 @@ class _Prepared:
 
 
 class JobRunner:
-    def __init__(self, settings: Settings, *, db: Database | None = None) -> None:
+    def __init__(self, settings: Settings, *, db: Database | None = None, dispatcher: Dispatcher | None = None) -> None:
+        """``dispatcher``: sends the next queued job once this worker has taken one (fair sharing,
+        app/fair_dispatch.py); None in tests that run jobs in process."""
         self.settings = settings
         self.db = db or Database(settings.resolved_database_url)
         self.blobs = blob_store_from_settings(settings)
         self.actor = _actor()
+        self.dispatcher = dispatcher
+
+    def _send_next(self) -> None:
+        """This worker's broker slot is free: let the next job in, chosen fairly."""
+        if self.dispatcher is None:
+            return
+        try:
+            dispatch_fairly(self.db, self.dispatcher, per_tenant=self.settings.dispatch_per_tenant)
+        except Exception:  # the API and the reconciler send it otherwise
+            log.exception("could not send the next job")
 
     # ------------------------------------------------------------------ claim
 
@@ -236,6 +249,7 @@ class JobRunner:
         claimed = self.claim(job_id)
         if claimed is None:
             return "skipped"
+        self._send_next()
         # On a GPU worker the report's single-job ε of the planned run is computed on the idle CPU
         # while the job trains (used when the job ran exactly as planned); on a CPU worker it would
         # only take cores from training, so it is computed afterwards.

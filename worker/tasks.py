@@ -8,12 +8,14 @@ from celery import shared_task
 
 from app.config import get_settings
 from app.queue import RUN_JOB_TASK
+from app.services import CeleryDispatcher
 from worker.runner import JobRunner
 
 
 @lru_cache(maxsize=1)
 def _runner() -> JobRunner:
-    return JobRunner(get_settings())
+    settings = get_settings()
+    return JobRunner(settings, dispatcher=CeleryDispatcher(settings))
 
 
 @shared_task(name=RUN_JOB_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints

@@ -26,6 +26,7 @@ from app.api.routing import ReleasingRoute
 from app.api.stream_access import api_reader, bearer_key_digest
 from app.api.stream_slots import StreamSlot
 from app.base_models.init import resolve_init
+from app.fair_dispatch import dispatch_fairly
 from app.idempotency import IdempotentRequest, create_once, earlier
 from app.job_planning import JobPlan, job_choices, plan_job, request_hash
 from app.job_views import event_out, job_out
@@ -164,10 +165,9 @@ def submit(
     if replayed:
         return _replayed(job)
     out = job_out(job)
-    try:
-        services.dispatcher.dispatch(out.id)
-        lifecycle.mark_dispatched(services.db, out.id)
-    except Exception:  # the reconciler re-sends queued jobs whose message was lost
+    try:  # sent now if the tenant has a free slot in the broker (app/fair_dispatch.py)
+        dispatch_fairly(services.db, services.dispatcher, per_tenant=services.settings.dispatch_per_tenant)
+    except Exception:  # the reconciler sends queued jobs in its next round
         log.exception("dispatch failed", extra={"job_id": out.id})
     log.info("job admitted", extra={"job_id": out.id, "tenant_id": tenant.id})
     return out

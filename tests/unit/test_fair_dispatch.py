@@ -1,0 +1,81 @@
+"""The fair dispatch policy (pure) and its use through the API, a worker and the reconciler."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.bootstrap import migrate
+from app.db import Database
+from app.fair_dispatch import WaitingJob, dispatch_fairly, fair_order
+from app.main import create_app
+from app.reconciler import reconcile_once
+from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
+from worker.runner import JobRunner
+
+waiting_jobs = st.lists(st.tuples(st.sampled_from("abcde"), st.booleans()), max_size=60).map(
+    lambda rows: [WaitingJob(id=f"j{i}", tenant_id=t, created_at_order=i, sent=s) for i, (t, s) in enumerate(rows)]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(jobs=waiting_jobs, per_tenant=st.integers(1, 5))
+def test_the_policy_fills_free_slots_oldest_first_and_never_over_a_tenants_share(
+    jobs: list[WaitingJob], per_tenant: int
+) -> None:
+    picked = fair_order(jobs, per_tenant=per_tenant)
+    by_id = {job.id: job for job in jobs}
+    assert len(set(picked)) == len(picked) and all(not by_id[j].sent for j in picked)
+    in_broker = Counter(job.tenant_id for job in jobs if job.sent)
+    sent_now = Counter(by_id[j].tenant_id for j in picked)
+    for tenant in {job.tenant_id for job in jobs}:
+        backlog = [job for job in jobs if job.tenant_id == tenant and not job.sent]
+        room = max(0, per_tenant - in_broker[tenant])
+        # Work-conserving and capped: exactly min(room, backlog) of the tenant's jobs go now …
+        assert sent_now[tenant] == min(room, len(backlog))
+        # … and they are its oldest.
+        mine = [j for j in picked if by_id[j].tenant_id == tenant]
+        assert mine == [job.id for job in backlog[: len(mine)]]
+    # Round robin: each pick goes to a tenant with no more jobs in the broker than any other
+    # tenant that could also take one at that moment.
+    counts = Counter(in_broker)
+    remaining = Counter(job.tenant_id for job in jobs if not job.sent)
+    for job_id in picked:
+        tenant = by_id[job_id].tenant_id
+        eligible = [t for t in remaining if remaining[t] > 0 and counts[t] < per_tenant]
+        assert all(counts[tenant] <= counts[t] for t in eligible)
+        counts[tenant] += 1
+        remaining[tenant] -= 1
+
+
+def test_another_tenants_first_job_does_not_wait_behind_a_backlog(tmp_path: Path, digits_csv: bytes) -> None:
+    settings_ = make_settings(tmp_path / "data", dispatch_per_tenant=2)
+    migrate(settings_)
+    database = Database(settings_.resolved_database_url)
+    dispatcher = RecordingDispatcher()
+    with TestClient(create_app(settings_, dispatcher=dispatcher)) as client:
+        alice = {"Authorization": f"Bearer {new_key(database, 'alice')}"}
+        bob = {"Authorization": f"Bearer {new_key(database, 'bob')}"}
+        client.headers.update(alice)
+        alices = upload(client, digits_csv).json()["id"]
+        queued = []
+        for _ in range(6):
+            spec = dp_sgd_spec(alices)
+            spec["training"] = {"steps": 2, "batch_size": 32, "learning_rate": 0.1}
+            queued.append(client.post("/v1/jobs", json=spec).json()["id"])
+        assert dispatcher.sent == queued[:2]  # two of alice's wait in the broker, four in the database
+        client.headers.update(bob)
+        bobs = upload(client, digits_csv, name="bob-digits").json()["id"]
+        first = client.post("/v1/jobs", json=dp_sgd_spec(bobs)).json()["id"]
+        assert dispatcher.sent == [*queued[:2], first]  # bob's first job goes straight in
+        # A worker takes alice's first job: her next one is sent, and only it.
+        assert JobRunner(settings_, db=database, dispatcher=dispatcher).run(queued[0]) == "succeeded"
+        assert dispatcher.sent == [*queued[:2], first, queued[2]]
+        # The reconciler sends nothing more while the broker holds each tenant's share.
+        assert reconcile_once(database, settings_, dispatcher).redispatched == ()
+        assert dispatch_fairly(database, dispatcher, per_tenant=2) == []
+    database.dispose()
