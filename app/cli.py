@@ -27,7 +27,7 @@ EXIT_NO_DATABASE = 3
 """Exit status of an admin command that found no usable database (argparse's usage errors are 2)."""
 
 
-def worker_command(queue: str, *, loglevel: str = "INFO") -> list[str]:
+def worker_command(queues: str, *, loglevel: str = "INFO") -> list[str]:
     """One worker process, one task at a time (one process per GPU in production)."""
     return [
         sys.executable,
@@ -39,7 +39,7 @@ def worker_command(queue: str, *, loglevel: str = "INFO") -> list[str]:
         "--pool=solo",
         "--concurrency=1",
         "-Q",
-        queue,
+        queues,
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",
@@ -214,7 +214,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 def cmd_worker(_args: argparse.Namespace) -> int:
     settings = get_settings()
     settings.check_safe()
-    os.execv(sys.executable, worker_command(settings.task_queue, loglevel=settings.log_level))
+    os.execv(sys.executable, worker_command(settings.consumed_queues, loglevel=settings.log_level))
     return 0  # pragma: no cover - execv does not return
 
 
@@ -259,7 +259,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     db.dispose()
     worker = None
     if not args.no_worker:
-        worker = _start_worker(settings.task_queue, loglevel=settings.log_level)
+        worker = _start_worker(settings.consumed_queues, loglevel=settings.log_level)
     print_start_banner(sys.stderr, url=f"http://{args.host}:{args.port}", key=key, key_file=key_file)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
     # installed before it started. With the default handler that kills this process before the

@@ -56,7 +56,23 @@ class Settings(BaseSettings):
     max_rows: int = Field(default=1_000_000, gt=0, description="most rows a dataset may have")
     max_features: int = Field(default=100_000, gt=0, description="most features a dataset may have")
     max_steps: int = Field(default=1_000_000, gt=0, description="the most optimizer steps a job may plan")
-    task_queue: str = Field(default="gpu", description="the Celery queue the workers consume")
+    task_queue: str = Field(default="gpu", description="the queue of jobs whose model needs a GPU")
+    cpu_queue: str = Field(default="cpu", description="the queue of jobs small enough for a CPU worker")
+    cpu_job_max_parameters: int = Field(
+        default=1_000_000,
+        ge=0,
+        description="a job whose model has at most this many trainable parameters goes to the CPU queue "
+        "(unless its spec names a queue), so small jobs never wait behind GPU jobs",
+    )
+    queues: str = Field(
+        default="gpu,cpu",
+        description="comma-separated queues a job may name in resources.queue (e.g. gpu-h100,gpu,cpu)",
+    )
+    worker_queues: str | None = Field(
+        default=None,
+        description="comma-separated queues this worker takes jobs from (e.g. gpu-h100,gpu or cpu); "
+        "default: every queue in PRIVTRAIN_QUEUES",
+    )
     heartbeat_interval_s: float = Field(
         default=5.0, gt=0, description="how often a worker reports progress and checks for a cancel"
     )
@@ -313,6 +329,16 @@ class Settings(BaseSettings):
     @property
     def blob_dir(self) -> Path:
         return self.data_dir / "blobs"
+
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        return tuple(name.strip() for name in self.queues.split(",") if name.strip())
+
+    @property
+    def consumed_queues(self) -> str:
+        """The worker's -Q argument."""
+        names = self.worker_queues.split(",") if self.worker_queues else self.queue_names
+        return ",".join(name.strip() for name in names if name.strip())
 
     @property
     def blob_cache_dir(self) -> Path:

@@ -37,48 +37,50 @@ log = logging.getLogger(__name__)
 class Dispatcher(Protocol):
     """What sends a job's message (app.services.CeleryDispatcher; a recorder in tests)."""
 
-    def dispatch(self, job_id: str) -> None: ...
+    def dispatch(self, job_id: str, *, queue: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
 class WaitingJob:
     id: str
     tenant_id: str
+    queue: str | None
     created_at_order: int  # rank by creation time (ties by id): the oldest is 0
     sent: bool  # waiting in the broker (True) or only in the database (False)
 
 
 def fair_order(jobs: Iterable[WaitingJob], *, per_tenant: int) -> list[str]:
-    """The unsent jobs to send now, in order: pure, so the policy is tested without a database."""
-    in_broker: dict[str, int] = defaultdict(int)
-    backlog: dict[str, list[WaitingJob]] = defaultdict(list)
+    """The unsent jobs to send now, in order: pure, so the policy is tested without a database.
+    Shares are per tenant and queue: a tenant's GPU backlog never holds up its own CPU jobs."""
+    in_broker: dict[tuple[str, str | None], int] = defaultdict(int)
+    backlog: dict[tuple[str, str | None], list[WaitingJob]] = defaultdict(list)
     for job in jobs:
         if job.sent:
-            in_broker[job.tenant_id] += 1
+            in_broker[job.tenant_id, job.queue] += 1
         else:
-            backlog[job.tenant_id].append(job)
+            backlog[job.tenant_id, job.queue].append(job)
     for waiting in backlog.values():
         waiting.sort(key=lambda job: job.created_at_order)
     picked: list[str] = []
     while True:
-        ready = [tenant for tenant, waiting in backlog.items() if waiting and in_broker[tenant] < per_tenant]
+        ready = [share for share, waiting in backlog.items() if waiting and in_broker[share] < per_tenant]
         if not ready:
             return picked
-        tenant = min(ready, key=lambda t: (in_broker[t], backlog[t][0].created_at_order))
-        picked.append(backlog[tenant].pop(0).id)
-        in_broker[tenant] += 1
+        share = min(ready, key=lambda s: (in_broker[s], backlog[s][0].created_at_order))
+        picked.append(backlog[share].pop(0).id)
+        in_broker[share] += 1
 
 
 def _waiting(db: Database) -> list[WaitingJob]:
     with db.read_session() as session:
         rows = session.execute(
-            select(Job.id, Job.tenant_id, Job.dispatched_at)
+            select(Job.id, Job.tenant_id, Job.queue, Job.dispatched_at)
             .where(Job.status == JobStatus.QUEUED)
             .order_by(Job.created_at, Job.id)
         ).all()
     return [
-        WaitingJob(id=job_id, tenant_id=tenant_id, created_at_order=rank, sent=dispatched_at is not None)
-        for rank, (job_id, tenant_id, dispatched_at) in enumerate(rows)
+        WaitingJob(id=job_id, tenant_id=tenant_id, queue=queue, created_at_order=rank, sent=dispatched_at is not None)
+        for rank, (job_id, tenant_id, queue, dispatched_at) in enumerate(rows)
     ]
 
 
@@ -102,11 +104,13 @@ def dispatch_fairly(db: Database, dispatcher: Dispatcher, *, per_tenant: int) ->
     """Send the jobs :func:`fair_order` picks; returns the ids sent. A failed send is given back
     (unsent) and ends the round: the broker is likely down, the next caller tries again."""
     sent: list[str] = []
-    for job_id in fair_order(_waiting(db), per_tenant=per_tenant):
+    waiting = _waiting(db)
+    queue_of = {job.id: job.queue for job in waiting}
+    for job_id in fair_order(waiting, per_tenant=per_tenant):
         if not _take(db, job_id):
             continue
         try:
-            dispatcher.dispatch(job_id)
+            dispatcher.dispatch(job_id, queue=queue_of[job_id])
         except Exception:
             log.exception("dispatch failed; the job waits for the next round", extra={"job_id": job_id})
             _give_back(db, job_id)

@@ -293,6 +293,8 @@ FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
 )
 """Spec fields newer than stored Idempotency-Key digests: left out of the digest while unset, so a
 retry of a job submitted before they existed still matches its first attempt."""
+SECTIONS_ADDED_LATER: tuple[str, ...] = ("resources",)
+"""Top-level spec sections newer than stored digests, left out the same way while unset."""
 
 
 def request_hash(spec: JobCreate) -> str:
@@ -302,6 +304,9 @@ def request_hash(spec: JobCreate) -> str:
         part = body.get(section)
         if isinstance(part, dict) and part.get(field) is None:
             part.pop(field, None)
+    for section in SECTIONS_ADDED_LATER:
+        if body.get(section) is None:
+            body.pop(section, None)
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

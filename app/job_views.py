@@ -45,6 +45,7 @@ def job_out(job: Job) -> JobOut:
         status=job.status,
         algorithm=job.algorithm,
         model=job.model_name,
+        queue=job.queue,
         spec=job.spec,
         noise_multiplier=job.noise_multiplier,
         steps_planned=job.steps_planned,

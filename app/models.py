@@ -305,6 +305,8 @@ class Job(Base):
     report_blob: Mapped[str | None] = mapped_column(String(200), nullable=True)
     touched_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     dispatched_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    queue: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """The worker queue the job is sent to (app/job_routing.py); None for jobs admitted before queues."""
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -49,11 +49,12 @@ def _stale_running(db: Database, cutoff: dt.datetime) -> list[tuple[str, str, in
     return [(r[0], r[1], r[2]) for r in rows]
 
 
-def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[str]:
+def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str | None]]:
+    """(job id, queue) of jobs sent long ago that no worker started: their message was lost."""
     with db.read_session() as session:
         return list(
-            session.scalars(
-                select(Job.id).where(
+            session.execute(
+                select(Job.id, Job.queue).where(
                     Job.status == JobStatus.QUEUED,
                     Job.dispatched_at.is_not(None),  # never sent: app/fair_dispatch.py sends those
                     Job.dispatched_at < cutoff,
@@ -83,9 +84,9 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     redispatched: list[str] = []
     # Lost messages (sent long ago, never started) are sent again as they were; requeued and
     # never-sent jobs take their turn through fair dispatch.
-    for job_id in sorted(set(_due_for_dispatch(db, now - dt.timedelta(seconds=settings.redispatch_after_s)))):
+    for job_id, queue in sorted(_due_for_dispatch(db, now - dt.timedelta(seconds=settings.redispatch_after_s))):
         try:
-            dispatcher.dispatch(job_id)
+            dispatcher.dispatch(job_id, queue=queue)
         except Exception:  # the broker may be down; the next round tries again
             log.exception("re-dispatch failed", extra={"job_id": job_id})
             continue

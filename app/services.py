@@ -13,7 +13,7 @@ from app.storage import BlobStore, blob_store_from_settings
 class JobDispatcher(Protocol):
     """Sends a job to the workers; called only after the admission transaction committed."""
 
-    def dispatch(self, job_id: str) -> None: ...
+    def dispatch(self, job_id: str, *, queue: str | None = None) -> None: ...
 
 
 class CeleryDispatcher:
@@ -26,8 +26,9 @@ class CeleryDispatcher:
         self._celery = create_celery(settings)
         self._queue = settings.task_queue
 
-    def dispatch(self, job_id: str) -> None:
-        self._celery.send_task(self._task, args=[job_id], task_id=job_id, queue=self._queue)
+    def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
+        """To the job's queue (app/job_routing.py); the GPU queue for jobs admitted before queues."""
+        self._celery.send_task(self._task, args=[job_id], task_id=job_id, queue=queue or self._queue)
 
     def ping(self) -> None:
         with self._celery.connection_for_write() as connection:

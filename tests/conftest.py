@@ -41,9 +41,11 @@ class RecordingDispatcher:
     """Stands in for Celery in API tests: records what would have been sent."""
 
     sent: list[str] = field(default_factory=list)
+    queues: dict[str, str | None] = field(default_factory=dict)
 
-    def dispatch(self, job_id: str) -> None:
+    def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
         self.sent.append(job_id)
+        self.queues[job_id] = queue
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:

@@ -34,7 +34,7 @@ def running_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Po
     env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            worker_command(settings.task_queue), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            worker_command(settings.consumed_queues), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
             yield process

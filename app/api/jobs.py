@@ -28,7 +28,8 @@ from app.api.stream_slots import StreamSlot
 from app.base_models.init import resolve_init
 from app.fair_dispatch import dispatch_fairly
 from app.idempotency import IdempotentRequest, create_once, earlier
-from app.job_planning import JobPlan, job_choices, plan_job, request_hash
+from app.job_planning import JobPlan, facts_of, job_choices, plan_job, request_hash
+from app.job_routing import route_job
 from app.job_views import event_out, job_out
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
@@ -45,7 +46,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.jobs")
 
 
-def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCreate) -> tuple[JobPlan, PrivacyBudget]:
+def _plan(
+    services: Services, session: SessionDep, tenant: Tenant, spec: JobCreate
+) -> tuple[JobPlan, PrivacyBudget, str]:
+    """The job's plan, its dataset's budget and its queue (a queue the service lacks is a 422 here,
+    at estimate as at submission)."""
     dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
@@ -59,7 +64,7 @@ def _plan(services: Services, session: SessionDep, tenant: Tenant, spec: JobCrea
         model_limits=ModelSizeLimits.from_settings(services.settings),
         init=init,
     )
-    return plan, budget
+    return plan, budget, route_job(spec, plan, facts_of(dataset), services.settings)
 
 
 def _public_estimate(plan: JobPlan) -> PrivacyEstimate:
@@ -124,7 +129,7 @@ def estimate(
     """Dry run: the noise, steps and ε the job would be charged, whether it fits now, what would
     remain, and the nearest choices that fit (most steps at this σ, least σ at these steps).
     Capped per key and per process (429 ``too-many-computations``): pricing is CPU-bound."""
-    plan, budget = _plan(services, session, tenant, spec)
+    plan, budget, _ = _plan(services, session, tenant, spec)
     return _estimate(plan, budget, max_steps=services.settings.max_steps)
 
 
@@ -144,7 +149,7 @@ def submit(
     existing = earlier(session, Job, request)
     if existing is not None:
         return _replayed(existing)
-    plan, _ = _plan(services, session, tenant, spec)
+    plan, _, queue = _plan(services, session, tenant, spec)
     session.close()  # give the read connection back before taking a write one
 
     def admit() -> tuple[Job, bool]:
@@ -158,6 +163,7 @@ def submit(
             idempotency_key=idempotency_key,
             request_hash=request.request_hash,
             recheck_access=lambda tx: dataset_for(tx, tenant, spec.dataset_id, need="submit"),
+            queue=queue,
         ), False
 
     # A concurrent retry with the same key that committed first is answered as a replay.

@@ -166,8 +166,11 @@ def _check_active_job_limit(tx: Session, tenant_id: str, limit: int) -> None:
         raise ActiveJobLimitReached(active=active, limit=limit)
 
 
-def _new_job(plan: JobPlan, *, tenant_id: str, dataset_id: str, idempotency_key: str | None, request_hash: str) -> Job:
+def _new_job(
+    plan: JobPlan, *, tenant_id: str, dataset_id: str, idempotency_key: str | None, request_hash: str, queue: str | None
+) -> Job:
     return Job(
+        queue=queue,
         tenant_id=tenant_id,
         dataset_id=dataset_id,
         status=JobStatus.QUEUED,
@@ -198,6 +201,7 @@ def admit(
     idempotency_key: str | None,
     request_hash: str,
     recheck_access: Callable[[Session], object],
+    queue: str | None = None,
 ) -> Job:
     """(new) → queued: RESERVE the plan's worst case and record the ``queued`` event.
 
@@ -216,7 +220,12 @@ def admit(
         recheck_access(tx)
         _check_active_job_limit(tx, tenant_id, max_active_jobs)
         job = _new_job(
-            plan, tenant_id=tenant_id, dataset_id=dataset_id, idempotency_key=idempotency_key, request_hash=request_hash
+            plan,
+            tenant_id=tenant_id,
+            dataset_id=dataset_id,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            queue=queue,
         )
         tx.add(job)
         tx.flush()

@@ -215,6 +215,15 @@ class EvaluationSpec(_Strict):
         return self
 
 
+class JobResources(_Strict):
+    queue: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="the worker queue to run on (one of the service's PRIVTRAIN_QUEUES, e.g. gpu-h100); "
+        "by default the model's size decides: small models on the CPU queue, the others on the GPU queue",
+    )
+
+
 class JobCreate(_Strict):
     dataset_id: str = Field(min_length=1, max_length=64)
     model: ModelChoice
@@ -226,6 +235,7 @@ class JobCreate(_Strict):
     )
     training: TrainingSpec
     evaluation: EvaluationSpec | None = None
+    resources: JobResources | None = None
 
 
 class PrivacyEstimate(BaseModel):
@@ -302,6 +312,7 @@ class JobOut(BaseModel):
     status: str
     algorithm: str
     model: str
+    queue: str | None = Field(default=None, description="the worker queue the job runs on")
     spec: dict[str, Any]
     privacy: PrivacyEstimate | None = None
     noise_multiplier: float

@@ -674,6 +674,10 @@ SPEC_OPTIONS = [
         type=click.Choice(["fp32", "bf16"]),
         help="bf16: mixed precision (faster on GPUs with bf16 tensor cores); norms, clipping, noise stay fp32; same ε",
     ),
+    _spec_option(
+        "--queue",
+        help="the worker queue to run on (one the service offers, e.g. gpu-h100); default: by the model's size",
+    ),
 ]
 
 
@@ -811,6 +815,7 @@ def _job_block(j: Job) -> str:
             ("dataset", j.dataset_id),
             ("algorithm", j.algorithm),
             ("model", j.model),
+            ("queue", j.queue),
             ("steps", f"{j.steps_run}/{j.steps_planned}"),
             ("noise multiplier σ", j.noise_multiplier),
             (label, _up(epsilon)),

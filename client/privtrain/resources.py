@@ -260,6 +260,8 @@ class Job(Resource):
     created_at: dt.datetime | None = _parsed(_time)
     started_at: dt.datetime | None = _parsed(_time)
     finished_at: dt.datetime | None = _parsed(_time)
+    queue: str | None = None
+    """The worker queue the job runs on (None from services older than queues)."""
 
     @property
     def is_terminal(self) -> bool:

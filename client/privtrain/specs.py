@@ -58,6 +58,8 @@ class SpecOverrides:
     """training.lora.alpha: the adapters' scale (with finetune lora)."""
     token_loss: str | None = None
     """training.token_loss: mean or sum of a row's token losses (language-model datasets)."""
+    queue: str | None = None
+    """resources.queue: the worker queue to run on (default: the model's size decides)."""
 
 
 def _set(section: dict[str, Any], key: str, value: Any) -> None:
@@ -105,6 +107,8 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
         lora = training.setdefault("lora", {})
         _set(lora, "rank", overrides.lora_rank)
         _set(lora, "alpha", overrides.lora_alpha)
+    if overrides.queue is not None:
+        spec.setdefault("resources", {})["queue"] = overrides.queue
     return spec
 
 
@@ -132,6 +136,7 @@ def build_job_spec(
     lora_rank: int | None = None,
     lora_alpha: float | None = None,
     token_loss: str | None = None,
+    queue: str | None = None,
 ) -> dict[str, Any]:
     """The JSON job spec the API expects, from keyword arguments.
 
@@ -141,7 +146,8 @@ def build_job_spec(
     non-private ``sgd``/``adam`` on public datasets). ``init_job``/``init_base_model`` set
     ``model.init``; ``finetune`` (full, head, last_k_blocks, lora) and ``finetune_k`` which parameters train,
     ``lora_rank``/``lora_alpha`` the adapters of finetune lora; ``augmult`` the augmented views per sampled
-    image (image datasets); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets)."""
+    image (image datasets); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets);
+    ``queue`` the worker queue (resources.queue; by default the model's size decides)."""
     spec = merge_spec(
         None,
         SpecOverrides(
@@ -166,6 +172,7 @@ def build_job_spec(
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
             token_loss=token_loss,
+            queue=queue,
         ),
     )
     if evaluation is not None:

@@ -49,7 +49,7 @@ class WorkerThreads:
     outcomes: dict[str, str] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
 
-    def dispatch(self, job_id: str) -> None:
+    def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
         self.sent.append(job_id)
         if self.run:
             thread = threading.Thread(target=self._train, args=(job_id,), daemon=True)

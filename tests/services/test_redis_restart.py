@@ -39,7 +39,7 @@ def test_queued_jobs_survive_a_redis_restart(postgres_url: str, redis_url: str, 
         spec["training"] = {"epochs": 1, "batch_size": 128, "learning_rate": 1.0}
         jobs = [client.post("/v1/jobs", json=spec).json() for _ in range(2)]
         assert all(job["status"] == "queued" for job in jobs)
-        assert broker.llen(settings.task_queue) >= 2  # the messages are in Redis ...
+        assert broker.llen(settings.cpu_queue) >= 2  # the messages are in Redis ...
         broker.flushdb()  # ... and a restart without persistence loses them (queue, bindings, all);
         # the reconciler may already be re-sending: that is the recovery under test
 

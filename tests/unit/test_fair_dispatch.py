@@ -17,8 +17,12 @@ from app.reconciler import reconcile_once
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
 from worker.runner import JobRunner
 
-waiting_jobs = st.lists(st.tuples(st.sampled_from("abcde"), st.booleans()), max_size=60).map(
-    lambda rows: [WaitingJob(id=f"j{i}", tenant_id=t, created_at_order=i, sent=s) for i, (t, s) in enumerate(rows)]
+waiting_jobs = st.lists(
+    st.tuples(st.sampled_from("abcd"), st.sampled_from(["gpu", "cpu"]), st.booleans()), max_size=60
+).map(
+    lambda rows: [
+        WaitingJob(id=f"j{i}", tenant_id=t, queue=q, created_at_order=i, sent=s) for i, (t, q, s) in enumerate(rows)
+    ]
 )
 
 
@@ -27,29 +31,34 @@ waiting_jobs = st.lists(st.tuples(st.sampled_from("abcde"), st.booleans()), max_
 def test_the_policy_fills_free_slots_oldest_first_and_never_over_a_tenants_share(
     jobs: list[WaitingJob], per_tenant: int
 ) -> None:
+    """Shares are per (tenant, queue): a tenant's GPU backlog never holds up its CPU jobs."""
     picked = fair_order(jobs, per_tenant=per_tenant)
     by_id = {job.id: job for job in jobs}
+
+    def share(job: WaitingJob) -> tuple[str, str | None]:
+        return job.tenant_id, job.queue
+
     assert len(set(picked)) == len(picked) and all(not by_id[j].sent for j in picked)
-    in_broker = Counter(job.tenant_id for job in jobs if job.sent)
-    sent_now = Counter(by_id[j].tenant_id for j in picked)
-    for tenant in {job.tenant_id for job in jobs}:
-        backlog = [job for job in jobs if job.tenant_id == tenant and not job.sent]
-        room = max(0, per_tenant - in_broker[tenant])
-        # Work-conserving and capped: exactly min(room, backlog) of the tenant's jobs go now …
-        assert sent_now[tenant] == min(room, len(backlog))
+    in_broker = Counter(share(job) for job in jobs if job.sent)
+    sent_now = Counter(share(by_id[j]) for j in picked)
+    for key in {share(job) for job in jobs}:
+        backlog = [job for job in jobs if share(job) == key and not job.sent]
+        room = max(0, per_tenant - in_broker[key])
+        # Work-conserving and capped: exactly min(room, backlog) of the share's jobs go now …
+        assert sent_now[key] == min(room, len(backlog))
         # … and they are its oldest.
-        mine = [j for j in picked if by_id[j].tenant_id == tenant]
+        mine = [j for j in picked if share(by_id[j]) == key]
         assert mine == [job.id for job in backlog[: len(mine)]]
-    # Round robin: each pick goes to a tenant with no more jobs in the broker than any other
-    # tenant that could also take one at that moment.
+    # Round robin: each pick goes to a share with no more jobs in the broker than any other share
+    # that could also take one at that moment.
     counts = Counter(in_broker)
-    remaining = Counter(job.tenant_id for job in jobs if not job.sent)
+    remaining = Counter(share(job) for job in jobs if not job.sent)
     for job_id in picked:
-        tenant = by_id[job_id].tenant_id
-        eligible = [t for t in remaining if remaining[t] > 0 and counts[t] < per_tenant]
-        assert all(counts[tenant] <= counts[t] for t in eligible)
-        counts[tenant] += 1
-        remaining[tenant] -= 1
+        key = share(by_id[job_id])
+        eligible = [k for k in remaining if remaining[k] > 0 and counts[k] < per_tenant]
+        assert all(counts[key] <= counts[k] for k in eligible)
+        counts[key] += 1
+        remaining[key] -= 1
 
 
 def test_another_tenants_first_job_does_not_wait_behind_a_backlog(tmp_path: Path, digits_csv: bytes) -> None:
