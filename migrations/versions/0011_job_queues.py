@@ -24,5 +24,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
+    with op.batch_alter_table("jobs", recreate="never") as batch:  # SQLite ≥ 3.35 drops columns in place
         batch.drop_column("queue")
