@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=20)
     parser.add_argument("--jobs-per-tenant", type=int, default=50)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--per-tenant", type=int, default=4, help="PRIVTRAIN_DISPATCH_PER_TENANT")
+    parser.add_argument("--per-tenant", type=int, default=4, help="PRIVTRAIN_DISPATCH_PER_TENANT (at most 10000)")
     parser.add_argument(
         "--database",
         default=os.environ.get("PRIVTRAIN_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),

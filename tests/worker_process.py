@@ -17,6 +17,21 @@ from app.config import Settings
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def crash_recovery_settings(data_dir: Path, **overrides: object) -> Settings:
+    """Settings of the tests that SIGKILL a worker mid-job: fast heartbeats and reconciler, a
+    checkpoint every 25 steps, a job stale after 4 s, and retries enough for a starved machine."""
+    from tests.conftest import make_settings
+
+    values: dict[str, object] = {
+        "heartbeat_interval_s": 0.1,
+        "checkpoint_every_steps": 25,
+        "stale_after_s": 4.0,
+        "reconcile_interval_s": 0.3,
+        "max_attempts": 4,
+    }
+    return make_settings(data_dir, **{**values, **overrides})
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The same settings for a child process, as PRIVTRAIN_* variables."""
     env = {}

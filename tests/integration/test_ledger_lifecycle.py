@@ -16,7 +16,7 @@ from app.db import Database
 from app.ledger_audit import verify_ledger
 from app.main import create_app
 from tests.conftest import digits_split, dp_sgd_spec, make_settings, new_key, to_csv, upload
-from tests.worker_process import running_worker, wait_for_status
+from tests.worker_process import crash_recovery_settings, running_worker, wait_for_status
 
 pytestmark = pytest.mark.integration
 
@@ -100,14 +100,7 @@ def test_budget_raise_is_an_adjust_entry_flagged_in_later_reports(embedded: tupl
 
 
 def test_killed_worker_is_retried_inside_the_same_reservation(tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path / "data",
-        heartbeat_interval_s=0.1,
-        checkpoint_every_steps=25,
-        stale_after_s=4.0,
-        reconcile_interval_s=0.3,
-        max_attempts=4,
-    )
+    settings = crash_recovery_settings(tmp_path / "data")
     migrate(settings)
     db = Database(settings.resolved_database_url)
     with TestClient(create_app(settings)) as client:

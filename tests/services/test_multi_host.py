@@ -18,9 +18,9 @@ from app.bootstrap import migrate
 from app.db import Database
 from app.ledger_audit import verify_ledger
 from app.main import create_app
-from tests.conftest import digits_split, dp_sgd_spec, make_settings, new_key, to_csv, upload
+from tests.conftest import digits_split, dp_sgd_spec, new_key, to_csv, upload
 from tests.object_store import ObjectStoreServer
-from tests.worker_process import running_worker, wait_for_status
+from tests.worker_process import crash_recovery_settings, running_worker, wait_for_status
 
 pytestmark = pytest.mark.services
 
@@ -28,16 +28,8 @@ pytestmark = pytest.mark.services
 def test_a_job_survives_its_host_and_finishes_on_another(
     postgres_url: str, redis_url: str, s3_bucket: str, object_store_server: ObjectStoreServer, tmp_path: Path
 ) -> None:
-    api = make_settings(
-        tmp_path / "api",
-        database_url=postgres_url,
-        broker_url=redis_url,
-        storage_url=s3_bucket,
-        heartbeat_interval_s=0.1,
-        checkpoint_every_steps=25,
-        stale_after_s=4.0,
-        reconcile_interval_s=0.3,
-        max_attempts=4,
+    api = crash_recovery_settings(
+        tmp_path / "api", database_url=postgres_url, broker_url=redis_url, storage_url=s3_bucket
     )
     migrate(api)
     db = Database(postgres_url)

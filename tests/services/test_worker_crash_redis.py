@@ -16,23 +16,14 @@ from app.bootstrap import migrate
 from app.db import Database
 from app.ledger_audit import verify_ledger
 from app.main import create_app
-from tests.conftest import digits_split, dp_sgd_spec, make_settings, new_key, to_csv, upload
-from tests.worker_process import running_worker, wait_for_status
+from tests.conftest import digits_split, dp_sgd_spec, new_key, to_csv, upload
+from tests.worker_process import crash_recovery_settings, running_worker, wait_for_status
 
 pytestmark = pytest.mark.services
 
 
 def test_killed_worker_is_retried_with_redis(postgres_url: str, redis_url: str, tmp_path: Path) -> None:
-    settings = make_settings(
-        tmp_path / "data",
-        database_url=postgres_url,
-        broker_url=redis_url,
-        heartbeat_interval_s=0.1,
-        checkpoint_every_steps=25,
-        stale_after_s=4.0,
-        reconcile_interval_s=0.3,
-        max_attempts=4,
-    )
+    settings = crash_recovery_settings(tmp_path / "data", database_url=postgres_url, broker_url=redis_url)
     migrate(settings)
     db = Database(postgres_url)
     with TestClient(create_app(settings)) as client:
