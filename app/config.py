@@ -39,6 +39,14 @@ class Settings(BaseSettings):
         "(endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); "
         "default: the blobs folder of the data dir",
     )
+    download_mode: Literal["stream", "presigned"] = Field(
+        default="stream",
+        description="how models are downloaded: streamed by the API, or (with an s3:// store) a 307 redirect to "
+        "a short-lived pre-signed URL of the object store, after the same tenant checks",
+    )
+    presigned_url_ttl_s: int = Field(
+        default=300, ge=10, le=3600, description="how long a pre-signed download URL stays valid"
+    )
     blob_cache_max_bytes: int = Field(
         default=20 * 1024**3,
         gt=0,

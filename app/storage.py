@@ -136,6 +136,11 @@ class BlobStore:
         self.root.mkdir(parents=True, exist_ok=True)
         return shutil.disk_usage(self.root).free
 
+    def presigned_url(self, key: str, *, filename: str, ttl_s: int) -> str | None:
+        """A short-lived URL the object store serves the blob at, or None (here: files have none)."""
+        validate_key(key)
+        return None
+
     # A worker's private state of a running job (its checkpoint, its hold-out split): secret, never
     # served, deleted when the job settles. Kept in the store so that a retry on another host finds it.
 

@@ -180,6 +180,23 @@ class S3BlobStore(BlobStore):
         """Room for new uploads: the local disk their temporary files are written to."""
         return _free_bytes(self.tmp_dir)
 
+    def presigned_url(self, key: str, *, filename: str, ttl_s: int) -> str | None:
+        """Signed locally (no request to the store): anyone holding it may GET the blob until it
+        expires, so it is handed only to a caller who passed the tenant checks."""
+        try:
+            return self.client.generate_presigned_url(
+                "get_object",
+                Params={
+                    "Bucket": self.location.bucket,
+                    "Key": self._object(key),
+                    "ResponseContentDisposition": f'attachment; filename="{filename}"',
+                    "ResponseContentType": "application/octet-stream",
+                },
+                ExpiresIn=ttl_s,
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"could not sign a download URL for blob {key}: {exc}") from exc
+
     def _private(self, name: str) -> str:
         return f"{self.location.prefix}private/{validate_key(name)}"
 

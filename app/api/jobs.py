@@ -7,7 +7,7 @@ import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy import select
 
 from app import ledger, privacy
@@ -291,15 +291,24 @@ def _artifact_ready(job: Job, blob: str | None) -> str:
     return blob
 
 
-@router.get("/{job_id}/model", response_class=FileResponse)
-def download_model(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> FileResponse:
+@router.get(
+    "/{job_id}/model",
+    response_class=FileResponse,
+    responses={307: {"description": "with PRIVTRAIN_DOWNLOAD_MODE=presigned: a short-lived URL of the object store"}},
+)
+def download_model(job_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> Response:
+    """The model file, streamed; or, with pre-signed downloads, a 307 to the object store. Either
+    way only after the tenant checks (another tenant gets 404), with the file's SHA-256."""
     job = job_for(session, tenant, job_id, need="read")
     key = _artifact_ready(job, job.model_blob)
+    filename = f"{job.id}.safetensors"
+    headers = {"X-Content-SHA256": job.model_sha256 or ""}
+    if services.settings.download_mode == "presigned":
+        url = services.blobs.presigned_url(key, filename=filename, ttl_s=services.settings.presigned_url_ttl_s)
+        if url is not None:
+            return RedirectResponse(url, status_code=307, headers={**headers, "Cache-Control": "no-store"})
     return FileResponse(
-        services.blobs.local_path(key),
-        media_type="application/octet-stream",
-        filename=f"{job.id}.safetensors",
-        headers={"X-Content-SHA256": job.model_sha256 or ""},
+        services.blobs.local_path(key), media_type="application/octet-stream", filename=filename, headers=headers
     )
 
 

@@ -573,7 +573,9 @@ class Client:
         """Stream the safetensors file to ``path`` (a directory gets ``<job id>.safetensors``).
 
         Written to a temporary file, checked against the server's X-Content-SHA256, then renamed:
-        a failed or corrupted download never leaves a partial model at ``path``.
+        a failed or corrupted download never leaves a partial model at ``path``. A service with
+        pre-signed downloads answers 307: the file is then fetched from the object store's URL,
+        without this client's API key, and checked against the digest the API announced.
         """
         target = Path(path)
         if target.is_dir():
@@ -581,12 +583,26 @@ class Client:
         partial = target.with_name(target.name + ".part")
 
         def write(response: httpx.Response) -> Path:
+            expected = response.headers.get("x-content-sha256")
+            if response.is_redirect:
+                with (
+                    httpx.Client(timeout=self._http.timeout) as store,
+                    store.stream("GET", response.headers["location"]) as fetched,
+                ):
+                    if fetched.status_code >= 400:
+                        raise TransportError(
+                            title="Download failed",
+                            detail=f"the object store answered {fetched.status_code} for the model's pre-signed URL",
+                        )
+                    return save(fetched, expected)
+            return save(response, expected)
+
+        def save(response: httpx.Response, expected: str | None) -> Path:
             digest = hashlib.sha256()
             with partial.open("wb") as handle:
                 for chunk in response.iter_bytes():
                     digest.update(chunk)
                     handle.write(chunk)
-            expected = response.headers.get("x-content-sha256")
             if expected and expected != digest.hexdigest():
                 partial.unlink(missing_ok=True)
                 raise IntegrityError(

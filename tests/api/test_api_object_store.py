@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -20,6 +21,8 @@ from app.db import Database
 from app.ledger_audit import verify_ledger
 from app.main import create_app
 from app.reconciler import reconcile_once
+from privtrain import Client
+from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, make_settings, new_key, upload
 from tests.object_store import ObjectStoreServer, free_port
 from worker.runner import JobRunner
@@ -174,3 +177,32 @@ def test_a_job_whose_host_is_lost_resumes_on_another_host_from_its_checkpoint(
     private = object_store_server.client().list_objects_v2(Bucket=bucket, Prefix="blobs/private/")
     assert private.get("KeyCount", 0) == 0
     assert holdout_a.dtype == np.bool_ and 0 < holdout_a.sum() < holdout_a.size
+
+
+def test_pre_signed_downloads_redirect_after_the_tenant_checks(
+    tmp_path: Path, s3_bucket: str, digits_csv: bytes, object_store_server: ObjectStoreServer
+) -> None:
+    settings = make_settings(tmp_path / "api", storage_url=s3_bucket, download_mode="presigned")
+    migrate(settings)
+    database = Database(settings.resolved_database_url)
+    app = create_app(settings, dispatcher=RecordingDispatcher())
+    with TestClient(app, follow_redirects=False) as client:
+        alice = {"Authorization": f"Bearer {new_key(database, 'alice')}"}
+        client.headers.update(alice)
+        dataset = upload(client, digits_csv)
+        assert dataset.status_code == 201, dataset.text
+        submitted = client.post("/v1/jobs", json=dp_sgd_spec(dataset.json()["id"])).json()
+        assert JobRunner(settings, db=database).run(submitted["id"]) == "succeeded"
+        answer = client.get(f"/v1/jobs/{submitted['id']}/model")
+        assert answer.status_code == 307 and answer.headers["cache-control"] == "no-store"
+        location, announced = answer.headers["location"], answer.headers["x-content-sha256"]
+        assert location.startswith(object_store_server.endpoint)
+        fetched = httpx.get(location)  # no API key: the signature is the permission, for minutes
+        assert fetched.status_code == 200 and hashlib.sha256(fetched.content).hexdigest() == announced
+        bob = {"Authorization": f"Bearer {new_key(database, 'bob')}"}
+        assert client.get(f"/v1/jobs/{submitted['id']}/model", headers=bob).status_code == 404  # no URL for bob
+
+        api = Client(BASE_URL, api_key=alice["Authorization"].removeprefix("Bearer "), transport=AppTransport(client))
+        saved = api.download_model(submitted["id"], tmp_path)
+        assert hashlib.sha256(saved.read_bytes()).hexdigest() == announced
+    database.dispose()
