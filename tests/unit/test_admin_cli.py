@@ -58,7 +58,11 @@ def test_reconcile_once_resends_lost_queued_jobs(
     alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id))
     monkeypatch.setenv("PRIVTRAIN_REDISPATCH_AFTER_S", "0.000001")
     get_settings.cache_clear()
-    sent: list[str] = []
-    monkeypatch.setattr("app.services.CeleryDispatcher.dispatch", lambda self, job_id: sent.append(job_id))
+    sent: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(
+        "app.services.CeleryDispatcher.dispatch",
+        lambda self, job_id, *, queue=None: sent.append((job_id, queue)),
+    )
     assert main(["reconcile"]) == 0
     assert "re-sent 1" in capsys.readouterr().out and len(sent) == 1
+    assert sent[0][1] == "cpu"  # re-sent to the job's own queue (a logistic regression: the CPU queue)
