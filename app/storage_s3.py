@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -178,7 +179,8 @@ class S3BlobStore(BlobStore):
 
     def free_bytes(self) -> int:
         """Room for new uploads: the local disk their temporary files are written to."""
-        return _free_bytes(self.tmp_dir)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        return shutil.disk_usage(self.tmp_dir).free
 
     def presigned_url(self, key: str, *, filename: str, ttl_s: int) -> str | None:
         """Signed locally (no request to the store): anyone holding it may GET the blob until it
@@ -227,13 +229,6 @@ class S3BlobStore(BlobStore):
             self.client.delete_object(Bucket=self.location.bucket, Key=self._private(name))
         except (BotoCoreError, ClientError) as exc:
             raise StorageUnavailable(f"the object store did not delete private file {name}: {exc}") from exc
-
-
-def _free_bytes(path: Path) -> int:
-    import shutil
-
-    path.mkdir(parents=True, exist_ok=True)
-    return shutil.disk_usage(path).free
 
 
 def _check_content(path: Path, key: str) -> None:

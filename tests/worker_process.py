@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -60,6 +61,21 @@ def running_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Po
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def kill_worker_mid_job(
+    settings: Settings, client: TestClient, job_id: str, log_path: Path, *, after_steps: int
+) -> None:
+    """Start a worker, let it run the job past ``after_steps`` steps, then SIGKILL it: no goodbye,
+    the job stays "running" until the reconciler finds it stale."""
+    with running_worker(settings, log_path) as worker:
+        wait_for_status(client, job_id, {"running"}, log_path=log_path)
+        deadline = time.monotonic() + 120
+        while client.get(f"/v1/jobs/{job_id}").json()["steps_run"] < after_steps:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.05)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 def wait_for_status(

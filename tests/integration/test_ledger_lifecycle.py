@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ from app.db import Database
 from app.ledger_audit import verify_ledger
 from app.main import create_app
 from tests.conftest import digits_split, dp_sgd_spec, make_settings, new_key, to_csv, upload
-from tests.worker_process import crash_recovery_settings, running_worker, wait_for_status
+from tests.worker_process import crash_recovery_settings, kill_worker_mid_job, running_worker, wait_for_status
 
 pytestmark = pytest.mark.integration
 
@@ -110,14 +107,7 @@ def test_killed_worker_is_retried_inside_the_same_reservation(tmp_path: Path) ->
         spec["training"] = {"steps": 1500, "batch_size": 64, "learning_rate": 0.5}
         job = client.post("/v1/jobs", json=spec).json()
         first_log = tmp_path / "worker1.log"
-        with running_worker(settings, first_log) as worker:
-            wait_for_status(client, job["id"], {"running"}, log_path=first_log)
-            deadline = time.monotonic() + 120
-            while client.get(f"/v1/jobs/{job['id']}").json()["steps_run"] < 100:
-                assert time.monotonic() < deadline, first_log.read_text()[-3000:]
-                time.sleep(0.05)
-            os.kill(worker.pid, signal.SIGKILL)  # no goodbye: the job stays "running"
-            worker.wait()
+        kill_worker_mid_job(settings, client, job["id"], first_log, after_steps=100)
         assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
         second_log = tmp_path / "worker2.log"
         with running_worker(settings, second_log):

@@ -6,9 +6,6 @@ verifies."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from app.ledger_audit import verify_ledger
 from app.main import create_app
 from tests.conftest import digits_split, dp_sgd_spec, new_key, to_csv, upload
 from tests.object_store import ObjectStoreServer
-from tests.worker_process import crash_recovery_settings, running_worker, wait_for_status
+from tests.worker_process import crash_recovery_settings, kill_worker_mid_job, running_worker, wait_for_status
 
 pytestmark = pytest.mark.services
 
@@ -44,14 +41,7 @@ def test_a_job_survives_its_host_and_finishes_on_another(
         host_a = api.model_copy(update={"data_dir": tmp_path / "host-a"})
         host_b = api.model_copy(update={"data_dir": tmp_path / "host-b"})
         first_log = tmp_path / "worker-a.log"
-        with running_worker(host_a, first_log) as worker:
-            wait_for_status(client, job["id"], {"running"}, log_path=first_log)
-            deadline = time.monotonic() + 120
-            while client.get(f"/v1/jobs/{job['id']}").json()["steps_run"] < 100:
-                assert time.monotonic() < deadline, first_log.read_text()[-3000:]
-                time.sleep(0.05)
-            os.kill(worker.pid, signal.SIGKILL)
-            worker.wait()
+        kill_worker_mid_job(host_a, client, job["id"], first_log, after_steps=100)
         second_log = tmp_path / "worker-b.log"
         with running_worker(host_b, second_log):
             final = wait_for_status(client, job["id"], {"succeeded", "failed"}, log_path=second_log)
