@@ -76,6 +76,8 @@ class UploadRequest:
     image_options: ImageOptions = field(default_factory=ImageOptions)
     text_options: TextOptions | None = None
     """A text (JSON Lines) upload's tokenizer, max_length and member names; None for other formats."""
+    privacy_unit_column: str | None = None
+    """The CSV column naming each row's privacy unit (user-level privacy); None: one row."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ def upload_hash(
     modality: str | None = None,
     image_options: ImageOptions | None = None,
     text_options: TextOptions | None = None,
+    privacy_unit_column: str | None = None,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
     request: dict[str, object] = {
@@ -159,6 +162,8 @@ def upload_hash(
         request["image"] = image_options.to_json()
     if text_options is not None:  # absent from digests made before text datasets existed
         request["text"] = text_options.to_json()
+    if privacy_unit_column is not None:  # absent from digests made before privacy units existed
+        request["privacy_unit_column"] = privacy_unit_column
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -268,6 +273,8 @@ def _new_dataset(
         vocab_size=body.text.vocab_size if body.text is not None else None,
         pad_id=body.text.pad_id if body.text is not None else None,
         text_field=body.text.text_field if body.text is not None else None,
+        privacy_unit_column=upload.privacy_unit_column,
+        n_units=facts.get("n_units"),
         idempotency_key=upload.idempotency_key,
         request_hash=request_hash if upload.idempotency_key else None,
     )
@@ -344,6 +351,7 @@ def register_upload(
                 modality=upload.modality,
                 image_options=upload.image_options,
                 text_options=upload.text_options,
+                privacy_unit_column=upload.privacy_unit_column,
             ),
         )
         replay = _earlier_upload(db, request)
@@ -430,6 +438,7 @@ def _validate(
             limits=limits,
             classes=upload.class_list,
             preparation=upload.preparation,
+            unit_column=upload.privacy_unit_column,
         )
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
@@ -437,7 +446,8 @@ def _validate(
     feature_names = list(parsed.feature_names) if parsed.feature_names else None
     public_classes = parsed.classes
     del parsed
-    _check_delta(upload, n_rows=int(facts["n_rows"]))
+    n_units = facts["n_units"]
+    _check_delta(upload, n_rows=int(facts["n_rows"]), n_units=n_units)
     key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
     return _Validated(
         sha256=sha256,
@@ -449,11 +459,13 @@ def _validate(
     )
 
 
-def _check_delta(upload: UploadRequest, *, n_rows: int) -> None:
-    if upload.delta >= 1.0 / n_rows:
+def _check_delta(upload: UploadRequest, *, n_rows: int, n_units: int | None = None) -> None:
+    """δ must be below 1/n for the n protected units: rows, or the persons of a privacy unit column."""
+    n, what = (n_rows, "rows") if n_units is None else (n_units, "privacy units")
+    if upload.delta >= 1.0 / n:
         raise InvalidInput(
             slug="invalid-budget",
-            detail=f"delta must be below 1/n = {format_remaining(1.0 / n_rows)} for n = {n_rows} rows",
+            detail=f"delta must be below 1/n = {format_remaining(1.0 / n)} for n = {n} {what}",
         )
 
 

@@ -34,9 +34,12 @@ class EvaluationPlan:
     sensitivity: float
     noise_multiplier: float  # Laplace: scale / sensitivity (= 1/ε); Gaussian: std / sensitivity
     expected_holdout_rows: float
-    n_rows: int  # the public registered row count the hold-out coins run over
+    n_rows: int  # the public registered count the hold-out coins run over (rows, or privacy units)
     sensitivity_source: str | None = None
     """Where a clip bound that the user may leave out came from (None: the user gave it, or there is none)."""
+    per_unit: bool = False
+    """A privacy unit dataset: the coins are per unit (all its rows on one side) and each held-out
+    unit's term is the mean of its rows' terms, so one unit moves the sum by at most the sensitivity."""
 
     @property
     def noise_scale(self) -> float:
@@ -57,7 +60,12 @@ class EvaluationPlan:
             "metric": self.metric,
             "mechanism": self.mechanism,
             "holdout_fraction": self.holdout_fraction,
-            "holdout_selection": "independent per-row coin flips with the job's CSPRNG-seeded generator",
+            "holdout_selection": (
+                "independent per-unit coin flips (all of a unit's rows on one side; each held-out unit's term is "
+                "the mean over its rows) with the job's CSPRNG-seeded generator"
+                if self.per_unit
+                else "independent per-row coin flips with the job's CSPRNG-seeded generator"
+            ),
             "sensitivity": self.sensitivity,
             **({"sensitivity_source": self.sensitivity_source} if self.sensitivity_source else {}),
             "noise_multiplier": self.noise_multiplier,
@@ -149,7 +157,7 @@ def plan_evaluation(spec: EvaluationSpec, facts: DatasetFacts) -> EvaluationPlan
     if choose is None:
         raise InvalidEvaluation(f"no DP evaluation is offered for {facts.task} datasets; leave evaluation out")
     choice = choose(spec, facts)
-    expected = spec.holdout_fraction * facts.n_rows
+    expected = spec.holdout_fraction * facts.n_privacy_units
     if expected < 1:
         raise InvalidEvaluation("the hold-out would be empty: raise holdout_fraction")
     if spec.mechanism == "laplace":
@@ -165,8 +173,9 @@ def plan_evaluation(spec: EvaluationSpec, facts: DatasetFacts) -> EvaluationPlan
         sensitivity=choice.sensitivity,
         noise_multiplier=noise_multiplier,
         expected_holdout_rows=expected,
-        n_rows=facts.n_rows,
+        n_rows=facts.n_privacy_units,
         sensitivity_source=choice.sensitivity_source,
+        per_unit=facts.unit_level,
     )
 
 

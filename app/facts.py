@@ -20,10 +20,27 @@ class DatasetFacts:
     """Text datasets: the tokenizer's vocabulary size (token ids are below it); None otherwise."""
     pad_id: int | None = None
     """Text datasets: the id rows are right-padded with; None otherwise."""
+    n_units: int | None = None
+    """Datasets with a privacy unit column: the number of units (persons); None: the unit is a row."""
+    privacy_unit_column: str | None = None
 
     @property
     def n_features(self) -> int:
         return math.prod(self.feature_shape)
+
+    @property
+    def n_privacy_units(self) -> int:
+        """How many units the neighbouring relation counts: what sampling rates and δ < 1/n are over."""
+        return self.n_rows if self.n_units is None else self.n_units
+
+    @property
+    def unit_level(self) -> bool:
+        return self.n_units is not None
+
+
+def privacy_unit_text(column: str | None) -> str:
+    """What one privacy unit is, in words (the dataset view and the report)."""
+    return "one row" if column is None else f"one {column} and all its rows"
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from sqlalchemy.orm import Session
 
 from app.db import Database
 from app.errors import InvalidInput
-from app.models import BaseModelRecord, Dataset, Job
+from app.models import BaseModelRecord, Dataset, Job, TuningJob
 
 __all__ = ["IdempotencyKeyReused", "IdempotentRequest", "create_once", "earlier"]
 
-Row = TypeVar("Row", Job, Dataset, BaseModelRecord)
+Row = TypeVar("Row", Job, Dataset, BaseModelRecord, TuningJob)
 T = TypeVar("T")
 
 

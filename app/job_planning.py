@@ -277,6 +277,8 @@ def facts_of(dataset: Dataset) -> DatasetFacts:
         n_classes=dataset.n_classes,
         vocab_size=dataset.vocab_size,
         pad_id=dataset.pad_id,
+        n_units=dataset.n_units,
+        privacy_unit_column=dataset.privacy_unit_column,
     )
 
 
@@ -287,6 +289,7 @@ FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
     ("training", "ema_decay"),
     ("training", "augmult"),
     ("training", "precision"),
+    ("training", "rows_per_unit"),
     ("training", "lora"),
     ("training", "token_loss"),
     ("evaluation", "loss_clip"),
@@ -347,6 +350,38 @@ def _check_augmult_fits_dataset(spec: JobCreate, dataset: Dataset) -> None:
             f"training.augmult: augmentation multiplicity makes cropped and flipped views of images, and "
             f"dataset {dataset.id} holds {dataset.modality or 'tabular'} rows; leave it out for this dataset",
         )
+
+
+DEFAULT_ROWS_PER_UNIT = 4
+"""A sampled unit's gradient is the mean of this many of its rows unless the spec says otherwise."""
+
+
+def _check_privacy_unit(spec: JobCreate, algorithm: AlgorithmDefinition[Any], facts: DatasetFacts) -> None:
+    """A dataset's privacy unit is fixed at upload: its jobs train per unit, and no field of a job
+    can make them train per row (the spec has none); algorithms that cannot are refused."""
+    if not facts.unit_level:
+        if spec.training.rows_per_unit is not None:
+            raise _invalid(
+                "rows-per-unit-needs-privacy-units",
+                "training.rows_per_unit applies to datasets with a privacy unit column (privacy_unit_column at "
+                "upload), and this dataset's privacy unit is one row; leave it out",
+            )
+        return
+    if not algorithm.privacy_units:
+        supported = ", ".join(name for name in ALGORITHMS.names() if get_algorithm(name).privacy_units)
+        raise _invalid(
+            "privacy-unit-unsupported",
+            f"this dataset's privacy unit is one {facts.privacy_unit_column} and all its rows, and algorithm "
+            f"'{algorithm.name}' bounds each row's contribution, not each unit's; choose one that trains per "
+            f"unit: {supported}",
+        )
+
+
+def with_unit_defaults(training: TrainingSpec, facts: DatasetFacts) -> TrainingSpec:
+    """``rows_per_unit`` filled in on a privacy unit dataset, so the stored spec says what ran."""
+    if facts.unit_level and training.rows_per_unit is None:
+        return training.model_copy(update={"rows_per_unit": DEFAULT_ROWS_PER_UNIT})
+    return training
 
 
 def _check_task_fits(spec: JobCreate, algorithm: AlgorithmDefinition[Any], facts: DatasetFacts) -> None:
@@ -441,6 +476,7 @@ def plan_job(
     _check_privacy_fits_dataset(spec, algorithm, dataset)
     _check_augmult_fits_dataset(spec, dataset)
     _check_task_fits(spec, algorithm, facts)
+    _check_privacy_unit(spec, algorithm, facts)
     _check_algorithm_trains_model(algorithm, model)
     _check_lora_fits_model(spec, model)
     misnamed_param = suggestions.unknown_field(given=spec.model.params, model=model.params_model, where="model.params")
@@ -464,7 +500,7 @@ def plan_job(
             algorithm.validate_hyperparameters(spec.algorithm.hyperparameters),
             target_epsilon=spec.privacy.target_epsilon if spec.privacy is not None else None,
         )
-        training = algorithm.accept_training(spec.training, facts)
+        training = with_unit_defaults(algorithm.accept_training(spec.training, facts), facts)
         plan = algorithm.plan(
             hyperparameters,
             training,
@@ -503,8 +539,10 @@ def plan_job(
         delta = spec.privacy.delta
     else:
         delta = public_job_delta(facts.n_rows) if dataset.public else dataset_delta
-    if delta >= 1.0 / facts.n_rows:
-        raise _invalid("invalid-job-spec", f"privacy.delta must be below 1/n = {format_remaining(1 / facts.n_rows)}")
+    if delta >= 1.0 / facts.n_privacy_units:
+        raise _invalid(
+            "invalid-job-spec", f"privacy.delta must be below 1/n = {format_remaining(1 / facts.n_privacy_units)}"
+        )
 
     def event_for_sigma(noise_multiplier: float) -> PrivacyEvent:
         return compose_job_event(plan, evaluation, noise_multiplier=noise_multiplier, steps=plan.steps, evaluated=True)

@@ -19,6 +19,7 @@ from app.api import (
     invitations,
     jobs,
     tokenizers,
+    tuning,
     ui,
 )
 from app.api.docs_pages import install_docs_pages
@@ -84,6 +85,7 @@ def create_app(
     install_problem_handlers(app)
     install_domain_error_handler(app)
     document_problems(app)
-    for module in (datasets, base_models, tokenizers, grants, invitations, jobs, generation, catalogue, health, ui):
+    routers = (datasets, base_models, tokenizers, grants, invitations, jobs, tuning, generation, catalogue, health, ui)
+    for module in routers:
         app.include_router(module.router)
     return app

@@ -131,6 +131,11 @@ class Dataset(Base):
     """Text datasets: the id every row is right-padded with."""
     text_field: Mapped[str | None] = mapped_column(String(200), nullable=True)
     """Text datasets: the JSON member holding each record's text (its label's is ``label_column``)."""
+    privacy_unit_column: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """The column naming each row's privacy unit (e.g. patient_id): neighbouring datasets differ by
+    one unit and all its rows. NULL: the privacy unit is one row."""
+    n_units: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The number of privacy units, public like n_rows; NULL when the privacy unit is one row."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -313,6 +318,28 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     event_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """How many events the job has: the last event's per-job ``seq`` (bumped atomically)."""
+
+
+class TuningJob(Base):
+    """A private hyperparameter tuning: its trials run in one job (``job_id``), charged as one
+    ledger entry; when it succeeds that job holds the selected model (docs/tuning.md). The number
+    of trials is drawn on the worker and stored nowhere."""
+
+    __tablename__ = "tuning_jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_tuning_jobs_tenant_idempotency"),
+        UniqueConstraint("job_id", name="uq_tuning_jobs_job_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("tun"))
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    epsilon_one_trial: Mapped[float] = mapped_column(Float)
+    epsilon_separate_jobs: Mapped[float] = mapped_column(Float)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class JobEvent(Base):

@@ -61,31 +61,31 @@ def load_or_draw_holdout(path: Path, n_rows: int, fraction: float) -> np.ndarray
     return mask
 
 
-ChunkSum = Callable[[torch.Tensor, torch.Tensor, EvaluationPlan], float]
-CHUNK_SUMS: dict[str, ChunkSum] = {}
-"""A metric -> Σ over one chunk of held-out rows of its per-row term, each in [0, plan.sensitivity]."""
+RowTerms = Callable[[torch.Tensor, torch.Tensor, EvaluationPlan], torch.Tensor]
+ROW_TERMS: dict[str, RowTerms] = {}
+"""A metric -> each held-out row's term over one chunk (float64, (b,)), each in [0, plan.sensitivity]."""
 
 
-def register_chunk_sum(metric: str) -> Callable[[ChunkSum], ChunkSum]:
-    def decorator(chunk_sum: ChunkSum) -> ChunkSum:
-        if metric in CHUNK_SUMS:
-            raise ValueError(f"metric {metric!r} already has a chunk sum")
-        CHUNK_SUMS[metric] = chunk_sum
-        return chunk_sum
+def register_row_terms(metric: str) -> Callable[[RowTerms], RowTerms]:
+    def decorator(row_terms: RowTerms) -> RowTerms:
+        if metric in ROW_TERMS:
+            raise ValueError(f"metric {metric!r} already has row terms")
+        ROW_TERMS[metric] = row_terms
+        return row_terms
 
     return decorator
 
 
-@register_chunk_sum("accuracy")
-def _correct(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> float:
-    return float((outputs.argmax(dim=1) == targets).sum().item())
+@register_row_terms("accuracy")
+def _correct(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> torch.Tensor:
+    return (outputs.argmax(dim=1) == targets).double()
 
 
-@register_chunk_sum("mse")
-def _clipped_squared_errors(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> float:
+@register_row_terms("mse")
+def _clipped_squared_errors(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> torch.Tensor:
     errors = (outputs.squeeze(-1).double() - targets.double()) ** 2
     errors = torch.nan_to_num(errors, nan=plan.sensitivity, posinf=plan.sensitivity)
-    return float(errors.clamp(0.0, plan.sensitivity).sum().item())
+    return errors.clamp(0.0, plan.sensitivity)
 
 
 def mean_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -112,10 +112,10 @@ def mean_token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return losses.sum(dim=1) / counted.sum(dim=1).clamp_min(1).to(losses.dtype)
 
 
-@register_chunk_sum("perplexity")
-def _clipped_token_losses(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> float:
+@register_row_terms("perplexity")
+def _clipped_token_losses(outputs: torch.Tensor, targets: torch.Tensor, plan: EvaluationPlan) -> torch.Tensor:
     losses = torch.nan_to_num(mean_token_losses(outputs, targets), nan=plan.sensitivity, posinf=plan.sensitivity)
-    return float(losses.clamp(0.0, plan.sensitivity).sum().item())
+    return losses.clamp(0.0, plan.sensitivity)
 
 
 def _chunk_rows(rows: Rows, plan: EvaluationPlan) -> int:
@@ -125,11 +125,20 @@ def _chunk_rows(rows: Rows, plan: EvaluationPlan) -> int:
     return max(1, min(EVAL_CHUNK_ROWS, EVAL_CHUNK_TOKENS // max(1, rows.row_shape[0])))
 
 
-def metric_sum(model: nn.Module, X: torch.Tensor | Rows, y: torch.Tensor, plan: EvaluationPlan) -> float:
+def metric_sum(
+    model: nn.Module,
+    X: torch.Tensor | Rows,
+    y: torch.Tensor,
+    plan: EvaluationPlan,
+    *,
+    row_weights: torch.Tensor | None = None,
+) -> float:
     """Σ over held-out rows of 1[correct], min(squared error, R) or min(mean token loss, R):
-    sensitivity plan.sensitivity. The model runs in eval mode without gradients."""
+    sensitivity plan.sensitivity. With ``row_weights`` (a privacy unit dataset: 1/m for each of a
+    unit's m held-out rows) each row's term is weighted, so one unit's terms add up to at most R:
+    the unit's mean. The model runs in eval mode without gradients."""
     device = next(model.parameters()).device
-    chunk_sum = CHUNK_SUMS[plan.metric]
+    row_terms = ROW_TERMS[plan.metric]
     model.eval()
     total = 0.0
     with torch.no_grad():
@@ -137,7 +146,10 @@ def metric_sum(model: nn.Module, X: torch.Tensor | Rows, y: torch.Tensor, plan: 
         for index in iter_row_chunks(rows, chunk_rows=_chunk_rows(rows, plan)):
             xb = rows.take(index).to(device)
             yb = y[index.to(y.device)].to(device)
-            total += chunk_sum(model(xb), yb, plan)
+            terms = row_terms(model(xb), yb, plan)
+            if row_weights is not None:
+                terms = terms * row_weights[index.to(row_weights.device)].to(terms.device, torch.float64)
+            total += float(terms.sum().item())
     return total
 
 
@@ -191,10 +203,17 @@ NOISE_TAILS: dict[str, NoiseTail] = {
 
 
 def release(
-    model: nn.Module, X: torch.Tensor | Rows, y: torch.Tensor, plan: EvaluationPlan, *, secure_gaussian: bool = True
+    model: nn.Module,
+    X: torch.Tensor | Rows,
+    y: torch.Tensor,
+    plan: EvaluationPlan,
+    *,
+    secure_gaussian: bool = True,
+    row_weights: torch.Tensor | None = None,
 ) -> dict[str, object]:
-    """The released metric, clamped to its range, with its noise scale and a 95% interval."""
-    raw = metric_sum(model, X, y, plan)
+    """The released metric, clamped to its range, with its noise scale and a 95% interval
+    (``row_weights``: see :func:`metric_sum`)."""
+    raw = metric_sum(model, X, y, plan, row_weights=row_weights)
     noisy = noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian))
     tail = NOISE_TAILS[plan.mechanism]
     return released_metric(

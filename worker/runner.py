@@ -12,9 +12,11 @@ no-ops. Errors shown to users are generic codes; tracebacks go to operator logs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import secrets
 import socket
 import tempfile
 import time
@@ -51,14 +53,17 @@ from app.reporting.privacy_report import (
     released_weights_section,
     report_single_job_epsilon,
 )
+from app.reporting.tuning import TUNING_CAVEAT, tuning_section
 from app.schemas.jobs import TrainingSpec
 from app.storage import StorageUnavailable, blob_store_from_settings
+from app.tuning.planning import is_tuning, rebuild_candidates
 from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
 from worker.data.images import ImageRows
-from worker.data.rows import Rows, SubsetRows, TensorRows, place_image_rows
+from worker.data.rows import Rows, TensorRows, place_image_rows
 from worker.data.tokens import TokenRows, language_model_targets
+from worker.holdout_split import split_rows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.single_job_prefetch import SingleJobPrefetch
@@ -68,6 +73,7 @@ from worker.training.ema import ParameterAverage
 from worker.training.finetune import apply_finetune
 from worker.training.init_weights import apply_init, init_blob_path
 from worker.training.lora import merge_lora
+from worker.tuning import TrialResult, TuningClaim, better, score_of, trial_count, tuning_execution
 
 log = logging.getLogger("privtrain.worker")
 
@@ -103,6 +109,8 @@ class Claimed:
     hyperparameters: BaseModel
     """Re-validated from the stored spec by the catalogue (what the trainer reads)."""
     training: TrainingSpec
+    tuning: TuningClaim | None = None
+    """A tuning's candidates (the job runs its trials); None for an ordinary job."""
 
     @property
     def attempt(self) -> int:
@@ -114,6 +122,8 @@ class Claimed:
         return lifecycle.Attempt(job_id=self.job.id, dataset_id=self.dataset.id, number=self.job.attempt)
 
     def event_json(self, steps: int, *, evaluated: bool) -> dict[str, Any]:
+        if self.tuning is not None:  # a tuning commits its whole event, however it ends
+            return dict(self.job.event)
         event = compose_job_event(
             self.plan,
             self.evaluation,
@@ -132,6 +142,12 @@ class Outcome:
     timed_out: bool = False
     execution: dict[str, Any] | None = None
     """Device, steps and throughput of the attempt that finished (the report's execution section)."""
+    selected: int | None = None
+    """A tuning's released trial: its candidate's index."""
+
+
+class NoTrialsDrawn(Exception):
+    """The tuning drew K = 0 trials (Poisson): it releases no model."""
 
 
 def device_label(device: torch.device) -> str:
@@ -157,6 +173,11 @@ def replan(job: Job, dataset: Dataset) -> RebuiltJob:
     return rebuilt
 
 
+def _with_spec(job: Job, spec: dict[str, Any]) -> Job:
+    """A detached copy of ``job`` with another spec (a tuning's candidate), to build its model."""
+    return Job(id=job.id, model_name=job.model_name, dataset_id=job.dataset_id, spec=spec)
+
+
 def algorithm_notes(job: Job, plan: PrivacyPlan, hyperparameters: BaseModel) -> dict[str, Any]:
     return get_algorithm(job.algorithm).report_notes(
         hyperparameters, plan, noise_multiplier=job.noise_multiplier, delta=job.delta
@@ -172,6 +193,7 @@ class _Prepared:
     evaluation: EvaluationPlan | None
     refusal: str | None
     rebuilt: RebuiltJob | None = None
+    tuning: TuningClaim | None = None
 
 
 class JobRunner:
@@ -208,18 +230,31 @@ class JobRunner:
             dataset = session.get(Dataset, job.dataset_id) if job is not None else None
         if job is None or dataset is None:
             return None
+        tuning = None
         try:
-            rebuilt = replan(job, dataset)
+            if is_tuning(job.spec):
+                distribution, candidates = rebuild_candidates(job.spec, job.algorithm, dataset, job.event)
+                tuning = TuningClaim(distribution, candidates, metric=job.spec["tuning"]["selection"]["metric"])
+                rebuilt = candidates[0].rebuilt
+            else:
+                rebuilt = replan(job, dataset)
             plan, evaluation = rebuilt.plan, rebuilt.evaluation
         except Exception:
             log.exception("refusing a job whose charge cannot be re-derived", extra={"job_id": job_id})
             return _Prepared(dataset=dataset, plan=None, evaluation=None, refusal="plan-mismatch")
         try:  # checks that need the model but not the data: fail before TOUCH
-            preflight(job.algorithm, self._starting_model(job, dataset), rebuilt.hyperparameters)
+            for spec, hyperparameters in (
+                [(c.spec, c.rebuilt.hyperparameters) for c in tuning.candidates]
+                if tuning is not None
+                else [(job.spec, rebuilt.hyperparameters)]
+            ):
+                preflight(job.algorithm, self._starting_model(_with_spec(job, spec), dataset), hyperparameters)
         except ValueError:
             log.exception("job spec does not fit its model", extra={"job_id": job_id})
             return _Prepared(dataset=dataset, plan=plan, evaluation=evaluation, refusal="invalid-for-model")
-        return _Prepared(dataset=dataset, plan=plan, evaluation=evaluation, refusal=None, rebuilt=rebuilt)
+        return _Prepared(
+            dataset=dataset, plan=plan, evaluation=evaluation, refusal=None, rebuilt=rebuilt, tuning=tuning
+        )
 
     def claim(self, job_id: str) -> Claimed | None:
         """queued → running (attempt + 1) and, on the first attempt, TOUCH — one short transaction."""
@@ -241,6 +276,7 @@ class JobRunner:
             evaluation=prepared.evaluation,
             hyperparameters=prepared.rebuilt.hyperparameters,
             training=prepared.rebuilt.training,
+            tuning=prepared.tuning,
         )
 
     # ------------------------------------------------------------------ run
@@ -259,11 +295,14 @@ class JobRunner:
                 delta=claimed.job.delta,
                 algorithm=claimed.job.algorithm,
             )
-            if _training_device().type in PREFETCH_SINGLE_JOB_ON
+            if _training_device().type in PREFETCH_SINGLE_JOB_ON and claimed.tuning is None
             else None
         )
         try:
-            outcome = self._train(claimed)
+            outcome = self._tune(claimed) if claimed.tuning is not None else self._train(claimed)
+        except NoTrialsDrawn:
+            self.fail(claimed, error_code="no-trials-drawn")
+            return JobStatus.FAILED
         except StorageUnavailable:
             # Not the job's fault: leave it running without heartbeats, so the reconciler requeues
             # it inside its reservation once it is stale, as for a lost worker (up to max_attempts).
@@ -290,7 +329,15 @@ class JobRunner:
                 outcome.model_path.unlink(missing_ok=True)
 
     def _load_data(self, dataset: Dataset, device: torch.device) -> tuple[Rows, torch.Tensor]:
-        """The rows as the model sees them, placed for ``device`` (worker/data/rows.py): labels
+        """The rows and labels of :meth:`_load_data_and_units`."""
+        rows, y, _units = self._load_data_and_units(dataset, device)
+        return rows, y
+
+    def _load_data_and_units(
+        self, dataset: Dataset, device: torch.device
+    ) -> tuple[Rows, torch.Tensor, np.ndarray | None]:
+        """Each row's privacy unit (int64 codes; None when the unit is a row) besides the rows as
+        the model sees them, placed for ``device`` (worker/data/rows.py): labels
         mapped to the dataset's public class list (by name, exactly as at upload) and the owner's
         declared preparation applied (columns dropped, one-hot encoded, scaled and clipped to
         declared bounds: a public map of each row, no privacy cost)."""
@@ -301,14 +348,11 @@ class JobRunner:
             class_names=dataset.class_names,
             declared=dataset.classes_declared,
         )
+        names = public.names if public is not None else None
         if dataset.modality == "image":
-            return self._load_images(
-                dataset, device, limits=limits, classes=public.names if public is not None else None
-            )
+            return (*self._load_images(dataset, device, limits=limits, classes=names), None)
         if dataset.modality == "text":
-            return self._load_tokens(
-                dataset, device, limits=limits, classes=public.names if public is not None else None
-            )
+            return (*self._load_tokens(dataset, device, limits=limits, classes=names), None)
         parsed = parse_dataset(
             self.blobs.local_path(dataset.blob_key),
             fmt=dataset.format,
@@ -317,8 +361,11 @@ class JobRunner:
             limits=limits,
             classes=public.names if public is not None else None,
             preparation=preparation_from_json(dataset.preparation, limits=limits),
+            unit_column=dataset.privacy_unit_column,
         )
-        return TensorRows(torch.from_numpy(parsed.X), device=device), torch.from_numpy(parsed.y)
+        if parsed.n_units != dataset.n_units:
+            raise ValueError(f"dataset {dataset.id}: its privacy units differ from the registered count")
+        return TensorRows(torch.from_numpy(parsed.X), device=device), torch.from_numpy(parsed.y), parsed.units
 
     def _load_images(
         self, dataset: Dataset, device: torch.device, *, limits: IngestLimits, classes: tuple[str, ...] | None
@@ -400,19 +447,20 @@ class JobRunner:
     def _train(self, claimed: Claimed) -> Outcome:
         job, dataset = claimed.job, claimed.dataset
         device = _training_device()
-        X, y = self._load_data(dataset, device)
-        X_eval: Rows | None = None
-        y_eval: torch.Tensor | None = None
+        X, y, unit_codes = self._load_data_and_units(dataset, device)
+        if unit_codes is not None and not get_algorithm(job.algorithm).privacy_units:
+            raise ValueError(f"algorithm {job.algorithm} does not train per privacy unit")  # submission refuses it
         self._restore_private(job.id, evaluated=claimed.evaluation is not None)
+        coins = None
         if claimed.evaluation is not None:
-            mask = dp_evaluation.load_or_draw_holdout(
-                self._private_path(job.id, HOLDOUT_SUFFIX), X.n_rows, claimed.evaluation.holdout_fraction
+            coins = dp_evaluation.load_or_draw_holdout(
+                self._private_path(job.id, HOLDOUT_SUFFIX),
+                X.n_rows if unit_codes is None else int(dataset.n_units or 0),
+                claimed.evaluation.holdout_fraction,
             )
             self._keep_private(job.id, HOLDOUT_SUFFIX)
-            held_out, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
-            X_eval, y_eval = SubsetRows(X, held_out), y[torch.from_numpy(held_out)]
-            X, y = SubsetRows(X, kept), y[torch.from_numpy(kept)]
-        y = y.to(device)  # labels are small: on the device with the features, no per-step copy
+        split = split_rows(X, y, unit_codes, coins, device=device)
+        X, y, units = split.X, split.y, split.units
         model = self._starting_model(job, dataset)
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
         checkpoint = self._private_path(job.id, CHECKPOINT_SUFFIX)
@@ -439,6 +487,7 @@ class JobRunner:
                 hooks=hooks,
                 resume_from=resume,
                 device=device,
+                units=units,
             )
         )
         if result.stopped_early:
@@ -457,9 +506,14 @@ class JobRunner:
             average.copy_to(model)
         metrics = None
         if claimed.evaluation is not None:
-            assert X_eval is not None and y_eval is not None
+            assert split.X_eval is not None and split.y_eval is not None
             metrics = dp_evaluation.release(
-                model, X_eval, y_eval, claimed.evaluation, secure_gaussian=self.settings.secure_noise
+                model,
+                split.X_eval,
+                split.y_eval,
+                claimed.evaluation,
+                secure_gaussian=self.settings.secure_noise,
+                row_weights=split.eval_weights,
             )
         return Outcome(
             result=result,
@@ -467,6 +521,123 @@ class JobRunner:
             metrics=metrics,
             execution=execution,
         )
+
+    def _tune(self, claimed: Claimed) -> Outcome:
+        """Run the tuning's K trials (worker/tuning.py) and keep the best; the outcome is the best
+        trial's model and metric. No progress event, checkpoint or log line tells how many trials
+        ran: only heartbeats are written (a retry starts the tuning over inside its reservation)."""
+        tuning, job, dataset = claimed.tuning, claimed.job, claimed.dataset
+        assert tuning is not None
+        device = _training_device()
+        X, y, unit_codes = self._load_data_and_units(dataset, device)
+        rng = secrets.SystemRandom()
+        requested = job.spec["training"].get("time_limit_s")
+        deadline = time.monotonic() + min(self.settings.job_time_limit_s, requested or self.settings.job_time_limit_s)
+        state = {"stop": False, "last_beat": 0.0}
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if now - state["last_beat"] >= self.settings.heartbeat_interval_s:
+                state["last_beat"] = now
+                state["stop"] = lifecycle.heartbeat(self.db, attempt=claimed.held)
+            return bool(state["stop"]) or now > deadline
+
+        best: TrialResult | None = None
+        best_model: torch.nn.Module | None = None
+        for _ in range(trial_count(tuning.distribution, rng)):
+            index = tuning.draw_candidate(rng)
+            trial = self._run_trial(claimed, index, X=X, y=y, unit_codes=unit_codes, device=device, stop=should_stop)
+            if trial is None:  # cancelled or out of time: the whole reservation is committed
+                return Outcome(
+                    result=TrainingResult(steps_run=0, stopped_early=True),
+                    model_path=None,
+                    metrics=None,
+                    timed_out=time.monotonic() > deadline,
+                )
+            result, model = trial
+            if better(result, best, tuning.metric):
+                best, best_model = result, model
+        if best is None or best_model is None:
+            raise NoTrialsDrawn
+        selected = tuning.candidates[best.candidate]
+        chosen = dataclasses.replace(claimed, job=_with_spec(job, selected.spec), training=selected.rebuilt.training)
+        n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
+        return Outcome(
+            result=TrainingResult(steps_run=selected.steps, stopped_early=False),
+            model_path=self._write_model(chosen, best_model, n_outputs),
+            metrics=best.metrics,
+            execution=tuning_execution(device_label(device)),
+            selected=best.candidate,
+        )
+
+    def _run_trial(
+        self,
+        claimed: Claimed,
+        index: int,
+        *,
+        X: Rows,
+        y: torch.Tensor,
+        unit_codes: np.ndarray | None,
+        device: torch.device,
+        stop: Callable[[], bool],
+    ) -> tuple[TrialResult, torch.nn.Module] | None:
+        """One trial: candidate ``index`` on its own hold-out split, trained and DP-evaluated."""
+        assert claimed.tuning is not None
+        candidate = claimed.tuning.candidates[index]
+        evaluation = candidate.rebuilt.evaluation
+        assert evaluation is not None  # a tuning's base has an evaluation block
+        coins = dp_evaluation.holdout_mask(
+            X.n_rows if unit_codes is None else int(claimed.dataset.n_units or 0),
+            evaluation.holdout_fraction,
+            dp_evaluation.secure_random(secure_gaussian=self.settings.secure_noise).numpy,
+        )
+        split = split_rows(X, y, unit_codes, coins, device=device)
+        trial_job = _with_spec(claimed.job, candidate.spec)
+        model = self._starting_model(trial_job, claimed.dataset)
+        average = self._parameter_average(candidate.rebuilt.training, model, Path(os.devnull), None)
+
+        def on_step_end(step: int) -> None:
+            if average is not None:
+                average.advance_to(step, model)
+
+        result = get_trainer(claimed.job.algorithm)(
+            TrainingRequest(
+                model=model,
+                features=split.X,
+                y=split.y,
+                task=claimed.dataset.task,
+                hyperparameters=candidate.rebuilt.hyperparameters,
+                training=candidate.rebuilt.training,
+                noise_multiplier=candidate.noise_multiplier,
+                sampling_probability=candidate.sampling_probability,
+                expected_batch_size=candidate.rebuilt.plan.expected_batch_size,
+                steps=candidate.steps,
+                max_physical_batch_size=get_model(claimed.job.model_name).rows_per_chunk(
+                    candidate.spec["model"]["params"],
+                    facts_of(claimed.dataset),
+                    limits=ModelSizeLimits.from_settings(self.settings),
+                ),
+                generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
+                hooks=TrainingHooks(on_step_end=on_step_end, should_stop=stop),
+                resume_from=None,
+                device=device,
+                units=split.units,
+            )
+        )
+        if result.stopped_early:
+            return None
+        if average is not None:
+            average.copy_to(model)
+        assert split.X_eval is not None and split.y_eval is not None
+        metrics = dp_evaluation.release(
+            model,
+            split.X_eval,
+            split.y_eval,
+            evaluation,
+            secure_gaussian=self.settings.secure_noise,
+            row_weights=split.eval_weights,
+        )
+        return TrialResult(candidate=index, metrics=metrics, score=score_of(metrics, claimed.tuning.metric)), model
 
     @staticmethod
     def _parameter_average(
@@ -645,6 +816,23 @@ class JobRunner:
         """Store the model, then commit the charge and write the report in one transaction;
         ``single_job``: the planned run's single-job ε, if it was started while training."""
         assert outcome.model_path is not None
+        selected: lifecycle.SelectedTrial | None = None
+        if claimed.tuning is not None:  # the report and the job describe the released trial
+            assert outcome.selected is not None
+            chosen = claimed.tuning.candidates[outcome.selected]
+            claimed = dataclasses.replace(
+                claimed,
+                plan=chosen.rebuilt.plan,
+                evaluation=chosen.rebuilt.evaluation,
+                hyperparameters=chosen.rebuilt.hyperparameters,
+                training=chosen.rebuilt.training,
+            )
+            selected = lifecycle.SelectedTrial(
+                spec={**chosen.spec, "tuning": {**claimed.job.spec["tuning"], "selected": chosen.assignment}},
+                noise_multiplier=chosen.noise_multiplier,
+                sampling_probability=chosen.sampling_probability,
+                steps=chosen.steps,
+            )
         model_key, model_sha = self.blobs.put_file(outcome.model_path)
         steps_run = outcome.result.steps_run
         actual = claimed.event_json(steps_run, evaluated=True)
@@ -692,6 +880,9 @@ class JobRunner:
             report["released_weights"] = released_weights_section(claimed.training.ema_decay)
             report["augmentation"] = augmentation_section(claimed.training.augmult)
             report["execution"] = outcome.execution
+            if selected is not None:
+                report["tuning"] = tuning_section(commit.job.spec["tuning"], metrics=outcome.metrics)
+                report["caveats"].insert(0, TUNING_CAVEAT)
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key
 
@@ -702,6 +893,7 @@ class JobRunner:
             model_sha256=model_sha,
             metrics=outcome.metrics,
             epsilon_prv=epsilon.epsilon,
+            selected=selected,
         )
         if not lifecycle.succeed(
             self.db, attempt=claimed.held, success=success, actor=self.actor, write_report=write_report

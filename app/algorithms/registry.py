@@ -89,6 +89,9 @@ class AlgorithmDefinition(Generic[H]):
     """False for the non-private optimizers (app.algorithms.non_private): public datasets only."""
     tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression", "language-model"})
     """The dataset tasks this algorithm trains on; submission refuses the others (422)."""
+    privacy_units: ClassVar[bool] = False
+    """Trains on datasets whose privacy unit is a person (a privacy unit column): samples units and
+    bounds each unit's contribution. The others are refused there (422 privacy-unit-unsupported)."""
     models: ClassVar[frozenset[str] | None] = None
     """The catalogue models this algorithm can train (None: any); submission refuses the others
     (422 model-incompatible), so the worker's own check of the built model never refuses a job."""
@@ -153,6 +156,7 @@ class AlgorithmDefinition(Generic[H]):
             "full_batch": self.full_batch,
             "private": self.private,
             "tasks": sorted(self.tasks),
+            "privacy_units": self.privacy_units,
             "training_schema": training_schema(self.training_fields),
         }
 
@@ -181,12 +185,15 @@ def poisson_schedule(
     training: TrainingSpec, facts: DatasetFacts, *, training_fraction: float = 1.0
 ) -> tuple[float, int]:
     """(q, T) for Poisson sampling with expected batch size B over the expected m = (1 − f)·n
-    training rows: q = B/m, T = steps or ⌈E·m/B⌉ = ⌈E/q⌉. Every quantity is public."""
-    training_rows = training_fraction * facts.n_rows
+    training units: q = B/m, T = steps or ⌈E·m/B⌉ = ⌈E/q⌉. Every quantity is public. A unit is a
+    row, or on a dataset with a privacy unit column one unit (person) with all its rows: then B
+    counts units and an epoch is one expected pass over the units."""
+    training_rows = training_fraction * facts.n_privacy_units
     batch_size = batch_size_of(training)
     if batch_size > training_rows:
+        what = "privacy units" if facts.unit_level else "rows"
         raise InvalidHyperparameters(
-            f"training.batch_size {batch_size} exceeds the {training_rows:g} rows expected for training"
+            f"training.batch_size {batch_size} exceeds the {training_rows:g} {what} expected for training"
         )
     q = batch_size / training_rows
     if training.steps is not None:

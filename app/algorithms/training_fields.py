@@ -24,12 +24,13 @@ the dataset at submission (app/job_planning.py), not listed among ``training_fie
 ALL_TRAINING_FIELDS: Final[frozenset[str]] = frozenset(TrainingSpec.model_fields) - FINETUNE_FIELDS - TASK_FIELDS
 PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("batch_size", "learning_rate")
 """Optional in the schema; required by exactly the algorithms that read them."""
-OPTIONAL_PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("ema_decay", "augmult", "precision")
+OPTIONAL_PER_ALGORITHM_FIELDS: Final[tuple[str, ...]] = ("ema_decay", "augmult", "precision", "rows_per_unit")
 """Never required; refused by the algorithms that do not list them (parameter averaging makes no
 sense where the analysis releases one specific iterate: the single-pass and KL-family ones;
 augmentation multiplicity needs a trainer that averages each row's gradient over its views, and
-bf16 a trainer whose per-sample norms are accumulated in float32)."""
-ENGINE_OPTION_FIELDS: Final[frozenset[str]] = frozenset({"augmult", "precision"})
+bf16 a trainer whose per-sample norms are accumulated in float32; rows per privacy unit a trainer
+that averages each unit's rows before clipping)."""
+ENGINE_OPTION_FIELDS: Final[frozenset[str]] = frozenset({"augmult", "precision", "rows_per_unit"})
 """Read only by the trainers built on the per-sample-map aggregator (the per-sample-map family and
 sgd/adam), which list them; every other algorithm refuses them."""
 DEFAULT_TRAINING_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - ENGINE_OPTION_FIELDS
@@ -39,6 +40,7 @@ ENGINE_OPTION_UNUSED_REASONS: Final[Mapping[str, str]] = {
     "augmult": f"trains on each sampled row as it is (augmentation multiplicity is implemented for "
     f"{_ENGINE_OPTION_READERS})",
     "precision": f"computes in float32 (bf16 mixed precision is implemented for {_ENGINE_OPTION_READERS})",
+    "rows_per_unit": "does not train per privacy unit (dp-sgd, dp-adam, auto-s and dp-psac do)",
 }
 """Complete 'training.<field>: <name> … and does not use it' for the engine options."""
 SCHEDULE_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - frozenset(

@@ -18,7 +18,8 @@ from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.api.upload_body import receive_upload_body
 from app.dataset_registration import UploadRequest, invalid_dataset, invalid_text, register_upload
-from app.facts import public_class_list
+from app.errors import InvalidInput
+from app.facts import privacy_unit_text, public_class_list
 from app.ingest import (
     DatasetValidationError,
     ImageOptions,
@@ -118,6 +119,9 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         classes=list(classes.names) if classes and not listing else None,
         classes_source=classes.source if classes else None,
         label_column=dataset.label_column,
+        privacy_unit_column=dataset.privacy_unit_column,
+        n_units=dataset.n_units,
+        privacy_unit=privacy_unit_text(dataset.privacy_unit_column),
         preparation=None if listing else dataset.preparation,  # declared, public; bounded, yet left out of listings
         feature_names=None if listing else dataset.feature_names,
         budget=None if dataset.public else BudgetOut(epsilon=budget.epsilon, delta=budget.delta),
@@ -238,6 +242,17 @@ async def upload_dataset(
             "language-model dataset",
         ),
     ] = None,
+    privacy_unit_column: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            description="csv only: the column naming the person (or other unit) each row belongs to, e.g. "
+            "patient_id. The privacy unit then becomes one unit and all its rows: jobs sample units, bound "
+            "each unit's contribution and are charged per unit; the column is never a feature, and the number "
+            "of units (n_units) becomes public like n. Cannot be changed later; see docs/privacy-units.md",
+        ),
+    ] = None,
     public: Annotated[
         bool,
         Query(
@@ -269,6 +284,7 @@ async def upload_dataset(
             text_field=text_field,
             label_field=label_field,
         )
+        _check_privacy_unit_column(privacy_unit_column, fmt=format, public=public)
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
     except TextValidationError as exc:
@@ -298,12 +314,31 @@ async def upload_dataset(
             modality=modality,
             image_options=image_options,
             text_options=text_options,
+            privacy_unit_column=privacy_unit_column,
         ),
     )
     out = dataset_out(registered.dataset, registered.budget)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out.model_copy(update={"notices": list(registered.notices)})
+
+
+def _check_privacy_unit_column(column: str | None, *, fmt: str, public: bool) -> None:
+    """Refused before the body is read: a unit column only means something for a private CSV."""
+    if column is None:
+        return
+    if public:
+        raise InvalidInput(
+            slug="privacy-unit-on-public-dataset",
+            detail="privacy_unit_column: a public dataset has no privacy guarantee to give per person; leave it out, "
+            "or upload the dataset with a budget (epsilon=, delta=)",
+        )
+    if fmt != "csv":
+        raise DatasetValidationError(
+            "privacy-unit-unsupported-format",
+            f"privacy_unit_column names a CSV column; format={fmt} has none. Upload the rows as a CSV with an "
+            "identifier column to train with one privacy unit per person",
+        )
 
 
 def _text_options(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app import ledger, privacy
 from app.access import dataset_for, job_for, relation_to, visible_jobs
@@ -34,7 +36,7 @@ from app.job_views import event_out, job_out
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import ModelSizeLimits
-from app.models import Job, JobEvent, PrivacyBudget, Tenant
+from app.models import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from app.pagination import cursor_id, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.reporting.redaction import report_for_viewer
@@ -46,24 +48,38 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.jobs")
 
 
+def job_planner(
+    services: Services, session: Session, tenant: Tenant, spec: JobCreate
+) -> tuple[Callable[[JobCreate], JobPlan], Dataset, PrivacyBudget]:
+    """A planner for specs on ``spec``'s dataset (with its budget's δ, the service's limits and
+    ``spec``'s resolved ``model.init``), the dataset and its budget."""
+    dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
+    budget = session.get(PrivacyBudget, dataset.id)
+    assert budget is not None
+    init = resolve_init(session, tenant, spec.model.init, blobs=services.blobs) if spec.model.init is not None else None
+    settings = services.settings
+
+    def plan(candidate: JobCreate) -> JobPlan:
+        return plan_job(
+            candidate,
+            dataset,
+            dataset_delta=budget.delta,
+            max_steps=settings.max_steps,
+            max_time_limit_s=settings.job_time_limit_s,
+            model_limits=ModelSizeLimits.from_settings(settings),
+            init=init,
+        )
+
+    return plan, dataset, budget
+
+
 def _plan(
     services: Services, session: SessionDep, tenant: Tenant, spec: JobCreate
 ) -> tuple[JobPlan, PrivacyBudget, str]:
     """The job's plan, its dataset's budget and its queue (a queue the service lacks is a 422 here,
     at estimate as at submission)."""
-    dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
-    budget = session.get(PrivacyBudget, dataset.id)
-    assert budget is not None
-    init = resolve_init(session, tenant, spec.model.init, blobs=services.blobs) if spec.model.init is not None else None
-    plan = plan_job(
-        spec,
-        dataset,
-        dataset_delta=budget.delta,
-        max_steps=services.settings.max_steps,
-        max_time_limit_s=services.settings.job_time_limit_s,
-        model_limits=ModelSizeLimits.from_settings(services.settings),
-        init=init,
-    )
+    plan_for, dataset, budget = job_planner(services, session, tenant, spec)
+    plan = plan_for(spec)
     return plan, budget, route_job(spec, plan, facts_of(dataset), services.settings)
 
 

@@ -43,6 +43,9 @@ class ColumnPlan:
     """Which header column feeds which output feature."""
 
     label_position: int
+    unit_position: int | None
+    """The privacy unit column's header index (read as an identifier, never a feature); None
+    when the dataset's privacy unit is one row."""
     numeric_positions: tuple[int, ...]
     """Header indices of the columns parsed as numbers, in header order."""
     numeric_features: np.ndarray
@@ -63,12 +66,19 @@ def _refuse(detail: str) -> DatasetValidationError:
 
 
 def plan_columns(
-    header: tuple[str, ...], *, label_column: str, preparation: Preparation | None, limits: IngestLimits
+    header: tuple[str, ...],
+    *,
+    label_column: str,
+    preparation: Preparation | None,
+    limits: IngestLimits,
+    unit_column: str | None = None,
 ) -> ColumnPlan:
-    """The plan for ``header``; refuses a declaration that does not fit it."""
+    """The plan for ``header``; refuses a declaration that does not fit it. ``unit_column`` (the
+    privacy unit column) is read as each row's unit identifier and never becomes a feature."""
     preparation = preparation or Preparation()
     _check_names(header, label_column=label_column, preparation=preparation)
-    dropped = set(preparation.drop)
+    _check_unit_column(header, unit_column=unit_column, label_column=label_column, preparation=preparation)
+    dropped = {*preparation.drop, *((unit_column,) if unit_column is not None else ())}
     numeric_positions: list[int] = []
     numeric_features: list[int] = []
     one_hot: list[OneHotColumn] = []
@@ -94,6 +104,7 @@ def plan_columns(
     _check_features(names, limits=limits)
     return ColumnPlan(
         label_position=header.index(label_column),
+        unit_position=header.index(unit_column) if unit_column is not None else None,
         numeric_positions=tuple(numeric_positions),
         numeric_features=np.array(numeric_features, dtype=np.int64),
         one_hot=tuple(one_hot),
@@ -114,6 +125,31 @@ def _check_names(header: tuple[str, ...], *, label_column: str, preparation: Pre
             raise _refuse(f"column {name!r} is not among the {len(header)} header columns")
         if name == label_column:
             raise _refuse(f"column {name!r} is the label column; it cannot be dropped, one-hot encoded or scaled")
+
+
+def _check_unit_column(
+    header: tuple[str, ...], *, unit_column: str | None, label_column: str, preparation: Preparation
+) -> None:
+    """The privacy unit column must be a header column of its own: not the label, and not one the
+    preparation drops, encodes or scales (it is never a feature)."""
+    if unit_column is None:
+        return
+    if unit_column not in header:
+        raise DatasetValidationError(
+            "missing-privacy-unit-column",
+            f"privacy_unit_column {unit_column!r} is not among the {len(header)} header columns",
+        )
+    if unit_column == label_column:
+        raise DatasetValidationError(
+            "bad-privacy-unit-column",
+            f"privacy_unit_column {unit_column!r} is the label column; name the column that identifies each person",
+        )
+    if unit_column in preparation.named_columns:
+        raise DatasetValidationError(
+            "bad-privacy-unit-column",
+            f"privacy_unit_column {unit_column!r} is also named in the preparation; the privacy unit column is "
+            "never a feature, so leave it out of drop, one_hot and scale",
+        )
 
 
 def _check_features(names: list[str], *, limits: IngestLimits) -> None:

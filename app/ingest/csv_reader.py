@@ -77,10 +77,16 @@ def _line_budget(n_fields: int, limits: IngestLimits) -> int:
 
 @register_reader("csv")
 def read_csv(
-    path: Path, *, label_column: str | None, limits: IngestLimits, preparation: Preparation | None
+    path: Path,
+    *,
+    label_column: str | None,
+    limits: IngestLimits,
+    preparation: Preparation | None,
+    unit_column: str | None = None,
 ) -> RawDataset:
     """Parse a CSV upload. Feature fields must be finite numbers unless the owner declared their
-    column dropped (never read) or one-hot encoded; labels may be numbers or text."""
+    column dropped (never read) or one-hot encoded; labels may be numbers or text. With
+    ``unit_column`` each row's field there names its privacy unit (any non-empty text)."""
     if label_column is None:
         raise DatasetValidationError("missing-label-column", "a CSV dataset needs label_column; none was given")
     with open(path, "rb") as stream:
@@ -88,7 +94,9 @@ def read_csv(
         reader = csv.reader(lines, strict=True)
         try:
             header = _read_header(reader, label_column=label_column, limits=limits)
-            plan = plan_columns(header, label_column=label_column, preparation=preparation, limits=limits)
+            plan = plan_columns(
+                header, label_column=label_column, preparation=preparation, limits=limits, unit_column=unit_column
+            )
             lines.max_line_bytes = _line_budget(len(header), limits)
             body = _read_body(reader, lines=lines, header=header, plan=plan, limits=limits)
         except csv.Error as exc:
@@ -103,7 +111,14 @@ def read_csv(
             "non-finite",
             f"{rows.describe(row)}, column {plan.feature_names[column]!r}: the number is too large for float32",
         )
-    return RawDataset(X=X, labels=body.labels(), feature_names=plan.feature_names, rows=rows, scaling=plan.scaling)
+    return RawDataset(
+        X=X,
+        labels=body.labels(),
+        feature_names=plan.feature_names,
+        rows=rows,
+        scaling=plan.scaling,
+        units=body.units() if plan.unit_position is not None else None,
+    )
 
 
 def _read_header(reader: Iterator[list[str]], *, label_column: str, limits: IngestLimits) -> tuple[str, ...]:
@@ -163,6 +178,9 @@ class _Body:
         self.label_texts: dict[str, int] = {}
         """Distinct label texts (trimmed), kept while a class list could hold them (max_classes)."""
         self.line_numbers: array[int] = array("q")
+        self.unit_codes: array[int] = array("q")
+        """Each row's privacy unit, as the position of its identifier in ``unit_ids``."""
+        self.unit_ids: dict[str, int] = {}
         self._max_classes = max_classes
         self._label_column = label_column
         self._seen: dict[str, tuple[float, int]] = {}
@@ -202,6 +220,22 @@ class _Body:
             ),
         )
 
+    def add_unit(self, field: str, *, column: str, line: int) -> None:
+        unit = field.strip()
+        if not unit:
+            raise DatasetValidationError(
+                "missing-privacy-unit",
+                f"line {line}, column {column!r}: the privacy unit is empty; every row must name the unit "
+                "(e.g. the person) it belongs to",
+            )
+        code = self.unit_ids.get(unit)
+        if code is None:
+            code = self.unit_ids[unit] = len(self.unit_ids)
+        self.unit_codes.append(code)
+
+    def units(self) -> np.ndarray:
+        return np.frombuffer(self.unit_codes, dtype=np.int64).copy()
+
     def features(self, plan: ColumnPlan) -> np.ndarray:
         """The float32 feature matrix: numbers where the plan puts them, one-hot groups as 0/1."""
         n_rows = len(self.line_numbers)
@@ -239,6 +273,7 @@ def _read_body(
     body = _Body(max_classes=limits.max_classes, label_column=header[plan.label_position])
     numeric_fields = _fields_at(plan.numeric_positions)
     n_fields, max_chars, label_position = len(header), limits.max_field_chars, plan.label_position
+    unit_position = plan.unit_position
     isfinite = math.isfinite
     blank_line: int | None = None
     last_line = lines.line_number
@@ -272,6 +307,8 @@ def _read_body(
         if plan.one_hot:
             body.categories.extend(_categories(row, plan=plan, line=line))
         body.add_label(row[label_position], line=line)
+        if unit_position is not None:
+            body.add_unit(row[unit_position], column=header[unit_position], line=line)
         body.line_numbers.append(line)
     if not body.line_numbers:
         raise DatasetValidationError("empty-dataset", "the header is followed by no data rows")

@@ -43,6 +43,13 @@ class ParsedDataset:
     columns expanded as ``column=category``); None for NPZ."""
     classes: ClassList | None = None
     """The class list the labels were mapped to; None for regression."""
+    units: np.ndarray | None = field(default=None, repr=False)
+    """int64 (n,): each row's privacy unit, 0 .. n_units - 1; None when the privacy unit is a row."""
+
+    @property
+    def n_units(self) -> int | None:
+        """How many privacy units the rows belong to (public once registered); None: unit = row."""
+        return None if self.units is None else int(self.units.max()) + 1
 
 
 class IngestFacts(TypedDict):
@@ -53,6 +60,8 @@ class IngestFacts(TypedDict):
     n_features: int
     task: Task
     n_classes: int | None
+    n_units: int | None
+    """The number of privacy units (persons) when the owner named a privacy unit column."""
 
 
 def dataset_facts(parsed: ParsedDataset) -> IngestFacts:
@@ -64,4 +73,5 @@ def dataset_facts(parsed: ParsedDataset) -> IngestFacts:
         n_features=math.prod(feature_shape),
         task=parsed.task,
         n_classes=parsed.n_classes,
+        n_units=parsed.n_units,
     )

@@ -30,6 +30,10 @@ TabularReason = Literal[
     "ambiguous-task",
     "bad-preparation",
     "unknown-category",
+    "missing-privacy-unit-column",
+    "bad-privacy-unit-column",
+    "missing-privacy-unit",
+    "privacy-unit-unsupported-format",
 ]
 
 ImageReason = Literal[

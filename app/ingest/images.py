@@ -107,6 +107,7 @@ def image_facts(parsed: ParsedImages) -> IngestFacts:
         n_features=shape[0] * shape[1] * shape[2],
         task=parsed.task,
         n_classes=parsed.n_classes,
+        n_units=None,
     )
 
 

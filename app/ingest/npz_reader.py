@@ -61,12 +61,24 @@ class _NpyHeader:
 
 @register_reader("npz")
 def read_npz(
-    path: Path, *, label_column: str | None, limits: IngestLimits, preparation: Preparation | None
+    path: Path,
+    *,
+    label_column: str | None,
+    limits: IngestLimits,
+    preparation: Preparation | None,
+    unit_column: str | None = None,
 ) -> RawDataset:
     """Parse an NPZ upload; ``label_column`` is ignored because ``y`` is the label by definition.
 
-    Its features have no names, so of a declared preparation only ``scale["*"]`` applies.
+    Its features have no names, so of a declared preparation only ``scale["*"]`` applies, and it
+    has no column to name as a privacy unit.
     """
+    if unit_column is not None:
+        raise DatasetValidationError(
+            "privacy-unit-unsupported-format",
+            "privacy_unit_column names a CSV column; an NPZ upload has no columns. Upload the rows as a CSV "
+            "with an identifier column to train with one privacy unit per person",
+        )
     check_preparation_for_format(preparation, has_column_names=False)
     everything = preparation.scale.get(SCALE_ALL) if preparation is not None else None
     features, labels = read_npz_arrays(path, limits=limits)

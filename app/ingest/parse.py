@@ -28,6 +28,7 @@ def parse_dataset(
     limits: IngestLimits,
     classes: tuple[str, ...] | None = None,
     preparation: Preparation | None = None,
+    unit_column: str | None = None,
 ) -> ParsedDataset:
     """Read, validate and prepare an upload, or raise DatasetValidationError naming what is wrong
     and where.
@@ -35,7 +36,8 @@ def parse_dataset(
     Format and task are checked before the file is opened, so a bad request costs no I/O. With a
     declared class list (``classes``) the task is classification and labels are matched to it by
     name. The declared ``preparation`` is applied: dropped columns are never read, one-hot columns
-    are expanded, and the features come back scaled as declared, ready to train on.
+    are expanded, and the features come back scaled as declared, ready to train on. With
+    ``unit_column`` (the privacy unit column) each row's unit comes back as an index in ``units``.
     """
     reader = get_reader(fmt)
     requested = check_task(task_for_class_list(task, classes))
@@ -43,7 +45,7 @@ def parse_dataset(
         raise DatasetValidationError(
             "bad-preparation", 'preparation: "labels": "indices" needs a declared class list (classes=)'
         )
-    raw = reader(path, label_column=label_column, limits=limits, preparation=preparation)
+    raw = reader(path, label_column=label_column, limits=limits, preparation=preparation, unit_column=unit_column)
     labels = resolve_labels(
         raw.labels,
         task=requested,
@@ -61,6 +63,7 @@ def parse_dataset(
         feature_shape=tuple(int(size) for size in raw.X.shape[1:]),
         feature_names=raw.feature_names,
         classes=labels.classes,
+        units=raw.units,
     )
 
 

@@ -67,6 +67,9 @@ class RawDataset:
     rows: RowPositions
     scaling: tuple[ScalingGroup, ...] = ()
     """The declared scaling of the features, for the caller to apply."""
+    units: np.ndarray | None = field(default=None, repr=False)
+    """int64 (n,): each row's privacy unit as an index 0 .. n_units - 1 (in order of first
+    appearance); None when the privacy unit is one row."""
 
 
 class Reader(Protocol):
@@ -77,6 +80,7 @@ class Reader(Protocol):
         label_column: str | None,
         limits: IngestLimits,
         preparation: Preparation | None,
+        unit_column: str | None,
     ) -> RawDataset: ...
 
 

@@ -202,8 +202,12 @@ def admit(
     request_hash: str,
     recheck_access: Callable[[Session], object],
     queue: str | None = None,
+    with_job: Callable[[Session, Job], object] | None = None,
 ) -> Job:
     """(new) → queued: RESERVE the plan's worst case and record the ``queued`` event.
+
+    ``with_job`` adds rows that belong to the job in the same transaction (a tuning's record), so
+    a refused admission leaves none of them behind.
 
     ``recheck_access`` runs under the budget lock, which grants and revokes also take: a revoke
     that committed while the request was planning wins (app/grants.py). Raises
@@ -229,6 +233,8 @@ def admit(
         )
         tx.add(job)
         tx.flush()
+        if with_job is not None:
+            with_job(tx, job)
         witness_order = None
         if not public:
             try:
@@ -311,6 +317,22 @@ def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: st
     return job
 
 
+def heartbeat(db: Database, *, attempt: Attempt) -> bool:
+    """Heartbeat without a progress event (a tuning: its progress would tell how many trials it
+    drew); True when the worker should stop, as for :func:`record_progress`."""
+    with db.write_transaction() as tx:
+        mine = changed_rows(
+            tx,
+            update(Job)
+            .where(Job.id == attempt.job_id, Job.status == JobStatus.RUNNING, Job.attempt == attempt.number)
+            .values(heartbeat_at=utcnow()),
+        )
+        if mine != 1:
+            return True
+        current = tx.get(Job, attempt.job_id, populate_existing=True)
+        return bool(current is not None and current.cancel_requested)
+
+
 def record_progress(db: Database, *, attempt: Attempt, step: int, steps_planned: int, epsilon_spent: float) -> bool:
     """Heartbeat and ``progress`` event; True when the worker should stop (a cancel was asked
     for, or this attempt no longer owns the job: a newer attempt does, or it was settled)."""
@@ -357,6 +379,18 @@ class Success:
     epsilon_prv: float
     """The single-job ε of ``actual_event`` (numeric accountants): replaces the closed-form one
     computed at submission, so the job and its report state one number."""
+    selected: SelectedTrial | None = None
+    """A tuning's selected configuration: the job's spec and mechanism become the released trial's."""
+
+
+@dataclass(frozen=True)
+class SelectedTrial:
+    """What a tuning releases about its best trial (public: a configuration of its public pool)."""
+
+    spec: dict[str, Any]
+    noise_multiplier: float
+    sampling_probability: float
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -384,6 +418,11 @@ def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, wri
             return False
         budget, job, public = owned
         job.steps_run = success.steps_run
+        if success.selected is not None:
+            job.spec = success.selected.spec
+            job.noise_multiplier = success.selected.noise_multiplier
+            job.sampling_probability = success.selected.sampling_probability
+            job.steps_planned = success.selected.steps
         if public:
             _end_without_ledger(job)
             record = CommitRecord(job=job, commit_entry=None, budget_before=None, budget_after=None, adjustments=[])

@@ -1,5 +1,5 @@
-"""Torch-free privacy math for privtrain: events, RDP curves, the Rényi filter, calibration, PRV and
-the tight single-job ε of the report.
+"""Torch-free privacy math for privtrain: events, RDP curves, the Rényi filter, calibration, PRV,
+the tight single-job ε of the report, and private hyperparameter tuning.
 
 Every number produced here is meant to be a true upper bound on privacy loss (docs/privacy-model.md): costs
 and epsilons are rounded up, capacities down (see :mod:`app.privacy.rounding`).
@@ -15,16 +15,27 @@ from app.privacy.events import (
     ComposedEvent,
     ExponentialMechanismEvent,
     GaussianEvent,
+    HyperparameterTuningEvent,
     LaplaceEvent,
     PoissonSampledGaussianEvent,
+    PoissonTrials,
     PrivacyEvent,
     PureDPEvent,
+    TrialDistribution,
+    TruncatedNegativeBinomial,
     ZCDPEvent,
 )
 from app.privacy.orders import ORDERS, ORDERS_VERSION
 from app.privacy.prv import prv_epsilon
 from app.privacy.rdp import rdp_curve
 from app.privacy.single_job import SingleJobEpsilon, capped_single_job_epsilon, single_job_epsilon
+from app.privacy.tuning import (
+    expected_trials,
+    sample_trial_count,
+    trial_count_probability,
+    truncated_negative_binomial_for_mean,
+    tuned_curve,
+)
 from app.privacy.versions import ACCOUNTANT_NAME, ACCOUNTANT_VERSION
 
 __all__ = [
@@ -38,12 +49,16 @@ __all__ = [
     "ComposedEvent",
     "ExponentialMechanismEvent",
     "GaussianEvent",
+    "HyperparameterTuningEvent",
     "LaplaceEvent",
     "PoissonSampledGaussianEvent",
+    "PoissonTrials",
     "PrivacyEvent",
     "PrivacyEventError",
     "PureDPEvent",
     "SingleJobEpsilon",
+    "TrialDistribution",
+    "TruncatedNegativeBinomial",
     "ZCDPEvent",
     "add_curves",
     "admission_order",
@@ -53,10 +68,15 @@ __all__ = [
     "epsilon_from_rdp",
     "event_from_json",
     "event_to_json",
+    "expected_trials",
     "ledger_epsilon",
     "prv_epsilon",
     "rdp_curve",
     "remaining_epsilon",
+    "sample_trial_count",
     "single_job_epsilon",
     "subtract_curves",
+    "trial_count_probability",
+    "truncated_negative_binomial_for_mean",
+    "tuned_curve",
 ]

@@ -10,7 +10,7 @@ difference that is exact in floating point (e.g. ``subtract_curves(c, c)``) is r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from app.privacy.errors import PrivacyEventError
 from app.privacy.orders import ORDERS, Curve
@@ -47,6 +47,14 @@ def add_curves(a: Sequence[float], b: Sequence[float]) -> Curve:
     left = validate_curve(a, name="curve a")
     right = validate_curve(b, name="curve b")
     return tuple(round_up(x + y) for x, y in zip(left, right, strict=True))
+
+
+def max_curves(curves: Iterable[Sequence[float]]) -> Curve:
+    """Order-wise maximum of at least one curve: exact, so no rounding (a bound on any of them)."""
+    validated = [validate_curve(curve, name="curve") for curve in curves]
+    if not validated:
+        raise PrivacyEventError("the maximum of no curves is undefined")
+    return tuple(max(values) for values in zip(*validated, strict=True))
 
 
 def subtract_curves(a: Sequence[float], b: Sequence[float]) -> Curve:

@@ -172,10 +172,102 @@ class ComposedEvent:
         object.__setattr__(self, "events", children)
 
 
+# Filled once at import by @_register_distribution; exposed read-only as TRIAL_DISTRIBUTION_KINDS.
+_DISTRIBUTION_KINDS: dict[str, type] = {}
+
+
+def _register_distribution(cls: type[_E]) -> type[_E]:
+    """Record a trial-count distribution under its ``KIND`` for the JSON codec."""
+    kind = getattr(cls, "KIND")  # noqa: B009 - any class to mypy: KIND is checked at run time
+    if kind in _DISTRIBUTION_KINDS:
+        raise RuntimeError(f"trial distribution kind {kind!r} registered twice")
+    _DISTRIBUTION_KINDS[kind] = cls
+    return cls
+
+
+@_register_distribution
+@dataclass(frozen=True)
+class TruncatedNegativeBinomial:
+    """The number of tuning trials K ~ D_{eta,gamma} of Papernot-Steinke 2022 (Definition 1), K >= 1.
+
+    eta = 1 is the geometric distribution (mean 1/gamma), eta = 0 the logarithmic distribution."""
+
+    KIND: ClassVar[str] = "truncated_negative_binomial"
+    eta: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        eta = _number(self, "eta")
+        if not eta > -1.0:
+            raise PrivacyEventError(f"TruncatedNegativeBinomial.eta must be > -1, got {eta!r}")
+        gamma = _number(self, "gamma")
+        if not 0.0 < gamma < 1.0:
+            raise PrivacyEventError(f"TruncatedNegativeBinomial.gamma must be in (0, 1), got {gamma!r}")
+        object.__setattr__(self, "eta", eta)
+        object.__setattr__(self, "gamma", gamma)
+
+
+@_register_distribution
+@dataclass(frozen=True)
+class PoissonTrials:
+    """K ~ Poisson(mean) tuning trials (K = 0 releases nothing). mean >= 1: below it the
+    Papernot-Steinke bound (Theorem 6) does not hold (docs/privacy-model.md#tuning)."""
+
+    KIND: ClassVar[str] = "poisson"
+    mean: float
+
+    def __post_init__(self) -> None:
+        mean = _number(self, "mean")
+        if not mean >= 1.0:
+            raise PrivacyEventError(f"PoissonTrials.mean must be >= 1, got {mean!r}")
+        object.__setattr__(self, "mean", mean)
+
+
+TrialDistribution = TruncatedNegativeBinomial | PoissonTrials
+"""How many trials a hyperparameter tuning run makes (drawn independently of the data, never released)."""
+
+TRIAL_DISTRIBUTION_KINDS: Mapping[str, type] = MappingProxyType(_DISTRIBUTION_KINDS)
+
+
+@_register_kind
+@dataclass(frozen=True)
+class HyperparameterTuningEvent:
+    """Private hyperparameter tuning (Papernot-Steinke 2022): K ~ ``distribution`` trials, each
+    running one of ``candidates`` chosen at random independently of the data (and of the other
+    trials), and only the best trial released (docs/privacy-model.md#tuning).
+
+    Not a composition: its candidates are alternatives, never summed, so :func:`iter_leaves`
+    refuses it. A candidate must describe a whole trial, its DP hold-out score included."""
+
+    KIND: ClassVar[str] = "hyperparameter_tuning"
+    distribution: TrialDistribution
+    candidates: tuple[PrivacyEvent, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.distribution, (TruncatedNegativeBinomial, PoissonTrials)):
+            raise PrivacyEventError(
+                f"HyperparameterTuningEvent.distribution must be a trial distribution, got {self.distribution!r}"
+            )
+        candidates = self.candidates
+        if not isinstance(candidates, (tuple, list)):
+            raise PrivacyEventError(
+                f"HyperparameterTuningEvent.candidates must be a tuple of events, got {candidates!r}"
+            )
+        candidates = tuple(candidates)
+        if not candidates:
+            raise PrivacyEventError("HyperparameterTuningEvent needs at least one candidate")
+        for candidate in candidates:
+            if not isinstance(candidate, EVENT_TYPES):
+                raise PrivacyEventError(f"HyperparameterTuningEvent contains a non-event: {candidate!r}")
+            if contains_tuning(candidate):
+                raise PrivacyEventError("a tuning candidate may not itself contain hyperparameter tuning")
+        object.__setattr__(self, "candidates", candidates)
+
+
 LeafEvent = (
     PoissonSampledGaussianEvent | GaussianEvent | LaplaceEvent | ZCDPEvent | PureDPEvent | ExponentialMechanismEvent
 )
-"""Every event kind but ComposedEvent: each has a ``count`` of uses."""
+"""Every event kind but ComposedEvent and HyperparameterTuningEvent: each has a ``count`` of uses."""
 
 PrivacyEvent = (
     PoissonSampledGaussianEvent
@@ -185,6 +277,7 @@ PrivacyEvent = (
     | PureDPEvent
     | ExponentialMechanismEvent
     | ComposedEvent
+    | HyperparameterTuningEvent
 )
 
 EVENT_TYPES: tuple[type, ...] = (
@@ -195,6 +288,7 @@ EVENT_TYPES: tuple[type, ...] = (
     PureDPEvent,
     ExponentialMechanismEvent,
     ComposedEvent,
+    HyperparameterTuningEvent,
 )
 
 EVENT_KINDS: Mapping[str, type] = MappingProxyType(_KINDS)
@@ -206,9 +300,23 @@ def field_names(event_type: type) -> tuple[str, ...]:
 
 
 def iter_leaves(event: PrivacyEvent) -> Iterator[LeafEvent]:
-    """Every non-composed event of the tree, depth first: composition is flat, order is irrelevant."""
+    """Every non-composed event of the tree, depth first: composition is flat, order is irrelevant.
+
+    Raises on a HyperparameterTuningEvent: its candidates are alternatives, not a composition, and
+    a caller that summed them (or counted their uses) would be wrong; check :func:`contains_tuning`."""
     if isinstance(event, ComposedEvent):
         for child in event.events:
             yield from iter_leaves(child)
+    elif isinstance(event, HyperparameterTuningEvent):
+        raise PrivacyEventError("a hyperparameter tuning event has no leaves to compose (see contains_tuning)")
     else:
         yield event
+
+
+def contains_tuning(event: PrivacyEvent) -> bool:
+    """Whether the tree holds a HyperparameterTuningEvent, whose cost only app.privacy.rdp can compute."""
+    if isinstance(event, HyperparameterTuningEvent):
+        return True
+    if isinstance(event, ComposedEvent):
+        return any(contains_tuning(child) for child in event.events)
+    return False

@@ -5,7 +5,9 @@ this number never touches the ledger. It is the accountant's *upper* bound (thir
 ``compute_epsilon``); whenever the computation cannot be trusted the answer is None and the
 report shows only the RDP number. Events containing zCDP or exponential-mechanism leaves have no
 PRV here and also give None; :mod:`app.privacy.single_job` rewrites such leaves into dominating
-mechanisms before calling this, and is what the report and the API show.
+mechanisms before calling this, and is what the report and the API show. Events containing
+hyperparameter tuning give None too: a best-of-K release is not a composition of known PRVs, only
+its RDP bound is known.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from app.privacy.events import (
     PoissonSampledGaussianEvent,
     PrivacyEvent,
     PureDPEvent,
+    contains_tuning,
     iter_leaves,
 )
 from app.privacy.ranges import DELTA_MIN
@@ -105,7 +108,7 @@ def prv_epsilon(event: PrivacyEvent, delta: float) -> float | None:
     None below DELTA_MIN (only rows stored before it was enforced): its delta_error would be
     subnormal or 0, where the accountant's numerics are not trustworthy."""
     delta = validate_delta(delta)
-    if delta < DELTA_MIN:
+    if delta < DELTA_MIN or contains_tuning(event):
         return None
     counts: dict[LeafEvent, int] = {}
     for leaf in iter_leaves(event):

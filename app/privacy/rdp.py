@@ -12,6 +12,9 @@ Sources of the per-use formulas (a = order > 1):
 * Laplace, b = noise_multiplier, eps = 1/b (Mironov 2017, Prop. 6):
   (1/(a-1)) log( a/(2a-1) e^{(a-1) eps} + (a-1)/(2a-1) e^{-a eps} ), capped at eps.
 * rho-zCDP: rho a.  Pure eps-DP: min(eps, a eps^2/2).  Bounded-range eps: min(eps, a eps^2/8).
+
+Hyperparameter tuning is not a composition: one trial is bounded by the order-wise maximum of its
+candidates' curves, and :func:`app.privacy.tuning.tuned_curve` turns that into the tuned cost.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from typing import Final, TypeVar
 import numpy as np
 from prv_accountant import PoissonSubsampledGaussianMechanism
 
-from app.privacy.curves import add_curves, zero_curve
+from app.privacy.curves import add_curves, max_curves, zero_curve
 from app.privacy.errors import PrivacyEventError
 from app.privacy.events import (
     ComposedEvent,
     ExponentialMechanismEvent,
     GaussianEvent,
+    HyperparameterTuningEvent,
     LaplaceEvent,
     PoissonSampledGaussianEvent,
     PrivacyEvent,
@@ -38,6 +42,7 @@ from app.privacy.events import (
 )
 from app.privacy.orders import ORDERS, Curve
 from app.privacy.rounding import round_up
+from app.privacy.tuning import tuned_curve
 
 # prv-accountant's subsampled-Gaussian RDP is a double-precision log-sum-exp that loses up to
 # ~6e-13 in absolute terms per use (measured against 40-digit mpmath over q in [1e-7, 0.9999],
@@ -229,3 +234,11 @@ def _composed_curve(event: PrivacyEvent) -> Curve:
     for child in event.events:
         total = add_curves(total, rdp_curve(child))
     return total
+
+
+@_curve_for(HyperparameterTuningEvent)
+def _tuning_curve(event: PrivacyEvent) -> Curve:
+    if not isinstance(event, HyperparameterTuningEvent):
+        raise PrivacyEventError(f"expected a HyperparameterTuningEvent, got {event!r}")
+    trial = max_curves(rdp_curve(candidate) for candidate in event.candidates)
+    return tuned_curve(event.distribution, trial)

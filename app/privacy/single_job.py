@@ -33,6 +33,10 @@ Methods (slugs in :data:`METHODS`):
   an arbitrary ρ-zCDP mechanism (its privacy profile is not known beyond its Rényi divergences).
 * ``rdp`` — the ledger's own number, ``ledger_epsilon(rdp_curve(event), δ)``.
 
+An event containing hyperparameter tuning (docs/privacy-model.md#tuning) gets only the last two,
+with rdp-single-job on the grid orders: its cost is known only as an RDP curve, so neither an
+exact profile nor a numeric accountant applies.
+
 Not implemented: the adaptive bounded-range composition bound of Dong, Durfee & Rogers 2020
 ("Optimal Differential Privacy Composition for Exponential Mechanisms and the Cost of
 Adaptivity"). They prove that adaptivity costs more than their non-adaptive optimum, so only
@@ -68,6 +72,7 @@ from app.privacy.events import (
     PrivacyEvent,
     PureDPEvent,
     ZCDPEvent,
+    contains_tuning,
     iter_leaves,
 )
 from app.privacy.prv import prv_epsilon
@@ -131,6 +136,8 @@ def single_job_epsilon(
     PLD, whose cost is not bounded: call it off the request path, under :func:`capped_single_job_epsilon`.
     """
     delta = validate_delta(delta)
+    if contains_tuning(event):
+        return _rdp_only(event, delta)
     leaves = _aggregate(iter_leaves(event))
     candidates, exact = _closed_forms(event, leaves, delta, zcdp_is_gaussian=zcdp_is_gaussian)
     if numeric and _numeric_applies(leaves, candidates, delta, exact=exact, zcdp_is_gaussian=zcdp_is_gaussian):
@@ -169,6 +176,14 @@ def _closed_forms(
     _attempt(candidates, "rdp-single-job", _rdp_single_job_label(leaves), lambda: rdp_single_job_epsilon(event, delta))
     candidates.append(SingleJobEpsilon(ledger_epsilon(rdp_curve(event), delta), "rdp", _RDP_LABEL))
     return candidates, exact
+
+
+def _rdp_only(event: PrivacyEvent, delta: float) -> SingleJobEpsilon:
+    """The RDP conversions alone, for an event whose cost is known only as an RDP curve (tuning)."""
+    candidates: list[SingleJobEpsilon] = []
+    _attempt(candidates, "rdp-single-job", _rdp_single_job_label(()), lambda: rdp_single_job_epsilon(event, delta))
+    candidates.append(SingleJobEpsilon(ledger_epsilon(rdp_curve(event), delta), "rdp", _RDP_LABEL))
+    return min(candidates, key=lambda c: c.epsilon)
 
 
 def _numeric_applies(
@@ -212,6 +227,8 @@ def capped_single_job_epsilon(
     detail saying "numeric accountant not available: <reason>". A killed child cannot hold a
     lock or leak memory into the caller, which a thread could."""
     delta = validate_delta(delta)
+    if contains_tuning(event):
+        return _rdp_only(event, delta)
     leaves = _aggregate(iter_leaves(event))
     candidates, exact = _closed_forms(event, leaves, delta, zcdp_is_gaussian=zcdp_is_gaussian)
     closed = min(candidates, key=lambda c: c.epsilon)
@@ -566,6 +583,8 @@ def rdp_single_job_epsilon(event: PrivacyEvent, delta: float) -> float:
     α > 1 when all leaves have closed-form RDP. Each candidate is evaluated with outward rounding
     at its own α, so the optimiser's accuracy affects tightness only, never validity."""
     delta = validate_delta(delta)
+    if contains_tuning(event):
+        return max(0.0, epsilon_from_rdp(rdp_curve(event), delta)[0])  # grid orders only
     leaves = _aggregate(iter_leaves(event))
     if not leaves:
         return 0.0  # no mechanism ran

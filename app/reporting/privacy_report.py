@@ -15,21 +15,23 @@ from app.jobs.status import JobStatus
 from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
+from app.reporting.privacy_unit import privacy_unit_section
 from privtrain.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
 
 CAVEATS = (
-    "The guarantee covers the released model only, for one row of this dataset under add/remove "
-    "neighbours; it does not cover choices made outside the service (for example hyperparameters "
-    "tuned on the same data in earlier jobs are covered only insofar as those jobs were also "
-    "charged to this ledger).",
+    "The guarantee covers the released model only, for one privacy unit of this dataset (see "
+    "privacy_unit) under add/remove neighbours; it does not cover choices made outside the service "
+    "(for example hyperparameters tuned on the same data in earlier jobs are covered only insofar "
+    "as those jobs were also charged to this ledger).",
     "The ledger ε is derived from the Rényi-DP curve on a fixed order grid and is what the budget "
     "is charged. The single-job ε (prv_upper_bound, with the method that produced it in "
     "single_job_method) is the smallest valid bound of several methods for this job alone; it is "
     "not used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid "
     "filter.",
-    "Public by design: the row count n, the feature shape and names, the task and the class list, "
+    "Public by design: the row count n (and the number of privacy units), the feature shape and names, "
+    "the task and the class list, "
     "as the owner declared them at upload. The content hash and the byte size are exact functions "
     "of the rows: only the dataset's owner sees them.",
 )
@@ -172,9 +174,10 @@ def build_report(
     curve = privacy.rdp_curve(event)
     eps_rdp, order = privacy.epsilon_from_rdp(curve, job.delta)
     committed = curve_epsilon(curve, job.delta)  # what app.ledger.commit recorded on the job
+    unit = privacy_unit_section(dataset, job.spec["training"])
     guarantee = (
-        f"({format_guarantee(committed)}, {format_guarantee(job.delta)})-differential privacy for one "
-        "row: the ε this job committed to the dataset's ledger"
+        f"({format_guarantee(committed)}, {format_guarantee(job.delta)})-differential privacy for "
+        f"{unit.pop('guarantee_unit')}: the ε this job committed to the dataset's ledger"
     )
     if job.steps_run < job.steps_planned:
         units = "budget units" if "steps_are_budget_units" in algorithm_notes else "steps"
@@ -194,14 +197,14 @@ def build_report(
             # The owner's copy only: app.reporting.redaction drops it for anyone else.
             "sha256": dataset.sha256,
             "n_rows": dataset.n_rows,
+            **({"n_units": dataset.n_units} if dataset.n_units is not None else {}),
             "feature_shape": dataset.feature_shape,
             "task": dataset.task,
             "n_classes": dataset.n_classes,
             **_class_list_fields(dataset),
         },
         "preparation": preparation_report(dataset.preparation),
-        "privacy_unit": "one row of the uploaded dataset",
-        "neighbouring_relation": "add/remove one row",
+        **unit,
         "guarantee": guarantee,
         "model": {"name": job.model_name, "params": job.spec["model"]["params"], "sha256": model_sha256},
         "algorithm": {

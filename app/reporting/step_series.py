@@ -44,6 +44,10 @@ def sampled_steps(total: int, *, max_points: int = MAX_POINTS) -> tuple[int, ...
 
 def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> StepSeries:
     """The series for the report's job; raises :class:`SeriesUnavailable` with a reason."""
+    if isinstance(job.spec.get("tuning"), dict):
+        raise SeriesUnavailable(
+            "this job is a hyperparameter tuning: its charge is the whole tuning's, not a function of one trial's steps"
+        )
     try:
         plan, evaluation = rebuild_plan(job.spec, job.algorithm, dataset)
     except Exception as exc:  # noqa: BLE001 - any rebuild failure (algorithm removed or changed) means no curve

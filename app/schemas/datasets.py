@@ -87,6 +87,20 @@ class DatasetOut(BaseModel):
         "labels found in the upload, and became public when the dataset was registered",
     )
     label_column: str | None
+    privacy_unit_column: str | None = Field(
+        default=None,
+        description="the column naming each row's privacy unit (e.g. patient_id), declared at upload; null: "
+        "the privacy unit is one row",
+    )
+    n_units: int | None = Field(
+        default=None,
+        description="the number of privacy units (distinct values of privacy_unit_column), public like n_rows; "
+        "null when the privacy unit is one row",
+    )
+    privacy_unit: str = Field(
+        default="one row",
+        description="what one privacy unit is: neighbouring datasets differ by adding or removing one of them",
+    )
     preparation: dict[str, Any] | None = Field(
         default=None,
         description="the data preparation the owner declared at upload (drop, one_hot, scale), "

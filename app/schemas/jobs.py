@@ -153,6 +153,15 @@ class TrainingSpec(_Strict):
         "the K views before clipping, so the privacy charge is the same for every K (K times the "
         "compute); only for the algorithms that list it",
     )
+    rows_per_unit: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="datasets with a privacy unit column only: how many of a sampled unit's rows make its "
+        "gradient (default 4). The worker picks them at random (all of a unit's rows, repeated evenly, when "
+        "it has fewer), and the unit's gradient is their mean, clipped as one: the privacy charge is the same "
+        "for every value (it times the compute); only for the algorithms that train per unit",
+    )
     precision: Literal["fp32", "bf16"] | None = Field(
         default=None,
         description="arithmetic of the model's forward and backward: fp32 (the default) or bf16 mixed "

@@ -35,6 +35,7 @@ from privtrain.resources import (
     ModelInfo,
     Resource,
     Tokenizer,
+    TuningJob,
 )
 from privtrain.retry import RetryNotice
 from privtrain.specs import SpecFileError, SpecOverrides, load_spec_file, merge_spec, parse_assignment
@@ -236,6 +237,7 @@ def _dataset_block(d: Dataset) -> str:
             ("name", d.name),
             ("format", d.format),
             ("rows", d.n_rows),
+            *([("privacy unit", f"{d.privacy_unit} ({d.n_units} units)")] if d.privacy_unit_column else []),
             ("feature shape", d.feature_shape),
             *([("images (H, W, C)", d.image_shape)] if d.image_shape else []),
             *(
@@ -327,6 +329,11 @@ def datasets() -> None:
 @click.option("--max-length", type=click.IntRange(min=1), help="jsonl: tokens kept per row (server default: 128)")
 @click.option("--text-field", help='jsonl: the member holding the text (default "text")')
 @click.option("--label-field", help='jsonl: the member holding the label (default "label"; absent: language model)')
+@click.option(
+    "--privacy-unit-column",
+    help="csv: the column naming the person each row belongs to (e.g. patient_id): the guarantee becomes per "
+    "person, jobs sample persons; never a feature (docs/privacy-units.md)",
+)
 @json_flag
 def datasets_upload(
     path: Path,
@@ -346,6 +353,7 @@ def datasets_upload(
     max_length: int | None,
     text_field: str | None,
     label_field: str | None,
+    privacy_unit_column: str | None,
 ) -> None:
     """Upload a CSV (header + label column), NPZ (X, y), ZIP (class folders of PNG/JPEG
     images) or JSON Lines (texts, tokenised at upload) file with its budget.
@@ -384,6 +392,7 @@ def datasets_upload(
                 max_length=max_length,
                 text_field=text_field,
                 label_field=label_field,
+                privacy_unit_column=privacy_unit_column,
             )
         )
     except ValueError as exc:
@@ -668,6 +677,12 @@ SPEC_OPTIONS = [
         "--augmult",
         type=click.IntRange(1, 32),
         help="image datasets: K augmented views (crop, flip) per sampled image, gradients averaged; same ε",
+    ),
+    _spec_option(
+        "--rows-per-unit",
+        type=click.IntRange(1, 64),
+        help="datasets with a privacy unit column: rows averaged per sampled person before clipping "
+        "(default 4); same ε",
     ),
     _spec_option(
         "--precision",
@@ -1040,6 +1055,114 @@ def _base_model_block(b: BaseModel) -> str:
             ("created", b.created_at),
         ]
     )
+
+
+@cli.group()
+def tuning() -> None:
+    """Private hyperparameter tuning: many trials, the best released, one ledger entry."""
+
+
+_TUNING_SPEC = click.option(
+    "--spec",
+    "spec_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help='the tuning request as JSON or YAML: {"base": <job spec>, "search_space": {...}, "trials": {"mean": k}, '
+    '"selection": {"metric": "accuracy"}} (docs/tuning.md)',
+)
+
+
+def _tuning_request(spec_file: str) -> dict[str, Any]:
+    try:
+        return load_spec_file(spec_file)
+    except SpecFileError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _tuning_block(t: TuningJob) -> str:
+    trials = t.trials
+    return key_values(
+        [
+            ("id", t.id),
+            ("status", t.status),
+            ("dataset", t.dataset_id),
+            ("job", t.job_id),
+            ("best job", t.best_job_id),
+            ("selected", t.selected),
+            (f"selected {t.selection.get('metric')} (DP)", t.selected_metric),
+            ("error", t.error_code),
+            ("trials", f"{trials.get('distribution')}, mean {trials.get('expected'):g} (the count is never shown)"),
+            ("candidates", len(t.candidates)),
+            (f"ε of the tuning at δ={_up(t.delta)}", _up(t.epsilon_ledger)),
+            ("ε of one trial", _up(t.epsilon_one_trial)),
+            ("ε of its trials as separate jobs", _up(t.epsilon_separate_jobs)),
+            ("created", t.created_at),
+        ]
+    )
+
+
+@tuning.command("estimate")
+@_TUNING_SPEC
+@json_flag
+def tuning_estimate(spec_file: str) -> None:
+    """Dry run: the tuning's one-entry charge, one trial's, and its trials' as separate jobs."""
+    estimate = _state().client().estimate_tuning(_tuning_request(spec_file))
+    emit(
+        estimate,
+        lambda: key_values(
+            [
+                ("ε of the tuning", _up(estimate["epsilon_ledger"])),
+                ("ε of one trial", _up(estimate["epsilon_one_trial"])),
+                ("ε of its trials as separate jobs", _up(estimate["epsilon_separate_jobs"])),
+                ("δ", _up(estimate["delta"])),
+                ("admissible now", estimate["admissible"]),
+                ("candidates", len(estimate["candidates"])),
+            ]
+        ),
+    )
+
+
+@tuning.command("create")
+@_TUNING_SPEC
+@click.option("--idempotency-key", help="reuse to make a resubmission safe (default: a fresh one)")
+@click.option("--wait", "wait_for_it", is_flag=True, help="wait until the tuning ends")
+@click.option(
+    "--timeout", "wait_timeout", type=click.FloatRange(min=0), default=None, help="give up waiting after this"
+)
+@json_flag
+def tuning_create(spec_file: str, idempotency_key: str | None, wait_for_it: bool, wait_timeout: float | None) -> None:
+    """Admit a tuning against the dataset's budget (one ledger entry) and queue it."""
+    client = _state().client()
+    created = client.create_tuning(_tuning_request(spec_file), idempotency_key=idempotency_key)
+    if wait_for_it:
+        created = client.wait_tuning(created.id, timeout=wait_timeout)
+    emit(created, lambda: _tuning_block(created))
+    if wait_for_it and created.status != "succeeded":
+        click.get_current_context().exit(EXIT_API_ERROR)
+
+
+@tuning.command("show")
+@click.argument("tuning_id")
+@json_flag
+def tuning_show(tuning_id: str) -> None:
+    found = _state().client().get_tuning(tuning_id)
+    emit(found, lambda: _tuning_block(found))
+
+
+@tuning.command("list")
+@json_flag
+def tuning_list() -> None:
+    found = _state().client().list_tunings()
+    emit(found, lambda: "\n\n".join(_tuning_block(t) for t in found) or "no tunings")
+
+
+@tuning.command("cancel")
+@click.argument("tuning_id")
+@json_flag
+def tuning_cancel(tuning_id: str) -> None:
+    """A queued tuning is released; a running one stops and commits its whole charge."""
+    found = _state().client().cancel_tuning(tuning_id)
+    emit(found, lambda: _tuning_block(found))
 
 
 @cli.group("base-models")

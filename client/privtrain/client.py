@@ -37,6 +37,7 @@ from privtrain.resources import (
     ModelInfo,
     Resource,
     Tokenizer,
+    TuningJob,
 )
 from privtrain.retry import RetryNotice, RetryPolicy
 from privtrain.sse import events_from_stream
@@ -232,6 +233,7 @@ class Client:
         max_length: int | None = None,
         text_field: str | None = None,
         label_field: str | None = None,
+        privacy_unit_column: str | None = None,
         idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G),
@@ -255,6 +257,8 @@ class Client:
         ``{"text": ...}`` (language modelling), tokenised at upload with ``tokenizer`` ("byte", the
         default, or a tokenizer id) into rows of ``max_length`` tokens (server default 128);
         ``text_field``/``label_field`` rename the members; see docs/text.md.
+        ``privacy_unit_column`` (CSV) names the column identifying the person each row belongs to:
+        the dataset's guarantee is then per person, not per row (docs/privacy-units.md).
         """
         if isinstance(source, bytes):
             data = source
@@ -293,6 +297,7 @@ class Client:
             "max_length": max_length,
             "text_field": text_field,
             "label_field": label_field,
+            "privacy_unit_column": privacy_unit_column,
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(
@@ -494,6 +499,43 @@ class Client:
         return Job.from_api(
             self._call("POST", "/v1/jobs", replay_safe=True, json=dict(spec), headers={"Idempotency-Key": key})
         )
+
+    def estimate_tuning(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Dry run of a tuning: its one-entry charge against its trials run as separate jobs."""
+        return dict(self._call("POST", "/v1/tuning-jobs/estimate", replay_safe=True, json=dict(request)))
+
+    def create_tuning(self, request: Mapping[str, Any], *, idempotency_key: str | None = None) -> TuningJob:
+        """Admit a private hyperparameter tuning (``{"base", "search_space", "trials", "selection"}``,
+        docs/tuning.md) as one ledger entry; retried with one Idempotency-Key, like :meth:`submit`."""
+        key = idempotency_key or uuid.uuid4().hex
+        answer: Any = self._call(
+            "POST", "/v1/tuning-jobs", replay_safe=True, json=dict(request), headers={"Idempotency-Key": key}
+        )
+        return TuningJob.from_api(answer)
+
+    def get_tuning(self, tuning_id: str) -> TuningJob:
+        return TuningJob.from_api(self._get(f"/v1/tuning-jobs/{_segment(tuning_id)}"))
+
+    def list_tunings(self, *, page_size: int = 50) -> list[TuningJob]:
+        """Every tuning the caller may read, newest first."""
+        return list(self._pages("/v1/tuning-jobs", TuningJob.from_api, {"limit": page_size}))
+
+    def cancel_tuning(self, tuning_id: str) -> TuningJob:
+        """A running tuning stops at its next check and commits its whole charge."""
+        return TuningJob.from_api(
+            self._call("POST", f"/v1/tuning-jobs/{_segment(tuning_id)}/cancel", replay_safe=False)
+        )
+
+    def wait_tuning(self, tuning_id: str, *, timeout: float | None = None, poll_interval: float = 2.0) -> TuningJob:
+        """Block until the tuning has ended (it reports no progress: that would count its trials)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            tuning = self.get_tuning(tuning_id)
+            if tuning.is_terminal:
+                return tuning
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(title="Timed out", detail=f"tuning {tuning_id} is still {tuning.status}")
+            time.sleep(poll_interval)
 
     def iter_jobs(
         self, *, dataset_id: str | None = None, status: str | None = None, page_size: int = 50

@@ -89,6 +89,12 @@ class Dataset(Resource):
     pad_id: int | None = None
     max_length: int | None = None
     """A text dataset's tokens per row (its feature_shape is [max_length])."""
+    privacy_unit_column: str | None = None
+    """The column naming each row's person (the privacy unit); None: the privacy unit is one row."""
+    n_units: int | None = None
+    """The number of privacy units (persons), public like n_rows; None when the unit is a row."""
+    privacy_unit: str | None = None
+    """What one privacy unit is, in words ("one patient_id and all its rows")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +268,37 @@ class Job(Resource):
     finished_at: dt.datetime | None = _parsed(_time)
     queue: str | None = None
     """The worker queue the job runs on (None from services older than queues)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningJob(Resource):
+    """A private hyperparameter tuning: K secret trials over ``candidates``, the best released as
+    the job ``best_job_id`` once succeeded; one ledger entry (``epsilon_ledger``) for all of it."""
+
+    id: str
+    dataset_id: str
+    status: str
+    job_id: str
+    best_job_id: str | None
+    selected: dict[str, Any] | None
+    """The released trial's configuration (searched fields and values)."""
+    selected_metric: float | None
+    """The released trial's DP hold-out metric."""
+    error_code: str | None
+    epsilon_ledger: float
+    epsilon_committed: float | None
+    epsilon_one_trial: float
+    epsilon_separate_jobs: float
+    delta: float
+    trials: dict[str, Any]
+    candidates: list[dict[str, Any]]
+    search_space: dict[str, Any]
+    selection: dict[str, Any]
+    created_at: dt.datetime | None = _parsed(_time)
 
     @property
     def is_terminal(self) -> bool:

@@ -50,6 +50,8 @@ class SpecOverrides:
     finetune_k: int | None = None
     augmult: int | None = None
     """training.augmult: augmented views per sampled image (image datasets)."""
+    rows_per_unit: int | None = None
+    """training.rows_per_unit: rows averaged per sampled person (datasets with a privacy unit column)."""
     precision: str | None = None
     """training.precision: fp32 or bf16 (mixed precision)."""
     lora_rank: int | None = None
@@ -99,6 +101,7 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
         "finetune",
         "finetune_k",
         "augmult",
+        "rows_per_unit",
         "precision",
         "token_loss",
     ):
@@ -132,6 +135,7 @@ def build_job_spec(
     finetune: str | None = None,
     finetune_k: int | None = None,
     augmult: int | None = None,
+    rows_per_unit: int | None = None,
     precision: str | None = None,
     lora_rank: int | None = None,
     lora_alpha: float | None = None,
@@ -146,7 +150,8 @@ def build_job_spec(
     non-private ``sgd``/``adam`` on public datasets). ``init_job``/``init_base_model`` set
     ``model.init``; ``finetune`` (full, head, last_k_blocks, lora) and ``finetune_k`` which parameters train,
     ``lora_rank``/``lora_alpha`` the adapters of finetune lora; ``augmult`` the augmented views per sampled
-    image (image datasets); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets);
+    image (image datasets); ``rows_per_unit`` the rows averaged per sampled person (datasets with a privacy
+    unit column); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets);
     ``queue`` the worker queue (resources.queue; by default the model's size decides)."""
     spec = merge_spec(
         None,
@@ -168,6 +173,7 @@ def build_job_spec(
             finetune=finetune,
             finetune_k=finetune_k,
             augmult=augmult,
+            rows_per_unit=rows_per_unit,
             precision=precision,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,

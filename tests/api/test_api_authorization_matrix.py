@@ -43,7 +43,7 @@ CALLERS = TENANT_CALLERS + ANONYMOUS_CALLERS
 
 TENANT_NAMES = {OWNER: "tn-owner-alice", ANALYST: "tn-analyst-bob", OTHER: "tn-other-carol", REVOKED: "tn-revoked-dave"}
 SHARED_NAME, OTHER_NAME = "shared-ds-9d1f", "private-ds-4e2c"
-GHOST = {"dataset": "ds_" + "0" * 24, "job": "job_" + "0" * 24}
+GHOST = {"dataset": "ds_" + "0" * 24, "job": "job_" + "0" * 24, "tuning": "tun_" + "0" * 24}
 
 
 # ------------------------------------------------------------------------------------ the world
@@ -68,6 +68,17 @@ def _spec(dataset_id: str, *, epsilon: float = 0.5) -> dict[str, Any]:
         "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
         "privacy": {"target_epsilon": epsilon},
         "training": {"steps": 4, "batch_size": 64, "learning_rate": 0.5},
+    }
+
+
+def _tuning(dataset_id: str) -> dict[str, Any]:
+    base = _spec(dataset_id, epsilon=0.5)
+    base["evaluation"] = {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.1}
+    return {
+        "base": base,
+        "search_space": {"training.learning_rate": [0.1, 1.0]},
+        "trials": {"mean": 2},
+        "selection": {"metric": "accuracy"},
     }
 
 
@@ -135,6 +146,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ids["job_analyst"] = _submit(client, headers[ANALYST], ids["ds_shared"])
         ids["job_revoked"] = _submit(client, headers[REVOKED], ids["ds_shared"])
         ids["job_other"] = _submit(client, headers[OTHER], ids["ds_other"])
+        tuning = client.post("/v1/tuning-jobs", headers=headers[OWNER], json=_tuning(ids["ds_shared"]))
+        assert tuning.status_code == 202, tuning.text
+        ids["tuning_owner"] = tuning.json()["id"]
         for job in ("job_analyst", "job_revoked"):
             assert runner.run(ids[job]) == "succeeded"
         assert (
@@ -389,6 +403,20 @@ CASES: tuple[Case, ...] = (
                 json=lambda w, p=params: _spec(w.ids[p["dataset_id"]], epsilon=0.3),
             ),
             Case(
+                "POST",
+                "/v1/tuning-jobs/estimate",
+                target,
+                read,
+                json=lambda w, p=params: _tuning(w.ids[p["dataset_id"]]),
+            ),
+            Case(
+                "POST",
+                "/v1/tuning-jobs",
+                target,
+                {c: 202 if s == 200 else s for c, s in read.items()},
+                json=lambda w, p=params: _tuning(w.ids[p["dataset_id"]]),
+            ),
+            Case(
                 "GET",
                 "/ui/datasets/{dataset_id}",
                 target,  # the dashboard: owners and accepted analysts
@@ -436,6 +464,23 @@ CASES: tuple[Case, ...] = (
             ),
             Case("POST", "/v1/jobs/{job_id}/cancel", target, CANCEL[target], params=params),
         )
+    ),
+    Case("GET", "/v1/tuning-jobs", "list", v1(200, 200, 200, 200)),
+    # A tuning is seen and cancelled with its job's rules: the owner's own tuning, queued.
+    Case(
+        "GET",
+        "/v1/tuning-jobs/{tuning_id}",
+        "owner's tuning",
+        v1(200, 404, 404, 404),
+        params={"tuning_id": "tuning_owner"},
+    ),
+    Case("GET", "/v1/tuning-jobs/{tuning_id}", "missing", v1(404, 404, 404, 404), params={"tuning_id": "=tun_x"}),
+    Case(
+        "POST",
+        "/v1/tuning-jobs/{tuning_id}/cancel",
+        "owner's tuning",
+        v1(202, 404, 404, 404),
+        params={"tuning_id": "tuning_owner"},
     ),
     Case("GET", "/ui", "dashboard home", ui(303, 303, 303, 303)),
     Case("GET", "/ui/login", "login form", everyone(200)),
@@ -586,6 +631,9 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "classes",
         "classes_source",
         "label_column",
+        "privacy_unit_column",  # declared public by the owner at upload (docs/privacy-units.md)
+        "n_units",
+        "privacy_unit",
         "feature_names",
         "preparation",
         "budget",

@@ -84,6 +84,7 @@ def test_the_catalogue_lists_each_algorithms_training_fields(alice: TestClient) 
         "epochs",
         "learning_rate",
         "precision",
+        "rows_per_unit",
         "steps",
         "time_limit_s",
     ]

@@ -116,6 +116,7 @@ def test_catalogue_commands(run: Run) -> None:
         "epochs",
         "learning_rate",
         "precision",
+        "rows_per_unit",
         "steps",
         "time_limit_s",
     ]

@@ -170,5 +170,5 @@ def test_describe_lists_the_training_fields(name: str) -> None:
         assert not unused
         assert {"batch_size", "learning_rate"} <= set(described["training_schema"]["required"])
     else:  # per-step algorithms without a trainer that averages gradients over augmented views
-        assert unused == {"augmult", "precision"} and set(algorithm.unused_training_reasons) == unused
+        assert unused == {"augmult", "precision", "rows_per_unit"} and set(algorithm.unused_training_reasons) == unused
         assert {"batch_size", "learning_rate"} <= set(described["training_schema"]["required"])

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from worker.data.rows import Rows, as_rows
+from worker.data.units import UnitIndex
 from worker.optimizers.ghost import GhostClipAggregator
 from worker.optimizers.ghost import supports as ghost_supports
 from worker.optimizers.losses import LOSS_REGISTRY
@@ -49,6 +50,7 @@ __all__ = [
     "TrainingHooks",
     "TrainingResult",
     "TrainingState",
+    "UnitSampling",
     "per_sample_map_aggregator",
     "train_dp_sgd",
 ]
@@ -109,6 +111,17 @@ class DPSGDConfig:
         ebs = self.expected_batch_size
         if ebs is not None and not (_finite(ebs) and ebs > 0.0):
             raise ValueError(f"expected_batch_size must be finite and > 0, got {ebs!r}")
+
+
+@dataclass(frozen=True)
+class UnitSampling:
+    """Per privacy unit: each step samples units (Poisson, rate q over ``index.n_units``) and gives
+    the aggregator ``rows_per_unit`` row slots of each (worker/data/units.py), as a (b, k, ...)
+    batch; the aggregator must average each unit's slots before its per-sample map
+    (worker/training/units.py)."""
+
+    index: UnitIndex
+    rows_per_unit: int
 
 
 class BatchAggregator(Protocol):
@@ -223,6 +236,19 @@ def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, gen
     )
 
 
+def _batch(
+    rows: Rows, y: torch.Tensor, batch: torch.Tensor, *, units: UnitSampling | None, generator: SecureRandom
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled rows and targets; per unit, the (b, k, ...) row slots of the sampled units."""
+    if units is None:
+        return rows.take(batch), y[batch.to(y.device)]
+    slots = units.index.slots(batch, rows_per_unit=units.rows_per_unit, generator=generator)
+    flat = slots.reshape(-1)
+    features = rows.take(flat).reshape(*slots.shape, *rows.row_shape)
+    targets = y[flat.to(y.device)].reshape(*slots.shape, *y.shape[1:])
+    return features, targets
+
+
 def train_dp_sgd(
     model: nn.Module,
     X: torch.Tensor | Rows,
@@ -234,8 +260,13 @@ def train_dp_sgd(
     resume_from: TrainingState | None = None,
     device: torch.device | None = None,
     aggregator: BatchAggregator | None = None,
+    units: UnitSampling | None = None,
 ) -> TrainingResult:
     """Train `model` in place with DP-SGD for `config.steps` steps in total.
+
+    With ``units`` (a dataset whose privacy unit is a person), steps sample units instead of
+    rows and the aggregator receives each sampled unit's row slots (see `UnitSampling`); q, the
+    expected batch size and the sensitivity are then per unit, and nothing else changes.
 
     `generator` supplies both the Poisson sampling and the noise (`SecureRandom.from_os_entropy`
     on the model's device in production; `SecureRandom.from_seed` in tests only). X is a tensor or a
@@ -249,7 +280,7 @@ def train_dp_sgd(
     rows = as_rows(X)
     if rows.n_rows != y.shape[0]:
         raise ValueError(f"X has {rows.n_rows} rows but y has {y.shape[0]}")
-    n = rows.n_rows
+    n = rows.n_rows if units is None else units.index.n_units
     if n < 1:
         raise ValueError("the dataset has no rows")
     if y.dim() not in (1, 2):  # (n,) labels or values; (n, T) a language model's token targets
@@ -294,10 +325,11 @@ def train_dp_sgd(
             return TrainingResult(steps_run=step, stopped_early=True)
 
         batch = poisson_sample(n, sampling_probability=config.sampling_probability, generator=generator)
+        features, targets = _batch(rows, y, batch, units=units, generator=generator)
         grad_sum = aggregator.clipped_sum(
             model,
-            rows.take(batch),
-            y[batch.to(y.device)],
+            features,
+            targets,
             step=step,
             loss=config.loss,
             max_physical_batch_size=config.max_physical_batch_size,

@@ -22,9 +22,11 @@ __all__ = [
     "TokenLoss",
     "get_loss",
     "loss_for_task",
+    "mean_over_unit_rows",
     "mean_over_views",
     "prepare_targets",
     "register_loss",
+    "register_mean_over_unit_rows",
     "register_mean_over_views",
     "register_task_loss",
 ]
@@ -119,6 +121,38 @@ def register_mean_over_views(base: str) -> LossSpec:
 
 register_mean_over_views("cross_entropy")
 register_mean_over_views("mse")
+
+
+MEAN_OVER_UNIT_ROWS_SUFFIX = "/mean-over-unit-rows"
+
+
+def mean_over_unit_rows(base: str) -> str:
+    """The name of ``base`` averaged over each privacy unit's row slots (see `register_mean_over_unit_rows`)."""
+    name = base + MEAN_OVER_UNIT_ROWS_SUFFIX
+    get_loss(name)  # raises for a base without a per-unit form
+    return name
+
+
+def register_mean_over_unit_rows(base: str) -> LossSpec:
+    """Register ``base`` averaged over a unit's k row slots: outputs (b, k, ...) and targets (b, k)
+    give Σ_u (1/k) Σ_j base(outputs_uj, targets_uj).
+
+    A sum of per-unit terms, so each engine's per-sample gradient of unit u is the mean of its k
+    rows' gradients, and clipping bounds that mean: one unit moves the sum by at most the clipping
+    norm, however many rows it has (user-level privacy)."""
+    spec = get_loss(base)
+
+    def averaged(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if outputs.dim() < 2 or targets.dim() < 2 or outputs.shape[:2] != targets.shape[:2]:
+            raise ValueError(f"{spec.name} over unit rows needs outputs (b, k, ...) and targets (b, k)")
+        slots = outputs.shape[1]
+        return spec.fn(outputs.flatten(0, 1), targets.flatten(0, 1)) / slots
+
+    return register_loss(base + MEAN_OVER_UNIT_ROWS_SUFFIX, integer_targets=spec.integer_targets)(averaged)
+
+
+register_mean_over_unit_rows("cross_entropy")
+register_mean_over_unit_rows("mse")
 
 
 # ----------------------------------------------------------------------------- language models

@@ -21,6 +21,7 @@ from app.algorithms.registry import H
 from app.registry import Registry
 from app.schemas.jobs import TrainingSpec
 from worker.data.rows import Rows
+from worker.data.units import UnitIndex
 from worker.optimizers.losses import loss_for_task
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
@@ -47,6 +48,9 @@ class TrainingRequest(Generic[H]):
     hooks: TrainingHooks
     resume_from: TrainingState | None
     device: torch.device
+    units: UnitIndex | None = None
+    """The training rows' privacy units (a dataset with a privacy unit column); None: a unit is a row.
+    Only trainers of algorithms with ``privacy_units`` read it; submission refuses the others."""
 
     @property
     def loss(self) -> str:

@@ -4,7 +4,9 @@ It runs the DP loop with the job's charged σ, q and steps, the public expected 
 normaliser, and a per-sample map whose bound S must equal the sensitivity the catalogue charged:
 the noise drawn per step is N(0, σ²S² I) on the sum. With ``training.augmult`` = K each sampled
 image's per-sample gradient is the mean over K augmented views (worker/training/augmult.py), mapped
-as one row: S, and so the charge, does not depend on K.
+as one row: S, and so the charge, does not depend on K. On a dataset with a privacy unit column the
+loop samples units, and each unit's gradient is the mean over its ``training.rows_per_unit`` row
+slots, mapped as one (worker/training/units.py): S bounds a unit's contribution.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from worker.optimizers.per_sample import PerSampleMap
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest
 from worker.training.augmult import with_augmult
+from worker.training.units import unit_sampling
 
 
 def run_with_per_sample_map(
@@ -49,6 +52,14 @@ def run_with_per_sample_map(
         adam_eps=adam_eps,
         expected_batch_size=request.expected_batch_size,
     )
+    aggregator, units = unit_sampling(
+        with_augmult(
+            per_sample_map_aggregator(request.model, per_sample_map, precision=request.training.precision or "fp32"),
+            request.training.augmult,
+        ),
+        request.units,
+        rows_per_unit=request.training.rows_per_unit,
+    )
     return train_dp_sgd(
         request.model,
         request.features,
@@ -58,8 +69,6 @@ def run_with_per_sample_map(
         hooks=request.hooks,
         resume_from=request.resume_from,
         device=request.device,
-        aggregator=with_augmult(
-            per_sample_map_aggregator(request.model, per_sample_map, precision=request.training.precision or "fp32"),
-            request.training.augmult,
-        ),
+        aggregator=aggregator,
+        units=units,
     )

@@ -29,7 +29,7 @@ from worker.optimizers.per_sample import supported_module
 from worker.optimizers.secure_random import SecureRandom
 from worker.training.augment import augmented_views, default_padding, draw_views
 
-__all__ = ["INNER", "AugmentedViews", "AugmultAggregator", "forward_views", "with_augmult"]
+__all__ = ["INNER", "AugmentedViews", "AugmultAggregator", "forward_views", "stacked_sum", "with_augmult"]
 
 INNER = "inner"
 """The wrapped model's attribute: its parameter names gain the prefix ``inner.``."""
@@ -56,6 +56,33 @@ def _inner_name(name: str) -> str:
     if not name.startswith(prefix):
         raise AssertionError(f"parameter {name!r} is not the wrapped model's")
     return name[len(prefix) :]
+
+
+def stacked_sum(
+    inner: BatchAggregator,
+    model: nn.Module,
+    stacked: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    step: int,
+    loss: str,
+    max_physical_batch_size: int,
+    generator: SecureRandom,
+) -> dict[str, torch.Tensor]:
+    """``inner``'s sum with each row a (b, K, ...) stack (K views of an image, or K rows of a
+    privacy unit) seen through `AugmentedViews`, ``loss`` a mean over the K; keyed by ``model``'s
+    own parameter names. K rows per row: fewer rows per chunk keep the memory bound (the result
+    is unchanged)."""
+    sums = inner.clipped_sum(
+        AugmentedViews(model),
+        stacked,
+        y,
+        step=step,
+        loss=loss,
+        max_physical_batch_size=max(1, max_physical_batch_size // stacked.shape[1]),
+        generator=generator,
+    )
+    return {_inner_name(name): total for name, total in sums.items()}
 
 
 @dataclass(frozen=True)
@@ -89,17 +116,16 @@ class AugmultAggregator:
         max_physical_batch_size: int,
         generator: SecureRandom,
     ) -> dict[str, torch.Tensor]:
-        sums = self.inner.clipped_sum(
-            AugmentedViews(model),
+        return stacked_sum(
+            self.inner,
+            model,
             views_of(X, views=self.views, generator=generator, step=step, padding=self.padding),
             y,
             step=step,
             loss=mean_over_views(loss),
-            # K views per row: fewer rows per chunk keep the memory bound (the result is unchanged).
-            max_physical_batch_size=max(1, max_physical_batch_size // self.views),
+            max_physical_batch_size=max_physical_batch_size,
             generator=generator,
         )
-        return {_inner_name(name): total for name, total in sums.items()}
 
 
 def views_of(

@@ -62,6 +62,8 @@ class Case:
     """A class list declared by the owner at upload."""
     preparation: str | None = None
     """The owner's preparation declaration (JSON), as sent at upload."""
+    unit_column: str | None = None
+    """The privacy unit column declared at upload."""
     detail_names: tuple[str, ...] = ()
     """Substrings the detail must contain: the position of the problem."""
     hidden: tuple[str, ...] = ()
@@ -69,6 +71,34 @@ class Case:
 
 
 CASES = [
+    Case(
+        "missing-privacy-unit-column",
+        _text("a,label\n1,0\n"),
+        unit_column="patient",
+        detail_names=("'patient'",),
+    ),
+    Case(
+        "bad-privacy-unit-column",
+        _text("a,patient,label\n1,p1,0\n"),
+        unit_column="patient",
+        preparation='{"drop": ["patient"]}',
+        detail_names=("'patient'", "drop"),
+    ),
+    Case(
+        "missing-privacy-unit",
+        _text(f"a,patient,label\n1,{SECRET},0\n2, ,1\n"),
+        unit_column="patient",
+        detail_names=("line 3", "'patient'"),
+        hidden=(SECRET,),
+    ),
+    Case(
+        "privacy-unit-unsupported-format",
+        _npz({"X": np.zeros((2, 2), np.float32), "y": np.zeros(2, np.int64)}),
+        fmt="npz",
+        label_column=None,
+        unit_column="patient",
+        detail_names=("CSV",),
+    ),
     Case(
         "unknown-format",
         _text("a,label\n1,0\n"),
@@ -233,6 +263,7 @@ def _reject(
     limits: IngestLimits | None = None,
     classes: tuple[str, ...] | None = None,
     preparation: str | None = None,
+    unit_column: str | None = None,
 ) -> DatasetValidationError:
     with pytest.raises(DatasetValidationError) as caught:
         parse_dataset(
@@ -243,6 +274,7 @@ def _reject(
             limits=limits or IngestLimits(),
             classes=classes,
             preparation=parse_preparation(preparation, limits=limits or IngestLimits()),
+            unit_column=unit_column,
         )
     return caught.value
 
@@ -277,6 +309,7 @@ def test_reason(case: Case, tmp_path: Path) -> None:
         limits=case.limits,
         classes=case.classes,
         preparation=case.preparation,
+        unit_column=case.unit_column,
     )
     assert error.reason == case.reason, error.detail
     for name in case.detail_names:

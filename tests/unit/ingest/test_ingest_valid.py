@@ -226,6 +226,7 @@ def test_dataset_facts_are_plain_public_values(tmp_path: Path) -> None:
         "n_features": 48,
         "task": "classification",
         "n_classes": 4,
+        "n_units": None,
     }
     assert json.loads(json.dumps(facts))["feature_shape"] == [3, 4, 4]
 

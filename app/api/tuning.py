@@ -1,0 +1,251 @@
+"""Private hyperparameter tuning: estimate, create (one ledger entry), view, list, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import ledger
+from app.access import dataset_for, job_for, visible_jobs
+from app.api.deps import ServicesDep, SessionDep, TenantDep
+from app.api.jobs import job_planner
+from app.api.planning_slots import PlanningSlotDep
+from app.api.routing import ReleasingRoute
+from app.errors import NotFound, not_found
+from app.fair_dispatch import dispatch_fairly
+from app.idempotency import IdempotentRequest, create_once, earlier
+from app.job_planning import facts_of
+from app.job_routing import route_job
+from app.jobs import lifecycle
+from app.jobs.status import JobStatus
+from app.models import Job, PrivacyBudget, Tenant, TuningJob
+from app.pagination import cursor_id, decode_cursor, encode_cursor
+from app.schemas.tuning import TuningCreate, TuningEstimate, TuningList, TuningOut, TuningTrials
+from app.services import Services
+from app.tuning.planning import TuningPlan, plan_tuning
+
+router = APIRouter(prefix="/v1/tuning-jobs", tags=["tuning"], route_class=ReleasingRoute)
+log = logging.getLogger("privtrain.api.tuning")
+
+
+def _plan(
+    services: Services, session: Session, tenant: Tenant, request: TuningCreate
+) -> tuple[TuningPlan, PrivacyBudget, str]:
+    plan_candidate, dataset, budget = job_planner(services, session, tenant, request.base)
+    plan = plan_tuning(
+        request,
+        dataset,
+        plan_candidate=plan_candidate,
+        rng=random.Random(secrets.randbits(128)),  # the pool is public: drawn before any data is read
+    )
+    return plan, budget, route_job(request.base, plan.carrier, facts_of(dataset), services.settings)
+
+
+def _trials(tuning: dict[str, object]) -> TuningTrials:
+    trials = tuning["trials"]
+    assert isinstance(trials, dict)
+    return TuningTrials(
+        distribution=str(trials["distribution"]), parameters=dict(trials["parameters"]), expected=float(trials["mean"])
+    )
+
+
+def _candidates(tuning: dict[str, object]) -> list[dict[str, object]]:
+    stored = tuning["candidates"]
+    assert isinstance(stored, list)
+    return [
+        {
+            "assignment": c["assignment"],
+            "noise_multiplier": c["noise_multiplier"],
+            "sampling_probability": c["sampling_probability"],
+            "steps": c["steps"],
+            "epsilon_ledger": c["epsilon_ledger"],
+        }
+        for c in stored
+    ]
+
+
+def tuning_out(tuning: TuningJob, job: Job) -> TuningOut:
+    spec = job.spec["tuning"]
+    succeeded = job.status == JobStatus.SUCCEEDED
+    links = {"self": f"/v1/tuning-jobs/{tuning.id}", "job": f"/v1/jobs/{job.id}"}
+    if succeeded:
+        links |= {"model": f"/v1/jobs/{job.id}/model", "report": f"/v1/jobs/{job.id}/report"}
+    return TuningOut(
+        id=tuning.id,
+        dataset_id=tuning.dataset_id,
+        status=job.status,
+        job_id=job.id,
+        best_job_id=job.id if succeeded else None,
+        selected=spec.get("selected") if succeeded else None,
+        selected_metric=(job.metrics or {}).get(spec["selection"]["metric"]) if succeeded else None,
+        error_code=job.error_code,
+        selection=spec["selection"],
+        trials=_trials(spec),
+        search_space=spec["search_space"],
+        candidates=_candidates(spec),
+        epsilon_ledger=job.epsilon_ledger,
+        epsilon_committed=job.epsilon_committed,
+        epsilon_one_trial=tuning.epsilon_one_trial,
+        epsilon_separate_jobs=tuning.epsilon_separate_jobs,
+        delta=job.delta,
+        created_at=tuning.created_at,
+        links=links,
+    )
+
+
+def _request_hash(request: TuningCreate) -> str:
+    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@router.post("/estimate", response_model=TuningEstimate)
+def estimate(
+    _planning: PlanningSlotDep, request: TuningCreate, services: ServicesDep, session: SessionDep, tenant: TenantDep
+) -> TuningEstimate:
+    """What the whole tuning would be charged (one ledger entry), against its trials as separate jobs."""
+    plan, budget, _ = _plan(services, session, tenant, request)
+    return TuningEstimate(
+        epsilon_ledger=plan.carrier.epsilon_ledger,
+        epsilon_separate_jobs=plan.epsilon_separate_jobs,
+        epsilon_one_trial=plan.epsilon_one_trial,
+        delta=plan.carrier.delta,
+        admissible=ledger.check_admissible(budget, plan.carrier.curve) is not None,
+        budget_remaining_epsilon=ledger.remaining_epsilon(budget),
+        candidates=_candidates(plan.carrier.spec["tuning"]),
+        trials=_trials(plan.carrier.spec["tuning"]),
+    )
+
+
+@router.post("", status_code=202, response_model=TuningOut)
+def create(
+    _planning: PlanningSlotDep,
+    request: TuningCreate,
+    services: ServicesDep,
+    session: SessionDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> TuningOut | JSONResponse:
+    """Plan every configuration, reserve the whole tuning as one ledger entry, and queue its job."""
+    idempotent = IdempotentRequest(
+        tenant_id=tenant.id, key=idempotency_key, request_hash=_request_hash(request), what="request body"
+    )
+    existing = earlier(session, TuningJob, idempotent)
+    if existing is not None:
+        return _replayed(session, existing)
+    plan, _, queue = _plan(services, session, tenant, request)
+    session.close()
+    holder: dict[str, TuningJob] = {}
+
+    def add_tuning(tx: Session, job: Job) -> None:
+        tuning = TuningJob(
+            tenant_id=tenant.id,
+            dataset_id=job.dataset_id,
+            job_id=job.id,
+            epsilon_one_trial=plan.epsilon_one_trial,
+            epsilon_separate_jobs=plan.epsilon_separate_jobs,
+            idempotency_key=idempotency_key,
+            request_hash=idempotent.request_hash if idempotency_key else None,
+        )
+        tx.add(tuning)
+        tx.flush()
+        holder["tuning"] = tuning
+
+    def admit() -> tuple[TuningJob, Job, bool]:
+        job = lifecycle.admit(
+            services.db,
+            plan=plan.carrier,
+            tenant_id=tenant.id,
+            dataset_id=request.base.dataset_id,
+            actor=f"tenant:{tenant.id}",
+            max_active_jobs=services.settings.max_active_jobs_per_tenant,
+            idempotency_key=None,
+            request_hash=idempotent.request_hash,
+            recheck_access=lambda tx: dataset_for(tx, tenant, request.base.dataset_id, need="submit"),
+            queue=queue,
+            with_job=add_tuning,
+        )
+        return holder["tuning"], job, False
+
+    def replay(replay_session: Session, first: TuningJob) -> tuple[TuningJob, Job, bool]:
+        job = replay_session.get(Job, first.job_id)
+        assert job is not None
+        return first, job, True
+
+    tuning, job, replayed = create_once(services.db, TuningJob, idempotent, create=admit, replay=replay)
+    out = tuning_out(tuning, job)
+    if replayed:
+        return JSONResponse(out.model_dump(mode="json"), status_code=200)
+    try:
+        dispatch_fairly(services.db, services.dispatcher, per_tenant=services.settings.dispatch_per_tenant)
+    except Exception:
+        log.exception("dispatch failed", extra={"job_id": job.id})
+    log.info("tuning admitted", extra={"tuning_id": tuning.id, "job_id": job.id, "tenant_id": tenant.id})
+    return out
+
+
+def _replayed(session: Session, tuning: TuningJob) -> JSONResponse:
+    job = session.get(Job, tuning.job_id)
+    assert job is not None
+    return JSONResponse(tuning_out(tuning, job).model_dump(mode="json"), status_code=200)
+
+
+def _tuning_for(session: Session, tenant: Tenant, tuning_id: str) -> tuple[TuningJob, Job]:
+    """The tuning and its job, with the job's access rules (404 if the caller may not know it)."""
+    tuning = session.get(TuningJob, tuning_id)
+    if tuning is None:
+        raise not_found("tuning job")
+    try:
+        job = job_for(session, tenant, tuning.job_id, need="read")
+    except NotFound:
+        raise not_found("tuning job") from None
+    return tuning, job
+
+
+@router.get("/{tuning_id}", response_model=TuningOut)
+def get_tuning(tuning_id: str, session: SessionDep, tenant: TenantDep) -> TuningOut:
+    tuning, job = _tuning_for(session, tenant, tuning_id)
+    return tuning_out(tuning, job)
+
+
+@router.get("", response_model=TuningList)
+def list_tunings(
+    session: SessionDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> TuningList:
+    """Newest first: the tunings whose job the caller may read."""
+    query = (
+        select(TuningJob, Job)
+        .join(Job, Job.id == TuningJob.job_id)
+        .where(visible_jobs(tenant))
+        .order_by(TuningJob.id.desc())
+        .limit(limit + 1)
+    )
+    if cursor is not None:
+        (after,) = decode_cursor(cursor, fields=[cursor_id])
+        query = query.where(TuningJob.id < after)
+    rows = list(session.execute(query).all())
+    items = [tuning_out(tuning, job) for tuning, job in rows[:limit]]
+    next_cursor = encode_cursor([rows[limit - 1][0].id]) if len(rows) > limit else None
+    return TuningList(items=items, next_cursor=next_cursor)
+
+
+@router.post("/{tuning_id}/cancel", status_code=202, response_model=TuningOut)
+def cancel(tuning_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> TuningOut:
+    """Queued: released at once. Running: stops at its next check and commits the whole tuning's
+    charge (a partial tuning cannot be charged less without revealing how many trials ran)."""
+    tuning, job = _tuning_for(session, tenant, tuning_id)
+    job_for(session, tenant, job.id, need="cancel")
+    session.close()
+    cancelled = lifecycle.cancel(services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}")
+    return tuning_out(tuning, cancelled)

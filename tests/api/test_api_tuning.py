@@ -1,0 +1,244 @@
+"""Private hyperparameter tuning through the API and the worker's JobRunner: one ledger entry for
+the whole tuning (Papernot-Steinke's bound over the pool's costliest configuration), trials drawn
+and run on the worker with a number K the server draws and never shows, only the best trial
+released as an ordinary job; a failed, cancelled or trial-less tuning commits its whole charge."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app import privacy
+from app.config import Settings
+from app.db import Database
+from app.jobs import lifecycle
+from app.ledger_audit import verify_ledger
+from app.models import LedgerEntry
+from privtrain.cli import CliEnvironment, cli
+from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
+from tests.conftest import counts, upload
+from worker.runner import JobRunner
+
+
+def _request(dataset_id: str, **trials: object) -> dict[str, Any]:
+    return {
+        "base": {
+            "dataset_id": dataset_id,
+            "model": {"name": "logistic-regression", "params": {}},
+            "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
+            "privacy": {"target_epsilon": 1.0},
+            "training": {"steps": 5, "batch_size": 64, "learning_rate": 0.5},
+            "evaluation": {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.5},
+        },
+        "search_space": {"training.learning_rate": [0.05, 0.5, 2.0], "training.steps": [5, 10]},
+        "trials": trials or {"mean": 3},
+        "selection": {"metric": "accuracy"},
+    }
+
+
+@pytest.fixture
+def dataset_id(alice: TestClient, digits_csv: bytes) -> str:
+    return str(upload(alice, digits_csv).json()["id"])  # type: ignore[attr-defined]
+
+
+def _entries(database: Database, dataset_id: str) -> list[LedgerEntry]:
+    with database.read_session() as session:
+        return list(session.scalars(select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)))
+
+
+def test_a_tuning_is_one_ledger_entry_priced_by_the_papernot_steinke_bound(
+    alice: TestClient, dataset_id: str, database: Database
+) -> None:
+    estimate = alice.post("/v1/tuning-jobs/estimate", json=_request(dataset_id)).json()
+    assert len(estimate["candidates"]) == 6  # the whole 3 × 2 grid
+    assert estimate["epsilon_one_trial"] < estimate["epsilon_ledger"] < estimate["epsilon_separate_jobs"]
+    created = alice.post("/v1/tuning-jobs", json=_request(dataset_id))
+    assert created.status_code == 202, created.text
+    body = created.json()
+    assert body["status"] == "queued" and body["best_job_id"] is None
+    assert body["epsilon_ledger"] == pytest.approx(estimate["epsilon_ledger"])
+    assert body["trials"]["count_shown"] is False and body["trials"]["expected"] == pytest.approx(3.0)
+    reserves = [e for e in _entries(database, dataset_id) if e.kind == "RESERVE"]
+    assert len(reserves) == 1
+    event = privacy.event_from_json(reserves[0].event)
+    assert isinstance(event, privacy.HyperparameterTuningEvent) and len(event.candidates) == 6
+    assert privacy.ledger_epsilon(privacy.rdp_curve(event), 1e-5) == pytest.approx(body["epsilon_ledger"])
+    assert alice.get(f"/v1/tuning-jobs/{body['id']}").json()["id"] == body["id"]
+    assert [item["id"] for item in alice.get("/v1/tuning-jobs").json()["items"]] == [body["id"]]
+
+
+def test_the_worker_runs_secret_trials_and_releases_the_best_as_an_ordinary_job(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+    draws: list[object] = []
+
+    def spy(distribution: object, *, rng: object) -> int:
+        draws.append(rng)
+        return 4
+
+    with (
+        mock.patch("app.privacy.sample_trial_count", side_effect=spy),
+        mock.patch(
+            "worker.runner.TrainingRequest",
+            wraps=__import__("worker.trainers", fromlist=["TrainingRequest"]).TrainingRequest,
+        ) as requests,
+    ):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
+    assert len(draws) == 1 and isinstance(draws[0], secrets.SystemRandom)
+    assert requests.call_count == 4  # K trials, each a training run
+    done = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
+    assert done["status"] == "succeeded" and done["best_job_id"] == body["job_id"]
+    assert set(done["selected"]) == {"training.learning_rate", "training.steps"}
+    assert 0.0 <= done["selected_metric"] <= 1.0
+    job = alice.get(f"/v1/jobs/{done['best_job_id']}").json()
+    assert job["spec"]["training"]["learning_rate"] == done["selected"]["training.learning_rate"]
+    assert alice.get(f"/v1/jobs/{done['best_job_id']}/model").status_code == 200
+    report = alice.get(f"/v1/jobs/{done['best_job_id']}/report").json()
+    assert report["tuning"]["selected"] == done["selected"]
+    assert "not shown" in report["tuning"]["trials"]["count"]
+    assert "not shown" in report["execution"]["statement"] and "seconds" not in report["execution"]
+    assert report["caveats"][0].startswith("This job is a private hyperparameter tuning")
+    assert report["epsilon"]["ledger"] == pytest.approx(body["epsilon_ledger"])
+    html = alice.get(f"/v1/jobs/{done['best_job_id']}/report", params={"format": "html"})
+    assert html.status_code == 200 and 'id="tuning-selected"' in html.text
+    events = alice.get(f"/v1/jobs/{body['job_id']}/events").json()
+    assert not [e for e in events if e["kind"] == "progress"]  # progress would count the trials
+    kinds = [e.kind for e in _entries(database, dataset_id)]
+    assert kinds == ["RESERVE", "TOUCH", "COMMIT"]
+    assert verify_ledger(database, dataset_id=dataset_id).ok
+    ledger = alice.get(f"/v1/datasets/{dataset_id}/ledger").json()["items"]
+    assert [entry["kind"] for entry in ledger] == kinds and all(entry["explanation"] for entry in ledger)
+
+
+def test_the_client_cannot_choose_the_number_of_trials(alice: TestClient, dataset_id: str, database: Database) -> None:
+    before = counts(database)
+    for trials in ({"mean": 3, "count": 2}, {"mean": 1}, {"mean": 3, "distribution": "poisson", "eta": 1}):
+        response = alice.post("/v1/tuning-jobs", json=_request(dataset_id, **trials))
+        assert response.status_code == 422, response.text
+    assert counts(database) == before
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda r: r["base"].pop("evaluation"), "tuning-needs-evaluation"),
+        (lambda r: r["search_space"].update({"privacy.target_epsilon": [1, 2]}), "invalid-search-space"),
+        (lambda r: r["search_space"].update({"dataset_id": ["ds_x"]}), "invalid-search-space"),
+        (lambda r: r.update({"selection": {"metric": "mse"}}), "invalid-tuning-spec"),
+        (lambda r: r["search_space"].update({"training.batch_size": [100_000]}), "invalid-job-spec"),
+    ],
+)
+def test_a_bad_tuning_is_refused_and_leaves_nothing(
+    alice: TestClient, dataset_id: str, database: Database, change: Any, problem: str
+) -> None:
+    request = _request(dataset_id)
+    change(request)
+    before = counts(database)
+    response = alice.post("/v1/tuning-jobs", json=request)
+    assert response.status_code == 422, response.text
+    assert response.json()["type"] == f"/problems/{problem}"
+    assert counts(database) == before
+    assert alice.get("/v1/tuning-jobs").json()["items"] == []
+
+
+def test_a_trial_that_crashes_commits_the_whole_tuning(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+    with (
+        mock.patch("app.privacy.sample_trial_count", return_value=3),
+        mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
+    ):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "failed"
+    entries = _entries(database, dataset_id)
+    assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
+    assert entries[-1].curve == entries[0].curve  # the full reservation
+    assert alice.get(f"/v1/tuning-jobs/{body['id']}").json()["status"] == "failed"
+    assert verify_ledger(database, dataset_id=dataset_id).ok
+
+
+def test_a_poisson_tuning_that_draws_no_trial_releases_nothing_and_commits(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id, distribution="poisson", mean=2)).json()
+    with mock.patch("app.privacy.sample_trial_count", return_value=0):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "failed"
+    view = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
+    assert view["error_code"] == "no-trials-drawn" and view["best_job_id"] is None
+    assert [e.kind for e in _entries(database, dataset_id)] == ["RESERVE", "TOUCH", "COMMIT"]
+
+
+def test_a_cancelled_running_tuning_commits_its_whole_charge(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+
+    def cancel_then_stop(*args: object, **kwargs: object) -> None:
+        alice.post(f"/v1/tuning-jobs/{body['id']}/cancel")
+        return None
+
+    with (
+        mock.patch("app.privacy.sample_trial_count", return_value=2),
+        mock.patch("worker.runner.JobRunner._run_trial", side_effect=cancel_then_stop),
+    ):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "cancelled"
+    entries = _entries(database, dataset_id)
+    assert entries[-1].kind == "COMMIT" and entries[-1].curve == entries[0].curve
+    assert verify_ledger(database, dataset_id=dataset_id).ok
+
+
+def test_the_cli_estimates_creates_shows_and_cancels_a_tuning(
+    dataset_id: str,
+    transport: AppTransport,  # noqa: F811
+    api_key: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    env = {"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key}
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, list(args), obj=CliEnvironment(transport=transport), env=env)
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return result.stdout
+
+    spec = tmp_path / "tuning.json"
+    spec.write_text(json.dumps(_request(dataset_id)))
+    assert "ε of its trials as separate jobs" in run("tuning", "estimate", "--spec", str(spec))
+    created = json.loads(run("tuning", "create", "--spec", str(spec), "--json"))
+    assert created["status"] == "queued"
+    assert "the count is never shown" in run("tuning", "show", created["id"])
+    assert json.loads(run("tuning", "list", "--json"))[0]["id"] == created["id"]
+    cancelled = json.loads(run("tuning", "cancel", created["id"], "--json"))
+    assert cancelled["status"] == "cancelled" and cancelled["epsilon_committed"] in (0.0, None)
+
+
+def test_a_lost_worker_mid_tuning_is_retried_inside_the_same_reservation(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    """As for a job: the reconciler puts a tuning whose worker stopped beating back in the queue;
+    the retry draws its trials afresh and commits the one reservation (no second RESERVE or TOUCH)."""
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+    first = JobRunner(settings, db=database).claim(body["job_id"])  # the worker that will be lost
+    assert first is not None
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    assert (
+        lifecycle.requeue_or_fail(
+            database, job_id=body["job_id"], dataset_id=dataset_id, attempt=1, stale_before=later, max_attempts=3
+        )
+        == "queued"
+    )
+    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
+    entries = _entries(database, dataset_id)
+    assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
+    assert entries[-1].curve == entries[0].curve
+    assert verify_ledger(database, dataset_id=dataset_id).ok

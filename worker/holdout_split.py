@@ -1,0 +1,58 @@
+"""A job's rows split into training and DP hold-out parts, by rows or by privacy units.
+
+The coins are per row, or on a dataset with a privacy unit column per unit (all of a unit's rows
+on one side). The hold-out part carries each row's weight 1/m for a unit of m held-out rows, so a
+unit's terms in the released metric add up to at most the metric's sensitivity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from worker.data.rows import Rows, SubsetRows
+from worker.data.units import UnitIndex
+
+__all__ = ["Split", "split_rows"]
+
+
+@dataclass(frozen=True)
+class Split:
+    X: Rows
+    y: torch.Tensor
+    units: UnitIndex | None
+    """The training rows' units (None when the unit is a row, or no unit is left)."""
+    X_eval: Rows | None = None
+    y_eval: torch.Tensor | None = None
+    eval_weights: torch.Tensor | None = None
+
+
+def split_rows(
+    X: Rows,
+    y: torch.Tensor,
+    unit_codes: np.ndarray | None,
+    held_out_coins: np.ndarray | None,
+    *,
+    device: torch.device,
+) -> Split:
+    """``held_out_coins``: one bool per row (or per unit when ``unit_codes`` is given); None: no hold-out."""
+    eval_part: dict[str, Rows | torch.Tensor | None] = {}
+    if held_out_coins is not None:
+        mask = held_out_coins if unit_codes is None else held_out_coins[unit_codes]
+        held_out, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
+        eval_part = {
+            "X_eval": SubsetRows(X, held_out),
+            "y_eval": y[torch.from_numpy(held_out)],
+            "eval_weights": (
+                UnitIndex.from_codes(unit_codes[held_out]).row_weights(int(held_out.size))
+                if unit_codes is not None and held_out.size
+                else None
+            ),
+        }
+        X, y = SubsetRows(X, kept), y[torch.from_numpy(kept)]
+        if unit_codes is not None:
+            unit_codes = unit_codes[kept]
+    units = UnitIndex.from_codes(unit_codes, device=device) if unit_codes is not None and unit_codes.size else None
+    return Split(X=X, y=y.to(device), units=units, **eval_part)  # type: ignore[arg-type]
