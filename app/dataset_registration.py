@@ -537,7 +537,7 @@ def _validate_text(
             raise TextValidationError("bad-text-options", "preparation= applies to rows of numbers, not to text")
         check_text_options(options, limits=limits)
         scanned = scan_text(pending.path, task=upload.task, classes=upload.class_list, options=options, limits=limits)
-        _check_delta(upload, n_rows=scanned.n_rows)
+        _check_delta(upload, n_rows=scanned.n_rows, n_units=scanned.n_units)
         array = stage_token_array(
             blobs,
             lambda out: write_token_rows(

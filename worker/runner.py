@@ -38,7 +38,7 @@ from app.facts import public_class_list
 from app.fair_dispatch import Dispatcher, dispatch_fairly
 from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from app.ingest.jsonl import JsonlFields
-from app.ingest.text import text_labels
+from app.ingest.text import text_labels, text_units
 from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
@@ -352,7 +352,8 @@ class JobRunner:
         if dataset.modality == "image":
             return (*self._load_images(dataset, device, limits=limits, classes=names), None)
         if dataset.modality == "text":
-            return (*self._load_tokens(dataset, device, limits=limits, classes=names), None)
+            rows, y = self._load_tokens(dataset, device, limits=limits, classes=names)
+            return rows, y, self._text_units(dataset, limits=limits, n_rows=rows.n_rows)
         parsed = parse_dataset(
             self.blobs.local_path(dataset.blob_key),
             fmt=dataset.format,
@@ -410,6 +411,19 @@ class JobRunner:
         if y is None or y.shape[0] != rows.n_rows:
             raise ValueError(f"dataset {dataset.id}: {rows.n_rows} token rows but labels do not match")
         return rows, torch.from_numpy(y)
+
+    def _text_units(self, dataset: Dataset, *, limits: IngestLimits, n_rows: int) -> np.ndarray | None:
+        """A text dataset's privacy unit per record, re-read from the upload as at registration."""
+        if dataset.privacy_unit_column is None:
+            return None
+        assert dataset.text_field is not None
+        fields = JsonlFields(
+            text=dataset.text_field, label=dataset.label_column or JsonlFields().label, unit=dataset.privacy_unit_column
+        )
+        units = text_units(self.blobs.local_path(dataset.blob_key), fields=fields, limits=limits)
+        if units.shape[0] != n_rows or int(units.max()) + 1 != dataset.n_units:
+            raise ValueError(f"dataset {dataset.id}: its privacy units differ from the registered ones")
+        return units
 
     def _private_path(self, job_id: str, suffix: str) -> Path:
         """Checkpoints and hold-out masks: secret, on worker storage (and, with an object store,

@@ -247,10 +247,11 @@ async def upload_dataset(
         Query(
             min_length=1,
             max_length=200,
-            description="csv only: the column naming the person (or other unit) each row belongs to, e.g. "
-            "patient_id. The privacy unit then becomes one unit and all its rows: jobs sample units, bound "
-            "each unit's contribution and are charged per unit; the column is never a feature, and the number "
-            "of units (n_units) becomes public like n. Cannot be changed later; see docs/privacy-units.md",
+            description="csv: the column (jsonl: the member of each record) naming the person, or other unit, "
+            "each row belongs to, e.g. patient_id. The privacy unit then becomes one unit and all its rows: jobs "
+            "sample units, bound each unit's contribution and are charged per unit; the column is never a feature, "
+            "and the number of units (n_units) becomes public like n. Cannot be changed later; see "
+            "docs/privacy-units.md",
         ),
     ] = None,
     public: Annotated[
@@ -283,6 +284,7 @@ async def upload_dataset(
             max_length=max_length,
             text_field=text_field,
             label_field=label_field,
+            unit_field=privacy_unit_column,
         )
         _check_privacy_unit_column(privacy_unit_column, fmt=format, public=public)
     except DatasetValidationError as exc:
@@ -333,11 +335,12 @@ def _check_privacy_unit_column(column: str | None, *, fmt: str, public: bool) ->
             detail="privacy_unit_column: a public dataset has no privacy guarantee to give per person; leave it out, "
             "or upload the dataset with a budget (epsilon=, delta=)",
         )
-    if fmt != "csv":
+    if fmt not in ("csv", *TEXT_FORMATS):
         raise DatasetValidationError(
             "privacy-unit-unsupported-format",
-            f"privacy_unit_column names a CSV column; format={fmt} has none. Upload the rows as a CSV with an "
-            "identifier column to train with one privacy unit per person",
+            f"privacy_unit_column names a CSV column or a JSON Lines member; format={fmt} has neither. Upload the "
+            "rows as a CSV with an identifier column (or texts as JSON Lines with a member naming the person) to "
+            "train with one privacy unit per person",
         )
 
 
@@ -349,6 +352,7 @@ def _text_options(
     max_length: int | None,
     text_field: str | None,
     label_field: str | None,
+    unit_field: str | None = None,
 ) -> TextOptions | None:
     """A jsonl upload's text options (defaults filled); None for other formats, which must not
     declare any (a declaration that would be silently ignored is refused)."""
@@ -366,7 +370,9 @@ def _text_options(
     return TextOptions(
         tokenizer=tokenizer or defaults.tokenizer,
         max_length=max_length if max_length is not None else defaults.max_length,
-        fields=JsonlFields(text=text_field or defaults.fields.text, label=label_field or defaults.fields.label),
+        fields=JsonlFields(
+            text=text_field or defaults.fields.text, label=label_field or defaults.fields.label, unit=unit_field
+        ),
     )
 
 

@@ -27,6 +27,8 @@ class JsonlFields:
 
     text: str = "text"
     label: str = "label"
+    unit: str | None = None
+    """The member naming each record's privacy unit (``privacy_unit_column=``); None: a unit is a record."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class JsonlRecord:
     text: str
     label: str | int | None
     """None when the record has no label member (a language-modelling dataset)."""
+    unit: str | None = None
+    """The record's privacy unit (the ``fields.unit`` member, as text); None without a unit member name."""
 
 
 def read_records(path: Path, *, fields: JsonlFields, limits: IngestLimits) -> Iterator[JsonlRecord]:
@@ -117,7 +121,26 @@ def _parse(text: str, *, line: int, fields: JsonlFields) -> JsonlRecord:
     if not isinstance(body, str):
         raise TextValidationError("jsonl-bad-field", f"line {line}: the {fields.text!r} member must be a string")
     _check_encodable(body, line=line, member=fields.text)
-    return JsonlRecord(line=line, text=body, label=_label(value, line=line, member=fields.label))
+    unit = _unit(value, line=line, member=fields.unit) if fields.unit is not None else None
+    return JsonlRecord(line=line, text=body, label=_label(value, line=line, member=fields.label), unit=unit)
+
+
+def _unit(value: dict[str, object], *, line: int, member: str) -> str:
+    """A privacy unit: a non-empty string or a whole number (never quoted back: it identifies a person)."""
+    if member not in value:
+        raise TextValidationError(
+            "jsonl-missing-field", f"line {line} has no {member!r} member (the privacy unit of every record)"
+        )
+    unit = value[member]
+    if isinstance(unit, int) and not isinstance(unit, bool):
+        return str(unit)
+    if isinstance(unit, str) and unit.strip():
+        _check_encodable(unit, line=line, member=member)
+        return unit.strip()
+    raise TextValidationError(
+        "jsonl-bad-field",
+        f"line {line}: the {member!r} member (the privacy unit) must be a non-empty string or a whole number",
+    )
 
 
 def _label(value: dict[str, object], *, line: int, member: str) -> str | int | None:

@@ -40,6 +40,7 @@ __all__ = [
     "check_text_options",
     "scan_text",
     "text_labels",
+    "text_units",
     "token_dtype",
     "write_token_rows",
 ]
@@ -63,6 +64,7 @@ class TextFacts(TypedDict):
     n_features: int
     task: TextTask
     n_classes: int | None
+    n_units: int | None
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,15 @@ class TextOptions:
 
     def to_json(self) -> dict[str, object]:
         """For the upload's request digest (idempotency)."""
-        return {
+        declared: dict[str, object] = {
             "tokenizer": self.tokenizer,
             "max_length": self.max_length,
             "text_field": self.fields.text,
             "label_field": self.fields.label,
         }
+        if self.fields.unit is not None:  # absent from digests made before privacy units existed
+            declared["unit_field"] = self.fields.unit
+        return declared
 
 
 def check_text_options(options: TextOptions, *, limits: IngestLimits) -> TextOptions:
@@ -92,6 +97,10 @@ def check_text_options(options: TextOptions, *, limits: IngestLimits) -> TextOpt
     if not options.fields.text or not options.fields.label or options.fields.text == options.fields.label:
         raise TextValidationError(
             "bad-text-options", "text_field and label_field must be non-empty and different member names"
+        )
+    if options.fields.unit in (options.fields.text, options.fields.label):
+        raise TextValidationError(
+            "bad-text-options", "privacy_unit_column must name a member other than the text and the label"
         )
     return options
 
@@ -105,6 +114,12 @@ class ScannedText:
     y: np.ndarray | None = field(repr=False)
     """int64 (n,) class indices for classification; None for language modelling."""
     classes: ClassList | None
+    units: np.ndarray | None = field(default=None, repr=False)
+    """int64 (n,) each record's privacy unit, 0 .. n_units - 1; None without a unit member."""
+
+    @property
+    def n_units(self) -> int | None:
+        return None if self.units is None else int(self.units.max()) + 1
 
     def facts(self, *, max_length: int) -> TextFacts:
         return TextFacts(
@@ -113,6 +128,7 @@ class ScannedText:
             n_features=max_length,
             task=self.task,
             n_classes=len(self.classes.names) if self.classes is not None else None,
+            n_units=self.n_units,
         )
 
 
@@ -184,13 +200,18 @@ def scan_text(
     modelling when they do not. A requested ``task`` must agree with the records."""
     requested = _check_task(task, classes)
     collector = _LabelCollector(max_classes=limits.max_classes)
+    unit_ids: dict[str, int] = {}
+    unit_codes = array("q")
     n_rows = 0
     labelled = False
     for record in read_records(path, fields=options.fields, limits=limits):
         n_rows += 1
+        if record.unit is not None:
+            unit_codes.append(unit_ids.setdefault(record.unit, len(unit_ids)))
         if record.label is not None:
             labelled = True
             collector.add(record)
+    units = np.frombuffer(unit_codes, dtype=np.int64).copy() if options.fields.unit is not None else None
     found: TextTask = "classification" if labelled else "language-model"
     if requested is not None and requested != found:
         has = "carry" if labelled else "have no"
@@ -200,10 +221,10 @@ def scan_text(
             f"which makes the dataset {found}",
         )
     if not labelled:
-        return ScannedText(n_rows=n_rows, task="language-model", y=None, classes=None)
+        return ScannedText(n_rows=n_rows, task="language-model", y=None, classes=None, units=units)
     raw, rows = collector.raw()
     labels = resolve_labels(raw, task="classification", classes=classes, max_classes=limits.max_classes, rows=rows)
-    return ScannedText(n_rows=n_rows, task="classification", y=labels.y, classes=labels.classes)
+    return ScannedText(n_rows=n_rows, task="classification", y=labels.y, classes=labels.classes, units=units)
 
 
 def text_labels(
@@ -215,6 +236,13 @@ def text_labels(
         path, task=task, classes=classes, options=TextOptions(fields=fields, max_length=1), limits=limits
     )
     return scanned.y
+
+
+def text_units(path: Path, *, fields: JsonlFields, limits: IngestLimits) -> np.ndarray:
+    """Each record's privacy unit code, as at upload (the worker's per-unit sampling)."""
+    scanned = scan_text(path, task=None, classes=None, options=TextOptions(fields=fields, max_length=1), limits=limits)
+    assert scanned.units is not None, "text_units needs fields.unit"
+    return scanned.units
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

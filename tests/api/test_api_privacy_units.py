@@ -26,6 +26,7 @@ from privtrain.specs import build_job_spec
 from tests.api.worker_jobs import run_on_worker
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, upload
+from tests.text_fixtures import REVIEWS, jsonl
 from worker.runner import JobRunner
 
 N_PERSONS = 120
@@ -234,3 +235,57 @@ def test_a_tuning_on_a_unit_level_dataset_trains_and_evaluates_per_person(
     assert report["unit_level"]["rows_per_unit"] == done["selected"]["training.rows_per_unit"]
     assert "per-unit coin flips" in report["released_metrics"]["holdout_selection"]
     assert verify_ledger(database, dataset_id=dataset["id"]).ok
+
+
+def _messages(users: int = 12) -> bytes:
+    """Messages of ``users`` users (user u writes u + 1 of them), with a label, as JSON Lines."""
+    records = [
+        {"user": f"u{u}", "text": text, "label": label}
+        for u in range(users)
+        for text, label in REVIEWS[: (u % len(REVIEWS)) + 1]
+    ]
+    return jsonl(records)
+
+
+@pytest.mark.parametrize("task", ["classification", "language-model"])
+def test_texts_with_a_user_member_train_per_user(
+    alice: TestClient, settings: Settings, database: Database, task: str
+) -> None:
+    body = (
+        _messages()
+        if task == "classification"
+        else _messages().replace(b', "label": "good"', b"").replace(b', "label": "bad"', b"")
+    )
+    params = {"name": f"messages-{task}", "format": "jsonl", "max_length": 16, "task": task}
+    response = upload(alice, body, privacy_unit_column="user", delta=1e-3, **params)
+    assert response.status_code == 201, response.text  # type: ignore[attr-defined]
+    dataset = response.json()  # type: ignore[attr-defined]
+    assert dataset["n_units"] == 12 and dataset["privacy_unit"] == "one user and all its rows"
+    model = "transformer-classifier" if task == "classification" else "transformer-lm"
+    params_ = {
+        "layers": 1,
+        "dim": 8,
+        "heads": 2,
+        "mlp_dim": 16,
+        **({"pooling": "first"} if task == "classification" else {}),
+    }
+    spec = {
+        "dataset_id": dataset["id"],
+        "model": {"name": model, "params": params_},
+        "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
+        "privacy": {"noise_multiplier": 1.0},
+        "training": {"steps": 3, "batch_size": 4, "learning_rate": 0.1, "rows_per_unit": 2},
+    }
+    assert alice.post("/v1/jobs/estimate", json=spec).json()["sampling_probability"] == pytest.approx(4 / 12)
+    job_id = run_on_worker(alice, settings, database, spec)
+    report = alice.get(f"/v1/jobs/{job_id}/report").json()
+    assert report["unit_level"]["n_units"] == 12 and report["unit_level"]["rows_per_unit"] == 2
+
+
+def test_a_text_record_without_its_user_is_refused(alice: TestClient) -> None:
+    body = jsonl([{"user": "u1", "text": "a fine film", "label": "good"}, {"text": "dull", "label": "bad"}])
+    response = upload(alice, body, name="m", format="jsonl", privacy_unit_column="user", delta=1e-3)
+    assert response.status_code == 422  # type: ignore[attr-defined]
+    problem = response.json()  # type: ignore[attr-defined]
+    assert problem["type"] == "/problems/jsonl-missing-field" and "line 2" in problem["detail"]
+    assert alice.get("/v1/datasets").json()["items"] == []

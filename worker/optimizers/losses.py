@@ -192,6 +192,10 @@ def _token_cross_entropy_mean(outputs: torch.Tensor, targets: torch.Tensor) -> t
     return per_row.sum()
 
 
+register_mean_over_unit_rows("token_cross_entropy_sum")
+register_mean_over_unit_rows("token_cross_entropy_mean")
+
+
 # ----------------------------------------------------------------------------- task -> loss
 
 TaskLoss = Callable[[TokenLoss], str]

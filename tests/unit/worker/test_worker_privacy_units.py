@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from unittest import mock
 
 import numpy as np
@@ -107,6 +108,36 @@ def test_a_unit_with_hundreds_of_rows_moves_the_sum_by_at_most_the_clipping_norm
     assert 0.9 * clip < moved <= clip * (1 + 1e-5)
 
 
+@pytest.mark.parametrize("engine", ["ghost", "vmap"])
+def test_a_users_messages_move_a_transformers_sum_by_at_most_the_clipping_norm(engine: str) -> None:
+    """The same bound on a text classifier (embeddings, attention, layer norms): the ghost engine
+    sees each layer k times per unit and must add the k calls up per unit."""
+    clip = 0.3
+    torch.manual_seed(0)
+    params = {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 16, "vocab_size": 50, "pad_id": 0, "pooling": "first"}
+    model = build_model(
+        "transformer-classifier", params, input_shape=(12,), n_outputs=2, generator=torch.Generator().manual_seed(1)
+    )
+    inner = (
+        per_sample_map_aggregator(model, AbadiClip(clip))
+        if engine == "ghost"
+        else PerSampleMapAggregator(AbadiClip(clip))
+    )
+    aggregator = PerUnitAggregator(inner, rows_per_unit=3)
+    light = torch.randint(1, 50, (6, 3, 12))
+    heavy = torch.randint(1, 50, (1, 3, 12))
+    y_light, y_heavy = torch.randint(0, 2, (6, 3)), torch.ones(1, 3, dtype=torch.int64)
+
+    def total(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        sums = aggregator.clipped_sum(
+            model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=8, generator=SecureRandom.from_seed(0)
+        )
+        return torch.cat([s.flatten() for s in sums.values()])
+
+    moved = float((total(torch.cat([light, heavy]), torch.cat([y_light, y_heavy])) - total(light, y_light)).norm())
+    assert 0.0 < moved <= clip * (1 + 1e-4)
+
+
 def test_the_per_unit_trainer_draws_the_charged_noise() -> None:
     """Plan a dp-sgd job on a dataset of 600 persons with 4,000 rows (q over persons), run the
     trainer per unit on rows whose weight gradients are zero, and recover the noise."""
@@ -168,3 +199,40 @@ def test_the_per_unit_trainer_draws_the_charged_noise() -> None:
     statistic = float(np.sum((change / expected_std) ** 2))
     p_value = 2 * min(stats.chi2.cdf(statistic, change.size), stats.chi2.sf(statistic, change.size))
     assert p_value > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "shape", "X"),
+    [
+        ("mlp", {"hidden_sizes": [8]}, (6,), lambda: torch.randn(7, 3, 6)),
+        (
+            "transformer-classifier",
+            {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 16, "vocab_size": 50, "pad_id": 0, "pooling": "first"},
+            (12,),
+            lambda: torch.randint(1, 50, (7, 3, 12)),
+        ),
+    ],
+)
+def test_both_engines_clip_each_units_mean_gradient_alike(
+    name: str, params: dict[str, object], shape: tuple[int, ...], X: Callable[[], torch.Tensor]
+) -> None:
+    """Ghost clipping over k calls per layer gives the vmap engine's per-unit clipped sum."""
+    torch.manual_seed(2)
+    model = build_model(name, params, input_shape=shape, n_outputs=2, generator=torch.Generator().manual_seed(3))
+    batch, y = X(), torch.randint(0, 2, (7, 3))
+    assert not isinstance(per_sample_map_aggregator(model, AbadiClip(0.05)), PerSampleMapAggregator)  # ghost
+    sums = [
+        PerUnitAggregator(inner, rows_per_unit=3).clipped_sum(
+            model,
+            batch,
+            y,
+            step=0,
+            loss="cross_entropy",
+            max_physical_batch_size=4,
+            generator=SecureRandom.from_seed(0),
+        )
+        for inner in (per_sample_map_aggregator(model, AbadiClip(0.05)), PerSampleMapAggregator(AbadiClip(0.05)))
+    ]
+    assert sums[0].keys() == sums[1].keys()
+    for key in sums[0]:
+        torch.testing.assert_close(sums[0][key], sums[1][key], rtol=1e-4, atol=1e-6)
