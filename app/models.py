@@ -335,8 +335,6 @@ class TuningJob(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
-    epsilon_one_trial: Mapped[float] = mapped_column(Float)
-    epsilon_separate_jobs: Mapped[float] = mapped_column(Float)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -15,7 +15,7 @@ import torch
 from worker.data.rows import Rows, SubsetRows
 from worker.data.units import UnitIndex
 
-__all__ = ["Split", "split_rows"]
+__all__ = ["Split", "coin_count", "split_rows"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class Split:
     eval_weights: torch.Tensor | None = None
 
 
+def coin_count(n_rows: int, unit_codes: np.ndarray | None) -> int:
+    """How many hold-out coins a dataset needs: one per row, or one per privacy unit."""
+    return n_rows if unit_codes is None else int(unit_codes.max()) + 1
+
+
 def split_rows(
     X: Rows,
     y: torch.Tensor,
@@ -38,21 +43,24 @@ def split_rows(
     device: torch.device,
 ) -> Split:
     """``held_out_coins``: one bool per row (or per unit when ``unit_codes`` is given); None: no hold-out."""
-    eval_part: dict[str, Rows | torch.Tensor | None] = {}
-    if held_out_coins is not None:
-        mask = held_out_coins if unit_codes is None else held_out_coins[unit_codes]
-        held_out, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
-        eval_part = {
-            "X_eval": SubsetRows(X, held_out),
-            "y_eval": y[torch.from_numpy(held_out)],
-            "eval_weights": (
-                UnitIndex.from_codes(unit_codes[held_out]).row_weights(int(held_out.size))
-                if unit_codes is not None and held_out.size
-                else None
-            ),
-        }
-        X, y = SubsetRows(X, kept), y[torch.from_numpy(kept)]
-        if unit_codes is not None:
-            unit_codes = unit_codes[kept]
-    units = UnitIndex.from_codes(unit_codes, device=device) if unit_codes is not None and unit_codes.size else None
-    return Split(X=X, y=y.to(device), units=units, **eval_part)  # type: ignore[arg-type]
+    if held_out_coins is None:
+        return Split(X=X, y=y.to(device), units=_units(unit_codes, device))
+    mask = held_out_coins if unit_codes is None else held_out_coins[unit_codes]
+    held_out, kept = np.flatnonzero(mask), np.flatnonzero(~mask)
+    eval_weights = (
+        UnitIndex.from_codes(unit_codes[held_out]).row_weights(int(held_out.size))
+        if unit_codes is not None and held_out.size
+        else None
+    )
+    return Split(
+        X=SubsetRows(X, kept),
+        y=y[torch.from_numpy(kept)].to(device),
+        units=_units(unit_codes[kept] if unit_codes is not None else None, device),
+        X_eval=SubsetRows(X, held_out),
+        y_eval=y[torch.from_numpy(held_out)],
+        eval_weights=eval_weights,
+    )
+
+
+def _units(unit_codes: np.ndarray | None, device: torch.device) -> UnitIndex | None:
+    return UnitIndex.from_codes(unit_codes, device=device) if unit_codes is not None and unit_codes.size else None

@@ -38,7 +38,7 @@ from app.facts import public_class_list
 from app.fair_dispatch import Dispatcher, dispatch_fairly
 from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from app.ingest.jsonl import JsonlFields
-from app.ingest.text import text_labels, text_units
+from app.ingest.text import rescan_text
 from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
@@ -63,7 +63,7 @@ from worker import evaluation as dp_evaluation
 from worker.data.images import ImageRows
 from worker.data.rows import Rows, TensorRows, place_image_rows
 from worker.data.tokens import TokenRows, language_model_targets
-from worker.holdout_split import split_rows
+from worker.holdout_split import coin_count, split_rows
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.single_job_prefetch import SingleJobPrefetch
@@ -352,8 +352,7 @@ class JobRunner:
         if dataset.modality == "image":
             return (*self._load_images(dataset, device, limits=limits, classes=names), None)
         if dataset.modality == "text":
-            rows, y = self._load_tokens(dataset, device, limits=limits, classes=names)
-            return rows, y, self._text_units(dataset, limits=limits, n_rows=rows.n_rows)
+            return self._load_tokens(dataset, device, limits=limits, classes=names)
         parsed = parse_dataset(
             self.blobs.local_path(dataset.blob_key),
             fmt=dataset.format,
@@ -391,10 +390,11 @@ class JobRunner:
 
     def _load_tokens(
         self, dataset: Dataset, device: torch.device, *, limits: IngestLimits, classes: tuple[str, ...] | None
-    ) -> tuple[Rows, torch.Tensor]:
+    ) -> tuple[Rows, torch.Tensor, np.ndarray | None]:
         """A text dataset: its stored token ids (int64 batches; on the GPU when they fit, else
         memory-mapped). y: for classification the labels re-read from the upload and mapped as at
-        upload; for language modelling the ids themselves with every pad position -100."""
+        upload; for language modelling the ids themselves with every pad position -100. Units: each
+        record's privacy unit, re-read in the same pass (None without a privacy unit column)."""
         assert dataset.array_blob_key is not None and dataset.pad_id is not None and dataset.text_field is not None
         rows = TokenRows.placed(
             self.blobs.local_path(dataset.array_blob_key),
@@ -402,28 +402,21 @@ class JobRunner:
             device=device,
             max_device_fraction=self.settings.data_on_device_max_fraction,
         )
-        if dataset.task != "classification":
-            return rows, language_model_targets(rows, pad_id=dataset.pad_id)
-        fields = JsonlFields(text=dataset.text_field, label=dataset.label_column or JsonlFields().label)
-        y = text_labels(
-            self.blobs.local_path(dataset.blob_key), task=dataset.task, classes=classes, fields=fields, limits=limits
-        )
-        if y is None or y.shape[0] != rows.n_rows:
-            raise ValueError(f"dataset {dataset.id}: {rows.n_rows} token rows but labels do not match")
-        return rows, torch.from_numpy(y)
-
-    def _text_units(self, dataset: Dataset, *, limits: IngestLimits, n_rows: int) -> np.ndarray | None:
-        """A text dataset's privacy unit per record, re-read from the upload as at registration."""
-        if dataset.privacy_unit_column is None:
-            return None
-        assert dataset.text_field is not None
+        classification = dataset.task == "classification"
+        if not classification and dataset.privacy_unit_column is None:
+            return rows, language_model_targets(rows, pad_id=dataset.pad_id), None
         fields = JsonlFields(
             text=dataset.text_field, label=dataset.label_column or JsonlFields().label, unit=dataset.privacy_unit_column
         )
-        units = text_units(self.blobs.local_path(dataset.blob_key), fields=fields, limits=limits)
-        if units.shape[0] != n_rows or int(units.max()) + 1 != dataset.n_units:
-            raise ValueError(f"dataset {dataset.id}: its privacy units differ from the registered ones")
-        return units
+        scanned = rescan_text(
+            self.blobs.local_path(dataset.blob_key), task=dataset.task, classes=classes, fields=fields, limits=limits
+        )
+        mismatch = scanned.n_rows != rows.n_rows or scanned.n_units != dataset.n_units
+        if mismatch or (classification and scanned.y is None):
+            raise ValueError(f"dataset {dataset.id}: {rows.n_rows} token rows but the upload's records do not match")
+        if scanned.y is None:  # a language model per unit: its targets are its own ids
+            return rows, language_model_targets(rows, pad_id=dataset.pad_id), scanned.units
+        return rows, torch.from_numpy(scanned.y), scanned.units
 
     def _private_path(self, job_id: str, suffix: str) -> Path:
         """Checkpoints and hold-out masks: secret, on worker storage (and, with an object store,
@@ -469,7 +462,7 @@ class JobRunner:
         if claimed.evaluation is not None:
             coins = dp_evaluation.load_or_draw_holdout(
                 self._private_path(job.id, HOLDOUT_SUFFIX),
-                X.n_rows if unit_codes is None else int(dataset.n_units or 0),
+                coin_count(X.n_rows, unit_codes),
                 claimed.evaluation.holdout_fraction,
             )
             self._keep_private(job.id, HOLDOUT_SUFFIX)
@@ -545,8 +538,7 @@ class JobRunner:
         device = _training_device()
         X, y, unit_codes = self._load_data_and_units(dataset, device)
         rng = secrets.SystemRandom()
-        requested = job.spec["training"].get("time_limit_s")
-        deadline = time.monotonic() + min(self.settings.job_time_limit_s, requested or self.settings.job_time_limit_s)
+        deadline = self._deadline(job)
         state = {"stop": False, "last_beat": 0.0}
 
         def should_stop() -> bool:
@@ -601,7 +593,7 @@ class JobRunner:
         evaluation = candidate.rebuilt.evaluation
         assert evaluation is not None  # a tuning's base has an evaluation block
         coins = dp_evaluation.holdout_mask(
-            X.n_rows if unit_codes is None else int(claimed.dataset.n_units or 0),
+            coin_count(X.n_rows, unit_codes),
             evaluation.holdout_fraction,
             dp_evaluation.secure_random(secure_gaussian=self.settings.secure_noise).numpy,
         )
@@ -762,6 +754,11 @@ class JobRunner:
         )
         return path
 
+    def _deadline(self, job: Job) -> float:
+        """When this attempt must stop (time.monotonic()): the job's time limit, at most the service's."""
+        requested = job.spec["training"].get("time_limit_s")
+        return time.monotonic() + min(self.settings.job_time_limit_s, requested or self.settings.job_time_limit_s)
+
     def _hooks(
         self,
         claimed: Claimed,
@@ -777,9 +774,7 @@ class JobRunner:
         every = max(1, job.steps_planned // 100)
         state = {"stop": False, "last_beat": 0.0}
         interval = self.settings.heartbeat_interval_s
-        requested = job.spec["training"].get("time_limit_s")
-        limit = min(self.settings.job_time_limit_s, requested or self.settings.job_time_limit_s)
-        deadline = time.monotonic() + limit
+        deadline = self._deadline(job)
 
         def timed_out() -> bool:
             return time.monotonic() > deadline

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import privacy
-from app.tuning.planning import METRIC_DIRECTIONS, RebuiltCandidate, TrialDistribution
+from app.privacy import TrialDistribution
+from app.tuning.planning import METRIC_DIRECTIONS, RebuiltCandidate
 
 __all__ = ["TrialResult", "TuningClaim", "better", "score_of", "trial_count", "tuning_execution"]
 

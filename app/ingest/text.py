@@ -38,9 +38,8 @@ __all__ = [
     "TextOptions",
     "TextTask",
     "check_text_options",
+    "rescan_text",
     "scan_text",
-    "text_labels",
-    "text_units",
     "token_dtype",
     "write_token_rows",
 ]
@@ -227,22 +226,13 @@ def scan_text(
     return ScannedText(n_rows=n_rows, task="classification", y=labels.y, classes=labels.classes, units=units)
 
 
-def text_labels(
+def rescan_text(
     path: Path, *, task: str, classes: tuple[str, ...] | None, fields: JsonlFields, limits: IngestLimits
-) -> np.ndarray | None:
-    """A text dataset's labels as at upload (mapped to its public class list), for the worker;
-    None for a language-modelling dataset."""
-    scanned = scan_text(
-        path, task=task, classes=classes, options=TextOptions(fields=fields, max_length=1), limits=limits
-    )
-    return scanned.y
-
-
-def text_units(path: Path, *, fields: JsonlFields, limits: IngestLimits) -> np.ndarray:
-    """Each record's privacy unit code, as at upload (the worker's per-unit sampling)."""
-    scanned = scan_text(path, task=None, classes=None, options=TextOptions(fields=fields, max_length=1), limits=limits)
-    assert scanned.units is not None, "text_units needs fields.unit"
-    return scanned.units
+) -> ScannedText:
+    """A registered text dataset's labels (mapped to its public class list) and privacy units
+    (with ``fields.unit``), read again from its upload exactly as at registration: one pass for
+    the worker."""
+    return scan_text(path, task=task, classes=classes, options=TextOptions(fields=fields, max_length=1), limits=limits)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

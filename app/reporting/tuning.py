@@ -33,8 +33,8 @@ def tuning_section(tuning: dict[str, Any], *, metrics: dict[str, Any] | None) ->
         "selection": selection,
         "selected": tuning.get("selected"),
         "selected_metric": None if metrics is None else metrics.get(selection["metric"]),
-        "epsilon_one_trial": tuning.get("epsilon_one_trial"),
-        "epsilon_separate_jobs": tuning.get("epsilon_separate_jobs"),
+        "epsilon_one_trial": tuning["epsilon_one_trial"],
+        "epsilon_separate_jobs": tuning["epsilon_separate_jobs"],
         "comparison": (
             "epsilon_separate_jobs is what running the expected number of trials (rounded up) of the costliest "
             "configuration as ordinary jobs would have charged; epsilon_one_trial is one such job"

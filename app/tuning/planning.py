@@ -21,13 +21,11 @@ from app import privacy
 from app.errors import InvalidInput
 from app.job_planning import JobPlan, RebuiltJob, compose_job_event, rebuild_job
 from app.models import Dataset
-from app.privacy import HyperparameterTuningEvent, PoissonTrials, TruncatedNegativeBinomial
-from app.privacy.curves import add_curves, zero_curve
+from app.privacy import HyperparameterTuningEvent, PoissonTrials, TrialDistribution, TruncatedNegativeBinomial
+from app.privacy.curves import add_curves, max_curves, zero_curve
 from app.schemas.jobs import JobCreate
 from app.schemas.tuning import TrialsSpec, TuningCreate
 from app.tuning.search_space import Assignment, apply, candidate_pool
-
-TrialDistribution = TruncatedNegativeBinomial | PoissonTrials
 
 DEFAULT_ETA: Final[float] = 0.0
 """The logarithmic distribution: for the same mean, its bound is the lowest of the η Papernot and
@@ -147,7 +145,7 @@ def plan_tuning(
     except privacy.PrivacyEventError as exc:
         raise _invalid(f"the tuning's privacy cost cannot be computed: {exc}") from None
     delta = trials[0].plan.delta
-    worst = _pointwise_max([trial.plan.curve for trial in trials])
+    worst = max_curves(trial.plan.curve for trial in trials)
     separate = math.ceil(privacy.expected_trials(distribution))
     epsilon_one_trial = privacy.ledger_epsilon(worst, delta)
     epsilon_separate_jobs = privacy.ledger_epsilon(_scaled(worst, separate), delta)
@@ -194,10 +192,6 @@ def plan_tuning(
     )
 
 
-def _pointwise_max(curves: list[tuple[float, ...]]) -> tuple[float, ...]:
-    return tuple(max(values) for values in zip(*curves, strict=True))
-
-
 def _scaled(curve: tuple[float, ...], times: int) -> tuple[float, ...]:
     total = zero_curve()
     for _ in range(times):
@@ -212,9 +206,15 @@ class RebuiltCandidate:
     assignment: Assignment
     rebuilt: RebuiltJob
     noise_multiplier: float
-    steps: int
-    sampling_probability: float
     spec: dict[str, Any]
+
+    @property
+    def steps(self) -> int:
+        return self.rebuilt.plan.steps
+
+    @property
+    def sampling_probability(self) -> float:
+        return self.rebuilt.plan.sampling_probability
 
     def event_json(self) -> dict[str, Any]:
         return privacy.event_to_json(
@@ -249,8 +249,6 @@ def rebuild_candidates(
                 assignment=dict(stored["assignment"]),
                 rebuilt=rebuilt,
                 noise_multiplier=float(stored["noise_multiplier"]),
-                steps=int(stored["steps"]),
-                sampling_probability=rebuilt.plan.sampling_probability,
                 spec=stored["spec"],
             )
         )

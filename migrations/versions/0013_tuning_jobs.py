@@ -23,8 +23,6 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.String(40), sa.ForeignKey("tenants.id"), nullable=False),
         sa.Column("dataset_id", sa.String(40), sa.ForeignKey("datasets.id"), nullable=False),
         sa.Column("job_id", sa.String(40), sa.ForeignKey("jobs.id"), nullable=False),
-        sa.Column("epsilon_one_trial", sa.Float(), nullable=False),
-        sa.Column("epsilon_separate_jobs", sa.Float(), nullable=False),
         sa.Column("idempotency_key", sa.String(200), nullable=True),
         sa.Column("request_hash", sa.String(64), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),

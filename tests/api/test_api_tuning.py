@@ -27,6 +27,7 @@ from privtrain.cli import CliEnvironment, cli
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, upload
 from worker.runner import JobRunner
+from worker.trainers import TrainingRequest
 
 
 def _request(dataset_id: str, **trials: object) -> dict[str, Any]:
@@ -90,7 +91,7 @@ def test_the_worker_runs_secret_trials_and_releases_the_best_as_an_ordinary_job(
         mock.patch("app.privacy.sample_trial_count", side_effect=spy),
         mock.patch(
             "worker.runner.TrainingRequest",
-            wraps=__import__("worker.trainers", fromlist=["TrainingRequest"]).TrainingRequest,
+            wraps=TrainingRequest,
         ) as requests,
     ):
         assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
@@ -242,3 +243,29 @@ def test_a_lost_worker_mid_tuning_is_retried_inside_the_same_reservation(
     assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
     assert entries[-1].curve == entries[0].curve
     assert verify_ledger(database, dataset_id=dataset_id).ok
+
+
+def test_every_trial_draws_the_noise_of_a_charged_candidate(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    """Each trial trains with the σ, q and steps of one candidate of the charged tuning event."""
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+    reserve = next(e for e in _entries(database, dataset_id) if e.kind == "RESERVE")
+    event = privacy.event_from_json(reserve.event)
+    assert isinstance(event, privacy.HyperparameterTuningEvent)
+    charged = set()
+    for candidate in event.candidates:
+        assert isinstance(candidate, privacy.ComposedEvent)
+        training = candidate.events[0]
+        assert isinstance(training, privacy.PoissonSampledGaussianEvent)
+        charged.add((training.noise_multiplier, training.sampling_probability, training.count))
+    with (
+        mock.patch("app.privacy.sample_trial_count", return_value=5),
+        mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
+    ):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
+    drawn = {
+        (call.kwargs["noise_multiplier"], call.kwargs["sampling_probability"], call.kwargs["steps"])
+        for call in requests.call_args_list
+    }
+    assert requests.call_count == 5 and drawn <= charged

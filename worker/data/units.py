@@ -54,9 +54,9 @@ class UnitIndex:
 
     def row_weights(self, n_rows: int) -> torch.Tensor:
         """1/m for each row of a unit with m rows (float64, (n,)): a unit's weights sum to 1."""
-        counts = (self.offsets[1:] - self.offsets[:-1]).to(torch.float64)
+        counts = self.offsets[1:] - self.offsets[:-1]
         weights = torch.empty(n_rows, dtype=torch.float64, device=self.device)
-        weights[self.rows] = torch.repeat_interleave(1.0 / counts, (self.offsets[1:] - self.offsets[:-1]))
+        weights[self.rows] = torch.repeat_interleave(1.0 / counts.to(torch.float64), counts)
         return weights
 
     def slots(self, units: torch.Tensor, *, rows_per_unit: int, generator: SecureRandom) -> torch.Tensor:
