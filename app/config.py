@@ -115,6 +115,13 @@ class Settings(BaseSettings):
         description="at most this many of a tenant's jobs wait in the broker at a time; the rest wait in the "
         "database and are sent round robin over tenants as workers take jobs (fair sharing)",
     )
+    tuning_parallel_trials: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="a tuning runs at most this many of its trials at a time: on its own worker and on up to "
+        "this many minus one other workers of its queue that are free (1: one after another on one worker)",
+    )
     reconcile_interval_s: float = Field(
         default=15.0, gt=0, description="how often the reconciler loop runs inside the API process"
     )

@@ -340,6 +340,32 @@ class TuningJob(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class TuningTrial(Base):
+    """One trial of a running tuning, while it runs: the queue several workers share its trials
+    through (app/tuning/trial_queue.py). SECRET to the service: the rows tell how many trials
+    were drawn, so no API field, event or log line shows them, and they are deleted when the
+    tuning's job settles (or by the reconciler, if its worker vanished)."""
+
+    __tablename__ = "tuning_trials"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "seq", name="uq_tuning_trials_job_attempt_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    """Order of drawing: ties in the selection metric go to the earlier trial."""
+    candidate: Mapped[int] = mapped_column(Integer)
+    """Index into the tuning's candidate list (drawn by the job's worker)."""
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    claims: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    model_file: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """The trained model's private file (a helper's trial), None when the job's own worker keeps it."""
+
+
 class JobEvent(Base):
     """Progress and lifecycle events of a job; payloads carry public values only.
 

@@ -14,7 +14,10 @@ from celery import Celery
 from app.config import Settings
 
 RUN_JOB_TASK = "privtrain.run_job"
-"""The one task: run a job by id (the API sends it by name, so it never imports the worker)."""
+"""Run a job by id (the API sends it by name, so it never imports the worker)."""
+
+RUN_TRIALS_TASK = "privtrain.run_trials"
+"""Help run a tuning's trials: (job id, attempt), sent by the tuning's own worker."""
 
 
 def _filesystem_options(broker_dir: Path) -> dict[str, object]:

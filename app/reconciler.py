@@ -3,9 +3,9 @@
 Torch-free, so it runs in the API process (embedded mode), as ``privtrain-admin reconcile`` or as
 its own service. What it does to a stale job is a lifecycle transition
 (:func:`app.jobs.lifecycle.requeue_or_fail`, whose module states the rules); here are only the
-rounds: find running jobs without a heartbeat for ``stale_after_s``, and queued jobs older than
-``redispatch_after_s`` to send again. A duplicate message is a no-op because claiming is a
-conditional UPDATE.
+rounds: find running jobs without a heartbeat for ``stale_after_s``, queued jobs older than
+``redispatch_after_s`` to send again, and trial queues of tunings no worker will settle. A
+duplicate message is a no-op because claiming is a conditional UPDATE.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Job, utcnow
 from app.services import JobDispatcher
+from app.storage import blob_store_from_settings
+from app.tuning import trial_queue
+from app.tuning.trial_files import TrialFiles
 
 log = logging.getLogger("privtrain.reconciler")
 
@@ -63,6 +66,17 @@ def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str 
         )
 
 
+def _clear_abandoned_trials(db: Database, settings: Settings) -> None:
+    """The trial queues of tunings that ended, or whose worker was lost, with their models'
+    private files (app/tuning/trial_queue.py): a tuning's own worker clears them when it settles."""
+    try:
+        files = trial_queue.clear_abandoned(db)
+        if files:
+            TrialFiles(settings.checkpoint_dir, blob_store_from_settings(settings)).discard(files)
+    except Exception:
+        log.exception("clearing abandoned tuning trials failed; the next round tries again")
+
+
 def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) -> ReconcileResult:
     now = _now()
     stale_cutoff = now - dt.timedelta(seconds=settings.stale_after_s)
@@ -81,6 +95,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             requeued.append(job_id)
         elif outcome == JobStatus.FAILED:
             failed.append(job_id)
+    _clear_abandoned_trials(db, settings)
     redispatched: list[str] = []
     # Lost messages (sent long ago, never started) are sent again as they were; requeued and
     # never-sent jobs take their turn through fair dispatch.

@@ -69,6 +69,10 @@ class BlobStore:
     """Blobs as files under ``root`` (the embedded default); app/storage_s3.py keeps them in an
     S3-compatible object store behind the same methods."""
 
+    private_files_elsewhere = False
+    """Whether :meth:`save_private` copies a worker's private file off its host (then the worker
+    may delete its own copy); here every worker shares one host's disk, the file is the copy."""
+
     def __init__(self, root: Path, tmp_dir: Path) -> None:
         self.root = root
         self.tmp_dir = tmp_dir

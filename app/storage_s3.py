@@ -103,6 +103,8 @@ class BlobCache:
 class S3BlobStore(BlobStore):
     """The blob store on an S3 bucket (under a prefix); local files only in its cache."""
 
+    private_files_elsewhere = True
+
     def __init__(
         self,
         location: S3Location,

@@ -5,13 +5,14 @@ guarantee of m rows. This builds a synthetic table (``--persons`` persons, rows 
 from a discrete Pareto law, so a few persons have hundreds of rows; each person has their own
 feature offset, so a person's rows are alike), trains logistic regression with DP-SGD at the same
 target ε once per row (what a naive run does) and once per person (a privacy unit column, rows
-averaged per person), each with the planner and the worker trainer the service uses, and reports:
+averaged per person), each with the planner and the worker trainer the service uses (DP-SGD, or
+with ``--algorithm`` DC-DPSGD or DiceSGD), and reports:
 
 * the guarantee each run gives a person with m rows: per person, ε for everyone; per row, the
   group-privacy bound m·ε at δ' = m·e^{(m−1)ε}·δ (Dwork and Roth, Theorem 2.2 with its δ term);
 * test accuracy on fresh persons (the synthetic test set is public), mean over ``--seeds``.
 
-    .venv/bin/python -m bench.privacy_units --persons 3000 --epsilon 2 --seeds 3
+    .venv/bin/python -m bench.privacy_units --persons 3000 --epsilon 2 --seeds 3 [--algorithm dicesgd]
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ from worker.trainers import TrainingRequest, get_trainer
 
 FEATURES = 10
 DELTA = 1e-6
+ALGORITHMS: dict[str, dict[str, object]] = {
+    "dp-sgd": {"clipping_norm": 1.0, "momentum": 0.9},
+    "dc-dpsgd": {"c1": 1.0, "c2": 0.3, "k": 5, "p": 0.1, "momentum": 0.9},
+    "dicesgd": {"c1": 1.0, "c2": 1.0, "momentum": 0.9},
+}
+"""The per-sample-gradient algorithms compared, each with its hyperparameters on this table."""
 
 
 def heavy_tailed_table(persons: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,7 +56,15 @@ def heavy_tailed_table(persons: int, rng: np.random.Generator) -> tuple[np.ndarr
 
 
 def train(
-    X: np.ndarray, y: np.ndarray, codes: np.ndarray | None, *, epsilon: float, batch: int, epochs: int, seed: int
+    X: np.ndarray,
+    y: np.ndarray,
+    codes: np.ndarray | None,
+    *,
+    algorithm: str,
+    epsilon: float,
+    batch: int,
+    epochs: int,
+    seed: int,
 ) -> torch.nn.Module:
     n_units = None if codes is None else int(codes.max()) + 1
     dataset = Dataset(
@@ -64,7 +79,7 @@ def train(
         {
             "dataset_id": "ds_bench",
             "model": {"name": "logistic-regression"},
-            "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0, "momentum": 0.9}},
+            "algorithm": {"name": algorithm, "hyperparameters": ALGORITHMS[algorithm]},
             "privacy": {"target_epsilon": epsilon},
             "training": {"epochs": epochs, "batch_size": batch, "learning_rate": 0.5},
         }
@@ -73,7 +88,7 @@ def train(
     model = build_model(
         "logistic-regression", {}, input_shape=(FEATURES,), n_outputs=2, generator=torch.Generator().manual_seed(seed)
     )
-    get_trainer("dp-sgd")(
+    get_trainer(algorithm)(
         TrainingRequest(
             model=model,
             features=TensorRows(torch.from_numpy(X)),
@@ -113,6 +128,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200, help="expected batch: rows per row, persons per person")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="dp-sgd")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     X, y, codes = heavy_tailed_table(args.persons, rng)
@@ -123,10 +139,20 @@ def main() -> None:
     results: dict[str, list[float]] = {"per row": [], "per person": []}
     for seed in range(args.seeds):
         for name, unit_codes in (("per row", None), ("per person", codes)):
-            model = train(X, y, unit_codes, epsilon=args.epsilon, batch=args.batch, epochs=args.epochs, seed=seed)
+            model = train(
+                X,
+                y,
+                unit_codes,
+                algorithm=args.algorithm,
+                epsilon=args.epsilon,
+                batch=args.batch,
+                epochs=args.epochs,
+                seed=seed,
+            )
             results[name].append(accuracy(model, X_test, y_test))
     print(
-        f"\nDP-SGD, logistic regression, target ε {args.epsilon:g} at δ {DELTA:g}, {args.epochs} epochs, B {args.batch}"
+        f"\n{args.algorithm}, logistic regression, target ε {args.epsilon:g} at δ {DELTA:g}, {args.epochs} epochs, "
+        f"B {args.batch}"
     )
     print("| run | test accuracy (mean ± sd) | guarantee for a person with 1 / 10 / 100 / max rows |")
     print("|---|---|---|")

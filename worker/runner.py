@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 import time
@@ -56,7 +57,10 @@ from app.reporting.privacy_report import (
 from app.reporting.tuning import TUNING_CAVEAT, tuning_section
 from app.schemas.jobs import TrainingSpec
 from app.storage import StorageUnavailable, blob_store_from_settings
+from app.tuning import trial_queue
+from app.tuning.helpers import TrialHelpers
 from app.tuning.planning import is_tuning, rebuild_candidates
+from app.tuning.trial_files import TrialFiles
 from privtrain.architectures import build_model
 from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
@@ -73,7 +77,8 @@ from worker.training.ema import ParameterAverage
 from worker.training.finetune import apply_finetune
 from worker.training.init_weights import apply_init, init_blob_path
 from worker.training.lora import merge_lora
-from worker.tuning import TrialResult, TuningClaim, better, score_of, trial_count, tuning_execution
+from worker.tuning import TuningClaim, trial_count, tuning_execution
+from worker.tuning_run import Pacer, TrialWork, help_with_trials, run_owned_trials
 
 log = logging.getLogger("privtrain.worker")
 
@@ -146,6 +151,10 @@ class Outcome:
     """A tuning's released trial: its candidate's index."""
 
 
+HELPER_DONE = "done"
+"""What a tuning helper's task answers, whatever it ran."""
+
+
 class NoTrialsDrawn(Exception):
     """The tuning drew K = 0 trials (Poisson): it releases no model."""
 
@@ -195,16 +204,39 @@ class _Prepared:
     rebuilt: RebuiltJob | None = None
     tuning: TuningClaim | None = None
 
+    def claimed(self, job: Job) -> Claimed:
+        """The job as its attempt runs it (only for a job that was not refused)."""
+        assert self.plan is not None and self.rebuilt is not None  # else refused: no job
+        return Claimed(
+            job=job,
+            dataset=self.dataset,
+            plan=self.plan,
+            evaluation=self.evaluation,
+            hyperparameters=self.rebuilt.hyperparameters,
+            training=self.rebuilt.training,
+            tuning=self.tuning,
+        )
+
 
 class JobRunner:
-    def __init__(self, settings: Settings, *, db: Database | None = None, dispatcher: Dispatcher | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        db: Database | None = None,
+        dispatcher: Dispatcher | None = None,
+        helpers: TrialHelpers | None = None,
+    ) -> None:
         """``dispatcher``: sends the next queued job once this worker has taken one (fair sharing,
-        app/fair_dispatch.py); None in tests that run jobs in process."""
+        app/fair_dispatch.py); ``helpers``: asks other workers to run a tuning's trials with this
+        one (worker/tuning_run.py). Both None in tests that run jobs in process."""
         self.settings = settings
         self.db = db or Database(settings.resolved_database_url)
         self.blobs = blob_store_from_settings(settings)
+        self.trial_files = TrialFiles(settings.checkpoint_dir, self.blobs)
         self.actor = _actor()
         self.dispatcher = dispatcher
+        self.helpers = helpers
 
     def _send_next(self) -> None:
         """This worker's broker slot is free: let the next job in, chosen fairly."""
@@ -268,16 +300,7 @@ class JobRunner:
             if refusal is None:
                 log.info("job not claimable (duplicate or late message)", extra={"job_id": job_id})
             return None
-        assert prepared.plan is not None and prepared.rebuilt is not None  # else refused: no job
-        return Claimed(
-            job=job,
-            dataset=prepared.dataset,
-            plan=prepared.plan,
-            evaluation=prepared.evaluation,
-            hyperparameters=prepared.rebuilt.hyperparameters,
-            training=prepared.rebuilt.training,
-            tuning=prepared.tuning,
-        )
+        return prepared.claimed(job)
 
     # ------------------------------------------------------------------ run
 
@@ -302,6 +325,9 @@ class JobRunner:
             outcome = self._tune(claimed) if claimed.tuning is not None else self._train(claimed)
         except NoTrialsDrawn:
             self.fail(claimed, error_code="no-trials-drawn")
+            return JobStatus.FAILED
+        except trial_queue.TrialsLost:  # a trial's worker vanished on every take, as a job's can
+            self.fail(claimed, error_code="worker-lost")
             return JobStatus.FAILED
         except StorageUnavailable:
             # Not the job's fault: leave it running without heartbeats, so the reconciler requeues
@@ -424,6 +450,7 @@ class JobRunner:
         return self.settings.checkpoint_dir / f"{job_id}{suffix}"
 
     def _cleanup(self, job_id: str) -> None:
+        self.trial_files.discard(trial_queue.clear(self.db, job_id=job_id))  # a tuning's trials (secret)
         for suffix in PRIVATE_SUFFIXES:
             self._private_path(job_id, suffix).unlink(missing_ok=True)
             try:
@@ -530,51 +557,138 @@ class JobRunner:
         )
 
     def _tune(self, claimed: Claimed) -> Outcome:
-        """Run the tuning's K trials (worker/tuning.py) and keep the best; the outcome is the best
-        trial's model and metric. No progress event, checkpoint or log line tells how many trials
-        ran: only heartbeats are written (a retry starts the tuning over inside its reservation)."""
-        tuning, job, dataset = claimed.tuning, claimed.job, claimed.dataset
+        """Draw the tuning's K trials, share them with helper workers through its trial queue
+        (worker/tuning_run.py), and keep the best; the outcome is the best trial's model and
+        metric. No progress event, checkpoint or log line tells how many trials ran: only
+        heartbeats are written (a retry starts the tuning over inside its reservation)."""
+        tuning, job = claimed.tuning, claimed.job
         assert tuning is not None
         device = _training_device()
-        X, y, unit_codes = self._load_data_and_units(dataset, device)
         rng = secrets.SystemRandom()
-        deadline = self._deadline(job)
-        state = {"stop": False, "last_beat": 0.0}
-
-        def should_stop() -> bool:
-            now = time.monotonic()
-            if now - state["last_beat"] >= self.settings.heartbeat_interval_s:
-                state["last_beat"] = now
-                state["stop"] = lifecycle.heartbeat(self.db, attempt=claimed.held)
-            return bool(state["stop"]) or now > deadline
-
-        best: TrialResult | None = None
-        best_model: torch.nn.Module | None = None
-        for _ in range(trial_count(tuning.distribution, rng)):
-            index = tuning.draw_candidate(rng)
-            trial = self._run_trial(claimed, index, X=X, y=y, unit_codes=unit_codes, device=device, stop=should_stop)
-            if trial is None:  # cancelled or out of time: the whole reservation is committed
-                return Outcome(
-                    result=TrainingResult(steps_run=0, stopped_early=True),
-                    model_path=None,
-                    metrics=None,
-                    timed_out=time.monotonic() > deadline,
-                )
-            result, model = trial
-            if better(result, best, tuning.metric):
-                best, best_model = result, model
-        if best is None or best_model is None:
+        count = trial_count(tuning.distribution, rng)
+        if count == 0:
             raise NoTrialsDrawn
-        selected = tuning.candidates[best.candidate]
-        chosen = dataclasses.replace(claimed, job=_with_spec(job, selected.spec), training=selected.rebuilt.training)
-        n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
+        self.trial_files.discard(trial_queue.clear(self.db, job_id=job.id, keep_attempt=claimed.attempt))
+        trial_queue.enqueue(
+            self.db,
+            job_id=job.id,
+            attempt=claimed.attempt,
+            candidates=[tuning.draw_candidate(rng) for _ in range(count)],
+        )
+        self._ask_for_helpers(claimed)
+        job_stop = Pacer(
+            self.settings.heartbeat_interval_s,
+            check=lambda: lifecycle.heartbeat(self.db, attempt=claimed.held),
+            deadline=self._deadline(job),
+        )
+        owned = run_owned_trials(
+            self._trial_work(claimed, device),
+            job_stop=job_stop,
+            stale_after_s=self.settings.stale_after_s,
+            max_takes=self.settings.max_attempts,
+            poll_s=min(1.0, self.settings.heartbeat_interval_s),
+        )
+        if owned is None:  # cancelled or out of time: the whole reservation is committed
+            return Outcome(
+                result=TrainingResult(steps_run=0, stopped_early=True),
+                model_path=None,
+                metrics=None,
+                timed_out=job_stop.timed_out,
+            )
+        selected = tuning.candidates[owned.best.candidate]
+        if owned.model is not None:
+            model_path = self._write_trial_model(claimed, owned.best.candidate, owned.model)
+        else:
+            assert owned.model_file is not None
+            model_path = self._copy_to_tmp(self.trial_files.fetch(owned.model_file))
         return Outcome(
             result=TrainingResult(steps_run=selected.steps, stopped_early=False),
-            model_path=self._write_model(chosen, best_model, n_outputs),
-            metrics=best.metrics,
+            model_path=model_path,
+            metrics=owned.best.metrics,
             execution=tuning_execution(device_label(device)),
-            selected=best.candidate,
+            selected=owned.best.candidate,
         )
+
+    def help_with_trials(self, job_id: str, attempt: int) -> str:
+        """A helper's task: run pending trials of the tuning ``job_id`` (its attempt ``attempt``)
+        until none is left. It answers "done" however many it ran, none included (the usual end
+        for some helpers): Celery logs the answer, and the count would tell about K."""
+        prepared = self._prepare(job_id)
+        with self.db.read_session() as session:
+            job = session.get(Job, job_id)
+        if (
+            prepared is None
+            or prepared.tuning is None
+            or prepared.refusal is not None
+            or prepared.plan is None
+            or prepared.rebuilt is None
+            or job is None
+            or job.status != JobStatus.RUNNING
+            or job.attempt != attempt
+        ):
+            return HELPER_DONE
+        claimed = prepared.claimed(job)
+        try:
+            help_with_trials(
+                self._trial_work(claimed, _training_device()),
+                files=self.trial_files,
+                write_model=lambda index, model: self._write_trial_model(claimed, index, model),
+                deadline=self._deadline(job),
+            )
+        except StorageUnavailable:  # the trial goes stale and runs again elsewhere
+            log.warning("object store unavailable; a tuning's trial will run again", extra={"job_id": job_id})
+        return HELPER_DONE
+
+    def _ask_for_helpers(self, claimed: Claimed) -> None:
+        """``tuning_parallel_trials − 1`` other workers of the job's queue: always as many, since
+        a number that followed K would tell it to whoever sees the broker or the workers' logs."""
+        if self.helpers is None:
+            return
+        for index in range(self.settings.tuning_parallel_trials - 1):
+            try:
+                self.helpers.ask_for_trial_helper(
+                    claimed.job.id, attempt=claimed.attempt, index=index, queue=claimed.job.queue
+                )
+            except Exception:  # the trials still run, on this worker
+                log.exception("could not ask for a tuning helper", extra={"job_id": claimed.job.id})
+                return
+
+    def _trial_work(self, claimed: Claimed, device: torch.device) -> TrialWork:
+        assert claimed.tuning is not None
+        loaded: list[tuple[Rows, torch.Tensor, np.ndarray | None]] = []
+
+        def train(index: int, stop: Callable[[], bool]) -> tuple[dict[str, Any], torch.nn.Module] | None:
+            if not loaded:  # once per worker, and only when it has a trial to run
+                loaded.append(self._load_data_and_units(claimed.dataset, device))
+            X, y, unit_codes = loaded[0]
+            return self._run_trial(claimed, index, X=X, y=y, unit_codes=unit_codes, device=device, stop=stop)
+
+        return TrialWork(
+            db=self.db,
+            job_id=claimed.job.id,
+            attempt=claimed.attempt,
+            worker=self.actor,
+            metric=claimed.tuning.metric,
+            interval_s=self.settings.heartbeat_interval_s,
+            train=train,
+        )
+
+    def _write_trial_model(self, claimed: Claimed, index: int, model: torch.nn.Module) -> Path:
+        """Candidate ``index``'s trained model as the artifact its job would release."""
+        assert claimed.tuning is not None
+        selected = claimed.tuning.candidates[index]
+        chosen = dataclasses.replace(
+            claimed, job=_with_spec(claimed.job, selected.spec), training=selected.rebuilt.training
+        )
+        return self._write_model(chosen, model, get_model(claimed.job.model_name).n_outputs(facts_of(claimed.dataset)))
+
+    def _copy_to_tmp(self, source: Path) -> Path:
+        """A copy the settlement may delete (the trial's file stays until the queue is cleared)."""
+        self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".safetensors")
+        os.close(fd)
+        shutil.copyfile(source, name)
+        return Path(name)
 
     def _run_trial(
         self,
@@ -586,8 +700,9 @@ class JobRunner:
         unit_codes: np.ndarray | None,
         device: torch.device,
         stop: Callable[[], bool],
-    ) -> tuple[TrialResult, torch.nn.Module] | None:
-        """One trial: candidate ``index`` on its own hold-out split, trained and DP-evaluated."""
+    ) -> tuple[dict[str, Any], torch.nn.Module] | None:
+        """One trial: candidate ``index`` on its own hold-out split, trained and DP-evaluated;
+        its released metrics and model, or None when ``stop()`` stopped it."""
         assert claimed.tuning is not None
         candidate = claimed.tuning.candidates[index]
         evaluation = candidate.rebuilt.evaluation
@@ -643,7 +758,7 @@ class JobRunner:
             secure_gaussian=self.settings.secure_noise,
             row_weights=split.eval_weights,
         )
-        return TrialResult(candidate=index, metrics=metrics, score=score_of(metrics, claimed.tuning.metric)), model
+        return metrics, model
 
     @staticmethod
     def _parameter_average(

@@ -7,7 +7,7 @@ from functools import lru_cache
 from celery import shared_task
 
 from app.config import get_settings
-from app.queue import RUN_JOB_TASK
+from app.queue import RUN_JOB_TASK, RUN_TRIALS_TASK
 from app.services import CeleryDispatcher
 from worker.runner import JobRunner
 
@@ -15,9 +15,15 @@ from worker.runner import JobRunner
 @lru_cache(maxsize=1)
 def _runner() -> JobRunner:
     settings = get_settings()
-    return JobRunner(settings, dispatcher=CeleryDispatcher(settings))
+    dispatcher = CeleryDispatcher(settings)
+    return JobRunner(settings, dispatcher=dispatcher, helpers=dispatcher)
 
 
 @shared_task(name=RUN_JOB_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints
 def run_job(job_id: str) -> str:
     return _runner().run(job_id)
+
+
+@shared_task(name=RUN_TRIALS_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints
+def run_trials(job_id: str, attempt: int) -> str:
+    return _runner().help_with_trials(job_id, attempt)

@@ -1,17 +1,19 @@
 """A tuning's trials on the worker: how many, which configuration each runs, which one wins.
 
-The number of trials K is drawn here, from the OS's CSPRNG, each time the tuning runs (a retry
-draws afresh inside the same reservation), and is stored and logged nowhere: Papernot and
-Steinke's guarantee holds for the best trial only while K stays secret. Each trial picks one
-configuration of the public pool uniformly at random, independently of the data and of the other
-trials, draws its own hold-out split, trains, and releases its DP hold-out metric to this process;
-only the best trial's model, configuration and metric leave the worker.
+The number of trials K is drawn by the tuning job's worker, from the OS's CSPRNG, each time the
+tuning runs (a retry draws afresh inside the same reservation). Papernot and Steinke's guarantee
+holds for the best trial only while K stays secret: it is logged nowhere and lives only in the
+service's trial queue while the tuning runs (app/tuning/trial_queue.py, deleted when it settles).
+Each trial picks one configuration of the public pool uniformly at random, independently of the
+data and of the other trials, draws its own hold-out split, trains, and releases its DP hold-out
+metric to the service; only the best trial's model, configuration and metric are released.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,7 @@ from app import privacy
 from app.privacy import TrialDistribution
 from app.tuning.planning import METRIC_DIRECTIONS, RebuiltCandidate
 
-__all__ = ["TrialResult", "TuningClaim", "better", "score_of", "trial_count", "tuning_execution"]
+__all__ = ["TrialResult", "TuningClaim", "best_of", "better", "score_of", "trial_count", "tuning_execution"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class TuningClaim:
 
 @dataclass(frozen=True)
 class TrialResult:
+    seq: int
+    """The trial's place in the order of drawing: ties in the metric go to the earlier trial."""
     candidate: int
     metrics: dict[str, Any]
     """The trial's released DP metric (its noisy hold-out value, clamped, with its interval)."""
@@ -63,9 +67,20 @@ def score_of(metrics: dict[str, Any], metric: str) -> float:
 
 
 def better(candidate: TrialResult, incumbent: TrialResult | None, metric: str) -> bool:
-    """Whether ``candidate`` beats the best so far (ties keep the earlier trial)."""
+    """Whether ``candidate`` beats ``incumbent`` (ties go to the earlier-drawn trial): a total
+    order, so every worker agrees on the best whatever order the trials finished in."""
     if incumbent is None:
         return True
+    if candidate.score == incumbent.score:
+        return candidate.seq < incumbent.seq
     if METRIC_DIRECTIONS[metric] == "max":
         return candidate.score > incumbent.score
     return candidate.score < incumbent.score
+
+
+def best_of(trials: Iterable[TrialResult], metric: str) -> TrialResult | None:
+    best: TrialResult | None = None
+    for trial in trials:
+        if better(trial, best, metric):
+            best = trial
+    return best

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -62,6 +62,7 @@ from app.algorithms.registry import (
     register_algorithm,
     subsampled_gaussian_steps,
 )
+from app.algorithms.training_fields import PER_UNIT_TRAINING_FIELDS
 from app.privacy import PrivacyEvent
 
 __all__ = [
@@ -190,6 +191,8 @@ def _event_builder(q: float, threshold_noise_ratio: float | None) -> Callable[[f
 class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
     name = "dc-dpsgd"
     family = "dc-dpsgd"
+    privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is one "sample" of the rules
+    training_fields: ClassVar[frozenset[str]] = PER_UNIT_TRAINING_FIELDS
     paper = (
         "Sha et al., Clip Body and Tail Separately: High Probability Guarantees for DPSGD with "
         "Heavy Tails (arXiv); sound calibration per privtrain docs/algorithms/dc-dpsgd.md"
@@ -242,6 +245,8 @@ class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
 class DCDPSGDThreshold(PoissonGaussianAlgorithm[DCDPSGDThresholdHyperparameters]):
     name = "dc-dpsgd-threshold"
     family = "dc-dpsgd"
+    privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is one "sample" of the rule
+    training_fields: ClassVar[frozenset[str]] = PER_UNIT_TRAINING_FIELDS
     paper = DCDPSGDRank.paper
     summary = (
         "DC-DPSGD with a per-sample rule: tail iff the projected trace exceeds a public threshold "

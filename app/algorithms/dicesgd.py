@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,7 +66,7 @@ from app.algorithms.registry import (
     poisson_schedule,
     register_algorithm,
 )
-from app.algorithms.training_fields import batch_size_of
+from app.algorithms.training_fields import PER_UNIT_TRAINING_FIELDS, batch_size_of
 from app.facts import DatasetFacts
 from app.privacy import GaussianEvent, PrivacyEvent
 from app.schemas.jobs import TrainingSpec
@@ -160,6 +160,8 @@ class _DiceSGDFamily(AlgorithmDefinition[_DiceH]):
     """The shared plan: Poisson batches, one Gaussian of sensitivity Δ per step, NO amplification."""
 
     family = "dicesgd"
+    privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is clipped and fed back as one
+    training_fields: ClassVar[frozenset[str]] = PER_UNIT_TRAINING_FIELDS
     paper = (
         "Zhang, Bu, Wu, Hong 2024, Differentially Private SGD Without Clipping Bias: An "
         "Error-Feedback Approach (ICLR); sound accounting per privtrain docs/algorithms/dicesgd.md"

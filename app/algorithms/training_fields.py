@@ -35,12 +35,15 @@ ENGINE_OPTION_FIELDS: Final[frozenset[str]] = frozenset({"augmult", "precision",
 sgd/adam), which list them; every other algorithm refuses them."""
 DEFAULT_TRAINING_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - ENGINE_OPTION_FIELDS
 """An algorithm's fields unless it declares its own."""
+PER_UNIT_TRAINING_FIELDS: Final[frozenset[str]] = DEFAULT_TRAINING_FIELDS | {"rows_per_unit"}
+"""The fields of an algorithm with its own aggregator that also trains per privacy unit
+(DC-DPSGD, DiceSGD): each unit's rows averaged before the algorithm's own rule."""
 _ENGINE_OPTION_READERS = "dp-sgd, dp-adam, auto-s, dp-psac, sgd and adam"
 ENGINE_OPTION_UNUSED_REASONS: Final[Mapping[str, str]] = {
     "augmult": f"trains on each sampled row as it is (augmentation multiplicity is implemented for "
     f"{_ENGINE_OPTION_READERS})",
     "precision": f"computes in float32 (bf16 mixed precision is implemented for {_ENGINE_OPTION_READERS})",
-    "rows_per_unit": "does not train per privacy unit (dp-sgd, dp-adam, auto-s and dp-psac do)",
+    "rows_per_unit": "does not train per privacy unit (the catalogue's algorithms with privacy_units: true do)",
 }
 """Complete 'training.<field>: <name> … and does not use it' for the engine options."""
 SCHEDULE_FIELDS: Final[frozenset[str]] = ALL_TRAINING_FIELDS - frozenset(

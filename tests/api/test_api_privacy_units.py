@@ -109,7 +109,37 @@ def test_a_job_trains_per_person_on_the_worker_and_reports_the_guarantee_per_per
     assert f'id="n-units" data-value="{N_PERSONS}"' in html and "one patient_id and all its rows" in html
 
 
-@pytest.mark.parametrize("algorithm", ["dc-dpsgd", "dicesgd", "kl-spider"])
+@pytest.mark.parametrize(
+    ("algorithm", "hyperparameters"),
+    [
+        ("dc-dpsgd", {"c1": 2.0, "c2": 0.5, "k": 2, "scope": ["1.weight"]}),
+        ("dc-dpsgd-threshold", {"c1": 2.0, "c2": 0.5, "k": 2, "tracking": True, "scope": ["1.weight"]}),
+        ("dicesgd", {"c1": 1.0, "c2": 1.0}),
+        ("dicesgd-adam", {"c1": 1.0, "c2": 1.0}),
+    ],
+)
+def test_dc_dpsgd_and_dicesgd_train_per_person(
+    alice: TestClient, settings: Settings, database: Database, algorithm: str, hyperparameters: dict[str, Any]
+) -> None:
+    """Their name-keyed state (DC-DPSGD's projection scope, DiceSGD's error feedback) sees the
+    model's own parameter names on the per-unit path; the charge is per person."""
+    dataset = _unit_dataset(alice)
+    spec = _spec(dataset["id"], algorithm=algorithm, rows_per_unit=2)
+    spec["algorithm"]["hyperparameters"] = hyperparameters
+    estimate = alice.post("/v1/jobs/estimate", json=spec)
+    assert estimate.status_code == 200, estimate.text
+    assert estimate.json()["sampling_probability"] == pytest.approx(12 / N_PERSONS)
+    job_id = run_on_worker(alice, settings, database, spec)
+    job = alice.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job
+    assert job["spec"]["training"]["rows_per_unit"] == 2
+    report = alice.get(f"/v1/jobs/{job_id}/report").json()
+    assert report["privacy_unit"] == "one patient_id and all its rows"
+    assert report["unit_level"]["n_units"] == N_PERSONS
+    assert verify_ledger(database, dataset_id=dataset["id"]).ok
+
+
+@pytest.mark.parametrize("algorithm", ["kl-spider", "noisy-gd", "ht-dp-fw"])
 def test_an_algorithm_that_bounds_rows_only_is_refused(alice: TestClient, database: Database, algorithm: str) -> None:
     dataset = _unit_dataset(alice)
     before = counts(database)

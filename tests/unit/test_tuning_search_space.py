@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from app.errors import InvalidInput
 from app.schemas.tuning import SearchRange
 from app.tuning.search_space import apply, candidate_pool, check_path
-from worker.tuning import TrialResult, better, score_of
+from worker.tuning import TrialResult, best_of, better, score_of
 
 
 @pytest.mark.parametrize(
@@ -86,9 +86,29 @@ def test_apply_sets_dotted_fields_and_steps_replace_epochs() -> None:
 
 
 def test_the_best_trial_maximises_accuracy_and_minimises_errors() -> None:
-    low, high = TrialResult(0, {"accuracy": 0.5}, 0.5), TrialResult(1, {"accuracy": 0.9}, 0.9)
+    low, high = TrialResult(0, 0, {"accuracy": 0.5}, 0.5), TrialResult(1, 1, {"accuracy": 0.9}, 0.9)
     assert better(high, low, "accuracy") and not better(low, high, "accuracy")
     assert better(low, high, "mse") and not better(high, low, "perplexity")
     assert better(low, None, "mse")
-    assert not better(TrialResult(2, {}, 0.9), high, "accuracy")  # ties keep the earlier trial
+    assert not better(TrialResult(2, 0, {}, 0.9), high, "accuracy")  # a tie goes to the earlier-drawn trial …
+    assert better(high, TrialResult(2, 0, {}, 0.9), "accuracy")  # … whichever finished first
     assert score_of({"perplexity": math.nan}, "perplexity") == math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([0.1, 0.5, 0.9, -math.inf]), min_size=1, max_size=8),
+    metric=st.sampled_from(["accuracy", "mse"]),
+    data=st.data(),
+)
+def test_the_selected_trial_does_not_depend_on_the_order_the_trials_finished(
+    scores: list[float], metric: str, data: st.DataObject
+) -> None:
+    """Workers finish trials in any order; every worker must select the same one."""
+    trials = [TrialResult(seq, seq % 3, {metric: score}, score) for seq, score in enumerate(scores)]
+    finished = data.draw(st.permutations(trials))
+    best = best_of(finished, metric)
+    assert best == best_of(trials, metric)
+    assert best is not None
+    target = max(scores) if metric == "accuracy" else min(scores)
+    assert best.score == target and best.seq == scores.index(target)

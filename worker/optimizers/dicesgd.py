@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from worker.data.rows import Rows
+from worker.data.units import UnitIndex
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.ghost import ghost_weighted_grad_sums
 from worker.optimizers.ghost import supports as ghost_supports
@@ -53,6 +54,7 @@ from worker.optimizers.per_sample import (
 )
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
+from worker.training.units import unit_sampling
 
 __all__ = [
     "ERROR_FEEDBACK_CHECKPOINT_KEY",
@@ -349,8 +351,12 @@ def train_dicesgd(
     hooks: TrainingHooks | None = None,
     resume_from: TrainingState | None = None,
     device: torch.device | None = None,
+    units: UnitIndex | None = None,
+    rows_per_unit: int | None = None,
 ) -> TrainingResult:
-    """DiceSGD through the shared DP loop, with e checkpointed and restored alongside it.
+    """DiceSGD through the shared DP loop, with e checkpointed and restored alongside it. With
+    ``units`` (a dataset with a privacy unit column) the loop samples units and each sampled
+    unit's mean gradient over ``rows_per_unit`` row slots is clipped, and fed back, as one sample.
 
     ``config.noise_multiplier`` is σ (noise std on the average / Δ); the loop draws
     N(0, (σ·aggregator.sensitivity)² I) on the sum and divides by ``config.expected_batch_size``,
@@ -367,6 +373,7 @@ def train_dicesgd(
             # Only a checkpoint from another writer lacks e; restarting it at 0 is privacy-neutral
             # (ψ stays bounded) and changes the algorithm only, so say so without any value.
             log.warning("DiceSGD resumed from a checkpoint without error feedback; e restarts at 0")
+    loop_aggregator, sampling = unit_sampling(aggregator, units, rows_per_unit=rows_per_unit)
     return train_dp_sgd(
         model,
         X,
@@ -376,5 +383,6 @@ def train_dicesgd(
         hooks=with_error_feedback_in_checkpoints(hooks, aggregator, model),
         resume_from=resume_from,
         device=device,
-        aggregator=aggregator,
+        aggregator=loop_aggregator,
+        units=sampling,
     )

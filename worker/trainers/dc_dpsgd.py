@@ -2,7 +2,9 @@
 DC-DPSGD aggregator (rank or threshold rule) in place of plain clipping.
 
 The gradient noise on the sum is σ·Δ with Δ the aggregator's sensitivity (2·c1 − c2 or c1),
-which is the catalogue's ``PrivacyPlan.sensitivity``; with threshold tracking, the tail count
+which is the catalogue's ``PrivacyPlan.sensitivity``. On a dataset with a privacy unit column the
+loop samples units and each sampled unit's gradient (the mean over its row slots,
+worker/training/units.py) is one "sample" of the rank or threshold rule; with threshold tracking, the tail count
 gets N(0, (r·σ)²) — the σ_b that the event's σ_eff = σ/sqrt(1 + 1/r²) was computed from.
 
 Checkpoints. The loop's checkpoint holds model, optimizer and SecureRandom state; W_t (keyed by
@@ -37,6 +39,7 @@ from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.per_sample import trainable_parameters
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.trainers.base import TrainingRequest, register_preflight, register_trainer
+from worker.training.units import unit_sampling
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,7 @@ def _run(
     hooks: TrainingHooks,
 ) -> TrainingResult:
     aggregator.check(request.model)  # unknown scope names or k >= d_J fail before any step
+    loop_aggregator, units = unit_sampling(aggregator, request.units, rows_per_unit=request.training.rows_per_unit)
     return train_dp_sgd(
         request.model,
         request.features,
@@ -89,7 +93,8 @@ def _run(
         hooks=hooks,
         resume_from=request.resume_from,
         device=request.device,
-        aggregator=aggregator,
+        aggregator=loop_aggregator,
+        units=units,
     )
 
 

@@ -81,6 +81,8 @@ def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, opt
         hooks=request.hooks,
         resume_from=request.resume_from,
         device=request.device,
+        units=request.units,
+        rows_per_unit=request.training.rows_per_unit,
     )
 
 

@@ -11,8 +11,8 @@ that one row is the (K, C, H, W) stack of its views and the model is called once
 whole batch (every layer then sees the batch on dimension 0, K times, which the ghost engine's
 rules treat as a reused layer: their calls add up per row), and the loss is the registered
 mean-over-views form of the job's loss (worker/optimizers/losses.py). `AugmultAggregator` builds
-the views of the sampled batch and hands the wrapped model to the job's own aggregator, then maps
-the parameter names back to the model's.
+the views of the sampled batch and hands the wrapped model, whose parameters keep their names, to
+the job's own aggregator.
 """
 
 from __future__ import annotations
@@ -29,33 +29,37 @@ from worker.optimizers.per_sample import supported_module
 from worker.optimizers.secure_random import SecureRandom
 from worker.training.augment import augmented_views, default_padding, draw_views
 
-__all__ = ["INNER", "AugmentedViews", "AugmultAggregator", "forward_views", "stacked_sum", "with_augmult"]
-
-INNER = "inner"
-"""The wrapped model's attribute: its parameter names gain the prefix ``inner.``."""
+__all__ = ["AugmentedViews", "AugmultAggregator", "forward_views", "stacked_sum", "with_augmult"]
 
 
 @ghost_container
 @supported_module
 class AugmentedViews(nn.Module):
-    """(b, K, C, H, W) -> (b, K, outputs): the wrapped model applied to each view of every row.
+    """(b, K, ...) -> (b, K, outputs): the wrapped model applied to each slice k of every row.
 
-    Owns no parameters and only calls the wrapped model, once per view on all b rows, so both
-    engines accept it wherever they accept the wrapped model."""
+    Shares the wrapped model's children, under their own names, instead of holding the model as a
+    child: its parameters keep their names (``0.weight``, not ``inner.0.weight``), so whatever an
+    aggregator keys by parameter name (DC-DPSGD's projection scope, DiceSGD's error feedback)
+    sees the same names through the wrapper as without it. Owns no parameters and only calls the
+    wrapped model, once per slice on all b rows, so both engines accept it wherever they accept
+    the wrapped model. The wrapped model's root must own no parameters or buffers (every model of
+    the zoo is a container); they could not be shared by name."""
+
+    _stacked_model: nn.Module
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.inner = inner
+        if inner._parameters or inner._buffers:
+            raise ValueError(
+                f"{type(inner).__name__} owns parameters or buffers at its root: it cannot be seen per "
+                "stacked row (wrap them in a child module)"
+            )
+        object.__setattr__(self, "_modules", inner._modules)  # the same dict: children, names and all
+        object.__setattr__(self, "_stacked_model", inner)  # not a child: it would prefix the names
 
     def forward(self, views: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self.inner(views[:, k]) for k in range(views.shape[1])], dim=1)
-
-
-def _inner_name(name: str) -> str:
-    prefix = INNER + "."
-    if not name.startswith(prefix):
-        raise AssertionError(f"parameter {name!r} is not the wrapped model's")
-    return name[len(prefix) :]
+        model = self._stacked_model
+        return torch.stack([model(views[:, k]) for k in range(views.shape[1])], dim=1)
 
 
 def stacked_sum(
@@ -73,7 +77,7 @@ def stacked_sum(
     privacy unit) seen through `AugmentedViews`, ``loss`` a mean over the K; keyed by ``model``'s
     own parameter names. K rows per row: fewer rows per chunk keep the memory bound (the result
     is unchanged)."""
-    sums = inner.clipped_sum(
+    return inner.clipped_sum(
         AugmentedViews(model),
         stacked,
         y,
@@ -82,7 +86,6 @@ def stacked_sum(
         max_physical_batch_size=max(1, max_physical_batch_size // stacked.shape[1]),
         generator=generator,
     )
-    return {_inner_name(name): total for name, total in sums.items()}
 
 
 @dataclass(frozen=True)
