@@ -10,7 +10,9 @@ estimated from the data.
 
 Sensitivities under add/remove (docs/privacy-model.md#neighbours wins over the paper's replace-one Definition 2).
 n is the PUBLIC normaliser: the registered row count times (1 − hold-out fraction), never the
-realised row count. Adding or removing one row adds or removes ONE term of the sum:
+realised row count. Adding or removing one row adds or removes ONE term of the sum. On a dataset
+with a privacy unit column a term is one person's mean gradient over their row slots and n counts
+persons: the same sensitivities hold per person.
 
 * G: the sum Σ clip_L0(g_i) changes by one vector of norm ≤ L0, so Δ(G) = L0/n
   (replace-one: 2L0/n, the paper's value — halved).
@@ -554,14 +556,17 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression"})
     """Full-batch methods analysed for one loss per feature vector: a language model's token losses are
     out of their scope (and one full pass per step over a text corpus would be prohibitive)."""
-    training_fields = SCHEDULE_FIELDS
+    training_fields = SCHEDULE_FIELDS | {"rows_per_unit"}
     unused_training_reasons: ClassVar[Mapping[str, str]] = {
         "batch_size": "is full-batch",
         "learning_rate": "takes its step sizes from the paper's schedule",
         "ema_decay": "releases the iterate its analysis bounds",
-        **ENGINE_OPTION_UNUSED_REASONS,
+        **{k: v for k, v in ENGINE_OPTION_UNUSED_REASONS.items() if k != "rows_per_unit"},
     }
     full_batch = True
+    # Per person: every release uses every unit's mean gradient over its row slots, clipped to L0
+    # as one vector, and divides by the public number of units (worker/optimizers/kl_common.py).
+    privacy_units: ClassVar[bool] = True
     paper = (
         "Menart, Ullah, Arora, Bassily, Guzmán, Differentially Private Non-Convex Optimization "
         "under the KL Condition with Optimal Rates; sound add/remove calibration per privtrain "
@@ -586,7 +591,7 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
         return PrivacyPlan(
             steps=BUDGET_UNITS if self.unit_based else passes,
             sampling_probability=1.0,
-            expected_batch_size=training_fraction * facts.n_rows,
+            expected_batch_size=training_fraction * facts.n_privacy_units,
             sensitivity=float(hyperparameters.L0),
             sampling="full-batch",
             event_for=event_for,
@@ -595,7 +600,8 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     def _common_notes(self, noise_multiplier: float) -> dict[str, Any]:
         rho = rho_of(noise_multiplier)
         notes: dict[str, Any] = {
-            "neighbouring_relation": "add/remove one row; averages normalised by the public n",
+            "neighbouring_relation": "add/remove one privacy unit (a row, or a person with all their rows); "
+            "averages normalised by the public n (of rows, or of persons)",
             "sampling": "full batch (q = 1, no amplification)",
             "rho_zcdp": rho if self.unit_based else None,
         }

@@ -112,13 +112,14 @@ class AlgorithmDefinition(Generic[H]):
     def accept_training(self, training: TrainingSpec, facts: DatasetFacts) -> TrainingSpec:
         """The submitted training spec as this algorithm runs it: fields it does not read are
         refused (UnusedTrainingField), the ones it reads required (MissingTrainingFields), and a
-        full-batch algorithm's ``batch_size`` is the dataset's public n."""
+        full-batch algorithm's ``batch_size`` is the dataset's public n (of rows, or of privacy
+        units on a dataset with a privacy unit column: every step then uses every unit)."""
         return accept_training(
             training,
             algorithm=self.name,
             reads=self.training_fields,
             unused_reasons=self.unused_training_reasons,
-            full_batch_rows=facts.n_rows if self.full_batch else None,
+            full_batch_rows=facts.n_privacy_units if self.full_batch else None,
         )
 
     def plan(

@@ -139,7 +139,34 @@ def test_dc_dpsgd_and_dicesgd_train_per_person(
     assert verify_ledger(database, dataset_id=dataset["id"]).ok
 
 
-@pytest.mark.parametrize("algorithm", ["kl-spider", "noisy-gd", "ht-dp-fw"])
+@pytest.mark.parametrize("algorithm", ["kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point"])
+def test_the_kl_family_trains_on_every_person_each_step(
+    alice: TestClient, settings: Settings, database: Database, algorithm: str
+) -> None:
+    """Full batch per person: every release uses each person's mean gradient over their row slots
+    as one clipped term, normalised by the public number of persons (recorded as the batch size)."""
+    dataset = _unit_dataset(alice)
+    spec = {
+        "dataset_id": dataset["id"],
+        "model": {"name": "logistic-regression", "params": {}},
+        "algorithm": {"name": algorithm, "hyperparameters": {}},
+        "privacy": {"target_epsilon": 3.0},
+        "training": {"steps": 4, "rows_per_unit": 3},
+    }
+    estimate = alice.post("/v1/jobs/estimate", json=spec)
+    assert estimate.status_code == 200, estimate.text
+    assert estimate.json()["sampling_probability"] == 1.0
+    job_id = run_on_worker(alice, settings, database, spec)
+    job = alice.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job
+    assert job["spec"]["training"]["batch_size"] == N_PERSONS  # every person, not every row
+    assert job["spec"]["training"]["rows_per_unit"] == 3
+    report = alice.get(f"/v1/jobs/{job_id}/report").json()
+    assert report["privacy_unit"] == "one patient_id and all its rows"
+    assert verify_ledger(database, dataset_id=dataset["id"]).ok
+
+
+@pytest.mark.parametrize("algorithm", ["ht-dp-fw", "ht-sparse-linreg"])
 def test_an_algorithm_that_bounds_rows_only_is_refused(alice: TestClient, database: Database, algorithm: str) -> None:
     dataset = _unit_dataset(alice)
     before = counts(database)

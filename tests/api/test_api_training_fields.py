@@ -73,7 +73,7 @@ def test_an_algorithm_that_reads_a_field_still_requires_it(alice: TestClient, da
 
 def test_the_catalogue_lists_each_algorithms_training_fields(alice: TestClient) -> None:
     entry = alice.get("/v1/algorithms/kl-spider").json()
-    assert entry["training_fields"] == ["epochs", "steps", "time_limit_s"]
+    assert entry["training_fields"] == ["epochs", "rows_per_unit", "steps", "time_limit_s"]
     assert entry["full_batch"] is True
     assert "batch_size" not in entry["training_schema"]["properties"]
     dp_sgd = alice.get("/v1/algorithms/dp-sgd").json()

@@ -121,7 +121,10 @@ def test_catalogue_commands(run: Run) -> None:
         "time_limit_s",
     ]
     lines = run("algorithms", "kl-spider").stdout.splitlines()
-    assert any(line.startswith("training fields") and line.endswith(" epochs, steps, time_limit_s") for line in lines)
+    assert any(
+        line.startswith("training fields") and line.endswith(" epochs, rows_per_unit, steps, time_limit_s")
+        for line in lines
+    )
     models = ok_json(run("models", "--json"))
     assert {"logistic-regression", "mlp"} <= {m["name"] for m in models}
     assert run("models").stdout.startswith("NAME")

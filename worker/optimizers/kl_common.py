@@ -24,7 +24,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from worker.optimizers.dp_sgd import per_sample_map_aggregator
+from worker.optimizers.dp_sgd import BatchAggregator, UnitSampling, per_sample_map_aggregator
+from worker.optimizers.losses import mean_over_unit_rows
 from worker.optimizers.noise import privatise_sum
 from worker.optimizers.per_sample import (
     AbadiClip,
@@ -34,6 +35,8 @@ from worker.optimizers.per_sample import (
 )
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
+from worker.training.augmult import AugmentedViews
+from worker.training.units import PerUnitAggregator
 
 __all__ = [
     "FullBatch",
@@ -96,18 +99,33 @@ class FullBatch:
     units_for: UnitsFor
     """The public progress count of a spent share of ρ (budget units)."""
     observer: ReleaseObserver | None = None
+    units: UnitSampling | None = None
+    """Per privacy unit: every pass draws each unit's row slots afresh from ``generator``, and a
+    unit's mean gradient over them is one term of every sum (``normaliser`` counts units)."""
     passes: int = 0
     """Full passes over the data so far (a difference counts two): the public compute meter."""
     _old_model: nn.Module | None = field(default=None, repr=False)
 
+    def _pass_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This pass's terms: the rows, or every unit's (n_units, k, ...) row slots."""
+        if self.units is None:
+            return self.X, self.y
+        every_unit = torch.arange(self.units.index.n_units)
+        slots = self.units.index.slots(every_unit, rows_per_unit=self.units.rows_per_unit, generator=self.generator)
+        slots = slots.to(self.X.device)
+        return self.X[slots], self.y[slots]
+
     def clipped_sum(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Σ_i clip_L0(∇f(w; x_i)) — PRIVATE; add/remove sensitivity L0."""
-        aggregator = per_sample_map_aggregator(model, AbadiClip(self.lipschitz))
+        """Σ_i clip_L0(∇f(w; x_i)) — PRIVATE; add/remove sensitivity L0 (i a row, or a unit's mean)."""
+        aggregator: BatchAggregator = per_sample_map_aggregator(model, AbadiClip(self.lipschitz))
+        if self.units is not None:
+            aggregator = PerUnitAggregator(aggregator, self.units.rows_per_unit)
         self.passes += 1
+        X, y = self._pass_data()
         return aggregator.clipped_sum(
             model,
-            self.X,
-            self.y,
+            X,
+            y,
             step=0,
             loss=self.loss,
             max_physical_batch_size=self.max_physical_batch_size,
@@ -160,11 +178,19 @@ class FullBatch:
             for name, p in trainable_parameters(model).items()
         }
         chunks = dict(loss=self.loss, max_physical_batch_size=self.max_physical_batch_size)
+        X, y = self._pass_data()  # the same terms at both points
+        new_model, old_model = model, old
+        if self.units is not None:  # one term per unit: its slots' mean gradient (parameter names kept)
+            k = self.units.rows_per_unit
+            new_model, old_model = AugmentedViews(model), AugmentedViews(old)
+            chunks = dict(
+                loss=mean_over_unit_rows(self.loss), max_physical_batch_size=max(1, self.max_physical_batch_size // k)
+            )
         self.passes += 2
         with torch.no_grad():
             for new_grads, old_grads in zip(
-                iter_per_sample_grads(model, self.X, self.y, **chunks),  # type: ignore[arg-type]
-                iter_per_sample_grads(old, self.X, self.y, **chunks),  # type: ignore[arg-type]
+                iter_per_sample_grads(new_model, X, y, **chunks),  # type: ignore[arg-type]
+                iter_per_sample_grads(old_model, X, y, **chunks),  # type: ignore[arg-type]
                 strict=True,
             ):
                 new_norms, old_norms = per_sample_norms(new_grads), per_sample_norms(old_grads)

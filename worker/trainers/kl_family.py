@@ -38,6 +38,7 @@ from worker.optimizers.kl_spider import train_kl_spider
 from worker.optimizers.per_sample import check_supported, trainable_parameters
 from worker.optimizers.state import TrainingResult
 from worker.trainers.base import TrainingRequest, register_trainer
+from worker.training.units import unit_slots
 
 __all__ = ["full_batch", "max_passes"]
 
@@ -68,6 +69,7 @@ def full_batch(request: TrainingRequest[Any], lipschitz: float, observer: Releas
         noise_safety=NOISE_SAFETY,
         units_for=units_for,
         observer=observer,
+        units=unit_slots(request.units, rows_per_unit=request.training.rows_per_unit),
     )
 
 

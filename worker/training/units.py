@@ -22,7 +22,7 @@ from worker.optimizers.losses import mean_over_unit_rows
 from worker.optimizers.secure_random import SecureRandom
 from worker.training.augmult import stacked_sum
 
-__all__ = ["PerUnitAggregator", "unit_sampling"]
+__all__ = ["PerUnitAggregator", "unit_sampling", "unit_slots"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,20 @@ class PerUnitAggregator:
         )
 
 
+def unit_slots(units: UnitIndex | None, *, rows_per_unit: int | None) -> UnitSampling | None:
+    """How a job on a privacy unit dataset draws its units' row slots (None: rows are units)."""
+    if units is None:
+        return None
+    if rows_per_unit is None:
+        raise ValueError("a job on a privacy unit dataset needs training.rows_per_unit (the planner fills it in)")
+    return UnitSampling(index=units, rows_per_unit=rows_per_unit)
+
+
 def unit_sampling(
     aggregator: BatchAggregator, units: UnitIndex | None, *, rows_per_unit: int | None
 ) -> tuple[BatchAggregator, UnitSampling | None]:
     """The aggregator and the loop's sampling for a job: per unit when the dataset has units."""
-    if units is None:
+    sampling = unit_slots(units, rows_per_unit=rows_per_unit)
+    if sampling is None:
         return aggregator, None
-    if rows_per_unit is None:
-        raise ValueError("a job on a privacy unit dataset needs training.rows_per_unit (the planner fills it in)")
-    return PerUnitAggregator(aggregator, rows_per_unit), UnitSampling(index=units, rows_per_unit=rows_per_unit)
+    return PerUnitAggregator(aggregator, sampling.rows_per_unit), sampling

@@ -1,4 +1,4 @@
-"""DC-DPSGD and DiceSGD per privacy unit: their name-keyed state (the projection scope, the error
+"""DC-DPSGD, DiceSGD and the KL family per privacy unit: their name-keyed state (the projection scope, the error
 feedback) sees the model's own parameter names through the per-unit wrapper; one unit with
 hundreds of rows moves what a step releases by at most the charged sensitivity (measured); and a
 per-unit DiceSGD run resumes from its checkpoint bit for bit."""
@@ -17,7 +17,8 @@ from worker.data.units import UnitIndex
 from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator
 from worker.optimizers.dc_projection import StreamingProjection
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
-from worker.optimizers.dp_sgd import BatchAggregator, DPSGDConfig
+from worker.optimizers.dp_sgd import BatchAggregator, DPSGDConfig, UnitSampling
+from worker.optimizers.kl_common import FullBatch, flat_params
 from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingHooks, TrainingState
@@ -150,3 +151,46 @@ def test_a_per_unit_dicesgd_run_resumes_bit_for_bit(tmp_path: Path) -> None:
     resumed = run(resume_from=load_training_state(path))
     for a, b in zip(resumed.parameters(), straight.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("release", ["gradient", "difference"])
+def test_a_heavy_unit_moves_a_kl_full_batch_sum_by_at_most_its_clip(release: str) -> None:
+    """The KL family's full-batch sums per unit: every unit's mean gradient over its row slots is
+    one clipped term, so the heavy unit (300 large rows) moves the clipped gradient sum by at most
+    L0 and the clipped difference sum by at most C. Light units have one row each, so their slots
+    do not depend on the draw and the two datasets differ by the heavy unit only."""
+    lipschitz, clip = 0.7, 0.2
+    torch.manual_seed(3)
+    light_X, light_y = torch.randn(12, 6), torch.randint(0, 3, (12,))
+    heavy_X, heavy_y = 50.0 * torch.ones(300, 6) + torch.randn(300, 6), torch.zeros(300, dtype=torch.int64)
+
+    def total(with_heavy: bool) -> torch.Tensor:
+        model = _model()
+        X = torch.cat([light_X, heavy_X]) if with_heavy else light_X
+        y = torch.cat([light_y, heavy_y]) if with_heavy else light_y
+        codes = np.concatenate([np.arange(12), np.full(300 if with_heavy else 0, 12)])
+        data = FullBatch(
+            X=X,
+            y=y,
+            loss="cross_entropy",
+            lipschitz=lipschitz,
+            normaliser=12.0,
+            max_physical_batch_size=8,
+            generator=SecureRandom.from_seed(0),
+            noise_safety=1.0,
+            units_for=lambda share: 0,
+            units=UnitSampling(index=UnitIndex.from_codes(codes), rows_per_unit=ROWS_PER_UNIT),
+        )
+        if release == "gradient":
+            sums = data.clipped_sum(model)
+        else:
+            old_point = flat_params(model) + 0.5 * torch.randn(
+                flat_params(model).numel(), generator=torch.Generator().manual_seed(4)
+            )
+            sums = data.clipped_difference_sum(model, old_point, clip=clip)
+        assert list(sums) == [name for name, _ in model.named_parameters()]
+        return torch.cat([s.flatten() for s in sums.values()])
+
+    moved = float((total(True) - total(False)).norm())
+    bound = lipschitz if release == "gradient" else clip
+    assert 0.5 * bound < moved <= bound * (1 + 1e-5)
