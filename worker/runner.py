@@ -613,18 +613,17 @@ class JobRunner:
         """A helper's task: run pending trials of the tuning ``job_id`` (its attempt ``attempt``)
         until none is left. It answers "done" however many it ran, none included (the usual end
         for some helpers): Celery logs the answer, and the count would tell about K."""
-        prepared = self._prepare(job_id)
         with self.db.read_session() as session:
             job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.RUNNING or job.attempt != attempt:
+            return HELPER_DONE  # before rebuilding anything: the usual case of a late helper
+        prepared = self._prepare(job_id)
         if (
             prepared is None
             or prepared.tuning is None
             or prepared.refusal is not None
             or prepared.plan is None
             or prepared.rebuilt is None
-            or job is None
-            or job.status != JobStatus.RUNNING
-            or job.attempt != attempt
         ):
             return HELPER_DONE
         claimed = prepared.claimed(job)

@@ -171,6 +171,8 @@ def test_helpers_share_the_trials_and_a_helpers_model_can_be_the_one_released(
     assert _trial_rows(fast_db) == 0 and _trial_files(fast_settings) == []
     assert [e.kind for e in _entries(fast_db, tuning["dataset_id"])] == ["RESERVE", "TOUCH", "COMMIT"]
     assert verify_ledger(fast_db, dataset_id=tuning["dataset_id"]).ok
+    with mock.patch.object(JobRunner, "_prepare", side_effect=AssertionError("rebuilt")):  # a late helper
+        assert JobRunner(fast_settings, db=fast_db).help_with_trials(tuning["job_id"], 1) == "done"
 
 
 def test_a_helper_keeps_no_model_that_a_finished_trial_already_beats(
