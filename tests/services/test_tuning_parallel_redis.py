@@ -37,7 +37,8 @@ def test_two_worker_processes_share_a_tunings_trials(postgres_url: str, redis_ur
         client.headers["Authorization"] = f"Bearer {new_key(db, 'tuning-redis')}"
         X, _, y, _ = digits_split()
         dataset = upload(client, to_csv(X, y), name="tuning-redis").json()
-        request = _request(dataset["id"], distribution="poisson", mean=8)
+        # Mean 12: K ≤ 2, where the job's worker may run every trial before the helper starts, has p < 0.001.
+        request = _request(dataset["id"], distribution="poisson", mean=12)
         request["base"]["model"] = {"name": "mlp", "params": {"hidden_sizes": [64]}}
         request["search_space"] = {"training.learning_rate": [0.1, 0.5], "training.steps": [150, 200]}
         created = client.post("/v1/tuning-jobs", json=request)
