@@ -251,5 +251,8 @@ def clear_abandoned(db: Database) -> list[str]:
     running_attempt = exists().where(
         Job.id == TuningTrial.job_id, Job.status == JobStatus.RUNNING, Job.attempt == TuningTrial.attempt
     )
+    with db.read_session() as session:  # the usual round finds none: no write lock for nothing
+        if session.scalar(select(TuningTrial.id).where(~running_attempt).limit(1)) is None:
+            return []
     with db.write_transaction() as tx:
         return _delete(tx, ~running_attempt)
