@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import socket
 import tempfile
 import time
@@ -385,7 +384,7 @@ class JobRunner:
             label_column=dataset.label_column,
             task=dataset.task,
             limits=limits,
-            classes=public.names if public is not None else None,
+            classes=names,
             preparation=preparation_from_json(dataset.preparation, limits=limits),
             unit_column=dataset.privacy_unit_column,
         )
@@ -514,9 +513,7 @@ class JobRunner:
                 sampling_probability=job.sampling_probability,
                 expected_batch_size=claimed.plan.expected_batch_size,
                 steps=job.steps_planned,
-                max_physical_batch_size=get_model(job.model_name).rows_per_chunk(
-                    job.spec["model"]["params"], facts_of(dataset), limits=ModelSizeLimits.from_settings(self.settings)
-                ),
+                max_physical_batch_size=self._rows_per_chunk(job, dataset),
                 generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
                 hooks=hooks,
                 resume_from=resume,
@@ -600,7 +597,7 @@ class JobRunner:
             model_path = self._write_trial_model(claimed, owned.best.candidate, owned.model)
         else:
             assert owned.model_file is not None
-            model_path = self._copy_to_tmp(self.trial_files.fetch(owned.model_file))
+            model_path = self.trial_files.fetch(owned.model_file)  # settling deletes it, as every trial file
         return Outcome(
             result=TrainingResult(steps_run=selected.steps, stopped_early=False),
             model_path=model_path,
@@ -618,13 +615,7 @@ class JobRunner:
         if job is None or job.status != JobStatus.RUNNING or job.attempt != attempt:
             return HELPER_DONE  # before rebuilding anything: the usual case of a late helper
         prepared = self._prepare(job_id)
-        if (
-            prepared is None
-            or prepared.tuning is None
-            or prepared.refusal is not None
-            or prepared.plan is None
-            or prepared.rebuilt is None
-        ):
+        if prepared is None or prepared.tuning is None or prepared.refusal is not None:
             return HELPER_DONE
         claimed = prepared.claimed(job)
         try:
@@ -681,14 +672,6 @@ class JobRunner:
         )
         return self._write_model(chosen, model, get_model(claimed.job.model_name).n_outputs(facts_of(claimed.dataset)))
 
-    def _copy_to_tmp(self, source: Path) -> Path:
-        """A copy the settlement may delete (the trial's file stays until the queue is cleared)."""
-        self.settings.tmp_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.settings.tmp_dir, suffix=".safetensors")
-        os.close(fd)
-        shutil.copyfile(source, name)
-        return Path(name)
-
     def _run_trial(
         self,
         claimed: Claimed,
@@ -732,11 +715,7 @@ class JobRunner:
                 sampling_probability=candidate.sampling_probability,
                 expected_batch_size=candidate.rebuilt.plan.expected_batch_size,
                 steps=candidate.steps,
-                max_physical_batch_size=get_model(claimed.job.model_name).rows_per_chunk(
-                    candidate.spec["model"]["params"],
-                    facts_of(claimed.dataset),
-                    limits=ModelSizeLimits.from_settings(self.settings),
-                ),
+                max_physical_batch_size=self._rows_per_chunk(trial_job, claimed.dataset),
                 generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
                 hooks=TrainingHooks(on_step_end=on_step_end, should_stop=stop),
                 resume_from=None,
@@ -867,6 +846,12 @@ class JobRunner:
             },
         )
         return path
+
+    def _rows_per_chunk(self, job: Job, dataset: Dataset) -> int:
+        """Rows per per-sample-gradient chunk for the job's model (bounds memory, never results)."""
+        return get_model(job.model_name).rows_per_chunk(
+            job.spec["model"]["params"], facts_of(dataset), limits=ModelSizeLimits.from_settings(self.settings)
+        )
 
     def _deadline(self, job: Job) -> float:
         """When this attempt must stop (time.monotonic()): the job's time limit, at most the service's."""

@@ -13,7 +13,6 @@ Nothing here says how many trials ran: no event, log line or progress is written
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,8 +29,6 @@ from app.tuning.trial_queue import TakenTrial
 from worker.tuning import TrialResult, best_of, better, score_of
 
 __all__ = ["OwnedResult", "Pacer", "TrialWork", "help_with_trials", "run_owned_trials"]
-
-log = logging.getLogger("privtrain.worker.tuning")
 
 TrainOne = Callable[[int, Callable[[], bool]], tuple[dict[str, Any], nn.Module] | None]
 """Train candidate ``index`` until done (its released metrics and model) or until ``stop()``
