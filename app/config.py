@@ -181,6 +181,20 @@ class Settings(BaseSettings):
         gt=0,
         description="rows per per-sample-gradient chunk (bounds memory, never changes results)",
     )
+    gpu_max_physical_batch_size: int = Field(
+        default=2048,
+        gt=0,
+        description="on a GPU worker, rows per per-sample-gradient chunk (max_physical_batch_size is "
+        "the CPU's): a GPU needs large chunks to stay busy, since each chunk costs the host a fixed "
+        "time to launch its kernels; memory stays bounded by gpu_activation_memory_fraction",
+    )
+    gpu_activation_memory_fraction: float = Field(
+        default=0.4,
+        gt=0,
+        le=0.9,
+        description="on a GPU worker, the float32 memory one per-sample-gradient chunk may take, as a "
+        "fraction of the device's memory (never less than max_activation_bytes)",
+    )
     data_on_device_max_fraction: float = Field(
         default=0.3,
         ge=0,

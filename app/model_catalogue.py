@@ -85,6 +85,18 @@ class ModelSizeLimits:
             physical_batch_size=settings.max_physical_batch_size,
         )
 
+    @classmethod
+    def for_gpu(cls, settings: Settings, *, device_memory_bytes: int) -> ModelSizeLimits:
+        """A GPU worker's chunks: up to ``gpu_max_physical_batch_size`` rows in a share of the
+        device's memory (at least the service's ``max_activation_bytes``, which the API checks a
+        single row against, so a model the API admitted always fits one row)."""
+        share = int(settings.gpu_activation_memory_fraction * device_memory_bytes)
+        return cls(
+            max_parameters=settings.max_model_parameters,
+            max_activation_bytes=max(settings.max_activation_bytes, share),
+            physical_batch_size=settings.gpu_max_physical_batch_size,
+        )
+
     def rows_per_chunk(self, size: ModelSize) -> int:
         """Rows per per-sample-gradient chunk for this model: the service's physical batch, or fewer
         when that many rows would not fit ``max_activation_bytes`` (0: not even one row fits).

@@ -252,8 +252,17 @@ def _inner_for(step: Step, device: torch.device, target_ms: float) -> int:
 def _best_chunk(
     make: Callable[[int], Step], chunks: list[int], device: torch.device, rounds: int, target_ms: float
 ) -> int:
-    steps = {c: make(c) for c in chunks}
-    inner = {c: _inner_for(s, device, target_ms) for c, s in steps.items()}
+    steps: dict[int, Step] = {}
+    inner: dict[int, int] = {}
+    for c in chunks:  # a chunk whose per-sample gradients do not fit the device is left out
+        try:
+            steps[c] = make(c)
+            inner[c] = _inner_for(steps[c], device, target_ms)
+        except torch.OutOfMemoryError:
+            steps.pop(c, None)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    chunks = list(steps)
     times: dict[int, list[float]] = {c: [] for c in chunks}
     for _ in range(rounds):
         for c in random.sample(chunks, len(chunks)):

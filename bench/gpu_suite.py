@@ -50,13 +50,16 @@ class Part:
     needs_service: bool = False
 
 
-def parts(*, device: str, quick: bool, smoke: bool) -> list[Part]:
+def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> list[Part]:
     """The suite's runs; ``quick`` trims repeats and cases to fit one ten-minute call, ``smoke``
-    runs each part at toy size (the plumbing, on any machine)."""
+    runs each part at toy size (the plumbing, on any machine), ``profile`` adds the torch
+    profiler's top kernels per engine on two conv nets."""
     on = ["--device", device]
     if smoke:
         return [
             Part("Engines (float32)", "bench.engine_compare", [*on, "--cases", "mlp-b256", "--repeats", "2"]),
+            Part("Per-sample conv gradients by method", "bench.conv_grad_methods",
+                 [*on, "--models", "cnn2-gn", "--batch", "8", "--repeats", "2"]),
             Part("Whole steps per algorithm", "bench.step_time", [*on, "--cases", "mlp-b256", "--steps", "2",
                  "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
             Part("Text fine-tuning", "bench.text_step_cost", [*on, "--cases", "lm-t128", "--steps", "1",
@@ -70,15 +73,18 @@ def parts(*, device: str, quick: bool, smoke: bool) -> list[Part]:
     algorithms = ["dp-sgd", "dc-dpsgd", "dc-dpsgd-threshold", "dicesgd"]
     result = [
         Part("Engines (float32)", "bench.engine_compare", [*on, "--cases", zoo, "--repeats", repeats]),
-        Part("Engines (bf16 autocast)", "bench.engine_compare",
-             [*on, "--cases", BF16_CASES, "--repeats", repeats, "--precision", "bf16", "--skip-opacus"]),
+        Part("Per-sample conv gradients by method", "bench.conv_grad_methods", [*on, "--repeats", repeats]),
         Part("Whole steps per algorithm", "bench.step_time",
              [*on, "--cases", "cnn-b512", "--steps", steps, "--algorithms", *algorithms]),
-        Part("Text fine-tuning", "bench.text_step_cost", [*on, "--steps", "3" if quick else "5"]),
         Part("Whole job through the worker: wrn 16-4", "bench.worker_throughput",
              [*on, "--model", "wrn", "--params", '{"depth": 16, "width": 4}', "--rows", "50000",
               "--batch", "1024", "--steps", "20" if quick else "60"], True),
+        Part("Engines (bf16 autocast)", "bench.engine_compare",
+             [*on, "--cases", BF16_CASES, "--repeats", repeats, "--precision", "bf16", "--skip-opacus"]),
+        Part("Text fine-tuning", "bench.text_step_cost", [*on, "--steps", "3" if quick else "5"]),
     ]  # fmt: skip
+    if profile:
+        result.insert(2, Part("Profiles", "bench.gpu_profile", [*on, "--cases", "cnn3-b1024,wrn16-4-b256"]))
     if not quick:
         result.append(
             Part("Whole job through the worker: ViT", "bench.worker_throughput",
@@ -98,16 +104,16 @@ def _free_port() -> int:
 def embedded_service(log: Path) -> Iterator[dict[str, str]]:
     """``privtrain-admin serve`` (API and one worker) on a fresh data directory; yields the
     environment a client needs (PRIVTRAIN_URL, PRIVTRAIN_API_KEY) and stops it afterwards."""
-    admin = str(Path(sys.executable).with_name("privtrain-admin"))
+    admin = [sys.executable, "-m", "app.cli"]  # also where the package is not installed (a GPU machine's PYTHONPATH)
     data = Path(tempfile.mkdtemp(prefix="privtrain-bench-"))
     port = _free_port()
     env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(data)}
-    subprocess.run([admin, "migrate"], env=env, check=True, capture_output=True)
+    subprocess.run([*admin, "migrate"], env=env, check=True, capture_output=True)
     key = subprocess.run(
-        [admin, "create-key", "--tenant", "bench"], env=env, check=True, capture_output=True, text=True
+        [*admin, "create-key", "--tenant", "bench"], env=env, check=True, capture_output=True, text=True
     ).stdout.strip()  # the key alone, printed once
     with log.open("ab") as out:
-        server = subprocess.Popen([admin, "serve", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen([*admin, "serve", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -128,16 +134,17 @@ def embedded_service(log: Path) -> Iterator[dict[str, str]]:
 
 
 def run_part(part: Part, *, timeout_s: float, extra_env: dict[str, str]) -> str:
-    """The part's Markdown output, or a line saying why there is none (the suite goes on)."""
+    """The part's Markdown output, or a line saying why there is none (the suite goes on); a part
+    that runs out of time keeps what it printed until then."""
     command = [sys.executable, "-m", part.module, *part.arguments]
+    env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **extra_env}
-        )
-    except subprocess.TimeoutExpired:
-        return f"_timed out after {timeout_s:.0f} s_\n"
-    if done.returncode != 0:
-        return f"_failed (exit {done.returncode}):_\n\n```\n{done.stderr[-3000:]}\n```\n"
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return f"{partial.rstrip()}\n\n_timed out after {timeout_s:.0f} s_\n"
+    if done.returncode != 0:  # what it printed before failing, then why
+        return f"{done.stdout.rstrip()}\n\n_failed (exit {done.returncode}):_\n\n```\n{done.stderr[-3000:]}\n```\n"
     return done.stdout
 
 
@@ -147,6 +154,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer cases and repeats: about eight minutes on an H100")
     parser.add_argument("--smoke", action="store_true", help="toy sizes: checks every part runs")
+    parser.add_argument("--profile", action="store_true", help="add the torch profiler's top kernels per engine")
+    parser.add_argument(
+        "--only", default=None, help="only the parts whose titles start so (comma-separated: Engines,Per-sample)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=None, help="seconds for the whole suite: later parts get what is left"
+    )
     parser.add_argument("--part-timeout", type=float, default=None, help="seconds per part (default 150 quick, 900)")
     args = parser.parse_args(argv)
     timeout_s = args.part_timeout or (150.0 if args.quick or args.smoke else 900.0)
@@ -160,16 +174,29 @@ def main(argv: list[str] | None = None) -> None:
     )
     args.out.write_text(header)
     log = args.out.with_suffix(".service.log")
-    for part in parts(device=args.device, quick=args.quick, smoke=args.smoke):
+    chosen = parts(device=args.device, quick=args.quick, smoke=args.smoke, profile=args.profile)
+    if args.only:
+        wanted = args.only.split(",")
+        chosen = [p for p in chosen if any(p.title.startswith(w) for w in wanted)]
+    suite_started = time.monotonic()
+    for part in chosen:
         started = time.monotonic()
+        part_timeout = timeout_s
+        if args.budget is not None:
+            part_timeout = min(timeout_s, args.budget - (started - suite_started))
+            if part_timeout < 10:
+                body = "_not run: the suite's time budget is spent_\n"
+                with args.out.open("a") as out:
+                    out.write(f"\n## {part.title}\n\n{body}")
+                continue
         if part.needs_service:
             try:
                 with embedded_service(log) as env:
-                    body = run_part(part, timeout_s=timeout_s, extra_env=env)
+                    body = run_part(part, timeout_s=part_timeout, extra_env=env)
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 body = f"_the embedded service did not start: {exc}_\n"
         else:
-            body = run_part(part, timeout_s=timeout_s, extra_env={})
+            body = run_part(part, timeout_s=part_timeout, extra_env={})
         section = f"\n## {part.title}\n\n{body.rstrip()}\n\n_({time.monotonic() - started:.0f} s)_\n"
         with args.out.open("a") as out:
             out.write(section)

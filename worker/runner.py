@@ -104,6 +104,10 @@ def _training_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _device_memory_bytes(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 @dataclass(frozen=True)
 class Claimed:
     job: Job
@@ -513,7 +517,7 @@ class JobRunner:
                 sampling_probability=job.sampling_probability,
                 expected_batch_size=claimed.plan.expected_batch_size,
                 steps=job.steps_planned,
-                max_physical_batch_size=self._rows_per_chunk(job, dataset),
+                max_physical_batch_size=self._rows_per_chunk(job, dataset, device),
                 generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
                 hooks=hooks,
                 resume_from=resume,
@@ -715,7 +719,7 @@ class JobRunner:
                 sampling_probability=candidate.sampling_probability,
                 expected_batch_size=candidate.rebuilt.plan.expected_batch_size,
                 steps=candidate.steps,
-                max_physical_batch_size=self._rows_per_chunk(trial_job, claimed.dataset),
+                max_physical_batch_size=self._rows_per_chunk(trial_job, claimed.dataset, device),
                 generator=SecureRandom.from_os_entropy(device, secure_gaussian=self.settings.secure_noise),
                 hooks=TrainingHooks(on_step_end=on_step_end, should_stop=stop),
                 resume_from=None,
@@ -847,11 +851,15 @@ class JobRunner:
         )
         return path
 
-    def _rows_per_chunk(self, job: Job, dataset: Dataset) -> int:
-        """Rows per per-sample-gradient chunk for the job's model (bounds memory, never results)."""
-        return get_model(job.model_name).rows_per_chunk(
-            job.spec["model"]["params"], facts_of(dataset), limits=ModelSizeLimits.from_settings(self.settings)
+    def _rows_per_chunk(self, job: Job, dataset: Dataset, device: torch.device) -> int:
+        """Rows per per-sample-gradient chunk for the job's model (bounds memory, never results):
+        on a GPU, larger chunks in a share of its memory (ModelSizeLimits.for_gpu)."""
+        limits = (
+            ModelSizeLimits.for_gpu(self.settings, device_memory_bytes=_device_memory_bytes(device))
+            if device.type == "cuda"
+            else ModelSizeLimits.from_settings(self.settings)
         )
+        return get_model(job.model_name).rows_per_chunk(job.spec["model"]["params"], facts_of(dataset), limits=limits)
 
     def _deadline(self, job: Job) -> float:
         """When this attempt must stop (time.monotonic()): the job's time limit, at most the service's."""

@@ -18,6 +18,7 @@ from app.config import Settings, get_settings
 from app.db import Database
 from app.facts import DatasetFacts
 from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
+from app.models import Dataset, Job
 from privtrain.architectures import build_model
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
 from worker.runner import JobRunner
@@ -105,6 +106,39 @@ def test_a_wide_model_trains_in_smaller_chunks_and_a_row_too_large_is_refused(
     )
     with pytest.raises(ModelIncompatible, match=rf"{size.batch_bytes(1)} bytes .* for a single row"):
         definition.validate(WIDE_MLP, digits, limits=one_row)
+
+
+def test_a_gpu_worker_takes_larger_chunks_in_a_share_of_its_memory(
+    alice: TestClient, dataset_id: str, database: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the chunk is gpu_max_physical_batch_size rows, or as many as fit
+    gpu_activation_memory_fraction of the device's memory (never less than the CPU's budget)."""
+    digits = DatasetFacts(n_rows=1437, feature_shape=(64,), task="classification", n_classes=10)
+    definition = get_model("mlp")
+    params = definition.validate(WIDE_MLP, digits)
+    size = definition.size(definition.params_model.model_validate(params), digits, 10)
+    cpu = ModelSizeLimits.from_settings(settings)
+    assert cpu.physical_batch_size == 256 and cpu.rows_per_chunk(size) < 256  # CPU: memory-bound
+
+    gpu = ModelSizeLimits.for_gpu(settings, device_memory_bytes=80 * 1024**3)
+    assert gpu.physical_batch_size == 2048
+    assert gpu.max_activation_bytes == int(0.4 * 80 * 1024**3)
+    assert gpu.rows_per_chunk(size) == min(2048, int(0.4 * 80 * 1024**3) // size.batch_bytes(1))
+    small = ModelSizeLimits.for_gpu(settings, device_memory_bytes=1024**3)  # a share under the CPU's budget
+    assert small.max_activation_bytes == settings.max_activation_bytes
+
+    # The runner asks the device's memory and uses these limits for a CUDA device.
+    submitted = alice.post("/v1/jobs", json=_spec(dataset_id, WIDE_MLP))
+    assert submitted.status_code == 202, submitted.text
+    monkeypatch.setattr(runner_module, "_device_memory_bytes", lambda device: 80 * 1024**3)
+    runner = JobRunner(settings, db=database)
+    with database.session() as session:
+        job = session.get(Job, submitted.json()["id"])
+        dataset = session.get(Dataset, dataset_id)
+        assert job is not None and dataset is not None
+        on_gpu = runner._rows_per_chunk(job, dataset, torch.device("cuda"))
+        on_cpu = runner._rows_per_chunk(job, dataset, torch.device("cpu"))
+    assert on_gpu == gpu.rows_per_chunk(size) > on_cpu == cpu.rows_per_chunk(size)
 
 
 def test_models_of_ordinary_size_are_admitted(alice: TestClient, dataset_id: str) -> None:

@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from worker.data.rows import Rows, as_rows
 from worker.data.units import UnitIndex
@@ -324,28 +325,34 @@ def train_dp_sgd(
         if hooks.should_stop is not None and hooks.should_stop():
             return TrainingResult(steps_run=step, stopped_early=True)
 
-        batch = poisson_sample(n, sampling_probability=config.sampling_probability, generator=generator)
-        features, targets = _batch(rows, y, batch, units=units, generator=generator)
-        grad_sum = aggregator.clipped_sum(
-            model,
-            features,
-            targets,
-            step=step,
-            loss=config.loss,
-            max_physical_batch_size=config.max_physical_batch_size,
-            generator=generator,
-        )
-        noisy_grad = privatise_sum(grad_sum, noise_std=noise_std, normaliser=expected_batch_size, generator=generator)
-        del grad_sum
-        for name, p in params.items():
-            p.grad = noisy_grad[name]
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with record_function("privtrain.sample"):
+            batch = poisson_sample(n, sampling_probability=config.sampling_probability, generator=generator)
+            features, targets = _batch(rows, y, batch, units=units, generator=generator)
+        with record_function("privtrain.clipped_sum"):
+            grad_sum = aggregator.clipped_sum(
+                model,
+                features,
+                targets,
+                step=step,
+                loss=config.loss,
+                max_physical_batch_size=config.max_physical_batch_size,
+                generator=generator,
+            )
+        with record_function("privtrain.noise_and_update"):
+            noisy_grad = privatise_sum(
+                grad_sum, noise_std=noise_std, normaliser=expected_batch_size, generator=generator
+            )
+            del grad_sum
+            for name, p in params.items():
+                p.grad = noisy_grad[name]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         step += 1
 
-        if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:
-            hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
-        if hooks.on_step_end is not None:
-            hooks.on_step_end(step)
+        with record_function("privtrain.hooks"):
+            if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:
+                hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
+            if hooks.on_step_end is not None:
+                hooks.on_step_end(step)
 
     return TrainingResult(steps_run=step, stopped_early=False)

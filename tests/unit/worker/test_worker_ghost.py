@@ -17,7 +17,8 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import given, settings
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -141,7 +142,7 @@ def _check_against_vmap(
 
 @contextmanager
 def _force(gram: bool | None = None, strided: bool | None = None) -> Iterator[None]:
-    """Force the Gram or the materialised rule, and the strided or unfold conv path."""
+    """Force the Gram or the materialised rule, and the strided-einsum or patch-matrix conv path."""
     with (
         mock.patch.object(
             linear_conv, "_use_gram", (lambda *a, **k: gram) if gram is not None else linear_conv._use_gram
@@ -365,14 +366,65 @@ LAYER_CASES = {
 }
 
 
+_CASES_AND_CONV_PATHS = [(case, None) for case in LAYER_CASES] + [
+    (case, False) for case in LAYER_CASES if case.startswith("conv")
+]  # conv layers again with the patch matrix forced where the CPU would take the strided einsum
+
+
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 @pytest.mark.parametrize("gram", [None, True, False], ids=["auto", "gram", "materialise"])
-@pytest.mark.parametrize("case", list(LAYER_CASES), ids=list(LAYER_CASES))
-def test_other_layers_match_vmap_engine(case: str, gram: bool | None) -> None:
+@pytest.mark.parametrize(("case", "strided"), _CASES_AND_CONV_PATHS, ids=[c for c, _ in _CASES_AND_CONV_PATHS])
+def test_other_layers_match_vmap_engine(case: str, gram: bool | None, strided: bool | None) -> None:
     builder, input_shape, n_outputs, vocab = LAYER_CASES[case]
     model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
-    with _force(gram=gram):
+    with _force(gram=gram, strided=strided):
         _check_against_vmap(model, X, y, loss, chunks=(3,), modes=MODES if gram is None else ("bk",))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dims=st.sampled_from([1, 2]),
+    groups=st.sampled_from([1, 2]),
+    per_group=st.integers(1, 3),
+    kernel=st.integers(1, 4),
+    stride=st.integers(1, 3),
+    dilation=st.integers(1, 2),
+    padding=st.integers(0, 2),
+    padding_mode=st.sampled_from(["zeros", "reflect", "circular"]),
+    size=st.integers(6, 11),
+)
+def test_window_patches_equal_unfold_patches(
+    dims: int,
+    groups: int,
+    per_group: int,
+    kernel: int,
+    stride: int,
+    dilation: int,
+    padding: int,
+    padding_mode: str,
+    size: int,
+) -> None:
+    """The patch matrix (a copied strided window) is F.unfold's, value for value."""
+    assume(dilation * (kernel - 1) + 1 <= size + 2 * padding)  # the output has at least one position
+    assume(padding_mode != "reflect" or padding < size)
+    conv_type = nn.Conv1d if dims == 1 else nn.Conv2d
+    conv = conv_type(
+        groups * per_group, groups, kernel, stride=stride, dilation=dilation, padding=padding,
+        groups=groups, padding_mode=padding_mode,
+    )  # fmt: skip
+    a = torch.randn(3, groups * per_group, *([size] * dims), dtype=torch.float64)
+    d = conv.double()(a)
+    padded = a if padding_mode == "zeros" else F.pad(a, conv._reversed_padding_repeated_twice, mode=padding_mode)
+    unfold_padding = padding if padding_mode == "zeros" else 0
+    if dims == 1:
+        by_unfold = F.unfold(
+            padded.unsqueeze(2), (1, kernel), dilation=(1, dilation), padding=(0, unfold_padding), stride=(1, stride)
+        )
+    else:
+        by_unfold = F.unfold(padded, kernel, dilation=dilation, padding=unfold_padding, stride=stride)
+    by_window = linear_conv._conv_patches(conv, a, d.shape[2:])
+    assert by_window.shape == by_unfold.shape
+    assert torch.equal(by_window, by_unfold)
 
 
 def test_reused_layer_and_frozen_parameters() -> None:

@@ -48,7 +48,7 @@ from worker.optimizers.ghost.work import (
 
 __all__ = ["CONV_STRIDED_DEVICES", "conv_work", "linear_work"]
 
-# Per-sample conv weight gradients are materialised either by im2col (F.unfold) + batched GEMM,
+# Per-sample conv weight gradients are materialised either by im2col (a copied window) + batched GEMM,
 # or — on these device types, for layers with fewer patch features than positions (e.g. a first
 # conv on 1 channel) — by one einsum over a strided window view of the input, which skips the
 # im2col copy (≈1.5x faster for cnn2-gn's first conv on CPU; slower for its second). Both exact.
@@ -223,24 +223,31 @@ def _conv_input(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> tuple[torch.T
     return a, tuple(module.padding)
 
 
-def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """Unfolded input patches (B, C_in·∏kernel, positions), matching the weight's layout."""
-    a, padding = _conv_input(module, a)
-    if isinstance(module, nn.Conv1d):
-        return F.unfold(
-            a.unsqueeze(2),
-            kernel_size=(1, module.kernel_size[0]),
-            dilation=(1, module.dilation[0]),
-            padding=(0, padding[0]),
-            stride=(1, module.stride[0]),
-        )
-    return F.unfold(
-        a,
-        kernel_size=module.kernel_size,
-        dilation=module.dilation,
-        padding=padding,
-        stride=module.stride,
+def _conv_window(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
+    """A view (B, C_in, *kernel, *out_spatial) of the padded input: the patches, without a copy."""
+    x, padding = _conv_input(module, a)
+    if any(padding):
+        x = F.pad(x, [q for q in reversed(padding) for _ in range(2)])
+    x = x.contiguous()
+    sb, sc, *ss = x.stride()
+    return x.as_strided(
+        (x.shape[0], x.shape[1], *module.kernel_size, *spatial),
+        (
+            sb,
+            sc,
+            *(st * dl for st, dl in zip(ss, module.dilation, strict=True)),
+            *(st * sd for st, sd in zip(ss, module.stride, strict=True)),
+        ),
     )
+
+
+def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
+    """Unfolded input patches (B, C_in·∏kernel, positions), matching the weight's layout: F.unfold's
+    matrix, made by one copy of the strided window. (CUDA's F.unfold launches one im2col kernel per
+    row: at B = 1024 those launches took two thirds of a DP step's GPU time on a 3-conv net; on a
+    CPU the copy is as fast or faster, docs/benchmarks.md.)"""
+    window = _conv_window(module, a, spatial)
+    return window.reshape(a.shape[0], window.shape[1] * math.prod(module.kernel_size), math.prod(spatial))
 
 
 def _conv_per_sample_grads(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -250,27 +257,13 @@ def _conv_per_sample_grads(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: to
     k = module.weight[0].numel()
     spatial = d.shape[2:]
     if a.device.type in CONV_STRIDED_DEVICES and k <= math.prod(spatial):
-        x, padding = _conv_input(module, a)
-        if any(padding):
-            x = F.pad(x, [q for q in reversed(padding) for _ in range(2)])
-        x = x.contiguous()
+        window = _conv_window(module, a, spatial)  # (B, C_in, *kernel, *out_spatial)
+        window = window.view(batch, g, -1, *window.shape[2:])
         nd = len(spatial)
-        c = x.shape[1] // g
-        sb, sc, *ss = x.stride()
-        window = x.as_strided(  # (B, g, c, *kernel, *out_spatial): the patches, without a copy
-            (batch, g, c, *module.kernel_size, *spatial),
-            (
-                sb,
-                sc * c,
-                sc,
-                *(st * dl for st, dl in zip(ss, module.dilation, strict=True)),
-                *(st * sd for st, sd in zip(ss, module.stride, strict=True)),
-            ),
-        )
         pos, kern = "hw"[:nd], "ij"[:nd]
         G = torch.einsum(f"bgo{pos},bgc{kern}{pos}->bgoc{kern}", d.reshape(batch, g, o, *spatial), window)
         return G.reshape(batch, g, o, k)
-    patches = _conv_patches(module, a)  # (B, g·k, T)
+    patches = _conv_patches(module, a, spatial)  # (B, g·k, T)
     return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
 
 
@@ -302,8 +295,8 @@ def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
 
     def inputs() -> torch.Tensor:
         As = []
-        for a, _ in calls:
-            patches = _conv_patches(module, a)
+        for a, d in calls:
+            patches = _conv_patches(module, a, d.shape[2:])
             As.append(patches.view(batch, g, k, -1).transpose(-1, -2))  # (B, g, T, k)
         return As[0] if len(As) == 1 else torch.cat(As, dim=2)
 
