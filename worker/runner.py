@@ -96,6 +96,11 @@ HOLDOUT_SUFFIX = ".holdout.npy"
 PRIVATE_SUFFIXES = (CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX)
 """A job's private files: its checkpoint and its hold-out split."""
 
+PROGRESS_MIN_GAP_S = 0.5
+"""Progress is written every 1% of the steps, the heartbeat interval and the last step, but never
+twice within this gap (except the last step): each write is a database transaction and an ε
+computation, which a short job on a GPU, at milliseconds a step, would otherwise pay every step."""
+
 PREFETCH_SINGLE_JOB_ON: set[str] = {"cuda"}
 """Device types whose workers compute the report's single-job ε while the job trains."""
 
@@ -890,7 +895,9 @@ class JobRunner:
             if average is not None:
                 average.advance_to(step, model)
             now = time.monotonic()
-            if step % every and step != job.steps_planned and now - state["last_beat"] < interval:
+            since = now - state["last_beat"]
+            due = since >= interval or (step % every == 0 and since >= min(PROGRESS_MIN_GAP_S, interval))
+            if step != job.steps_planned and not due:
                 return
             state["last_beat"] = now
             spent = (
