@@ -8,9 +8,13 @@ run, with each part bounded in time and one part's failure recorded, not fatal. 
    a wide MLP, a transformer classifier and language model): ms per clipped-sum step and peak GPU
    memory, ours (ghost, every pass 2, and the vmap engine) against Opacus hooks and Opacus ghost,
    each as a ratio to a non-private step in the same run;
-2. ``engine_compare --precision bf16`` on the conv, ViT and text cases;
+2. ``conv_grad_methods``: per-sample conv weight gradients by method on every zoo conv layer (and,
+   with ``--profile``, ``gpu_profile``: the torch profiler's top kernels per engine); later in
+   the run, ``engine_compare --precision bf16`` on the conv, ViT and text cases;
 3. ``step_time``: whole training steps of dp-sgd, dc-dpsgd, dc-dpsgd-threshold and dicesgd (their
    ratio to dp-sgd is the DC-DPSGD ≤ 2× and DiceSGD ≤ 1.1× goals), with peak memory;
+   ``training_loop_profile``: a DP-SGD step of wrn 16-4 at B = 1024 split into its parts, in
+   chunks of 2,048 (a GPU worker's default) and of 256;
 4. ``text_step_cost``: DP fine-tuning (full and LoRA) of a transformer-lm at T = 128 and 512;
 5. ``worker_throughput`` on wrn 16-4 and the ViT: a whole job through an embedded service this
    script starts (``privtrain-admin serve`` on a temporary data directory, one worker) against a
@@ -62,6 +66,8 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
                  [*on, "--models", "cnn2-gn", "--batch", "8", "--repeats", "2"]),
             Part("Whole steps per algorithm", "bench.step_time", [*on, "--cases", "mlp-b256", "--steps", "2",
                  "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
+            Part("Training loop parts", "bench.training_loop_profile", [*on, "--model", "cnn2-gn", "--rows", "512",
+                 "--batch", "32", "--chunk", "16", "--steps", "2"]),
             Part("Text fine-tuning", "bench.text_step_cost", [*on, "--cases", "lm-t128", "--steps", "1",
                  "--repeats", "1", "--no-memory"]),
             Part("Whole job through the worker", "bench.worker_throughput", [*on, "--model", "cnn", "--params",
@@ -76,6 +82,11 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
         Part("Per-sample conv gradients by method", "bench.conv_grad_methods", [*on, "--repeats", repeats]),
         Part("Whole steps per algorithm", "bench.step_time",
              [*on, "--cases", "cnn-b512", "--steps", steps, "--algorithms", *algorithms]),
+        *(
+            Part(f"Training loop parts: wrn 16-4, chunks of {chunk}", "bench.training_loop_profile",
+                 [*on, "--model", "wrn", "--batch", "1024", "--chunk", chunk, "--steps", "5" if quick else "10"])
+            for chunk in ("2048", "256")
+        ),
         Part("Whole job through the worker: wrn 16-4", "bench.worker_throughput",
              [*on, "--model", "wrn", "--params", '{"depth": 16, "width": 4}', "--rows", "50000",
               "--batch", "1024", "--steps", "20" if quick else "60"], True),
