@@ -26,21 +26,12 @@ from unittest import mock
 import numpy as np
 import torch
 from fastapi.testclient import TestClient
-from sklearn.datasets import load_digits
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
 from app.config import Settings
-from app.db import Database
-from app.main import create_app
+from bench.in_process import in_process_service
 from worker.runner import JobRunner
 
 CONTEXT = mp.get_context("fork")  # children inherit the settings and the fixed K, never re-import
-
-
-class _Recorder:
-    def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
-        """Jobs are run by the benchmark, not sent."""
 
 
 class _QueueHelpers:
@@ -67,13 +58,6 @@ def _owner(settings: Settings, job_id: str, trials: int, inbox: Queue[Any], out:
         start = time.perf_counter()
         status = runner.run(job_id)
         out.put((status, time.perf_counter() - start))
-
-
-def _csv() -> bytes:
-    X, y = load_digits(return_X_y=True)
-    rows = ["label," + ",".join(f"p{i}" for i in range(X.shape[1]))]
-    rows += [f"{label}," + ",".join(str(int(v)) for v in row) for row, label in zip(X, y, strict=True)]
-    return ("\n".join(rows) + "\n").encode()
 
 
 def _request(dataset_id: str, steps: int) -> dict[str, Any]:
@@ -123,21 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         settings = Settings(environment="test", data_dir=Path(directory), rate_limit_per_minute=0)  # type: ignore[call-arg]
-        migrate(settings)
-        db = Database(settings.resolved_database_url)
-        key = generate_api_key()
-        with db.write_transaction() as session:
-            register_api_key(session, tenant=get_or_create_tenant(session, "bench"), key=key)
-        with TestClient(create_app(settings, dispatcher=_Recorder())) as client:
-            client.headers["Authorization"] = f"Bearer {key}"
-            uploaded = client.post(
-                "/v1/datasets",
-                params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 100, "delta": 1e-5},
-                content=_csv(),
-                headers={"Content-Type": "text/csv"},
-            )
-            assert uploaded.status_code == 201, uploaded.text
-            dataset_id = uploaded.json()["id"]
+        with in_process_service(settings) as (client, _, dataset_id):
             seconds = {
                 workers: float(
                     np.median(
@@ -156,7 +126,6 @@ def main() -> None:
                 )
                 for workers in args.workers
             }
-        db.dispose()
     base = seconds[args.workers[0]]
     print(f"| workers | seconds (K = {args.trials}, {args.steps} steps per trial) | speed-up |")
     print("|---:|---:|---:|")

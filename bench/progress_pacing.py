@@ -22,12 +22,8 @@ from unittest import mock
 from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
 from app.config import Settings
-from app.db import Database
-from app.main import create_app
-from bench.parallel_trials import _csv, _Recorder
+from bench.in_process import in_process_service
 from worker.runner import JobRunner
 
 
@@ -59,28 +55,13 @@ def main() -> None:
         settings = Settings(  # type: ignore[call-arg]
             environment="test", data_dir=Path(directory), rate_limit_per_minute=0, heartbeat_interval_s=30.0
         )
-        migrate(settings)
-        db = Database(settings.resolved_database_url)
-        key = generate_api_key()
-        with db.write_transaction() as session:
-            register_api_key(session, tenant=get_or_create_tenant(session, "bench"), key=key)
-        with TestClient(create_app(settings, dispatcher=_Recorder())) as client:
-            client.headers["Authorization"] = f"Bearer {key}"
-            uploaded = client.post(
-                "/v1/datasets",
-                params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 100, "delta": 1e-5},
-                content=_csv(),
-                headers={"Content-Type": "text/csv"},
-            )
-            assert uploaded.status_code == 201, uploaded.text
-            dataset_id = uploaded.json()["id"]
+        with in_process_service(settings) as (client, db, dataset_id):
             runner = JobRunner(settings, db=db)
             one_job(client, runner, dataset_id, steps=args.steps, gap=paced_gap)  # warm-up: one-off costs
             results: dict[float, list[tuple[float, float]]] = {paced_gap: [], 0.0: []}
             for _ in range(args.rounds):
                 for gap in results:
                     results[gap].append(one_job(client, runner, dataset_id, steps=args.steps, gap=gap))
-        db.dispose()
     print(f"| progress writes | loop examples/s (median of {args.rounds}) | job seconds (median) |")
     print("|---|---:|---:|")
     for gap, runs in results.items():

@@ -45,6 +45,7 @@ from app.config import Settings
 from app.db import Database
 from app.main import create_app
 from bench.breast_cancer_csv import _upper_bound
+from bench.in_process import NoDispatch
 from bench.text_corpora import licence_paragraphs, python_paragraphs, vim_paragraphs
 from bench.text_finetune import tokens
 from privtrain.model_files import load_model
@@ -80,11 +81,6 @@ TEXT_SEARCH_SPACE: dict[str, Any] = {
 MEAN_TRIALS = 8
 ETA = 0.0
 EVALUATION = {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.2}
-
-
-class _Recorder:
-    def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
-        """Jobs run in process here (JobRunner), not through a broker."""
 
 
 def _text_dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -197,7 +193,7 @@ class Bench:
         key = generate_api_key()
         with self.db.write_transaction() as session:
             register_api_key(session, tenant=get_or_create_tenant(session, "bench"), key=key)
-        self.client = TestClient(create_app(self.settings, dispatcher=_Recorder()))
+        self.client = TestClient(create_app(self.settings, dispatcher=NoDispatch()))
         self.client.headers["Authorization"] = f"Bearer {key}"
         self.runner = JobRunner(self.settings, db=self.db)
 

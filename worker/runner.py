@@ -896,7 +896,7 @@ class JobRunner:
                 average.advance_to(step, model)
             now = time.monotonic()
             since = now - state["last_beat"]
-            due = since >= interval or (step % every == 0 and since >= min(PROGRESS_MIN_GAP_S, interval))
+            due = since >= interval or (step % every == 0 and since >= PROGRESS_MIN_GAP_S)
             if step != job.steps_planned and not due:
                 return
             state["last_beat"] = now

@@ -1,0 +1,52 @@
+"""The service in this process, for benchmarks that run its jobs themselves with ``JobRunner``:
+a fresh database under the settings' data directory, one API key, and scikit-learn's digits
+uploaded as a CSV."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from fastapi.testclient import TestClient
+from sklearn.datasets import load_digits
+
+from app.auth import generate_api_key, get_or_create_tenant, register_api_key
+from app.bootstrap import migrate
+from app.config import Settings
+from app.db import Database
+from app.main import create_app
+
+
+class NoDispatch:
+    def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
+        """Jobs are run by the benchmark, not sent."""
+
+
+def digits_csv() -> bytes:
+    X, y = load_digits(return_X_y=True)
+    rows = ["label," + ",".join(f"p{i}" for i in range(X.shape[1]))]
+    rows += [f"{label}," + ",".join(str(int(v)) for v in row) for row, label in zip(X, y, strict=True)]
+    return ("\n".join(rows) + "\n").encode()
+
+
+@contextlib.contextmanager
+def in_process_service(settings: Settings) -> Iterator[tuple[TestClient, Database, str]]:
+    """(an authorised client, the database, the digits dataset's id); the database is disposed after."""
+    migrate(settings)
+    db = Database(settings.resolved_database_url)
+    key = generate_api_key()
+    with db.write_transaction() as session:
+        register_api_key(session, tenant=get_or_create_tenant(session, "bench"), key=key)
+    try:
+        with TestClient(create_app(settings, dispatcher=NoDispatch())) as client:
+            client.headers["Authorization"] = f"Bearer {key}"
+            uploaded = client.post(
+                "/v1/datasets",
+                params={"name": "digits", "format": "csv", "label_column": "label", "epsilon": 100, "delta": 1e-5},
+                content=digits_csv(),
+                headers={"Content-Type": "text/csv"},
+            )
+            assert uploaded.status_code == 201, uploaded.text
+            yield client, db, str(uploaded.json()["id"])
+    finally:
+        db.dispose()
