@@ -19,16 +19,12 @@ The last column compares each DiceSGD variant with DP-SGD on the same engine.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import time
 from collections.abc import Callable
 
 import torch
 
+from bench.step_tables import step_table_main
 from bench.step_time import CASES, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
-from bench.timing import interleaved_medians
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
@@ -102,40 +98,14 @@ def steppers() -> dict[str, Callable[[Case, torch.device], Stepper]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", default=["logreg-b256", "mlp-b256", "cnn-b128"])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default=None, help="also write the raw numbers here")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    print(
-        f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, device {device}"
-        f"{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, "
-        f"{torch.get_num_threads()} thread(s), {args.steps} steps × {args.repeats} interleaved repeats, "
-        f"{time.strftime('%Y-%m-%d')}"
+    step_table_main(
+        __doc__ or "",
+        cases=LOCAL_CASES,
+        default_cases=["logreg-b256", "mlp-b256", "cnn-b128"],
+        steppers=lambda args: steppers(),
+        versus=lambda name: "dp-sgd (vmap)" if name.endswith("(vmap)") else "dp-sgd",
+        versus_title="× dp-sgd on the same engine",
     )
-    print("| case | stepper | ms/step | × non-private | × dp-sgd on the same engine |")
-    print("|---|---|---|---|---|")
-    results = {}
-    for key in args.cases:
-        case = LOCAL_CASES[key]
-        runs = {name: make(case, device) for name, make in steppers().items()}
-        times = interleaved_medians(runs, per_sample=args.steps, repeats=args.repeats)
-        results[key] = times
-        for name, seconds in times.items():
-            same_engine = "dp-sgd (vmap)" if name.endswith("(vmap)") else "dp-sgd"
-            versus = "—" if name == "non-private" else f"{seconds / times[same_engine]:.2f}"
-            print(
-                f"| {case.name} | {name} | {seconds * 1e3:.2f} | {seconds / times['non-private']:.2f} | {versus} |",
-                flush=True,
-            )
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ run, with each part bounded in time and one part's failure recorded, not fatal. 
    the run, ``engine_compare --precision bf16`` on the conv, ViT and text cases;
 3. ``step_time``: whole training steps of dp-sgd, dc-dpsgd, dc-dpsgd-threshold and dicesgd (their
    ratio to dp-sgd is the DC-DPSGD ≤ 2× and DiceSGD ≤ 1.1× goals), with peak memory;
+   ``dc_dpsgd_step_time``: both DC-DPSGD rules with their per-sample gradients from the vmap
+   engine and from the ghost engine's records;
    ``training_loop_profile``: a DP-SGD step of wrn 16-4 at B = 1024 split into its parts, in
    chunks of 2,048 (a GPU worker's default) and of 256;
 4. ``text_step_cost``: DP fine-tuning (full and LoRA) of a transformer-lm at T = 128 and 512;
@@ -66,6 +68,8 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
                  [*on, "--models", "cnn2-gn", "--batch", "8", "--repeats", "2"]),
             Part("Whole steps per algorithm", "bench.step_time", [*on, "--cases", "mlp-b256", "--steps", "2",
                  "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
+            Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time", [*on, "--cases", "cnn-b128", "--steps", "1",
+                 "--repeats", "1"]),
             Part("Training loop parts", "bench.training_loop_profile", [*on, "--model", "cnn2-gn", "--rows", "512",
                  "--batch", "32", "--chunk", "16", "--steps", "2"]),
             Part("Text fine-tuning", "bench.text_step_cost", [*on, "--cases", "lm-t128", "--steps", "1",
@@ -82,6 +86,8 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
         Part("Per-sample conv gradients by method", "bench.conv_grad_methods", [*on, "--repeats", repeats]),
         Part("Whole steps per algorithm", "bench.step_time",
              [*on, "--cases", "cnn-b512", "--steps", steps, "--algorithms", *algorithms]),
+        Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time",
+             [*on, "--cases", "cnn-b512", "--steps", "5", "--repeats", "3" if quick else "5"]),
         *(
             Part(f"Training loop parts: wrn 16-4, chunks of {chunk}", "bench.training_loop_profile",
                  [*on, "--model", "wrn", "--batch", "1024", "--chunk", chunk, "--steps", "5" if quick else "10"])

@@ -38,7 +38,8 @@ import torch
 from torch import nn
 
 from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StepProjection, StreamingProjection
-from worker.optimizers.per_sample import iter_per_sample_grads, per_sample_norms, trainable_parameters
+from worker.optimizers.engines import Engine, PerSampleGrads, check_engine, per_sample_grads_of
+from worker.optimizers.per_sample import per_sample_norms, trainable_parameters
 from worker.optimizers.secure_random import SecureRandom
 
 __all__ = [
@@ -137,8 +138,12 @@ class _DCAggregator:
     c2: float
     projection: StreamingProjection
     sigma_tr: float = 0.0
+    engine: Engine = "auto"
+    """Where the per-sample gradients come from (worker.optimizers.engines): "auto" builds them
+    from ghost clipping's records wherever that is exact, else vmaps autograd; same gradients."""
 
     def __post_init__(self) -> None:
+        check_engine(self.engine)
         for name in ("c1", "c2"):
             value = getattr(self, name)
             if not (value > 0 and value < float("inf")):
@@ -151,6 +156,9 @@ class _DCAggregator:
     def check(self, model: nn.Module) -> int:
         """Validate the scope against the model (names known, k < d_J); returns d_J."""
         return sum(self.projection.scope_sizes(trainable_parameters(model)).values())
+
+    def _per_sample_grads(self, model: nn.Module) -> PerSampleGrads:
+        return per_sample_grads_of(model, self.engine)
 
     def _begin(
         self, model: nn.Module, n: int, step: int, generator: SecureRandom
@@ -194,11 +202,12 @@ class RankAggregator(_DCAggregator):
         projection, trace_noise = self._begin(model, n, step, generator)
         order = generator.permutation(n)
         total = _zeros_like_params(model)
+        per_sample_grads = self._per_sample_grads(model)
         with torch.no_grad():
             kept: dict[str, torch.Tensor] | None = None
             single_chunk = n <= max_physical_batch_size
             traces = []
-            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            for grads in per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 traces.append(projection.traces(grads).to(trace_noise.device))
                 kept = grads if single_chunk else None
                 del grads
@@ -210,7 +219,7 @@ class RankAggregator(_DCAggregator):
                 add_clipped(total, kept, tail, c1=self.c1, c2=self.c2)
                 return total
             start = 0  # second pass: the same rows in the same order, now clipped
-            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            for grads in per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 m = next(iter(grads.values())).shape[0]
                 add_clipped(total, grads, tail[start : start + m], c1=self.c1, c2=self.c2)
                 start += m
@@ -305,10 +314,11 @@ class ThresholdAggregator(_DCAggregator):
         tau = self.current_tau(model)
         projection, trace_noise = self._begin(model, n, step, generator)
         total = _zeros_like_params(model)
+        per_sample_grads = self._per_sample_grads(model)
         count = 0
         start = 0
         with torch.no_grad():
-            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            for grads in per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
                 traces = projection.traces(grads).to(trace_noise.device)
                 m = traces.shape[0]
                 tail = threshold_tail_mask(traces + trace_noise[start : start + m], tau)

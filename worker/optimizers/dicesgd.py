@@ -36,7 +36,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -44,8 +44,8 @@ from torch import nn
 from worker.data.rows import Rows
 from worker.data.units import UnitIndex
 from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
+from worker.optimizers.engines import Engine, check_engine, uses_ghost
 from worker.optimizers.ghost import ghost_weighted_grad_sums
-from worker.optimizers.ghost import supports as ghost_supports
 from worker.optimizers.per_sample import (
     PerSampleMap,
     iter_per_sample_grads,
@@ -75,18 +75,21 @@ _SHRINK = 1.0 - 2.0**-20
 """Scale safety factor: float32 rounding of s·e cannot make ||ψ(e)|| exceed the bound."""
 
 TensorDict = dict[str, torch.Tensor]
-Engine = Literal["auto", "vmap", "ghost"]
 
 log = logging.getLogger(__name__)
 
 
 class ErrorFeedbackMap(Protocol):
-    """ψ: e ↦ scale(||e||)·e with ||ψ(e)|| ≤ ``norm_bound`` (C2) for every e."""
+    """ψ: e ↦ scale(||e||)·e with ||ψ(e)|| ≤ ``norm_bound`` (C2) for every e.
+
+    ``scale`` takes and returns a 0-dim float64 tensor on e's device: the step never waits for
+    the device to hand a norm to the host (one wait per parameter tensor before, which left a GPU
+    idle between the step's kernels)."""
 
     @property
     def norm_bound(self) -> float: ...
 
-    def scale(self, norm: float) -> float: ...
+    def scale(self, norm: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -103,10 +106,8 @@ class ErrorFeedbackClip:
     def norm_bound(self) -> float:
         return self.threshold
 
-    def scale(self, norm: float) -> float:
-        if norm <= self.threshold:
-            return 1.0
-        return self.threshold / norm * _SHRINK
+    def scale(self, norm: torch.Tensor) -> torch.Tensor:
+        return torch.where(norm <= self.threshold, 1.0, self.threshold / norm * _SHRINK)
 
 
 @dataclass(frozen=True)
@@ -123,23 +124,28 @@ class ErrorFeedbackNormalise:
     def norm_bound(self) -> float:
         return 1.0
 
-    def scale(self, norm: float) -> float:
+    def scale(self, norm: torch.Tensor) -> torch.Tensor:
         return 1.0 / (norm + self.gamma) * _SHRINK
 
 
-def _global_norm(tensors: Mapping[str, torch.Tensor]) -> float:
-    """Flat L2 norm over all tensors, in float64 (inf/NaN if e overflowed)."""
-    total = sum(float(t.detach().double().pow(2).sum()) for t in tensors.values())
-    return math.sqrt(total) if math.isfinite(total) else math.inf
+def _global_norm(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Flat L2 norm over all tensors: a 0-dim float64 tensor on their device, inf or NaN if e
+    overflowed. Computed on the device, never read back by the host."""
+    squares = [t.detach().double().pow(2).sum() for t in tensors.values()]
+    return torch.stack(squares).sum().sqrt()
+
+
+def _zero_unless(finite: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """t where the 0-dim `finite` holds, else exact zeros (0·inf would be NaN)."""
+    return torch.where(finite, t, 0.0)
 
 
 def apply_feedback_map(feedback_map: ErrorFeedbackMap, error: Mapping[str, torch.Tensor]) -> TensorDict:
     """ψ(e) with ||ψ(e)|| ≤ feedback_map.norm_bound guaranteed (0 if ||e|| is not finite)."""
     norm = _global_norm(error)
-    if not math.isfinite(norm):
-        return {name: torch.zeros_like(e) for name, e in error.items()}
+    finite = torch.isfinite(norm)
     scale = feedback_map.scale(norm)
-    return {name: (e.double() * scale).to(e.dtype) for name, e in error.items()}
+    return {name: _zero_unless(finite, e.double() * scale).to(e.dtype) for name, e in error.items()}
 
 
 @dataclass(frozen=True)
@@ -175,8 +181,7 @@ class ErrorFeedbackAggregator:
         expected_batch_size: float,
         engine: Engine = "auto",
     ) -> None:
-        if engine not in ("auto", "vmap", "ghost"):
-            raise ValueError(f"engine must be 'auto', 'vmap' or 'ghost', got {engine!r}")
+        check_engine(engine)
         if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
             raise ValueError("expected_batch_size must be finite and > 0")
         self.per_sample_map = per_sample_map
@@ -215,11 +220,6 @@ class ErrorFeedbackAggregator:
         }
 
     # -------------------------------------------------------------- one step
-
-    def _use_ghost(self, model: nn.Module) -> bool:
-        if self.engine == "auto":
-            return ghost_supports(model)
-        return self.engine == "ghost"
 
     def _vmap_sums(
         self,
@@ -264,9 +264,7 @@ class ErrorFeedbackAggregator:
         params = trainable_parameters(model)
         error = self._ensure_error(params)
         error = {name: e.to(params[name].device) for name, e in error.items()}  # after model.to()
-        mapped = {name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()}
-        residual = {name: torch.zeros_like(e) for name, e in error.items()}
-        if self._use_ghost(model):
+        if uses_ghost(model, self.engine):
             mapped, rest = ghost_weighted_grad_sums(
                 model,
                 X,
@@ -275,18 +273,18 @@ class ErrorFeedbackAggregator:
                 max_physical_batch_size=max_physical_batch_size,
                 per_sample_maps=(self.per_sample_map, _Residual(self.per_sample_map)),
             )
-            for name, r in rest.items():
-                residual[name].add_(r.to(residual[name].dtype))
+            residual = {name: rest[name].to(e.dtype) for name, e in error.items()}
         else:
+            mapped = {name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()}
+            residual = {name: torch.zeros_like(e) for name, e in error.items()}
             self._vmap_sums(model, X, y, mapped, residual, loss=loss, max_physical_batch_size=max_physical_batch_size)
         with torch.no_grad():
             feedback = apply_feedback_map(self.feedback_map, error)
             batch = self.expected_batch_size
             released = {name: mapped[name].add_(feedback[name].to(mapped[name].dtype), alpha=batch) for name in mapped}
             updated = {name: error[name].sub(feedback[name]).add_(residual[name], alpha=1.0 / batch) for name in error}
-            if not math.isfinite(_global_norm(updated)):
-                updated = {name: torch.zeros_like(e) for name, e in updated.items()}
-            self.error = updated
+            finite = torch.isfinite(_global_norm(updated))  # on the device: no wait for the host
+            self.error = {name: _zero_unless(finite, e) for name, e in updated.items()}
         return released
 
 

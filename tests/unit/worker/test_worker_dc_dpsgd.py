@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 from torch import nn
 
@@ -150,7 +152,8 @@ def test_streamed_projection_of_parameter_chunks_equals_qr(dtype: torch.dtype) -
     params = {"w": torch.zeros(40, 30), "b": torch.zeros(800)}  # d_J = 2000
     projection = StreamingProjection(k=50, theta=2.0, block_rows=97)
     blocks = projection.layout(params)
-    assert len(blocks) == math.ceil(1200 / 97) + math.ceil(800 / 97)
+    assert len(blocks) == math.ceil(2000 / 97)  # one block runs on from "w" into "b"
+    assert [seg.name for seg in blocks[12].segments] == ["w", "b"]
     gen = _seeded(3)
     grads = {
         "w": torch.randn(16, 40, 30, generator=gen, dtype=dtype),
@@ -168,6 +171,29 @@ def test_streamed_projection_of_parameter_chunks_equals_qr(dtype: torch.dtype) -
         rtol=1e-12 if dtype == torch.float64 else 1e-6,
         atol=0,
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    block_rows=st.integers(1, 50),
+)
+def test_blocks_cover_the_scope_once_in_order(sizes: list[int], block_rows: int) -> None:
+    """Every row of the flattened scope is in exactly one block, in scope order; every block but
+    the last is full; the number of blocks is ⌈d_J / block_rows⌉ however the tensors are cut."""
+    params = {f"p{i}": torch.zeros(size) for i, size in enumerate(sizes)}
+    d = sum(sizes)
+    assume(d > 1)
+    projection = StreamingProjection(k=1, block_rows=block_rows)
+    blocks = projection.layout(params)
+    assert [b.index for b in blocks] == list(range(math.ceil(d / block_rows)))
+    assert all(b.rows == block_rows for b in blocks[:-1]) and 0 < blocks[-1].rows <= block_rows
+    covered = [(seg.name, row) for b in blocks for seg in b.segments for row in range(seg.start, seg.stop)]
+    assert covered == [(name, row) for name, size in zip(params, sizes, strict=True) for row in range(size)]
+    grads = {name: torch.arange(size, dtype=torch.float64).expand(2, size) + 100 * i for i, (name, size) in
+             enumerate(zip(params, sizes, strict=True))}  # fmt: skip
+    columns = torch.cat([b.gradient_columns(grads, 2) for b in blocks], dim=1)
+    assert torch.equal(columns, torch.cat(list(grads.values()), dim=1))
 
 
 def test_mean_trace_is_about_k_over_d() -> None:
@@ -429,10 +455,12 @@ def _manual_step(
     return total, len(tail)
 
 
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
 @pytest.mark.parametrize("mode", ["rank", "threshold"])
 @pytest.mark.parametrize("chunk", [64, 7])
-def test_aggregator_equals_an_independent_implementation(mode: str, chunk: int) -> None:
-    """T5/T6 end to end: traces, split (incl. noisy traces) and clipping of a real model."""
+def test_aggregator_equals_an_independent_implementation(mode: str, chunk: int, engine: str) -> None:
+    """T5/T6 end to end: traces, split (incl. noisy traces) and clipping of a real model, with the
+    per-sample gradients from either engine (the reference uses the vmap engine's)."""
     model = build_model("mlp", {"hidden_sizes": [6]}, input_shape=(5,), n_outputs=3, generator=_seeded(0))
     X = torch.randn(40, 5, generator=_seeded(1)) * torch.logspace(-1, 1, 40)[:, None]
     y = torch.randint(0, 3, (40,), generator=_seeded(2))
@@ -441,9 +469,9 @@ def test_aggregator_equals_an_independent_implementation(mode: str, chunk: int) 
     tau = k / d
     projection = StreamingProjection(k=k, theta=2.0, block_rows=13)
     if mode == "rank":
-        aggregator = RankAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr, p=p)
+        aggregator = RankAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr, p=p, engine=engine)
     else:
-        aggregator = ThresholdAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr)
+        aggregator = ThresholdAggregator(c1=c1, c2=c2, projection=projection, sigma_tr=sigma_tr, engine=engine)
     total = aggregator.clipped_sum(
         model, X, y, step=3, loss="cross_entropy", max_physical_batch_size=chunk, generator=_rng(77)
     )
@@ -853,6 +881,76 @@ def test_rank_result_does_not_depend_on_the_chunk_size() -> None:
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
     torch.testing.assert_close(run(3), run(256), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["rank", "threshold-tracking"])
+def test_ghost_and_vmap_engines_train_identically_on_a_conv_net(mode: str) -> None:
+    """The engines differ only in rounding: same splits, same sums, so the same trained model (float64;
+    conv, GroupNorm and Linear layers, chunks that split the batch)."""
+
+    def run(engine: str) -> tuple[torch.Tensor, float | None]:
+        model = build_model(
+            "cnn2-gn", {"groups": 2}, input_shape=(1, 14, 14), n_outputs=3, generator=_seeded(0)
+        ).double()
+        X = torch.randn(24, 1, 14, 14, generator=_seeded(1), dtype=torch.float64)
+        y = torch.randint(0, 3, (24,), generator=_seeded(2))
+        projection = StreamingProjection(k=9, block_rows=500)
+        aggregator: RankAggregator | ThresholdAggregator
+        if mode == "rank":
+            aggregator = RankAggregator(c1=0.5, c2=0.05, projection=projection, sigma_tr=0.01, p=0.25, engine=engine)
+        else:
+            tracker = ThresholdTracker(target_fraction=0.25, eta=0.5, count_noise_std=1.0, expected_batch_size=12.0)
+            aggregator = ThresholdAggregator(
+                c1=0.5, c2=0.05, projection=projection, sigma_tr=0.01, tracker=tracker, engine=engine
+            )
+        config = DPSGDConfig(
+            steps=4,
+            sampling_probability=0.5,
+            noise_multiplier=1.0,
+            clipping_norm=aggregator.sensitivity,
+            learning_rate=0.1,
+            max_physical_batch_size=5,
+        )
+        train_dp_sgd(model, X, y, config=config, generator=_rng(3), aggregator=aggregator)
+        tau = aggregator.tau if isinstance(aggregator, ThresholdAggregator) else None
+        return torch.cat([p.detach().flatten() for p in model.parameters()]), tau
+
+    (ghost, ghost_tau), (vmap, vmap_tau) = run("ghost"), run("vmap")
+    initial = torch.cat([p.detach().flatten() for p in build_model(
+        "cnn2-gn", {"groups": 2}, input_shape=(1, 14, 14), n_outputs=3, generator=_seeded(0)
+    ).double().parameters()])  # fmt: skip
+    assert not torch.allclose(ghost, initial)  # it trained
+    torch.testing.assert_close(ghost, vmap, rtol=1e-9, atol=1e-12)
+    if mode == "rank":
+        assert ghost_tau is None and vmap_tau is None
+    else:
+        assert ghost_tau is not None and ghost_tau == pytest.approx(vmap_tau, rel=1e-12)
+
+
+def test_auto_engine_uses_ghost_where_it_is_exact_and_vmap_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.optimizers.engines as engines
+
+    used: list[str] = []
+
+    def spy(name: str, real: object) -> object:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            used.append(name)
+            return real(*args, **kwargs)  # type: ignore[operator]
+
+        return wrapped
+
+    monkeypatch.setattr(engines, "iter_ghost_per_sample_grads", spy("ghost", engines.iter_ghost_per_sample_grads))
+    monkeypatch.setattr(engines, "iter_per_sample_grads", spy("vmap", engines.iter_per_sample_grads))
+    supported = build_model("mlp", {"hidden_sizes": [4]}, input_shape=(3,), n_outputs=2, generator=_seeded(0))
+    X, y = torch.randn(6, 3, generator=_seeded(1)), torch.randint(0, 2, (6,), generator=_seeded(2))
+    aggregator = RankAggregator(c1=1.0, c2=0.5, projection=StreamingProjection(k=3), p=0.5)
+    aggregator.clipped_sum(supported, X, y, step=0, loss="cross_entropy", max_physical_batch_size=6, generator=_rng(1))
+    assert used == ["ghost"]
+    monkeypatch.setattr(engines, "ghost_supports", lambda model: False)
+    aggregator.clipped_sum(supported, X, y, step=0, loss="cross_entropy", max_physical_batch_size=6, generator=_rng(1))
+    assert used == ["ghost", "vmap"]
+    with pytest.raises(ValueError, match="engine must be one of"):
+        RankAggregator(c1=1.0, c2=0.5, projection=StreamingProjection(k=3), engine="opacus")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- learning

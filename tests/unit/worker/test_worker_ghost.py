@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from privtrain.architectures import build_model
+from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.ghost import (
     GhostClipAggregator,
@@ -137,6 +138,7 @@ def _check_against_vmap(
                 model, X, y, loss=loss, per_sample_map=per_sample_map, max_physical_batch_size=chunk, pass2=mode
             )
             _assert_sums_close(got, reference, tol)
+        assert_ghost_per_sample_grads_match(model, X, y, loss, chunk=chunk, tol=tol)
     return ref_norms
 
 

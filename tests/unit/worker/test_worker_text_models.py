@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
 from tests.unit.worker.text_fixtures import LENGTH, PAD, VOCAB, lm_targets, text_model, tokens
 from worker.optimizers.ghost import check_ghost_supported, ghost_clipped_grad_sum, ghost_per_sample_norms
 from worker.optimizers.losses import IGNORED_TARGET, get_loss, loss_for_task
@@ -171,6 +172,7 @@ def test_ghost_matches_vmap_on_text_models(case: tuple) -> None:
             model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=3, pass2=pass2
         )
         _assert_close(got, reference)
+    assert_ghost_per_sample_grads_match(model, X, y, loss, chunk=3, tol=1e-9)
 
 
 @pytest.mark.parametrize("case", CASES[::2], ids=[c[0] for c in CASES[::2]])

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from privtrain.architectures import PositionalEmbedding, TokenPrepend, WSConv2d, build_model
+from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.ghost import (
     GhostClipAggregator,
@@ -97,6 +98,7 @@ def test_image_zoo_matches_vmap_engine(case: tuple, dtype: torch.dtype) -> None:
                 model, X, y, loss="cross_entropy", per_sample_map=clip, max_physical_batch_size=chunk, pass2=mode
             )
             _assert_sums_close(got, reference, tol)
+        assert_ghost_per_sample_grads_match(model, X, y, "cross_entropy", chunk=chunk, tol=tol)
     assert all(p.grad is None for p in model.parameters())
     assert not any(m._forward_hooks for m in model.modules())
 

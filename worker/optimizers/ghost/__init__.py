@@ -12,7 +12,7 @@ the joint flat norm; pass 2 forms Σ_i scale_i·g_i, by default from the same re
 Modules, one job each:
 
 - `api`: the entry points (`ghost_per_sample_norms`, `ghost_clipped_grad_sum` and its pass-2
-  modes, `ghost_weighted_grad_sums`, `GhostClipAggregator`).
+  modes, `ghost_weighted_grad_sums`, `iter_ghost_per_sample_grads`, `GhostClipAggregator`).
 - `engine`: the chunked pass 1; `recorder`: its forward hooks and run-time checks.
 - `support`: `check_ghost_supported` / `supports` on the module tree; `ghost_container`.
 - `registry`: `GHOST_LAYERS` and the `@ghost_layer(...)` decorator, one rule per layer type;
@@ -36,6 +36,7 @@ from worker.optimizers.ghost.api import (
     ghost_clipped_grad_sum,
     ghost_per_sample_norms,
     ghost_weighted_grad_sums,
+    iter_ghost_per_sample_grads,
 )
 from worker.optimizers.ghost.linear_conv import CONV_STRIDED_DEVICES
 from worker.optimizers.ghost.registry import GHOST_LAYERS, GhostLayerRule, ghost_layer
@@ -64,5 +65,6 @@ __all__ = [
     "ghost_layer",
     "ghost_per_sample_norms",
     "ghost_weighted_grad_sums",
+    "iter_ghost_per_sample_grads",
     "supports",
 ]

@@ -1,5 +1,6 @@
 """The ghost engine's entry points: per-sample norms, the clipped sum (three pass-2 modes), several
-weighted sums from one pass, and the DP-SGD aggregator built on them.
+weighted sums from one pass, per-sample gradients built from pass 1's records, and the DP-SGD
+aggregator built on them.
 
 Same contract as `worker.optimizers.per_sample.clipped_grad_sum` (read its docstring): the
 result is Σ_i scale_i·g_i with scale_i = per_sample_map.scale_factors(||g_i||), ||·|| the flat L2
@@ -38,7 +39,7 @@ be charged to one row. They raise ValueError under bf16 rather than weaken the b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +60,7 @@ __all__ = [
     "ghost_clipped_grad_sum",
     "ghost_per_sample_norms",
     "ghost_weighted_grad_sums",
+    "iter_ghost_per_sample_grads",
 ]
 
 Pass2 = Literal["bk", "retain", "recompute"]
@@ -277,3 +279,53 @@ def ghost_weighted_grad_sums(
                 for work in chunk.works:  # every weighting from one read of each layer's tensors
                     work.accumulate(scales, None if all_finite else finite, totals)
     return [total.result(params) for total in totals]
+
+
+def iter_ghost_per_sample_grads(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    max_physical_batch_size: int,
+    precision: Precision = "fp32",
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Per-sample gradients chunk by chunk, name -> (m, *param.shape) in the trainable parameters'
+    order: the same contract as `worker.optimizers.per_sample.iter_per_sample_grads`, for models
+    `supports` accepts.
+
+    Each chunk costs one batched forward and one output-gradient backward (pass 1), then each
+    layer's rule builds its rows' gradients from the recorded (a, δ) (one batched GEMM per
+    layer for Linear and Conv), instead of the vmap engine's per-row autograd: for algorithms
+    that need the gradients themselves, not only a weighted sum (DC-DPSGD projects every row's
+    gradient). A parameter no recorded call reached gets zeros, as under vmap. Memory: m × the
+    parameter count per chunk, as the vmap engine. The hooks are on the model only during each
+    chunk's pass 1, so the caller may use the model between chunks and stop iterating early.
+    Private: keep the gradients inside the worker.
+    """
+    params = trainable_parameters(model)
+    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
+    for spec, x, target in chunks:
+        with Recorder(model) as recorder:
+            chunk = pass1(
+                model,
+                recorder,
+                x,
+                target,
+                spec,
+                bk=True,  # rules then prefer materialised gradients, which per_sample returns as they are
+                want_out_grad=False,
+                retain_graph=False,
+                precision=precision,
+            )
+        with torch.no_grad():
+            grads: dict[str, torch.Tensor] = {}
+            for work in chunk.works:
+                grads.update(work.per_sample())
+            del chunk
+            rows = x.shape[0]
+            yield {  # a rule may hand a parameter's rows in another layout of the same size (the ViT token)
+                name: grads[name].reshape(rows, *p.shape) if name in grads else p.new_zeros((rows, *p.shape))
+                for name, p in params.items()
+            }
+            del grads

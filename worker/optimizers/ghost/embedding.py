@@ -51,10 +51,13 @@ def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *, bk:
     positions, vocab = idx.shape[1], module.num_embeddings
     # Gram: T²·(d+1) flops and T² memory per row; materialised: V·d of both (zero-fill, norm).
     gram = positions * positions * (dim + 1) <= vocab * dim or batch * vocab * dim > MATERIALISE_MAX_ELEMENTS
-    if not gram:
+
+    def materialised() -> torch.Tensor:
         G = D.new_zeros(batch, vocab, dim)
-        G.scatter_add_(1, idx.unsqueeze(-1).expand(-1, -1, dim), D)
-        return materialised_work({name: G})
+        return G.scatter_add_(1, idx.unsqueeze(-1).expand(-1, -1, dim), D)
+
+    if not gram:
+        return materialised_work({name: materialised()})
     same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(D.dtype)  # (B, T, T)
     sq = (same * torch.matmul(D, D.transpose(1, 2))).sum(dim=(1, 2)).clamp_min(0.0)
 
@@ -63,4 +66,4 @@ def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *, bk:
         for total, weights in zip(totals, w, strict=True):
             total.index_add(name, module.weight, idx.reshape(-1), (rows * weights.view(-1, 1, 1)).reshape(-1, dim))
 
-    return LayerWork(sq, accumulate)
+    return LayerWork(sq, accumulate, lambda: {name: materialised()})

@@ -145,8 +145,22 @@ def _positional_work(
         for part in parts:
             part(w, mask, totals)
 
+    def per_sample() -> dict[str, torch.Tensor]:
+        grads = {}
+        if weight_name is not None:
+            # G_ij = Σ_t D_ijt A_ijtᵀ: (B, g, o, k), the weight's layout once reshaped
+            if G is not None:
+                weight = G
+            else:
+                assert A is not None
+                weight = torch.matmul(D.transpose(-1, -2), A)
+            grads[weight_name] = weight.reshape(batch, *weight_shape)
+        if bias_name is not None:
+            grads[bias_name] = gb
+        return grads
+
     sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
-    return LayerWork(sq, accumulate)
+    return LayerWork(sq, accumulate, per_sample)
 
 
 def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor) -> LayerWork:
@@ -169,7 +183,15 @@ def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor,
             for total, s in zip(totals, sd.sum(dim=1), strict=True):
                 total.add(bias_name, s)
 
-    return LayerWork(sq, accumulate)
+    def per_sample() -> dict[str, torch.Tensor]:
+        grads = {}
+        if weight_name is not None:
+            grads[weight_name] = d.unsqueeze(2) * a.unsqueeze(1)  # δ_i a_iᵀ: (B, o, k)
+        if bias_name is not None:
+            grads[bias_name] = d
+        return grads
+
+    return LayerWork(sq, accumulate, per_sample)
 
 
 def _grouped_work(

@@ -111,11 +111,20 @@ def standardised_conv_work(module: WSConv2d, names: ParamNames, calls: Calls, *,
                 summed = mine.sums[weight_name].reshape(w_hat.shape)
                 total.add(weight_name, _project(w_hat.to(summed.dtype), summed).reshape(module.weight.shape))
 
-        works.append(LayerWork(sq, accumulate))
+        def per_sample() -> dict[str, torch.Tensor]:
+            scaled_grads = effective.per_sample()[weight_name]  # G'_i: (B, *weight shape)
+            batch = scaled_grads.shape[0]
+            flat = scaled_grads.reshape(batch, *w_hat.shape)
+            return {weight_name: _project(w_hat.to(flat.dtype), flat).reshape(scaled_grads.shape)}
+
+        works.append(LayerWork(sq, accumulate, per_sample))
 
     def accumulate_all(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         for work in works:
             work.accumulate(w, mask, totals)
 
+    def per_sample_all() -> dict[str, torch.Tensor]:
+        return {name: g for work in works for name, g in work.per_sample().items()}
+
     sq_total = works[0].sq_norms if len(works) == 1 else works[0].sq_norms + works[1].sq_norms
-    return LayerWork(sq_total, accumulate_all)
+    return LayerWork(sq_total, accumulate_all, per_sample_all)

@@ -3,7 +3,8 @@
 Every layer family (linear_conv, norms, embedding, ...) turns the recorded calls of one layer —
 (detached input a, output gradient δ) per call, rows on dimension 0 — into a `LayerWork`. The
 engine adds the `sq_norms` of all layers into the joint flat norm, derives per-row scales from it,
-then asks each layer to `accumulate` Σ_i scale_i·g_i into the running `Totals`.
+then asks each layer to `accumulate` Σ_i scale_i·g_i into the running `Totals`. Algorithms that
+need each row's gradient itself (DC-DPSGD projects it) ask the layer for `per_sample` instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "Calls",
     "LayerWork",
     "ParamNames",
+    "PerSample",
     "Totals",
     "masked_rows",
     "materialised_work",
@@ -76,11 +78,17 @@ class Totals:
 # is None when every row is finite, else a (B,) bool tensor: rows outside it must contribute exactly 0.
 Accumulate = Callable[[torch.Tensor, torch.Tensor | None, Sequence[Totals]], None]
 
+# per_sample(): the layer's per-sample gradients, parameter name -> (B, param.numel() values in the
+# parameter's order, any shape), built on demand
+# (a rule that already materialised them returns those tensors: callers must not modify them).
+PerSample = Callable[[], dict[str, torch.Tensor]]
+
 
 @dataclass
 class LayerWork:
     sq_norms: torch.Tensor  # (B,)
     accumulate: Accumulate
+    per_sample: PerSample
 
 
 def masked_rows(mask: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
@@ -106,4 +114,4 @@ def materialised_work(grads: dict[str, torch.Tensor]) -> LayerWork:
             for total, s in zip(totals, sums, strict=True):
                 total.add(name, s)
 
-    return LayerWork(sq, accumulate)
+    return LayerWork(sq, accumulate, lambda: grads)
