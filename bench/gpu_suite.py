@@ -10,7 +10,9 @@ run, with each part bounded in time and one part's failure recorded, not fatal. 
    each as a ratio to a non-private step in the same run;
 2. ``conv_grad_methods``: per-sample conv weight gradients by method on every zoo conv layer (and,
    with ``--profile``, ``gpu_profile``: the torch profiler's top kernels per engine); later in
-   the run, ``engine_compare --precision bf16`` on the conv, ViT and text cases;
+   the run, ``engine_compare --precision bf16`` on the conv, ViT and text cases; ``gram_choice``:
+   both exact forms of every Linear-on-sequence and Conv layer of the zoo, timed, and which write
+   cost makes the engine's per-layer choice pick the faster (the GPU's ``WRITE_COST_FLOPS``);
 3. ``step_time``: whole training steps of dp-sgd, dc-dpsgd, dc-dpsgd-threshold and dicesgd (their
    ratio to dp-sgd is the DC-DPSGD ≤ 2× and DiceSGD ≤ 1.1× goals), with peak memory;
    ``dc_dpsgd_step_time``: both DC-DPSGD rules with their per-sample gradients from the vmap
@@ -66,6 +68,8 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
             Part("Engines (float32)", "bench.engine_compare", [*on, "--cases", "mlp-b256", "--repeats", "2"]),
             Part("Per-sample conv gradients by method", "bench.conv_grad_methods",
                  [*on, "--models", "cnn2-gn", "--batch", "8", "--repeats", "2"]),
+            Part("Gram or materialised per layer", "bench.gram_choice",
+                 [*on, "--cases", "cnn2-gn", "--batch", "8", "--repeats", "1"]),
             Part("Whole steps per algorithm", "bench.step_time", [*on, "--cases", "mlp-b256", "--steps", "2",
                  "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
             Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time", [*on, "--cases", "cnn-b128", "--steps", "1",
@@ -84,6 +88,9 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
     result = [
         Part("Engines (float32)", "bench.engine_compare", [*on, "--cases", zoo, "--repeats", repeats]),
         Part("Per-sample conv gradients by method", "bench.conv_grad_methods", [*on, "--repeats", repeats]),
+        Part("Gram or materialised per layer", "bench.gram_choice",
+             [*on, "--cases", "wrn16-4", "resnet-gn", "vit", "cnn3", "tcls", "tlm",
+              "--repeats", "3" if quick else "7"]),
         Part("Whole steps per algorithm", "bench.step_time",
              [*on, "--cases", "cnn-b512", "--steps", steps, "--algorithms", *algorithms]),
         Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time",

@@ -456,13 +456,23 @@ def test_reused_layer_and_frozen_parameters() -> None:
 
 
 def test_sequence_linear_rule_is_chosen_by_shape() -> None:
-    # Few positions, wide layer: Gram is cheaper for the norm; many positions, narrow: materialise.
-    assert linear_conv._use_gram(64, 1, 4, 512, 512, bk=False)
-    assert not linear_conv._use_gram(64, 1, 512, 8, 8, bk=False)
-    # Book-keeping adds the weighted sum: materialised gradients make it a cheap tensordot.
-    assert not linear_conv._use_gram(64, 1, 25, 256, 32, bk=True)
-    # Materialising (B × |W|) is capped: beyond the cap the Gram form is used.
-    assert linear_conv._use_gram(4096, 1, 16, 4096, 4096, bk=True)
+    with mock.patch.dict(linear_conv.WRITE_COST_FLOPS, {"flops-only": 0}):
+        # Few positions, wide layer: Gram is cheaper for the norm; many positions, narrow: materialise.
+        assert linear_conv._use_gram(64, 1, 4, 512, 512, bk=False, device_type="flops-only")
+        assert not linear_conv._use_gram(64, 1, 512, 8, 8, bk=False, device_type="flops-only")
+        # Book-keeping adds the weighted sum: materialised gradients make it a cheap tensordot.
+        assert not linear_conv._use_gram(64, 1, 64, 2304, 256, bk=True, device_type="flops-only")
+        # Materialising (B × |W|) is capped: beyond the cap the Gram form is used.
+        assert linear_conv._use_gram(4096, 1, 16, 4096, 4096, bk=True, device_type="flops-only")
+    # On a CPU each value materialising writes costs about 32 flops (bench/gram_choice.py): a wrn
+    # 16-4 layer on 8×8 positions (o·k = 590k values per row against 2·T² = 8k) takes the Gram form,
+    # a 1×1 shortcut (o·k = 33k) and the ViT's layers (T = 65, 192 × 192) stay materialised.
+    assert linear_conv.WRITE_COST_FLOPS["cpu"] == 32
+    assert linear_conv._use_gram(64, 1, 64, 2304, 256, bk=True, device_type="cpu")
+    assert not linear_conv._use_gram(64, 1, 64, 128, 256, bk=True, device_type="cpu")
+    assert not linear_conv._use_gram(64, 1, 65, 192, 192, bk=True, device_type="cpu")
+    # A device type without a measured write cost compares flops alone.
+    assert not linear_conv._use_gram(64, 1, 64, 2304, 256, bk=True, device_type="no-such-device")
 
 
 @settings(max_examples=60, deadline=None)
@@ -717,3 +727,25 @@ def test_outputs_autograd_does_not_keep_are_freed_before_the_backward() -> None:
     (tap,) = [tap for tap in taps if tap.layer_index == out_layer[0]]
     (delta,) = torch.autograd.grad(logits.square().sum(), [tap.edge])
     assert delta.shape == tap.shape == (3, 6, 8) and bool(delta.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("gram", [False, True], ids=["materialised", "gram"])
+def test_a_conv_work_keeps_only_what_its_form_needs(gram: bool) -> None:
+    """With materialised gradients the layer's work holds G, not the output gradients δ (both are
+    chunk-sized: holding δ too would add to the chunk's peak memory); the Gram form needs δ and
+    keeps it. Either way its per-sample gradients are the layer's."""
+    conv = nn.Conv2d(2, 3, 3, padding=1).double()
+    a = torch.randn(4, 2, 5, 5, dtype=torch.float64)
+    d = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    expected = torch.stack(
+        [torch.nn.grad.conv2d_weight(a[i : i + 1], conv.weight.shape, d[i : i + 1], padding=1) for i in range(4)]
+    )
+    delta = weakref.ref(d)
+    with _force(gram=gram):
+        work = linear_conv.conv_work(conv, {"weight": "w", "bias": "b"}, [(a, d)], bk=True)
+    del d
+    gc.collect()
+    assert (delta() is not None) == gram
+    grads = work.per_sample()
+    torch.testing.assert_close(grads["w"], expected, rtol=1e-12, atol=1e-12)
+    assert grads["b"].shape == (4, 3)

@@ -5,7 +5,8 @@
   Either the Gram ("ghost") form ||g_i||² = Σ_{t,t'} (a_it·a_it')(δ_it·δ_it') — O(T²(d+p)) per
   row, no per-sample gradient — or the materialised per-sample gradient — O(T·d·p) per row and
   B·d·p memory, but its weighted sum is then a cheap tensordot. `_use_gram` picks per call from
-  the shapes (flop count, with a memory cap on materialisation). Conv gradients are materialised
+  the shapes: flops, plus a per-device cost of every value a form writes (WRITE_COST_FLOPS), with
+  a memory cap on materialisation. Conv gradients are materialised
   by im2col + batched GEMM, or on CPU by one einsum over a strided window view (no im2col copy)
   when the layer has fewer patch features than positions (see CONV_STRIDED_DEVICES).
 A layer called several times in one forward (weights reused) is exact too: its calls are stacked
@@ -18,11 +19,12 @@ whose gradient is much smaller than Σ_t ||a_t||·||δ_t|| (cancellation across 
 squared norm carries an absolute error up to about eps·(Σ_t ||a_t||·||δ_t||)² — in the worst case
 a relative error growing like eps·T, not eps. An underestimated norm lets a clipped row exceed
 the bound by that relative amount (the float slack discussed in
-worker/optimizers/per_sample_maps.py, larger here). The Gram form is only chosen where
-materialising would exceed MATERIALISE_MAX_ELEMENTS or cost more flops; with the default
-pass2="bk" no zoo model uses it at the benchmarked shapes (cnn2-gn's second conv does under
-"retain"/"recompute" and in ghost_per_sample_norms, where the weighted sum is not needed). The
-clamp at 0 keeps a rounded Gram sum a valid square.
+worker/optimizers/per_sample_maps.py, larger here). The Gram form is chosen where materialising
+would exceed MATERIALISE_MAX_ELEMENTS or cost more; at the zoo's shapes that is layers with few
+positions and many weights per row (on a CPU: wrn 16-4 and resnet-gn on 8×8 and 4×4 maps, the
+transformer classifier's MLP at T = 64, cnn2-gn's second conv at T = 25), so T ≤ 64 there and the
+worst-case relative error stays below about 64·2⁻²⁴ ≈ 4e-6. The clamp at 0 keeps a rounded Gram
+sum a valid square.
 """
 
 from __future__ import annotations
@@ -57,12 +59,23 @@ __all__ = ["CONV_STRIDED_DEVICES", "conv_work", "linear_work"]
 CONV_STRIDED_DEVICES: set[str] = {"cpu"}
 
 
-def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bool) -> bool:
+WRITE_COST_FLOPS: dict[str, int] = {"cpu": 32}
+"""Device type -> flops that one value a form writes (and keeps) costs, in `_use_gram`'s model
+(0 where absent: flops alone). Materialising writes o·k values per row in GEMMs whose inner
+dimension is only T; the Gram form writes 2·T². Measured per device by bench/gram_choice.py: on
+a CPU, 32 picks within 0.1% of the faster form of every layer of the conv and text zoo at B = 32
+and 64, against 9–17% slower picks by flops alone (docs/benchmarks.md#gram-or-materialised-per-layer). CUDA
+keeps flops alone until the same command has run on a GPU."""
+
+
+def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bool, device_type: str = "cpu") -> bool:
     """Gram form (True) or materialised per-sample gradients (False) for a (positions × k) →
-    (positions × o) map per group: compare per-row flops, cap the materialised memory."""
+    (positions × o) map per group: compare per-row flops plus the device's cost of the values
+    each form writes, and cap the materialised memory."""
     t, g = positions, groups
-    mat_flops = t * o * k + (o * k if bk else 0)
-    gram_flops = t * t * (k + o) + (t * o * k if bk else 0)
+    write = WRITE_COST_FLOPS.get(device_type, 0)
+    mat_flops = t * o * k + (o * k if bk else 0) + write * o * k
+    gram_flops = t * t * (k + o) + (t * o * k if bk else 0) + write * 2 * t * t
     mat_mem, gram_mem = batch * g * o * k, batch * g * t * t
     if mat_flops <= gram_flops:
         return mat_mem > MATERIALISE_MAX_ELEMENTS and gram_mem < mat_mem
@@ -98,6 +111,9 @@ def _positional_work(
     batch, groups, positions, _ = D.shape
     terms: list[torch.Tensor] = []
     parts: list[Accumulate] = []
+    # Each branch's closures capture only what that branch keeps (a closure referring to D would
+    # keep the output gradients alive next to G).
+    rows: list[Callable[[], tuple[str, torch.Tensor]]] = []
 
     if bias_name is not None:
         gb = D.sum(dim=2).reshape(batch, -1)  # (B, g·o) = (B, C_out)
@@ -108,6 +124,7 @@ def _positional_work(
                 total.add(bias_name, s)
 
         parts.append(add_bias)
+        rows.append(lambda: (bias_name, gb))
 
     if weight_name is not None and G is not None:
         terms.append(squared_norm(G, 3))
@@ -118,6 +135,7 @@ def _positional_work(
                 total.add(weight_name, s.reshape(weight_shape))
 
         parts.append(add_weight)
+        rows.append(lambda: (weight_name, G.reshape(batch, *weight_shape)))
     elif weight_name is not None:
         assert A is not None
         if positions == 1:
@@ -133,31 +151,25 @@ def _positional_work(
             terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
             del aat, ddt
 
-        def add_weight(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+        def add_weight_gram(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
             sd = masked_rows(mask, D).unsqueeze(0) * w.view(w.shape[0], -1, 1, 1, 1)
             sums = _weighted_outer_sums(sd, masked_rows(mask, A))
             for total, s in zip(totals, sums, strict=True):
                 total.add(weight_name, s.reshape(weight_shape))
 
-        parts.append(add_weight)
+        def weight_rows() -> tuple[str, torch.Tensor]:  # G_ij = Σ_t D_ijt A_ijtᵀ, built on demand
+            assert A is not None
+            return weight_name, torch.matmul(D.transpose(-1, -2), A).reshape(batch, *weight_shape)
+
+        parts.append(add_weight_gram)
+        rows.append(weight_rows)
 
     def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         for part in parts:
             part(w, mask, totals)
 
     def per_sample() -> dict[str, torch.Tensor]:
-        grads = {}
-        if weight_name is not None:
-            # G_ij = Σ_t D_ijt A_ijtᵀ: (B, g, o, k), the weight's layout once reshaped
-            if G is not None:
-                weight = G
-            else:
-                assert A is not None
-                weight = torch.matmul(D.transpose(-1, -2), A)
-            grads[weight_name] = weight.reshape(batch, *weight_shape)
-        if bias_name is not None:
-            grads[bias_name] = gb
-        return grads
+        return dict(row() for row in rows)
 
     sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
     return LayerWork(sq, accumulate, per_sample)
@@ -210,7 +222,7 @@ def _grouped_work(
     weight, bias = names["weight"], names["bias"]
     if weight is None:  # bias only: the inputs are never needed
         return _positional_work(None, bias, weight_shape, D)
-    if positions > 1 and not _use_gram(batch, groups, positions, k, o, bk=bk):
+    if positions > 1 and not _use_gram(batch, groups, positions, k, o, bk=bk, device_type=D.device.type):
         return _positional_work(weight, bias, weight_shape, D, G=per_sample_grads())
     return _positional_work(weight, bias, weight_shape, D, A=inputs())
 
