@@ -749,3 +749,20 @@ def test_a_conv_work_keeps_only_what_its_form_needs(gram: bool) -> None:
     grads = work.per_sample()
     torch.testing.assert_close(grads["w"], expected, rtol=1e-12, atol=1e-12)
     assert grads["b"].shape == (4, 3)
+
+
+@pytest.mark.parametrize("strided", [True, False], ids=["strided", "patch-matrix"])
+@pytest.mark.parametrize("block", [1, 150, 10**9], ids=["element", "few-rows", "whole-chunk"])
+def test_conv_gradients_built_in_row_blocks_are_the_same(block: int, strided: bool) -> None:
+    """The patch matrix is built a bounded number of values at a time (rows in blocks): the
+    per-sample gradients, norms and sums are bit for bit those of one block, and the vmap engine's."""
+    builder, input_shape, n_outputs, vocab = LAYER_CASES["conv2d-groups-dilation-reflect"]
+    model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
+    with _force(gram=False, strided=strided):
+        whole = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(0.1), max_physical_batch_size=7)
+        with mock.patch.object(linear_conv, "PATCH_BLOCK_ELEMENTS", block):
+            blocked = ghost_clipped_grad_sum(
+                model, X, y, loss=loss, per_sample_map=AbadiClip(0.1), max_physical_batch_size=7
+            )
+            _check_against_vmap(model, X, y, loss, chunks=(7,), modes=("bk",))
+    assert all(torch.equal(blocked[name], whole[name]) for name in whole)

@@ -58,6 +58,9 @@ __all__ = ["CONV_STRIDED_DEVICES", "conv_work", "linear_work"]
 # oneDNN timings varied 1x-5x from run to run, so it is not used.)
 CONV_STRIDED_DEVICES: set[str] = {"cpu"}
 
+PATCH_BLOCK_ELEMENTS = 1 << 24
+"""Patch-matrix values (64 MiB in float32) materialised at once for per-sample conv gradients."""
+
 
 WRITE_COST_FLOPS: dict[str, int] = {"cpu": 32}
 """Device type -> flops that one value a form writes (and keeps) costs, in `_use_gram`'s model
@@ -285,7 +288,22 @@ def _conv_patches(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, spatial: Seque
 
 
 def _conv_per_sample_grads(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Per-sample weight gradients (B, g, o, k) of one call."""
+    """Per-sample weight gradients (B, g, o, k) of one call, built PATCH_BLOCK_ELEMENTS of patch
+    matrix at a time: the patches are a transient T·k values per row (a 3×3 conv on 32×32 maps:
+    9× its input), so a whole chunk's at once set the peak memory of a wide first layer's work."""
+    batch, per_row = a.shape[0], module.weight[0].numel() * module.groups * math.prod(d.shape[2:])
+    rows = max(1, PATCH_BLOCK_ELEMENTS // per_row)
+    if rows >= batch:
+        return _conv_per_sample_grads_block(module, a, d)
+    g = module.groups
+    G = a.new_empty(batch, g, module.out_channels // g, module.weight[0].numel())
+    for start in range(0, batch, rows):
+        G[start : start + rows] = _conv_per_sample_grads_block(module, a[start : start + rows], d[start : start + rows])
+    return G
+
+
+def _conv_per_sample_grads_block(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """`_conv_per_sample_grads` for rows whose patches fit one block."""
     batch, g = a.shape[0], module.groups
     o = module.out_channels // g
     k = module.weight[0].numel()
