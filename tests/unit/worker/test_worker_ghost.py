@@ -30,6 +30,7 @@ from worker.optimizers.ghost import (
     check_ghost_supported,
     ghost_clipped_grad_sum,
     ghost_per_sample_norms,
+    iter_ghost_per_sample_grads,
     linear_conv,
     support,
     supports,
@@ -766,3 +767,17 @@ def test_conv_gradients_built_in_row_blocks_are_the_same(block: int, strided: bo
             )
             _check_against_vmap(model, X, y, loss, chunks=(7,), modes=("bk",))
     assert all(torch.equal(blocked[name], whole[name]) for name in whole)
+
+
+def test_per_sample_gradients_leave_the_callers_grad_mode_alone() -> None:
+    """The iterator's own no-grad region ends before each yield, so the caller's loop body runs in
+    the caller's grad mode (and the model is unhooked between chunks)."""
+    model, X, y, loss = _zoo(ZOO[4], torch.float32, n=6)
+    seen = []
+    for grads in iter_ghost_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=4):
+        seen.append((torch.is_grad_enabled(), next(iter(grads.values())).shape[0]))
+        assert not any(m._forward_hooks for m in model.modules())
+    with torch.no_grad():
+        for _ in iter_ghost_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=4):
+            seen.append((torch.is_grad_enabled(), 0))
+    assert seen == [(True, 4), (True, 2), (False, 0), (False, 0)]

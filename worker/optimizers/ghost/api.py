@@ -313,19 +313,20 @@ def iter_ghost_per_sample_grads(
                 x,
                 target,
                 spec,
-                bk=True,  # rules then prefer materialised gradients, which per_sample returns as they are
+                bk=True,  # the clipped sum's choice of form; a Gram-form layer builds its rows on demand
                 want_out_grad=False,
                 retain_graph=False,
                 precision=precision,
             )
-        with torch.no_grad():
+        rows = x.shape[0]
+        with torch.no_grad():  # not around the yield: the caller's grad mode stays its own
             grads: dict[str, torch.Tensor] = {}
             for work in chunk.works:
                 grads.update(work.per_sample())
             del chunk
-            rows = x.shape[0]
-            yield {  # a rule may hand a parameter's rows in another layout of the same size (the ViT token)
-                name: grads[name].reshape(rows, *p.shape) if name in grads else p.new_zeros((rows, *p.shape))
+            per_sample = {  # a rule may hand a parameter's rows in another layout of the same size (ViT token)
+                name: grads.pop(name).reshape(rows, *p.shape) if name in grads else p.new_zeros((rows, *p.shape))
                 for name, p in params.items()
             }
-            del grads
+        yield per_sample
+        del per_sample
