@@ -17,11 +17,9 @@ machine:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from bench.step_tables import step_table_main
+from bench.step_tables import MakeStepper, Stepper, step_table_main
 from bench.step_time import CASES, N_ROWS, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
 from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator
 from worker.optimizers.dc_projection import StreamingProjection
@@ -29,11 +27,10 @@ from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
 from worker.optimizers.engines import Engine
 from worker.optimizers.secure_random import SecureRandom
 
-Stepper = Callable[[int], None]
 K = 200  # the catalogue's default subspace dimension
 
 
-def _forced(rule: str, engine: Engine) -> Callable[[Case, torch.device], Stepper]:
+def _forced(rule: str, engine: Engine) -> MakeStepper:
     """A DC-DPSGD rule (catalogue defaults: c1 = 1, c2 = 0.1, p = 0.1) on the given engine."""
 
     def make(case: Case, device: torch.device) -> Stepper:
@@ -64,8 +61,8 @@ def _forced(rule: str, engine: Engine) -> Callable[[Case, torch.device], Stepper
     return make
 
 
-def steppers(engines: list[str]) -> dict[str, Callable[[Case, torch.device], Stepper]]:
-    table: dict[str, Callable[[Case, torch.device], Stepper]] = {
+def steppers(engines: list[str]) -> dict[str, MakeStepper]:
+    table: dict[str, MakeStepper] = {
         "non-private": nonprivate_stepper,
         "dp-sgd": algorithm_stepper("dp-sgd"),
         "dc-dpsgd": algorithm_stepper("dc-dpsgd"),

@@ -19,25 +19,22 @@ The last column compares each DiceSGD variant with DP-SGD on the same engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from bench.step_tables import step_table_main
+from bench.step_tables import MakeStepper, Stepper, step_table_main
 from bench.step_time import CASES, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
 from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
 from worker.optimizers.per_sample import AbadiClip
 from worker.optimizers.secure_random import SecureRandom
 
-Stepper = Callable[[int], None]
 LOCAL_CASES = {
     "logreg-b256": Case("logistic regression on 784 features, B=256", "logistic-regression", {}, (784,), 10, 256),
     **CASES,
 }
 
 
-def _vmap_stepper(dice: bool) -> Callable[[Case, torch.device], Stepper]:
+def _vmap_stepper(dice: bool) -> MakeStepper:
     """DP-SGD or DiceSGD (C1 = C2 = 1) forced onto the materialising vmap engine."""
 
     def make(case: Case, device: torch.device) -> Stepper:
@@ -85,7 +82,7 @@ def _vmap_stepper(dice: bool) -> Callable[[Case, torch.device], Stepper]:
     return make
 
 
-def steppers() -> dict[str, Callable[[Case, torch.device], Stepper]]:
+def steppers() -> dict[str, MakeStepper]:
     return {
         "non-private": nonprivate_stepper,
         "dp-sgd": algorithm_stepper("dp-sgd"),

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StepProjection, StreamingProjection
-from worker.optimizers.engines import Engine, PerSampleGrads, check_engine, per_sample_grads_of
+from worker.optimizers.engines import Engine, check_engine, per_sample_grads_of
 from worker.optimizers.per_sample import per_sample_norms, trainable_parameters
 from worker.optimizers.secure_random import SecureRandom
 
@@ -157,9 +157,6 @@ class _DCAggregator:
         """Validate the scope against the model (names known, k < d_J); returns d_J."""
         return sum(self.projection.scope_sizes(trainable_parameters(model)).values())
 
-    def _per_sample_grads(self, model: nn.Module) -> PerSampleGrads:
-        return per_sample_grads_of(model, self.engine)
-
     def _begin(
         self, model: nn.Module, n: int, step: int, generator: SecureRandom
     ) -> tuple[StepProjection, torch.Tensor]:
@@ -202,7 +199,7 @@ class RankAggregator(_DCAggregator):
         projection, trace_noise = self._begin(model, n, step, generator)
         order = generator.permutation(n)
         total = _zeros_like_params(model)
-        per_sample_grads = self._per_sample_grads(model)
+        per_sample_grads = per_sample_grads_of(model, self.engine)
         with torch.no_grad():
             kept: dict[str, torch.Tensor] | None = None
             single_chunk = n <= max_physical_batch_size
@@ -314,7 +311,7 @@ class ThresholdAggregator(_DCAggregator):
         tau = self.current_tau(model)
         projection, trace_noise = self._begin(model, n, step, generator)
         total = _zeros_like_params(model)
-        per_sample_grads = self._per_sample_grads(model)
+        per_sample_grads = per_sample_grads_of(model, self.engine)
         count = 0
         start = 0
         with torch.no_grad():

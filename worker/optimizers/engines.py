@@ -9,7 +9,7 @@ and the vmap engine, which covers every supported module, elsewhere. Algorithms 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from worker.optimizers.per_sample import iter_per_sample_grads
 __all__ = ["ENGINES", "Engine", "PerSampleGrads", "check_engine", "per_sample_grads_of", "uses_ghost"]
 
 Engine = Literal["auto", "vmap", "ghost"]
-ENGINES: tuple[str, ...] = ("auto", "vmap", "ghost")
+ENGINES: tuple[str, ...] = get_args(Engine)
 
 
 class PerSampleGrads(Protocol):
