@@ -12,7 +12,9 @@ run, with each part bounded in time and one part's failure recorded, not fatal. 
    with ``--profile``, ``gpu_profile``: the torch profiler's top kernels per engine); later in
    the run, ``engine_compare --precision bf16`` on the conv, ViT and text cases; ``gram_choice``:
    both exact forms of every Linear-on-sequence and Conv layer of the zoo, timed, and which write
-   cost makes the engine's per-layer choice pick the faster (the GPU's ``WRITE_COST_FLOPS``);
+   cost makes the engine's per-layer choice pick the faster, and whole clipped-sum steps at each
+   write cost (the GPU's ``WRITE_COST_FLOPS``); ``ghost_memory``: the ghost engine's peak memory
+   against a non-private step, each in a fresh process;
 3. ``step_time``: whole training steps of dp-sgd, dc-dpsgd, dc-dpsgd-threshold and dicesgd (their
    ratio to dp-sgd is the DC-DPSGD ≤ 2× and DiceSGD ≤ 1.1× goals), with peak memory;
    ``dc_dpsgd_step_time``: both DC-DPSGD rules with their per-sample gradients from the vmap
@@ -70,6 +72,9 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
                  [*on, "--models", "cnn2-gn", "--batch", "8", "--repeats", "2"]),
             Part("Gram or materialised per layer", "bench.gram_choice",
                  [*on, "--cases", "cnn2-gn", "--batch", "8", "--repeats", "1"]),
+            Part("Gram or materialised: whole steps per write cost", "bench.gram_choice",
+                 [*on, "--cases", "cnn2-gn", "--batch", "8", "--repeats", "1", "--whole-steps"]),
+            Part("Ghost engine peak memory", "bench.ghost_memory", [*on, "--cases", "cnn2-gn", "--batch", "8"]),
             Part("Whole steps per algorithm", "bench.step_time", [*on, "--cases", "mlp-b256", "--steps", "2",
                  "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
             Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time", [*on, "--cases", "cnn-b128", "--steps", "1",
@@ -91,6 +96,11 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
         Part("Gram or materialised per layer", "bench.gram_choice",
              [*on, "--cases", "wrn16-4", "resnet-gn", "vit", "cnn3", "tcls", "tlm",
               "--repeats", "3" if quick else "7"]),
+        Part("Gram or materialised: whole steps per write cost", "bench.gram_choice",
+             [*on, "--cases", "wrn16-4", "resnet-gn", "vit", "cnn3", "tcls", "--batch", "256",
+              "--repeats", "5" if quick else "9", "--whole-steps"]),
+        Part("Ghost engine peak memory", "bench.ghost_memory",
+             [*on, "--cases", "cnn3", "wrn16-4", "resnet-gn", "vit", "tcls", "--batch", "256"]),
         Part("Whole steps per algorithm", "bench.step_time",
              [*on, "--cases", "cnn-b512", "--steps", steps, "--algorithms", *algorithms]),
         Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time",

@@ -12,15 +12,24 @@ benchmark records the (a, δ) of every such layer of a zoo model on one batch, t
 how much slower its picks are than the faster form of every layer; the kept megabytes show the
 memory side (a chunk holds every layer's kept tensors until the scales are known).
 
+Per-layer timings miss what a materialised layer costs the rest of the step (its gradients are
+held through the backward and read twice more), so ``--whole-steps`` times whole clipped-sum
+steps instead: for each case, a non-private step and the ghost engine's step at each candidate
+write cost, interleaved in random order, as ratios to the non-private step.
+
     .venv/bin/python -m bench.gram_choice --cases wrn16-4 vit cnn3 tcls --batch 32
+    .venv/bin/python -m bench.gram_choice --whole-steps --cases vit tcls wrn16-4 --batch 32
     python -m bench.gram_choice --device cuda --batch 256        # on a GPU
+    python -m bench.gram_choice --device cuda --batch 256 --whole-steps
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -30,9 +39,9 @@ from unittest import mock
 import torch
 
 from bench.engine_compare import CASES as ENGINE_CASES
-from bench.engine_compare import Case
+from bench.engine_compare import Case, Step, ghost_engine, nonprivate
 from privtrain.architectures import build_model
-from worker.optimizers.ghost import ghost_clipped_grad_sum, linear_conv
+from worker.optimizers.ghost import ghost_clipped_grad_sum, linear_conv, work
 from worker.optimizers.ghost.work import Totals
 from worker.optimizers.per_sample import AbadiClip
 
@@ -56,6 +65,7 @@ class Layer:
     materialised: Callable[[], None]
     gram: Callable[[], None]
     kept_mb: tuple[float, float]  # (materialised G, Gram inputs and output gradients)
+    patches: bool  # a conv's inputs per position, rebuilt from its input (see `_use_gram`)
 
 
 def _record(case: Case, device: torch.device, batch: int) -> list[Layer]:
@@ -72,7 +82,7 @@ def _record(case: Case, device: torch.device, batch: int) -> list[Layer]:
     layers: list[Layer] = []
     original = linear_conv._grouped_work
 
-    def recording(names, weight_shape, D, *, k, bk, per_sample_grads, inputs):  # noqa: ANN001, ANN202
+    def recording(names, weight_shape, D, *, k, bk, per_sample_grads, inputs, patches=False):  # noqa: ANN001, ANN202
         batch_, groups, positions, o = D.shape
         if names["weight"] is not None and positions > 1:
             weights = torch.rand(1, batch_, device=D.device, dtype=D.dtype)
@@ -88,8 +98,11 @@ def _record(case: Case, device: torch.device, batch: int) -> list[Layer]:
 
             mat_mb = batch_ * groups * o * k * 4 / 2**20
             gram_mb = batch_ * groups * positions * (k + o) * 4 / 2**20
-            layers.append(Layer((batch_, groups, positions, k, o), run("mat"), run("gram"), (mat_mb, gram_mb)))
-        return original(names, weight_shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
+            shape = (batch_, groups, positions, k, o)
+            layers.append(Layer(shape, run("mat"), run("gram"), (mat_mb, gram_mb), patches))
+        return original(
+            names, weight_shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs, patches=patches
+        )
 
     with mock.patch.object(linear_conv, "_grouped_work", recording):
         ghost_clipped_grad_sum(
@@ -115,10 +128,51 @@ def _time(layer: Layer, repeats: int) -> tuple[float, float]:
     return statistics.median(samples["mat"]), statistics.median(samples["gram"])
 
 
-def _picks_gram(shape: tuple[int, int, int, int, int], write_cost: int) -> bool:
-    batch, groups, positions, k, o = shape
+def _picks_gram(layer: Layer, write_cost: int) -> bool:
+    batch, groups, positions, k, o = layer.shape
     with mock.patch.dict(linear_conv.WRITE_COST_FLOPS, {"bench": write_cost}):
-        return linear_conv._use_gram(batch, groups, positions, k, o, bk=True, device_type="bench")
+        return linear_conv._use_gram(
+            batch, groups, positions, k, o, bk=True, device_type="bench", patches=layer.patches
+        )
+
+
+def _whole_steps(case: Case, device: torch.device, write_costs: tuple[int, ...], repeats: int) -> dict[str, float]:
+    """Median ms of a non-private step and of the ghost step at each write cost (interleaved)."""
+    reference, ghost = nonprivate(case, device), ghost_engine(case, device, "bk", case.batch)
+
+    def at(cost: int) -> Step:
+        def step() -> list[torch.Tensor]:
+            with mock.patch.dict(work.WRITE_COST_FLOPS, {device.type: cost}):
+                return ghost()
+
+        return step
+
+    steps = {"non-private": reference, **{str(cost): at(cost) for cost in write_costs}}
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        step()
+    for _ in range(repeats):
+        order = list(steps)
+        random.shuffle(order)
+        for name in order:
+            start = time.perf_counter()
+            steps[name]()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+
+
+def _print_whole_steps(keys: list[str], batch: int | None, device: torch.device, repeats: int) -> None:
+    costs = (0, 32, 128, 512)
+    print("\n| case | non-private ms | " + " | ".join(f"write cost {c}: × non-private" for c in costs) + " |")
+    print("|---|---:|" + "---:|" * len(costs))
+    for key in keys:
+        case = CASES[key] if batch is None else dataclasses.replace(CASES[key], batch=batch)
+        medians = _whole_steps(case, device, costs, repeats)
+        base = medians["non-private"]
+        ratios = " | ".join(f"{medians[str(c)] / base:.3f}" for c in costs)
+        print(f"| {key} | {base:.1f} | {ratios} |", flush=True)
 
 
 def main() -> None:
@@ -129,8 +183,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default=None, help="also write every layer's shape and timings here")
+    parser.add_argument("--whole-steps", action="store_true", help="time whole clipped-sum steps per write cost")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    random.seed(0)
     device = torch.device(args.device)
     current = linear_conv.WRITE_COST_FLOPS.get(device.type, 0)
     print(
@@ -138,6 +194,9 @@ def main() -> None:
         f"{' ' + torch.cuda.get_device_name() if device.type == 'cuda' else ''}, {torch.get_num_threads()} "
         f"thread(s), medians of {args.repeats}, {time.strftime('%Y-%m-%d')}; write cost now {current}"
     )
+    if args.whole_steps:
+        _print_whole_steps(args.cases, args.batch, device, args.repeats)
+        return
     print("\n| case | B, g, T, k, o | materialised ms | Gram ms | kept MB (mat / Gram) | picked now |")
     print("|---|---|---:|---:|---:|---|")
     totals = {cost: 0.0 for cost in WRITE_COSTS}
@@ -151,8 +210,8 @@ def main() -> None:
             best_total += min(mat, gram)
             raw.append({"case": key, "shape": layer.shape, "materialised_s": mat, "gram_s": gram})
             for cost in WRITE_COSTS:
-                totals[cost] += gram if _picks_gram(layer.shape, cost) else mat
-            picked = "Gram" if _picks_gram(layer.shape, current) else "materialised"
+                totals[cost] += gram if _picks_gram(layer, cost) else mat
+            picked = "Gram" if _picks_gram(layer, current) else "materialised"
             print(
                 f"| {key} | {', '.join(map(str, layer.shape))} | {mat * 1e3:.2f} | {gram * 1e3:.2f} | "
                 f"{layer.kept_mb[0]:.1f} / {layer.kept_mb[1]:.1f} | {picked} |",

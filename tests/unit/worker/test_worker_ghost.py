@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import gc
 import math
+import types
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +36,10 @@ from worker.optimizers.ghost import (
     support,
     supports,
 )
+from worker.optimizers.ghost import embedding as embedding_rules
+from worker.optimizers.ghost import engine as ghost_engine
 from worker.optimizers.ghost.recorder import Recorder
+from worker.optimizers.ghost.work import LayerWork
 from worker.optimizers.per_sample import (
     AbadiClip,
     clipped_grad_sum,
@@ -465,13 +469,16 @@ def test_sequence_linear_rule_is_chosen_by_shape() -> None:
         assert not linear_conv._use_gram(64, 1, 64, 2304, 256, bk=True, device_type="flops-only")
         # Materialising (B × |W|) is capped: beyond the cap the Gram form is used.
         assert linear_conv._use_gram(4096, 1, 16, 4096, 4096, bk=True, device_type="flops-only")
-    # On a CPU each value materialising writes costs about 32 flops (bench/gram_choice.py): a wrn
-    # 16-4 layer on 8×8 positions (o·k = 590k values per row against 2·T² = 8k) takes the Gram form,
-    # a 1×1 shortcut (o·k = 33k) and the ViT's layers (T = 65, 192 × 192) stay materialised.
-    assert linear_conv.WRITE_COST_FLOPS["cpu"] == 32
+    # On a CPU (and a GPU) each value materialising writes costs 128 flops (whole steps timed by
+    # bench/gram_choice.py --whole-steps): a wrn 16-4 layer on 8×8 positions (o·k = 590k values per
+    # row against 2·T² = 8k) and the ViT's layers (T = 65, 192 × 192) take the Gram form; a layer
+    # on many positions with few weights (wrn 16-4's first group, T = 1024) stays materialised.
+    assert linear_conv.WRITE_COST_FLOPS["cpu"] == 128
     assert linear_conv._use_gram(64, 1, 64, 2304, 256, bk=True, device_type="cpu")
-    assert not linear_conv._use_gram(64, 1, 64, 128, 256, bk=True, device_type="cpu")
-    assert not linear_conv._use_gram(64, 1, 65, 192, 192, bk=True, device_type="cpu")
+    assert linear_conv._use_gram(64, 1, 65, 192, 192, bk=True, device_type="cpu")
+    assert not linear_conv._use_gram(64, 1, 1024, 576, 64, bk=True, device_type="cpu")
+    with mock.patch.dict(linear_conv.WRITE_COST_FLOPS, {"cpu": 32}):
+        assert not linear_conv._use_gram(64, 1, 65, 192, 192, bk=True, device_type="cpu")
     # A device type without a measured write cost compares flops alone.
     assert not linear_conv._use_gram(64, 1, 64, 2304, 256, bk=True, device_type="no-such-device")
 
@@ -588,10 +595,31 @@ def test_container_owning_a_parameter_is_refused() -> None:
         check_ghost_supported(model)
 
 
-def test_inplace_activation_after_a_recorded_layer_is_refused_at_run_time() -> None:
-    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+def test_an_inplace_activation_after_a_recorded_layer_is_exact() -> None:
+    """The tap sits between the layer and the inplace ReLU in the graph, so the gradient it hands
+    over is the one w.r.t. the layer's own output."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    X, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    _check_against_vmap(model, X, y, "cross_entropy", chunks=(6, 4))
+
+
+class _ModifiesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(x)
+        x.mul_(2.0)  # after the layer has read it
+        return out
+
+
+def test_a_recorded_input_modified_in_place_is_refused_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(support, "GHOST_CONTAINERS", {*support.GHOST_CONTAINERS, _ModifiesItsInput})
+    model = _ModifiesItsInput()
     assert supports(model)  # only visible when it runs
-    with pytest.raises(ValueError, match=r"module 0 \(Linear\) is modified in place"):
+    with pytest.raises(ValueError, match=r"input of module inner \(Linear\) is modified in place"):
         ghost_clipped_grad_sum(
             model,
             torch.randn(4, 3),
@@ -709,32 +737,110 @@ def test_a_layer_whose_output_does_not_reach_the_loss_adds_nothing(monkeypatch: 
 
 
 def test_outputs_autograd_does_not_keep_are_freed_before_the_backward() -> None:
-    """The recorder hands the engine gradient edges, not the outputs: a residual branch's last
-    Linear (its output only feeds an addition, which saves nothing) is freed once recorded, so
-    pass 1 does not hold every layer's output until its backward ends; its gradient still arrives."""
+    """The recorder keeps no layer output past the forward's version check: a residual branch's
+    last Linear (its output only feeds an addition, which saves nothing) is freed before the
+    backward instead of held to its end; its gradient still reaches the inbox through the tap."""
     params = {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 16, "vocab_size": 11, "pad_id": 0}
     model = build_model("transformer-lm", params, input_shape=(6,), n_outputs=11)
-    seen: list[weakref.ref[torch.Tensor]] = []
-    model.blocks[0].attention.out.register_forward_hook(lambda _m, _a, out: seen.append(weakref.ref(out)))
     x = torch.randint(1, 11, (3, 6))
+    seen: list[weakref.ref[torch.Tensor]] = []
+    arrived: dict[int, torch.Tensor] = {}
     with Recorder(model) as recorder:
+        # registered after the recorder's hook: sees the tapped output the rest of the model uses
+        model.blocks[0].attention.out.register_forward_hook(lambda _m, _a, out: seen.append(weakref.ref(out)))
         recorder.start(3)
         logits = model(x)
         recorder.stop()
-        taps = recorder.take_taps()
-    gc.collect()
-    assert len(seen) == 1 and seen[0]() is None
-    out_layer = [index for index, layer in enumerate(recorder.layers) if layer.where == "blocks.0.attention.out"]
-    (tap,) = [tap for tap in taps if tap.layer_index == out_layer[0]]
-    (delta,) = torch.autograd.grad(logits.square().sum(), [tap.edge])
-    assert delta.shape == tap.shape == (3, 6, 8) and bool(delta.abs().sum() > 0)
+        recorder.check_versions()
+        out_layer = [index for index, layer in enumerate(recorder.layers) if layer.where == "blocks.0.attention.out"]
+        (call,) = [index for index, call in enumerate(recorder.calls) if call.layer_index == out_layer[0]]
+        gc.collect()
+        assert len(seen) == 1 and seen[0]() is None
+        assert recorder.anchor is not None
+        recorder.inbox.open(lambda index, delta: arrived.__setitem__(index, delta))
+        torch.autograd.grad(logits.square().sum(), [recorder.anchor], allow_unused=True)
+        recorder.inbox.close()
+        n_calls = len(recorder.calls)
+    assert sorted(arrived) == list(range(n_calls))
+    assert arrived[call].shape == (3, 6, 8) and bool(arrived[call].abs().sum() > 0)
+
+
+def test_each_layer_work_is_built_during_the_backward_and_lets_go_of_its_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A layer's work is built when its output gradient arrives, inside the backward, last layer
+    first, and the engine then holds that layer's recorded input no longer: what a work does not
+    keep (a norm layer's input and output gradient) is freed while the backward goes on."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.GroupNorm(2, 8), nn.Tanh(), nn.Linear(8, 3))
+    X, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    inside = [False]
+    real_grad = torch.autograd.grad
+
+    def grad(*args: object, **kwargs: object) -> object:
+        inside[0] = True
+        try:
+            return real_grad(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            inside[0] = False
+
+    builds: list[tuple[int, bool, int]] = []
+    real_build = ghost_engine._LayerWorks._build
+
+    def build(self: ghost_engine._LayerWorks, layer_index: int) -> None:
+        real_build(self, layer_index)
+        builds.append((layer_index, inside[0], len(self._inputs)))
+
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    monkeypatch.setattr(ghost_engine._LayerWorks, "_build", build)
+    got = ghost_clipped_grad_sum(
+        model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(0.5), max_physical_batch_size=5
+    )
+    assert builds == [(2, True, 2), (1, True, 1), (0, True, 0)]
+    monkeypatch.undo()
+    reference = clipped_grad_sum(
+        model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(0.5), max_physical_batch_size=5
+    )
+    _assert_sums_close(got, reference, 1e-5)
+
+
+def _kept_tensors(work: LayerWork) -> list[torch.Tensor]:
+    """Every tensor a layer's work holds through its closures (what it keeps until the scales are
+    known); modules are skipped (their parameters are not the chunk's)."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    stack: list[object] = [work.accumulate, work.per_sample]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, nn.Module):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found[id(obj)] = obj
+        elif isinstance(obj, types.FunctionType):
+            stack.extend(cell.cell_contents for cell in obj.__closure__ or () if _cell_filled(cell))
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, linear_conv.RowBlocks):
+            stack.append(obj.take)
+    return list(found.values())
+
+
+def _cell_filled(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("gram", [False, True], ids=["materialised", "gram"])
 def test_a_conv_work_keeps_only_what_its_form_needs(gram: bool) -> None:
     """With materialised gradients the layer's work holds G, not the output gradients δ (both are
     chunk-sized: holding δ too would add to the chunk's peak memory); the Gram form needs δ and
-    keeps it. Either way its per-sample gradients are the layer's."""
+    keeps it, with the raw input rather than its patches. Either way its per-sample gradients are
+    the layer's."""
     conv = nn.Conv2d(2, 3, 3, padding=1).double()
     a = torch.randn(4, 2, 5, 5, dtype=torch.float64)
     d = torch.randn(4, 3, 5, 5, dtype=torch.float64)
@@ -744,6 +850,8 @@ def test_a_conv_work_keeps_only_what_its_form_needs(gram: bool) -> None:
     delta = weakref.ref(d)
     with _force(gram=gram):
         work = linear_conv.conv_work(conv, {"weight": "w", "bias": "b"}, [(a, d)], bk=True)
+    # never the input patches (9× the input here): the Gram form rebuilds them block by block
+    assert max(t.numel() for t in _kept_tensors(work)) <= d.numel()
     del d
     gc.collect()
     assert (delta() is not None) == gram
@@ -767,6 +875,41 @@ def test_conv_gradients_built_in_row_blocks_are_the_same(block: int, strided: bo
             )
             _check_against_vmap(model, X, y, loss, chunks=(7,), modes=("bk",))
     assert all(torch.equal(blocked[name], whole[name]) for name in whole)
+
+
+@pytest.mark.parametrize("block", [1, 150], ids=["one-row", "few-rows"])
+def test_gram_conv_patches_rebuilt_in_row_blocks_give_the_same_results(block: int) -> None:
+    """The Gram form rebuilds a conv layer's patches a block of rows at a time for its norms, its
+    weighted sum and its per-sample gradients: the same values as one block, and the vmap engine's."""
+    builder, input_shape, n_outputs, vocab = LAYER_CASES["conv2d-groups-dilation-reflect"]
+    model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
+    with _force(gram=True):
+        whole = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(0.1), max_physical_batch_size=7)
+        whole_norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=7)
+        with mock.patch.object(linear_conv, "PATCH_BLOCK_ELEMENTS", block):
+            blocked = ghost_clipped_grad_sum(
+                model, X, y, loss=loss, per_sample_map=AbadiClip(0.1), max_physical_batch_size=7
+            )
+            blocked_norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=7)
+            _check_against_vmap(model, X, y, loss, chunks=(7,), modes=("bk",))
+    torch.testing.assert_close(blocked_norms, whole_norms, rtol=1e-12, atol=0.0)
+    _assert_sums_close(blocked, whole, 1e-12)
+
+
+def test_an_embedding_takes_the_form_that_costs_less_with_its_writes() -> None:
+    """At T = 64 over a 1,024-token vocabulary of width 256 materialising writes 262k values per
+    row against the Gram form's 4k: with the CPU's write cost the Gram form is taken (it keeps
+    the output gradients only), by flops alone the (B, V, d) gradients; both are exact."""
+    torch.manual_seed(0)
+    embedding = nn.Embedding(1024, 256)
+    idx, d = torch.randint(0, 1024, (2, 64)), torch.randn(2, 64, 256)
+    gram = embedding_rules.embedding_work(embedding, {"weight": "w"}, [(idx, d)], bk=True)
+    assert max(t.numel() for t in _kept_tensors(gram)) < 2 * 1024 * 256
+    with mock.patch.dict(linear_conv.WRITE_COST_FLOPS, {"cpu": 0}):
+        materialised = embedding_rules.embedding_work(embedding, {"weight": "w"}, [(idx, d)], bk=True)
+    assert max(t.numel() for t in _kept_tensors(materialised)) == 2 * 1024 * 256
+    torch.testing.assert_close(gram.sq_norms, materialised.sq_norms, rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(gram.per_sample()["w"], materialised.per_sample()["w"])
 
 
 def test_per_sample_gradients_leave_the_callers_grad_mode_alone() -> None:

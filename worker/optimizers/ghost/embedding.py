@@ -1,7 +1,8 @@
 """Ghost rule for Embedding: g_i = Σ_t onehot(idx_it) δ_itᵀ over the looked-up positions t.
 
 ||g_i||² = Σ_{t,t'} [idx_it = idx_it'] δ_it·δ_it' (Gram form), or the (B, V, d) materialisation
-when that is smaller. The weighted sum is one index_add of the scaled output gradients. Calls of
+when that costs less (flops plus the device's cost per value written, as for Linear layers).
+The weighted sum is one index_add of the scaled output gradients. Calls of
 a reused embedding are stacked along the position axis. Refused: max_norm (rewrites the weight
 from the data) and scale_grad_by_freq (the gradient depends on the whole batch).
 """
@@ -16,6 +17,7 @@ from torch import nn
 from worker.optimizers.ghost.registry import ghost_layer
 from worker.optimizers.ghost.work import (
     MATERIALISE_MAX_ELEMENTS,
+    WRITE_COST_FLOPS,
     Calls,
     LayerWork,
     ParamNames,
@@ -49,8 +51,12 @@ def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *, bk:
     if module.padding_idx is not None:  # the padding row gets no gradient
         D = D * (idx != module.padding_idx).unsqueeze(-1).to(D.dtype)
     positions, vocab = idx.shape[1], module.num_embeddings
-    # Gram: T²·(d+1) flops and T² memory per row; materialised: V·d of both (zero-fill, norm).
-    gram = positions * positions * (dim + 1) <= vocab * dim or batch * vocab * dim > MATERIALISE_MAX_ELEMENTS
+    # Gram: T²·(d+1) flops and T² values written per row; materialised: V·d of both (zero-fill,
+    # scatter, norm), each value written costing the device's WRITE_COST_FLOPS (on a CPU the Gram
+    # form was 10× faster at T = 64, V = 1024, d = 256, where flops alone picked materialising).
+    write = WRITE_COST_FLOPS.get(D.device.type, 0)
+    gram_cost = positions * positions * (dim + 1 + write)
+    gram = gram_cost <= vocab * dim * (1 + write) or batch * vocab * dim > MATERIALISE_MAX_ELEMENTS
 
     def materialised() -> torch.Tensor:
         G = D.new_zeros(batch, vocab, dim)

@@ -1,20 +1,22 @@
 """The chunked pass 1 shared by every ghost entry point: per-row squared norms and layer works.
 
 Per chunk of `max_physical_batch_size` rows: one forward with the recorder's hooks, then one
-backward of the summed loss asked only for the gradients δ of the loss w.r.t. the recorded layer
-outputs (`torch.autograd.grad(loss, outputs)`): autograd then skips every weight-gradient kernel,
-so this costs less than a normal backward. Because the loss is a sum of per-row terms and every
+backward of the summed loss that computes only the gradients δ of the loss w.r.t. the recorded
+layer outputs: it is asked for the gradient of the recorder's anchor, a scalar leaf that every
+output tap takes as an input (recorder.py), so autograd skips every weight-gradient kernel and
+this costs less than a normal backward. Because the loss is a sum of per-row terms and every
 registered layer treats rows independently, row i of δ is row i's own output gradient, so g_i of a
 layer is a function of (a_i, δ_i) only, and the layer's rule (registry.py) turns the recorded
-(a, δ) into its squared norms and weighted sum. The per-layer squared norms are summed to the
-joint flat norm.
+(a, δ) into its squared norms and weighted sum. The per-layer squared norms are summed, in layer
+order, to the joint flat norm.
 
-Memory: the backward is asked for the gradients at the outputs' gradient edges, not at the output
-tensors, so an output autograd does not save for itself (a residual branch's last Linear, say)
-is freed after the forward instead of held through the backward; and each layer's (a, δ) is
-released as soon as its rule has built its work (a rule that materialises per-row gradients keeps
-those instead). This took a transformer-lm's DP step from 2.9× to 1.9× the non-private peak
-memory at T = 128 (docs/benchmarks.md).
+Memory: each layer's rule runs inside the backward, as soon as the tap has delivered its last
+call's δ (`_LayerWorks`), and the engine then lets go of that layer's (a, δ): what the work does
+not keep (a norm layer's input and output gradient, once turned into (B, C) per-sample gradients)
+is freed while the backward goes on, instead of every layer's δ existing at once at its end. The
+recorder holds no layer output, so an output autograd does not save for itself (a residual
+branch's last layer, a norm layer's output feeding a ReLU) is freed in the forward as without
+hooks. Peak memory of a step against a non-private one: docs/benchmarks.md#peak-memory-of-the-ghost-engine.
 
 Device-agnostic: each chunk is moved to the parameters' device.
 
@@ -36,9 +38,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.autograd.graph import get_gradient_edge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from worker.optimizers.ghost.recorder import Recorder
+from worker.optimizers.ghost.recorder import RecordedCall, Recorder
 from worker.optimizers.ghost.support import check_ghost_supported
 from worker.optimizers.ghost.work import LayerWork
 from worker.optimizers.losses import LossSpec, get_loss, prepare_targets
@@ -99,6 +101,53 @@ def pass1(
         )
 
 
+class _LayerWorks:
+    """Builds each layer's work from its calls' (a, δ) as the taps deliver the δ: a layer's work is
+    built when its last call's δ arrives, and its (a, δ) are let go then (the work keeps what its
+    rule needs). Calls whose output the loss ignores get zero δ at `finish`."""
+
+    def __init__(self, recorder: Recorder, *, bk: bool, precision: Precision) -> None:
+        self._recorder = recorder
+        self._bk = bk
+        self._precision = precision
+        self._calls: dict[int, RecordedCall] = dict(enumerate(recorder.calls))  # by forward order
+        self._inputs: dict[int, torch.Tensor] = {index: call.inp for index, call in self._calls.items()}
+        self._deltas: dict[int, torch.Tensor] = {}
+        self._pending: dict[int, list[int]] = {}  # layer index -> its calls, forward order
+        for index, call in self._calls.items():
+            self._pending.setdefault(call.layer_index, []).append(index)
+        self._left = {layer: len(calls) for layer, calls in self._pending.items()}  # calls without δ
+        self.works: dict[int, LayerWork] = {}
+
+    def receive(self, index: int, delta: torch.Tensor) -> None:
+        layer = self._calls[index].layer_index
+        self._deltas[index] = delta
+        self._left[layer] -= 1
+        if self._left[layer] == 0:
+            self._build(layer)
+
+    def _build(self, layer_index: int) -> None:
+        calls = []
+        for index in self._pending.pop(layer_index):
+            call = self._calls.pop(index)
+            delta = self._deltas.pop(index, None)
+            if delta is None:
+                delta = call.zero_gradient()
+            # float32 under bf16 before any rule sees them: the norms and sums are float32 throughout.
+            calls.append(
+                (accumulation_view(self._precision, self._inputs.pop(index)), accumulation_view(self._precision, delta))
+            )
+        layer = self._recorder.layers[layer_index]
+        self.works[layer_index] = layer.rule.work(layer.module, layer.names, calls, bk=self._bk)
+
+    def finish(self) -> list[LayerWork]:
+        """Every layer's work, in layer order (the order of the norms' sum does not depend on the
+        backward's order)."""
+        for layer_index in list(self._pending):
+            self._build(layer_index)
+        return [self.works[index] for index in sorted(self.works)]
+
+
 def _pass1_backward(
     recorder: Recorder,
     out: torch.Tensor,
@@ -110,34 +159,23 @@ def _pass1_backward(
     retain_graph: bool,
     precision: Precision,
 ) -> Chunk:
-    recorded = recorder.take_taps()
-    if not out.requires_grad:
+    if not out.requires_grad or not recorder.calls:
         raise ValueError("the model output does not depend on any trainable parameter")
+    layer_works = _LayerWorks(recorder, bk=bk, precision=precision)
+    recorder.calls = []  # from here each call's (a, δ) lives only until its layer's work is built
     loss = spec.fn(out, target)
-    inputs = [tap.edge for tap in recorded]
+    assert recorder.anchor is not None
+    # the anchor's edge, not the anchor: autograd.grad takes tensors or edges, not a mix
+    inputs: list[GradientEdge] = [get_gradient_edge(recorder.anchor)]
     if want_out_grad:
         inputs.append(get_gradient_edge(out))
-    grads = list(
-        torch.autograd.grad(
-            loss,
-            inputs,
-            allow_unused=True,  # an output that does not reach the loss: zeros (gradient edges
-            retain_graph=retain_graph,  # cannot be materialised by autograd itself)
-        )
-    )
-    out_grad = grads.pop() if want_out_grad else None
-    per_layer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for tap, g in zip(recorded, grads, strict=True):
-        delta = tap.zero_gradient() if g is None else g
-        # float32 under bf16 before any rule sees them: the norms and sums are float32 throughout.
-        per_layer.setdefault(tap.layer_index, []).append(
-            (accumulation_view(precision, tap.inp), accumulation_view(precision, delta))
-        )
-    del recorded, grads  # from here each layer's (a, δ) lives only as long as its rule keeps them
-    works = []
-    for index in list(per_layer):
-        layer = recorder.layers[index]
-        works.append(layer.rule.work(layer.module, layer.names, per_layer.pop(index), bk=bk))
+    recorder.inbox.open(layer_works.receive)
+    try:
+        grads = torch.autograd.grad(loss, inputs, allow_unused=True, retain_graph=retain_graph)
+    finally:
+        recorder.inbox.close()
+    out_grad = grads[1] if want_out_grad else None
+    works = layer_works.finish()
     sq = works[0].sq_norms
     for work in works[1:]:
         sq = sq + work.sq_norms

@@ -21,16 +21,17 @@ a relative error growing like eps·T, not eps. An underestimated norm lets a cli
 the bound by that relative amount (the float slack discussed in
 worker/optimizers/per_sample_maps.py, larger here). The Gram form is chosen where materialising
 would exceed MATERIALISE_MAX_ELEMENTS or cost more; at the zoo's shapes that is layers with few
-positions and many weights per row (on a CPU: wrn 16-4 and resnet-gn on 8×8 and 4×4 maps, the
-transformer classifier's MLP at T = 64, cnn2-gn's second conv at T = 25), so T ≤ 64 there and the
-worst-case relative error stays below about 64·2⁻²⁴ ≈ 4e-6. The clamp at 0 keeps a rounded Gram
-sum a valid square.
+positions and many weights per row (wrn 16-4 and resnet-gn on 8×8 and 4×4 maps, cnn3's third
+conv on 8×8, the ViT's and the transformer classifier's Linear layers at T = 65 and 64), so
+T ≤ 65 there and the worst-case relative error stays below about 65·2⁻²⁴ ≈ 4e-6. The clamp at 0
+keeps a rounded Gram sum a valid square.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,7 @@ from torch import nn
 from worker.optimizers.ghost.registry import ghost_layer, rows_on_dim0
 from worker.optimizers.ghost.work import (
     MATERIALISE_MAX_ELEMENTS,
+    WRITE_COST_FLOPS,
     Accumulate,
     Calls,
     LayerWork,
@@ -48,7 +50,7 @@ from worker.optimizers.ghost.work import (
     squared_norm,
 )
 
-__all__ = ["CONV_STRIDED_DEVICES", "conv_work", "linear_work"]
+__all__ = ["CONV_STRIDED_DEVICES", "WRITE_COST_FLOPS", "RowBlocks", "conv_work", "linear_work"]
 
 # Per-sample conv weight gradients are materialised either by im2col (a copied window) + batched GEMM,
 # or — on these device types, for layers with fewer patch features than positions (e.g. a first
@@ -58,27 +60,33 @@ __all__ = ["CONV_STRIDED_DEVICES", "conv_work", "linear_work"]
 # oneDNN timings varied 1x-5x from run to run, so it is not used.)
 CONV_STRIDED_DEVICES: set[str] = {"cpu"}
 
-PATCH_BLOCK_ELEMENTS = 1 << 24
-"""Patch-matrix values (64 MiB in float32) materialised at once for per-sample conv gradients."""
+PATCH_BLOCK_ELEMENTS = 1 << 22
+"""Patch-matrix values (16 MiB in float32) built at once, rows in blocks: for materialised per-sample
+conv gradients and for the Gram form's norms and weighted sum. 2^24 (64 MiB) made the block the
+largest transient of a wrn 16-4 step at B = 32 (docs/benchmarks.md#peak-memory-of-the-ghost-engine)."""
 
 
-WRITE_COST_FLOPS: dict[str, int] = {"cpu": 32}
-"""Device type -> flops that one value a form writes (and keeps) costs, in `_use_gram`'s model
-(0 where absent: flops alone). Materialising writes o·k values per row in GEMMs whose inner
-dimension is only T; the Gram form writes 2·T². Measured per device by bench/gram_choice.py: on
-a CPU, 32 picks within 0.1% of the faster form of every layer of the conv and text zoo at B = 32
-and 64, against 9–17% slower picks by flops alone (docs/benchmarks.md#gram-or-materialised-per-layer). CUDA
-keeps flops alone until the same command has run on a GPU."""
-
-
-def _use_gram(batch: int, groups: int, positions: int, k: int, o: int, *, bk: bool, device_type: str = "cpu") -> bool:
+def _use_gram(
+    batch: int,
+    groups: int,
+    positions: int,
+    k: int,
+    o: int,
+    *,
+    bk: bool,
+    device_type: str = "cpu",
+    patches: bool = False,
+) -> bool:
     """Gram form (True) or materialised per-sample gradients (False) for a (positions × k) →
     (positions × o) map per group: compare per-row flops plus the device's cost of the values
-    each form writes, and cap the materialised memory."""
+    each form writes, and cap the materialised memory. `patches`: the inputs per position are a
+    conv's patches, written (T·k values per row) once to materialise and, in the Gram form, once
+    for the norms and again for the weighted sum (`RowBlocks`)."""
     t, g = positions, groups
     write = WRITE_COST_FLOPS.get(device_type, 0)
-    mat_flops = t * o * k + (o * k if bk else 0) + write * o * k
-    gram_flops = t * t * (k + o) + (t * o * k if bk else 0) + write * 2 * t * t
+    patch_values = t * k if patches else 0
+    mat_flops = t * o * k + (o * k if bk else 0) + write * (o * k + patch_values)
+    gram_flops = t * t * (k + o) + (t * o * k if bk else 0) + write * (2 * t * t + (2 if bk else 1) * patch_values)
     mat_mem, gram_mem = batch * g * o * k, batch * g * t * t
     if mat_flops <= gram_flops:
         return mat_mem > MATERIALISE_MAX_ELEMENTS and gram_mem < mat_mem
@@ -96,18 +104,54 @@ def _weighted_outer_sums(sd: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.einsum("mbgto,bgtk->mgok", sd, a)
 
 
+@dataclass(frozen=True)
+class RowBlocks:
+    """The Gram form's per-position inputs A (B, g, T, k), handed out a block of rows at a time.
+
+    A Linear layer's A is its input, kept whole (one block, no copy). A conv layer's A is its
+    input patches, ∏kernel times the input (9× for a 3×3 conv): the work keeps the raw input and
+    rebuilds the patches of `rows_per_block` rows at a time (PATCH_BLOCK_ELEMENTS values), for
+    the norms and again for the weighted sum, so no more than one block of patches ever exists.
+    """
+
+    batch: int
+    rows_per_block: int
+    take: Callable[[int, int], torch.Tensor]  # (start, stop) -> A[start:stop]
+
+    @staticmethod
+    def whole(A: torch.Tensor) -> RowBlocks:
+        return RowBlocks(A.shape[0], max(1, A.shape[0]), lambda start, stop: A[start:stop])
+
+    def spans(self) -> list[tuple[int, int]]:
+        step = self.rows_per_block
+        return [(start, min(start + step, self.batch)) for start in range(0, self.batch, step)]
+
+
+def _gram_squared_norms(A: RowBlocks, D: torch.Tensor) -> torch.Tensor:
+    """Σ_{t,t'} (a_t·a_t')(δ_t·δ_t') per row, block by block: (B,)."""
+    terms = []
+    for start, stop in A.spans():
+        block = A.take(start, stop)
+        aat = torch.matmul(block, block.transpose(-1, -2))  # (b, g, T, T)
+        del block
+        d = D[start:stop]
+        ddt = torch.matmul(d, d.transpose(-1, -2))
+        terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
+    return terms[0] if len(terms) == 1 else torch.cat(terms)
+
+
 def _positional_work(
     weight_name: str | None,
     bias_name: str | None,
     weight_shape: torch.Size,
     D: torch.Tensor,
     *,
-    A: torch.Tensor | None = None,
+    A: RowBlocks | None = None,
     G: torch.Tensor | None = None,
 ) -> LayerWork:
     """Linear/Conv rule. D: (B, g, T, o) output gradients per group and position. For the weight
-    (if trainable) exactly one of A: (B, g, T, k) inputs per position (Gram form; T = 1 is the
-    ||a||²·||δ||² case) or G: (B, g, o, k) materialised per-sample gradients.
+    (if trainable) exactly one of A: the (B, g, T, k) inputs per position, in row blocks (Gram
+    form; T = 1 is the ||a||²·||δ||² case) or G: (B, g, o, k) materialised per-sample gradients.
 
     Per-sample weight gradient of group j: G_ij = Σ_t D_ijt A_ijtᵀ (o × k); bias: Σ_t D_ijt.
     """
@@ -143,26 +187,32 @@ def _positional_work(
         assert A is not None
         if positions == 1:
             # ||δ aᵀ||² = ||a||²·||δ||²: no per-sample gradient, O(k + o) per row.
+            whole = A.take(0, batch)
             terms.append(
-                (squared_norm(A, 3) * squared_norm(D, 3))
+                (squared_norm(whole, 3) * squared_norm(D, 3))
                 if groups == 1
-                else (squared_norm(A, 1) * squared_norm(D, 1)).sum(dim=(1, 2))
+                else (squared_norm(whole, 1) * squared_norm(D, 1)).sum(dim=(1, 2))
             )
+            del whole
         else:  # Gram form: Σ_{t,t'} (a_t·a_t')(δ_t·δ_t')
-            aat = torch.matmul(A, A.transpose(-1, -2))  # (B, g, T, T)
-            ddt = torch.matmul(D, D.transpose(-1, -2))
-            terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
-            del aat, ddt
+            terms.append(_gram_squared_norms(A, D))
 
         def add_weight_gram(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
-            sd = masked_rows(mask, D).unsqueeze(0) * w.view(w.shape[0], -1, 1, 1, 1)
-            sums = _weighted_outer_sums(sd, masked_rows(mask, A))
+            sums: torch.Tensor | None = None
+            for start, stop in A.spans():
+                rows = None if mask is None else mask[start:stop]
+                sd = masked_rows(rows, D[start:stop]).unsqueeze(0) * w[:, start:stop].reshape(w.shape[0], -1, 1, 1, 1)
+                part = _weighted_outer_sums(sd, masked_rows(rows, A.take(start, stop)))
+                sums = part if sums is None else sums.add_(part)
+            assert sums is not None
             for total, s in zip(totals, sums, strict=True):
                 total.add(weight_name, s.reshape(weight_shape))
 
         def weight_rows() -> tuple[str, torch.Tensor]:  # G_ij = Σ_t D_ijt A_ijtᵀ, built on demand
             assert A is not None
-            return weight_name, torch.matmul(D.transpose(-1, -2), A).reshape(batch, *weight_shape)
+            parts = [torch.matmul(D[start:stop].transpose(-1, -2), A.take(start, stop)) for start, stop in A.spans()]
+            G = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return weight_name, G.reshape(batch, *weight_shape)
 
         parts.append(add_weight_gram)
         rows.append(weight_rows)
@@ -217,15 +267,18 @@ def _grouped_work(
     k: int,
     bk: bool,
     per_sample_grads: Callable[[], torch.Tensor],
-    inputs: Callable[[], torch.Tensor],
+    inputs: Callable[[], RowBlocks],
+    patches: bool = False,
 ) -> LayerWork:
     """Pick the form for D (B, g, T, o): bias only, materialised G (B, g, o, k) from
-    `per_sample_grads`, or the Gram/factorised form on the inputs (B, g, T, k) from `inputs`."""
+    `per_sample_grads`, or the Gram/factorised form on the inputs (B, g, T, k) from `inputs`
+    (`patches`: built from a conv's input, see `_use_gram`)."""
     batch, groups, positions, o = D.shape
     weight, bias = names["weight"], names["bias"]
     if weight is None:  # bias only: the inputs are never needed
         return _positional_work(None, bias, weight_shape, D)
-    if positions > 1 and not _use_gram(batch, groups, positions, k, o, bk=bk, device_type=D.device.type):
+    use_gram = _use_gram(batch, groups, positions, k, o, bk=bk, device_type=D.device.type, patches=patches)
+    if positions > 1 and not use_gram:
         return _positional_work(weight, bias, weight_shape, D, G=per_sample_grads())
     return _positional_work(weight, bias, weight_shape, D, A=inputs())
 
@@ -244,11 +297,19 @@ def linear_work(module: nn.Linear, names: ParamNames, calls: Calls, *, bk: bool)
         A = torch.cat([a.reshape(batch, 1, -1, k) for a, _ in calls], dim=2)
         return torch.matmul(D.transpose(-1, -2), A)
 
-    def inputs() -> torch.Tensor:
+    def inputs() -> RowBlocks:
         As = [a.reshape(batch, 1, -1, k) for a, _ in calls]
-        return As[0] if len(As) == 1 else torch.cat(As, dim=2)
+        return RowBlocks.whole(As[0] if len(As) == 1 else torch.cat(As, dim=2))
 
-    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
+    return _grouped_work(
+        names,
+        module.weight.shape,
+        D,
+        k=k,
+        bk=bk,
+        per_sample_grads=per_sample_grads,
+        inputs=inputs,
+    )
 
 
 def _conv_input(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -345,11 +406,28 @@ def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
             G = G + _conv_per_sample_grads(module, a, d)
         return G
 
-    def inputs() -> torch.Tensor:
+    raw = [a for a, _ in calls]  # the Gram form keeps the inputs, not their patches
+    spatial = [d.shape[2:] for _, d in calls]
+
+    def patches(start: int, stop: int) -> torch.Tensor:
         As = []
-        for a, d in calls:
-            patches = _conv_patches(module, a, d.shape[2:])
-            As.append(patches.view(batch, g, k, -1).transpose(-1, -2))  # (B, g, T, k)
+        for a, out_spatial in zip(raw, spatial, strict=True):
+            block = _conv_patches(module, a[start:stop], out_spatial)
+            As.append(block.view(stop - start, g, k, -1).transpose(-1, -2))  # (b, g, T, k)
         return As[0] if len(As) == 1 else torch.cat(As, dim=2)
 
-    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
+    def inputs() -> RowBlocks:
+        per_row = g * k * D.shape[2]
+        return RowBlocks(batch, max(1, PATCH_BLOCK_ELEMENTS // per_row), patches)
+
+    copied = math.prod(module.kernel_size) > 1  # a 1×1 kernel's patches are a view of its input
+    return _grouped_work(
+        names,
+        module.weight.shape,
+        D,
+        k=k,
+        bk=bk,
+        per_sample_grads=per_sample_grads,
+        inputs=inputs,
+        patches=copied,
+    )

@@ -1,10 +1,23 @@
-"""Pass 1's forward hooks: record each call's (input, output) of every trainable registered layer.
+"""Pass 1's hooks: record each call's input of every trainable registered layer and tap its output
+so that its output gradient is handed over the moment the backward computes it.
 
-Each hook keeps the layer's input detached and its output still in the graph, so one backward
-asked only for the gradients w.r.t. those outputs gives every layer's (a, δ). At run time the
-hooks check, with the layer's rule, that each call keeps the batch on dimension 0, and afterwards
-that no recorded tensor was modified in place (e.g. ReLU(inplace=True) after a Linear); either
-failure raises ValueError naming the layer (never a shape).
+Each forward hook keeps the layer's input detached and returns the output through
+`_OutputGradientTap`, an identity in the graph whose backward passes the gradient δ on unchanged
+after giving it to the recorder's `GradientInbox`. The engine opens the inbox for pass 1's
+backward only and builds each layer's work as soon as its last call's δ has arrived, so a layer
+whose work is smaller than its (a, δ) (a norm layer's per-sample gradients, a conv layer's
+materialised ones) lets them go during the backward instead of at its end. The backward is asked
+for the gradient of one scalar leaf (`Recorder.anchor`) that every tap takes as an input: that
+makes autograd run every tap and capture nothing but the anchor's (None).
+
+The recorder holds no output: an output autograd does not save (a norm layer's output feeding a
+ReLU, a residual branch's last conv) is freed as in a plain forward. The tap's output is a
+detached alias, not a view, so a later in-place op on it (an inplace activation) is allowed: the
+tap sits before it in the graph and still receives the gradient w.r.t. the layer's own output.
+A recorded input modified in place later in the forward would make the rules read values the
+layer never saw: `check_versions` refuses that (ValueError naming the layer). At run time the
+hooks also check, with the layer's rule, that each call keeps the batch on dimension 0
+(ValueError naming the layer, never a shape).
 """
 
 from __future__ import annotations
@@ -15,32 +28,56 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from worker.optimizers.ghost.registry import GHOST_LAYERS, GhostLayerRule
 from worker.optimizers.ghost.work import ParamNames
 from worker.optimizers.per_sample import trainable_parameters
 
-__all__ = ["HookedLayer", "RecordedCall", "Recorder", "Tap"]
+__all__ = ["GradientInbox", "HookedLayer", "RecordedCall", "Recorder"]
+
+# handler(call index in forward order, δ of that call's output)
+GradientHandler = Callable[[int, torch.Tensor], None]
+
+
+class GradientInbox:
+    """Where the taps of one chunk deliver their output gradients: to the open handler, or
+    nowhere (a second backward through a retained graph passes through the taps untouched)."""
+
+    def __init__(self) -> None:
+        self._handler: GradientHandler | None = None
+
+    def open(self, handler: GradientHandler) -> None:
+        self._handler = handler
+
+    def close(self) -> None:
+        self._handler = None
+
+    def deliver(self, index: int, delta: torch.Tensor) -> None:
+        if self._handler is not None:
+            self._handler(index, delta)
+
+
+class _OutputGradientTap(torch.autograd.Function):
+    """y = x in the graph (a detached alias, no copy); backward: deliver δ, pass it on."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, anchor: torch.Tensor, inbox: GradientInbox, index: int) -> torch.Tensor:
+        ctx.inbox, ctx.index = inbox, index
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx: Any, delta: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        ctx.inbox.deliver(ctx.index, delta)
+        return delta, None, None, None
 
 
 @dataclass
 class RecordedCall:
-    inp: torch.Tensor  # detached input
-    out: torch.Tensor  # output, still in the graph
-    inp_version: int
-    out_version: int
-
-
-@dataclass(frozen=True)
-class Tap:
-    """What the backward of pass 1 needs of one recorded call."""
-
     layer_index: int
     inp: torch.Tensor  # detached input
-    edge: GradientEdge  # where the output's gradient arrives
-    like: torch.Tensor  # empty, with the output's dtype and device (zeros for an unused output)
-    shape: tuple[int, ...]  # the output's shape
+    inp_version: int
+    shape: tuple[int, ...]  # the output's shape (a zero gradient for an output the loss ignores)
+    like: torch.Tensor  # empty, with the output's dtype and device
 
     def zero_gradient(self) -> torch.Tensor:
         return self.like.new_zeros(self.shape)
@@ -56,13 +93,16 @@ class HookedLayer:
 
 @dataclass
 class Recorder:
-    """Forward hooks on the trainable layers; records (input, output) per call while active."""
+    """Forward hooks on the trainable layers; while active, records each call's input in forward
+    order (`calls`) and taps its output into `inbox` (see the module docstring)."""
 
     model: nn.Module
     layers: list[HookedLayer] = field(default_factory=list)
-    calls: dict[int, list[RecordedCall]] = field(default_factory=dict)
+    calls: list[RecordedCall] = field(default_factory=list)
     batch: int = -1
     active: bool = False
+    anchor: torch.Tensor | None = None
+    inbox: GradientInbox = field(default_factory=GradientInbox)
     _handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
 
     def __enter__(self) -> Recorder:
@@ -71,69 +111,73 @@ class Recorder:
             rule = GHOST_LAYERS.rule_for(module)
             if rule is not None and any(p.requires_grad for p in module.parameters(recurse=False)):
                 where = name or "<root>"
+                index = len(self.layers)
                 self.layers.append(HookedLayer(where, module, rule, _param_names(module, rule, by_id)))
-                hook = self._make_hook(where, rule)
-                self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._make_hook(index), with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self.calls.clear()
+        self.calls = []
+        self.anchor = None
+        self.inbox.close()
 
     def start(self, batch: int) -> None:
-        self.calls = {id(layer.module): [] for layer in self.layers}
+        """A new chunk: no calls yet, a fresh anchor and inbox (a retained graph of an earlier
+        chunk delivers to its own inbox, never to this one)."""
+        self.calls = []
         self.batch = batch
+        self.anchor = torch.zeros((), requires_grad=True)
+        self.inbox = GradientInbox()
         self.active = True
 
     def stop(self) -> None:
         self.active = False
 
-    def _make_hook(self, where: str, rule: GhostLayerRule[Any]) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object) -> None:
+    def _make_hook(self, layer_index: int) -> Callable[..., torch.Tensor | None]:
+        layer_ref = self.layers
+
+        def hook(
+            module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object
+        ) -> torch.Tensor | None:
             if not self.active:
-                return
+                return None
+            layer = layer_ref[layer_index]
             inp = args[0] if args else kwargs.get("input")
             kind = type(module).__name__
             if not isinstance(inp, torch.Tensor) or not isinstance(output, torch.Tensor):
-                raise ValueError(f"module {where} ({kind}) was not called on a single tensor")
+                raise ValueError(f"module {layer.where} ({kind}) was not called on a single tensor")
             if not torch.is_grad_enabled():
-                raise ValueError(f"module {where} ({kind}) was called with gradients disabled")
+                raise ValueError(f"module {layer.where} ({kind}) was called with gradients disabled")
             if not output.requires_grad:
-                return  # no gradient reaches this call's parameters: contributes nothing
-            if not rule.keeps_rows(module, inp, output, self.batch):
+                return None  # no gradient reaches this call's parameters: contributes nothing
+            if not layer.rule.keeps_rows(module, inp, output, self.batch):
                 raise ValueError(
-                    f"module {where} ({kind}) got an input that does not keep the rows of the "
+                    f"module {layer.where} ({kind}) got an input that does not keep the rows of the "
                     "batch on dimension 0; the ghost clipping engine cannot make it per-sample"
                 )
-            self.calls[id(module)].append(RecordedCall(inp.detach(), output, inp._version, output._version))
+            tapped: torch.Tensor = _OutputGradientTap.apply(  # type: ignore[no-untyped-call]
+                output, self.anchor, self.inbox, len(self.calls)
+            )
+            self.calls.append(
+                RecordedCall(layer_index, inp.detach(), inp._version, tuple(output.shape), output.new_empty((0,)))
+            )
+            return tapped
 
         return hook
 
-    def take_taps(self) -> list[Tap]:
-        """One tap per recorded call, in layer order; the recorder lets go of every call. Gradient
-        edges instead of the outputs themselves: autograd keeps only the outputs it saved for its
-        backward, so an output nothing saves (a residual branch's last Linear, the logits) is freed
-        before the backward instead of held to its end."""
-        taps = [
-            Tap(index, call.inp, get_gradient_edge(call.out), call.out.new_zeros((0,)), tuple(call.out.shape))
-            for index, layer in enumerate(self.layers)
-            for call in self.calls[id(layer.module)]
-        ]
-        self.calls = {}
-        return taps
-
     def check_versions(self) -> None:
-        for layer in self.layers:
-            for call in self.calls[id(layer.module)]:
-                if call.inp._version != call.inp_version or call.out._version != call.out_version:
-                    raise ValueError(
-                        f"the input or output of module {layer.where} "
-                        f"({type(layer.module).__name__}) is modified in place later in the "
-                        "forward (e.g. an inplace activation); the ghost clipping engine does not "
-                        "support this"
-                    )
+        """After the forward: no recorded input was modified in place (the rules would read
+        values the layer never saw)."""
+        for call in self.calls:
+            if call.inp._version != call.inp_version:
+                layer = self.layers[call.layer_index]
+                raise ValueError(
+                    f"the input of module {layer.where} ({type(layer.module).__name__}) is modified in "
+                    "place later in the forward; the ghost clipping engine does not support this"
+                )
 
 
 def _param_names(module: nn.Module, rule: GhostLayerRule[Any], by_id: dict[int, str]) -> ParamNames:

@@ -63,8 +63,8 @@ def standardisation_vjp(weight: torch.Tensor, eps: float, grads: torch.Tensor) -
 def _patch_sums_and_outputs(
     module: WSConv2d, a: torch.Tensor, w_hat: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per call: s (B, O, T), each output channel's input-patch sums, and z (B, O, T), the
-    convolution with ŵ (no bias)."""
+    """Per call: s (B, g, T), each group's input-patch sums (the same for every output channel of
+    the group), and z (B, O, T), the convolution with ŵ (no bias)."""
     batch, groups = a.shape[0], module.groups
     x, padding = _conv_input(module, a)
     geometry = {"stride": module.stride, "padding": padding, "dilation": module.dilation}
@@ -72,9 +72,7 @@ def _patch_sums_and_outputs(
     summed = x.reshape(batch, groups, -1, *x.shape[2:]).sum(dim=2)  # (B, g, H, W)
     ones = torch.ones(groups, 1, *module.kernel_size, dtype=x.dtype, device=x.device)
     s = F.conv2d(summed, ones, None, groups=groups, **geometry)  # (B, g, H', W')
-    per_group = module.out_channels // groups
-    s = s.repeat_interleave(per_group, dim=1)
-    return s.reshape(batch, module.out_channels, -1), z.reshape(batch, module.out_channels, -1)
+    return s.reshape(batch, groups, -1), z.reshape(batch, module.out_channels, -1)
 
 
 @ghost_layer(WSConv2d, keeps_rows=_input_dims(4))
@@ -95,8 +93,13 @@ def standardised_conv_work(module: WSConv2d, names: ParamNames, calls: Calls, *,
                 d_scaled = d * inv_std.view(1, -1, 1, 1).to(d.dtype)
                 scaled.append((a, d_scaled))
                 s, z = _patch_sums_and_outputs(module, a, w_hat)
-                flat_d = d_scaled.reshape(d.shape[0], module.out_channels, -1)
-                ones_part, w_part = (flat_d * s).sum(dim=2), (flat_d * z).sum(dim=2)  # (B, O)
+                batch, groups = d.shape[0], module.groups
+                flat_d = d_scaled.reshape(batch, module.out_channels, -1)
+                # Σ_t δ'·s and Σ_t δ'·z as batched products: no (B, O, T) temporaries.
+                by_group = flat_d.view(batch, groups, module.out_channels // groups, -1)
+                ones_part = torch.matmul(by_group, s.unsqueeze(-1)).reshape(batch, module.out_channels)
+                w_part = torch.matmul(flat_d.unsqueeze(2), z.unsqueeze(-1)).reshape(batch, module.out_channels)
+                del s, z
                 ones_term = ones_part if ones_term is None else ones_term + ones_part
                 w_term = w_part if w_term is None else w_term + w_part
             assert ones_term is not None and w_term is not None

@@ -17,6 +17,7 @@ from torch import nn
 
 __all__ = [
     "MATERIALISE_MAX_ELEMENTS",
+    "WRITE_COST_FLOPS",
     "Accumulate",
     "Calls",
     "LayerWork",
@@ -27,6 +28,22 @@ __all__ = [
     "materialised_work",
     "squared_norm",
 ]
+
+WRITE_COST_FLOPS: dict[str, int] = {"cpu": 128, "cuda": 128}
+"""Device type -> flops that one value a form writes (and keeps) costs, in the rules' choice between
+a Gram form and materialised per-sample gradients (0 where absent: flops alone). A Linear or Conv
+layer materialising writes o·k values per row in GEMMs whose inner dimension is only T, keeps them
+until the scales are known and reads them twice more; its Gram form writes 2·T². An Embedding
+materialising writes V·d per row.
+
+CPU: per-layer timings alone picked 32, but whole clipped-sum steps of the zoo
+(bench/gram_choice.py --whole-steps) take the same time at 128 within this machine's noise (cnn
+32-64-128 about 6% longer), and at 128 the ViT's and the transformers' Linear layers keep their
+inputs and output gradients instead of o·k values per row: at B = 32 their steps' peak memory
+went from 1.85× and 1.55× to 1.38× and 1.21× the non-private peak
+(docs/benchmarks.md#whole-steps-per-write-cost). CUDA: the same value until
+`bench.gram_choice --device cuda --whole-steps` has measured it; a GPU moves fewer bytes per flop
+than a CPU, so writing and re-reading a value costs at least as many flops there."""
 
 # Materialising per-sample weight gradients of one layer costs chunk × |W| elements; above this
 # many elements the Gram form is used when it needs less memory (float32: 4 bytes each).
