@@ -25,7 +25,7 @@ import torch
 
 from bench.engine_compare import CASES as ENGINE_CASES
 from bench.engine_compare import Step, ghost_engine, nonprivate
-from bench.step_time import peak_memory_in_child, reset_peak_resident_set, resident_set_kib
+from bench.step_time import peak_bytes_of_steps, peak_memory_in_child
 
 CASES = {
     "cnn2-gn": ENGINE_CASES["cnn-b128"],
@@ -47,21 +47,16 @@ def _stepper(case_key: str, stepper: str, batch: int, device: torch.device) -> S
 
 
 def _child(case_key: str, stepper: str, batch: int, device: torch.device) -> int:
-    """Bytes a step holds at its peak above what was held before it (see the module docstring)."""
+    """Bytes two steps hold at their peak above what was held before them (module docstring)."""
     step = _stepper(case_key, stepper, batch, device)
-    step()  # warm-up: lazy imports, thread pools, allocator caches are not a step's memory
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        for _ in range(2):
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
             step()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device) - base)
-    base = reset_peak_resident_set()
-    for _ in range(2):
-        step()
-    return resident_set_kib("VmHWM") * 1024 - base
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return peak_bytes_of_steps(run, device=device, steps=2)
 
 
 def main(argv: list[str] | None = None) -> None:

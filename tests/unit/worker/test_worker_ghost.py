@@ -788,7 +788,7 @@ def test_each_layer_work_is_built_during_the_backward_and_lets_go_of_its_inputs(
 
     def build(self: ghost_engine._LayerWorks, layer_index: int) -> None:
         real_build(self, layer_index)
-        builds.append((layer_index, inside[0], len(self._inputs)))
+        builds.append((layer_index, inside[0], len(self._calls)))
 
     monkeypatch.setattr(torch.autograd, "grad", grad)
     monkeypatch.setattr(ghost_engine._LayerWorks, "_build", build)

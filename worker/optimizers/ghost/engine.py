@@ -111,7 +111,6 @@ class _LayerWorks:
         self._bk = bk
         self._precision = precision
         self._calls: dict[int, RecordedCall] = dict(enumerate(recorder.calls))  # by forward order
-        self._inputs: dict[int, torch.Tensor] = {index: call.inp for index, call in self._calls.items()}
         self._deltas: dict[int, torch.Tensor] = {}
         self._pending: dict[int, list[int]] = {}  # layer index -> its calls, forward order
         for index, call in self._calls.items():
@@ -134,9 +133,7 @@ class _LayerWorks:
             if delta is None:
                 delta = call.zero_gradient()
             # float32 under bf16 before any rule sees them: the norms and sums are float32 throughout.
-            calls.append(
-                (accumulation_view(self._precision, self._inputs.pop(index)), accumulation_view(self._precision, delta))
-            )
+            calls.append((accumulation_view(self._precision, call.inp), accumulation_view(self._precision, delta)))
         layer = self._recorder.layers[layer_index]
         self.works[layer_index] = layer.rule.work(layer.module, layer.names, calls, bk=self._bk)
 
