@@ -125,11 +125,11 @@ class Recorder:
         self.inbox.close()
 
     def start(self, batch: int) -> None:
-        """A new chunk: no calls yet, a fresh anchor and inbox (a retained graph of an earlier
-        chunk delivers to its own inbox, never to this one)."""
+        """A new chunk: no calls yet, no anchor (the first tap makes it, on its output's device),
+        a fresh inbox (a retained graph of an earlier chunk delivers to its own, never to this one)."""
         self.calls = []
         self.batch = batch
-        self.anchor = torch.zeros((), requires_grad=True)
+        self.anchor = None
         self.inbox = GradientInbox()
         self.active = True
 
@@ -158,6 +158,8 @@ class Recorder:
                     f"module {layer.where} ({kind}) got an input that does not keep the rows of the "
                     "batch on dimension 0; the ghost clipping engine cannot make it per-sample"
                 )
+            if self.anchor is None:  # on the model's device: the whole backward stays on it
+                self.anchor = torch.zeros((), device=output.device, requires_grad=True)
             tapped: torch.Tensor = _OutputGradientTap.apply(  # type: ignore[no-untyped-call]
                 output, self.anchor, self.inbox, len(self.calls)
             )
