@@ -15,7 +15,7 @@ memory side (a chunk holds every layer's kept tensors until the scales are known
 Per-layer timings miss what a materialised layer costs the rest of the step (its gradients are
 held through the backward and read twice more), so ``--whole-steps`` times whole clipped-sum
 steps instead: for each case, a non-private step and the ghost engine's step at each candidate
-write cost, interleaved in random order, as ratios to the non-private step.
+write cost, interleaved in turn (bench/timing.py), as ratios to the non-private step.
 
     .venv/bin/python -m bench.gram_choice --cases wrn16-4 vit cnn3 tcls --batch 32
     .venv/bin/python -m bench.gram_choice --whole-steps --cases vit tcls wrn16-4 --batch 32
@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ import torch
 
 from bench.engine_compare import CASES as ENGINE_CASES
 from bench.engine_compare import Case, Step, ghost_engine, nonprivate
+from bench.timing import interleaved_medians
 from privtrain.architectures import build_model
 from worker.optimizers.ghost import ghost_clipped_grad_sum, linear_conv, work
 from worker.optimizers.ghost.work import Totals
@@ -140,27 +140,18 @@ def _whole_steps(case: Case, device: torch.device, write_costs: tuple[int, ...],
     """Median ms of a non-private step and of the ghost step at each write cost (interleaved)."""
     reference, ghost = nonprivate(case, device), ghost_engine(case, device, "bk", case.batch)
 
-    def at(cost: int) -> Step:
-        def step() -> list[torch.Tensor]:
-            with mock.patch.dict(work.WRITE_COST_FLOPS, {device.type: cost}):
-                return ghost()
-
-        return step
-
-    steps = {"non-private": reference, **{str(cost): at(cost) for cost in write_costs}}
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for step in steps.values():
-        step()
-    for _ in range(repeats):
-        order = list(steps)
-        random.shuffle(order)
-        for name in order:
-            start = time.perf_counter()
-            steps[name]()
+    def runs_of(step: Step, cost: int | None) -> Callable[[int], None]:
+        def run(steps: int) -> None:
+            with mock.patch.dict(work.WRITE_COST_FLOPS, {} if cost is None else {device.type: cost}):
+                for _ in range(steps):
+                    step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+
+        return run
+
+    runs = {"non-private": runs_of(reference, None), **{str(c): runs_of(ghost, c) for c in write_costs}}
+    return {name: s * 1e3 for name, s in interleaved_medians(runs, per_sample=1, repeats=repeats).items()}
 
 
 def _print_whole_steps(keys: list[str], batch: int | None, device: torch.device, repeats: int) -> None:
@@ -186,7 +177,6 @@ def main() -> None:
     parser.add_argument("--whole-steps", action="store_true", help="time whole clipped-sum steps per write cost")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    random.seed(0)
     device = torch.device(args.device)
     current = linear_conv.WRITE_COST_FLOPS.get(device.type, 0)
     print(

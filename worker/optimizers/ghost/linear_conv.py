@@ -301,15 +301,7 @@ def linear_work(module: nn.Linear, names: ParamNames, calls: Calls, *, bk: bool)
         As = [a.reshape(batch, 1, -1, k) for a, _ in calls]
         return RowBlocks.whole(As[0] if len(As) == 1 else torch.cat(As, dim=2))
 
-    return _grouped_work(
-        names,
-        module.weight.shape,
-        D,
-        k=k,
-        bk=bk,
-        per_sample_grads=per_sample_grads,
-        inputs=inputs,
-    )
+    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
 
 
 def _conv_input(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:

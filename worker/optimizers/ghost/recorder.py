@@ -137,14 +137,12 @@ class Recorder:
         self.active = False
 
     def _make_hook(self, layer_index: int) -> Callable[..., torch.Tensor | None]:
-        layer_ref = self.layers
-
         def hook(
             module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object
         ) -> torch.Tensor | None:
             if not self.active:
                 return None
-            layer = layer_ref[layer_index]
+            layer = self.layers[layer_index]
             inp = args[0] if args else kwargs.get("input")
             kind = type(module).__name__
             if not isinstance(inp, torch.Tensor) or not isinstance(output, torch.Tensor):
