@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ from app.evaluation import (
     released_metric,
     snapped_laplace_half_width,
 )
+from privtrain.model_files import write_atomically
 from worker.data.rows import Rows, as_rows, iter_row_chunks
 from worker.optimizers import discrete_samplers
 from worker.optimizers.losses import IGNORED_TARGET
@@ -55,9 +56,9 @@ def load_or_draw_holdout(path: Path, n_rows: int, fraction: float) -> np.ndarray
             return mask
     mask = holdout_mask(n_rows, fraction, secure_random().numpy)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, mask, allow_pickle=False)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.save(buffer, mask, allow_pickle=False)
+    write_atomically(path, buffer.getvalue())
     return mask
 
 

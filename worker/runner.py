@@ -61,7 +61,7 @@ from app.tuning.helpers import TrialHelpers
 from app.tuning.planning import is_tuning, rebuild_candidates
 from app.tuning.trial_files import TrialFiles
 from privtrain.architectures import build_model
-from privtrain.model_files import save_model
+from privtrain.model_files import save_model, unfinished_writes
 from worker import evaluation as dp_evaluation
 from worker.data.images import ImageRows
 from worker.data.rows import Rows, TensorRows, place_image_rows
@@ -460,7 +460,9 @@ class JobRunner:
     def _cleanup(self, job_id: str) -> None:
         self.trial_files.discard(trial_queue.clear(self.db, job_id=job_id))  # a tuning's trials (secret)
         for suffix in PRIVATE_SUFFIXES:
-            self._private_path(job_id, suffix).unlink(missing_ok=True)
+            path = self._private_path(job_id, suffix)
+            for leftover in (path, *unfinished_writes(path)):  # a killed attempt's torn write too
+                leftover.unlink(missing_ok=True)
             try:
                 self.blobs.delete_private(f"{job_id}{suffix}")
             except StorageUnavailable:  # secret but never released; it stays in the store's private area

@@ -12,6 +12,7 @@ config records ``"lora": {"rank", "alpha", "merged": true}``, and it loads like 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ __all__ = [
     "load_model",
     "read_safetensors",
     "save_model",
+    "unfinished_writes",
     "write_atomically",
 ]
 
@@ -65,6 +67,13 @@ def write_atomically(path: Path, data: bytes) -> str:
             os.unlink(tmp_name)
         raise
     return hashlib.sha256(data).hexdigest()
+
+
+def unfinished_writes(path: Path) -> list[Path]:
+    """The temp files ``write_atomically(path, ...)`` leaves when its process is killed mid-write
+    (SIGKILL, power loss): nothing else removes them, and they may hold secret bytes."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -12,7 +12,7 @@ from app.config import Settings
 from app.db import Database
 from app.ledger_audit import verify_ledger
 from tests.conftest import dp_sgd_spec, upload
-from worker.runner import JobRunner
+from worker.runner import PRIVATE_SUFFIXES, JobRunner
 
 
 @pytest.mark.parametrize("failing", ["put_file", "put_bytes"])  # the model, then the report
@@ -43,3 +43,23 @@ def test_disk_full_while_writing_artifacts_fails_the_job_cleanly(
     assert budget["reserved_epsilon"] == 0.0 and budget["committed_epsilon"] > 0.0
     assert verify_ledger(database).ok
     assert not list(settings.checkpoint_dir.glob("*"))  # secret checkpoints gone after settling
+
+
+def test_settling_deletes_the_torn_writes_of_a_killed_attempt(
+    alice: TestClient, settings: Settings, database: Database, digits_csv: bytes
+) -> None:
+    """A worker killed while writing its checkpoint or hold-out split leaves a temp file beside
+    it; the attempt that settles the job deletes those too (they hold secret state)."""
+    dataset = upload(alice, digits_csv).json()
+    spec = dp_sgd_spec(dataset["id"], target_epsilon=2.0)
+    spec["training"] = {"steps": 5, "batch_size": 64, "learning_rate": 0.5}
+    job = alice.post("/v1/jobs", json=spec).json()
+    settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    torn = [settings.checkpoint_dir / f".{job['id']}{suffix}.k1ll3d.tmp" for suffix in PRIVATE_SUFFIXES]
+    other_job = settings.checkpoint_dir / ".job_another.safetensors.k1ll3d.tmp"
+    for path in (*torn, other_job):
+        path.write_bytes(b"secret")
+    JobRunner(settings, db=database).run(job["id"])
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "succeeded"
+    assert not any(path.exists() for path in torn)
+    assert list(settings.checkpoint_dir.glob("*")) == [other_job]  # another job's files are its own
