@@ -20,6 +20,7 @@ from sqlalchemy import or_, select
 from app.config import Settings
 from app.db import Database
 from app.fair_dispatch import dispatch_fairly
+from app.job_private_files import JobPrivateFiles
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Job, utcnow
@@ -77,6 +78,17 @@ def _clear_abandoned_trials(db: Database, settings: Settings) -> None:
         log.exception("clearing abandoned tuning trials failed; the next round tries again")
 
 
+def _discard_private_files(settings: Settings, job_ids: list[str]) -> None:
+    """The checkpoints and hold-out splits of jobs failed here: their worker is gone and will not
+    delete them (a lost worker's own host deletes its copies when a worker starts there again)."""
+    try:
+        files = JobPrivateFiles(settings.checkpoint_dir, blob_store_from_settings(settings))
+        for job_id in job_ids:
+            files.discard(job_id)
+    except Exception:
+        log.exception("deleting the private files of failed jobs failed")
+
+
 def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) -> ReconcileResult:
     now = _now()
     stale_cutoff = now - dt.timedelta(seconds=settings.stale_after_s)
@@ -95,6 +107,8 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             requeued.append(job_id)
         elif outcome == JobStatus.FAILED:
             failed.append(job_id)
+    if failed:
+        _discard_private_files(settings, failed)
     _clear_abandoned_trials(db, settings)
     redispatched: list[str] = []
     # Lost messages (sent long ago, never started) are sent again as they were; requeued and

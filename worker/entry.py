@@ -1,11 +1,16 @@
 """Entry point for ``celery -A worker.entry worker``: the queue's Celery app (app.queue) plus
 this package's task module, built from the environment."""
 
+import logging
+
 from celery.signals import setup_logging, worker_init
 
 from app.config import get_settings
+from app.db import Database
+from app.job_private_files import JobPrivateFiles
 from app.logging_setup import configure_logging
 from app.queue import create_celery
+from app.storage import blob_store_from_settings
 from worker.parent_watch import start_from_environment
 from worker.warmup import warm_up
 
@@ -25,6 +30,19 @@ def _stop_with_parent(**_: object) -> None:
 def _warm_up(**_: object) -> None:
     """One-time imports and the CUDA context before the first job (worker/warmup.py)."""
     warm_up()
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]  # celery has no type hints
+def _delete_settled_private_files(**_: object) -> None:
+    """What a lost worker on this host left of jobs that settled since (app/job_private_files.py)."""
+    settings = get_settings()
+    db = Database(settings.resolved_database_url)
+    try:
+        JobPrivateFiles(settings.checkpoint_dir, blob_store_from_settings(settings)).discard_settled(db)
+    except Exception:  # housekeeping: the worker starts regardless, and the next start tries again
+        logging.getLogger("privtrain.worker").exception("deleting settled jobs' private files failed")
+    finally:
+        db.dispose()
 
 
 app = create_celery(get_settings(), include=("worker.tasks",))

@@ -40,6 +40,7 @@ from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparat
 from app.ingest.jsonl import JsonlFields
 from app.ingest.text import rescan_text
 from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
+from app.job_private_files import CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX, PRIVATE_SUFFIXES, JobPrivateFiles
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import ModelSizeLimits, get_model
@@ -61,7 +62,7 @@ from app.tuning.helpers import TrialHelpers
 from app.tuning.planning import is_tuning, rebuild_candidates
 from app.tuning.trial_files import TrialFiles
 from privtrain.architectures import build_model
-from privtrain.model_files import save_model, unfinished_writes
+from privtrain.model_files import save_model
 from worker import evaluation as dp_evaluation
 from worker.data.images import ImageRows
 from worker.data.rows import Rows, TensorRows, place_image_rows
@@ -90,11 +91,6 @@ def _init_generator() -> torch.Generator:
     """
     return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
 
-
-CHECKPOINT_SUFFIX = ".safetensors"
-HOLDOUT_SUFFIX = ".holdout.npy"
-PRIVATE_SUFFIXES = (CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX)
-"""A job's private files: its checkpoint and its hold-out split."""
 
 PROGRESS_MIN_GAP_S = 0.5
 """Progress is written every 1% of the steps, the heartbeat interval and the last step, but never
@@ -242,6 +238,7 @@ class JobRunner:
         self.db = db or Database(settings.resolved_database_url)
         self.blobs = blob_store_from_settings(settings)
         self.trial_files = TrialFiles(settings.checkpoint_dir, self.blobs)
+        self.private_files = JobPrivateFiles(settings.checkpoint_dir, self.blobs)
         self.actor = _actor()
         self.dispatcher = dispatcher
         self.helpers = helpers
@@ -452,41 +449,18 @@ class JobRunner:
             return rows, language_model_targets(rows, pad_id=dataset.pad_id), scanned.units
         return rows, torch.from_numpy(scanned.y), scanned.units
 
-    def _private_path(self, job_id: str, suffix: str) -> Path:
-        """Checkpoints and hold-out masks: secret, on worker storage (and, with an object store,
-        in its private area for a retry on another host), deleted when settled."""
-        return self.settings.checkpoint_dir / f"{job_id}{suffix}"
-
     def _cleanup(self, job_id: str) -> None:
         self.trial_files.discard(trial_queue.clear(self.db, job_id=job_id))  # a tuning's trials (secret)
-        for suffix in PRIVATE_SUFFIXES:
-            path = self._private_path(job_id, suffix)
-            for leftover in (path, *unfinished_writes(path)):  # a killed attempt's torn write too
-                leftover.unlink(missing_ok=True)
-            try:
-                self.blobs.delete_private(f"{job_id}{suffix}")
-            except StorageUnavailable:  # secret but never released; it stays in the store's private area
-                log.warning("could not delete a private file from the store", extra={"job_id": job_id})
+        self.private_files.discard(job_id)
 
     def _restore_private(self, job_id: str, *, evaluated: bool) -> None:
         """An earlier attempt's checkpoint and hold-out split, from the store when this host has
         none (the attempt ran on another host). A checkpoint is used only with the split it was
         trained on: when an evaluated job's split cannot be found, its checkpoint is dropped and
         the job starts over inside its reservation (sound: a checkpoint is never released)."""
-        for suffix in PRIVATE_SUFFIXES:
-            path = self._private_path(job_id, suffix)
-            if not path.exists() and self.blobs.fetch_private(f"{job_id}{suffix}", path):
-                log.info("private state fetched from the store", extra={"job_id": job_id, "file": suffix})
-        if evaluated and not self._private_path(job_id, HOLDOUT_SUFFIX).exists():
-            self._private_path(job_id, CHECKPOINT_SUFFIX).unlink(missing_ok=True)
-
-    def _keep_private(self, job_id: str, suffix: str) -> None:
-        """Copy a private file to the store; a failure is logged (this host keeps its copy, and a
-        retry elsewhere starts over inside the reservation)."""
-        try:
-            self.blobs.save_private(f"{job_id}{suffix}", self._private_path(job_id, suffix))
-        except StorageUnavailable:
-            log.warning("could not copy private state to the store", extra={"job_id": job_id, "file": suffix})
+        has = {suffix: self.private_files.fetch(job_id, suffix) for suffix in PRIVATE_SUFFIXES}
+        if evaluated and not has[HOLDOUT_SUFFIX]:
+            self.private_files.path(job_id, CHECKPOINT_SUFFIX).unlink(missing_ok=True)
 
     def _train(self, claimed: Claimed) -> Outcome:
         job, dataset = claimed.job, claimed.dataset
@@ -498,16 +472,16 @@ class JobRunner:
         coins = None
         if claimed.evaluation is not None:
             coins = dp_evaluation.load_or_draw_holdout(
-                self._private_path(job.id, HOLDOUT_SUFFIX),
+                self.private_files.path(job.id, HOLDOUT_SUFFIX),
                 coin_count(X.n_rows, unit_codes),
                 claimed.evaluation.holdout_fraction,
             )
-            self._keep_private(job.id, HOLDOUT_SUFFIX)
+            self.private_files.keep(job.id, HOLDOUT_SUFFIX)
         split = split_rows(X, y, unit_codes, coins, device=device)
         X, y, units = split.X, split.y, split.units
         model = self._starting_model(job, dataset)
         n_outputs = get_model(job.model_name).n_outputs(facts_of(dataset))
-        checkpoint = self._private_path(job.id, CHECKPOINT_SUFFIX)
+        checkpoint = self.private_files.path(job.id, CHECKPOINT_SUFFIX)
         resume = self._resumable(job.id, checkpoint, device)
         average = self._parameter_average(claimed.training, model, checkpoint, resume)
         hooks, timed_out = self._hooks(claimed, checkpoint, model=model, average=average)
@@ -925,7 +899,7 @@ class JobRunner:
             else:
                 average.advance_to(training_state.step, model)
                 save_training_state(checkpoint, training_state, extras=average.checkpoint_tensors())
-            self._keep_private(job.id, CHECKPOINT_SUFFIX)
+            self.private_files.keep(job.id, CHECKPOINT_SUFFIX)
 
         hooks = TrainingHooks(
             on_step_end=on_step_end,

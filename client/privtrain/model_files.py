@@ -11,12 +11,7 @@ config records ``"lora": {"rank", "alpha", "merged": true}``, and it loads like 
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +22,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from privtrain.architectures import build_model
+from privtrain.atomic_files import unfinished_writes, write_atomically
 
 __all__ = [
     "CONFIG_KEY",
@@ -47,33 +43,6 @@ TASKS = ("classification", "regression", "language-model")
 
 
 # ----------------------------------------------------------------------------- files
-
-
-def write_atomically(path: Path, data: bytes) -> str:
-    """Write via a temp file in the same directory + os.replace; return the sha256 hex.
-
-    Readers see either no file or the complete file, never a torn one.
-    """
-    path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    return hashlib.sha256(data).hexdigest()
-
-
-def unfinished_writes(path: Path) -> list[Path]:
-    """The temp files ``write_atomically(path, ...)`` leaves when its process is killed mid-write
-    (SIGKILL, power loss): nothing else removes them, and they may hold secret bytes."""
-    path = Path(path)
-    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

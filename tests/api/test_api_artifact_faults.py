@@ -10,9 +10,10 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.db import Database
+from app.job_private_files import PRIVATE_SUFFIXES
 from app.ledger_audit import verify_ledger
 from tests.conftest import dp_sgd_spec, upload
-from worker.runner import PRIVATE_SUFFIXES, JobRunner
+from worker.runner import JobRunner
 
 
 @pytest.mark.parametrize("failing", ["put_file", "put_bytes"])  # the model, then the report

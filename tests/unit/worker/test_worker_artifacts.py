@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from privtrain.architectures import MODEL_REGISTRY, build_model
-from privtrain.model_files import CONFIG_KEY, load_model, save_model, unfinished_writes, write_atomically
+from privtrain.model_files import CONFIG_KEY, load_model, save_model
 from worker.optimizers.secure_random import SecureRandom
 from worker.optimizers.state import TrainingState
 from worker.training.artifacts import load_training_state, save_training_state
@@ -229,25 +229,3 @@ def _saved_model(tmp_path: Path) -> Path:
     path = tmp_path / "model.safetensors"
     save_model(path, _build(config), config=config)
     return path
-
-
-def test_unfinished_writes_finds_a_killed_writes_temp_file_and_nothing_else(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    target = tmp_path / "job_[1].safetensors"  # glob characters in the name are matched literally
-    neighbour = tmp_path / "job_[1].safetensors.bak"
-    neighbour.write_bytes(b"someone else's")
-    write_atomically(target, b"done")
-    assert unfinished_writes(target) == []  # a finished write leaves only the file
-
-    def killed(*_args: object) -> None:
-        raise KeyboardInterrupt  # stands for SIGKILL: the rename never happens...
-
-    monkeypatch.setattr("privtrain.model_files.os.replace", killed)
-    monkeypatch.setattr("privtrain.model_files.os.unlink", lambda _name: None)  # ...nor the cleanup
-    with pytest.raises(KeyboardInterrupt):
-        write_atomically(target, b"secret bytes")
-    (leftover,) = unfinished_writes(target)
-    assert leftover.read_bytes() == b"secret bytes" and leftover.parent == tmp_path
-    assert target.read_bytes() == b"done" and neighbour.exists()
-    assert unfinished_writes(tmp_path / "job_1.safetensors") == []
