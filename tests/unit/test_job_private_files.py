@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,10 @@ def test_the_reconciler_deletes_the_files_of_a_job_it_fails(
     assert result.failed == (lost,) and result.requeued == (requeued,)
     assert not any(path.exists() for path in gone)
     assert all(path.exists() for path in kept)  # its retry resumes from them
+
+
+def test_the_reconciler_and_these_files_stay_torch_free() -> None:
+    """The reconciler runs in the API process and as its own small service: no torch there."""
+    code = "import sys, app.reconciler, app.job_private_files; assert 'torch' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
