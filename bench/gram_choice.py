@@ -5,8 +5,9 @@ The ghost engine has two exact forms for a Linear-on-sequences or Conv layer (T 
 inputs and o outputs per position and group): materialising every row's gradient (T·o·k flops
 per row in many small GEMMs, o·k values written and kept per row), or the Gram form (T²·(k + o)
 flops, 2·T² values written; the book-keeping sum is then one large GEMM of T·o·k flops on the
-kept inputs). `worker.optimizers.ghost.linear_conv._use_gram` picks one from flops plus
-`write_cost` flops per value a form writes (``WRITE_COST_FLOPS``, per device type). This
+kept inputs, or for a conv its own batch weight-gradient kernel).
+`worker.optimizers.ghost.linear_conv._use_gram` picks one from flops plus `write_cost` flops per
+value a form writes (``WRITE_COST_FLOPS``, per device type). This
 benchmark records the (a, δ) of every such layer of a zoo model on one batch, times both forms
 (the layer's norm and its book-keeping sum, interleaved), and for each candidate write cost says
 how much slower its picks are than the faster form of every layer; the kept megabytes show the
@@ -66,6 +67,7 @@ class Layer:
     gram: Callable[[], None]
     kept_mb: tuple[float, float]  # (materialised G, Gram inputs and output gradients)
     patches: bool  # a conv's inputs per position, rebuilt from its input (see `_use_gram`)
+    patch_sum: bool  # the Gram form's sum is a GEMM on those inputs (a conv's uses its own kernel)
 
 
 def _record(case: Case, device: torch.device, batch: int) -> list[Layer]:
@@ -82,14 +84,16 @@ def _record(case: Case, device: torch.device, batch: int) -> list[Layer]:
     layers: list[Layer] = []
     original = linear_conv._grouped_work
 
-    def recording(names, weight_shape, D, *, k, bk, per_sample_grads, inputs, patches=False):  # noqa: ANN001, ANN202
+    def recording(names, weight_shape, D, *, k, bk, per_sample_grads, inputs, patches=False, weighted_sums=None):  # noqa: ANN001, ANN202
         batch_, groups, positions, o = D.shape
         if names["weight"] is not None and positions > 1:
             weights = torch.rand(1, batch_, device=D.device, dtype=D.dtype)
 
             def run(form: str) -> Callable[[], None]:
                 def once() -> None:
-                    argument = {"G": per_sample_grads()} if form == "mat" else {"A": inputs()}
+                    argument = (
+                        {"G": per_sample_grads()} if form == "mat" else {"A": inputs(), "weighted_sums": weighted_sums}
+                    )
                     work = linear_conv._positional_work(names["weight"], names["bias"], weight_shape, D, **argument)
                     work.accumulate(weights, None, [Totals()])
                     work.sq_norms.sum().item()  # waits for the device
@@ -99,9 +103,17 @@ def _record(case: Case, device: torch.device, batch: int) -> list[Layer]:
             mat_mb = batch_ * groups * o * k * 4 / 2**20
             gram_mb = batch_ * groups * positions * (k + o) * 4 / 2**20
             shape = (batch_, groups, positions, k, o)
-            layers.append(Layer(shape, run("mat"), run("gram"), (mat_mb, gram_mb), patches))
+            layers.append(Layer(shape, run("mat"), run("gram"), (mat_mb, gram_mb), patches, weighted_sums is None))
         return original(
-            names, weight_shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs, patches=patches
+            names,
+            weight_shape,
+            D,
+            k=k,
+            bk=bk,
+            per_sample_grads=per_sample_grads,
+            inputs=inputs,
+            patches=patches,
+            weighted_sums=weighted_sums,
         )
 
     with mock.patch.object(linear_conv, "_grouped_work", recording):
@@ -132,7 +144,15 @@ def _picks_gram(layer: Layer, write_cost: int) -> bool:
     batch, groups, positions, k, o = layer.shape
     with mock.patch.dict(linear_conv.WRITE_COST_FLOPS, {"bench": write_cost}):
         return linear_conv._use_gram(
-            batch, groups, positions, k, o, bk=True, device_type="bench", patches=layer.patches
+            batch,
+            groups,
+            positions,
+            k,
+            o,
+            bk=True,
+            device_type="bench",
+            patches=layer.patches,
+            patch_sum=layer.patch_sum,
         )
 
 

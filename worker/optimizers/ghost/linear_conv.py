@@ -10,7 +10,9 @@
   by im2col + batched GEMM, or on CPU by one einsum over a strided window view (no im2col copy)
   when the layer has fewer patch features than positions (see CONV_STRIDED_DEVICES).
 A layer called several times in one forward (weights reused) is exact too: its calls are stacked
-along the position axis. The weighted sum (book-keeping) is (s·δ)ᵀa — one GEMM per layer — or a
+along the position axis. The weighted sum (book-keeping) is (s·δ)ᵀa — one GEMM per layer; for a
+conv in the Gram form, the device's own batch weight-gradient kernel on (input, s·δ), which never
+builds the patches and costs what the non-private backward's weight gradient costs — or a
 tensordot of the scales with the materialised per-sample gradients.
 
 Numerics: the factorised 2-D Linear form and the materialised forms have the same O(eps)
@@ -29,8 +31,9 @@ keeps a rounded Gram sum a valid square.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,17 +79,20 @@ def _use_gram(
     bk: bool,
     device_type: str = "cpu",
     patches: bool = False,
+    patch_sum: bool = True,
 ) -> bool:
     """Gram form (True) or materialised per-sample gradients (False) for a (positions × k) →
     (positions × o) map per group: compare per-row flops plus the device's cost of the values
     each form writes, and cap the materialised memory. `patches`: the inputs per position are a
     conv's patches, written (T·k values per row) once to materialise and, in the Gram form, once
-    for the norms and again for the weighted sum (`RowBlocks`)."""
+    for the norms and, when `patch_sum`, again for the weighted sum (`RowBlocks`; a conv's Gram
+    form sums with its own weight-gradient kernel instead, which writes no patches)."""
     t, g = positions, groups
     write = WRITE_COST_FLOPS.get(device_type, 0)
     patch_values = t * k if patches else 0
+    gram_patch_writes = (2 if bk and patch_sum else 1) * patch_values
     mat_flops = t * o * k + (o * k if bk else 0) + write * (o * k + patch_values)
-    gram_flops = t * t * (k + o) + (t * o * k if bk else 0) + write * (2 * t * t + (2 if bk else 1) * patch_values)
+    gram_flops = t * t * (k + o) + (t * o * k if bk else 0) + write * (2 * t * t + gram_patch_writes)
     mat_mem, gram_mem = batch * g * o * k, batch * g * t * t
     if mat_flops <= gram_flops:
         return mat_mem > MATERIALISE_MAX_ELEMENTS and gram_mem < mat_mem
@@ -102,6 +108,11 @@ def _weighted_outer_sums(sd: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         stacked = sd.reshape(m, batch * positions, o).permute(1, 0, 2).reshape(batch * positions, m * o)
         return (stacked.T @ a.reshape(batch * positions, k)).reshape(m, 1, o, k)
     return torch.einsum("mbgto,bgtk->mgok", sd, a)
+
+
+# weighted_sums(weights (m, B), row_mask) -> m sums Σ_i weights_ji·g_i of the layer's weight
+# (rows outside the mask contribute exactly 0), each in any shape with the weight's numel.
+WeightedSums = Callable[[torch.Tensor, torch.Tensor | None], Sequence[torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -148,10 +159,12 @@ def _positional_work(
     *,
     A: RowBlocks | None = None,
     G: torch.Tensor | None = None,
+    weighted_sums: WeightedSums | None = None,
 ) -> LayerWork:
     """Linear/Conv rule. D: (B, g, T, o) output gradients per group and position. For the weight
     (if trainable) exactly one of A: the (B, g, T, k) inputs per position, in row blocks (Gram
     form; T = 1 is the ||a||²·||δ||² case) or G: (B, g, o, k) materialised per-sample gradients.
+    With A, `weighted_sums` (a conv's own weight-gradient kernel) may replace the GEMM on A's blocks.
 
     Per-sample weight gradient of group j: G_ij = Σ_t D_ijt A_ijtᵀ (o × k); bias: Σ_t D_ijt.
     """
@@ -198,6 +211,10 @@ def _positional_work(
             terms.append(_gram_squared_norms(A, D))
 
         def add_weight_gram(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
+            if weighted_sums is not None:
+                for total, s in zip(totals, weighted_sums(w, mask), strict=True):
+                    total.add(weight_name, s.reshape(weight_shape))
+                return
             sums: torch.Tensor | None = None
             for start, stop in A.spans():
                 rows = None if mask is None else mask[start:stop]
@@ -269,18 +286,30 @@ def _grouped_work(
     per_sample_grads: Callable[[], torch.Tensor],
     inputs: Callable[[], RowBlocks],
     patches: bool = False,
+    weighted_sums: WeightedSums | None = None,
 ) -> LayerWork:
     """Pick the form for D (B, g, T, o): bias only, materialised G (B, g, o, k) from
     `per_sample_grads`, or the Gram/factorised form on the inputs (B, g, T, k) from `inputs`
-    (`patches`: built from a conv's input, see `_use_gram`)."""
+    (`patches`: built from a conv's input, see `_use_gram`; `weighted_sums`: the Gram form's
+    weighted sum without the inputs per position)."""
     batch, groups, positions, o = D.shape
     weight, bias = names["weight"], names["bias"]
     if weight is None:  # bias only: the inputs are never needed
         return _positional_work(None, bias, weight_shape, D)
-    use_gram = _use_gram(batch, groups, positions, k, o, bk=bk, device_type=D.device.type, patches=patches)
+    use_gram = _use_gram(
+        batch,
+        groups,
+        positions,
+        k,
+        o,
+        bk=bk,
+        device_type=D.device.type,
+        patches=patches,
+        patch_sum=weighted_sums is None,
+    )
     if positions > 1 and not use_gram:
         return _positional_work(weight, bias, weight_shape, D, G=per_sample_grads())
-    return _positional_work(weight, bias, weight_shape, D, A=inputs())
+    return _positional_work(weight, bias, weight_shape, D, A=inputs(), weighted_sums=weighted_sums)
 
 
 @ghost_layer(nn.Linear)
@@ -372,6 +401,45 @@ def _conv_per_sample_grads_block(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor,
     return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
 
 
+@contextlib.contextmanager
+def _ieee_float32_convolutions(t: torch.Tensor) -> Iterator[None]:
+    """cuDNN convolutions in full float32 while this runs: by default they round float32 inputs to
+    TF32 (10-bit mantissa), and a clipped sum must be float32 like every other sum of the engine
+    (a TF32 sum's rounding error, about 1e-3 of the sum, is data-dependent and not small beside C)."""
+    conv = torch.backends.cudnn.conv  # type: ignore[attr-defined]  # set at import, unknown to the stubs
+    if t.device.type != "cuda" or t.dtype != torch.float32 or conv.fp32_precision == "ieee":
+        yield
+        return
+    saved, conv.fp32_precision = conv.fp32_precision, "ieee"
+    try:
+        yield
+    finally:
+        conv.fp32_precision = saved
+
+
+def _conv_weight_grad(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Σ_i Σ_t d_it a_itᵀ in the weight's shape: the batch weight gradient of the convolution, by the
+    device's own kernel (cuDNN, oneDNN), which reads the input in place of its patches."""
+    x, padding = _conv_input(module, a)
+    weight = d.new_empty(1).expand(module.weight.shape)  # only its shape and dtype are read
+    no_bias, not_transposed, no_output_padding = None, False, [0] * len(padding)
+    with _ieee_float32_convolutions(d):
+        grad: torch.Tensor = torch.ops.aten.convolution_backward(
+            d,
+            x,
+            weight,
+            no_bias,
+            list(module.stride),
+            list(padding),
+            list(module.dilation),
+            not_transposed,
+            no_output_padding,
+            module.groups,
+            [False, True, False],  # the weight's gradient only
+        )[1]
+    return grad
+
+
 def _input_dims(dims: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor, int], bool]:
     """A call check for a conv layer: rows on dimension 0 and exactly `dims` input dimensions."""
 
@@ -412,6 +480,18 @@ def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
         per_row = g * k * D.shape[2]
         return RowBlocks(batch, max(1, PATCH_BLOCK_ELEMENTS // per_row), patches)
 
+    def weighted_sums(w: torch.Tensor, mask: torch.Tensor | None) -> list[torch.Tensor]:
+        sums = []
+        for scales in w:
+            total: torch.Tensor | None = None
+            for a, d in calls:
+                scaled = masked_rows(mask, d) * scales.view(-1, *([1] * (d.dim() - 1)))
+                part = _conv_weight_grad(module, masked_rows(mask, a), scaled)
+                total = part if total is None else total.add_(part)
+            assert total is not None
+            sums.append(total)
+        return sums
+
     copied = math.prod(module.kernel_size) > 1  # a 1×1 kernel's patches are a view of its input
     return _grouped_work(
         names,
@@ -422,4 +502,5 @@ def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
         per_sample_grads=per_sample_grads,
         inputs=inputs,
         patches=copied,
+        weighted_sums=weighted_sums,
     )
