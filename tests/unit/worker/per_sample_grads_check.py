@@ -1,7 +1,7 @@
 """The ghost engine's per-sample gradients against the vmap engine's, row for row.
 
 Shared by the ghost tests of the layer rules, the image zoo and the text models, so every rule a
-test forces (Gram or materialised, strided or patch-matrix conv, reused and frozen layers) is
+test forces (Gram or materialised, reused and frozen layers) is
 checked for `iter_ghost_per_sample_grads` too, not only for the norms and sums.
 """
 

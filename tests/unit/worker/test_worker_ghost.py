@@ -149,17 +149,10 @@ def _check_against_vmap(
 
 
 @contextmanager
-def _force(gram: bool | None = None, strided: bool | None = None) -> Iterator[None]:
-    """Force the Gram or the materialised rule, and the strided-einsum or patch-matrix conv path."""
-    with (
-        mock.patch.object(
-            linear_conv, "_use_gram", (lambda *a, **k: gram) if gram is not None else linear_conv._use_gram
-        ),
-        mock.patch.object(
-            linear_conv,
-            "CONV_STRIDED_DEVICES",
-            ({"cpu"} if strided else set()) if strided is not None else linear_conv.CONV_STRIDED_DEVICES,
-        ),
+def _force(gram: bool | None = None) -> Iterator[None]:
+    """Force the Gram or the materialised rule."""
+    with mock.patch.object(
+        linear_conv, "_use_gram", (lambda *a, **k: gram) if gram is not None else linear_conv._use_gram
     ):
         yield
 
@@ -180,10 +173,9 @@ def test_zoo_models_match_vmap_engine(case: tuple, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("gram", [True, False])
-@pytest.mark.parametrize("strided", [True, False])
-def test_cnn_both_conv_rules_match(gram: bool, strided: bool) -> None:
+def test_cnn_both_conv_rules_match(gram: bool) -> None:
     model, X, y, loss = _zoo(ZOO[5], torch.float64, n=6)
-    with _force(gram=gram, strided=strided):
+    with _force(gram=gram):
         _check_against_vmap(model, X, y, loss, chunks=(4,), modes=("bk",))
 
 
@@ -374,18 +366,13 @@ LAYER_CASES = {
 }
 
 
-_CASES_AND_CONV_PATHS = [(case, None) for case in LAYER_CASES] + [
-    (case, False) for case in LAYER_CASES if case.startswith("conv")
-]  # conv layers again with the patch matrix forced where the CPU would take the strided einsum
-
-
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 @pytest.mark.parametrize("gram", [None, True, False], ids=["auto", "gram", "materialise"])
-@pytest.mark.parametrize(("case", "strided"), _CASES_AND_CONV_PATHS, ids=[c for c, _ in _CASES_AND_CONV_PATHS])
-def test_other_layers_match_vmap_engine(case: str, gram: bool | None, strided: bool | None) -> None:
+@pytest.mark.parametrize("case", LAYER_CASES)
+def test_other_layers_match_vmap_engine(case: str, gram: bool | None) -> None:
     builder, input_shape, n_outputs, vocab = LAYER_CASES[case]
     model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
-    with _force(gram=gram, strided=strided):
+    with _force(gram=gram):
         _check_against_vmap(model, X, y, loss, chunks=(3,), modes=MODES if gram is None else ("bk",))
 
 
@@ -881,14 +868,13 @@ def test_a_conv_work_keeps_only_what_its_form_needs(gram: bool) -> None:
     assert grads["b"].shape == (4, 3)
 
 
-@pytest.mark.parametrize("strided", [True, False], ids=["strided", "patch-matrix"])
 @pytest.mark.parametrize("block", [1, 150, 10**9], ids=["element", "few-rows", "whole-chunk"])
-def test_conv_gradients_built_in_row_blocks_are_the_same(block: int, strided: bool) -> None:
+def test_conv_gradients_built_in_row_blocks_are_the_same(block: int) -> None:
     """The patch matrix is built a bounded number of values at a time (rows in blocks): the
     per-sample gradients, norms and sums are bit for bit those of one block, and the vmap engine's."""
     builder, input_shape, n_outputs, vocab = LAYER_CASES["conv2d-groups-dilation-reflect"]
     model, X, y, loss = _with_data(_seeded(builder), input_shape, n_outputs, vocab=vocab)
-    with _force(gram=False, strided=strided):
+    with _force(gram=False):
         whole = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=AbadiClip(0.1), max_physical_batch_size=7)
         with mock.patch.object(linear_conv, "PATCH_BLOCK_ELEMENTS", block):
             blocked = ghost_clipped_grad_sum(

@@ -38,7 +38,6 @@ from worker.optimizers.ghost.api import (
     ghost_weighted_grad_sums,
     iter_ghost_per_sample_grads,
 )
-from worker.optimizers.ghost.linear_conv import CONV_STRIDED_DEVICES
 from worker.optimizers.ghost.registry import GHOST_LAYERS, GhostLayerRule, ghost_layer
 from worker.optimizers.ghost.support import (
     GHOST_CONTAINERS,
@@ -50,7 +49,6 @@ from worker.optimizers.ghost.support import (
 from worker.optimizers.ghost.work import MATERIALISE_MAX_ELEMENTS
 
 __all__ = [
-    "CONV_STRIDED_DEVICES",
     "GHOST_CONTAINERS",
     "GHOST_LAYERS",
     "GHOST_PARAMETER_FREE",

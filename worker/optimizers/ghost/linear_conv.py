@@ -7,8 +7,7 @@
   B·d·p memory, but its weighted sum is then a cheap tensordot. `_use_gram` picks per call from
   the shapes: flops, plus a per-device cost of every value a form writes (WRITE_COST_FLOPS), with
   a memory cap on materialisation. Conv gradients are materialised
-  by im2col + batched GEMM, or on CPU by one einsum over a strided window view (no im2col copy)
-  when the layer has fewer patch features than positions (see CONV_STRIDED_DEVICES).
+  by im2col (one copy of a strided window of the input) + batched GEMM.
 A layer called several times in one forward (weights reused) is exact too: its calls are stacked
 along the position axis. The weighted sum (book-keeping) is (s·δ)ᵀa — one GEMM per layer; for a
 conv in the Gram form, the device's own batch weight-gradient kernel on (input, s·δ), which never
@@ -53,15 +52,14 @@ from worker.optimizers.ghost.work import (
     squared_norm,
 )
 
-__all__ = ["CONV_STRIDED_DEVICES", "WRITE_COST_FLOPS", "RowBlocks", "conv_work", "linear_work"]
+__all__ = ["WRITE_COST_FLOPS", "RowBlocks", "conv_work", "linear_work"]
 
-# Per-sample conv weight gradients are materialised either by im2col (a copied window) + batched GEMM,
-# or — on these device types, for layers with fewer patch features than positions (e.g. a first
-# conv on 1 channel) — by one einsum over a strided window view of the input, which skips the
-# im2col copy (≈1.5x faster for cnn2-gn's first conv on CPU; slower for its second). Both exact.
-# (Folding the batch into the groups of one weight-gradient convolution was also tried: on CPU its
-# oneDNN timings varied 1x-5x from run to run, so it is not used.)
-CONV_STRIDED_DEVICES: set[str] = {"cpu"}
+# Per-sample conv weight gradients are materialised by im2col (a copied window) + batched GEMM.
+# An einsum over the uncopied strided window view was used on CPU for layers with fewer patch
+# features than positions until the wrn 16-4 profile showed its implied transposing copy 2-3x
+# slower than the window copy, for every zoo layer shape measured (docs/benchmarks.md). Folding
+# the batch into the groups of one weight-gradient convolution was also tried: on CPU its oneDNN
+# timings varied 1x-5x from run to run, so it is not used.
 
 PATCH_BLOCK_ELEMENTS = 1 << 22
 """Patch-matrix values (16 MiB in float32) built at once, rows in blocks: for materialised per-sample
@@ -242,7 +240,7 @@ def _positional_work(
         return dict(row() for row in rows)
 
     sq = terms[0] if len(terms) == 1 else terms[0] + terms[1]
-    return LayerWork(sq, accumulate, per_sample)
+    return LayerWork(sq, accumulate, per_sample, holds_per_sample=weight_name is None or G is not None)
 
 
 def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor) -> LayerWork:
@@ -388,15 +386,7 @@ def _conv_per_sample_grads_block(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor,
     """`_conv_per_sample_grads` for rows whose patches fit one block."""
     batch, g = a.shape[0], module.groups
     o = module.out_channels // g
-    k = module.weight[0].numel()
     spatial = d.shape[2:]
-    if a.device.type in CONV_STRIDED_DEVICES and k <= math.prod(spatial):
-        window = _conv_window(module, a, spatial)  # (B, C_in, *kernel, *out_spatial)
-        window = window.view(batch, g, -1, *window.shape[2:])
-        nd = len(spatial)
-        pos, kern = "hw"[:nd], "ij"[:nd]
-        G = torch.einsum(f"bgo{pos},bgc{kern}{pos}->bgoc{kern}", d.reshape(batch, g, o, *spatial), window)
-        return G.reshape(batch, g, o, k)
     patches = _conv_patches(module, a, spatial)  # (B, g·k, T)
     return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
 

@@ -13,12 +13,14 @@ and since 1 ⊥ ŵ_o and ||ŵ_o||² = c_o·k with c_o = var/(var + eps),
 
     ||M_o G'||² = ||G'||² − (1ᵀG')²/k − (2 − c_o)(ŵ_oᵀG')²/k
 
-where 1ᵀG'_io = Σ_t δ'_iot s_it (s_it: the sum of the input patch at t, a box filter) and
-ŵ_oᵀG'_io = Σ_t δ'_iot z_iot (z: the convolution with ŵ, i.e. the layer's output without bias):
-O(positions × channels) per row. The weighted sum is linear, so M is applied once to the conv
-rule's Σ_i scale_i·G'_i. The bias is not standardised: its gradient is Σ_t δ_iot as for a conv.
-The subtraction can cancel, so the squared norm carries an absolute rounding error of about
-eps·||G'||², like the conv rule's Gram form; it is clamped at 0.
+where, when the conv rule materialised G' (its own choice), 1ᵀG'_io and ŵ_oᵀG'_io are read off
+it (O(O·k) per row); in the Gram form they are 1ᵀG'_io = Σ_t δ'_iot s_it (s_it: the sum of the
+input patch at t, a box filter) and ŵ_oᵀG'_io = Σ_t δ'_iot z_iot (z: the convolution with ŵ, i.e.
+the layer's output without bias, recomputed; O(positions × channels) per row beside that). The
+weighted sum is linear, so M is applied once to the conv rule's Σ_i scale_i·G'_i. The bias is
+not standardised: its gradient is Σ_t δ_iot as for a conv. The subtraction can cancel, so the
+squared norm carries an absolute rounding error of about eps·||G'||², like the conv rule's Gram
+form; it is clamped at 0.
 """
 
 from __future__ import annotations
@@ -75,6 +77,25 @@ def _patch_sums_and_outputs(
     return s.reshape(batch, groups, -1), z.reshape(batch, module.out_channels, -1)
 
 
+def _projection_terms(module: WSConv2d, scaled: Calls, w_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1ᵀG'_io, ŵ_oᵀG'_io), each (B, O), from the calls' inputs and scaled output gradients
+    without G': Σ_t δ'_iot s_it and Σ_t δ'_iot z_iot (z recomputed: a convolution with ŵ)."""
+    ones_term = w_term = None
+    for a, d_scaled in scaled:
+        s, z = _patch_sums_and_outputs(module, a, w_hat)
+        batch, groups = d_scaled.shape[0], module.groups
+        flat_d = d_scaled.reshape(batch, module.out_channels, -1)
+        # Σ_t δ'·s and Σ_t δ'·z as batched products: no (B, O, T) temporaries.
+        by_group = flat_d.view(batch, groups, module.out_channels // groups, -1)
+        ones_part = torch.matmul(by_group, s.unsqueeze(-1)).reshape(batch, module.out_channels)
+        w_part = torch.matmul(flat_d.unsqueeze(2), z.unsqueeze(-1)).reshape(batch, module.out_channels)
+        del s, z
+        ones_term = ones_part if ones_term is None else ones_term + ones_part
+        w_term = w_part if w_term is None else w_term + w_part
+    assert ones_term is not None and w_term is not None
+    return ones_term, w_term
+
+
 @ghost_layer(WSConv2d, keeps_rows=_input_dims(4))
 def standardised_conv_work(module: WSConv2d, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
     """The conv rule on δ/σ for ||G'||² and Σ scale·G', corrected by the standardisation's Jacobian."""
@@ -87,23 +108,14 @@ def standardised_conv_work(module: WSConv2d, names: ParamNames, calls: Calls, *,
             w_hat, inv_std = _standardisation(module.weight, module.eps)
             k = w_hat.shape[1]
             c = w_hat.square().sum(dim=1) / k  # (O,)
-            scaled: list[tuple[torch.Tensor, torch.Tensor]] = []
-            ones_term = w_term = None
-            for a, d in calls:
-                d_scaled = d * inv_std.view(1, -1, 1, 1).to(d.dtype)
-                scaled.append((a, d_scaled))
-                s, z = _patch_sums_and_outputs(module, a, w_hat)
-                batch, groups = d.shape[0], module.groups
-                flat_d = d_scaled.reshape(batch, module.out_channels, -1)
-                # Σ_t δ'·s and Σ_t δ'·z as batched products: no (B, O, T) temporaries.
-                by_group = flat_d.view(batch, groups, module.out_channels // groups, -1)
-                ones_part = torch.matmul(by_group, s.unsqueeze(-1)).reshape(batch, module.out_channels)
-                w_part = torch.matmul(flat_d.unsqueeze(2), z.unsqueeze(-1)).reshape(batch, module.out_channels)
-                del s, z
-                ones_term = ones_part if ones_term is None else ones_term + ones_part
-                w_term = w_part if w_term is None else w_term + w_part
-            assert ones_term is not None and w_term is not None
+            scaled = [(a, d * inv_std.view(1, -1, 1, 1).to(d.dtype)) for a, d in calls]
             effective = conv_work(module, {"weight": weight_name, "bias": None}, scaled, bk=bk)
+            if effective.holds_per_sample:  # G' at hand: both terms are O(O·k) per row
+                flat = effective.per_sample()[weight_name].reshape(-1, *w_hat.shape)  # (B, O, k)
+                ones_term = flat.sum(dim=2)
+                w_term = torch.linalg.vecdot(flat, w_hat.to(flat.dtype))
+            else:
+                ones_term, w_term = _projection_terms(module, scaled, w_hat)
             correction = (ones_term.square() + (2.0 - c) * w_term.square()).sum(dim=1) / k
             sq = (effective.sq_norms - correction).clamp_min(0.0)
 

@@ -106,6 +106,8 @@ class LayerWork:
     sq_norms: torch.Tensor  # (B,)
     accumulate: Accumulate
     per_sample: PerSample
+    holds_per_sample: bool = False
+    """per_sample() hands back gradients the work already holds (a materialised form): no new work."""
 
 
 def masked_rows(mask: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
@@ -131,4 +133,4 @@ def materialised_work(grads: dict[str, torch.Tensor]) -> LayerWork:
             for total, s in zip(totals, sums, strict=True):
                 total.add(name, s)
 
-    return LayerWork(sq, accumulate, lambda: grads)
+    return LayerWork(sq, accumulate, lambda: grads, holds_per_sample=True)
