@@ -675,22 +675,26 @@ def test_aggregator_matches_per_sample_map_aggregator_and_trains_identically() -
 
 def test_conv_sums_on_cuda_run_cudnn_in_ieee_float32_and_restore_its_setting() -> None:
     """cuDNN's TF32 default would round the Gram form's conv sums to a 10-bit mantissa."""
-    conv = torch.backends.cudnn.conv
-    saved = conv.fp32_precision
+    cudnn = torch.backends.cudnn
+    saved = cudnn.allow_tf32
     cuda_float32 = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)  # no GPU needed
     try:
-        conv.fp32_precision = "tf32"
+        cudnn.allow_tf32 = True
         with linear_conv._ieee_float32_convolutions(cuda_float32):
-            assert conv.fp32_precision == "ieee"
-        assert conv.fp32_precision == "tf32"
+            assert not cudnn.allow_tf32 and cudnn.conv.fp32_precision != "tf32"
+        assert cudnn.allow_tf32 and cudnn.conv.fp32_precision == "tf32"
         with pytest.raises(RuntimeError), linear_conv._ieee_float32_convolutions(cuda_float32):
             raise RuntimeError("a failing kernel")
-        assert conv.fp32_precision == "tf32"
+        assert cudnn.allow_tf32
         for other in (torch.zeros(1), torch.zeros(1, dtype=torch.float64)):  # CPU, or not float32: untouched
             with linear_conv._ieee_float32_convolutions(other):
-                assert conv.fp32_precision == "tf32"
+                assert cudnn.allow_tf32
+        cudnn.allow_tf32 = False  # already IEEE: left as it is
+        with linear_conv._ieee_float32_convolutions(cuda_float32):
+            assert not cudnn.allow_tf32
+        assert not cudnn.allow_tf32
     finally:
-        conv.fp32_precision = saved
+        cudnn.allow_tf32 = saved
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -395,16 +395,17 @@ def _conv_per_sample_grads_block(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor,
 def _ieee_float32_convolutions(t: torch.Tensor) -> Iterator[None]:
     """cuDNN convolutions in full float32 while this runs: by default they round float32 inputs to
     TF32 (10-bit mantissa), and a clipped sum must be float32 like every other sum of the engine
-    (a TF32 sum's rounding error, about 1e-3 of the sum, is data-dependent and not small beside C)."""
-    conv = torch.backends.cudnn.conv  # type: ignore[attr-defined]  # set at import, unknown to the stubs
-    if t.device.type != "cuda" or t.dtype != torch.float32 or conv.fp32_precision == "ieee":
+    (a TF32 sum's rounding error, about 1e-3 of the sum, is data-dependent and not small beside C).
+    Through cuDNN's process-wide TF32 flag, the one setting every PyTorch version reads the same."""
+    cudnn = torch.backends.cudnn
+    if t.device.type != "cuda" or t.dtype != torch.float32 or not cudnn.allow_tf32:
         yield
         return
-    saved, conv.fp32_precision = conv.fp32_precision, "ieee"
+    cudnn.allow_tf32 = False
     try:
         yield
     finally:
-        conv.fp32_precision = saved
+        cudnn.allow_tf32 = True
 
 
 def _conv_weight_grad(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
