@@ -697,6 +697,30 @@ def test_conv_sums_on_cuda_run_cudnn_in_ieee_float32_and_restore_its_setting() -
         cudnn.allow_tf32 = saved
 
 
+def test_materialised_conv_gradients_on_cuda_follow_the_convolutions_tf32_setting() -> None:
+    """Built by GEMMs, they take cuDNN's TF32 setting (the model's own convolutions' precision)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = cudnn.allow_tf32, matmul.allow_tf32
+    cuda_float32 = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)  # no GPU needed
+    try:
+        cudnn.allow_tf32, matmul.allow_tf32 = True, False
+        with linear_conv._matmuls_as_precise_as_convolutions(cuda_float32):
+            assert matmul.allow_tf32
+        assert not matmul.allow_tf32
+        with pytest.raises(RuntimeError), linear_conv._matmuls_as_precise_as_convolutions(cuda_float32):
+            raise RuntimeError("a failing kernel")
+        assert not matmul.allow_tf32
+        cudnn.allow_tf32 = False  # the process wants full float32 convolutions: so are these GEMMs
+        with linear_conv._matmuls_as_precise_as_convolutions(cuda_float32):
+            assert not matmul.allow_tf32
+        cudnn.allow_tf32 = True
+        for other in (torch.zeros(1), torch.zeros(1, dtype=torch.float64)):  # CPU, or not float32: untouched
+            with linear_conv._matmuls_as_precise_as_convolutions(other):
+                assert not matmul.allow_tf32
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32 = saved
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu() -> None:  # pragma: no cover - runs on GPU workers only
     model, X, y, loss = _zoo(ZOO[5], torch.float64, n=20)

@@ -388,7 +388,29 @@ def _conv_per_sample_grads_block(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor,
     o = module.out_channels // g
     spatial = d.shape[2:]
     patches = _conv_patches(module, a, spatial)  # (B, g·k, T)
-    return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
+    with _matmuls_as_precise_as_convolutions(a):
+        return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
+
+
+@contextlib.contextmanager
+def _matmuls_as_precise_as_convolutions(t: torch.Tensor) -> Iterator[None]:
+    """Materialised per-sample conv gradients at the precision of the model's own convolutions.
+
+    On CUDA, cuDNN runs a float32 model's convolutions (the non-private weight gradient included)
+    in TF32 unless the process turned that off, while matrix products default to full float32: the
+    batched GEMMs that build G_i would run at a fraction of the tensor cores' rate. They take cuDNN's
+    setting. Sound: in the materialised form a row's norm and its share of the sum both come from
+    this one G_i, so ||scale_i·G_i|| ≤ C holds however G_i was rounded (unlike the Gram form, whose
+    norm and sum are separate computations and stay float32: `_ieee_float32_convolutions`)."""
+    matmul = torch.backends.cuda.matmul
+    if t.device.type != "cuda" or t.dtype != torch.float32 or matmul.allow_tf32 or not torch.backends.cudnn.allow_tf32:
+        yield
+        return
+    matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = False
 
 
 @contextlib.contextmanager
