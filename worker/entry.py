@@ -36,13 +36,15 @@ def _warm_up(**_: object) -> None:
 def _delete_settled_private_files(**_: object) -> None:
     """What a lost worker on this host left of jobs that settled since (app/job_private_files.py)."""
     settings = get_settings()
-    db = Database(settings.resolved_database_url)
+    db: Database | None = None
     try:
+        db = Database(settings.resolved_database_url)
         JobPrivateFiles(settings.checkpoint_dir, blob_store_from_settings(settings)).discard_settled(db)
     except Exception:  # housekeeping: the worker starts regardless, and the next start tries again
         logging.getLogger("privtrain.worker").exception("deleting settled jobs' private files failed")
     finally:
-        db.dispose()
+        if db is not None:
+            db.dispose()
 
 
 app = create_celery(get_settings(), include=("worker.tasks",))
