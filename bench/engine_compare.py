@@ -24,8 +24,14 @@ pass 2 = "bk" only, the one mode offered under bf16), leaves Opacus out, and sti
 the float32 vmap engine, so "rel. diff" is then bf16's rounding. Compare timings only with a
 float32 run on the same machine.
 
+On a GPU PyTorch runs float32 convolutions in TF32 by default, and so does the ghost engine's
+materialised per-sample conv gradients (docs/workers-and-devices.md#tf32-in-float32-jobs);
+`--no-tf32` turns cuDNN's TF32 off for the whole run, non-private step included, to see what it
+is worth to each side.
+
     .venv/bin/python -m bench.engine_compare --repeats 15
     .venv/bin/python -m bench.engine_compare --precision bf16 --device cuda
+    .venv/bin/python -m bench.engine_compare --no-tf32 --device cuda --cases wrn16-4-b256
 """
 
 from __future__ import annotations
@@ -385,7 +391,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--precision", choices=PRECISIONS, default="fp32", help="bf16: autocast forward, float32 norms and sums"
     )
+    parser.add_argument(
+        "--no-tf32",
+        action="store_true",
+        help="turn cuDNN's TF32 off for the whole run: every engine and the non-private step in full float32",
+    )
     args = parser.parse_args(argv)
+    if args.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message=".*Secure RNG turned off")
     if args.threads is not None:
@@ -407,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"- load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min)")
     numerics = "float32" if args.precision == "fp32" else "bf16 autocast, float32 norms and sums"
+    numerics += "; cuDNN TF32 off" if args.no_tf32 else "; cuDNN TF32 as PyTorch sets it (on a GPU: on)"
     print(f"- medians of {args.repeats} interleaved rounds; clipping norm C = {CLIP}; {numerics}\n")
     print(
         "| case | engine | ms / step (median) | × non-private | rel. diff vs vmap | IQR ms "

@@ -115,6 +115,9 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
               "--batch", "1024", "--steps", "20" if quick else "60"], True),
         Part("Engines (bf16 autocast)", "bench.engine_compare",
              [*on, "--cases", BF16_CASES, "--repeats", repeats, "--precision", "bf16", "--skip-opacus"]),
+        Part("Engines (float32, cuDNN TF32 off)", "bench.engine_compare",
+             [*on, "--cases", "cnn3-b1024,wrn16-4-b256,resnet-gn-b256", "--repeats", repeats, "--no-tf32",
+              "--skip-opacus"]),
         Part("Text fine-tuning", "bench.text_step_cost", [*on, "--steps", "3" if quick else "5"]),
     ]  # fmt: skip
     if profile:
