@@ -213,6 +213,25 @@ def test_huge_zero_and_non_finite_rows(case: tuple, dtype: torch.dtype) -> None:
         _assert_sums_close(got, clean, TOL[dtype])
 
 
+@pytest.mark.parametrize("gram", [True, False], ids=["gram", "materialise"])
+def test_non_finite_rows_add_nothing_in_either_conv_form(gram: bool) -> None:
+    """The Gram form's conv sum runs the convolution's own weight-gradient kernel on the whole
+    chunk: a non-finite row must be zeroed in both its input and its output gradient first."""
+    model, X, y, loss = _zoo(ZOO[5], torch.float64, n=7)
+    X = X.clone()
+    X[2] = float("nan")
+    X[5].view(-1)[3] = float("inf")
+    clip = AbadiClip(1.0)
+    keep = torch.ones(7, dtype=torch.bool)
+    keep[[2, 5]] = False
+    with _force(gram=gram):
+        clean = ghost_clipped_grad_sum(
+            model, X[keep], y[keep], loss=loss, per_sample_map=clip, max_physical_batch_size=7
+        )
+        got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=7)
+    _assert_sums_close(got, clean, TOL[torch.float64])
+
+
 def test_all_rows_non_finite_gives_zeros() -> None:
     model, X, y, loss = _zoo(ZOO[2], torch.float64, n=3)
     X = torch.full_like(X, float("nan"))
