@@ -19,7 +19,7 @@ from app.evaluation import (
     released_metric,
     snapped_laplace_half_width,
 )
-from privtrain.model_files import write_atomically
+from privtrain.atomic_files import write_atomically
 from worker.data.rows import Rows, as_rows, iter_row_chunks
 from worker.optimizers import discrete_samplers
 from worker.optimizers.losses import IGNORED_TARGET

@@ -22,7 +22,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from privtrain.architectures import build_model
-from privtrain.atomic_files import unfinished_writes, write_atomically
+from privtrain.atomic_files import write_atomically
 
 __all__ = [
     "CONFIG_KEY",
@@ -33,7 +33,6 @@ __all__ = [
     "load_model",
     "read_safetensors",
     "save_model",
-    "unfinished_writes",
     "write_atomically",
 ]
 

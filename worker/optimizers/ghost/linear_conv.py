@@ -23,7 +23,8 @@ the bound by that relative amount (the float slack discussed in
 worker/optimizers/per_sample_maps.py, larger here). The Gram form is chosen where materialising
 would exceed MATERIALISE_MAX_ELEMENTS or cost more; at the zoo's shapes that is layers with few
 positions and many weights per row (wrn 16-4 and resnet-gn on 8×8 and 4×4 maps, cnn3's third
-conv on 8×8, the ViT's and the transformer classifier's Linear layers at T = 65 and 64), so
+conv on 8×8, cnn2-gn's second conv at T = 25, the ViT's and the transformer classifier's Linear
+layers at T = 65 and 64), so
 T ≤ 65 there and the worst-case relative error stays below about 65·2⁻²⁴ ≈ 4e-6. The clamp at 0
 keeps a rounded Gram sum a valid square.
 """
@@ -34,6 +35,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +65,7 @@ __all__ = ["WRITE_COST_FLOPS", "RowBlocks", "conv_work", "linear_work"]
 
 PATCH_BLOCK_ELEMENTS = 1 << 22
 """Patch-matrix values (16 MiB in float32) built at once, rows in blocks: for materialised per-sample
-conv gradients and for the Gram form's norms and weighted sum. 2^24 (64 MiB) made the block the
+conv gradients and for the Gram form's norms. 2^24 (64 MiB) made the block the
 largest transient of a wrn 16-4 step at B = 32 (docs/benchmarks.md#peak-memory-of-the-ghost-engine)."""
 
 
@@ -119,8 +121,9 @@ class RowBlocks:
 
     A Linear layer's A is its input, kept whole (one block, no copy). A conv layer's A is its
     input patches, ∏kernel times the input (9× for a 3×3 conv): the work keeps the raw input and
-    rebuilds the patches of `rows_per_block` rows at a time (PATCH_BLOCK_ELEMENTS values), for
-    the norms and again for the weighted sum, so no more than one block of patches ever exists.
+    rebuilds the patches of `rows_per_block` rows at a time (PATCH_BLOCK_ELEMENTS values) for the
+    norms (its weighted sum reads the input itself: `_conv_weight_grad`), so no more than one
+    block of patches ever exists.
     """
 
     batch: int
@@ -392,8 +395,26 @@ def _conv_per_sample_grads_block(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor,
         return torch.matmul(d.reshape(batch, g, o, -1), patches.view(batch, g, -1, patches.shape[-1]).transpose(-1, -2))
 
 
+def _cuda_float32(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and t.dtype == torch.float32
+
+
 @contextlib.contextmanager
-def _matmuls_as_precise_as_convolutions(t: torch.Tensor) -> Iterator[None]:
+def _cuda_float32_flag(t: torch.Tensor, backend: Any, value: bool) -> Iterator[None]:  # torch.backends' flag modules
+    """`backend.allow_tf32` set to `value` while this runs, for float32 work on CUDA only (and only
+    where it differs), then put back as it was. Elsewhere the flags are not even read."""
+    if not _cuda_float32(t) or backend.allow_tf32 == value:
+        yield
+        return
+    saved = backend.allow_tf32
+    backend.allow_tf32 = value
+    try:
+        yield
+    finally:
+        backend.allow_tf32 = saved
+
+
+def _matmuls_as_precise_as_convolutions(t: torch.Tensor) -> contextlib.AbstractContextManager[None]:
     """Materialised per-sample conv gradients at the precision of the model's own convolutions.
 
     On CUDA, cuDNN runs a float32 model's convolutions (the non-private weight gradient included)
@@ -402,32 +423,17 @@ def _matmuls_as_precise_as_convolutions(t: torch.Tensor) -> Iterator[None]:
     setting. Sound: in the materialised form a row's norm and its share of the sum both come from
     this one G_i, so ||scale_i·G_i|| ≤ C holds however G_i was rounded (unlike the Gram form, whose
     norm and sum are separate computations and stay float32: `_ieee_float32_convolutions`)."""
-    matmul = torch.backends.cuda.matmul
-    if t.device.type != "cuda" or t.dtype != torch.float32 or matmul.allow_tf32 or not torch.backends.cudnn.allow_tf32:
-        yield
-        return
-    matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        matmul.allow_tf32 = False
+    if not _cuda_float32(t) or not torch.backends.cudnn.allow_tf32:
+        return contextlib.nullcontext()
+    return _cuda_float32_flag(t, torch.backends.cuda.matmul, True)
 
 
-@contextlib.contextmanager
-def _ieee_float32_convolutions(t: torch.Tensor) -> Iterator[None]:
+def _ieee_float32_convolutions(t: torch.Tensor) -> contextlib.AbstractContextManager[None]:
     """cuDNN convolutions in full float32 while this runs: by default they round float32 inputs to
     TF32 (10-bit mantissa), and a clipped sum must be float32 like every other sum of the engine
     (a TF32 sum's rounding error, about 1e-3 of the sum, is data-dependent and not small beside C).
     Through cuDNN's process-wide TF32 flag, the one setting every PyTorch version reads the same."""
-    cudnn = torch.backends.cudnn
-    if t.device.type != "cuda" or t.dtype != torch.float32 or not cudnn.allow_tf32:
-        yield
-        return
-    cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        cudnn.allow_tf32 = True
+    return _cuda_float32_flag(t, torch.backends.cudnn, False)
 
 
 def _conv_weight_grad(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
