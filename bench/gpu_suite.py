@@ -20,7 +20,8 @@ run, with each part bounded in time and one part's failure recorded, not fatal. 
    ``dc_dpsgd_step_time``: both DC-DPSGD rules with their per-sample gradients from the vmap
    engine and from the ghost engine's records;
    ``training_loop_profile``: a DP-SGD step of wrn 16-4 at B = 1024 split into its parts, in
-   chunks of 2,048 (a GPU worker's default) and of 256;
+   chunks of 2,048 (a GPU worker's default) and of 256, and a DiceSGD step of cnn2-gn at B = 512,
+   with each part's kernel launches;
 4. ``text_step_cost``: DP fine-tuning (full and LoRA) of a transformer-lm at T = 128 and 512;
 5. ``worker_throughput`` on wrn 16-4 and the ViT: a whole job through an embedded service this
    script starts (``privtrain-admin serve`` on a temporary data directory, one worker) against a
@@ -110,6 +111,9 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
                  [*on, "--model", "wrn", "--batch", "1024", "--chunk", chunk, "--steps", "5" if quick else "10"])
             for chunk in ("2048", "256")
         ),
+        Part("Training loop parts: DiceSGD, cnn2-gn", "bench.training_loop_profile",
+             [*on, "--algorithm", "dicesgd", "--model", "cnn2-gn", "--batch", "512", "--chunk", "2048",
+              "--steps", "5" if quick else "10"]),
         Part("Whole job through the worker: wrn 16-4", "bench.worker_throughput",
              [*on, "--model", "wrn", "--params", '{"depth": 16, "width": 4}', "--rows", "50000",
               "--batch", "1024", "--steps", "20" if quick else "60"], True),

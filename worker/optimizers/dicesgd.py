@@ -34,7 +34,7 @@ import copy
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -128,11 +128,11 @@ class ErrorFeedbackNormalise:
         return 1.0 / (norm + self.gamma) * _SHRINK
 
 
-def _global_norm(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Flat L2 norm over all tensors: a 0-dim float64 tensor on their device, inf or NaN if e
-    overflowed. Computed on the device, never read back by the host."""
-    squares = [t.detach().double().pow(2).sum() for t in tensors.values()]
-    return torch.stack(squares).sum().sqrt()
+def _flat_norm(flat: torch.Tensor) -> torch.Tensor:
+    """L2 norm of a flat vector: a 0-dim float64 tensor on its device, inf or NaN if e overflowed.
+    Computed on the device, never read back by the host."""
+    norm: torch.Tensor = torch.linalg.vector_norm(flat.detach(), dtype=torch.float64)
+    return norm
 
 
 def _zero_unless(finite: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -140,12 +140,37 @@ def _zero_unless(finite: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.where(finite, t, 0.0)
 
 
+def _flatten(tensors: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
+    """The tensors ``names`` as one flat vector, in that order (one copy)."""
+    return torch.cat([tensors[name].reshape(-1) for name in names])
+
+
+def _unflatten(flat: torch.Tensor, shapes: Mapping[str, torch.Size]) -> TensorDict:
+    """Views of ``flat`` shaped like ``shapes``, in order (the inverse of :func:`_flatten`)."""
+    views = torch.split(flat, [math.prod(shape) for shape in shapes.values()])
+    return {name: view.view(shape) for (name, shape), view in zip(shapes.items(), views, strict=True)}
+
+
+def _error_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
+    """e's one dtype: at least float32 (it accumulates), wide enough for every parameter's."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _feedback_flat(feedback_map: ErrorFeedbackMap, flat: torch.Tensor) -> torch.Tensor:
+    """ψ(e) for a flat e, with ||ψ(e)|| ≤ feedback_map.norm_bound (0 if ||e|| is not finite)."""
+    norm = _flat_norm(flat)
+    scale = feedback_map.scale(norm)
+    return _zero_unless(torch.isfinite(norm), flat.double() * scale).to(flat.dtype)
+
+
 def apply_feedback_map(feedback_map: ErrorFeedbackMap, error: Mapping[str, torch.Tensor]) -> TensorDict:
     """ψ(e) with ||ψ(e)|| ≤ feedback_map.norm_bound guaranteed (0 if ||e|| is not finite)."""
-    norm = _global_norm(error)
-    finite = torch.isfinite(norm)
-    scale = feedback_map.scale(norm)
-    return {name: _zero_unless(finite, e.double() * scale).to(e.dtype) for name, e in error.items()}
+    flat = _flatten(error, list(error))
+    feedback = _unflatten(_feedback_flat(feedback_map, flat), {name: e.shape for name, e in error.items()})
+    return {name: value.to(error[name].dtype) for name, value in feedback.items()}
 
 
 @dataclass(frozen=True)
@@ -188,7 +213,10 @@ class ErrorFeedbackAggregator:
         self.feedback_map = feedback_map
         self.expected_batch_size = float(expected_batch_size)
         self.engine = engine
-        self.error: TensorDict | None = None
+        self._error: torch.Tensor | None = None
+        """e as ONE flat vector (parameter order): the step's ψ, norms and update are a few
+        kernels, not a few per parameter tensor; ``error`` gives views of it by name."""
+        self._shapes: dict[str, torch.Size] = {}
 
     @property
     def sensitivity(self) -> float:
@@ -196,28 +224,44 @@ class ErrorFeedbackAggregator:
 
     # -------------------------------------------------------------- hidden state (checkpoints)
 
-    def _ensure_error(self, params: Mapping[str, nn.Parameter]) -> TensorDict:
-        if self.error is None:
-            self.error = {
-                name: torch.zeros(p.shape, device=p.device, dtype=torch.promote_types(p.dtype, torch.float32))
-                for name, p in params.items()
-            }
-        return self.error
+    @property
+    def error(self) -> TensorDict | None:
+        """e by parameter name (views of the flat state), or None before the first step."""
+        return None if self._error is None else _unflatten(self._error, self._shapes)
+
+    @error.setter
+    def error(self, value: Mapping[str, torch.Tensor] | None) -> None:
+        if value is None:
+            self._error, self._shapes = None, {}
+            return
+        dtype = _error_dtype(value.values())
+        self._shapes = {name: e.shape for name, e in value.items()}
+        self._error = _flatten({name: e.to(dtype) for name, e in value.items()}, list(value)).clone()
+
+    def _ensure_error(self, params: Mapping[str, nn.Parameter]) -> torch.Tensor:
+        """The flat e on the parameters' device (zeros at the first step)."""
+        if self._error is None:
+            self.error = {name: torch.zeros(p.shape, device=p.device, dtype=p.dtype) for name, p in params.items()}
+        assert self._error is not None
+        if list(self._shapes) != list(params):
+            raise ValueError("the error-feedback state does not match the model's parameters")
+        device = next(iter(params.values())).device
+        self._error = self._error.to(device)  # after model.to()
+        return self._error
 
     def state_dict(self) -> TensorDict:
         """Detached CPU copies of e (SECRET: for the worker's private checkpoint only)."""
-        if self.error is None:
+        error = self.error
+        if error is None:
             return {}
-        return {name: e.detach().to("cpu", copy=True) for name, e in self.error.items()}
+        return {name: e.detach().to("cpu", copy=True) for name, e in error.items()}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], model: nn.Module) -> None:
         params = trainable_parameters(model)
         if set(state) != set(params):
             raise ValueError("the saved error-feedback state does not match the model's parameters")
-        self.error = {
-            name: state[name].to(device=p.device, dtype=torch.promote_types(p.dtype, torch.float32)).clone()
-            for name, p in params.items()
-        }
+        dtype = _error_dtype(params.values())
+        self.error = {name: state[name].to(device=p.device, dtype=dtype) for name, p in params.items()}
 
     # -------------------------------------------------------------- one step
 
@@ -263,7 +307,7 @@ class ErrorFeedbackAggregator:
         """Σ_i φ(g_i) + B·ψ(e_t), and e ← e_t − ψ(e_t) + Σ_i (1 − w_i)·g_i / B (module doc)."""
         params = trainable_parameters(model)
         error = self._ensure_error(params)
-        error = {name: e.to(params[name].device) for name, e in error.items()}  # after model.to()
+        names = list(params)
         if uses_ghost(model, self.engine):
             mapped, rest = ghost_weighted_grad_sums(
                 model,
@@ -273,19 +317,18 @@ class ErrorFeedbackAggregator:
                 max_physical_batch_size=max_physical_batch_size,
                 per_sample_maps=(self.per_sample_map, _Residual(self.per_sample_map)),
             )
-            residual = {name: rest[name].to(e.dtype) for name, e in error.items()}
         else:
             mapped = {name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()}
-            residual = {name: torch.zeros_like(e) for name, e in error.items()}
-            self._vmap_sums(model, X, y, mapped, residual, loss=loss, max_physical_batch_size=max_physical_batch_size)
-        with torch.no_grad():
-            feedback = apply_feedback_map(self.feedback_map, error)
+            rest = {name: torch.zeros(p.shape, dtype=error.dtype, device=error.device) for name, p in params.items()}
+            self._vmap_sums(model, X, y, mapped, rest, loss=loss, max_physical_batch_size=max_physical_batch_size)
+        with torch.no_grad():  # flat: a few kernels per step whatever the number of tensors
             batch = self.expected_batch_size
-            released = {name: mapped[name].add_(feedback[name].to(mapped[name].dtype), alpha=batch) for name in mapped}
-            updated = {name: error[name].sub(feedback[name]).add_(residual[name], alpha=1.0 / batch) for name in error}
-            finite = torch.isfinite(_global_norm(updated))  # on the device: no wait for the host
-            self.error = {name: _zero_unless(finite, e) for name, e in updated.items()}
-        return released
+            feedback = _feedback_flat(self.feedback_map, error)
+            released = _flatten(mapped, names)
+            released.add_(feedback.to(released.dtype), alpha=batch)
+            updated = error.sub(feedback).add_(_flatten(rest, names).to(error.dtype), alpha=1.0 / batch)
+            self._error = _zero_unless(torch.isfinite(_flat_norm(updated)), updated)  # no wait for the host
+        return {name: v.to(mapped[name].dtype) for name, v in _unflatten(released, self._shapes).items()}
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -47,11 +47,16 @@ class ParameterAverage:
             return
         if step != self.updates + 1:
             raise ValueError(f"parameter average at step {self.updates} cannot skip to step {step}")
-        for name, p in trainable_parameters(model).items():
+        params = trainable_parameters(model)
+        for name, p in params.items():
             average = self.average[name]
             if average.device != p.device or average.dtype != p.dtype:
-                average = self.average[name] = average.to(device=p.device, dtype=p.dtype)
-            average.mul_(self.decay).add_(p.detach(), alpha=1.0 - self.decay)
+                self.average[name] = average.to(device=p.device, dtype=p.dtype)
+        averages = [self.average[name] for name in params]
+        # Two fused kernels for the whole model on a GPU, not two per tensor (wrn 16-4: 60 tensors);
+        # the same arithmetic as average.mul_(d).add_(p, alpha=1 − d) tensor by tensor.
+        torch._foreach_mul_(averages, self.decay)
+        torch._foreach_add_(averages, [p.detach() for p in params.values()], alpha=1.0 - self.decay)
         self.updates = step
 
     @torch.no_grad()

@@ -100,7 +100,12 @@ def _vmap_norms(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: str) -
     )
 
 
-def _assert_sums_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], tol: float) -> None:
+def _assert_sums_close(
+    got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], tol: float, *, atol: float = 0.0
+) -> None:
+    """``atol``: a difference that is rounding noise whatever the sums' size (a tiny fraction of
+    the largest norm the clipped sum can have), for a batch whose gradients all vanish but for
+    rounding."""
     assert list(got) == list(ref)
     # A parameter whose reference sum is exactly zero (e.g. the bias of a one-output softmax) is
     # compared against a tiny fraction of the whole sum's size, not against zero.
@@ -110,7 +115,7 @@ def _assert_sums_close(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor
         assert g.shape == r.shape and g.dtype == r.dtype, name
         assert bool(torch.isfinite(g).all()), name
         scale = float(r.norm()) + 1e-6 * total + 1e-30
-        assert float((g - r).norm()) <= tol * scale, (name, float((g - r).norm()) / scale)
+        assert float((g - r).norm()) <= tol * scale + atol, (name, float((g - r).norm()) / scale)
 
 
 def _check_against_vmap(
@@ -542,7 +547,9 @@ def test_random_linear_stacks_match_vmap_engine(
             model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=chunk, pass2=mode
         )  # type: ignore[arg-type]
         norms = ghost_per_sample_norms(model, X, y, loss=loss, max_physical_batch_size=chunk)
-    _assert_sums_close(got, reference, 1e-10)
+    # Dead ReLUs and a one-output softmax can make every gradient zero but for rounding (one
+    # found: a bias sum of −5.6e-17 against an exact 0): rounding next to the sum's bound n·C.
+    _assert_sums_close(got, reference, 1e-10, atol=1e-12 * 0.5 * n)
     if n:
         torch.testing.assert_close(norms, _vmap_norms(model, X, y, loss), rtol=1e-10, atol=1e-13)
 

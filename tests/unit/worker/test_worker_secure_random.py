@@ -141,6 +141,54 @@ def test_secure_mode_is_the_sum_of_four_draws_over_two() -> None:
     assert not torch.equal(secure, SecureRandom.from_seed(9).normal(n, std=std))
 
 
+def _chunk_stream(key: np.ndarray, j: int) -> np.random.Generator:
+    return np.random.Generator(np.random.Philox(key=key, counter=np.array([0, 0, j, 0], dtype=np.uint64)))
+
+
+def test_large_secure_cpu_gaussians_are_keyed_chunks_under_a_fresh_key_from_the_stream() -> None:
+    """A draw of ≥ one chunk takes a 128-bit key from the job's stream; chunk j is Philox(key, j)."""
+    chunk = secure_random_module.PARALLEL_NORMAL_CHUNK
+    n, std = 2 * chunk + 123, 1.5
+    draws = SecureRandom.from_seed(9, secure_gaussian=True).normal(n, std=std)
+    key = SecureRandom.from_seed(9).numpy.bit_generator.random_raw(2).astype(np.uint64)
+    for j, size in ((0, chunk), (2, 123)):
+        blocks = _chunk_stream(key, j).standard_normal(4 * size)
+        parts = [blocks[i * size : (i + 1) * size] for i in range(4)]
+        expected = (((parts[0] + parts[1]) + parts[2]) + parts[3]) * (0.5 * std)
+        assert torch.equal(draws[j * chunk : j * chunk + size], torch.from_numpy(expected))
+    # Secure mode off (tests only): the main stream, unchunked.
+    plain = SecureRandom.from_seed(9).normal(n, std=std)
+    assert torch.equal(plain, torch.from_numpy(SecureRandom.from_seed(9).numpy.standard_normal(n) * std))
+
+
+def test_large_secure_cpu_gaussians_do_not_depend_on_the_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(secure_random_module, "_CHUNKS_PER_THREAD", 1)  # threads on a small draw
+    threads = torch.get_num_threads()
+    draws = []
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            random = SecureRandom.from_seed(5, secure_gaussian=True)
+            draws.append(random.normal((3, 50_001), std=2.0, dtype=torch.float32))
+    finally:
+        torch.set_num_threads(threads)
+    assert draws[0].shape == (3, 50_001) and draws[0].dtype == torch.float32
+    assert torch.equal(draws[0], draws[1])
+    assert stats.kstest(draws[0].double().flatten().numpy(), stats.norm(scale=2.0).cdf).pvalue > 1e-3
+
+
+def test_large_cpu_gaussians_resume_exactly_and_never_repeat() -> None:
+    random = SecureRandom.from_seed(6, secure_gaussian=True)
+    n = secure_random_module.PARALLEL_NORMAL_CHUNK * 2
+    state = random.get_state()
+    first, second = random.normal(n, std=1.0), random.normal(n, std=1.0)
+    assert not torch.equal(first, second)  # each draw has its own key
+    restored = SecureRandom.from_seed(0, secure_gaussian=True)
+    restored.set_state(state)
+    assert torch.equal(restored.normal(n, std=1.0), first)
+    assert torch.equal(restored.normal(n, std=1.0), second)
+
+
 def test_noise_is_drawn_even_when_std_is_zero() -> None:
     a, b = SecureRandom.from_seed(4), SecureRandom.from_seed(4)
     assert not bool(a.normal(10, std=0.0).any())
