@@ -80,8 +80,12 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
                  "--repeats", "1", "--no-memory", "--algorithms", "dp-sgd", "dicesgd"]),
             Part("DC-DPSGD per engine", "bench.dc_dpsgd_step_time", [*on, "--cases", "cnn-b128", "--steps", "1",
                  "--repeats", "1"]),
-            Part("Training loop parts", "bench.training_loop_profile", [*on, "--model", "cnn2-gn", "--rows", "512",
-                 "--batch", "32", "--chunk", "16", "--steps", "2"]),
+            *(
+                Part(f"Training loop parts: {algorithm}", "bench.training_loop_profile",
+                     [*on, "--algorithm", algorithm, "--model", "cnn2-gn", "--rows", "512", "--batch", "32",
+                      "--chunk", "16", "--steps", "2"])
+                for algorithm in ("dp-sgd", "dicesgd")
+            ),
             Part("Text fine-tuning", "bench.text_step_cost", [*on, "--cases", "lm-t128", "--steps", "1",
                  "--repeats", "1", "--no-memory"]),
             Part("Whole job through the worker", "bench.worker_throughput", [*on, "--model", "cnn", "--params",
