@@ -34,7 +34,7 @@ from app.algorithms import PrivacyPlan, get_algorithm
 from app.config import Settings
 from app.db import Database
 from app.evaluation import EvaluationPlan
-from app.facts import public_class_list
+from app.facts import DatasetFacts, public_class_list
 from app.fair_dispatch import Dispatcher, dispatch_fairly
 from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from app.ingest.jsonl import JsonlFields
@@ -107,6 +107,20 @@ def _training_device() -> torch.device:
 
 def _device_memory_bytes(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def rows_per_chunk(
+    settings: Settings, *, model_name: str, params: dict[str, Any], facts: DatasetFacts, device: torch.device
+) -> int:
+    """Rows per per-sample-gradient chunk a worker with ``settings`` uses for the model on ``device``
+    (bounds memory, never results): on a GPU, larger chunks in a share of its memory
+    (ModelSizeLimits.for_gpu). ``params`` must be valid for the model."""
+    limits = (
+        ModelSizeLimits.for_gpu(settings, device_memory_bytes=_device_memory_bytes(device))
+        if device.type == "cuda"
+        else ModelSizeLimits.from_settings(settings)
+    )
+    return get_model(model_name).rows_per_chunk(params, facts, limits=limits)
 
 
 @dataclass(frozen=True)
@@ -833,14 +847,10 @@ class JobRunner:
         return path
 
     def _rows_per_chunk(self, job: Job, dataset: Dataset, device: torch.device) -> int:
-        """Rows per per-sample-gradient chunk for the job's model (bounds memory, never results):
-        on a GPU, larger chunks in a share of its memory (ModelSizeLimits.for_gpu)."""
-        limits = (
-            ModelSizeLimits.for_gpu(self.settings, device_memory_bytes=_device_memory_bytes(device))
-            if device.type == "cuda"
-            else ModelSizeLimits.from_settings(self.settings)
-        )
-        return get_model(job.model_name).rows_per_chunk(job.spec["model"]["params"], facts_of(dataset), limits=limits)
+        return rows_per_chunk(
+            self.settings, model_name=job.model_name, params=job.spec["model"]["params"], facts=facts_of(dataset),
+            device=device,
+        )  # fmt: skip
 
     def _deadline(self, job: Job) -> float:
         """When this attempt must stop (time.monotonic()): the job's time limit, at most the service's."""
