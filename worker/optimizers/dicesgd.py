@@ -19,8 +19,9 @@ rounding. A row whose gradient is not finite gets weight 0 in both sums, exactly
 
 ψ (the error-feedback map) always returns a vector of norm ≤ C2 — the bound the sensitivity
 C1/B + 2·C2 (app.algorithms.dicesgd) rests on — whatever e is: its scale is computed in float64
-and shrunk by (1 − 2⁻²⁰) so that rounding the product to e's dtype cannot push the norm past C2,
-and a non-finite ‖e‖ (overflow) gives ψ(e) = 0 and resets e to 0 (privacy-neutral: ψ stays
+and shrunk by (1 − 2⁻²⁰) so that rounding the product to e's dtype cannot push the norm past C2
+(the product is taken in float64: a float32 scale can be subnormal, and round up by far more), and
+a non-finite ‖e‖ (overflow) gives ψ(e) = 0 and resets e to 0 (privacy-neutral: ψ stays
 bounded; it only changes the algorithm, and only after an overflow).
 
 SECRET: ``error`` (e), its norm and anything derived from it stay in this object and in the
@@ -73,6 +74,9 @@ ERROR_FEEDBACK_CHECKPOINT_KEY = "dicesgd_error_feedback"
 
 _SHRINK = 1.0 - 2.0**-20
 """Scale safety factor: float32 rounding of s·e cannot make ||ψ(e)|| exceed the bound."""
+
+_FEEDBACK_BLOCK = 1 << 24
+"""Values of e scaled in float64 at a time (at most 128 MiB of float64 transients)."""
 
 TensorDict = dict[str, torch.Tensor]
 
@@ -162,8 +166,12 @@ def _error_dtype(tensors: Iterable[torch.Tensor]) -> torch.dtype:
 def _feedback_flat(feedback_map: ErrorFeedbackMap, flat: torch.Tensor) -> torch.Tensor:
     """ψ(e) for a flat e, with ||ψ(e)|| ≤ feedback_map.norm_bound (0 if ||e|| is not finite)."""
     norm = _flat_norm(flat)
-    scale = feedback_map.scale(norm)
-    return _zero_unless(torch.isfinite(norm), flat.double() * scale).to(flat.dtype)
+    finite, scale = torch.isfinite(norm), feedback_map.scale(norm)
+    feedback = torch.empty_like(flat)
+    for start in range(0, flat.numel(), _FEEDBACK_BLOCK):  # float64 a block at a time, not a model's worth
+        block = slice(start, start + _FEEDBACK_BLOCK)
+        feedback[block] = _zero_unless(finite, flat[block].double() * scale)
+    return feedback
 
 
 def apply_feedback_map(feedback_map: ErrorFeedbackMap, error: Mapping[str, torch.Tensor]) -> TensorDict:
@@ -322,13 +330,16 @@ class ErrorFeedbackAggregator:
             rest = {name: torch.zeros(p.shape, dtype=error.dtype, device=error.device) for name, p in params.items()}
             self._vmap_sums(model, X, y, mapped, rest, loss=loss, max_physical_batch_size=max_physical_batch_size)
         with torch.no_grad():  # flat: a few kernels per step whatever the number of tensors
+            dtypes = {name: t.dtype for name, t in mapped.items()}
+            released, residual = _flatten(mapped, names), _flatten(rest, names).to(error.dtype)
+            del mapped, rest  # their flat copies replace them
             batch = self.expected_batch_size
             feedback = _feedback_flat(self.feedback_map, error)
-            released = _flatten(mapped, names)
             released.add_(feedback.to(released.dtype), alpha=batch)
-            updated = error.sub(feedback).add_(_flatten(rest, names).to(error.dtype), alpha=1.0 / batch)
+            updated = error.sub(feedback).add_(residual, alpha=1.0 / batch)
+            del feedback, residual
             self._error = _zero_unless(torch.isfinite(_flat_norm(updated)), updated)  # no wait for the host
-        return {name: v.to(mapped[name].dtype) for name, v in _unflatten(released, self._shapes).items()}
+        return {name: v.to(dtypes[name]) for name, v in _unflatten(released, self._shapes).items()}
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -54,7 +54,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["PARALLEL_NORMAL_CHUNK", "SecureRandom", "keyed_uniform", "paired_normal", "paired_uniform"]
+__all__ = [
+    "CUDA_SECURE_NORMAL_BLOCK",
+    "PARALLEL_NORMAL_CHUNK",
+    "SecureRandom",
+    "keyed_uniform",
+    "paired_normal",
+    "paired_uniform",
+]
 
 Shape = int | Sequence[int]
 
@@ -138,6 +145,10 @@ def _chunked_secure_normal(
 
 # ----------------------------------------------------------------------------- CUDA: two Philox keys
 
+CUDA_SECURE_NORMAL_BLOCK = 1 << 24
+"""Values per float64 block of a secure CUDA Gaussian draw: at most 256 MiB of float64 transients,
+and few enough blocks that a model's noise stays a handful of kernels."""
+
 
 def _words(generator: torch.Generator, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Uniform 64-bit words (int64 bit patterns): from = int64 min, to = None is the full range."""
@@ -168,17 +179,25 @@ def paired_normal(
     device: torch.device,
     secure: bool,
 ) -> torch.Tensor:
-    """(a + b)·s/√2, or (a1 + a2 + b1 + b2)·s/2 in secure mode; a from pair[0], b from pair[1]."""
+    """(a + b)·s/√2, or (a1 + a2 + b1 + b2)·s/2 in secure mode; a from pair[0], b from pair[1].
+
+    Secure mode sums in float64 a block of ``CUDA_SECURE_NORMAL_BLOCK`` values at a time, so a
+    model's whole noise vector, drawn at once, never needs two float64 copies of itself."""
     size = _shape(shape)
-    work = torch.float64 if secure else dtype
     first, second = pair
-    total = torch.randn(size, generator=first, device=device, dtype=work)
     if secure:
-        total.add_(torch.randn(size, generator=first, device=device, dtype=work))
-        total.add_(torch.randn(size, generator=second, device=device, dtype=work))
-        total.add_(torch.randn(size, generator=second, device=device, dtype=work))
-        return total.mul_(0.5 * std).to(dtype)
-    total.add_(torch.randn(size, generator=second, device=device, dtype=work))
+        n = math.prod(size)
+        out = torch.empty(n, dtype=dtype, device=device)
+        for start in range(0, n, CUDA_SECURE_NORMAL_BLOCK):
+            m = min(CUDA_SECURE_NORMAL_BLOCK, n - start)
+            total = torch.randn(m, generator=first, device=device, dtype=torch.float64)
+            total.add_(torch.randn(m, generator=first, device=device, dtype=torch.float64))
+            total.add_(torch.randn(m, generator=second, device=device, dtype=torch.float64))
+            total.add_(torch.randn(m, generator=second, device=device, dtype=torch.float64))
+            out[start : start + m] = total.mul_(0.5 * std)
+        return out.view(size)
+    total = torch.randn(size, generator=first, device=device, dtype=dtype)
+    total.add_(torch.randn(size, generator=second, device=device, dtype=dtype))
     return total.mul_(std / math.sqrt(2.0))
 
 

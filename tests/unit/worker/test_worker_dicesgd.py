@@ -28,6 +28,7 @@ from app.models import Dataset
 from app.schemas.jobs import JobCreate
 from privtrain.architectures import build_model
 from worker.data.rows import TensorRows
+from worker.optimizers import dicesgd as dicesgd_module
 from worker.optimizers.dicesgd import (
     ERROR_FEEDBACK_CHECKPOINT_KEY,
     ErrorFeedbackAggregator,
@@ -161,6 +162,25 @@ def test_feedback_maps_never_exceed_their_bound(values: list[float], c2: float, 
         out = apply_feedback_map(feedback_map, e)
         assert torch.isfinite(out["a"]).all()
         assert _norm(out) <= feedback_map.norm_bound
+
+
+def test_feedback_bound_holds_where_a_float32_scale_would_be_subnormal() -> None:
+    """‖e‖ near float32's limit and a small C2: the scale (about 3e-47) is below float32's
+    smallest value, so it must multiply in float64; rounded to float32 it would be 0 or 1.4e-45
+    (a 40-fold overshoot of the bound)."""
+    e = {"a": torch.full((10_000,), 3.0e38, dtype=torch.float32)}
+    out = apply_feedback_map(ErrorFeedbackClip(1e-6), e)
+    assert 0 < _norm(out) <= 1e-6
+
+
+def test_feedback_is_the_same_scaled_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    e = {"a": torch.randn(7, 5), "b": torch.randn(11)}
+    whole = apply_feedback_map(ErrorFeedbackClip(0.5), e)
+    monkeypatch.setattr(dicesgd_module, "_FEEDBACK_BLOCK", 4)
+    blocked = apply_feedback_map(ErrorFeedbackClip(0.5), e)
+    assert all(torch.equal(whole[name], blocked[name]) for name in e)
+    e["a"][0, 0] = float("inf")
+    assert all(not bool(t.any()) for t in apply_feedback_map(ErrorFeedbackClip(0.5), e).values())
 
 
 def test_non_finite_error_maps_to_zero() -> None:

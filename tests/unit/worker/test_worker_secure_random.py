@@ -243,6 +243,24 @@ def test_paired_gaussians_have_the_law_and_need_both_generators(secure: bool) ->
         first, second = _cpu_pair(1)
 
 
+def test_secure_paired_gaussians_are_summed_a_float64_block_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole model's noise in one draw: four float64 draws summed per block of values, so the
+    float64 transients stay one block; each block is a1 + a2 + b1 + b2 from the two streams."""
+    monkeypatch.setattr(secure_random_module, "CUDA_SECURE_NORMAL_BLOCK", 1000)
+    cpu, std = torch.device("cpu"), 2.0
+    draws = paired_normal(_cpu_pair(5), (5, 500), std=std, dtype=torch.float32, device=cpu, secure=True)
+    assert draws.shape == (5, 500) and draws.dtype == torch.float32
+    first, second = _cpu_pair(5)
+    expected = []
+    for size in (1000, 1000, 500):
+        a1, a2 = (torch.randn(size, generator=first, dtype=torch.float64) for _ in range(2))
+        b1, b2 = (torch.randn(size, generator=second, dtype=torch.float64) for _ in range(2))
+        expected.append((((a1 + a2) + b1) + b2).mul_(0.5 * std).to(torch.float32))
+    assert torch.equal(draws.flatten(), torch.cat(expected))
+    many = paired_normal(_cpu_pair(6), 60_000, std=std, dtype=torch.float32, device=cpu, secure=True)
+    assert stats.kstest(many.double().numpy(), stats.norm(scale=std).cdf).pvalue > 1e-3
+
+
 @pytest.mark.parametrize(("dtype", "bits"), [(torch.float64, 53), (torch.float32, 24)])
 def test_paired_uniforms_have_the_law_and_the_mantissa_grid(dtype: torch.dtype, bits: int) -> None:
     u = paired_uniform(_cpu_pair(3), 100_000, dtype=dtype, device=torch.device("cpu"))
