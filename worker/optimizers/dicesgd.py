@@ -20,8 +20,9 @@ rounding. A row whose gradient is not finite gets weight 0 in both sums, exactly
 ψ (the error-feedback map) always returns a vector of norm ≤ C2 — the bound the sensitivity
 C1/B + 2·C2 (app.algorithms.dicesgd) rests on — whatever e is: its scale is computed in float64
 and shrunk by (1 − 2⁻²⁰) so that rounding the product to e's dtype cannot push the norm past C2
-(the product is taken in float64: a float32 scale can be subnormal, and round up by far more), and
-a non-finite ‖e‖ (overflow) gives ψ(e) = 0 and resets e to 0 (privacy-neutral: ψ stays
+(the product is taken in float64, where a float32 scale could be subnormal, and products below
+e's smallest normal value, whose rounding could grow them by more than the shrink, are set to 0),
+and a non-finite ‖e‖ (overflow) gives ψ(e) = 0 and resets e to 0 (privacy-neutral: ψ stays
 bounded; it only changes the algorithm, and only after an overflow).
 
 SECRET: ``error`` (e), its norm and anything derived from it stay in this object and in the
@@ -76,7 +77,7 @@ _SHRINK = 1.0 - 2.0**-20
 """Scale safety factor: float32 rounding of s·e cannot make ||ψ(e)|| exceed the bound."""
 
 _FEEDBACK_BLOCK = 1 << 24
-"""Values of e scaled in float64 at a time (at most 128 MiB of float64 transients)."""
+"""Values of e taken to float64 at a time, for its norm and ψ (at most 128 MiB of float64 transients)."""
 
 TensorDict = dict[str, torch.Tensor]
 
@@ -135,7 +136,11 @@ class ErrorFeedbackNormalise:
 def _flat_norm(flat: torch.Tensor) -> torch.Tensor:
     """L2 norm of a flat vector: a 0-dim float64 tensor on its device, inf or NaN if e overflowed.
     Computed on the device, never read back by the host."""
-    norm: torch.Tensor = torch.linalg.vector_norm(flat.detach(), dtype=torch.float64)
+    blocks = [
+        torch.linalg.vector_norm(flat[start : start + _FEEDBACK_BLOCK].detach(), dtype=torch.float64)
+        for start in range(0, max(1, flat.numel()), _FEEDBACK_BLOCK)
+    ]  # in float64 a block at a time: vector_norm's dtype casts its whole input first
+    norm: torch.Tensor = blocks[0] if len(blocks) == 1 else torch.linalg.vector_norm(torch.stack(blocks))
     return norm
 
 
@@ -167,10 +172,15 @@ def _feedback_flat(feedback_map: ErrorFeedbackMap, flat: torch.Tensor) -> torch.
     """ψ(e) for a flat e, with ||ψ(e)|| ≤ feedback_map.norm_bound (0 if ||e|| is not finite)."""
     norm = _flat_norm(flat)
     finite, scale = torch.isfinite(norm), feedback_map.scale(norm)
+    smallest_normal = torch.finfo(flat.dtype).tiny
     feedback = torch.empty_like(flat)
     for start in range(0, flat.numel(), _FEEDBACK_BLOCK):  # float64 a block at a time, not a model's worth
         block = slice(start, start + _FEEDBACK_BLOCK)
-        feedback[block] = _zero_unless(finite, flat[block].double() * scale)
+        product = flat[block].double() * scale
+        # Below e's smallest normal value, rounding to e's dtype can grow a value by far more than
+        # the shrink covers (up to 2× on float32's subnormal grid): such values become 0.
+        keep = finite & (product.abs() >= smallest_normal)
+        feedback[block] = torch.where(keep, product, 0.0)
     return feedback
 
 
@@ -251,7 +261,7 @@ class ErrorFeedbackAggregator:
         if self._error is None:
             self.error = {name: torch.zeros(p.shape, device=p.device, dtype=p.dtype) for name, p in params.items()}
         assert self._error is not None
-        if list(self._shapes) != list(params):
+        if list(self._shapes) != list(params) or any(self._shapes[name] != p.shape for name, p in params.items()):
             raise ValueError("the error-feedback state does not match the model's parameters")
         device = next(iter(params.values())).device
         self._error = self._error.to(device)  # after model.to()
@@ -266,7 +276,7 @@ class ErrorFeedbackAggregator:
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], model: nn.Module) -> None:
         params = trainable_parameters(model)
-        if set(state) != set(params):
+        if set(state) != set(params) or any(state[name].shape != p.shape for name, p in params.items()):
             raise ValueError("the saved error-feedback state does not match the model's parameters")
         dtype = _error_dtype(params.values())
         self.error = {name: state[name].to(device=p.device, dtype=dtype) for name, p in params.items()}

@@ -19,12 +19,12 @@ Why not ``torch.Generator``: PyTorch's CPU generator (mt19937) keeps only the lo
   (``randint``, ``permutation``) and :attr:`numpy`.
 
 Large secure-mode CPU Gaussian draws (a model's noise vector, ≥ ``PARALLEL_NORMAL_CHUNK`` values;
-four float64 draws per value, 50–70 ns a value on one core) are drawn in parallel: the call takes
-a fresh 128-bit key from the job's stream (two raw Philox words) and chunk j of
-``PARALLEL_NORMAL_CHUNK`` values comes from Philox(key, counter = (0, 0, j, 0)), filled by as
-many threads as torch's intra-op thread count (NumPy releases the GIL while it fills). The values
-depend on the state and the size only, never on the thread count, so a resumed job replays them
-exactly; every value still rests on the job's 256-bit OS seed.
+four float64 draws per value, 50–70 ns a value on one core) take a fresh 128-bit key from the
+job's stream (two raw Philox words); chunk j of ``PARALLEL_NORMAL_CHUNK`` values comes from
+Philox(key, counter = (0, 0, j, 0)). Draws of at least ``_CHUNKS_PER_THREAD`` chunks per thread are
+filled by up to torch's intra-op thread count of threads (NumPy releases the GIL while it fills).
+The values depend on the state and the size only, never on the thread count, so a resumed job
+replays them exactly; the counters are public, so such a draw is as secret as its 128-bit key.
 
 Secure mode (Holohan & Braghin 2021, the idea behind Opacus's ``secure_mode``): each Gaussian
 value is the sum of 4 independent N(0, s²) draws divided by 2 — the same law, but the output no

@@ -48,6 +48,9 @@ class ParameterAverage:
         if step != self.updates + 1:
             raise ValueError(f"parameter average at step {self.updates} cannot skip to step {step}")
         params = trainable_parameters(model)
+        if not params:  # nothing to average (and _foreach ops refuse empty lists)
+            self.updates = step
+            return
         for name, p in params.items():
             average = self.average[name]
             if average.device != p.device or average.dtype != p.dtype:

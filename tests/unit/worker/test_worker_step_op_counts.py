@@ -134,6 +134,13 @@ def test_an_error_state_for_other_parameters_is_refused_at_the_step() -> None:
     aggregator.error = {"other.weight": torch.zeros(3, 6)}
     with pytest.raises(ValueError, match="does not match"):
         _step_ops(aggregator, 1)
+    model = _mlp(1)  # the same names and sizes, one weight transposed
+    transposed = {name: torch.zeros(p.shape[::-1]) for name, p in model.named_parameters()}
+    aggregator.error = transposed
+    with pytest.raises(ValueError, match="does not match"):
+        _step_ops(aggregator, 1)
+    with pytest.raises(ValueError, match="does not match"):
+        _dicesgd().load_state_dict(transposed, model)
 
 
 def test_the_parameter_average_advances_in_the_same_operations_for_any_depth() -> None:
