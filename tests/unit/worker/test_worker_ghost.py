@@ -32,6 +32,7 @@ from worker.optimizers.ghost import (
     check_ghost_supported,
     ghost_clipped_grad_sum,
     ghost_per_sample_norms,
+    ghost_weighted_grad_sums,
     iter_ghost_per_sample_grads,
     linear_conv,
     support,
@@ -235,6 +236,57 @@ def test_non_finite_rows_add_nothing_in_either_conv_form(gram: bool) -> None:
         )
         got = ghost_clipped_grad_sum(model, X, y, loss=loss, per_sample_map=clip, max_physical_batch_size=7)
     _assert_sums_close(got, clean, TOL[torch.float64])
+
+
+def _row_by_row_sum(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, per_sample_map: object
+) -> dict[str, torch.Tensor]:
+    """Σ_i scale_i·g_i with each row's gradient from its own autograd call (non-finite rows skipped)."""
+    params = trainable_parameters(model)
+    total = {name: torch.zeros_like(p) for name, p in params.items()}
+    for i in range(X.shape[0]):
+        loss = F.cross_entropy(model(X[i : i + 1]), y[i : i + 1], reduction="sum")
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
+        norm = torch.cat([g.flatten() for g in grads.values()]).norm()
+        if not bool(torch.isfinite(norm)):
+            continue
+        scale = per_sample_map.scale_factors(norm.view(1))[0]  # type: ignore[attr-defined]
+        for name, g in grads.items():
+            total[name] += scale * g
+    return total
+
+
+class _TwiceGroupedConv(nn.Module):
+    """A grouped conv called twice (its calls are stacked) before a head: the Gram form's weighted
+    sums with m weightings stacked in each group's output channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1, groups=2)
+        self.head = nn.Linear(6 * 5 * 5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.conv(torch.tanh(self.conv(x[:, :4]))[:, :4] + x[:, 4:8])).flatten(1))
+
+
+@pytest.mark.parametrize("gram", [True, False], ids=["gram", "materialise"])
+def test_several_weightings_of_a_grouped_reused_conv_equal_their_separate_sums(
+    gram: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(support, "GHOST_CONTAINERS", {*support.GHOST_CONTAINERS, _TwiceGroupedConv})
+    torch.manual_seed(0)
+    model = _TwiceGroupedConv().double()
+    X = torch.randn(7, 8, 5, 5, dtype=torch.float64) * 2
+    X[3] = float("nan")  # a non-finite row: weight 0 in every weighting
+    y = torch.randint(0, 3, (7,))
+    maps = (AbadiClip(0.05), NormalisingMap(0.3), AbadiClip(1e9))
+    kwargs = {"loss": "cross_entropy", "max_physical_batch_size": 4}
+    with _force(gram=gram):
+        together = ghost_weighted_grad_sums(model, X, y, per_sample_maps=maps, **kwargs)  # type: ignore[arg-type]
+        for per_sample_map, result in zip(maps, together, strict=True):
+            alone = ghost_clipped_grad_sum(model, X, y, per_sample_map=per_sample_map, **kwargs)  # type: ignore[arg-type]
+            _assert_sums_close(result, alone, 1e-12)
+            _assert_sums_close(result, _row_by_row_sum(model, X, y, per_sample_map), 1e-10)
 
 
 def test_all_rows_non_finite_gives_zeros() -> None:

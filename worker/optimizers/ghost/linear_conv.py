@@ -437,10 +437,13 @@ def _ieee_float32_convolutions(t: torch.Tensor) -> contextlib.AbstractContextMan
 
 
 def _conv_weight_grad(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Σ_i Σ_t d_it a_itᵀ in the weight's shape: the batch weight gradient of the convolution, by the
-    device's own kernel (cuDNN, oneDNN), which reads the input in place of its patches."""
+    """Σ_i Σ_t d_it a_itᵀ: the batch weight gradient of the convolution, by the device's own kernel
+    (cuDNN, oneDNN), which reads the input in place of its patches. ``d`` may carry m weightings
+    stacked in each group's output channels (B, g·m·o, *spatial): the gradient is then
+    (g·m·o, C/g, *kernel), m sums from one read of the input."""
     x, padding = _conv_input(module, a)
-    weight = d.new_empty(1).expand(module.weight.shape)  # only its shape and dtype are read
+    weight_shape = (d.shape[1], *module.weight.shape[1:])
+    weight = d.new_empty(1).expand(weight_shape)  # only its shape and dtype are read
     no_bias, not_transposed, no_output_padding = None, False, [0] * len(padding)
     with _ieee_float32_convolutions(d):
         grad: torch.Tensor = torch.ops.aten.convolution_backward(
@@ -500,16 +503,19 @@ def conv_work(module: nn.Conv1d | nn.Conv2d, names: ParamNames, calls: Calls, *,
         return RowBlocks(batch, max(1, PATCH_BLOCK_ELEMENTS // per_row), patches)
 
     def weighted_sums(w: torch.Tensor, mask: torch.Tensor | None) -> list[torch.Tensor]:
-        sums = []
-        for scales in w:
-            total: torch.Tensor | None = None
-            for a, d in calls:
-                scaled = masked_rows(mask, d) * scales.view(-1, *([1] * (d.dim() - 1)))
-                part = _conv_weight_grad(module, masked_rows(mask, a), scaled)
-                total = part if total is None else total.add_(part)
-            assert total is not None
-            sums.append(total)
-        return sums
+        """The m weightings stacked in each group's output channels: one kernel reads a once."""
+        m = w.shape[0]
+        total: torch.Tensor | None = None
+        for a, d in calls:
+            rows, spatial_dims = d.shape[0], d.dim() - 2
+            by_group = masked_rows(mask, d).reshape(rows, g, 1, o, *d.shape[2:])
+            scales = w.T.reshape(rows, 1, m, 1, *([1] * spatial_dims)).to(d.dtype)
+            stacked = (by_group * scales).reshape(rows, g * m * o, *d.shape[2:])  # (B, g·m·o, *spatial)
+            part = _conv_weight_grad(module, masked_rows(mask, a), stacked)
+            total = part if total is None else total.add_(part)
+        assert total is not None
+        per_weighting = total.reshape(g, m, o, *total.shape[1:]).transpose(0, 1)  # (m, g, o, C/g, *kernel)
+        return list(per_weighting.reshape(m, g * o, *total.shape[1:]).unbind(0))
 
     copied = math.prod(module.kernel_size) > 1  # a 1×1 kernel's patches are a view of its input
     return _grouped_work(
