@@ -24,6 +24,13 @@ def _flat_noise(
     return flat, {name: view.view(t.shape) for (name, t), view in zip(tensors.items(), views, strict=True)}
 
 
+def _noise_per_tensor(
+    tensors: Mapping[str, torch.Tensor], *, std: float, generator: SecureRandom
+) -> dict[str, torch.Tensor]:
+    """One draw per tensor, on its own device and in its own dtype (tensors that differ in either)."""
+    return {name: generator.normal(t.shape, std=std, dtype=t.dtype, device=t.device) for name, t in tensors.items()}
+
+
 def gaussian_noise_like(
     tensors: Mapping[str, torch.Tensor], *, std: float, generator: SecureRandom
 ) -> dict[str, torch.Tensor]:
@@ -38,9 +45,7 @@ def gaussian_noise_like(
     if not (std >= 0 and std < float("inf")):
         raise ValueError(f"noise std must be finite and >= 0, got {std}")
     flat = _flat_noise(tensors, std=std, generator=generator)
-    if flat is not None:
-        return flat[1]
-    return {name: generator.normal(t.shape, std=std, dtype=t.dtype, device=t.device) for name, t in tensors.items()}
+    return flat[1] if flat is not None else _noise_per_tensor(tensors, std=std, generator=generator)
 
 
 def privatise_sum(
@@ -60,7 +65,7 @@ def privatise_sum(
         raise ValueError(f"normaliser must be positive and finite, got {normaliser}")
     flat = _flat_noise(grad_sum, std=noise_std, generator=generator)
     if flat is None:
-        noise = gaussian_noise_like(grad_sum, std=noise_std, generator=generator)
+        noise = _noise_per_tensor(grad_sum, std=noise_std, generator=generator)
         return {name: (g + noise[name]).div_(normaliser) for name, g in grad_sum.items()}
     buffer, views = flat  # (noise + Σ)/normaliser over the flat buffer: three kernels, not 2 per tensor
     buffer.add_(torch.cat([g.reshape(-1) for g in grad_sum.values()])).div_(normaliser)
