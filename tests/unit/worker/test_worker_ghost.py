@@ -289,6 +289,32 @@ def test_several_weightings_of_a_grouped_reused_conv_equal_their_separate_sums(
             _assert_sums_close(result, _row_by_row_sum(model, X, y, per_sample_map), 1e-10)
 
 
+def test_the_chunk_check_finds_non_finite_rows_and_survives_an_overflowing_sum() -> None:
+    """One reduction decides whether any row's norm is non-finite; a sum that overflows while
+    every row is finite must not zero a row, and a NaN or inf row must get scale 0 in every map."""
+    from worker.optimizers.ghost.api import _chunk_scales
+
+    maps = (AbadiClip(1.0), NormalisingMap(0.5))
+    huge = torch.tensor([3e38, 3e38, 0.25], dtype=torch.float32)  # each finite, their sum is not
+    scales, finite = _chunk_scales(huge, maps)
+    assert finite is None
+    expected = torch.stack([m.scale_factors(huge.sqrt()) for m in maps])
+    assert torch.equal(scales, expected)
+    assert (scales > 0).all()
+
+    for bad in (float("nan"), float("inf")):
+        sq = torch.tensor([4.0, bad, 0.25], dtype=torch.float32)
+        scales, finite = _chunk_scales(sq, maps)
+        assert finite is not None and finite.tolist() == [True, False, True]
+        assert scales[:, 1].tolist() == [0.0, 0.0]
+        unmasked = torch.stack([m.scale_factors(sq.sqrt()) for m in maps])
+        assert torch.equal(scales[:, [0, 2]], unmasked[:, [0, 2]])
+        assert scales[0, 0].item() == 0.5 and scales[0, 2].item() == 1.0  # AbadiClip(1): 1/2 and 1
+
+    scales, finite = _chunk_scales(torch.tensor([4.0, 0.25], dtype=torch.float64), maps[:1])
+    assert finite is None and scales.shape == (1, 2) and scales.dtype == torch.float64
+
+
 def test_all_rows_non_finite_gives_zeros() -> None:
     model, X, y, loss = _zoo(ZOO[2], torch.float64, n=3)
     X = torch.full_like(X, float("nan"))

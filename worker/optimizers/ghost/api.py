@@ -7,9 +7,9 @@ result is Σ_i scale_i·g_i with scale_i = per_sample_map.scale_factors(||g_i||)
 norm over ALL trainable parameters jointly, rows whose norm is not finite contribute exactly 0,
 chunks of `max_physical_batch_size` rows bound memory and never change the result, an empty batch
 gives zeros. Scales come from the map; rows with a non-finite norm get scale 0 and are masked to
-zero in every operand (0·inf would be NaN). The only host synchronisation is one
-`bool(all rows finite)` per chunk, as in clipped_grad_sum (checking is cheaper than masking every
-operand).
+zero in every operand (0·inf would be NaN). The only host synchronisation is one read per
+chunk, whether every row's norm is finite (`_chunk_scales`), as in clipped_grad_sum (checking is
+cheaper than masking every operand).
 
 Pass 2 — the clipped sum Σ_i scale_i·g_i = ∇_θ Σ_i scale_i·ℓ_i, with the scales constants. Three
 exact ways, chosen by `pass2` (measured in bench/engine_compare.py; "bk" is the fastest on every
@@ -39,6 +39,7 @@ be charged to one row. They raise ValueError under bf16 rather than weaken the b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -67,6 +68,29 @@ Pass2 = Literal["bk", "retain", "recompute"]
 PASS2_MODES: tuple[str, ...] = ("bk", "retain", "recompute")
 
 
+def _chunk_scales(
+    sq_norms: torch.Tensor, per_sample_maps: Sequence[PerSampleMap]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each map's scales (m, B) for a chunk's squared norms, and the rows with a finite norm (None:
+    every row). A row with a non-finite norm gets scale 0 in every map.
+
+    The check is the chunk's one host synchronisation (as in clipped_grad_sum: masking every
+    operand costs more than checking): the sum of the squared norms, all ≥ 0 or NaN, is finite
+    exactly when every row's is, unless it overflows, and then the rows are checked one by one.
+    One reduction and one read, where a per-row test and `all` took six operations."""
+    norms = sq_norms.sqrt()
+    each = [per_sample_map.scale_factors(norms) for per_sample_map in per_sample_maps]
+    scales = each[0].unsqueeze(0) if len(each) == 1 else torch.stack(each)
+    finite: torch.Tensor | None = None
+    if not math.isfinite(sq_norms.sum().item()):
+        finite = torch.isfinite(norms)
+        if bool(finite.all()):  # the sum overflowed; every row is finite
+            finite = None
+        else:
+            scales = torch.where(finite, scales, 0.0)
+    return scales.to(sq_norms.dtype), finite
+
+
 def ghost_per_sample_norms(
     model: nn.Module,
     X: torch.Tensor,
@@ -80,8 +104,11 @@ def ghost_per_sample_norms(
     parameters' device, computed in float32 under bf16 too. Private: for tests and for algorithms
     that keep it inside the worker."""
     norms = []
-    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
-    with Recorder(model) as recorder:
+    params = trainable_parameters(model)
+    chunks = iter_chunks(
+        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+    )
+    with Recorder(model, params) as recorder:
         for spec, x, target in chunks:
             chunk = pass1(
                 model,
@@ -96,7 +123,7 @@ def ghost_per_sample_norms(
             )
             norms.append(chunk.sq_norms.sqrt())
     if not norms:
-        first = next(iter(trainable_parameters(model).values()))
+        first = next(iter(params.values()))
         return torch.zeros(0, dtype=first.dtype, device=first.device)
     return torch.cat(norms)
 
@@ -128,8 +155,10 @@ def ghost_clipped_grad_sum(
         )
     params = trainable_parameters(model)
     totals = Totals()
-    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
-    with Recorder(model) as recorder:
+    chunks = iter_chunks(
+        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+    )
+    with Recorder(model, params) as recorder:
         for spec, x, target in chunks:
             chunk = pass1(
                 model,
@@ -143,23 +172,17 @@ def ghost_clipped_grad_sum(
                 precision=precision,
             )
             with torch.no_grad():
-                norms = chunk.sq_norms.sqrt()
-                finite = torch.isfinite(norms)
-                # One host sync per chunk (as clipped_grad_sum): masking costs more than checking.
-                all_finite = bool(finite.all())
-                scale = per_sample_map.scale_factors(norms)
-                if not all_finite:
-                    scale = torch.where(finite, scale, 0.0)
-                scale = scale.to(chunk.sq_norms.dtype)
+                scales, finite = _chunk_scales(chunk.sq_norms, (per_sample_map,))
             if pass2 == "bk":
                 with torch.no_grad():
                     for work in chunk.works:
-                        work.accumulate(scale.unsqueeze(0), None if all_finite else finite, [totals])
+                        work.accumulate(scales, finite, [totals])
                 continue
+            scale = scales[0]
             del chunk.works
             assert chunk.out_grad is not None
             out_grad = chunk.out_grad * scale.view(-1, *([1] * (chunk.out_grad.dim() - 1)))
-            if pass2 == "retain" and all_finite:
+            if pass2 == "retain" and finite is None:
                 assert chunk.out is not None
                 grads = torch.autograd.grad(
                     chunk.out,
@@ -170,16 +193,18 @@ def ghost_clipped_grad_sum(
                 )
             else:
                 chunk.out = None  # free pass 1's graph before the second forward
-                keep = finite.nonzero().squeeze(1)
-                if keep.numel() == 0:
-                    continue
+                if finite is not None:  # only the rows with a finite norm
+                    keep = finite.nonzero().squeeze(1)
+                    if keep.numel() == 0:
+                        continue
+                    x, out_grad = x.index_select(0, keep), out_grad.index_select(0, keep)
                 recorder.stop()
                 with torch.enable_grad():
-                    out = model(x.index_select(0, keep))
+                    out = model(x)
                 grads = torch.autograd.grad(
                     out,
                     list(params.values()),
-                    grad_outputs=out_grad.index_select(0, keep),
+                    grad_outputs=out_grad,
                     allow_unused=True,
                     materialize_grads=True,
                 )
@@ -254,8 +279,10 @@ def ghost_weighted_grad_sums(
     """
     params = trainable_parameters(model)
     totals = [Totals() for _ in per_sample_maps]
-    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
-    with Recorder(model) as recorder:
+    chunks = iter_chunks(
+        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+    )
+    with Recorder(model, params) as recorder:
         for spec, x, target in chunks:
             chunk = pass1(
                 model,
@@ -269,15 +296,9 @@ def ghost_weighted_grad_sums(
                 precision=precision,
             )
             with torch.no_grad():
-                norms = chunk.sq_norms.sqrt()
-                finite = torch.isfinite(norms)
-                all_finite = bool(finite.all())
-                scales = torch.stack([per_sample_map.scale_factors(norms) for per_sample_map in per_sample_maps])
-                if not all_finite:
-                    scales = torch.where(finite, scales, 0.0)
-                scales = scales.to(chunk.sq_norms.dtype)
+                scales, finite = _chunk_scales(chunk.sq_norms, per_sample_maps)
                 for work in chunk.works:  # every weighting from one read of each layer's tensors
-                    work.accumulate(scales, None if all_finite else finite, totals)
+                    work.accumulate(scales, finite, totals)
     return [total.result(params) for total in totals]
 
 
@@ -304,9 +325,11 @@ def iter_ghost_per_sample_grads(
     Private: keep the gradients inside the worker.
     """
     params = trainable_parameters(model)
-    chunks = iter_chunks(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision)
+    chunks = iter_chunks(
+        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+    )
     for spec, x, target in chunks:
-        with Recorder(model) as recorder:
+        with Recorder(model, params) as recorder:
             chunk = pass1(
                 model,
                 recorder,

@@ -44,7 +44,6 @@ from worker.optimizers.ghost.recorder import RecordedCall, Recorder
 from worker.optimizers.ghost.support import check_ghost_supported
 from worker.optimizers.ghost.work import LayerWork
 from worker.optimizers.losses import LossSpec, get_loss, prepare_targets
-from worker.optimizers.per_sample import trainable_parameters
 from worker.optimizers.precision import (
     Precision,
     accumulation_view,
@@ -184,11 +183,13 @@ def iter_chunks(
     X: torch.Tensor,
     y: torch.Tensor,
     *,
+    params: dict[str, nn.Parameter],
     loss: str,
     max_physical_batch_size: int,
     precision: Precision = "fp32",
 ) -> Iterator[tuple[LossSpec, torch.Tensor, torch.Tensor]]:
-    """(loss spec, rows, targets) per chunk on the parameters' device and dtype. Checks the
+    """(loss spec, rows, targets) per chunk on the parameters' device and dtype; `params`: the
+    model's trainable parameters (`trainable_parameters`, looked up once by the caller). Checks the
     arguments, `check_ghost_supported` and the precision (bf16 needs float32 parameters, and no
     autocast region of the caller's may be active) when first advanced, before any computation."""
     if isinstance(max_physical_batch_size, bool) or max_physical_batch_size < 1:
@@ -197,7 +198,6 @@ def iter_chunks(
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
     check_precision(precision)
     check_ghost_supported(model)
-    params = trainable_parameters(model)
     if not params:
         raise ValueError("model has no trainable parameters")
     check_precision_parameters(precision, params.values())

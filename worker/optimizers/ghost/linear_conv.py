@@ -256,6 +256,13 @@ def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor,
 
     def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         m, (batch, o) = w.shape[0], d.shape
+        if m == 1:  # DP-SGD's one weighting: (s·δ)ᵀa and Σ s·δ in four operations
+            scaled = masked_rows(mask, d) * w[0].unsqueeze(1)  # (B, o)
+            if weight_name is not None:
+                totals[0].add(weight_name, scaled.T @ masked_rows(mask, a))
+            if bias_name is not None:
+                totals[0].add(bias_name, scaled.sum(dim=0))
+            return
         sd = masked_rows(mask, d).unsqueeze(0) * w.unsqueeze(2)  # (m, B, o)
         if weight_name is not None:  # the m weightings stacked: one GEMM reads a once
             stacked = sd.permute(1, 0, 2).reshape(batch, m * o)

@@ -76,11 +76,12 @@ class RecordedCall:
     layer_index: int
     inp: torch.Tensor  # detached input
     inp_version: int
-    shape: tuple[int, ...]  # the output's shape (a zero gradient for an output the loss ignores)
-    like: torch.Tensor  # empty, with the output's dtype and device
+    shape: tuple[int, ...]  # the output's shape, dtype and device (a zero gradient for an output
+    dtype: torch.dtype  # the loss ignores), kept as metadata: no tensor op per call
+    device: torch.device
 
     def zero_gradient(self) -> torch.Tensor:
-        return self.like.new_zeros(self.shape)
+        return torch.zeros(self.shape, dtype=self.dtype, device=self.device)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Recorder:
     order (`calls`) and taps its output into `inbox` (see the module docstring)."""
 
     model: nn.Module
+    params: dict[str, nn.Parameter] | None = None
+    """The model's trainable parameters when the caller has them already (one walk of the model
+    fewer per call); None: looked up on entry."""
     layers: list[HookedLayer] = field(default_factory=list)
     calls: list[RecordedCall] = field(default_factory=list)
     batch: int = -1
@@ -106,7 +110,8 @@ class Recorder:
     _handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
 
     def __enter__(self) -> Recorder:
-        by_id = {id(p): name for name, p in trainable_parameters(self.model).items()}
+        params = trainable_parameters(self.model) if self.params is None else self.params
+        by_id = {id(p): name for name, p in params.items()}
         for name, module in self.model.named_modules():
             rule = GHOST_LAYERS.rule_for(module)
             if rule is not None and any(p.requires_grad for p in module.parameters(recurse=False)):
@@ -162,7 +167,7 @@ class Recorder:
                 output, self.anchor, self.inbox, len(self.calls)
             )
             self.calls.append(
-                RecordedCall(layer_index, inp.detach(), inp._version, tuple(output.shape), output.new_empty((0,)))
+                RecordedCall(layer_index, inp.detach(), inp._version, tuple(output.shape), output.dtype, output.device)
             )
             return tapped
 
