@@ -256,22 +256,17 @@ def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor,
 
     def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         m, (batch, o) = w.shape[0], d.shape
-        if m == 1:  # DP-SGD's one weighting: (s·δ)ᵀa and Σ s·δ in four operations
-            scaled = masked_rows(mask, d) * w[0].unsqueeze(1)  # (B, o)
-            if weight_name is not None:
-                totals[0].add(weight_name, scaled.T @ masked_rows(mask, a))
-            if bias_name is not None:
-                totals[0].add(bias_name, scaled.sum(dim=0))
-            return
-        sd = masked_rows(mask, d).unsqueeze(0) * w.unsqueeze(2)  # (m, B, o)
-        if weight_name is not None:  # the m weightings stacked: one GEMM reads a once
-            stacked = sd.permute(1, 0, 2).reshape(batch, m * o)
-            weights = (stacked.T @ masked_rows(mask, a)).reshape(m, o, -1)
-            for total, s in zip(totals, weights, strict=True):
-                total.add(weight_name, s)
+        # (B, m·o): each row's m weightings of δ side by side, made in this layout (no transposing
+        # copy), so one GEMM reads a once for all of them
+        sd = (masked_rows(mask, d).unsqueeze(1) * w.T.contiguous().unsqueeze(2)).reshape(batch, m * o)
+        if weight_name is not None:
+            weights = (sd.T @ masked_rows(mask, a)).view(m, o, -1)
+            for j, total in enumerate(totals):
+                total.add(weight_name, weights[j])
         if bias_name is not None:
-            for total, s in zip(totals, sd.sum(dim=1), strict=True):
-                total.add(bias_name, s)
+            biases = sd.sum(dim=0).view(m, o)
+            for j, total in enumerate(totals):
+                total.add(bias_name, biases[j])
 
     def per_sample() -> dict[str, torch.Tensor]:
         grads = {}
