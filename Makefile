@@ -18,9 +18,11 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/privtrain-admin serve
 
-## Run the whole test suite (unit, API, integration with a real worker, services when configured).
+## Run the whole test suite (unit, API, integration with a real worker, services when configured)
+## in TEST_WORKERS processes (pytest-xdist; 0 runs it in this one), printing the slowest tests.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 migrate: $(STAMP)
 	$(BIN)/privtrain-admin migrate

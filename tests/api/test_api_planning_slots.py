@@ -3,8 +3,13 @@ key filled the shared thread pool and stopped /healthz and every other tenant)."
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
+import statistics
 import threading
 import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import httpx
@@ -18,11 +23,13 @@ from tests.concurrency_helpers import concurrency_settings, live_server, upload_
 from tests.conftest import dp_sgd_spec
 
 TOO_MANY = "/problems/too-many-computations"
+FLOODERS = 30
 
 
-def _slow_spec(dataset_id: str) -> dict[str, object]:
-    """A calibrated DP-SGD spec at q ≈ 0.2: dozens of fractional-order Rényi curves to price."""
-    spec = dp_sgd_spec(dataset_id, target_epsilon=1.7)
+def _slow_spec(dataset_id: str, *, target_epsilon: float = 1.7) -> dict[str, object]:
+    """A calibrated DP-SGD spec at q ≈ 0.2: dozens of fractional-order Rényi curves to price
+    (a target the server's caches have not seen prices them all again)."""
+    spec = dp_sgd_spec(dataset_id, target_epsilon=target_epsilon)
     spec["training"] = {"steps": 300, "batch_size": 256, "learning_rate": 0.5}
     return spec
 
@@ -64,6 +71,32 @@ def test_the_process_cap_covers_all_keys(alice: TestClient, settings: Settings, 
             slots.release(other)
 
 
+def _flood(
+    base_url: str, key: str, dataset_id: str, *, saturated: EventType, stop: EventType, results: Queue[list[int]]
+) -> None:
+    """The attacker, in its own process as a real one would be: thirty connections posting slow
+    estimates back to back, each at a fresh target so no cache helps, until told to stop. The first
+    429 sets ``saturated``; the statuses go back on ``results``."""
+    statuses: list[int] = []
+    fresh = itertools.count()
+
+    def post_until_stopped() -> None:
+        with httpx.Client(base_url=base_url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as client:
+            while not stop.is_set():
+                spec = _slow_spec(dataset_id, target_epsilon=1.5 + next(fresh) * 1e-4)
+                status = client.post("/v1/jobs/estimate", json=spec).status_code
+                statuses.append(status)
+                if status == 429:
+                    saturated.set()
+
+    threads = [threading.Thread(target=post_until_stopped) for _ in range(FLOODERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    results.put(statuses)
+
+
 def test_a_flood_of_slow_estimates_leaves_the_service_answering(tmp_path: Path) -> None:
     settings = concurrency_settings(
         tmp_path,
@@ -78,22 +111,22 @@ def test_a_flood_of_slow_estimates_leaves_the_service_answering(tmp_path: Path) 
             dataset = upload_digits(client, epsilon=8.0)
         with service.client(bystander) as client:
             upload_digits(client, epsilon=8.0)
-        statuses: list[int] = []
-        stop = threading.Event()
-
-        def flood() -> None:
-            with service.client(attacker) as client:
-                while not stop.is_set():
-                    statuses.append(client.post("/v1/jobs/estimate", json=_slow_spec(dataset["id"])).status_code)
-
-        flooders = [threading.Thread(target=flood) for _ in range(30)]
-        for thread in flooders:
-            thread.start()
+        # The attacker runs in another process: in this one its thirty client threads would share
+        # the service's interpreter lock, and the probe would time the test's own contention.
+        spawn = multiprocessing.get_context("spawn")
+        saturated, stop, results = spawn.Event(), spawn.Event(), spawn.Queue()
+        attack = spawn.Process(
+            target=_flood,
+            args=(service.base_url, attacker, dataset["id"]),
+            kwargs={"saturated": saturated, "stop": stop, "results": results},
+        )
+        attack.start()
         latencies: list[float] = []
         try:
-            time.sleep(1.0)
+            assert saturated.wait(timeout=120), "the flood never filled the planning slots"
+            time.sleep(0.5)  # into the thick of it
             with httpx.Client(
-                base_url=service.base_url, timeout=30, headers={"Authorization": f"Bearer {bystander}"}
+                base_url=service.base_url, timeout=10, headers={"Authorization": f"Bearer {bystander}"}
             ) as probe:
                 for _ in range(10):
                     for path in ("/healthz", "/v1/datasets"):
@@ -103,8 +136,10 @@ def test_a_flood_of_slow_estimates_leaves_the_service_answering(tmp_path: Path) 
                     time.sleep(0.1)
         finally:
             stop.set()
-            for thread in flooders:
-                thread.join(timeout=120)
+            statuses = results.get(timeout=180)
+            attack.join(timeout=60)
         assert 200 in statuses and 429 in statuses and set(statuses) <= {200, 429}
-        # Generous for a loaded 2-core CI runner; bench/attack_run.py records the p99 figures.
-        assert max(latencies) < 2.0, latencies
+        # Every probe answered inside the client's 10 s (a full thread pool hangs them all), and
+        # half within 1 s: generous for a 2-core CI runner shared with the attacker's process;
+        # bench/attack_run.py records the p99 figures.
+        assert statistics.median(latencies) < 1.0, latencies
