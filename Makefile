@@ -22,7 +22,7 @@ run: $(STAMP)
 ## in TEST_WORKERS processes (pytest-xdist; 0 runs it in this one), printing the slowest tests.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 migrate: $(STAMP)
 	$(BIN)/privtrain-admin migrate

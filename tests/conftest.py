@@ -21,17 +21,6 @@ from app.models import Job, LedgerEntry
 
 pytest_plugins = ["tests.object_store"]  # object_store_server, s3_bucket
 
-SERVICES_DIR = Path(__file__).parent / "services"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` every test against the shared Redis and PostgreSQL runs on one worker:
-    their session fixtures flush Redis database 15, which must not happen under another worker's
-    live service test."""
-    for item in items:
-        if SERVICES_DIR in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("services"))
-
 
 @pytest.fixture(autouse=True)
 def _restore_root_logging() -> Iterator[None]:

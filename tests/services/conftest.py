@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -20,9 +21,21 @@ def _require(name: str) -> str:
     pytest.skip(f"{name} is not set; service tests need Redis and PostgreSQL")
 
 
+def redis_database_of_this_process(url: str) -> str:
+    """``url`` with one Redis database per pytest-xdist process: the configured one for ``gw0``
+    and the next lower ones for ``gw1``, ``gw2``, … Two processes on one database would flush it
+    under each other, and one's Celery workers would take the other's tasks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    parts = urlsplit(url)
+    database = int(parts.path.strip("/") or 0) - int(worker.removeprefix("gw"))
+    if database < 0:
+        pytest.fail(f"{url} leaves no Redis database for pytest-xdist process {worker}; configure a higher one")
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    url = _require("PRIVTRAIN_TEST_REDIS_URL")
+    url = redis_database_of_this_process(_require("PRIVTRAIN_TEST_REDIS_URL"))
     import redis
 
     client = redis.Redis.from_url(url)
