@@ -32,6 +32,11 @@ is worth to each side.
     .venv/bin/python -m bench.engine_compare --repeats 15
     .venv/bin/python -m bench.engine_compare --precision bf16 --device cuda
     .venv/bin/python -m bench.engine_compare --no-tf32 --device cuda --cases wrn16-4-b256
+    .venv/bin/python -m bench.engine_compare --compile --skip-opacus --cases mlp-b256
+
+`--compile` adds the non-private step with the model compiled by torch.compile (float32): what
+compiling would give the baseline. No DP engine runs compiled: the ghost engine refuses a compiled
+model, whose layers' calls its hooks cannot see.
 """
 
 from __future__ import annotations
@@ -147,6 +152,23 @@ def nonprivate(case: Case, device: torch.device, precision: Precision = "fp32") 
             out = model(X)
         return list(torch.autograd.grad(fn(out.float(), y).sum(), params))
 
+    return step
+
+
+def nonprivate_compiled(case: Case, device: torch.device) -> Step:
+    """The non-private step with the model compiled (`nn.Module.compile()`, torch.compile's
+    defaults), warmed up here so that compiling is not timed. For comparison only: the ghost engine
+    refuses a compiled model (its hooks do not see the compiled layers' calls)."""
+    model, (X, y) = _model(case, device), _batch(case, device)
+    model.compile()
+    params = list(trainable_parameters(model).values())
+    fn = get_loss(case.loss).fn
+
+    def step() -> list[torch.Tensor]:
+        return list(torch.autograd.grad(fn(model(X).float(), y).sum(), params))
+
+    for _ in range(3):
+        step()
     return step
 
 
@@ -289,6 +311,8 @@ def run_case(
     target_ms: float,
     skip_opacus: bool,
     precision: Precision = "fp32",
+    *,
+    compiled: bool = False,
 ) -> list[tuple[str, float, float, str]]:
     candidates = sorted({c for c in (16, 32, 64, 128, 256, case.batch) if c <= case.batch})
     vmap_chunk = _best_chunk(
@@ -302,6 +326,8 @@ def run_case(
     if precision == "fp32":  # the second-backward modes are refused under bf16
         steppers["ghost, pass 2 = retain"] = ghost_engine(case, device, "retain", case.batch)
         steppers["ghost, pass 2 = recompute"] = ghost_engine(case, device, "recompute", case.batch)
+    if compiled and precision == "fp32":
+        steppers["non-private, torch.compile"] = nonprivate_compiled(case, device)
     if case.batch > 256:  # the trainers' default max_physical_batch_size
         steppers["ghost, pass 2 = bk, chunk 256"] = ghost_engine(case, device, "bk", 256, precision)
     notes: dict[str, str] = {}
@@ -396,6 +422,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="turn cuDNN's TF32 off for the whole run: every engine and the non-private step in full float32",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="add the non-private step with the model compiled (torch.compile), float32 only",
+    )
     args = parser.parse_args(argv)
     if args.no_tf32:
         torch.backends.cudnn.allow_tf32 = False
@@ -430,7 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     keys = args.cases.split(",") if args.cases else list(CASES if device.type == "cuda" else SMALL_CASES)
     for key in keys:
         case = CASES[key]
-        rows = run_case(case, device, args.repeats, args.target_ms, args.skip_opacus, args.precision)
+        rows = run_case(
+            case, device, args.repeats, args.target_ms, args.skip_opacus, args.precision, compiled=args.compile
+        )
         for label, ms, ratio, extra in rows:
             if ms != ms:  # nan: the engine did not run
                 print(f"| {case.label} | {label} | — | — | {extra} | | | |")

@@ -26,7 +26,7 @@ from torch import nn
 
 from privtrain.architectures import build_model
 from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, per_sample_map_aggregator, train_dp_sgd
 from worker.optimizers.ghost import (
     GhostClipAggregator,
     check_ghost_supported,
@@ -678,6 +678,38 @@ def test_unsupported_models_are_refused_with_the_layer_named(make, message: str)
         ghost_clipped_grad_sum(
             model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0), max_physical_batch_size=4
         )
+
+
+@pytest.mark.parametrize(("compiled", "where"), [("", r"<root> \(Sequential\)"), ("2", r"2 \(Linear\)")])
+def test_a_compiled_model_is_refused_and_the_vmap_engine_takes_it(compiled: str, where: str) -> None:
+    """A compiled forward runs without the engine's hooks: under compile it recorded nothing and
+    returned a zero sum. Refused, so the training loop's engine choice falls back to the vmap
+    engine, which is exact for it (compared against the same model uncompiled)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
+    uncompiled = copy.deepcopy(model)
+    model.get_submodule(compiled).compile()  # lazy: nothing is compiled before a call
+    assert supports(uncompiled)
+    assert not supports(model)
+    with pytest.raises(ValueError, match=rf"module {where} is compiled with torch.compile"):
+        check_ghost_supported(model)
+    X, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+    with pytest.raises(ValueError, match=r"is compiled with torch.compile"):
+        ghost_clipped_grad_sum(
+            model, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0), max_physical_batch_size=4
+        )
+    aggregator = per_sample_map_aggregator(model, AbadiClip(1.0))
+    assert isinstance(aggregator, PerSampleMapAggregator)
+    got = aggregator.clipped_sum(
+        model, X, y, step=0, loss="cross_entropy", max_physical_batch_size=4, generator=SecureRandom.from_seed(0)
+    )
+    want = clipped_grad_sum(
+        uncompiled, X, y, loss="cross_entropy", per_sample_map=AbadiClip(1.0), max_physical_batch_size=4
+    )
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name])
+        assert want[name].abs().sum() > 0
 
 
 def test_container_owning_a_parameter_is_refused() -> None:

@@ -6,7 +6,9 @@ activations, pooling, Identity, Flatten/Unflatten that keep dimension 0 as the b
 parameters: those with a rule in `GHOST_LAYERS` (one module per layer family in this package),
 minus the configurations a rule refuses. Every trainable parameter must be one the rule of
 exactly one such layer covers (no tied parameters across layers, no parameters used directly by a
-container's forward). Anything else raises ValueError and the caller should use the vmap engine
+container's forward). No module may be compiled (`module.compile()`): the compiled forward runs
+without the engine's forward hooks and output taps, so it would record nothing (every norm 0, the
+sum 0, no error). Anything else raises ValueError and the caller should use the vmap engine
 (`clipped_grad_sum`), which is exact for any module it accepts. Error texts name layers and types
 only, never a shape that would reveal the realised batch size.
 """
@@ -100,6 +102,11 @@ def check_ghost_supported(model: nn.Module) -> None:
     for name, module in model.named_modules(remove_duplicate=False):
         where = name or "<root>"
         kind = type(module)
+        if getattr(module, "_compiled_call_impl", None) is not None:  # set by nn.Module.compile()
+            raise ValueError(
+                f"module {where} ({kind.__name__}) is compiled with torch.compile: the ghost clipping "
+                "engine's hooks do not see its layers' calls"
+            )
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise ValueError(
                 f"module {where} is {kind.__name__}: BatchNorm mixes samples and is not "
