@@ -142,7 +142,10 @@ def _sync(device: torch.device) -> None:
 # ----------------------------------------------------------------------------- steppers
 
 
-def nonprivate(case: Case, device: torch.device, precision: Precision = "fp32") -> Step:
+def nonprivate(case: Case, device: torch.device, precision: Precision = "fp32", *, compiled: bool = False) -> Step:
+    """Forward + backward of the summed loss. `compiled`: the model compiled (`nn.Module.compile()`,
+    torch.compile's defaults) and warmed up here, so that compiling is not timed; for comparison
+    only, as the ghost engine refuses a compiled model (its hooks do not see the layers' calls)."""
     model, (X, y) = _model(case, device), _batch(case, device)
     params = list(trainable_parameters(model).values())
     fn = get_loss(case.loss).fn
@@ -152,23 +155,10 @@ def nonprivate(case: Case, device: torch.device, precision: Precision = "fp32") 
             out = model(X)
         return list(torch.autograd.grad(fn(out.float(), y).sum(), params))
 
-    return step
-
-
-def nonprivate_compiled(case: Case, device: torch.device) -> Step:
-    """The non-private step with the model compiled (`nn.Module.compile()`, torch.compile's
-    defaults), warmed up here so that compiling is not timed. For comparison only: the ghost engine
-    refuses a compiled model (its hooks do not see the compiled layers' calls)."""
-    model, (X, y) = _model(case, device), _batch(case, device)
-    model.compile()
-    params = list(trainable_parameters(model).values())
-    fn = get_loss(case.loss).fn
-
-    def step() -> list[torch.Tensor]:
-        return list(torch.autograd.grad(fn(model(X).float(), y).sum(), params))
-
-    for _ in range(3):
-        step()
+    if compiled:
+        model.compile()  # lazy: the warm-up calls compile it
+        for _ in range(3):
+            step()
     return step
 
 
@@ -327,7 +317,7 @@ def run_case(
         steppers["ghost, pass 2 = retain"] = ghost_engine(case, device, "retain", case.batch)
         steppers["ghost, pass 2 = recompute"] = ghost_engine(case, device, "recompute", case.batch)
     if compiled and precision == "fp32":
-        steppers["non-private, torch.compile"] = nonprivate_compiled(case, device)
+        steppers["non-private, torch.compile"] = nonprivate(case, device, compiled=True)
     if case.batch > 256:  # the trainers' default max_physical_batch_size
         steppers["ghost, pass 2 = bk, chunk 256"] = ghost_engine(case, device, "bk", 256, precision)
     notes: dict[str, str] = {}
