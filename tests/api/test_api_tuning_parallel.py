@@ -305,6 +305,9 @@ def test_a_helper_whose_tuning_was_lost_stops_and_leaves_nothing(
 def test_the_reconciler_clears_the_trials_of_a_tuning_no_worker_will_settle(
     tuning: dict[str, Any], fast_settings: Settings, fast_db: Database
 ) -> None:
+    # Staleness is set by hand below, never by the clock: with the fixture's 1 s, a loaded machine
+    # could see the owner as lost before the first round.
+    patient = fast_settings.model_copy(update={"stale_after_s": LATER.total_seconds() / 2})
     assert JobRunner(fast_settings, db=fast_db).claim(tuning["job_id"]) is not None
     trial_queue.enqueue(fast_db, job_id=tuning["job_id"], attempt=1, candidates=[0, 1])
     held = trial_queue.take(fast_db, job_id=tuning["job_id"], attempt=1, worker="helper")
@@ -313,11 +316,11 @@ def test_the_reconciler_clears_the_trials_of_a_tuning_no_worker_will_settle(
     fast_settings.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     (fast_settings.checkpoint_dir / name).write_bytes(b"a trial's model")
     assert trial_queue.finish(fast_db, trial=held, score=0.5, metrics={"accuracy": 0.5}, model_file=name)
-    reconcile_once(fast_db, fast_settings, RecordingDispatcher())
+    reconcile_once(fast_db, patient, RecordingDispatcher())
     assert _trial_rows(fast_db) == 2  # its job still runs that attempt
     with fast_db.write_transaction() as tx:  # the owner stopped beating long ago
         job = tx.get(Job, tuning["job_id"])
         assert job is not None
         job.heartbeat_at = dt.datetime.now(dt.UTC) - LATER
-    reconcile_once(fast_db, fast_settings, RecordingDispatcher())  # requeued: attempt 1 is over
+    reconcile_once(fast_db, patient, RecordingDispatcher())  # requeued: attempt 1 is over
     assert _trial_rows(fast_db) == 0 and _trial_files(fast_settings) == []
