@@ -119,8 +119,22 @@ class Settings(BaseSettings):
         default=4,
         ge=1,
         le=256,
-        description="a tuning runs at most this many of its trials at a time: on its own worker and on up to "
-        "this many minus one other workers of its queue that are free (1: one after another on one worker)",
+        description="a tuning has at most this many of its slots waiting in the broker or running at a time, "
+        "on as many free workers (1: one after another); other tenants' jobs take their turns between them",
+    )
+    tuning_max_trials: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="the largest public maximum number of trials (trials.maximum) a tuning may name: each "
+        "possible trial is a slot of worker time that is used whether or not the trial was drawn",
+    )
+    tuning_slot_margin_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=86_400,
+        description="added to a tuning's per-trial time limit to make its slot length: the time one slot "
+        "takes for evaluating the trial and storing its model; a slot that runs past it fails the tuning",
     )
     reconcile_interval_s: float = Field(
         default=15.0, gt=0, description="how often the reconciler loop runs inside the API process"

@@ -341,8 +341,8 @@ class TuningJob(Base):
 
 
 class TuningTrial(Base):
-    """One trial of a running tuning, while it runs: the queue several workers share its trials
-    through (app/tuning/trial_queue.py). SECRET to the service: the rows tell how many trials
+    """One trial of a running tuning, while it runs: the queue its slots take trials from
+    (app/tuning/trial_queue.py). SECRET to the service: the rows tell how many trials
     were drawn, so no API field, event or log line shows them, and they are deleted when the
     tuning's job settles (or by the reconciler, if its worker vanished)."""
 
@@ -363,7 +363,38 @@ class TuningTrial(Base):
     score: Mapped[float | None] = mapped_column(Float, nullable=True)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     model_file: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    """The trained model's private file (a helper's trial), None when the job's own worker keeps it."""
+    """The trained model's private file, None when it could not win when it finished."""
+    device: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """What the trial trained on, for the report's execution section if it is released."""
+
+
+class TuningSlot(Base):
+    """One of a running tuning's public slots: a fixed stretch of one worker's time in which the
+    trial next in its queue runs, if there is one, and which lasts the same whatever it held
+    (app/tuning/slots.py). A tuning has exactly as many slots as its public maximum number of
+    trials, so how many exist, when they run and how long each takes say nothing about K; the
+    rows are deleted with the trial queue when the tuning settles."""
+
+    __tablename__ = "tuning_slots"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "slot", name="uq_tuning_slots_job_attempt_slot"),
+        Index("ix_tuning_slots_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    """queued (waiting for a worker), running, done."""
+    outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """When done: ok, or why the tuning must fail (overran, training-failed, ...)."""
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    dispatched_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class JobEvent(Base):

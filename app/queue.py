@@ -16,8 +16,8 @@ from app.config import Settings
 RUN_JOB_TASK = "privtrain.run_job"
 """Run a job by id (the API sends it by name, so it never imports the worker)."""
 
-RUN_TRIALS_TASK = "privtrain.run_trials"
-"""Help run a tuning's trials: (job id, attempt), sent by the tuning's own worker."""
+RUN_SLOT_TASK = "privtrain.run_tuning_slot"
+"""Run one slot of a tuning: (job id, attempt, slot), sent by fair dispatch (app/tuning/slots.py)."""
 
 
 def _filesystem_options(broker_dir: Path) -> dict[str, object]:

@@ -6,6 +6,12 @@ its own service. What it does to a stale job is a lifecycle transition
 rounds: find running jobs without a heartbeat for ``stale_after_s``, queued jobs older than
 ``redispatch_after_s`` to send again, and trial queues of tunings no worker will settle. A
 duplicate message is a no-op because claiming is a conditional UPDATE.
+
+An opened private tuning has no heartbeat of its own: its slots beat (app/tuning/slots.py). A slot
+whose worker stopped beating fails the tuning (``worker-lost``; a retried slot would make the
+tuning's timing depend on which slots held trials), a slot message that was lost is sent again,
+and a tuning whose slots are all done but which nobody closed (its last slot's worker was lost
+after finishing) is closed here.
 """
 
 from __future__ import annotations
@@ -15,17 +21,18 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from sqlalchemy import or_, select
+from sqlalchemy import exists, or_, select
 
 from app.config import Settings
 from app.db import Database
-from app.fair_dispatch import dispatch_fairly
+from app.fair_dispatch import dispatch_with_settings
 from app.job_private_files import JobPrivateFiles
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
-from app.models import Job, utcnow
+from app.models import Job, TuningSlot, utcnow
 from app.services import JobDispatcher
 from app.storage import blob_store_from_settings
+from app.tuning import slots as tuning_slots
 from app.tuning import trial_queue
 from app.tuning.trial_files import TrialFiles
 
@@ -44,13 +51,69 @@ def _now() -> dt.datetime:
 
 
 def _stale_running(db: Database, cutoff: dt.datetime) -> list[tuple[str, str, int]]:
+    """Running jobs without a recent heartbeat, but opened tunings (their slots beat instead)."""
+    opened = exists().where(TuningSlot.job_id == Job.id, TuningSlot.attempt == Job.attempt)
     with db.read_session() as session:
         rows = session.execute(
             select(Job.id, Job.dataset_id, Job.attempt).where(
-                Job.status == JobStatus.RUNNING, or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)
+                Job.status == JobStatus.RUNNING,
+                or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff),
+                ~opened,
             )
         ).all()
     return [(r[0], r[1], r[2]) for r in rows]
+
+
+def _settle_tunings(db: Database, settings: Settings, cutoff: dt.datetime) -> list[str]:
+    """Fail the tunings with a lost slot; close those whose last slot's worker did not. Returns
+    the ids of the tunings failed here."""
+    from app.tuning.closing import Closer  # the algorithm catalogue: only when a tuning needs it
+
+    with db.read_session() as session:
+        lost = tuning_slots.stale_running(session, cutoff)
+        unclosed = tuning_slots.finished_unclosed(session, cutoff)
+    failed = [
+        job_id
+        for job_id, dataset_id, attempt in lost
+        if lifecycle.fail(
+            db,
+            attempt=lifecycle.Attempt(job_id=job_id, dataset_id=dataset_id, number=attempt),
+            error_code="worker-lost",
+            actor=lifecycle.RECONCILER_ACTOR,
+        )
+    ]
+    if unclosed:
+        blobs = blob_store_from_settings(settings)
+        closer = Closer(
+            db=db,
+            blobs=blobs,
+            files=TrialFiles(settings.checkpoint_dir, blobs),
+            secure_gaussian=settings.secure_noise,
+            actor=lifecycle.RECONCILER_ACTOR,
+        )
+        for job_id, attempt in unclosed:
+            try:
+                closer.close(job_id=job_id, attempt=attempt)
+            except Exception:
+                log.exception("closing a tuning failed; the next round tries again", extra={"job_id": job_id})
+    tuning_slots.drop_abandoned(db)
+    return failed
+
+
+def _redispatch_lost_slots(db: Database, dispatcher: JobDispatcher, cutoff: dt.datetime) -> list[str]:
+    """Slot messages sent long ago that no worker claimed: sent again as they were."""
+    with db.read_session() as session:
+        lost = tuning_slots.sent_long_ago(session, cutoff)
+    sent = []
+    for slot in lost:
+        try:
+            dispatcher.dispatch_slot(slot.job_id, attempt=slot.attempt, slot=slot.slot, queue=slot.queue)
+        except Exception:  # the broker may be down; the next round tries again
+            log.exception("re-dispatch of a tuning slot failed", extra={"job_id": slot.job_id})
+            continue
+        tuning_slots.mark_resent(db, slot.id)
+        sent.append(f"slot:{slot.id}")
+    return sent
 
 
 def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str | None]]:
@@ -107,6 +170,10 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             requeued.append(job_id)
         elif outcome == JobStatus.FAILED:
             failed.append(job_id)
+    try:
+        failed.extend(_settle_tunings(db, settings, stale_cutoff))
+    except Exception:
+        log.exception("settling tunings failed; the next round tries again")
     if failed:
         _discard_private_files(settings, failed)
     _clear_abandoned_trials(db, settings)
@@ -121,8 +188,9 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             continue
         lifecycle.mark_dispatched(db, job_id)
         redispatched.append(job_id)
+    redispatched.extend(_redispatch_lost_slots(db, dispatcher, now - dt.timedelta(seconds=settings.redispatch_after_s)))
     try:
-        redispatched.extend(dispatch_fairly(db, dispatcher, per_tenant=settings.dispatch_per_tenant))
+        redispatched.extend(dispatch_with_settings(db, dispatcher, settings))
     except Exception:
         log.exception("fair dispatch failed; the next round tries again")
     if requeued or failed or redispatched:

@@ -15,15 +15,17 @@ class JobDispatcher(Protocol):
 
     def dispatch(self, job_id: str, *, queue: str | None = None) -> None: ...
 
+    def dispatch_slot(self, job_id: str, *, attempt: int, slot: int, queue: str | None = None) -> None: ...
+
 
 class CeleryDispatcher:
     """Sends by task name so the API never imports the worker's torch code."""
 
     def __init__(self, settings: Settings) -> None:
-        from app.queue import RUN_JOB_TASK, RUN_TRIALS_TASK, create_celery  # Celery loads only where built
+        from app.queue import RUN_JOB_TASK, RUN_SLOT_TASK, create_celery  # Celery loads only where built
 
         self._task = RUN_JOB_TASK
-        self._trials_task = RUN_TRIALS_TASK
+        self._slot_task = RUN_SLOT_TASK
         self._celery = create_celery(settings)
         self._queue = settings.task_queue
 
@@ -31,12 +33,12 @@ class CeleryDispatcher:
         """To the job's queue (app/job_routing.py); the GPU queue for jobs admitted before queues."""
         self._celery.send_task(self._task, args=[job_id], task_id=job_id, queue=queue or self._queue)
 
-    def ask_for_trial_helper(self, job_id: str, *, attempt: int, index: int, queue: str | None) -> None:
-        """A helper for a tuning's trials, on the tuning job's queue (app/tuning/trial_queue.py)."""
+    def dispatch_slot(self, job_id: str, *, attempt: int, slot: int, queue: str | None = None) -> None:
+        """One slot of a tuning, on the tuning job's queue (app/tuning/slots.py)."""
         self._celery.send_task(
-            self._trials_task,
-            args=[job_id, attempt],
-            task_id=f"{job_id}.trials.{attempt}.{index}",
+            self._slot_task,
+            args=[job_id, attempt, slot],
+            task_id=f"{job_id}.slot.{attempt}.{slot}",
             queue=queue or self._queue,
         )
 

@@ -21,6 +21,9 @@ class NoDispatch:
     def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
         """Jobs are run by the benchmark, not sent."""
 
+    def dispatch_slot(self, job_id: str, *, attempt: int, slot: int, queue: str | None = None) -> None:
+        """So are tuning slots."""
+
 
 def digits_csv() -> bytes:
     X, y = load_digits(return_X_y=True)

@@ -42,10 +42,16 @@ class RecordingDispatcher:
 
     sent: list[str] = field(default_factory=list)
     queues: dict[str, str | None] = field(default_factory=dict)
+    slots: list[tuple[str, int, int]] = field(default_factory=list)
+    """(job id, attempt, slot) of every tuning slot sent."""
 
     def dispatch(self, job_id: str, *, queue: str | None = None) -> None:
         self.sent.append(job_id)
         self.queues[job_id] = queue
+
+    def dispatch_slot(self, job_id: str, *, attempt: int, slot: int, queue: str | None = None) -> None:
+        self.slots.append((job_id, attempt, slot))
+        self.queues[f"{job_id}.slot.{attempt}.{slot}"] = queue
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:

@@ -35,7 +35,7 @@ from app.config import Settings
 from app.db import Database
 from app.evaluation import EvaluationPlan
 from app.facts import DatasetFacts, public_class_list
-from app.fair_dispatch import Dispatcher, dispatch_fairly
+from app.fair_dispatch import Dispatcher, dispatch_with_settings
 from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from app.ingest.jsonl import JsonlFields
 from app.ingest.text import rescan_text
@@ -54,12 +54,13 @@ from app.reporting.privacy_report import (
     released_weights_section,
     report_single_job_epsilon,
 )
-from app.reporting.tuning import TUNING_CAVEAT, tuning_section
 from app.schemas.jobs import TrainingSpec
 from app.storage import StorageUnavailable, blob_store_from_settings
+from app.tuning import slots as tuning_slots
 from app.tuning import trial_queue
-from app.tuning.helpers import TrialHelpers
+from app.tuning.closing import Closer
 from app.tuning.planning import is_tuning, rebuild_candidates
+from app.tuning.selection import TrialResult, best_of, score_of
 from app.tuning.trial_files import TrialFiles
 from privtrain.architectures import build_model
 from privtrain.model_files import save_model
@@ -77,8 +78,8 @@ from worker.training.ema import ParameterAverage
 from worker.training.finetune import apply_finetune
 from worker.training.init_weights import apply_init, init_blob_path
 from worker.training.lora import merge_lora
-from worker.tuning import TuningClaim, trial_count, tuning_execution
-from worker.tuning_run import Pacer, TrialWork, help_with_trials, run_owned_trials
+from worker.tuning import TuningClaim, trial_count
+from worker.tuning_slot import Pacer, SlotClock, SlotTrial, wait_out
 
 log = logging.getLogger("privtrain.worker")
 
@@ -165,16 +166,25 @@ class Outcome:
     timed_out: bool = False
     execution: dict[str, Any] | None = None
     """Device, steps and throughput of the attempt that finished (the report's execution section)."""
-    selected: int | None = None
-    """A tuning's released trial: its candidate's index."""
 
 
-HELPER_DONE = "done"
-"""What a tuning helper's task answers, whatever it ran."""
+OPENED = "opened"
+"""What running a tuning's job answers: its trials were drawn and its slots created."""
+
+SLOT_DONE = "done"
+"""What a tuning slot's task answers when it was not the last one, whatever it held."""
+
+TUNING_FROM_AN_OLDER_RELEASE = "tuning-from-an-older-release"
+"""A tuning admitted before slots existed: refused before any data is read (nothing is spent)."""
 
 
-class NoTrialsDrawn(Exception):
-    """The tuning drew K = 0 trials (Poisson): it releases no model."""
+@dataclass
+class _SlotTuning:
+    """A tuning as this worker's slots run it: re-derived once, its data loaded at its first trial."""
+
+    claimed: Claimed
+    schedule: dict[str, Any]
+    data: tuple[Rows, torch.Tensor, np.ndarray | None] | None = None
 
 
 def device_label(device: torch.device) -> str:
@@ -243,11 +253,9 @@ class JobRunner:
         *,
         db: Database | None = None,
         dispatcher: Dispatcher | None = None,
-        helpers: TrialHelpers | None = None,
     ) -> None:
-        """``dispatcher``: sends the next queued job once this worker has taken one (fair sharing,
-        app/fair_dispatch.py); ``helpers``: asks other workers to run a tuning's trials with this
-        one (worker/tuning_run.py). Both None in tests that run jobs in process."""
+        """``dispatcher``: sends the next queued job or tuning slot once this worker has taken one
+        (fair sharing, app/fair_dispatch.py); None in tests that run jobs in process."""
         self.settings = settings
         self.db = db or Database(settings.resolved_database_url)
         self.blobs = blob_store_from_settings(settings)
@@ -255,14 +263,15 @@ class JobRunner:
         self.private_files = JobPrivateFiles(settings.checkpoint_dir, self.blobs)
         self.actor = _actor()
         self.dispatcher = dispatcher
-        self.helpers = helpers
+        self._tuning: _SlotTuning | None = None
+        """The tuning whose slots this worker ran last (its data stay loaded for the next slot)."""
 
     def _send_next(self) -> None:
         """This worker's broker slot is free: let the next job in, chosen fairly."""
         if self.dispatcher is None:
             return
         try:
-            dispatch_fairly(self.db, self.dispatcher, per_tenant=self.settings.dispatch_per_tenant)
+            dispatch_with_settings(self.db, self.dispatcher, self.settings)
         except Exception:  # the API and the reconciler send it otherwise
             log.exception("could not send the next job")
 
@@ -282,6 +291,8 @@ class JobRunner:
         if job is None or dataset is None:
             return None
         tuning = None
+        if is_tuning(job.spec) and "schedule" not in job.spec["tuning"]:
+            return _Prepared(dataset=dataset, plan=None, evaluation=None, refusal=TUNING_FROM_AN_OLDER_RELEASE)
         try:
             if is_tuning(job.spec):
                 distribution, candidates = rebuild_candidates(job.spec, job.algorithm, dataset, job.event)
@@ -324,10 +335,13 @@ class JobRunner:
     # ------------------------------------------------------------------ run
 
     def run(self, job_id: str) -> str:
+        self._tuning = None  # an ordinary job needs the memory more than a tuning's next slot would
         claimed = self.claim(job_id)
         if claimed is None:
             return "skipped"
         self._send_next()
+        if claimed.tuning is not None:
+            return self._open(claimed)
         # On a GPU worker the report's single-job ε of the planned run is computed on the idle CPU
         # while the job trains (used when the job ran exactly as planned); on a CPU worker it would
         # only take cores from training, so it is computed afterwards.
@@ -337,17 +351,11 @@ class JobRunner:
                 delta=claimed.job.delta,
                 algorithm=claimed.job.algorithm,
             )
-            if _training_device().type in PREFETCH_SINGLE_JOB_ON and claimed.tuning is None
+            if _training_device().type in PREFETCH_SINGLE_JOB_ON
             else None
         )
         try:
-            outcome = self._tune(claimed) if claimed.tuning is not None else self._train(claimed)
-        except NoTrialsDrawn:
-            self.fail(claimed, error_code="no-trials-drawn")
-            return JobStatus.FAILED
-        except trial_queue.TrialsLost:  # a trial's worker vanished on every take, as a job's can
-            self.fail(claimed, error_code="worker-lost")
-            return JobStatus.FAILED
+            outcome = self._train(claimed)
         except StorageUnavailable:
             # Not the job's fault: leave it running without heartbeats, so the reconciler requeues
             # it inside its reservation once it is stale, as for a lost worker (up to max_attempts).
@@ -552,115 +560,147 @@ class JobRunner:
             execution=execution,
         )
 
-    def _tune(self, claimed: Claimed) -> Outcome:
-        """Draw the tuning's K trials, share them with helper workers through its trial queue
-        (worker/tuning_run.py), and keep the best; the outcome is the best trial's model and
-        metric. No progress event, checkpoint or log line tells how many trials ran: only
-        heartbeats are written (a retry starts the tuning over inside its reservation)."""
+    # ------------------------------------------------------------------ tunings
+
+    def _open(self, claimed: Claimed) -> str:
+        """Draw the tuning's K (from the OS's CSPRNG, conditioned on its public maximum) and each
+        trial's candidate, and create its slots, in one transaction; fair dispatch then sends the
+        slots like jobs. Takes the same few milliseconds whatever K is; a retry after a lost worker
+        draws afresh (nothing ran)."""
         tuning, job = claimed.tuning, claimed.job
         assert tuning is not None
-        device = _training_device()
+        schedule = job.spec["tuning"]["schedule"]
         rng = secrets.SystemRandom()
         count = trial_count(tuning.distribution, rng)
-        if count == 0:
-            raise NoTrialsDrawn
-        self.trial_files.discard(trial_queue.clear(self.db, job_id=job.id, keep_attempt=claimed.attempt))
-        trial_queue.enqueue(
+        opened = tuning_slots.open_tuning(
             self.db,
             job_id=job.id,
             attempt=claimed.attempt,
             candidates=[tuning.draw_candidate(rng) for _ in range(count)],
+            slots=int(schedule["slots"]),
         )
-        self._ask_for_helpers(claimed)
-        job_stop = Pacer(
-            self.settings.heartbeat_interval_s,
-            check=lambda: lifecycle.heartbeat(self.db, attempt=claimed.held),
-            deadline=self._deadline(job),
-        )
-        owned = run_owned_trials(
-            self._trial_work(claimed, device),
-            job_stop=job_stop,
-            stale_after_s=self.settings.stale_after_s,
-            max_takes=self.settings.max_attempts,
-            poll_s=min(1.0, self.settings.heartbeat_interval_s),
-        )
-        if owned is None:  # cancelled or out of time: the whole reservation is committed
-            return Outcome(
-                result=TrainingResult(steps_run=0, stopped_early=True),
-                model_path=None,
-                metrics=None,
-                timed_out=job_stop.timed_out,
-            )
-        selected = tuning.candidates[owned.best.candidate]
-        if owned.model is not None:
-            model_path = self._write_trial_model(claimed, owned.best.candidate, owned.model)
-        else:
-            assert owned.model_file is not None
-            model_path = self.trial_files.fetch(owned.model_file)  # settling deletes it, as every trial file
-        return Outcome(
-            result=TrainingResult(steps_run=selected.steps, stopped_early=False),
-            model_path=model_path,
-            metrics=owned.best.metrics,
-            execution=tuning_execution(device_label(device)),
-            selected=owned.best.candidate,
+        if not opened:
+            return self._stale(claimed)
+        self._send_next()
+        return OPENED
+
+    def run_slot(self, job_id: str, *, attempt: int, slot: int) -> str:
+        """One slot of a tuning (worker/tuning_slot.py): its trial if one is pending, then the wait
+        to the slot's end. The worker that finishes the last slot closes the tuning."""
+        held = tuning_slots.claim(self.db, job_id=job_id, attempt=attempt, slot=slot, worker=self.actor)
+        if held is None:
+            return "skipped"
+        self._send_next()
+        stop = Pacer(self.settings.heartbeat_interval_s, check=lambda: tuning_slots.heartbeat(self.db, slot=held))
+        outcome = tuning_slots.OK
+        try:
+            tuning = self._slot_tuning(job_id, attempt)
+        except Exception:
+            log.exception("a tuning slot could not re-derive its tuning", extra={"job_id": job_id})
+            tuning, outcome = None, "plan-mismatch"
+        clock = SlotClock.start(tuning.schedule if tuning is not None else {"trial_time_limit_s": 0, "slot_seconds": 0})
+        if tuning is not None:
+            try:
+                if self._slot_trial(tuning, clock=clock, stop=stop) is SlotTrial.STOPPED:
+                    return "stopped"
+            except StorageUnavailable:
+                log.warning("object store unavailable during a tuning slot", extra={"job_id": job_id})
+                outcome = "artifact-write-failed"
+            except Exception:
+                log.exception("a tuning slot failed", extra={"job_id": job_id})
+                outcome = "training-failed"
+            if outcome == tuning_slots.OK and clock.overran():
+                log.warning("a tuning slot ran past its length; the tuning will fail", extra={"job_id": job_id})
+                outcome = "slot-overran"
+            if not wait_out(clock, stop):
+                return "stopped"
+        if not tuning_slots.finish(self.db, slot=held, outcome=outcome):
+            return SLOT_DONE
+        self._tuning = None  # the tuning is closing: its data are not needed here any more
+        return self.closer().close(job_id=job_id, attempt=attempt)
+
+    def closer(self) -> Closer:
+        return Closer(
+            db=self.db,
+            blobs=self.blobs,
+            files=self.trial_files,
+            secure_gaussian=self.settings.secure_noise,
+            actor=self.actor,
         )
 
-    def help_with_trials(self, job_id: str, attempt: int) -> str:
-        """A helper's task: run pending trials of the tuning ``job_id`` (its attempt ``attempt``)
-        until none is left. It answers "done" however many it ran, none included (the usual end
-        for some helpers): Celery logs the answer, and the count would tell about K."""
+    def _slot_tuning(self, job_id: str, attempt: int) -> _SlotTuning:
+        """The tuning as its slots run it, kept from this worker's previous slot of the same attempt."""
+        cached = self._tuning
+        if cached is not None and cached.claimed.job.id == job_id and cached.claimed.attempt == attempt:
+            return cached
+        self._tuning = None
         with self.db.read_session() as session:
             job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.RUNNING or job.attempt != attempt:
-            return HELPER_DONE  # before rebuilding anything: the usual case of a late helper
-        prepared = self._prepare(job_id)
-        if prepared is None or prepared.tuning is None or prepared.refusal is not None:
-            return HELPER_DONE
-        claimed = prepared.claimed(job)
-        try:
-            help_with_trials(
-                self._trial_work(claimed, _training_device()),
-                files=self.trial_files,
-                write_model=lambda index, model: self._write_trial_model(claimed, index, model),
-                deadline=self._deadline(job),
-            )
-        except StorageUnavailable:  # the trial goes stale and runs again elsewhere
-            log.warning("object store unavailable; a tuning's trial will run again", extra={"job_id": job_id})
-        return HELPER_DONE
-
-    def _ask_for_helpers(self, claimed: Claimed) -> None:
-        """``tuning_parallel_trials − 1`` other workers of the job's queue: always as many, since
-        a number that followed K would tell it to whoever sees the broker or the workers' logs."""
-        if self.helpers is None:
-            return
-        for index in range(self.settings.tuning_parallel_trials - 1):
-            try:
-                self.helpers.ask_for_trial_helper(
-                    claimed.job.id, attempt=claimed.attempt, index=index, queue=claimed.job.queue
-                )
-            except Exception:  # the trials still run, on this worker
-                log.exception("could not ask for a tuning helper", extra={"job_id": claimed.job.id})
-                return
-
-    def _trial_work(self, claimed: Claimed, device: torch.device) -> TrialWork:
-        assert claimed.tuning is not None
-        loaded: list[tuple[Rows, torch.Tensor, np.ndarray | None]] = []
-
-        def train(index: int, stop: Callable[[], bool]) -> tuple[dict[str, Any], torch.nn.Module] | None:
-            if not loaded:  # once per worker, and only when it has a trial to run
-                loaded.append(self._load_data_and_units(claimed.dataset, device))
-            X, y, unit_codes = loaded[0]
-            return self._run_trial(claimed, index, X=X, y=y, unit_codes=unit_codes, device=device, stop=stop)
-
-        return TrialWork(
-            db=self.db,
-            job_id=claimed.job.id,
-            attempt=claimed.attempt,
-            worker=self.actor,
-            metric=claimed.tuning.metric,
-            interval_s=self.settings.heartbeat_interval_s,
-            train=train,
+            dataset = session.get(Dataset, job.dataset_id) if job is not None else None
+        if job is None or dataset is None or not is_tuning(job.spec):
+            raise RuntimeError("a tuning slot's job is not a tuning")
+        distribution, candidates = rebuild_candidates(job.spec, job.algorithm, dataset, job.event)
+        first = candidates[0].rebuilt
+        claimed = Claimed(
+            job=job,
+            dataset=dataset,
+            plan=first.plan,
+            evaluation=first.evaluation,
+            hyperparameters=first.hyperparameters,
+            training=first.training,
+            tuning=TuningClaim(distribution, candidates, metric=job.spec["tuning"]["selection"]["metric"]),
         )
+        self._tuning = _SlotTuning(claimed=claimed, schedule=job.spec["tuning"]["schedule"])
+        return self._tuning
+
+    def _slot_trial(self, tuning: _SlotTuning, *, clock: SlotClock, stop: Pacer) -> SlotTrial:
+        """Take the next pending trial and run it: stopped at the trial time limit (it then
+        releases nothing), its model kept as a private file while it may win."""
+        claimed = tuning.claimed
+        assert claimed.tuning is not None
+        taken = trial_queue.take(self.db, job_id=claimed.job.id, attempt=claimed.attempt, worker=self.actor)
+        if taken is None:
+            return SlotTrial.NONE
+        device = _training_device()
+        if tuning.data is None:
+            tuning.data = self._load_data_and_units(claimed.dataset, device)
+        X, y, unit_codes = tuning.data
+        ran = self._run_trial(
+            claimed,
+            taken.candidate,
+            X=X,
+            y=y,
+            unit_codes=unit_codes,
+            device=device,
+            stop=lambda: stop() or clock.trial_timed_out(),
+        )
+        if stop.stopped:
+            return SlotTrial.STOPPED
+        if ran is None:
+            trial_queue.lapse(self.db, trial=taken)
+            return SlotTrial.LAPSED
+        metrics, model = ran
+        result = TrialResult(
+            seq=taken.seq, candidate=taken.candidate, metrics=metrics, score=score_of(metrics, claimed.tuning.metric)
+        )
+        finished = trial_queue.finished(self.db, job_id=claimed.job.id, attempt=claimed.attempt)
+        rivals = [TrialResult(seq=t.seq, candidate=t.candidate, metrics=t.metrics, score=t.score) for t in finished]
+        name = None
+        if best_of([*rivals, result], claimed.tuning.metric) is result:  # else its model is never needed
+            name = self.trial_files.name(taken)
+            self.trial_files.keep(name, self._write_trial_model(claimed, taken.candidate, model))
+        recorded = trial_queue.finish(
+            self.db,
+            trial=taken,
+            score=result.score,
+            metrics=metrics,
+            model_file=name,
+            device=device_label(device),
+        )
+        if not recorded:
+            self.trial_files.discard([name] if name is not None else [])
+            return SlotTrial.STOPPED
+        return SlotTrial.FINISHED
 
     def _write_trial_model(self, claimed: Claimed, index: int, model: torch.nn.Module) -> Path:
         """Candidate ``index``'s trained model as the artifact its job would release."""
@@ -925,23 +965,6 @@ class JobRunner:
         """Store the model, then commit the charge and write the report in one transaction;
         ``single_job``: the planned run's single-job ε, if it was started while training."""
         assert outcome.model_path is not None
-        selected: lifecycle.SelectedTrial | None = None
-        if claimed.tuning is not None:  # the report and the job describe the released trial
-            assert outcome.selected is not None
-            chosen = claimed.tuning.candidates[outcome.selected]
-            claimed = dataclasses.replace(
-                claimed,
-                plan=chosen.rebuilt.plan,
-                evaluation=chosen.rebuilt.evaluation,
-                hyperparameters=chosen.rebuilt.hyperparameters,
-                training=chosen.rebuilt.training,
-            )
-            selected = lifecycle.SelectedTrial(
-                spec={**chosen.spec, "tuning": {**claimed.job.spec["tuning"], "selected": chosen.assignment}},
-                noise_multiplier=chosen.noise_multiplier,
-                sampling_probability=chosen.sampling_probability,
-                steps=chosen.steps,
-            )
         model_key, model_sha = self.blobs.put_file(outcome.model_path)
         steps_run = outcome.result.steps_run
         actual = claimed.event_json(steps_run, evaluated=True)
@@ -989,9 +1012,6 @@ class JobRunner:
             report["released_weights"] = released_weights_section(claimed.training.ema_decay)
             report["augmentation"] = augmentation_section(claimed.training.augmult)
             report["execution"] = outcome.execution
-            if selected is not None:
-                report["tuning"] = tuning_section(commit.job.spec["tuning"], metrics=outcome.metrics)
-                report["caveats"].insert(0, TUNING_CAVEAT)
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key
 
@@ -1002,7 +1022,6 @@ class JobRunner:
             model_sha256=model_sha,
             metrics=outcome.metrics,
             epsilon_prv=epsilon.epsilon,
-            selected=selected,
         )
         if not lifecycle.succeed(
             self.db, attempt=claimed.held, success=success, actor=self.actor, write_report=write_report

@@ -7,7 +7,7 @@ from functools import lru_cache
 from celery import shared_task
 
 from app.config import get_settings
-from app.queue import RUN_JOB_TASK, RUN_TRIALS_TASK
+from app.queue import RUN_JOB_TASK, RUN_SLOT_TASK
 from app.services import CeleryDispatcher
 from worker.runner import JobRunner
 
@@ -16,7 +16,7 @@ from worker.runner import JobRunner
 def _runner() -> JobRunner:
     settings = get_settings()
     dispatcher = CeleryDispatcher(settings)
-    return JobRunner(settings, dispatcher=dispatcher, helpers=dispatcher)
+    return JobRunner(settings, dispatcher=dispatcher)
 
 
 @shared_task(name=RUN_JOB_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints
@@ -24,6 +24,6 @@ def run_job(job_id: str) -> str:
     return _runner().run(job_id)
 
 
-@shared_task(name=RUN_TRIALS_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints
-def run_trials(job_id: str, attempt: int) -> str:
-    return _runner().help_with_trials(job_id, attempt)
+@shared_task(name=RUN_SLOT_TASK, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]  # celery has no type hints
+def run_tuning_slot(job_id: str, attempt: int, slot: int) -> str:
+    return _runner().run_slot(job_id, attempt=attempt, slot=slot)

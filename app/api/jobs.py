@@ -28,7 +28,7 @@ from app.api.routing import ReleasingRoute
 from app.api.stream_access import api_reader, bearer_key_digest
 from app.api.stream_slots import StreamSlot
 from app.base_models.init import resolve_init
-from app.fair_dispatch import dispatch_fairly
+from app.fair_dispatch import dispatch_with_settings
 from app.idempotency import IdempotentRequest, create_once, earlier
 from app.job_planning import JobPlan, facts_of, job_choices, plan_job, request_hash
 from app.job_routing import route_job
@@ -188,7 +188,7 @@ def submit(
         return _replayed(job)
     out = job_out(job)
     try:  # sent now if the tenant has a free slot in the broker (app/fair_dispatch.py)
-        dispatch_fairly(services.db, services.dispatcher, per_tenant=services.settings.dispatch_per_tenant)
+        dispatch_with_settings(services.db, services.dispatcher, services.settings)
     except Exception:  # the reconciler sends queued jobs in its next round
         log.exception("dispatch failed", extra={"job_id": out.id})
     log.info("job admitted", extra={"job_id": out.id, "tenant_id": tenant.id})

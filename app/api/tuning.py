@@ -21,7 +21,7 @@ from app.api.jobs import job_planner
 from app.api.planning_slots import PlanningSlotDep
 from app.api.routing import ReleasingRoute
 from app.errors import NotFound, not_found
-from app.fair_dispatch import dispatch_fairly
+from app.fair_dispatch import dispatch_with_settings
 from app.idempotency import IdempotentRequest, create_once, earlier
 from app.job_planning import facts_of
 from app.job_routing import route_job
@@ -29,9 +29,10 @@ from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Job, PrivacyBudget, Tenant, TuningJob
 from app.pagination import cursor_id, decode_cursor, encode_cursor
-from app.schemas.tuning import TuningCreate, TuningEstimate, TuningList, TuningOut, TuningTrials
+from app.schemas.tuning import TuningCreate, TuningEstimate, TuningList, TuningOut, TuningSchedule, TuningTrials
 from app.services import Services
-from app.tuning.planning import TuningPlan, plan_tuning
+from app.tuning import slots as tuning_slots
+from app.tuning.planning import TuningLimits, TuningPlan, plan_tuning
 
 router = APIRouter(prefix="/v1/tuning-jobs", tags=["tuning"], route_class=ReleasingRoute)
 log = logging.getLogger("privtrain.api.tuning")
@@ -41,11 +42,18 @@ def _plan(
     services: Services, session: Session, tenant: Tenant, request: TuningCreate
 ) -> tuple[TuningPlan, PrivacyBudget, str]:
     plan_candidate, dataset, budget = job_planner(services, session, tenant, request.base)
+    settings = services.settings
     plan = plan_tuning(
         request,
         dataset,
         plan_candidate=plan_candidate,
         rng=random.Random(secrets.randbits(128)),  # the pool is public: drawn before any data is read
+        limits=TuningLimits(
+            max_trials=settings.tuning_max_trials,
+            slot_margin_s=settings.tuning_slot_margin_s,
+            parallel_slots=settings.tuning_parallel_trials,
+            max_slot_seconds=settings.job_time_limit_s,
+        ),
     )
     return plan, budget, route_job(request.base, plan.carrier, facts_of(dataset), services.settings)
 
@@ -53,8 +61,26 @@ def _plan(
 def _trials(tuning: dict[str, object]) -> TuningTrials:
     trials = tuning["trials"]
     assert isinstance(trials, dict)
+    maximum = trials.get("maximum")
     return TuningTrials(
-        distribution=str(trials["distribution"]), parameters=dict(trials["parameters"]), expected=float(trials["mean"])
+        distribution=str(trials["distribution"]),
+        parameters=dict(trials["parameters"]),
+        expected=float(trials["mean"]),
+        maximum=None if maximum is None else int(maximum),
+    )
+
+
+def _schedule(tuning: dict[str, object], *, slots_done: int) -> TuningSchedule | None:
+    stored = tuning.get("schedule")
+    if not isinstance(stored, dict):
+        return None  # admitted before slots existed
+    return TuningSchedule(
+        slots=int(stored["slots"]),
+        slots_done=slots_done,
+        trial_time_limit_s=float(stored["trial_time_limit_s"]),
+        slot_seconds=float(stored["slot_seconds"]),
+        parallel_slots=int(stored["parallel_slots"]),
+        worker_seconds=int(stored["slots"]) * float(stored["slot_seconds"]),
     )
 
 
@@ -73,7 +99,8 @@ def _candidates(tuning: dict[str, object]) -> list[dict[str, object]]:
     ]
 
 
-def tuning_out(tuning: TuningJob, job: Job) -> TuningOut:
+def tuning_out(tuning: TuningJob, job: Job, *, slots_done: int = 0) -> TuningOut:
+    """The view; ``slots_done`` counts finished slots (public: every slot lasts the same)."""
     spec = job.spec["tuning"]
     succeeded = job.status == JobStatus.SUCCEEDED
     links = {"self": f"/v1/tuning-jobs/{tuning.id}", "job": f"/v1/jobs/{job.id}"}
@@ -92,6 +119,7 @@ def tuning_out(tuning: TuningJob, job: Job) -> TuningOut:
         trials=_trials(spec),
         search_space=spec["search_space"],
         candidates=_candidates(spec),
+        schedule=_schedule(spec, slots_done=slots_done),
         epsilon_ledger=job.epsilon_ledger,
         epsilon_committed=job.epsilon_committed,
         epsilon_one_trial=spec["epsilon_one_trial"],
@@ -113,6 +141,8 @@ def estimate(
 ) -> TuningEstimate:
     """What the whole tuning would be charged (one ledger entry), against its trials as separate jobs."""
     plan, budget, _ = _plan(services, session, tenant, request)
+    schedule = _schedule(plan.carrier.spec["tuning"], slots_done=0)
+    assert schedule is not None  # every tuning planned now has one
     return TuningEstimate(
         epsilon_ledger=plan.carrier.epsilon_ledger,
         epsilon_separate_jobs=plan.epsilon_separate_jobs,
@@ -122,6 +152,7 @@ def estimate(
         budget_remaining_epsilon=ledger.remaining_epsilon(budget),
         candidates=_candidates(plan.carrier.spec["tuning"]),
         trials=_trials(plan.carrier.spec["tuning"]),
+        schedule=schedule,
     )
 
 
@@ -183,7 +214,7 @@ def create(
     if replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     try:
-        dispatch_fairly(services.db, services.dispatcher, per_tenant=services.settings.dispatch_per_tenant)
+        dispatch_with_settings(services.db, services.dispatcher, services.settings)
     except Exception:
         log.exception("dispatch failed", extra={"job_id": job.id})
     log.info("tuning admitted", extra={"tuning_id": tuning.id, "job_id": job.id, "tenant_id": tenant.id})
@@ -211,7 +242,7 @@ def _tuning_for(session: Session, tenant: Tenant, tuning_id: str) -> tuple[Tunin
 @router.get("/{tuning_id}", response_model=TuningOut)
 def get_tuning(tuning_id: str, session: SessionDep, tenant: TenantDep) -> TuningOut:
     tuning, job = _tuning_for(session, tenant, tuning_id)
-    return tuning_out(tuning, job)
+    return tuning_out(tuning, job, slots_done=tuning_slots.done_count(session, job))
 
 
 @router.get("", response_model=TuningList)
@@ -233,15 +264,15 @@ def list_tunings(
         (after,) = decode_cursor(cursor, fields=[cursor_id])
         query = query.where(TuningJob.id < after)
     rows = list(session.execute(query).all())
-    items = [tuning_out(tuning, job) for tuning, job in rows[:limit]]
+    items = [tuning_out(tuning, job, slots_done=tuning_slots.done_count(session, job)) for tuning, job in rows[:limit]]
     next_cursor = encode_cursor([rows[limit - 1][0].id]) if len(rows) > limit else None
     return TuningList(items=items, next_cursor=next_cursor)
 
 
 @router.post("/{tuning_id}/cancel", status_code=202, response_model=TuningOut)
 def cancel(tuning_id: str, services: ServicesDep, session: SessionDep, tenant: TenantDep) -> TuningOut:
-    """Queued: released at once. Running: stops at its next check and commits the whole tuning's
-    charge (a partial tuning cannot be charged less without revealing how many trials ran)."""
+    """Queued: released at once. Running: ends at once and commits the whole tuning's charge (a
+    partial tuning cannot be charged less without revealing how many trials ran); its slots stop."""
     tuning, job = _tuning_for(session, tenant, tuning_id)
     job_for(session, tenant, job.id, need="cancel")
     session.close()

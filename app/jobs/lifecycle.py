@@ -317,22 +317,6 @@ def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: st
     return job
 
 
-def heartbeat(db: Database, *, attempt: Attempt) -> bool:
-    """Heartbeat without a progress event (a tuning: its progress would tell how many trials it
-    drew); True when the worker should stop, as for :func:`record_progress`."""
-    with db.write_transaction() as tx:
-        mine = changed_rows(
-            tx,
-            update(Job)
-            .where(Job.id == attempt.job_id, Job.status == JobStatus.RUNNING, Job.attempt == attempt.number)
-            .values(heartbeat_at=utcnow()),
-        )
-        if mine != 1:
-            return True
-        current = tx.get(Job, attempt.job_id, populate_existing=True)
-        return bool(current is not None and current.cancel_requested)
-
-
 def record_progress(db: Database, *, attempt: Attempt, step: int, steps_planned: int, epsilon_spent: float) -> bool:
     """Heartbeat and ``progress`` event; True when the worker should stop (a cancel was asked
     for, or this attempt no longer owns the job: a newer attempt does, or it was settled)."""
@@ -493,8 +477,10 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
     settle a cancelled job's budget differently. A queued job ends at once: its reservation goes
     back to the budget, unless a lost attempt already opened the data (requeued), in which case
     the whole reservation is committed, as for a crash. A running job gets ``cancel_requested``
-    and stops at its next step (the worker settles it with :func:`stop_early`). Raises
-    :class:`JobNotCancellable` for a job that has already ended.
+    and stops at its next step (the worker settles it with :func:`stop_early`). A running private
+    tuning ends at once, committing its whole reservation (as it would however it ended): when its
+    workers notice depends on what its slots were doing, which must not show (app/tuning/slots.py).
+    Raises :class:`JobNotCancellable` for a job that has already ended.
     """
     with db.write_transaction() as tx:
         budget, public = _lock(tx, dataset_id)
@@ -519,12 +505,23 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
                 tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled after a lost attempt"
             )
             add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run})
+        elif job.status == JobStatus.RUNNING and _is_tuning(job):
+            job.cancel_requested = True
+            job.status = JobStatus.CANCELLED
+            job.finished_at = utcnow()
+            ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled")
+            add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0})
         elif job.status == JobStatus.RUNNING:
             job.cancel_requested = True
             add_job_event(tx, job.id, JobEventKind.CANCEL_REQUESTED, {})
         else:
             raise JobNotCancellable(job.status)
     return job
+
+
+def _is_tuning(job: Job) -> bool:
+    """A private tuning's job (app/tuning/planning.py): its whole reservation is its charge."""
+    return isinstance(job.spec.get("tuning"), dict)
 
 
 # ---------------------------------------------------------------------------------- reconciler

@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Final, TypeVar
 
 from app.privacy.errors import PrivacyEventError
 
@@ -185,6 +185,39 @@ def _register_distribution(cls: type[_E]) -> type[_E]:
     return cls
 
 
+def _set_tnb_shape(owner: object) -> None:
+    """eta > -1 and 0 < gamma < 1: the parameters of D_{eta,gamma}."""
+    name = type(owner).__name__
+    eta = _number(owner, "eta")
+    if not eta > -1.0:
+        raise PrivacyEventError(f"{name}.eta must be > -1, got {eta!r}")
+    gamma = _number(owner, "gamma")
+    if not 0.0 < gamma < 1.0:
+        raise PrivacyEventError(f"{name}.gamma must be in (0, 1), got {gamma!r}")
+    object.__setattr__(owner, "eta", eta)
+    object.__setattr__(owner, "gamma", gamma)
+
+
+def _set_poisson_mean(owner: object) -> None:
+    mean = _number(owner, "mean")
+    if not mean >= 1.0:
+        raise PrivacyEventError(f"{type(owner).__name__}.mean must be >= 1, got {mean!r}")
+    object.__setattr__(owner, "mean", mean)
+
+
+MAX_TRIALS_LIMIT: Final[int] = 10_000
+"""The largest public maximum a bounded trial distribution may name (its pmf is summed term by term)."""
+
+
+def _set_maximum(owner: object) -> None:
+    value = _number(owner, "maximum")
+    if not value.is_integer() or not 1 <= value <= MAX_TRIALS_LIMIT:
+        raise PrivacyEventError(
+            f"{type(owner).__name__}.maximum must be a whole number from 1 to {MAX_TRIALS_LIMIT}, got {value!r}"
+        )
+    object.__setattr__(owner, "maximum", int(value))
+
+
 @_register_distribution
 @dataclass(frozen=True)
 class TruncatedNegativeBinomial:
@@ -197,14 +230,7 @@ class TruncatedNegativeBinomial:
     gamma: float
 
     def __post_init__(self) -> None:
-        eta = _number(self, "eta")
-        if not eta > -1.0:
-            raise PrivacyEventError(f"TruncatedNegativeBinomial.eta must be > -1, got {eta!r}")
-        gamma = _number(self, "gamma")
-        if not 0.0 < gamma < 1.0:
-            raise PrivacyEventError(f"TruncatedNegativeBinomial.gamma must be in (0, 1), got {gamma!r}")
-        object.__setattr__(self, "eta", eta)
-        object.__setattr__(self, "gamma", gamma)
+        _set_tnb_shape(self)
 
 
 @_register_distribution
@@ -217,14 +243,60 @@ class PoissonTrials:
     mean: float
 
     def __post_init__(self) -> None:
-        mean = _number(self, "mean")
-        if not mean >= 1.0:
-            raise PrivacyEventError(f"PoissonTrials.mean must be >= 1, got {mean!r}")
-        object.__setattr__(self, "mean", mean)
+        _set_poisson_mean(self)
 
 
-TrialDistribution = TruncatedNegativeBinomial | PoissonTrials
+@_register_distribution
+@dataclass(frozen=True)
+class BoundedTruncatedNegativeBinomial:
+    """D_{eta,gamma} conditioned on K <= ``maximum``, a public cap: the tuning's schedule (one slot
+    per possible trial) is then fixed before K is drawn, so nothing observable depends on K; the
+    conditioning costs a small, exactly computed surcharge (docs/privacy-model.md#tuning)."""
+
+    KIND: ClassVar[str] = "bounded_truncated_negative_binomial"
+    eta: float
+    gamma: float
+    maximum: int
+
+    def __post_init__(self) -> None:
+        _set_tnb_shape(self)
+        _set_maximum(self)
+
+    @property
+    def unbounded(self) -> TruncatedNegativeBinomial:
+        return TruncatedNegativeBinomial(eta=self.eta, gamma=self.gamma)
+
+
+@_register_distribution
+@dataclass(frozen=True)
+class BoundedPoissonTrials:
+    """Poisson(mean) conditioned on K <= ``maximum`` (K = 0 still releases nothing)."""
+
+    KIND: ClassVar[str] = "bounded_poisson"
+    mean: float
+    maximum: int
+
+    def __post_init__(self) -> None:
+        _set_poisson_mean(self)
+        _set_maximum(self)
+
+    @property
+    def unbounded(self) -> PoissonTrials:
+        return PoissonTrials(mean=self.mean)
+
+
+BoundedTrialDistribution = BoundedTruncatedNegativeBinomial | BoundedPoissonTrials
+"""A trial-count distribution with a public maximum (every tuning admitted since the maximum exists)."""
+
+TrialDistribution = TruncatedNegativeBinomial | PoissonTrials | BoundedTruncatedNegativeBinomial | BoundedPoissonTrials
 """How many trials a hyperparameter tuning run makes (drawn independently of the data, never released)."""
+
+TRIAL_DISTRIBUTION_TYPES: tuple[type, ...] = (
+    TruncatedNegativeBinomial,
+    PoissonTrials,
+    BoundedTruncatedNegativeBinomial,
+    BoundedPoissonTrials,
+)
 
 TRIAL_DISTRIBUTION_KINDS: Mapping[str, type] = MappingProxyType(_DISTRIBUTION_KINDS)
 
@@ -244,7 +316,7 @@ class HyperparameterTuningEvent:
     candidates: tuple[PrivacyEvent, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.distribution, (TruncatedNegativeBinomial, PoissonTrials)):
+        if not isinstance(self.distribution, TRIAL_DISTRIBUTION_TYPES):
             raise PrivacyEventError(
                 f"HyperparameterTuningEvent.distribution must be a trial distribution, got {self.distribution!r}"
             )

@@ -20,6 +20,7 @@ is one block, not an if/elif in every function. Costs are rounded up (app.privac
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -28,7 +29,15 @@ from typing import Final, TypeVar
 
 from app.privacy.curves import validate_curve
 from app.privacy.errors import PrivacyEventError
-from app.privacy.events import PoissonTrials, TrialDistribution, TruncatedNegativeBinomial
+from app.privacy.events import (
+    MAX_TRIALS_LIMIT,
+    BoundedPoissonTrials,
+    BoundedTrialDistribution,
+    BoundedTruncatedNegativeBinomial,
+    PoissonTrials,
+    TrialDistribution,
+    TruncatedNegativeBinomial,
+)
 from app.privacy.orders import ORDERS, Curve
 from app.privacy.rounding import RELATIVE_SLACK, round_up, round_up_sum
 
@@ -318,3 +327,200 @@ _model_for(
     PoissonTrials,
     _Model(log_mean=_poisson_log_mean, probability=_poisson_probability, sample=_poisson_sample, curve=_poisson_curve),
 )
+
+
+# ----------------------------------------------------------------------------- a public maximum
+
+TRUNCATION_SLACK: Final[float] = 1e-9
+"""Relative slack on the sums behind a truncation's cost. Each pmf term is an exp of a few lgamma
+and log terms whose absolute error stays below 1e-11 for k <= MAX_TRIALS_LIMIT; math.fsum adds
+them exactly; the closed-form mean is accurate to ~1e-15. 1e-9 dominates all of it."""
+
+MIN_TRUNCATED_MASS: Final[float] = 0.5
+"""A maximum must keep at least half of the distribution: below its median the conditioning would
+cost more than log 2/(a-1) at every order and the rejection sampler could loop for long."""
+
+DEFAULT_SHARE_KEPT: Final[float] = 0.99
+"""The default maximum keeps 99% of E[K] (rho >= 0.99): its surcharge is at most log(1/0.99) ~ 0.01."""
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What conditioning K ~ D on K <= M costs, both terms rounded up (docs/privacy-model.md#tuning):
+
+    * ``log_inverse_share`` = log(E[K] / E[K; K <= M]) = log(1/rho), added at every order;
+    * ``log_inverse_mass`` = log(1 / P[K <= M]) = log(1/Z), added divided by (a - 1).
+
+    ``mass`` and ``mean`` are the conditioned distribution's P[K <= M] and E[K | K <= M] (for
+    display; the cost uses the rounded terms)."""
+
+    log_inverse_share: float
+    log_inverse_mass: float
+    mass: float
+    mean: float
+
+
+def _head_sums(unbounded: TrialDistribution, maximum: int) -> tuple[float, float]:
+    """P[K <= maximum] and E[K; K <= maximum] of an unbounded distribution, by exact summation."""
+    model = _model(unbounded)
+    probabilities = [model.probability(unbounded, k) for k in range(maximum + 1)]
+    return math.fsum(probabilities), math.fsum(k * p for k, p in enumerate(probabilities))
+
+
+@functools.lru_cache(maxsize=256)
+def truncation(distribution: BoundedTrialDistribution) -> Truncation:
+    """The cost terms of a bounded distribution; raises when its maximum keeps less than half of it."""
+    unbounded = distribution.unbounded
+    mass, head_mean = _head_sums(unbounded, distribution.maximum)
+    mass_low = min(1.0, mass * (1.0 - TRUNCATION_SLACK))
+    if not mass_low >= MIN_TRUNCATED_MASS:
+        raise PrivacyEventError(
+            f"a maximum of {distribution.maximum} trials keeps only {mass:.3g} of the distribution's mass: "
+            f"it must be at least its median (keep at least {MIN_TRUNCATED_MASS:g})"
+        )
+    mean_high = round_up(round_up(math.exp(_model(unbounded).log_mean(unbounded))) * (1.0 + TRUNCATION_SLACK))
+    head_low = min(mean_high, head_mean * (1.0 - TRUNCATION_SLACK))
+    return Truncation(
+        log_inverse_share=round_up(math.log(mean_high) - math.log(head_low)) if head_low > 0.0 else 0.0,
+        log_inverse_mass=round_up(-math.log(mass_low)),
+        mass=mass,
+        mean=head_mean / mass,
+    )
+
+
+def default_maximum(distribution: TrialDistribution, *, cap: int) -> int:
+    """The smallest maximum whose conditioning keeps DEFAULT_SHARE_KEPT of E[K] (a surcharge of at
+    most ~0.01 at every order), but at most ``cap`` (the service's limit on slots)."""
+    if not 1 <= cap <= MAX_TRIALS_LIMIT:
+        raise PrivacyEventError(f"the cap on the maximum must be from 1 to {MAX_TRIALS_LIMIT}, got {cap!r}")
+    model = _model(distribution)
+    target = DEFAULT_SHARE_KEPT * math.exp(model.log_mean(distribution))
+    head = 0.0
+    for k in range(1, cap + 1):
+        head += k * model.probability(distribution, k)
+        if head >= target:
+            return k
+    return cap
+
+
+def _conditioned_mean(unbounded: TrialDistribution, maximum: int) -> float:
+    mass, head = _head_sums(unbounded, maximum)
+    return head / mass if mass > 0.0 else 0.0
+
+
+def _solve_increasing(mean_at: Callable[[float], float], lo: float, hi: float, target: float) -> float:
+    """The x in [lo, hi] with mean_at(x) = target (to ~1e-12), for mean_at increasing in x."""
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if mean_at(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def bounded_for_mean(
+    kind: str, *, mean: float, maximum: int | None, cap: int, eta: float = 0.0
+) -> BoundedTrialDistribution:
+    """The distribution of ``kind`` ("truncated-negative-binomial" with shape ``eta``, or
+    "poisson") conditioned on K <= maximum whose conditioned mean E[K | K <= maximum] is ``mean``.
+    Without a maximum, the default one (:func:`default_maximum`, at most ``cap``) for the
+    unbounded distribution of that mean. Raises when the mean is out of reach of the maximum, or
+    the maximum keeps less than half of the distribution."""
+    if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not math.isfinite(mean) or not mean > 1.0:
+        raise PrivacyEventError(f"the mean number of trials must be a finite number > 1, got {mean!r}")
+    bounded: BoundedTrialDistribution
+    if kind == "poisson":
+        if maximum is None:
+            maximum = default_maximum(PoissonTrials(mean=mean), cap=cap)
+        top = _conditioned_mean(PoissonTrials(mean=4.0 * maximum + 64.0), maximum)
+        if not mean < top:
+            raise PrivacyEventError(f"a mean of {mean:g} trials is out of reach with at most {maximum}")
+        mu = _solve_increasing(
+            lambda m: _conditioned_mean(PoissonTrials(mean=m), maximum), 1.0, 4.0 * maximum + 64.0, mean
+        )
+        bounded = BoundedPoissonTrials(mean=mu, maximum=maximum)
+    elif kind == "truncated-negative-binomial":
+        TruncatedNegativeBinomial(eta, 0.5)  # validates eta
+        top_k = (
+            maximum
+            if maximum is not None
+            else default_maximum(truncated_negative_binomial_for_mean(mean, eta), cap=cap)
+        )
+
+        def tnb(x: float) -> TruncatedNegativeBinomial:
+            """x = log(1/gamma): the conditioned mean grows with it."""
+            return TruncatedNegativeBinomial(eta, math.exp(-x))
+
+        def tnb_mean(x: float) -> float:
+            return _conditioned_mean(tnb(x), top_k)
+
+        top = tnb_mean(-_MIN_LOG_GAMMA)
+        if not mean < top:
+            raise PrivacyEventError(
+                f"a mean of {mean:g} trials is out of reach with at most {top_k} for this distribution "
+                f"(at most {top:.3g}): raise the maximum"
+            )
+        unbounded = tnb(_solve_increasing(tnb_mean, 1e-12, -_MIN_LOG_GAMMA, mean))
+        bounded = BoundedTruncatedNegativeBinomial(eta=unbounded.eta, gamma=unbounded.gamma, maximum=top_k)
+    else:
+        raise PrivacyEventError(f"unknown trial distribution {kind!r}")
+    truncation(bounded)  # refuses a maximum below the median
+    return bounded
+
+
+def _bounded_probability(distribution: TrialDistribution, k: int) -> float:
+    assert isinstance(distribution, (BoundedTruncatedNegativeBinomial, BoundedPoissonTrials))
+    if k > distribution.maximum:
+        return 0.0
+    return _model(distribution.unbounded).probability(distribution.unbounded, k) / truncation(distribution).mass
+
+
+def _bounded_log_mean(distribution: TrialDistribution) -> float:
+    assert isinstance(distribution, (BoundedTruncatedNegativeBinomial, BoundedPoissonTrials))
+    return math.log(truncation(distribution).mean)
+
+
+def _bounded_sample(distribution: TrialDistribution, rng: random.Random) -> int:
+    """Rejection: draws of the unbounded distribution until one is <= maximum, which is exactly K
+    conditioned on K <= maximum (at most 2 draws on average: the maximum keeps half the mass)."""
+    assert isinstance(distribution, (BoundedTruncatedNegativeBinomial, BoundedPoissonTrials))
+    truncation(distribution)  # refuses a maximum below the median before any loop
+    unbounded = distribution.unbounded
+    while True:
+        k = _model(unbounded).sample(unbounded, rng)
+        if k <= distribution.maximum:
+            return k
+
+
+def _bounded_curve(distribution: TrialDistribution, curve: Curve) -> Curve:
+    """The unbounded distribution's tuned curve plus log(1/rho) + log(1/Z)/(a - 1).
+
+    Why it holds: with f the probability generating function of K and f_M that of K | K <= M,
+    rho f'(t)/Z <= f_M'(t) <= f'(t)/Z on [0, 1] (every term of f' above degree M - 1 grows faster
+    in t than every term below, so the share kept is smallest at t = 1, where it is rho). The
+    probability of each output of best-of-K is an average of f' over an interval of [0, 1] times a
+    trial's own probability, so P_M <= P/Z on one dataset and P'_M >= rho P'/Z on the other; in the
+    Rényi sum of P_M^a P'_M^(1-a) that is at most rho^(1-a)/Z times the unbounded sum."""
+    assert isinstance(distribution, (BoundedTruncatedNegativeBinomial, BoundedPoissonTrials))
+    cost = truncation(distribution)
+    unbounded = distribution.unbounded
+    base = _model(unbounded).curve(unbounded, curve)
+    return tuple(
+        round_up_sum((value, cost.log_inverse_share, cost.log_inverse_mass / (a - 1.0)))
+        for a, value in zip(ORDERS, base, strict=True)
+    )
+
+
+for _bounded_type in (BoundedTruncatedNegativeBinomial, BoundedPoissonTrials):
+    _model_for(
+        _bounded_type,
+        _Model(
+            log_mean=_bounded_log_mean,
+            probability=_bounded_probability,
+            sample=_bounded_sample,
+            curve=_bounded_curve,
+        ),
+    )

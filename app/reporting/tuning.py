@@ -8,10 +8,21 @@ TUNING_CAVEAT = (
     "This job is a private hyperparameter tuning: it ran a secret random number of trials, each a "
     "configuration drawn at random from the public pool below, and released only the best trial's "
     "model, configuration and DP hold-out metric. Its charge (the ledger ε above) covers all of them "
-    "together (Papernot and Steinke's bound for the number-of-trials distribution stated below), "
-    "provided the number of trials stays secret: the service never shows it, though the tuning's "
-    "running time grows with it."
+    "together (Papernot and Steinke's bound for the number-of-trials distribution stated below, "
+    "conditioned on its public maximum), provided the number of trials stays secret: the service never "
+    "shows it, and the tuning ran in one slot of fixed length per possible trial, so that neither its "
+    "running time nor anyone's view of the workers depends on it."
 )
+
+
+def tuning_execution(device: str) -> dict[str, Any]:
+    """The report's execution section of a tuning: the device of the released trial only (its
+    duration, steps and throughput, or the tuning's, could count trials)."""
+    return {
+        "device": device,
+        "statement": f"the released trial ran on {device}; durations, steps and throughput are not shown: "
+        "they could tell how many trials the tuning ran",
+    }
 
 
 def tuning_section(tuning: dict[str, Any], *, metrics: dict[str, Any] | None) -> dict[str, Any]:
@@ -24,8 +35,10 @@ def tuning_section(tuning: dict[str, Any], *, metrics: dict[str, Any] | None) ->
             "distribution": tuning["trials"]["distribution"],
             "parameters": tuning["trials"]["parameters"],
             "expected": tuning["trials"]["mean"],
+            "maximum": tuning["trials"].get("maximum"),
             "count": "not shown: the guarantee holds for the released trial only while it stays secret",
         },
+        "schedule": tuning.get("schedule"),
         "candidates": [
             {"assignment": c["assignment"], "epsilon_ledger": c["epsilon_ledger"], "steps": c["steps"]}
             for c in tuning["candidates"]

@@ -46,6 +46,15 @@ class TrialsSpec(_Strict):
         description="truncated-negative-binomial only: its shape η (default 0: the logarithmic distribution; "
         "1: the geometric one)",
     )
+    maximum: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="the public maximum of K: K is drawn from the distribution conditioned on K <= maximum, and "
+        "the tuning runs in this many slots of worker time whatever K is (at most the service's "
+        "PRIVTRAIN_TUNING_MAX_TRIALS; default: the smallest maximum that keeps 99% of E[K], which adds at most "
+        "about 0.01 to the tuning's RDP)",
+    )
 
     @model_validator(mode="after")
     def _eta_for_tnb(self) -> TrialsSpec:
@@ -83,11 +92,25 @@ class TuningCreate(_Strict):
 class TuningTrials(BaseModel):
     distribution: str
     parameters: dict[str, float]
-    expected: float = Field(description="E[K], the expected number of trials")
+    expected: float = Field(description="E[K], the expected number of trials (with K at most its maximum)")
+    maximum: int | None = Field(
+        default=None, description="the public maximum of K (None for tunings admitted before maximums existed)"
+    )
     count_shown: bool = Field(
         default=False,
         description="always false: the number of trials drawn, and how many have run, are never shown",
     )
+
+
+class TuningSchedule(BaseModel):
+    """When a tuning runs: public, fixed at admission, the same whatever number of trials is drawn."""
+
+    slots: int = Field(description="one slot of worker time per possible trial: the trials' public maximum")
+    slots_done: int = Field(description="slots finished so far (each lasts slot_seconds, with or without a trial)")
+    trial_time_limit_s: float = Field(description="a trial still training after this long releases nothing")
+    slot_seconds: float = Field(description="how long every slot takes: the trial time limit plus a margin")
+    parallel_slots: int = Field(description="at most this many of the tuning's slots run at a time")
+    worker_seconds: float = Field(description="the worker time all slots take together: slots × slot_seconds")
 
 
 class TuningOut(BaseModel):
@@ -116,6 +139,9 @@ class TuningOut(BaseModel):
         description="the configurations the trials choose from (public: drawn without looking at the data), "
         "each with its per-trial noise, steps and ε"
     )
+    schedule: TuningSchedule | None = Field(
+        default=None, description="the tuning's slots (None for tunings admitted before slots existed)"
+    )
     epsilon_ledger: float = Field(description="what the whole tuning reserves, at δ: one ledger entry")
     epsilon_committed: float | None = Field(
         default=None, description="what it committed once ended (the whole reservation, however it ended)"
@@ -139,6 +165,7 @@ class TuningEstimate(BaseModel):
     budget_remaining_epsilon: float | None
     candidates: list[dict[str, Any]]
     trials: TuningTrials
+    schedule: TuningSchedule
 
 
 class TuningList(BaseModel):

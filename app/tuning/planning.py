@@ -23,6 +23,8 @@ from app.job_planning import JobPlan, RebuiltJob, compose_job_event, rebuild_job
 from app.models import Dataset
 from app.privacy import HyperparameterTuningEvent, PoissonTrials, TrialDistribution, TruncatedNegativeBinomial
 from app.privacy.curves import add_curves, max_curves, zero_curve
+from app.privacy.events import BoundedPoissonTrials, BoundedTrialDistribution, BoundedTruncatedNegativeBinomial
+from app.privacy.tuning import bounded_for_mean
 from app.schemas.jobs import JobCreate
 from app.schemas.tuning import TrialsSpec, TuningCreate
 from app.tuning.search_space import Assignment, apply, candidate_pool
@@ -37,28 +39,85 @@ def _invalid(detail: str, slug: str = "invalid-tuning-spec") -> InvalidInput:
     return InvalidInput(slug=slug, detail=detail)
 
 
-def distribution_for(trials: TrialsSpec) -> TrialDistribution:
-    """The trial-count distribution a request names, from its mean."""
-    if trials.distribution == "poisson":
-        return PoissonTrials(mean=trials.mean)
-    return privacy.truncated_negative_binomial_for_mean(trials.mean, DEFAULT_ETA if trials.eta is None else trials.eta)
+@dataclass(frozen=True)
+class TuningLimits:
+    """The service's settings a tuning is planned under (frozen into its schedule at admission)."""
+
+    max_trials: int
+    """PRIVTRAIN_TUNING_MAX_TRIALS: the largest public maximum of K, i.e. of slots."""
+    slot_margin_s: float
+    """PRIVTRAIN_TUNING_SLOT_MARGIN_S: a slot lasts the trial time limit plus this."""
+    parallel_slots: int
+    """PRIVTRAIN_TUNING_PARALLEL_TRIALS: at most this many of a tuning's slots run at once."""
+    max_slot_seconds: float
+    """PRIVTRAIN_JOB_TIME_LIMIT_S: one slot is one task, which may not run longer."""
+
+
+def distribution_for(trials: TrialsSpec, *, max_trials: int) -> BoundedTrialDistribution:
+    """The trial-count distribution a request names: conditioned on K <= its public maximum (given,
+    or the default of :func:`app.privacy.tuning.default_maximum`), with E[K] = its mean."""
+    if trials.maximum is not None and trials.maximum > max_trials:
+        raise _invalid(
+            f"trials.maximum {trials.maximum} is above this service's limit of {max_trials} "
+            "(PRIVTRAIN_TUNING_MAX_TRIALS): every possible trial is a slot of worker time"
+        )
+    return bounded_for_mean(
+        trials.distribution,
+        mean=trials.mean,
+        maximum=trials.maximum,
+        cap=max_trials,
+        eta=DEFAULT_ETA if trials.eta is None else trials.eta,
+    )
 
 
 def distribution_json(distribution: TrialDistribution) -> dict[str, Any]:
     """The public description stored with the tuning (and shown in its view)."""
-    if isinstance(distribution, PoissonTrials):
-        return {"distribution": "poisson", "parameters": {"mean": distribution.mean}}
+    maximum = getattr(distribution, "maximum", None)
+    bound = {} if maximum is None else {"maximum": maximum}
+    if isinstance(distribution, (PoissonTrials, BoundedPoissonTrials)):
+        return {"distribution": "poisson", "parameters": {"mean": distribution.mean}, **bound}
     return {
         "distribution": "truncated-negative-binomial",
         "parameters": {"eta": distribution.eta, "gamma": distribution.gamma},
+        **bound,
     }
 
 
 def distribution_from_json(stored: dict[str, Any]) -> TrialDistribution:
-    parameters = stored["parameters"]
+    parameters, maximum = stored["parameters"], stored.get("maximum")
     if stored["distribution"] == "poisson":
-        return PoissonTrials(mean=float(parameters["mean"]))
-    return TruncatedNegativeBinomial(eta=float(parameters["eta"]), gamma=float(parameters["gamma"]))
+        mean = float(parameters["mean"])
+        return PoissonTrials(mean=mean) if maximum is None else BoundedPoissonTrials(mean=mean, maximum=int(maximum))
+    eta, gamma = float(parameters["eta"]), float(parameters["gamma"])
+    if maximum is None:
+        return TruncatedNegativeBinomial(eta=eta, gamma=gamma)
+    return BoundedTruncatedNegativeBinomial(eta=eta, gamma=gamma, maximum=int(maximum))
+
+
+def schedule_for(request: TuningCreate, *, slots: int, limits: TuningLimits) -> dict[str, Any]:
+    """The tuning's public slots: one per possible trial, each the trial time limit plus a margin
+    long. The base spec must bound a trial's time: every slot lasts that long whatever it held."""
+    limit = request.base.training.time_limit_s
+    if limit is None:
+        raise _invalid(
+            "a tuning runs every possible trial in a slot of fixed length, so that its running time does not "
+            "tell how many trials it drew: give base.training.time_limit_s, a bound on one trial's duration "
+            "(a trial still training then releases nothing); run one configuration as an ordinary job to see "
+            "how long a trial takes",
+            "tuning-needs-time-limit",
+        )
+    slot_seconds = limit + limits.slot_margin_s
+    if slot_seconds > limits.max_slot_seconds:
+        raise _invalid(
+            f"a slot would last {slot_seconds:g} s (base.training.time_limit_s {limit:g} + a margin of "
+            f"{limits.slot_margin_s:g} s), above this service's limit of {limits.max_slot_seconds:g} s for one task"
+        )
+    return {
+        "slots": slots,
+        "trial_time_limit_s": limit,
+        "slot_seconds": slot_seconds,
+        "parallel_slots": limits.parallel_slots,
+    }
 
 
 @dataclass(frozen=True)
@@ -107,6 +166,7 @@ def plan_tuning(
     *,
     plan_candidate: Callable[[JobCreate], JobPlan],
     rng: random.Random,
+    limits: TuningLimits,
 ) -> TuningPlan:
     """Validate the request, draw its pool (``rng``: public randomness) and price the whole tuning;
     ``plan_candidate`` prices one job spec on ``dataset`` (app.job_planning.plan_job with the
@@ -123,9 +183,10 @@ def plan_tuning(
             "tuning-needs-evaluation",
         )
     try:
-        distribution = distribution_for(request.trials)
+        distribution = distribution_for(request.trials, max_trials=limits.max_trials)
     except privacy.PrivacyEventError as exc:
         raise _invalid(f"trials: {exc}") from None
+    schedule = schedule_for(request, slots=distribution.maximum, limits=limits)
     pool = candidate_pool(request.search_space, size=request.candidates, rng=rng)
     trials = tuple(
         TrialPlan(assignment=assignment, plan=_plan_candidate(request, assignment, plan_candidate))
@@ -158,6 +219,7 @@ def plan_tuning(
                 for path, values in request.search_space.items()
             },
             "trials": {**distribution_json(distribution), "mean": privacy.expected_trials(distribution)},
+            "schedule": schedule,
             "selection": {"metric": request.selection.metric, "goal": METRIC_DIRECTIONS[request.selection.metric]},
             "epsilon_one_trial": epsilon_one_trial,
             "epsilon_separate_jobs": epsilon_separate_jobs,

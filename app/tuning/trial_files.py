@@ -1,11 +1,14 @@
-"""Where a helper leaves a tuning trial's trained model for the tuning's own worker.
+"""Where a slot leaves a tuning trial's trained model for whoever closes the tuning.
 
-Torch-free: the reconciler discards the files of trials whose tuning ended without its worker.
+A file's name is random: one that carried the trial's place in the order of drawing (as it once
+did) would count the trials to anyone who lists the store. Torch-free: the reconciler discards
+the files of trials whose tuning ended, and may close a tuning itself.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +23,17 @@ log = logging.getLogger("privtrain.tuning")
 
 @dataclass(frozen=True)
 class TrialFiles:
-    """A helper's trained model on its way to the owner: a private file (never served), on worker
-    storage and, with an object store, in its private area (so the owner may run on another host);
-    deleted as soon as it cannot win, and with the trial queue when the job settles."""
+    """A trial's trained model on its way to the tuning's closer: a private file (never served), on
+    worker storage and, with an object store, in its private area (so the closer may run on another
+    host); kept only while it may win, and deleted with the trial queue when the job settles."""
 
     folder: Path
     blobs: BlobStore
 
     @staticmethod
     def name(trial: TakenTrial) -> str:
-        return f"{trial.job_id}.trial-{trial.attempt}-{trial.seq}-{trial.claims}.safetensors"
+        """The job's id (so a host's leftovers can be matched to settled jobs) and 128 random bits."""
+        return f"{trial.job_id}.trial-{secrets.token_hex(16)}.safetensors"
 
     def keep(self, name: str, source: Path) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -1,33 +1,28 @@
-"""A running tuning's trials as a queue that several workers share (docs/tuning.md#parallel-trials).
+"""A running tuning's trials, drawn when it opens, taken one by one by its slots.
 
-Why a queue: a tuning's K trials are independent, so they can run at the same time on free
-workers. The tuning's own worker (the one that claimed its job) draws K and the candidate of each
-trial, enqueues them here and asks up to ``PRIVTRAIN_TUNING_PARALLEL_TRIALS − 1`` other workers to
-help; every worker then takes pending trials one at a time until none is left, and the job's worker
-waits for the others, selects the best and settles the job. With one worker (embedded mode) it
-simply runs them all.
+The worker that opens a tuning draws K and the candidate of each trial and writes them here
+(app/tuning/slots.py :func:`open_tuning`, with the slots); each slot then takes the earliest
+pending trial, if any, and records its result: ``done`` with its released metric (and, when it
+may win, its model as a private file, app/tuning/trial_files.py), or ``lapsed`` when the trial was
+still training at the trial time limit and released nothing. The worker that closes the tuning
+selects the best ``done`` trial (app/tuning/selection.py).
 
 The rules, each one conditional update so that two workers never disagree:
 
 * A trial is taken only while its job is running the attempt that enqueued it and no cancel was
-  asked for; a helper's heartbeat stops it as soon as that is no longer so.
-* A trial whose worker stopped beating for ``stale_after_s`` goes back to pending, to be run again
-  from scratch (nothing of it was released, as for a job's retry); after ``max_attempts`` takes
-  the tuning fails (:class:`TrialsLost`), committing its whole reservation like a job whose
-  worker was lost on every attempt.
-* A finished trial is written only by the worker that holds it.
+  asked for.
+* A trial's result is written only by the worker that holds it, while its attempt runs.
+* A lost trial is never run again: a lost slot fails the whole tuning (app/tuning/slots.py says why).
 
 K is secret (Papernot and Steinke's bound holds for the best trial only while K stays unknown):
 these rows are the service's, never shown by any API field, event or log line, and are deleted
-when the job settles (:func:`clear`), by its worker or by the reconciler.
+when the job settles (:func:`clear`), by the worker that closes it or by the reconciler.
 
 Torch-free: the reconciler uses it in the API process.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,28 +36,22 @@ from app.models import Job, TuningTrial, utcnow
 
 __all__ = [
     "DONE",
+    "LAPSED",
     "PENDING",
     "RUNNING",
     "FinishedTrial",
     "TakenTrial",
     "TrialCounts",
-    "TrialsLost",
     "clear",
     "clear_abandoned",
     "counts",
-    "enqueue",
     "finish",
     "finished",
-    "heartbeat",
-    "requeue_stale",
+    "lapse",
     "take",
 ]
 
-PENDING, RUNNING, DONE = "pending", "running", "done"
-
-
-class TrialsLost(Exception):
-    """A trial's worker vanished on every one of its takes: the tuning fails (``worker-lost``)."""
+PENDING, RUNNING, DONE, LAPSED = "pending", "running", "done", "lapsed"
 
 
 @dataclass(frozen=True)
@@ -85,7 +74,9 @@ class FinishedTrial:
     score: float
     metrics: dict[str, Any]
     model_file: str | None
-    """A helper's model (a private file), None when the job's own worker kept it."""
+    """The trained model's private file; None when it could not win when it finished."""
+    device: str | None
+    """What it trained on (the report's execution section names it for the released trial)."""
 
 
 @dataclass(frozen=True)
@@ -93,20 +84,16 @@ class TrialCounts:
     pending: int
     running: int
     done: int
+    lapsed: int
+
+    @property
+    def drawn(self) -> int:
+        return self.pending + self.running + self.done + self.lapsed
 
 
 def _job_runs(tx: Session, job_id: str, attempt: int) -> bool:
     job = tx.get(Job, job_id, populate_existing=True)
     return job is not None and job.status == JobStatus.RUNNING and job.attempt == attempt and not job.cancel_requested
-
-
-def enqueue(db: Database, *, job_id: str, attempt: int, candidates: Sequence[int]) -> None:
-    """The attempt's trials, in the order they were drawn (``seq``), all pending."""
-    with db.write_transaction() as tx:
-        tx.add_all(
-            TuningTrial(job_id=job_id, attempt=attempt, seq=seq, candidate=candidate, state=PENDING, claims=0)
-            for seq, candidate in enumerate(candidates)
-        )
 
 
 def take(db: Database, *, job_id: str, attempt: int, worker: str) -> TakenTrial | None:
@@ -152,15 +139,15 @@ def _held(trial: TakenTrial) -> Any:
     )
 
 
-def heartbeat(db: Database, *, trial: TakenTrial) -> bool:
-    """Beat for a held trial; True when its worker should stop (the trial was given to another
-    worker, the attempt ended, or a cancel was asked for)."""
-    with db.write_transaction() as tx:
-        mine = changed_rows(tx, update(TuningTrial).where(_held(trial)).values(heartbeat_at=utcnow()))
-        return mine != 1 or not _job_runs(tx, trial.job_id, trial.attempt)
-
-
-def finish(db: Database, *, trial: TakenTrial, score: float, metrics: dict[str, Any], model_file: str | None) -> bool:
+def finish(
+    db: Database,
+    *,
+    trial: TakenTrial,
+    score: float,
+    metrics: dict[str, Any],
+    model_file: str | None,
+    device: str,
+) -> bool:
     """Record a held trial's result; False when it is no longer this worker's to record, or its
     attempt is over (its caller then discards ``model_file``)."""
     with db.write_transaction() as tx:
@@ -169,9 +156,24 @@ def finish(db: Database, *, trial: TakenTrial, score: float, metrics: dict[str, 
                 tx,
                 update(TuningTrial)
                 .where(_held(trial))
-                .values(state=DONE, score=score, metrics=metrics, model_file=model_file, heartbeat_at=utcnow()),
+                .values(
+                    state=DONE,
+                    score=score,
+                    metrics=metrics,
+                    model_file=model_file,
+                    device=device,
+                    heartbeat_at=utcnow(),
+                ),
             )
             == 1
+        )
+
+
+def lapse(db: Database, *, trial: TakenTrial) -> bool:
+    """A held trial that was still training at the trial time limit: it released nothing."""
+    with db.write_transaction() as tx:
+        return _job_runs(tx, trial.job_id, trial.attempt) and (
+            changed_rows(tx, update(TuningTrial).where(_held(trial)).values(state=LAPSED, heartbeat_at=utcnow())) == 1
         )
 
 
@@ -185,7 +187,9 @@ def counts(db: Database, *, job_id: str, attempt: int) -> TrialCounts:
                 .group_by(TuningTrial.state)
             )
         }
-    return TrialCounts(pending=rows.get(PENDING, 0), running=rows.get(RUNNING, 0), done=rows.get(DONE, 0))
+    return TrialCounts(
+        pending=rows.get(PENDING, 0), running=rows.get(RUNNING, 0), done=rows.get(DONE, 0), lapsed=rows.get(LAPSED, 0)
+    )
 
 
 def finished(db: Database, *, job_id: str, attempt: int) -> list[FinishedTrial]:
@@ -203,28 +207,10 @@ def finished(db: Database, *, job_id: str, attempt: int) -> list[FinishedTrial]:
             score=float(row.score if row.score is not None else "nan"),
             metrics=dict(row.metrics or {}),
             model_file=row.model_file,
+            device=row.device,
         )
         for row in rows
     ]
-
-
-def requeue_stale(db: Database, *, job_id: str, attempt: int, stale_before: dt.datetime, max_takes: int) -> int:
-    """Running trials whose worker stopped beating go back to pending (run again from scratch);
-    returns how many. Raises :class:`TrialsLost` when one was already taken ``max_takes`` times."""
-    with db.write_transaction() as tx:
-        stale = tx.scalars(
-            select(TuningTrial).where(
-                TuningTrial.job_id == job_id,
-                TuningTrial.attempt == attempt,
-                TuningTrial.state == RUNNING,
-                TuningTrial.heartbeat_at < stale_before,
-            )
-        ).all()
-        for row in stale:
-            if row.claims >= max_takes:
-                raise TrialsLost(job_id)
-            row.state, row.worker, row.heartbeat_at = PENDING, None, None
-        return len(stale)
 
 
 def _delete(tx: Session, condition: Any) -> list[str]:

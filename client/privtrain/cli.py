@@ -1079,6 +1079,26 @@ def _tuning_request(spec_file: str) -> dict[str, Any]:
         raise click.UsageError(str(exc)) from None
 
 
+def _slots_line(schedule: dict[str, Any] | None, *, done: bool = True) -> str | None:
+    """"12 slots of 35 s (7 min of worker time), 4 at a time": the same whatever K is."""
+    if not schedule:
+        return None
+    total = schedule["slots"] * schedule["slot_seconds"]
+    line = (
+        f"{schedule['slots']} slots of {schedule['slot_seconds']:g} s ({_duration(total)} of worker time), "
+        f"{schedule['parallel_slots']} at a time"
+    )
+    return f"{schedule['slots_done']} of {line.replace(' slots of', ' slots done, each', 1)}" if done else line
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _tuning_block(t: TuningJob) -> str:
     trials = t.trials
     return key_values(
@@ -1091,7 +1111,8 @@ def _tuning_block(t: TuningJob) -> str:
             ("selected", t.selected),
             (f"selected {t.selection.get('metric')} (DP)", t.selected_metric),
             ("error", t.error_code),
-            ("trials", f"{trials.get('distribution')}, mean {trials.get('expected'):g} (the count is never shown)"),
+            ("trials", _trials_line(trials)),
+            ("slots", _slots_line(t.schedule)),
             ("candidates", len(t.candidates)),
             (f"ε of the tuning at δ={_up(t.delta)}", _up(t.epsilon_ledger)),
             ("ε of one trial", _up(t.epsilon_one_trial)),
@@ -1099,6 +1120,12 @@ def _tuning_block(t: TuningJob) -> str:
             ("created", t.created_at),
         ]
     )
+
+
+def _trials_line(trials: dict[str, Any]) -> str:
+    maximum = trials.get("maximum")
+    most = f", at most {maximum}" if maximum is not None else ""
+    return f"{trials.get('distribution')}, mean {trials.get('expected'):g}{most} (the count is never shown)"
 
 
 @tuning.command("estimate")
@@ -1116,6 +1143,8 @@ def tuning_estimate(spec_file: str) -> None:
                 ("ε of its trials as separate jobs", _up(estimate["epsilon_separate_jobs"])),
                 ("δ", _up(estimate["delta"])),
                 ("admissible now", estimate["admissible"]),
+                ("trials", _trials_line(estimate["trials"])),
+                ("slots", _slots_line(estimate.get("schedule"), done=False)),
                 ("candidates", len(estimate["candidates"])),
             ]
         ),

@@ -299,6 +299,8 @@ class TuningJob(Resource):
     search_space: dict[str, Any]
     selection: dict[str, Any]
     created_at: dt.datetime | None = _parsed(_time)
+    schedule: dict[str, Any] | None = None
+    """Its public slots: ``slots`` (one per possible trial), ``slots_done``, ``slot_seconds``, …"""
 
     @property
     def is_terminal(self) -> bool:

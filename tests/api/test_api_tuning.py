@@ -1,13 +1,15 @@
 """Private hyperparameter tuning through the API and the worker's JobRunner: one ledger entry for
-the whole tuning (Papernot-Steinke's bound over the pool's costliest configuration), trials drawn
-and run on the worker with a number K the server draws and never shows, only the best trial
-released as an ordinary job; a failed, cancelled or trial-less tuning commits its whole charge."""
+the whole tuning (Papernot-Steinke's bound over the pool's costliest configuration, with K
+conditioned on its public maximum), trials drawn when the tuning opens and run in its slots with
+a number K the server draws and never shows, only the best trial released as an ordinary job; a
+failed, cancelled or trial-less tuning commits its whole charge."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -23,27 +25,20 @@ from app.db import Database
 from app.jobs import lifecycle
 from app.ledger_audit import verify_ledger
 from app.models import LedgerEntry
+from app.privacy.events import BoundedTruncatedNegativeBinomial
 from privtrain.cli import CliEnvironment, cli
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, upload
+from tests.tuning_run import run_slots, run_tuning, tuning_request, tuning_settings
 from worker.runner import JobRunner
 from worker.trainers import TrainingRequest
 
+_request = tuning_request
 
-def _request(dataset_id: str, **trials: object) -> dict[str, Any]:
-    return {
-        "base": {
-            "dataset_id": dataset_id,
-            "model": {"name": "logistic-regression", "params": {}},
-            "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
-            "privacy": {"target_epsilon": 1.0},
-            "training": {"steps": 5, "batch_size": 64, "learning_rate": 0.5},
-            "evaluation": {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.5},
-        },
-        "search_space": {"training.learning_rate": [0.05, 0.5, 2.0], "training.steps": [5, 10]},
-        "trials": trials or {"mean": 3},
-        "selection": {"metric": "accuracy"},
-    }
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return tuning_settings(tmp_path / "data")
 
 
 @pytest.fixture
@@ -61,23 +56,36 @@ def test_a_tuning_is_one_ledger_entry_priced_by_the_papernot_steinke_bound(
 ) -> None:
     estimate = alice.post("/v1/tuning-jobs/estimate", json=_request(dataset_id)).json()
     assert len(estimate["candidates"]) == 6  # the whole 3 × 2 grid
-    assert estimate["epsilon_one_trial"] < estimate["epsilon_ledger"] < estimate["epsilon_separate_jobs"]
+    assert estimate["epsilon_one_trial"] < estimate["epsilon_ledger"]
+    assert estimate["trials"]["maximum"] == 3 and estimate["trials"]["expected"] == pytest.approx(1.5)
+    assert estimate["schedule"] == {
+        "slots": 3,
+        "slots_done": 0,
+        "trial_time_limit_s": 4.0,
+        "slot_seconds": 5.0,
+        "parallel_slots": 4,
+        "worker_seconds": 15.0,
+    }
     created = alice.post("/v1/tuning-jobs", json=_request(dataset_id))
     assert created.status_code == 202, created.text
     body = created.json()
     assert body["status"] == "queued" and body["best_job_id"] is None
     assert body["epsilon_ledger"] == pytest.approx(estimate["epsilon_ledger"])
-    assert body["trials"]["count_shown"] is False and body["trials"]["expected"] == pytest.approx(3.0)
+    assert body["trials"]["count_shown"] is False and body["trials"]["expected"] == pytest.approx(1.5)
     reserves = [e for e in _entries(database, dataset_id) if e.kind == "RESERVE"]
     assert len(reserves) == 1
     event = privacy.event_from_json(reserves[0].event)
     assert isinstance(event, privacy.HyperparameterTuningEvent) and len(event.candidates) == 6
+    assert isinstance(event.distribution, BoundedTruncatedNegativeBinomial) and event.distribution.maximum == 3
     assert privacy.ledger_epsilon(privacy.rdp_curve(event), 1e-5) == pytest.approx(body["epsilon_ledger"])
+    # The maximum's conditioning is charged: the same event without it costs less.
+    unbounded = privacy.HyperparameterTuningEvent(event.distribution.unbounded, event.candidates)
+    assert privacy.ledger_epsilon(privacy.rdp_curve(unbounded), 1e-5) < body["epsilon_ledger"]
     assert alice.get(f"/v1/tuning-jobs/{body['id']}").json()["id"] == body["id"]
     assert [item["id"] for item in alice.get("/v1/tuning-jobs").json()["items"]] == [body["id"]]
 
 
-def test_the_worker_runs_secret_trials_and_releases_the_best_as_an_ordinary_job(
+def test_the_worker_runs_secret_trials_in_its_slots_and_releases_the_best_as_an_ordinary_job(
     alice: TestClient, dataset_id: str, settings: Settings, database: Database
 ) -> None:
     body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
@@ -85,20 +93,18 @@ def test_the_worker_runs_secret_trials_and_releases_the_best_as_an_ordinary_job(
 
     def spy(distribution: object, *, rng: object) -> int:
         draws.append(rng)
-        return 4
+        return 2
 
     with (
         mock.patch("app.privacy.sample_trial_count", side_effect=spy),
-        mock.patch(
-            "worker.runner.TrainingRequest",
-            wraps=TrainingRequest,
-        ) as requests,
+        mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
     ):
-        assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
+        assert run_tuning(settings, database, body["job_id"]) == "succeeded"
     assert len(draws) == 1 and isinstance(draws[0], secrets.SystemRandom)
-    assert requests.call_count == 4  # K trials, each a training run
+    assert requests.call_count == 2  # K trials, each a training run, in 2 of the 3 slots
     done = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
     assert done["status"] == "succeeded" and done["best_job_id"] == body["job_id"]
+    assert done["schedule"]["slots_done"] == 3
     assert set(done["selected"]) == {"training.learning_rate", "training.steps"}
     assert 0.0 <= done["selected_metric"] <= 1.0
     job = alice.get(f"/v1/jobs/{done['best_job_id']}").json()
@@ -106,14 +112,15 @@ def test_the_worker_runs_secret_trials_and_releases_the_best_as_an_ordinary_job(
     assert alice.get(f"/v1/jobs/{done['best_job_id']}/model").status_code == 200
     report = alice.get(f"/v1/jobs/{done['best_job_id']}/report").json()
     assert report["tuning"]["selected"] == done["selected"]
-    assert "not shown" in report["tuning"]["trials"]["count"]
+    assert "not shown" in report["tuning"]["trials"]["count"] and report["tuning"]["trials"]["maximum"] == 3
+    assert report["tuning"]["schedule"]["slots"] == 3
     assert "not shown" in report["execution"]["statement"] and "seconds" not in report["execution"]
     assert report["caveats"][0].startswith("This job is a private hyperparameter tuning")
     assert report["epsilon"]["ledger"] == pytest.approx(body["epsilon_ledger"])
     html = alice.get(f"/v1/jobs/{done['best_job_id']}/report", params={"format": "html"})
     assert html.status_code == 200 and 'id="tuning-selected"' in html.text
     events = alice.get(f"/v1/jobs/{body['job_id']}/events").json()
-    assert not [e for e in events if e["kind"] == "progress"]  # progress would count the trials
+    assert [e["kind"] for e in events] == ["queued", "started", "succeeded"]  # nothing counts trials
     kinds = [e.kind for e in _entries(database, dataset_id)]
     assert kinds == ["RESERVE", "TOUCH", "COMMIT"]
     assert verify_ledger(database, dataset_id=dataset_id).ok
@@ -130,9 +137,28 @@ def test_the_client_cannot_choose_the_number_of_trials(alice: TestClient, datase
 
 
 @pytest.mark.parametrize(
+    ("trials", "detail"),
+    [
+        ({"mean": 3, "maximum": 101}, "above this service's limit of 100"),
+        ({"mean": 3, "maximum": 4}, "out of reach with at most 4"),  # the logarithmic tail is long
+        ({"mean": 2.5, "distribution": "poisson", "maximum": 3}, "keeps only"),  # below the median
+    ],
+)
+def test_a_maximum_the_service_cannot_honour_is_refused(
+    alice: TestClient, dataset_id: str, database: Database, trials: dict[str, Any], detail: str
+) -> None:
+    before = counts(database)
+    response = alice.post("/v1/tuning-jobs", json=_request(dataset_id, **trials))
+    assert response.status_code == 422, response.text
+    assert response.json()["type"] == "/problems/invalid-tuning-spec" and detail in response.json()["detail"]
+    assert counts(database) == before
+
+
+@pytest.mark.parametrize(
     ("change", "problem"),
     [
         (lambda r: r["base"].pop("evaluation"), "tuning-needs-evaluation"),
+        (lambda r: r["base"]["training"].pop("time_limit_s"), "tuning-needs-time-limit"),
         (lambda r: r["search_space"].update({"privacy.target_epsilon": [1, 2]}), "invalid-search-space"),
         (lambda r: r["search_space"].update({"dataset_id": ["ds_x"]}), "invalid-search-space"),
         (lambda r: r.update({"selection": {"metric": "mse"}}), "invalid-tuning-spec"),
@@ -160,42 +186,72 @@ def test_a_trial_that_crashes_commits_the_whole_tuning(
         mock.patch("app.privacy.sample_trial_count", return_value=3),
         mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
     ):
-        assert JobRunner(settings, db=database).run(body["job_id"]) == "failed"
+        assert run_tuning(settings, database, body["job_id"]) == "failed"
     entries = _entries(database, dataset_id)
     assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
     assert entries[-1].curve == entries[0].curve  # the full reservation
-    assert alice.get(f"/v1/tuning-jobs/{body['id']}").json()["status"] == "failed"
+    view = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
+    assert view["status"] == "failed" and view["error_code"] == "training-failed"
     assert verify_ledger(database, dataset_id=dataset_id).ok
 
 
 def test_a_poisson_tuning_that_draws_no_trial_releases_nothing_and_commits(
     alice: TestClient, dataset_id: str, settings: Settings, database: Database
 ) -> None:
-    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id, distribution="poisson", mean=2)).json()
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id, distribution="poisson", mean=2, maximum=4)).json()
     with mock.patch("app.privacy.sample_trial_count", return_value=0):
-        assert JobRunner(settings, db=database).run(body["job_id"]) == "failed"
+        assert run_tuning(settings, database, body["job_id"]) == "failed"
     view = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
     assert view["error_code"] == "no-trials-drawn" and view["best_job_id"] is None
+    assert view["schedule"]["slots_done"] == 4  # its slots ran all the same
     assert [e.kind for e in _entries(database, dataset_id)] == ["RESERVE", "TOUCH", "COMMIT"]
 
 
-def test_a_cancelled_running_tuning_commits_its_whole_charge(
+def test_trials_still_training_at_their_time_limit_release_nothing(
     alice: TestClient, dataset_id: str, settings: Settings, database: Database
 ) -> None:
-    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+    """A trial past base.training.time_limit_s is stopped and releases nothing: with every trial
+    stopped, the tuning fails at the end of its slots, never earlier (a tuning that failed sooner
+    for drawing more trials would tell K)."""
+    request = _request(dataset_id)
+    request["base"]["training"]["time_limit_s"] = 0.5
+    body = alice.post("/v1/tuning-jobs", json=request).json()
+    real = JobRunner._load_data_and_units
 
-    def cancel_then_stop(*args: object, **kwargs: object) -> None:
-        alice.post(f"/v1/tuning-jobs/{body['id']}/cancel")
-        return None
+    def slow_load(self: JobRunner, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.6)  # past the trial's time limit before its first step
+        return real(self, *args, **kwargs)
 
+    started = time.monotonic()
     with (
         mock.patch("app.privacy.sample_trial_count", return_value=2),
-        mock.patch("worker.runner.JobRunner._run_trial", side_effect=cancel_then_stop),
+        mock.patch("worker.runner.JobRunner._load_data_and_units", slow_load),
     ):
-        assert JobRunner(settings, db=database).run(body["job_id"]) == "cancelled"
+        assert run_tuning(settings, database, body["job_id"]) == "failed"
+    assert time.monotonic() - started >= 1.5  # one slot: 0.5 s + the 1 s margin
+    view = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
+    assert view["error_code"] == "no-trial-finished" and view["best_job_id"] is None
+    assert [e.kind for e in _entries(database, dataset_id)] == ["RESERVE", "TOUCH", "COMMIT"]
+
+
+def test_a_cancelled_running_tuning_ends_at_once_and_commits_its_whole_charge(
+    alice: TestClient, dataset_id: str, settings: Settings, database: Database
+) -> None:
+    """The cancel settles the tuning in the API's own transaction: when its slots would notice
+    depends on whether they hold trials."""
+    body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
+    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+        assert JobRunner(settings, db=database).run(body["job_id"]) == "opened"
+    cancelled = alice.post(f"/v1/tuning-jobs/{body['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled"  # at once, before any slot ran
+    assert cancelled["epsilon_committed"] == pytest.approx(cancelled["epsilon_ledger"])
+    assert set(run_slots(settings, database, body["job_id"]).values()) == {"skipped"}
     entries = _entries(database, dataset_id)
-    assert entries[-1].kind == "COMMIT" and entries[-1].curve == entries[0].curve
+    assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
+    assert entries[-1].curve == entries[0].curve
     assert verify_ledger(database, dataset_id=dataset_id).ok
+    events = alice.get(f"/v1/jobs/{body['job_id']}/events").json()
+    assert [e["kind"] for e in events] == ["queued", "started", "cancelled"]
 
 
 def test_the_cli_estimates_creates_shows_and_cancels_a_tuning(
@@ -213,20 +269,22 @@ def test_the_cli_estimates_creates_shows_and_cancels_a_tuning(
 
     spec = tmp_path / "tuning.json"
     spec.write_text(json.dumps(_request(dataset_id)))
-    assert "ε of its trials as separate jobs" in run("tuning", "estimate", "--spec", str(spec))
+    estimated = run("tuning", "estimate", "--spec", str(spec))
+    assert "ε of its trials as separate jobs" in estimated and "3 slots of 5 s" in estimated
     created = json.loads(run("tuning", "create", "--spec", str(spec), "--json"))
     assert created["status"] == "queued"
-    assert "the count is never shown" in run("tuning", "show", created["id"])
+    shown = run("tuning", "show", created["id"])
+    assert "the count is never shown" in shown and "0 of 3 slots done" in shown
     assert json.loads(run("tuning", "list", "--json"))[0]["id"] == created["id"]
     cancelled = json.loads(run("tuning", "cancel", created["id"], "--json"))
     assert cancelled["status"] == "cancelled" and cancelled["epsilon_committed"] in (0.0, None)
 
 
-def test_a_lost_worker_mid_tuning_is_retried_inside_the_same_reservation(
+def test_a_worker_lost_before_opening_the_tuning_is_retried_inside_the_same_reservation(
     alice: TestClient, dataset_id: str, settings: Settings, database: Database
 ) -> None:
-    """As for a job: the reconciler puts a tuning whose worker stopped beating back in the queue;
-    the retry draws its trials afresh and commits the one reservation (no second RESERVE or TOUCH)."""
+    """As for a job: the reconciler puts a tuning whose worker stopped beating before it drew K
+    back in the queue; the retry draws its trials and commits the one reservation."""
     body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
     first = JobRunner(settings, db=database).claim(body["job_id"])  # the worker that will be lost
     assert first is not None
@@ -238,7 +296,7 @@ def test_a_lost_worker_mid_tuning_is_retried_inside_the_same_reservation(
         == "queued"
     )
     with mock.patch("app.privacy.sample_trial_count", return_value=2):
-        assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
+        assert run_tuning(settings, database, body["job_id"]) == "succeeded"
     entries = _entries(database, dataset_id)
     assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
     assert entries[-1].curve == entries[0].curve
@@ -260,12 +318,12 @@ def test_every_trial_draws_the_noise_of_a_charged_candidate(
         assert isinstance(training, privacy.PoissonSampledGaussianEvent)
         charged.add((training.noise_multiplier, training.sampling_probability, training.count))
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=5),
+        mock.patch("app.privacy.sample_trial_count", return_value=3),
         mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
     ):
-        assert JobRunner(settings, db=database).run(body["job_id"]) == "succeeded"
+        assert run_tuning(settings, database, body["job_id"]) == "succeeded"
     drawn = {
         (call.kwargs["noise_multiplier"], call.kwargs["sampling_probability"], call.kwargs["steps"])
         for call in requests.call_args_list
     }
-    assert requests.call_count == 5 and drawn <= charged
+    assert requests.call_count == 3 and drawn <= charged

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -56,14 +57,33 @@ class WorkerThreads:
             self.threads.append(thread)
             thread.start()
 
-    def _train(self, job_id: str) -> None:
+    def dispatch_slot(self, job_id: str, *, attempt: int, slot: int, queue: str | None = None) -> None:
+        """A tuning's slot: run like a job, in a thread of its own (slots of one tuning overlap, as
+        on several workers)."""
+        name = f"{job_id}.slot.{attempt}.{slot}"
+        self.sent.append(name)
+        if self.run:
+            thread = threading.Thread(target=self._run_slot, args=(job_id, attempt, slot, name), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _runner(self) -> Any:
         from worker.runner import JobRunner  # torch: only the tests that train need it
 
-        self.outcomes[job_id] = JobRunner(self.settings, db=self.database).run(job_id)
+        return JobRunner(self.settings, db=self.database, dispatcher=self)
+
+    def _train(self, job_id: str) -> None:
+        self.outcomes[job_id] = self._runner().run(job_id)
+
+    def _run_slot(self, job_id: str, attempt: int, slot: int, name: str) -> None:
+        self.outcomes[name] = self._runner().run_slot(job_id, attempt=attempt, slot=slot)
 
     def join(self) -> None:
-        for thread in self.threads:
-            thread.join(timeout=120)
+        """Every thread started, including those started by the threads (a tuning's slots)."""
+        joined = 0
+        while joined < len(self.threads):
+            self.threads[joined].join(timeout=120)
+            joined += 1
 
 
 @pytest.fixture
