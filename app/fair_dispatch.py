@@ -124,19 +124,19 @@ def _waiting(db: Database) -> _Waiting:
         ).all()
         slots = tuning_slots.waiting(session)
         group_running = tuning_slots.running_per_tuning(session)
-    rows: list[tuple[object, str, WaitingJob]] = []
+    rows: list[tuple[dt.datetime, str, int, WaitingJob]] = []  # oldest first; a tuning's slots in order
     for job_id, tenant_id, queue, created_at, dispatched_at in jobs:
-        rows.append((created_at, job_id, WaitingJob(job_id, tenant_id, queue, 0, dispatched_at is not None)))
+        rows.append((_utc(created_at), job_id, -1, WaitingJob(job_id, tenant_id, queue, 0, dispatched_at is not None)))
     for slot in slots:
         unit = WaitingJob(f"{SLOT_PREFIX}{slot.id}", slot.tenant_id, slot.queue, 0, slot.sent, group=slot.job_id)
-        rows.append((slot.created_at, unit.id, unit))
-    rows.sort(key=lambda row: (_utc(row[0]), row[1]))
-    units = [dataclasses.replace(unit, created_at_order=rank) for rank, (_, _, unit) in enumerate(rows)]
+        rows.append((_utc(slot.created_at), slot.job_id, slot.slot, unit))
+    rows.sort(key=lambda row: row[:3])
+    units = [dataclasses.replace(row[3], created_at_order=rank) for rank, row in enumerate(rows)]
     return _Waiting(units, {f"{SLOT_PREFIX}{slot.id}": slot for slot in slots}, group_running)
 
 
-def _utc(value: object) -> dt.datetime:
-    assert isinstance(value, dt.datetime)
+def _utc(value: dt.datetime) -> dt.datetime:
+    """SQLite gives naive datetimes (stored as UTC), PostgreSQL aware ones."""
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 

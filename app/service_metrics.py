@@ -14,12 +14,12 @@ import datetime as dt
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Gauge
-from sqlalchemy import func, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from app import ledger
 from app.jobs.status import JobStatus
-from app.models import Dataset, Job, PrivacyBudget
+from app.models import Dataset, Job, PrivacyBudget, TuningSlot
 
 __all__ = ["RECENT_JOBS", "collect_metrics"]
 
@@ -85,13 +85,17 @@ def collect_metrics(session: Session, *, per_dataset: bool, now: dt.datetime | N
         wait_gauge.labels(quantile=str(q)).set(_quantile(waits, q))
         run_gauge.labels(quantile=str(q)).set(_quantile(runs, q))
 
-    heartbeats = [
-        (now - _utc(beat)).total_seconds()
-        for (beat,) in session.execute(
-            select(Job.heartbeat_at).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at.is_not(None))
-        ).all()
-        if beat is not None
+    # An opened tuning's job has no heartbeat of its own: its running slots beat instead.
+    opened = exists().where(TuningSlot.job_id == Job.id, TuningSlot.attempt == Job.attempt)
+    beats = [
+        *session.scalars(
+            select(Job.heartbeat_at).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at.is_not(None), ~opened)
+        ),
+        *session.scalars(
+            select(TuningSlot.heartbeat_at).where(TuningSlot.state == "running", TuningSlot.heartbeat_at.is_not(None))
+        ),
     ]
+    heartbeats = [(now - _utc(beat)).total_seconds() for beat in beats if beat is not None]
     Gauge(
         "privtrain_worker_heartbeat_age_max_seconds",
         "Oldest heartbeat among running jobs (0 when none run)",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from unittest import mock
 
 from fastapi.testclient import TestClient
 from sklearn.datasets import load_digits
@@ -15,6 +17,10 @@ from app.bootstrap import migrate
 from app.config import Settings
 from app.db import Database
 from app.main import create_app
+from app.models import TuningSlot
+
+if TYPE_CHECKING:
+    from worker.runner import JobRunner
 
 
 class NoDispatch:
@@ -53,3 +59,23 @@ def in_process_service(settings: Settings) -> Iterator[tuple[TestClient, Databas
             yield client, db, str(uploaded.json()["id"])
     finally:
         db.dispose()
+
+
+def run_tuning_without_waiting(runner: JobRunner, db: Database, job_id: str) -> str:
+    """Open a tuning's job and run its slots one after another on ``runner``, each ending as soon as
+    its trial did (benchmarks measure what a tuning releases, not its schedule: the service waits
+    every slot out so that its timing says nothing of K). Returns the job's status."""
+    from sqlalchemy import select
+
+    from app.models import Job
+
+    assert runner.run(job_id) == "opened"
+    with db.read_session() as session:
+        slots = session.execute(select(TuningSlot.attempt, TuningSlot.slot).where(TuningSlot.job_id == job_id)).all()
+    with mock.patch("worker.runner.wait_out", return_value=True):
+        for attempt, slot in slots:
+            runner.run_slot(job_id, attempt=attempt, slot=slot)
+    with db.read_session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.status

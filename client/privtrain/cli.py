@@ -1080,7 +1080,7 @@ def _tuning_request(spec_file: str) -> dict[str, Any]:
 
 
 def _slots_line(schedule: dict[str, Any] | None, *, done: bool = True) -> str | None:
-    """"12 slots of 35 s (7 min of worker time), 4 at a time": the same whatever K is."""
+    """ "12 slots of 35 s (7 min of worker time), 4 at a time": the same whatever K is."""
     if not schedule:
         return None
     total = schedule["slots"] * schedule["slot_seconds"]

@@ -74,10 +74,11 @@ def _spec(dataset_id: str, *, epsilon: float = 0.5) -> dict[str, Any]:
 def _tuning(dataset_id: str) -> dict[str, Any]:
     base = _spec(dataset_id, epsilon=0.5)
     base["evaluation"] = {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.1}
+    base["training"]["time_limit_s"] = 5
     return {
         "base": base,
         "search_space": {"training.learning_rate": [0.1, 1.0]},
-        "trials": {"mean": 2},
+        "trials": {"mean": 1.5, "maximum": 3},
         "selection": {"metric": "accuracy"},
     }
 

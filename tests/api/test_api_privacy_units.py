@@ -27,7 +27,7 @@ from tests.api.worker_jobs import run_on_worker
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, upload
 from tests.text_fixtures import REVIEWS, jsonl
-from worker.runner import JobRunner
+from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_tuning
 
 N_PERSONS = 120
 
@@ -276,17 +276,19 @@ def test_a_tuning_on_a_unit_level_dataset_trains_and_evaluates_per_person(
     dataset = _unit_dataset(alice)
     base = _spec(dataset["id"])
     base["evaluation"] = {"holdout_fraction": 0.25, "mechanism": "laplace", "epsilon": 0.5}
+    base["training"]["time_limit_s"] = TRIAL_TIME_LIMIT_S
     request = {
         "base": base,
         "search_space": {"training.learning_rate": [0.1, 1.0], "training.rows_per_unit": [1, 3]},
-        "trials": {"mean": 2},
+        "trials": {"mean": 1.5, "maximum": 3},
         "selection": {"metric": "accuracy"},
     }
     estimate = alice.post("/v1/tuning-jobs/estimate", json=request).json()
     assert [c["sampling_probability"] for c in estimate["candidates"]] == [pytest.approx(12 / (0.75 * N_PERSONS))] * 4
     created = alice.post("/v1/tuning-jobs", json=request).json()
-    assert JobRunner(settings, db=database).run(created["job_id"]) == "succeeded"
+    status = run_tuning(settings, database, created["job_id"])
     done = alice.get(f"/v1/tuning-jobs/{created['id']}").json()
+    assert status == "succeeded", done
     report = alice.get(f"/v1/jobs/{done['best_job_id']}/report").json()
     assert report["privacy_unit"] == "one patient_id and all its rows"
     assert report["unit_level"]["rows_per_unit"] == done["selected"]["training.rows_per_unit"]

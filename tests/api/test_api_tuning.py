@@ -118,7 +118,7 @@ def test_the_worker_runs_secret_trials_in_its_slots_and_releases_the_best_as_an_
     assert report["caveats"][0].startswith("This job is a private hyperparameter tuning")
     assert report["epsilon"]["ledger"] == pytest.approx(body["epsilon_ledger"])
     html = alice.get(f"/v1/jobs/{done['best_job_id']}/report", params={"format": "html"})
-    assert html.status_code == 200 and 'id="tuning-selected"' in html.text
+    assert html.status_code == 200 and 'id="tuning-selected"' in html.text and 'id="tuning-slots"' in html.text
     events = alice.get(f"/v1/jobs/{body['job_id']}/events").json()
     assert [e["kind"] for e in events] == ["queued", "started", "succeeded"]  # nothing counts trials
     kinds = [e.kind for e in _entries(database, dataset_id)]

@@ -86,5 +86,54 @@ def test_another_tenants_first_job_does_not_wait_behind_a_backlog(tmp_path: Path
         assert dispatcher.sent == [*queued[:2], first, queued[2]]
         # The reconciler sends nothing more while the broker holds each tenant's share.
         assert reconcile_once(database, settings_, dispatcher).redispatched == ()
-        assert dispatch_fairly(database, dispatcher, per_tenant=2) == []
+        assert dispatch_fairly(database, dispatcher, per_tenant=2, per_tuning=4) == []
     database.dispose()
+
+
+grouped_work = st.lists(
+    st.tuples(st.sampled_from("ab"), st.sampled_from([None, "t1", "t2"]), st.booleans()), max_size=40
+).map(
+    lambda rows: [
+        WaitingJob(id=f"u{i}", tenant_id=t, queue="gpu", created_at_order=i, sent=s, group=g and f"{t}{g}")
+        for i, (t, g, s) in enumerate(rows)
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    units=grouped_work,
+    per_tenant=st.integers(1, 5),
+    per_group=st.integers(1, 3),
+    running=st.dictionaries(st.sampled_from(["at1", "at2", "bt1"]), st.integers(0, 3)),
+)
+def test_a_tunings_slots_share_their_tenants_turn_and_never_exceed_the_tunings_cap(
+    units: list[WaitingJob], per_tenant: int, per_group: int, running: dict[str, int]
+) -> None:
+    """Slots (units with a group) are units of their tenant's share like jobs; a group never has
+    more than ``per_group`` out (sent or running); and a slot that cannot go never blocks the
+    tenant's later jobs."""
+    picked = fair_order(units, per_tenant=per_tenant, per_group=per_group, group_running=running)
+    by_id = {unit.id: unit for unit in units}
+    assert len(set(picked)) == len(picked) and all(not by_id[u].sent for u in picked)
+    for tenant in "ab":
+        in_broker = sum(1 for u in units if u.tenant_id == tenant and u.sent)
+        assert in_broker + sum(1 for u in picked if by_id[u].tenant_id == tenant) <= max(per_tenant, in_broker)
+    for group in ("at1", "at2", "bt1", "bt2"):
+        out = running.get(group, 0) + sum(1 for u in units if u.group == group and u.sent)
+        sent_now = sum(1 for u in picked if by_id[u].group == group)
+        assert sent_now <= max(0, per_group - out)
+        mine = [u for u in picked if by_id[u].group == group]  # oldest first within the tuning
+        waiting = [u.id for u in units if u.group == group and not u.sent]
+        assert mine == waiting[: len(mine)]
+    for tenant in "ab":  # work-conserving: a tenant with room and a sendable unit left sent it
+        room = per_tenant - sum(1 for u in units if u.tenant_id == tenant and u.sent)
+        sent_now = [u for u in picked if by_id[u].tenant_id == tenant]
+        if len(sent_now) < room:
+            left = [u for u in units if u.tenant_id == tenant and not u.sent and u.id not in picked]
+            for unit in left:
+                assert unit.group is not None  # only slots whose tuning is at its cap stay behind
+                out = running.get(unit.group, 0) + sum(
+                    1 for u in units if u.group == unit.group and (u.sent or u.id in picked)
+                )
+                assert out >= per_group

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from app.errors import InvalidInput
 from app.schemas.tuning import SearchRange
 from app.tuning.search_space import apply, candidate_pool, check_path
-from worker.tuning import TrialResult, best_of, better, score_of
+from app.tuning.selection import TrialResult, best_of, better, score_of
 
 
 @pytest.mark.parametrize(
