@@ -56,12 +56,12 @@ class RecordingDispatcher:
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
     # Tests poll as fast as they like; the rate limiter has its own tests (test_api_limits.py). A
-    # tuning's slots last its trial time limit plus a 1 s margin (the service's is 30 s).
+    # tuning's slots last its trial time limit plus a 2 s margin (the service's is 30 s).
     values: dict[str, object] = {
         "environment": "test",
         "data_dir": data_dir,
         "rate_limit_per_minute": 0,
-        "tuning_slot_margin_s": 1.0,
+        "tuning_slot_margin_s": 2.0,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

@@ -17,11 +17,11 @@ from app.models import Job, TuningSlot
 from tests.conftest import make_settings
 from worker.runner import JobRunner
 
-TRIAL_TIME_LIMIT_S = 4.0
+TRIAL_TIME_LIMIT_S = 3.0
 """Per trial: far above a trial of the tiny test models (well under a second), even on a busy machine."""
 
-SHORT_SLOTS: dict[str, object] = {"tuning_slot_margin_s": 1.0, "heartbeat_interval_s": 0.1}
-"""Settings for tests that run tunings: a slot lasts TRIAL_TIME_LIMIT_S + 1 s (make_settings' margin),
+SHORT_SLOTS: dict[str, object] = {"heartbeat_interval_s": 0.1}
+"""Settings for tests that run tunings: a slot lasts TRIAL_TIME_LIMIT_S + make_settings' 2 s margin,
 and a cancel is noticed within 0.1 s."""
 
 
