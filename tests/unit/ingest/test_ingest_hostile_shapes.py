@@ -188,20 +188,33 @@ def test_a_valid_header_still_reads(tmp_path: Path) -> None:
 
 @SETTINGS
 @given(
-    header=st.one_of(json_trees.map(lambda tree: json.dumps(tree).encode()), st.binary(max_size=64)),
-    deep=st.integers(0, 12),
+    header=st.one_of(
+        st.builds(lambda tree, deep: json.dumps(_deepen(tree, deep)).encode(), json_trees, st.integers(0, 12)),
+        st.binary(max_size=64),
+    )
 )
-def test_any_safetensors_header_is_entries_or_invalid_safetensors(tmp_path: Path, header: bytes, deep: int) -> None:
-    if deep and header.startswith((b"[", b"{")):
-        header = json.dumps(_deepen(json.loads(header), deep)).encode()
+def test_any_safetensors_header_is_entries_or_invalid_safetensors(tmp_path: Path, header: bytes) -> None:
     try:
         read_header(_safetensors(tmp_path, header))
     except InvalidSafetensors as error:
         assert error.slug == "invalid-safetensors"
 
 
+counts = st.integers(min_value=-3, max_value=2**65)
+tensor_entries = (
+    st.fixed_dictionaries(
+        {
+            "dtype": st.sampled_from(["F32", "U8", "F99"]) | json_trees,
+            "shape": st.lists(counts, max_size=4) | json_trees,
+            "data_offsets": st.lists(counts, min_size=2, max_size=2) | json_trees,
+        }
+    )
+    | json_trees
+)
+
+
 @SETTINGS
-@given(entry=json_trees)
+@given(entry=tensor_entries)
 def test_any_tensor_entry_is_read_or_invalid_safetensors(tmp_path: Path, entry: object) -> None:
     try:
         read_header(_safetensors(tmp_path, json.dumps({"w": entry}).encode()))
@@ -241,9 +254,11 @@ def test_hostile_params_are_a_422_with_a_reason(text: str, reason: str) -> None:
 
 
 @SETTINGS
-@given(tree=json_trees, deep=st.integers(0, 20))
-def test_any_params_are_valid_or_refused_as_invalid_input(tree: object, deep: int) -> None:
+@given(tree=json_trees, deep=st.integers(0, 20), hostile=st.sampled_from([None, DEEP, HUGE_INT, "NaN", "1e999"]))
+def test_any_params_are_valid_or_refused_as_invalid_input(tree: object, deep: int, hostile: str | None) -> None:
     text = json.dumps({"hidden_sizes": _deepen(tree, deep)} if deep % 3 else _deepen(tree, deep))
+    if hostile is not None:
+        text = '{"hidden_sizes": [' + hostile + "]}"
     try:
         _params_then_validate(text)
     except Problem as problem:
