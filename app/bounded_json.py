@@ -79,14 +79,14 @@ def loads_bounded(text: str, *, bounds: JsonBounds) -> object:
     """``text`` parsed as JSON, or :class:`JsonRefused`: too long, too deep, a number literal
     too long or (unless allowed) not finite (``NaN``, ``Infinity``, ``1e999``), or not JSON at all."""
     if len(text) > bounds.max_chars:
-        raise JsonRefused("too-large", f"{len(text)} characters; at most {bounds.max_chars} are allowed")
+        raise JsonRefused("too-large", f"the JSON has {len(text)} characters; at most {bounds.max_chars} are allowed")
     # Counting the opening brackets is a fast C loop; only text that could nest deeply is scanned.
     if text.count("[") + text.count("{") > bounds.max_depth and nesting_depth(text) > bounds.max_depth:
-        raise JsonRefused("too-deep", f"arrays and objects nest more than {bounds.max_depth} levels deep")
+        raise JsonRefused("too-deep", f"JSON arrays and objects nest more than {bounds.max_depth} levels deep")
 
     def number(literal: str) -> None:
         if len(literal) > bounds.max_number_chars:
-            raise JsonRefused("number-too-long", f"a number has more than {bounds.max_number_chars} characters")
+            raise JsonRefused("number-too-long", f"a JSON number has more than {bounds.max_number_chars} characters")
 
     def parse_int(literal: str) -> int:
         number(literal)
@@ -96,7 +96,7 @@ def loads_bounded(text: str, *, bounds: JsonBounds) -> object:
         number(literal)
         value = float(literal)
         if not (bounds.allow_non_finite or math.isfinite(value)):
-            raise JsonRefused("non-finite-number", "a number is too large for a 64-bit float")
+            raise JsonRefused("non-finite-number", "a JSON number is too large for a 64-bit float")
         return value
 
     constant = float if bounds.allow_non_finite else _refuse_constant
