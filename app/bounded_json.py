@@ -11,6 +11,7 @@ where (a character position), never what: the JSON may hold private values.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -71,6 +72,13 @@ def nesting_depth(text: str) -> int:
     return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
+@functools.cache
+def _long_digits(max_number_chars: int) -> re.Pattern[str]:
+    """A run of digits that every number literal longer than ``max_number_chars`` holds: a
+    literal is [-]I[.F][e±E], so its three digit runs hold at least length - 4 digits together."""
+    return re.compile(rf"\d{{{(max_number_chars - 4) // 3 + 1},}}")
+
+
 def _refuse_constant(name: str) -> float:
     raise JsonRefused("non-finite-number", f"{name} is not a number JSON allows")
 
@@ -99,8 +107,14 @@ def loads_bounded(text: str, *, bounds: JsonBounds) -> object:
             raise JsonRefused("non-finite-number", "a JSON number is too large for a 64-bit float")
         return value
 
-    constant = float if bounds.allow_non_finite else _refuse_constant
+    # The hooks cost a decoder built per call and a Python call per number. Text without the digit
+    # run a too-long literal needs (_long_digits) cannot hold one: where non-finite floats are
+    # allowed too (JSON Lines records, parsed by the million), json's own cached decoder reads it.
+    plain = bounds.allow_non_finite and _long_digits(bounds.max_number_chars).search(text) is None
     try:
+        if plain:
+            return json.loads(text)
+        constant = float if bounds.allow_non_finite else _refuse_constant
         return json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=constant)
     except JsonRefused:
         raise

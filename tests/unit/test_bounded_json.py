@@ -60,15 +60,31 @@ def test_a_json_tree_parses_exactly_or_is_refused_for_its_depth_or_numbers(tree:
     assert _depth(tree) <= BOUNDS.max_depth and _longest_number(tree) <= BOUNDS.max_number_chars
 
 
+LENIENT = JsonBounds(max_chars=100_000, max_depth=8, max_number_chars=30, allow_non_finite=True)
+
+
 @settings(database=None, max_examples=300, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from('[]{}",:0123456789.eE-+ \\ntrufalsNIiy'), max_size=60))
-def test_any_text_is_json_or_one_refusal(text: str) -> None:
+@given(
+    text=st.text(alphabet=st.sampled_from('[]{}",:0123456789.eE-+ \\ntrufalsNIiy'), max_size=60),
+    bounds=st.sampled_from([BOUNDS, LENIENT]),
+)
+def test_any_text_is_json_or_one_refusal(text: str, bounds: JsonBounds) -> None:
     try:
-        parsed = loads_bounded(text, bounds=BOUNDS)
+        parsed = loads_bounded(text, bounds=bounds)
     except JsonRefused as refused:
         assert refused.reason in REASONS and refused.detail
+        assert not (bounds.allow_non_finite and refused.reason == "non-finite-number")
         return
-    assert parsed == json.loads(text)
+    assert json.dumps(parsed) == json.dumps(json.loads(text))  # NaN compares unequal to itself
+
+
+@pytest.mark.parametrize("run", [31, 40, 5000])
+def test_a_long_number_is_refused_where_non_finite_floats_are_allowed(run: int) -> None:
+    for literal in ("1" * run, "1." + "0" * run, "-1e" + "0" * run, "0." + "1" * (run // 3) + "e" + "1" * run):
+        with pytest.raises(JsonRefused) as caught:
+            loads_bounded("[" + literal + "]", bounds=LENIENT)
+        assert caught.value.reason == "number-too-long"
+    assert loads_bounded("[NaN, 1e999, 1.5]", bounds=LENIENT) is not None
 
 
 @pytest.mark.parametrize(
