@@ -6,8 +6,9 @@ tenant that owns a real dataset and a queued job, so the generated cases reach t
 
 A second pass overrides the generated values with the extremes that once answered 500 (issue 13):
 numbers at 5e-324, 1e-300, 1e300, 2**70, -0.0 in any query parameter or JSON body field,
-cursors that are base64 of crafted JSON arrays, and hostile JSON documents (issue 36: nested
-5,000 deep, 5,000-digit integers, NaN) in the query parameters that hold JSON text. It runs on
+cursors that are base64 of crafted JSON arrays, hostile JSON documents (issue 36: nested
+5,000 deep, 5,000-digit integers, NaN) in the query parameters that hold JSON text, and body
+values nested 300 deep. It runs on
 the generated cases and on valid request bodies (one per algorithm, with the fixture's real ids),
 so an extreme reaches the privacy math behind the validation, not just the first schema check.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -119,6 +121,17 @@ HOSTILE_JSON: Final[tuple[str, ...]] = (
 )
 """JSON that once answered 500 (issue 36): nesting past Python's recursion limit, integers past its
 4,300-digit limit, non-finite numbers, and a few near misses."""
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+DEEP_VALUE: Final = _nested(300)
+"""A body value nested 300 deep: parsed by json, it once broke pydantic's serializer (a 500)."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +319,11 @@ def _with_extremes(case: schemathesis.Case, data: st.DataObject, shape: _QuerySh
     if slots:
         container, key = data.draw(st.sampled_from(slots), label="field")
         container[key] = data.draw(st.sampled_from(EXTREME_NUMBERS), label="extreme")
+    body_slots = _numeric_slots(case.body) if isinstance(case.body, (dict, list)) else []
+    if body_slots and data.draw(st.integers(0, 3), label="deep") == 0:  # a body nested past the bound
+        case.body = copy.deepcopy(case.body)  # a valid body is shared by its examples: keep its shape
+        container, key = data.draw(st.sampled_from(_numeric_slots(case.body)), label="deep field")
+        container[key] = DEEP_VALUE
     if shape.cursor:
         query["cursor"] = data.draw(st.sampled_from(CRAFTED_CURSORS), label="cursor")
     for name in shape.json_text:
