@@ -256,6 +256,34 @@ class Settings(BaseSettings):
         "enforces the same bound while decoding. The decoded uint8 array of the whole dataset is bounded "
         "by PRIVTRAIN_MAX_DECOMPRESSED_BYTES",
     )
+    max_image_decode_bytes: int = Field(
+        default=4 * 1024**3,
+        gt=0,
+        description="what all images of one ZIP upload may decode to, summed: width × height × channels "
+        "of each, read from its header before any image is decoded (uint8: one byte a value, before any "
+        "resizing to image_size=). More is refused (422 invalid-dataset, too-many-pixels)",
+    )
+    max_image_decode_ratio: int = Field(
+        default=200,
+        gt=0,
+        description="what the images of a ZIP upload may decode to (as for PRIVTRAIN_MAX_IMAGE_DECODE_BYTES), "
+        "as a multiple of the upload's size, beyond the first 64 MiB: a few KB of PNG can declare a "
+        "16-megapixel canvas. More is refused (422 invalid-dataset, pixel-amplification) before decoding",
+    )
+    max_tokenizer_bytes: int = Field(
+        default=64 * 1024**2,
+        gt=0,
+        description="size of an uploaded tokenizer.json (POST /v1/tokenizers); a larger one is refused (413) "
+        "before it is read",
+    )
+    upload_parse_deadline_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=86_400,
+        description="the longest an upload's parsing and validation may take once its body has arrived; "
+        "past it the upload is refused (413 parse-deadline-exceeded) and nothing is stored. Parsing also "
+        "stops, and the upload slot is freed, as soon as the client disconnects",
+    )
     max_text_records: int = Field(
         default=1_000_000,
         gt=0,

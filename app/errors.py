@@ -21,6 +21,7 @@ __all__ = [
     "InvalidInput",
     "LimitReached",
     "NotFound",
+    "TooLarge",
     "Unavailable",
     "forbidden",
     "not_found",
@@ -78,6 +79,10 @@ class Conflict(DomainError):
 
 class LimitReached(DomainError):
     """A per-tenant limit is reached; ``retry_after_s`` says when to try again."""
+
+
+class TooLarge(DomainError):
+    """Well-formed, but more than this deployment processes: bytes, or the work parsing it takes."""
 
 
 class Unavailable(DomainError):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from typing import Annotated, Any
 
@@ -21,6 +20,7 @@ from app.base_models.registry import (
     list_base_models,
     register_base_model,
 )
+from app.bounded_json import JsonBounds, JsonRefused, loads_bounded
 from app.model_catalogue import ModelSizeLimits
 from app.models import BaseModelRecord
 from app.problems import Problem
@@ -31,6 +31,8 @@ from app.upload_slots import UploadSlotDep
 router = APIRouter(prefix="/v1/base-models", tags=["base-models"], route_class=ReleasingRoute)
 
 MAX_PARAMS_CHARS = 16_000
+PARAMS_BOUNDS = JsonBounds(max_chars=MAX_PARAMS_CHARS, max_depth=16)
+"""An architecture's params nest 2 or 3 levels ({"hidden_sizes": [64, 64]})."""
 MAX_INPUT_DIMS = 4
 
 
@@ -51,17 +53,25 @@ def base_model_out(record: BaseModelRecord, blobs: BlobStore) -> BaseModelOut:
     )
 
 
-def _invalid(detail: str) -> Problem:
-    return Problem(status=422, slug="invalid-base-model-request", detail=detail)
+def _invalid(detail: str, *, reason: str | None = None) -> Problem:
+    return Problem(
+        status=422,
+        slug="invalid-base-model-request",
+        detail=detail,
+        extra={"reason": reason} if reason is not None else None,
+    )
 
 
 def _parse_params(params: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(params)
-    except json.JSONDecodeError:
-        raise _invalid('params must be a JSON object, e.g. {} or {"hidden_sizes": [64]}') from None
+        parsed = loads_bounded(params, bounds=PARAMS_BOUNDS)
+    except JsonRefused as exc:
+        raise _invalid(
+            f'params: {exc.detail}; it must be a JSON object, e.g. {{}} or {{"hidden_sizes": [64]}}',
+            reason=f"params-{exc.reason}",
+        ) from None
     if not isinstance(parsed, dict):
-        raise _invalid("params must be a JSON object")
+        raise _invalid("params must be a JSON object", reason="params-not-an-object")
     return parsed
 
 

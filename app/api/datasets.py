@@ -7,7 +7,6 @@ import unicodedata
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import defer
@@ -17,6 +16,7 @@ from app.access import Role, dataset_access, dataset_for, visible_datasets
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.api.upload_body import receive_upload_body
+from app.api.upload_watch import WatchedParse
 from app.dataset_registration import UploadRequest, invalid_dataset, invalid_text, register_upload
 from app.errors import InvalidInput
 from app.facts import privacy_unit_text, public_class_list
@@ -294,8 +294,9 @@ async def upload_dataset(
     pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
     # Everything after the body (hashing, parsing, the registration transaction) is blocking
     # work: it runs in a worker thread, so a registration waiting on the database lock never
-    # stalls the event loop (and with it every other request).
-    registered = await run_in_threadpool(
+    # stalls the event loop (and with it every other request). The parse stops at its deadline
+    # or when the client disconnects (app/api/upload_watch.py).
+    registered = await WatchedParse(request, deadline_s=settings.upload_parse_deadline_s).run(
         register_upload,
         db=services.db,
         blobs=services.blobs,

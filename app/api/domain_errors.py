@@ -14,7 +14,7 @@ from typing import Final, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.errors import Conflict, DomainError, Forbidden, InvalidInput, LimitReached, NotFound, Unavailable
+from app.errors import Conflict, DomainError, Forbidden, InvalidInput, LimitReached, NotFound, TooLarge, Unavailable
 from app.problems import Problem, problem_response
 
 __all__ = ["install_domain_error_handler", "problem_for"]
@@ -39,6 +39,7 @@ answers(422)(InvalidInput)
 answers(404)(NotFound)
 answers(403)(Forbidden)
 answers(409)(Conflict)
+answers(413)(TooLarge)
 answers(429)(LimitReached)
 answers(503)(Unavailable)
 

@@ -16,8 +16,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
+
+from app.api.json_body import BoundedJsonRoute
 
 __all__ = ["ReleasingRoute", "release_sessions_after"]
 
@@ -54,8 +55,9 @@ def release_sessions_after(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class ReleasingRoute(APIRoute):
-    """An APIRoute whose sync endpoint releases its sessions' connections when it returns."""
+class ReleasingRoute(BoundedJsonRoute):
+    """An APIRoute whose sync endpoint releases its sessions' connections when it returns (and
+    whose JSON body is parsed within bounds: app/api/json_body.py)."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **options: Any) -> None:
         super().__init__(path, release_sessions_after(endpoint), **options)

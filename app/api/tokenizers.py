@@ -100,7 +100,10 @@ async def upload_tokenizer(
     library to check it (no network), must have a pad token, and is stored by content hash; a
     refusal stores nothing. A tokenizer is public: never upload one learned from private text."""
     _check_name(name)
-    pending = await receive_upload_body(request, settings=services.settings, blobs=services.blobs)
+    settings = services.settings
+    pending = await receive_upload_body(
+        request, settings=settings, blobs=services.blobs, max_bytes=settings.max_tokenizer_bytes
+    )
     record = await run_in_threadpool(
         register_tokenizer,
         db=services.db,

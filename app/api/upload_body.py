@@ -17,18 +17,23 @@ from app.upload_pace import UploadPace, UploadTooSlow, receive_paced
 __all__ = ["receive_upload_body"]
 
 
-async def receive_upload_body(request: Request, *, settings: Settings, blobs: BlobStore) -> PendingBlob:
-    """The whole body in a pending blob (the caller keeps or discards it), or a 413/408 problem."""
+async def receive_upload_body(
+    request: Request, *, settings: Settings, blobs: BlobStore, max_bytes: int | None = None
+) -> PendingBlob:
+    """The whole body in a pending blob (the caller keeps or discards it), or a 413/408 problem.
+
+    ``max_bytes``: a smaller limit than ``max_upload_bytes`` for what this route takes."""
+    limit = min(settings.max_upload_bytes, max_bytes) if max_bytes is not None else settings.max_upload_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > settings.max_upload_bytes:
-        raise _too_large(settings.max_upload_bytes)
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
     pace = UploadPace.from_settings(settings)
-    pending = blobs.begin(max_bytes=settings.max_upload_bytes)
+    pending = blobs.begin(max_bytes=limit)
     try:
         await receive_paced(request.stream(), pending.write, pace=pace)
     except UploadTooLarge as exc:
         pending.discard()
-        raise _too_large(settings.max_upload_bytes) from exc
+        raise _too_large(limit) from exc
     except UploadTooSlow as exc:
         pending.discard()
         raise _too_slow(exc, pace) from None

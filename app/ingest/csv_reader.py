@@ -19,11 +19,14 @@ from app.ingest.columns import ColumnPlan, plan_columns
 from app.ingest.errors import DatasetValidationError
 from app.ingest.limits import IngestLimits
 from app.ingest.numeric import first_non_finite
+from app.ingest.parse_control import checkpoint
 from app.ingest.preparation import Preparation
 from app.ingest.registry import RawDataset, RawLabels, RowPositions, TextLabels, register_reader
 
 _BOM = codecs.BOM_UTF8
 _FIELD_LIMIT_MESSAGE = "field larger than field limit"
+_LINES_PER_CHECKPOINT = 256
+"""Lines between two looks at the parse's deadline and its client (app/ingest/parse_control.py)."""
 
 
 class _Utf8Lines:
@@ -44,6 +47,8 @@ class _Utf8Lines:
     def __iter__(self) -> Iterator[str]:
         while raw := self._stream.readline(self.max_line_bytes + 1):
             self.line_number += 1
+            if not self.line_number % _LINES_PER_CHECKPOINT:
+                checkpoint()
             if self.line_number == 1 and raw.startswith(_BOM):
                 raw = raw[len(_BOM) :]
             if len(raw) > self.max_line_bytes:

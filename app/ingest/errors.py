@@ -44,6 +44,8 @@ ImageReason = Literal[
     "not-an-image",
     "image-too-large",
     "decompression-bomb",
+    "too-many-pixels",
+    "pixel-amplification",
     "mixed-image-sizes",
     "bad-image-options",
 ]

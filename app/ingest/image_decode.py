@@ -1,19 +1,26 @@
 """Decoding one uploaded PNG/JPEG with Pillow, bounded before and while it decodes.
 
 An image file is untrusted: a few KB of PNG can declare a gigapixel canvas. Its size is read
-from the header and checked against ``max_image_pixels`` before any pixel is decoded; Pillow's
-own decompression-bomb guard (``Image.MAX_IMAGE_PIXELS``, its warning turned into an error)
-backs that up while decoding. Only the PNG and JPEG decoders are ever tried.
+from the header (:func:`read_image_header`, no pixel decoded) and checked against
+``max_image_pixels`` before any pixel is decoded; Pillow's own decompression-bomb guard
+(``Image.MAX_IMAGE_PIXELS``, its warning turned into an error) backs that up while decoding.
+Only the PNG and JPEG decoders are ever tried, and whatever they raise on crafted bytes is a
+refusal naming the file.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from app.ingest.errors import DatasetValidationError
 
@@ -42,30 +49,74 @@ def channels_of(image: Image.Image) -> int:
     return 1 if image.mode in _GREY_MODES else 3
 
 
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file declares in its header, read before any pixel is decoded."""
+
+    width: int
+    height: int
+    channels: int
+    """1 or 3: what the image becomes when no ``channels=`` is declared (:func:`channels_of`)."""
+    bands: int
+    """Values per pixel its decoder produces (4 for RGBA, 1 for a palette image)."""
+
+    def decoded_values(self, *, channels: int | None) -> int:
+        """Width × height × channels: what decoding it produces, in its own mode or converted to
+        ``channels`` (its own when None), whichever is larger."""
+        return self.width * self.height * max(self.bands, channels or self.channels)
+
+
+def read_image_header(stream: IO[bytes], *, name: str, max_pixels: int) -> ImageHeader:
+    """The image's size and mode from its header alone: Pillow's ``open`` reads the header and no
+    pixel data (nothing is decoded until ``load``). Refuses what is not a PNG/JPEG or declares more
+    than ``max_pixels`` pixels."""
+    with _refusing_bad_images(name, max_pixels=max_pixels), Image.open(stream, formats=DECODERS) as image:
+        width, height = image.size
+        _check_pixels(width, height, name=name, max_pixels=max_pixels)
+        return ImageHeader(width=width, height=height, channels=channels_of(image), bands=len(image.getbands()))
+
+
 def decode_image(data: bytes, *, name: str, rules: DecodeRules) -> np.ndarray:
     """The image in ``data`` as uint8 (H, W, C) with C = ``rules.channels`` (or its own), resized
     to ``rules.size`` when given; refuses what is not a PNG/JPEG or is too large to decode."""
+    with (
+        _refusing_bad_images(name, max_pixels=rules.max_pixels),
+        Image.open(io.BytesIO(data), formats=DECODERS) as image,
+    ):
+        width, height = image.size
+        _check_pixels(width, height, name=name, max_pixels=rules.max_pixels)
+        channels = rules.channels if rules.channels is not None else channels_of(image)
+        converted = image.convert("L" if channels == 1 else "RGB")
+        if rules.size is not None and (height, width) != rules.size:
+            converted = converted.resize((rules.size[1], rules.size[0]), RESAMPLING)
+        pixels = np.asarray(converted, dtype=np.uint8)
+    return pixels[:, :, np.newaxis] if pixels.ndim == 2 else pixels
+
+
+def _check_pixels(width: int, height: int, *, name: str, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise DatasetValidationError(
+            "image-too-large", f"{name} is {width}×{height} pixels; the limit is {max_pixels} pixels per image"
+        )
+
+
+@contextmanager
+def _refusing_bad_images(name: str, *, max_pixels: int) -> Iterator[None]:
+    """Pillow's decompression-bomb warning as an error, and every failure of a decoder on
+    untrusted bytes as a refusal naming the file (never a 500)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=DECODERS) as image:
-                width, height = image.size
-                if width * height > rules.max_pixels:
-                    raise DatasetValidationError(
-                        "image-too-large",
-                        f"{name} is {width}×{height} pixels; the limit is {rules.max_pixels} pixels per image",
-                    )
-                channels = rules.channels if rules.channels is not None else channels_of(image)
-                converted = image.convert("L" if channels == 1 else "RGB")
-                if rules.size is not None and (height, width) != rules.size:
-                    converted = converted.resize((rules.size[1], rules.size[0]), RESAMPLING)
-                pixels = np.asarray(converted, dtype=np.uint8)
-    except DatasetValidationError:
+            yield
+    except (DatasetValidationError, MemoryError):
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise DatasetValidationError(
-            "decompression-bomb", f"{name} declares more pixels than may be decoded ({rules.max_pixels})"
+            "decompression-bomb", f"{name} declares more pixels than may be decoded ({max_pixels})"
         ) from exc
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error) as exc:
+        raise DatasetValidationError("invalid-archive", f"member {name} is truncated or corrupt") from exc
+    except Exception as exc:
+        # A decoder fed crafted bytes may raise anything (struct.error, IndexError, ZeroDivisionError,
+        # ... beside the documented OSError and SyntaxError).
         raise DatasetValidationError("not-an-image", f"{name} is not a readable PNG or JPEG image") from exc
-    return pixels[:, :, np.newaxis] if pixels.ndim == 2 else pixels

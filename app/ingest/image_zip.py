@@ -3,9 +3,13 @@
 The archive is untrusted. Its directory is checked before any member is read: every path is one
 folder deep, relative, without ``..``, not a symlink; only .png/.jpg/.jpeg files (the junk that
 macOS archivers add, ``__MACOSX/`` and ``.DS_Store``, is ignored; anything else is refused); at
-most ``max_image_files`` images; the declared sizes bounded like an NPZ's. Each image is then
-decoded under the limits of app/ingest/image_decode.py into one preallocated uint8 array, whose
-size (n × H × W × C) is checked against ``max_decompressed_bytes`` before it is allocated.
+most ``max_image_files`` images; the declared sizes bounded like an NPZ's. Then every image's
+header is read (no pixel decoded): each image's pixels, and the pixels of all of them together
+(absolutely and relative to the upload's size: a 16 KB PNG of zeros declares 16 M pixels), are
+bounded, and the images' sizes must agree. Only then is each image decoded under the limits of
+app/ingest/image_decode.py into one preallocated uint8 array, whose size (n × H × W × C) is
+checked against ``max_decompressed_bytes`` before it is allocated. The parse stops between
+members when its deadline passes or its client leaves (app/ingest/parse_control.py).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from app.ingest.errors import DatasetValidationError
-from app.ingest.image_decode import DecodeRules, decode_image
+from app.ingest.image_decode import DecodeRules, ImageHeader, decode_image, read_image_header
 from app.ingest.limits import IngestLimits
+from app.ingest.parse_control import checkpoint
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 IGNORED_FOLDERS = frozenset({"__MACOSX"})
@@ -44,33 +49,84 @@ class FolderImages:
 
 
 def read_image_zip(path: Path, *, limits: IngestLimits, rules: DecodeRules) -> FolderImages:
-    """Decode a class-folder ZIP, or raise DatasetValidationError naming the offending member."""
+    """Decode a class-folder ZIP, or raise DatasetValidationError naming the offending member.
+
+    Every image's header is read, and every limit on sizes checked, before the first is decoded."""
+    compressed_bytes = path.stat().st_size
     archive = _open(path)
     with archive:
-        members = _image_members(archive, limits=limits, compressed_bytes=path.stat().st_size)
+        members = _image_members(archive, limits=limits, compressed_bytes=compressed_bytes)
         folders, folder_index = _folders_of(members)
         if len(folders) > limits.max_classes:  # before decoding anything
             raise DatasetValidationError(
                 "bad-labels", f"the archive has {len(folders)} class folders; the limit is {limits.max_classes}"
             )
-        first = _decode(archive, members[0], rules=rules)
-        rules = DecodeRules(
-            max_pixels=rules.max_pixels,
-            channels=first.shape[2],
-            size=rules.size,  # None: no resizing, so a differently sized image is refused below
-        )
-        images = _allocate(len(members), first.shape, limits=limits)
-        images[0] = first
-        for row, info in enumerate(members[1:], start=1):
+        headers = _read_headers(archive, members, max_pixels=rules.max_pixels)
+        _check_decode_budget(headers, channels=rules.channels, limits=limits, compressed_bytes=compressed_bytes)
+        shape = _decoded_shape(members, headers, rules=rules)
+        images = _allocate(len(members), shape, limits=limits)
+        rules = DecodeRules(max_pixels=rules.max_pixels, channels=shape[2], size=rules.size)
+        for row, info in enumerate(members):
+            checkpoint()
             decoded = _decode(archive, info, rules=rules)
-            if decoded.shape != first.shape:
+            if decoded.shape != shape:  # the header promised otherwise
                 raise DatasetValidationError(
-                    "mixed-image-sizes",
-                    f"{info.filename} is {decoded.shape[1]}×{decoded.shape[0]} pixels but {members[0].filename} "
-                    f"is {first.shape[1]}×{first.shape[0]}; give image_size= to resize them all to one size",
+                    "not-an-image", f"{info.filename!r} decodes to a different size than its header declares"
                 )
             images[row] = decoded
     return FolderImages(images=images, folders=folders, folder_index=folder_index)
+
+
+def _read_headers(archive: zipfile.ZipFile, members: list[zipfile.ZipInfo], *, max_pixels: int) -> list[ImageHeader]:
+    """Each image's size and mode from its header; only the first few KB of each are inflated."""
+    headers = []
+    for info in members:
+        checkpoint()
+        try:
+            with archive.open(info) as member:
+                headers.append(read_image_header(member, name=repr(info.filename), max_pixels=max_pixels))
+        except DatasetValidationError:  # a ValueError, as some of _READ_ERRORS are
+            raise
+        except _READ_ERRORS as exc:
+            raise DatasetValidationError(
+                "invalid-archive", f"member {info.filename!r} is truncated or corrupt"
+            ) from exc
+    return headers
+
+
+def _check_decode_budget(
+    headers: list[ImageHeader], *, channels: int | None, limits: IngestLimits, compressed_bytes: int
+) -> None:
+    """The declared pixels of all images together, bounded absolutely and relative to the upload's
+    size: each image may be within ``max_image_pixels`` and their sum still take minutes to decode."""
+    allowance, reason, wording = limits.image_decode_allowance(compressed_bytes=compressed_bytes)
+    declared = sum(header.decoded_values(channels=channels) for header in headers)
+    if declared > allowance:
+        raise DatasetValidationError(
+            reason,
+            f"the archive's {len(headers)} images declare {declared} pixel values (width × height × channels, "
+            f"from their headers); the limit is {wording}. Resize the images closer to the size you train on "
+            "before uploading",
+        )
+
+
+def _decoded_shape(
+    members: list[zipfile.ZipInfo], headers: list[ImageHeader], *, rules: DecodeRules
+) -> tuple[int, int, int]:
+    """(H, W, C) of every decoded image: the declared size and channels, else the first image's;
+    without ``image_size=`` every image must have the first one's size."""
+    first = headers[0]
+    channels = rules.channels if rules.channels is not None else first.channels
+    if rules.size is not None:
+        return rules.size[0], rules.size[1], channels
+    for info, header in zip(members, headers, strict=True):
+        if (header.width, header.height) != (first.width, first.height):
+            raise DatasetValidationError(
+                "mixed-image-sizes",
+                f"{info.filename} is {header.width}×{header.height} pixels but {members[0].filename} "
+                f"is {first.width}×{first.height}; give image_size= to resize them all to one size",
+            )
+    return first.height, first.width, channels
 
 
 def zip_folder_labels(path: Path, *, limits: IngestLimits) -> tuple[tuple[str, ...], np.ndarray]:

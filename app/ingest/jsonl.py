@@ -2,23 +2,31 @@
 
 One JSON object per line, UTF-8 only. Blank lines are skipped (a trailing newline is common).
 The file is streamed: a line is read with a byte cap before it is decoded, so no line and no
-copy of the whole corpus is ever held. Refusals name the line, never what it holds.
+copy of the whole corpus is ever held; each is parsed within bounds on its nesting and its
+numbers' length (app/bounded_json.py). Refusals name the line, never what it holds.
 """
 
 from __future__ import annotations
 
-import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from app.bounded_json import JsonBounds, JsonRefused, loads_bounded
 from app.ingest.limits import IngestLimits
+from app.ingest.parse_control import checkpoint
 from app.ingest.text_errors import TextValidationError
 
 __all__ = ["JsonlFields", "JsonlRecord", "read_records"]
 
 _BOM = "\ufeff"
+_RECORD_BOUNDS = JsonBounds(max_chars=sys.maxsize, max_depth=64, max_number_chars=100, allow_non_finite=True)
+"""A record's bounds besides its line's byte limit (checked before it is decoded): nesting beyond
+64 levels and number literals beyond 100 characters (Python refuses integers of 4,300 digits with
+a bare ValueError) are refused, naming the line. NaN in a member the reader ignores is accepted,
+as it always was; a label or unit must be a string or a whole number anyway."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ def read_records(path: Path, *, fields: JsonlFields, limits: IngestLimits) -> It
                 text = text[1:]
             if not text.strip():
                 continue
+            checkpoint()
             count += 1
             if count > limits.max_text_records:
                 raise TextValidationError(
@@ -106,13 +115,9 @@ def _decode(raw: bytes, *, line: int) -> str:
 
 def _parse(text: str, *, line: int, fields: JsonlFields) -> JsonlRecord:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TextValidationError(
-            "jsonl-invalid-line", f"line {line} is not valid JSON ({exc.msg} at column {exc.colno})"
-        ) from None
-    except RecursionError:
-        raise TextValidationError("jsonl-invalid-line", f"line {line} nests JSON too deeply") from None
+        value = loads_bounded(text, bounds=_RECORD_BOUNDS)
+    except JsonRefused as exc:
+        raise TextValidationError("jsonl-invalid-line", f"line {line}: {exc.detail}") from None
     if not isinstance(value, dict):
         raise TextValidationError("jsonl-invalid-line", f"line {line} is a JSON {type(value).__name__}, not an object")
     if fields.text not in value:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from app.config import Settings
+
+ImageBudgetReason = Literal["too-many-pixels", "pixel-amplification"]
+"""Which bound on a ZIP's declared pixels refused it: the absolute one, or the one relative to its size."""
 
 RATIO_FREE_BYTES = 64 * 1024**2
 """Decompressed bytes any NPZ may reach whatever its compression ratio: small, very regular
@@ -40,6 +43,14 @@ class IngestLimits:
     max_image_pixels: int = 16_777_216
     """Width × height of one uploaded image (4096 × 4096), checked from its header before it is
     decoded; Pillow's decompression-bomb guard applies the same bound while decoding."""
+    max_image_decode_bytes: int = 4 * 1024**3
+    """Width × height × channels summed over a ZIP's images, read from their headers before any
+    is decoded: bounds the decoding work, which resizing (``image_size=``) hides from the size of
+    the decoded array (a ZIP of 4096 × 4096 PNGs resized to 8 × 8 decodes 16 M values per image
+    into a 64-value row)."""
+    max_image_decode_ratio: int = 200
+    """Decoded values (as above) per byte of the upload, above RATIO_FREE_BYTES: a 16 KB PNG of
+    zeros declares 16 M pixels, 1000× its size; photographs decode to 2–30× theirs."""
     max_text_records: int = 1_000_000
     """Records (non-blank lines) in one JSON Lines upload."""
     max_text_line_bytes: int = 1_048_576
@@ -49,6 +60,9 @@ class IngestLimits:
     max_tokenizer_vocab: int = 262_144
     """Tokens a tokenizer may have (uploaded or trained); token ids are stored as uint16 up to
     65,535 and as int32 above."""
+    max_tokenizer_bytes: int = 64 * 1024**2
+    """Bytes of an uploaded tokenizer.json, checked before it is read (the largest public ones are
+    a few tens of MB)."""
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -67,10 +81,13 @@ class IngestLimits:
             max_compression_ratio=settings.max_compression_ratio,
             max_image_files=settings.max_image_files,
             max_image_pixels=settings.max_image_pixels,
+            max_image_decode_bytes=settings.max_image_decode_bytes,
+            max_image_decode_ratio=settings.max_image_decode_ratio,
             max_text_records=settings.max_text_records,
             max_text_line_bytes=settings.max_text_line_bytes,
             max_text_length=settings.max_text_length,
             max_tokenizer_vocab=settings.max_tokenizer_vocab,
+            max_tokenizer_bytes=settings.max_tokenizer_bytes,
         )
 
     def decompressed_allowance(self, *, compressed_bytes: int) -> tuple[int, str]:
@@ -82,3 +99,18 @@ class IngestLimits:
                 f"ratio limit is {self.max_compression_ratio}, above {RATIO_FREE_BYTES} bytes)"
             )
         return self.max_decompressed_bytes, f"{self.max_decompressed_bytes} bytes"
+
+    def image_decode_allowance(self, *, compressed_bytes: int) -> tuple[int, ImageBudgetReason, str]:
+        """The most values a ZIP of ``compressed_bytes`` may decode its images to, the reason a
+        refusal gives (which limit binds) and the limit's wording."""
+        by_ratio = max(self.max_image_decode_ratio * compressed_bytes, RATIO_FREE_BYTES)
+        if by_ratio < self.max_image_decode_bytes:
+            return (
+                by_ratio,
+                "pixel-amplification",
+                (
+                    f"{by_ratio} values for an upload of {compressed_bytes} bytes (at most "
+                    f"{self.max_image_decode_ratio} per byte, above {RATIO_FREE_BYTES})"
+                ),
+            )
+        return self.max_image_decode_bytes, "too-many-pixels", f"{self.max_image_decode_bytes} values"

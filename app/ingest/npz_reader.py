@@ -25,6 +25,7 @@ from app.ingest.columns import ScalingGroup
 from app.ingest.errors import DatasetValidationError
 from app.ingest.limits import IngestLimits
 from app.ingest.numeric import as_float32, first_non_finite
+from app.ingest.parse_control import checkpoint
 from app.ingest.preparation import SCALE_ALL, Preparation, check_preparation_for_format
 from app.ingest.registry import RawDataset, RawLabels, RowPositions, register_reader
 
@@ -33,6 +34,8 @@ _LABELS = "y.npy"
 _NUMERIC_KINDS = frozenset("biuf")  # bool, signed and unsigned integer, float
 _SAFE_COMPRESSION = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
 _ENCRYPTED_FLAG = 0x1
+_MAX_DIMS = 32
+"""numpy's own limit on dimensions (64) is far above the 4 a dataset may have."""
 # What zipfile and numpy raise on a damaged archive or member (found by fuzzing, see the tests).
 _MEMBER_ERRORS = (
     ValueError,
@@ -171,6 +174,7 @@ class _CountedMember:
         self._allowance = allowance
 
     def read(self, size: int = -1) -> bytes:
+        checkpoint()  # numpy reads an array in chunks of 256 KiB: stop between them when asked to
         data = self._member.read(size)
         self._allowance.spend(len(data))
         return data
@@ -225,6 +229,11 @@ def _read_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _NpyHeader:
         raise DatasetValidationError(
             "invalid-npz", f"{name} is not a valid .npy array (format version 1.0 or 2.0)"
         ) from exc
+    if len(shape) > _MAX_DIMS or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise DatasetValidationError(
+            "invalid-npz",
+            f"{name}'s header declares an invalid shape: at most {_MAX_DIMS} whole numbers, none negative",
+        )
     if dtype.hasobject:
         raise DatasetValidationError(
             "invalid-npz",

@@ -15,17 +15,19 @@ declares the labels to be indices into a declared class list (by default they ma
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.bounded_json import JsonBounds, JsonRefused, loads_bounded
 from app.ingest.errors import DatasetValidationError
 from app.ingest.limits import IngestLimits
 
 MAX_PREPARATION_CHARS = 16_000
+_DECLARATION_BOUNDS = JsonBounds(max_chars=MAX_PREPARATION_CHARS, max_depth=16)
+"""A declaration nests 4 levels deep ({"scale": {"age": {"bounds": [0, 120]}}}); 16 is ample."""
 """Characters of the declaration as sent (a query parameter: URLs much longer fail elsewhere).
 Wide datasets scale with ``"*"`` rather than one entry per column."""
 MAX_CATEGORIES = 1_000
@@ -98,10 +100,6 @@ def _refuse(detail: str) -> DatasetValidationError:
     return DatasetValidationError("bad-preparation", f"preparation: {detail}")
 
 
-def _reject_constant(name: str) -> float:
-    raise _refuse(f"{name} is not allowed; every number must be finite")
-
-
 def parse_preparation(raw: str | None, *, limits: IngestLimits) -> Preparation | None:
     """The owner's JSON declaration, strictly validated; None when nothing is declared.
 
@@ -115,13 +113,13 @@ def parse_preparation(raw: str | None, *, limits: IngestLimits) -> Preparation |
             'allowed (scale every feature at once with "*")'
         )
     try:
-        document = json.loads(raw, parse_constant=_reject_constant)
-    except DatasetValidationError:
-        raise
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        position = getattr(exc, "pos", None)
-        where = f" (at character {position + 1})" if isinstance(position, int) else ""
-        raise _refuse(f"not valid JSON{where}") from None
+        document = loads_bounded(raw, bounds=_DECLARATION_BOUNDS)
+    except JsonRefused as exc:
+        if exc.reason == "non-finite-number":
+            raise _refuse(
+                "NaN, Infinity and numbers beyond float64 are not allowed; every number must be finite"
+            ) from None
+        raise _refuse(exc.detail) from None
     return preparation_from_json(document, limits=limits)
 
 

@@ -12,12 +12,15 @@ from typing import Final
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from app.bounded_json import nesting_depth
 from app.errors import InvalidInput
 
 PAD_NAMES: Final = ("<pad>", "[PAD]", "<|pad|>", "<PAD>")
 """Special tokens taken for the pad token when the file sets no padding and none is named."""
 TRAINED_SPECIAL_TOKENS: Final = ("<pad>", "<bos>", "<eos>")
 """A trained tokenizer's special tokens: ids 0 (pad), 1 (bos) and 2 (eos)."""
+MAX_TOKENIZER_DEPTH: Final = 64
+"""Nesting of a tokenizer.json's arrays and objects; real ones nest fewer than 10 levels."""
 MIN_TRAINED_VOCAB: Final = 300
 """A trained byte-level BPE starts from the 256 byte symbols and the special tokens."""
 
@@ -54,10 +57,17 @@ def _invalid(slug: str, detail: str) -> InvalidInput:
 
 
 def load_tokenizer_json(data: bytes, *, pad_token: str | None, max_vocab: int) -> HuggingFaceTokenizer:
-    """Parse and check a ``tokenizer.json``: it loads, its vocabulary size is within bounds, and it
+    """Parse and check a ``tokenizer.json``: UTF-8 text nested at most MAX_TOKENIZER_DEPTH deep
+    (checked before the library parses it), it loads, its vocabulary size is within bounds, and it
     has a pad token (``pad_token``, else its padding setting, else a special token named like one)."""
     try:
-        tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _invalid("invalid-tokenizer", "the body is not UTF-8 text, which a tokenizer.json is") from None
+    if nesting_depth(text) > MAX_TOKENIZER_DEPTH:  # bounded here, whatever the library's own parser does
+        raise _invalid("invalid-tokenizer", f"the tokenizer.json nests more than {MAX_TOKENIZER_DEPTH} levels deep")
+    try:
+        tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # noqa: BLE001 - the library raises plain Exception on a malformed file
         raise _invalid(
             "invalid-tokenizer",

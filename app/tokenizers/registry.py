@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.blob_references import discard_unreferenced_blob, lock_blob_key
 from app.db import Database
-from app.errors import Conflict, InvalidInput, not_found
+from app.errors import Conflict, InvalidInput, TooLarge, not_found
 from app.ingest.jsonl import JsonlFields, read_records
 from app.ingest.limits import IngestLimits
 from app.models import Dataset, TokenizerRecord
@@ -41,6 +41,7 @@ __all__ = [
     "load_for_upload",
     "register_tokenizer",
     "tokenizer_for",
+    "tokenizer_too_large",
     "train_tokenizer",
 ]
 
@@ -57,6 +58,15 @@ class TokenizerOnPrivateData(Conflict):
             "(uploaded with public=true), or use the built-in byte tokenizer, which learns nothing",
             extra={"dataset_id": dataset_id},
         )
+
+
+def tokenizer_too_large(limit: int) -> TooLarge:
+    """A tokenizer.json over ``PRIVTRAIN_MAX_TOKENIZER_BYTES``: refused before it is read."""
+    return TooLarge(
+        slug="payload-too-large",
+        detail=f"a tokenizer.json may have at most {limit} bytes",
+        extra={"reason": "tokenizer-too-large"},
+    )
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,8 @@ def register_tokenizer(
     """Check an uploaded tokenizer.json and register it (blocking: run it in a thread). The
     pending blob is always discarded; a refusal stores nothing."""
     try:
+        if pending.size > limits.max_tokenizer_bytes:
+            raise tokenizer_too_large(limits.max_tokenizer_bytes)
         sha256 = pending.finish()
         loaded = load_tokenizer_json(
             pending.path.read_bytes(), pad_token=pad_token, max_vocab=limits.max_tokenizer_vocab

@@ -86,9 +86,9 @@ class IdempotencyKeyReused(InvalidRequest):
     """An Idempotency-Key was sent again with a different body."""
 
 
-@problem_types("payload-too-large", statuses=(413,))
+@problem_types("payload-too-large", "parse-deadline-exceeded", statuses=(413,))
 class PayloadTooLarge(InvalidRequest):
-    """The upload exceeds the server's size limit."""
+    """The upload exceeds the server's size limit, or took longer to parse than it allows."""
 
 
 @problem_types("unauthorized", "forbidden", statuses=(401, 403))

@@ -5,16 +5,19 @@ tenant that owns a real dataset and a queued job, so the generated cases reach t
 (not just the 401 path); random ids answer 404 problems, which must match the schema too.
 
 A second pass overrides the generated values with the extremes that once answered 500 (issue 13):
-numbers at 5e-324, 1e-300, 1e300, 2**70, -0.0 in any query parameter or JSON body field, and
-cursors that are base64 of crafted JSON arrays. It runs on the generated cases and on valid
-request bodies (one per algorithm, with the fixture's real ids), so an extreme reaches the privacy
-math behind the validation, not just the first schema check.
+numbers at 5e-324, 1e-300, 1e300, 2**70, -0.0 in any query parameter or JSON body field,
+cursors that are base64 of crafted JSON arrays, hostile JSON documents (issue 36: nested
+5,000 deep, 5,000-digit integers, NaN) in the query parameters that hold JSON text, and body
+values nested 300 deep. It runs on
+the generated cases and on valid request bodies (one per algorithm, with the fixture's real ids),
+so an extreme reaches the privacy math behind the validation, not just the first schema check.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,6 +104,34 @@ CRAFTED_CURSORS: Final[tuple[str, ...]] = (
     "A" * 5000,
 )
 """Cursors are opaque base64 JSON: a client can send any array, or no valid base64 at all."""
+
+JSON_QUERY_PARAMETERS: Final[tuple[str, ...]] = ("params", "preparation")
+"""Query parameters whose value is JSON text (base-model params, a dataset's preparation)."""
+
+HOSTILE_JSON: Final[tuple[str, ...]] = (
+    "[" * 5000 + "]" * 5000,
+    '{"hidden_sizes": ' + "[" * 5000 + "]" * 5000 + "}",
+    '{"a": ' + "1" * 5000 + "}",
+    '{"hidden_sizes": [' + "9" * 4301 + "]}",
+    "[1e999]",
+    '{"a": NaN}',
+    '{"a": ' + "[" * 40 + "]" * 40 + "}",
+    '"\\ud800"',
+    "{",
+)
+"""JSON that once answered 500 (issue 36): nesting past Python's recursion limit, integers past its
+4,300-digit limit, non-finite numbers, and a few near misses."""
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+DEEP_VALUE: Final = _nested(300)
+"""A body value nested 300 deep: parsed by json, it once broke pydantic's serializer (a 500)."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +296,8 @@ class _QueryShape:
     """Numeric query parameters, optional ones included: the extreme goes there even when the
     generated case left them out."""
     cursor: bool
+    json_text: tuple[str, ...] = ()
+    """Query parameters holding JSON text: a hostile document goes there."""
 
 
 def _query_shape(operation: Any) -> _QueryShape:
@@ -272,6 +305,7 @@ def _query_shape(operation: Any) -> _QueryShape:
     return _QueryShape(
         numeric=tuple(name for name, schema in parameters if _is_numeric(schema)),
         cursor=any(name == "cursor" for name, _ in parameters),
+        json_text=tuple(name for name, _ in parameters if name in JSON_QUERY_PARAMETERS),
     )
 
 
@@ -285,8 +319,16 @@ def _with_extremes(case: schemathesis.Case, data: st.DataObject, shape: _QuerySh
     if slots:
         container, key = data.draw(st.sampled_from(slots), label="field")
         container[key] = data.draw(st.sampled_from(EXTREME_NUMBERS), label="extreme")
+    body_slots = _numeric_slots(case.body) if isinstance(case.body, (dict, list)) else []
+    if body_slots and data.draw(st.integers(0, 3), label="deep") == 0:  # a body nested past the bound
+        case.body = copy.deepcopy(case.body)  # a valid body is shared by its examples: keep its shape
+        container, key = data.draw(st.sampled_from(_numeric_slots(case.body)), label="deep field")
+        container[key] = DEEP_VALUE
     if shape.cursor:
         query["cursor"] = data.draw(st.sampled_from(CRAFTED_CURSORS), label="cursor")
+    for name in shape.json_text:
+        if data.draw(st.booleans(), label=f"hostile {name}"):  # else the numbers reach past it
+            query[name] = data.draw(st.sampled_from(HOSTILE_JSON), label=name)
     case.query = query
 
 
@@ -379,6 +421,30 @@ def test_the_bodies_that_once_answered_500_are_examples(api: FuzzApi) -> None:
             headers=api.headers, checks=CHECKS
         )
         assert 400 <= response.status_code < 500 and range_named in response.json()["detail"], response.text
+
+
+@pytest.mark.parametrize(
+    ("label", "query"),
+    [
+        (
+            "POST /v1/base-models",
+            {"name": "b", "architecture": "mlp", "input_shape": "64", "n_outputs": 10, "params": '{"a": []}'},
+        ),
+        ("POST /v1/datasets", {"name": "d", "format": "csv", "label_column": "label", "public": True}),
+    ],
+)
+def test_the_json_query_values_that_once_answered_500_are_examples(
+    api: FuzzApi, label: str, query: dict[str, object]
+) -> None:
+    """Issue 36: params nested 5,000 deep or holding a 5,000-digit integer answered 500; each
+    hostile document is a 422 problem naming what is wrong with it."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", api.app)
+    operation = schema.find_operation_by_label(label)
+    name = "params" if "base-models" in label else "preparation"
+    for document in HOSTILE_JSON:
+        case = operation.Case(query={**query, name: document})
+        response = case.call_and_validate(headers=api.headers, checks=CHECKS)
+        assert response.status_code == 422, (document[:40], response.text)
 
 
 def test_an_events_cursor_past_64_bits_is_an_empty_page(api: FuzzApi) -> None:

@@ -41,6 +41,7 @@ def test_every_problem_type_the_api_documents_has_a_class() -> None:
         "job-not-succeeded": errors.Conflict,
         "unauthorized": errors.Unauthorized,
         "payload-too-large": errors.PayloadTooLarge,
+        "parse-deadline-exceeded": errors.PayloadTooLarge,
         "internal-error": errors.ServerError,
     }
     registry = errors.registered_problem_types()

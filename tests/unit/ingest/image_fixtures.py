@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import zipfile
 from pathlib import Path
@@ -38,6 +39,20 @@ def zip_bytes(members: dict[str, bytes]) -> bytes:
 def image_zip(images: dict[str, np.ndarray] | None = None) -> bytes:
     """A class-folder ZIP of PNGs (24 8×8 grey images in 2 classes by default)."""
     return zip_bytes({name: png(pixels) for name, pixels in (images or class_images()).items()})
+
+
+@functools.cache
+def blank_png(side: int = 4096) -> bytes:
+    """A grey PNG of zeros: 4096 × 4096 (16.7 M pixels) compresses to about 16 KB."""
+    buffer = io.BytesIO()
+    Image.new("L", (side, side)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def pixel_bomb_zip(n_images: int = 5, *, side: int = 4096) -> bytes:
+    """A class-folder ZIP of ``n_images`` blank PNGs: a few KB each, 16.7 M pixels each declared
+    (issue 36: 100 of them with image_size=8 took 41 s of server CPU to decode)."""
+    return zip_bytes({f"{'ab'[i % 2]}/{i:04d}.png": blank_png(side) for i in range(n_images)})
 
 
 def npz_bytes(**arrays: np.ndarray) -> bytes:

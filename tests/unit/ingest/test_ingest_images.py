@@ -26,7 +26,15 @@ from app.ingest import (
     parse_images,
     resolve_modality,
 )
-from tests.unit.ingest.image_fixtures import class_images, image_zip, npz_bytes, png, write, zip_bytes
+from tests.unit.ingest.image_fixtures import (
+    class_images,
+    image_zip,
+    npz_bytes,
+    pixel_bomb_zip,
+    png,
+    write,
+    zip_bytes,
+)
 
 
 def _parse(
@@ -192,6 +200,8 @@ CASES = [
         where="64×64",
     ),
     Case("mixed-image-sizes", _zip_with({"a/0.png": _OK, "b/0.png": png(np.zeros((5, 4), np.uint8))}), where="b/0.png"),
+    Case("too-many-pixels", _zip_with(_TWO), limits=IngestLimits(max_image_decode_bytes=31), where="32 pixel values"),
+    Case("pixel-amplification", lambda d: write(d, pixel_bomb_zip(5), name="bomb.zip"), where="per byte"),
     Case("bad-image-options", _zip_with(_TWO), options=ImageOptions(channels=2), where="channels"),
     Case(
         "bad-image-options",
