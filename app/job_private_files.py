@@ -8,6 +8,7 @@ for jobs that have settled since. Torch-free, for the reconciler.
 
 from __future__ import annotations
 
+import glob
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -73,6 +74,17 @@ class JobPrivateFiles:
                 self.blobs.delete_private(f"{job_id}{suffix}")
             except StorageUnavailable:  # secret but never released; it stays in the store's private area
                 log.warning("could not delete a private file from the store", extra={"job_id": job_id})
+
+    def erase(self, job_id: str) -> None:
+        """Delete every private file of the job, here and in the store: its checkpoint, hold-out
+        split, tuning trials' models and killed writes' temp files. Unlike :meth:`discard`, a store
+        that fails raises :class:`StorageUnavailable`: an erasure is retried until it is done."""
+        if self.folder.is_dir():
+            escaped = glob.escape(job_id)
+            for leftover in (*self.folder.glob(f"{escaped}.*"), *self.folder.glob(f".{escaped}.*")):
+                leftover.unlink(missing_ok=True)
+        for name in self.blobs.private_names(f"{job_id}."):
+            self.blobs.delete_private(name)
 
     def jobs_on_disk(self) -> set[str]:
         """The ids of jobs with a private file (or a killed write's temp file) in the folder."""

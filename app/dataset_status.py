@@ -1,0 +1,51 @@
+"""A dataset's life: active, deleting (its jobs settle), deleted (a tombstone).
+
+Dependency-free (the ORM models use it for their defaults), like app/jobs/status.py. What each
+status allows is decided here and in app/access.py; how a deletion runs is app/dataset_deletion.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import StrEnum
+from typing import Protocol
+
+from app.errors import Conflict
+
+__all__ = ["DatasetNotActive", "DatasetStatus", "require_active"]
+
+
+class DatasetStatus(StrEnum):
+    ACTIVE = "active"
+    DELETING = "deleting"
+    """Deletion asked for: no new job, no grant; running jobs stop and settle, then the files go."""
+    DELETED = "deleted"
+    """A tombstone: public facts, budget, ledger and jobs kept; rows, arrays and private files erased."""
+
+
+class _Deletable(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def deletion_requested_at(self) -> dt.datetime | None: ...
+
+
+class DatasetNotActive(Conflict):
+    """The dataset is being deleted, or was: its rows cannot be used or shared any more."""
+
+    def __init__(self, dataset: _Deletable) -> None:
+        state = "is being deleted" if dataset.status == DatasetStatus.DELETING else "was deleted"
+        super().__init__(
+            slug="dataset-deleted",
+            detail=f"dataset {dataset.id} {state} by its owner: no job can be submitted on it and it cannot be "
+            "shared or given more budget. Its ledger is kept; uploading the same content again continues it",
+            extra={"dataset_id": dataset.id, "status": str(dataset.status)},
+        )
+
+
+def require_active(dataset: _Deletable) -> None:
+    """Refuse anything that would use or extend a dataset being deleted (409 ``dataset-deleted``)."""
+    if dataset.status != DatasetStatus.ACTIVE:
+        raise DatasetNotActive(dataset)
