@@ -21,12 +21,13 @@ from sqlalchemy import or_, select
 from app.blob_erasure import evict_erased_copies
 from app.config import Settings
 from app.dataset_deletion import DatasetEraser
+from app.dataset_status import DatasetStatus
 from app.db import Database
 from app.fair_dispatch import dispatch_fairly
 from app.job_private_files import JobPrivateFiles
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
-from app.models import Job, utcnow
+from app.models import Dataset, Job, utcnow
 from app.services import JobDispatcher
 from app.storage import blob_store_from_settings
 from app.tuning import trial_queue
@@ -96,6 +97,10 @@ def _finish_deletions(db: Database, settings: Settings) -> None:
     """Deletions whose jobs settled without a worker to finish them (lost, failed here), or whose
     erasure an outage interrupted; and this host's cached copies of erased blobs."""
     try:
+        with db.read_session() as session:
+            pending = session.scalar(select(Dataset.id).where(Dataset.status == DatasetStatus.DELETING).limit(1))
+        if pending is None and not settings.blob_cache_dir.is_dir():
+            return  # the usual round: nothing to finish, no cache on this host
         eraser = DatasetEraser.from_settings(settings, db=db)
         eraser.finish_pending()
         evict_erased_copies(db, eraser.blobs)
