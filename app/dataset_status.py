@@ -41,7 +41,7 @@ class DatasetNotActive(Conflict):
             slug="dataset-deleted",
             detail=f"dataset {dataset.id} {state} by its owner: no job can be submitted on it and it cannot be "
             "shared or given more budget. Its ledger is kept; uploading the same content again continues it",
-            extra={"dataset_id": dataset.id, "status": str(dataset.status)},
+            extra={"dataset_id": dataset.id, "dataset_status": str(dataset.status)},
         )
 
 

@@ -167,6 +167,7 @@ def test_owner_deletes_and_the_rows_are_erased_while_the_ledger_stays(
         alice.post(f"/v1/datasets/{dataset_id}/grants", json={"tenant": "bob"}),
     ):
         assert refused.status_code == 409 and refused.json()["type"] == "/problems/dataset-deleted", refused.text
+        assert refused.json()["status"] == 409 and refused.json()["dataset_status"] == "deleted"
 
 
 def test_delete_is_idempotent_and_may_turn_keep_into_delete(
