@@ -188,8 +188,7 @@ class DatasetEraser:
             return snapshot
         if not snapshot.has_digest:
             self._backfill_digest(snapshot)
-        for job_id in snapshot.touched_jobs:
-            self.private_files.erase(job_id)
+        self.private_files.erase(snapshot.touched_jobs)
         erase_blob(self.db, self.blobs, key=snapshot.blob_key, ignoring_dataset=dataset_id)
         if snapshot.array_blob_key is not None:
             erase_blob(self.db, self.blobs, key=snapshot.array_blob_key, ignoring_dataset=dataset_id)

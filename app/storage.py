@@ -161,10 +161,9 @@ class BlobStore:
     def delete_private(self, name: str) -> None:
         validate_key(name)
 
-    def private_names(self, prefix: str) -> list[str]:
-        """The private files in the store whose names start with ``prefix``; here none (the
-        workers' own folder is the only copy)."""
-        validate_key(prefix)
+    def private_names(self) -> list[str]:
+        """The names of the private files kept in the store; here none (the workers' own folder
+        is the only copy)."""
         return []
 
     # Local copies of blobs kept elsewhere (an object store's cache): evicted once erased.

@@ -242,13 +242,11 @@ class S3BlobStore(BlobStore):
         except (BotoCoreError, ClientError) as exc:
             raise StorageUnavailable(f"the object store did not delete private file {name}: {exc}") from exc
 
-    def private_names(self, prefix: str) -> list[str]:
+    def private_names(self) -> list[str]:
         area = f"{self.location.prefix}private/"
         names: list[str] = []
         try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.location.bucket, Prefix=area + validate_key(prefix)
-            )
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=area)
             for page in pages:
                 names.extend(item["Key"].removeprefix(area) for item in page.get("Contents", []))
         except (BotoCoreError, ClientError) as exc:

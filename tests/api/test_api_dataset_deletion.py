@@ -260,6 +260,9 @@ def test_a_running_job_stops_commits_what_it_ran_and_then_its_worker_erases_the_
     def delete_then_load(*args: Any, **kwargs: Any) -> Any:
         answers.append(alice.delete(f"/v1/datasets/{dataset_id}"))
         assert stored(settings, blob_key)  # not while a job may still read it
+        meanwhile = upload(alice, rows_csv())  # the same rows: still registered until erased
+        assert meanwhile.status_code == 409 and meanwhile.json()["existing_status"] == "deleting"
+        assert "once its deletion completes" in meanwhile.json()["detail"]
         return load(*args, **kwargs)
 
     with mock.patch.object(runner, "_load_data_and_units", side_effect=delete_then_load):
