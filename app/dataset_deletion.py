@@ -41,7 +41,7 @@ from app import ledger
 from app.blob_erasure import erase_blob, evict_erased_copies
 from app.config import Settings
 from app.content_identity import ContentUnreadable, content_digest
-from app.dataset_status import DatasetStatus
+from app.dataset_status import DatasetStatus, begin_deletion, mark_erased
 from app.db import Database
 from app.grants import is_live
 from app.ingest.limits import IngestLimits
@@ -82,12 +82,7 @@ def request_deletion(db: Database, *, dataset_id: str, owner: Tenant, delete_mod
         ledger.lock_budget(tx, dataset_id)
         dataset = tx.get(Dataset, dataset_id, populate_existing=True)
         assert dataset is not None
-        if dataset.status == DatasetStatus.ACTIVE:
-            dataset.status = DatasetStatus.DELETING
-            dataset.deletion_requested_at = utcnow()
-        if delete_models and not dataset.delete_models:
-            dataset.delete_models = True
-            dataset.status = DatasetStatus.DELETING  # a tombstone's kept models go too
+        begin_deletion(dataset, now=utcnow(), delete_models=delete_models)
         tx.execute(
             update(DatasetGrant)
             .where(DatasetGrant.dataset_id == dataset_id, is_live())
@@ -295,8 +290,7 @@ class DatasetEraser:
             progress = deletion_progress(tx, dataset)
             if progress.jobs_settling or (dataset.delete_models and _models_to_delete(tx, dataset)):
                 return DatasetStatus.DELETING  # a concurrent change: the next try finishes it
-            dataset.status = DatasetStatus.DELETED
-            dataset.deleted_at = utcnow()
+            mark_erased(dataset, now=utcnow())
         log.info("dataset erased", extra={"dataset_id": dataset_id})
         return DatasetStatus.DELETED
 

@@ -24,7 +24,7 @@ from app import ledger
 from app.blob_references import discard_unreferenced_blob, lock_blob_key
 from app.content_identity import ContentUnreadable, content_digest
 from app.dataset_arrays import StagedArray, stage_image_array
-from app.dataset_status import DatasetStatus
+from app.dataset_status import DatasetStatus, reactivate
 from app.db import Database
 from app.errors import Conflict, InvalidInput
 from app.idempotency import IdempotentRequest, create_once, earlier
@@ -423,10 +423,7 @@ def _revive(session: Session, tombstone: Dataset, fresh: Dataset, upload: Upload
     deleted_at = tombstone.deleted_at
     for column in REGISTRATION_COLUMNS:
         setattr(tombstone, column, getattr(fresh, column))
-    tombstone.status = DatasetStatus.ACTIVE
-    tombstone.deletion_requested_at = None
-    tombstone.deleted_at = None
-    tombstone.delete_models = False
+    reactivate(tombstone)
     session.flush()
     return RegisteredDataset(
         dataset=tombstone,
