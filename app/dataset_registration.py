@@ -11,6 +11,7 @@ worker thread. Refusals are domain errors (app/errors.py).
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -413,7 +414,9 @@ REGISTRATION_COLUMNS = (
 (another label column, task, preparation …); id, owner, creation time, budget and ledger stay."""
 
 
-def _revive(session: Session, tombstone: Dataset, fresh: Dataset, upload: UploadRequest) -> RegisteredDataset:
+def _revive(
+    session: Session, tombstone: Dataset, fresh: Dataset, upload: UploadRequest, *, notices: tuple[str, ...]
+) -> RegisteredDataset:
     """The deleted dataset becomes ``fresh``'s registration again, under its old id: its budget
     row and hash-chained ledger continue (one content, one budget). Grants ended at the deletion
     stay ended: the owner invites again."""
@@ -430,12 +433,14 @@ def _revive(session: Session, tombstone: Dataset, fresh: Dataset, upload: Upload
         budget=budget,
         replayed=False,
         continued=True,
-        notices=(_continued_notice(tombstone, budget, upload, deleted_at=deleted_at),),
+        notices=(_continued_notice(tombstone, budget, upload, deleted_at=deleted_at), *notices),
     )
 
 
-def _continued_notice(dataset: Dataset, budget: PrivacyBudget, upload: UploadRequest, *, deleted_at: object) -> str:
-    when = f" on {deleted_at:%Y-%m-%d}" if hasattr(deleted_at, "strftime") else ""
+def _continued_notice(
+    dataset: Dataset, budget: PrivacyBudget, upload: UploadRequest, *, deleted_at: dt.datetime | None
+) -> str:
+    when = f" on {deleted_at:%Y-%m-%d}" if deleted_at is not None else ""
     if dataset.public:
         return (
             f"these rows were registered before as this dataset ({dataset.id}) and deleted{when}; it is registered "
@@ -479,7 +484,7 @@ def _register(
         dataset = _new_dataset(tenant_id, upload, body, size_bytes=size_bytes, request_hash=request_hash)
         dataset.content_digest = body.digest
         if match.tombstone is not None:
-            return _revive(session, match.tombstone, dataset, upload)
+            return _revive(session, match.tombstone, dataset, upload, notices=_notices(upload, body))
         session.add(dataset)
         session.flush()
         # A public dataset's budget row is only the lock its jobs' transitions take: it holds

@@ -426,8 +426,9 @@ def test_the_same_rows_uploaded_after_a_deletion_continue_the_old_ledger(
     assert view["id"] == dataset_id and view["ledger_continued"] is True and view["status"] == "active"
     assert view["name"] == "rows again" and view["deletion"] is None
     assert view["budget"] == {"epsilon": 8.0, "delta": 1e-5}  # the old budget, not the one declared now
-    (notice,) = view["notices"]
+    notice, *public_now = view["notices"]
     assert "its ledger continues" in notice and "was not applied" in notice
+    assert any("public class list" in text for text in public_now)  # its new declarations are told too
     budget = alice.get(f"/v1/datasets/{dataset_id}/budget").json()
     assert budget["committed_epsilon"] == spent["committed_epsilon"] > 0
     assert budget["entries"] == spent["entries"] and budget["last_hash"] == spent["last_hash"]
