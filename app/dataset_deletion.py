@@ -209,8 +209,7 @@ class DatasetEraser:
                 if self.finish(dataset_id) == DatasetStatus.DELETED:
                     done.append(dataset_id)
             except Exception:  # the store may be down: the next round tries again
-                log.warning("finishing a dataset deletion failed; retried later", extra={"dataset_id": dataset_id},
-                            exc_info=True)  # fmt: skip
+                log.warning("dataset erasure failed; retried later", extra={"dataset_id": dataset_id}, exc_info=True)
         return done
 
     def after_job(self, job_id: str) -> None:
