@@ -14,7 +14,10 @@ Two kinds of refusal, on purpose (domain errors, app/errors.py; the API answers 
   asking for the ledger); telling it that the object exists reveals nothing new.
 
 A revoked analyst has no role on the dataset any more (404 there), but keeps read access to the
-jobs it submitted (their results were released to it already).
+jobs it submitted (their results were released to it already). Deleting a dataset revokes every
+grant (app/dataset_deletion.py): its analysts become revoked analysts, and its owner keeps the
+tombstone (its public facts, budget, ledger and jobs). What needs the rows themselves (submitting
+a job) also needs the dataset to be active: 409 ``dataset-deleted`` otherwise.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from typing import Literal
 from sqlalchemy import ColumnElement, Select, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
+from app.dataset_status import require_active
 from app.errors import forbidden, not_found
 from app.models import Dataset, DatasetGrant, Job, Tenant
 
 Role = Literal["owner", "analyst"]
-DatasetNeed = Literal["read", "submit", "own"]
+DatasetNeed = Literal["read", "submit", "own", "delete"]
 JobNeed = Literal["read", "cancel"]
 JobRelation = Literal["dataset-owner", "submitter", "former-analyst"]
 """How a caller relates to a job: it owns the job's dataset; it submitted the job and may still
@@ -40,7 +44,10 @@ DATASET_PERMISSIONS: Mapping[DatasetNeed, frozenset[Role]] = {
     "read": frozenset({"owner", "analyst"}),  # public facts (n, d, classes, ...) and the budget
     "submit": frozenset({"owner", "analyst"}),  # estimate and submit jobs
     "own": frozenset({"owner"}),  # the ledger, raising the budget, grants
+    "delete": frozenset({"owner"}),  # erase the rows (and, at its choice, the models); the ledger stays
 }
+NEEDS_ACTIVE: frozenset[DatasetNeed] = frozenset({"submit"})
+"""Needs that use the rows: refused (409) once a deletion has been asked for."""
 
 JOB_PERMISSIONS: Mapping[JobNeed, frozenset[JobRelation]] = {
     # the job, its events, model and report
@@ -108,6 +115,8 @@ def dataset_access(session: Session, tenant: Tenant, dataset_id: str, *, need: D
         raise not_found("dataset")
     if role not in DATASET_PERMISSIONS[need]:
         raise forbidden(f"only the dataset's owner may do this (your role: {role})")
+    if need in NEEDS_ACTIVE:
+        require_active(dataset)
     return DatasetAccess(dataset=dataset, role=role)
 
 

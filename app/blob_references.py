@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import logging
 
-from sqlalchemy import select, text
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, select, text
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from app.dataset_status import DatasetStatus
 from app.db import Database
 from app.models import BaseModelRecord, Dataset, Job, TokenizerRecord
 from app.storage import BlobStore
@@ -31,6 +32,10 @@ BLOB_COLUMNS = (
 )
 """Every column that names a blob: a new kind of stored file must be added here."""
 
+_LIVE: dict[str, ColumnElement[bool]] = {"datasets": Dataset.status != DatasetStatus.DELETED}
+"""Which rows of a table hold their blobs: a deleted dataset (a tombstone) holds none, its
+``blob_key`` only records what was erased."""
+
 
 def lock_blob_key(session: Session, key: str) -> None:
     """Serialise registrations and clean-ups of one content-addressed blob until commit.
@@ -44,8 +49,21 @@ def lock_blob_key(session: Session, key: str) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:lock_id)"), {"lock_id": lock_id})
 
 
-def blob_is_referenced(session: Session, key: str) -> bool:
-    return any(session.scalar(select(column).where(column == key).limit(1)) is not None for column in BLOB_COLUMNS)
+def _users(column: InstrumentedAttribute[str] | InstrumentedAttribute[str | None], key: str) -> ColumnElement[bool]:
+    live = _LIVE.get(column.class_.__tablename__)
+    return column == key if live is None else (column == key) & live
+
+
+def blob_is_referenced(session: Session, key: str, *, ignoring_dataset: str | None = None) -> bool:
+    """Whether a live row uses the blob; ``ignoring_dataset``: not counting that dataset's own
+    columns (the one being erased)."""
+    for column in BLOB_COLUMNS:
+        query = select(column).where(_users(column, key))
+        if ignoring_dataset is not None and column.class_ is Dataset:
+            query = query.where(Dataset.id != ignoring_dataset)
+        if session.scalar(query.limit(1)) is not None:
+            return True
+    return False
 
 
 def discard_unreferenced_blob(db: Database, blobs: BlobStore, *, key: str) -> None:

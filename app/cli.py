@@ -187,6 +187,31 @@ def cmd_verify_ledger(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_content_digests(_args: argparse.Namespace) -> int:
+    """Compute the content digest of datasets registered before digests existed."""
+    from app.content_backfill import backfill_content_digests
+    from app.ingest.limits import IngestLimits
+    from app.storage import blob_store_from_settings
+
+    settings = get_settings()
+    db = Database(settings.resolved_database_url)
+    try:
+        result = backfill_content_digests(
+            db, blob_store_from_settings(settings), limits=IngestLimits.from_settings(settings)
+        )
+    finally:
+        db.dispose()
+    print(f"content digests computed for {len(result.computed)} dataset(s)")
+    for dataset_id in result.unreadable:
+        print(f"{dataset_id}: its stored upload cannot be read; it stays identified by its bytes' SHA-256")
+    for group in result.same_rows:
+        print(
+            f"same rows, one tenant, separate budgets (registered before content digests): {', '.join(group)}; "
+            "tell the owner: keep one and delete the others, or account for them together"
+        )
+    return 0
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
     """Settle jobs whose worker vanished and re-send lost messages, once or every interval."""
     import threading
@@ -305,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify-ledger", help="audit the privacy ledger; exit 1 on any mismatch")
     verify.add_argument("--dataset", default=None, help="one dataset id (default: all)")
     verify.set_defaults(func=cmd_verify_ledger, needs_database=True)
+    digests = sub.add_parser(
+        "content-digests", help="compute the content digest of datasets registered before digests existed"
+    )
+    digests.set_defaults(func=cmd_content_digests, needs_database=True)
     reconcile = sub.add_parser("reconcile", help="settle lost jobs and re-send lost messages")
     reconcile.add_argument("--loop", action="store_true", help="repeat every PRIVTRAIN_RECONCILE_INTERVAL_S")
     reconcile.set_defaults(func=cmd_reconcile, needs_database=True)

@@ -139,6 +139,12 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(
         default=15.0, gt=0, description="how often the reconciler loop runs inside the API process"
     )
+    worker_sweep_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="how often each worker host deletes what settled jobs left on it (checkpoints, hold-out "
+        "splits) and its cached copies of blobs erased since (a deleted dataset's upload and arrays)",
+    )
     rate_limit_per_minute: float = Field(
         default=1200.0,
         ge=0,

@@ -1,26 +1,31 @@
 """Registering a received upload as a dataset with its own privacy budget.
 
 The route (``POST /v1/datasets``) parses the parameters and streams the body into a pending
-blob; everything after that is here: hash, replay an idempotent retry, refuse bytes the tenant
-already registered (one content, one budget: docs/privacy-model.md §3), parse and validate the
-rows, and register the dataset and open its ledger in one transaction. Blocking work: the route
-runs it in a worker thread. Refusals are domain errors (app/errors.py).
+blob; everything after that is here: hash, replay an idempotent retry, parse and validate the
+rows, compute their content digest (app/content_identity.py), and in one transaction either refuse
+content the tenant already registered (one content, one budget: docs/privacy-model.md §3), or
+continue the ledger of the same content that its owner deleted (the tombstone becomes the dataset
+again), or register a new dataset and open its ledger. Blocking work: the route runs it in a
+worker thread. Refusals are domain errors (app/errors.py).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session
 
 from app import ledger
 from app.blob_references import discard_unreferenced_blob, lock_blob_key
+from app.content_identity import ContentUnreadable, content_digest
 from app.dataset_arrays import StagedArray, stage_image_array
+from app.dataset_status import DatasetStatus, reactivate
 from app.db import Database
 from app.errors import Conflict, InvalidInput
 from app.idempotency import IdempotentRequest, create_once, earlier
@@ -43,10 +48,12 @@ from app.models import Dataset, PrivacyBudget, Tenant
 from app.storage import BlobStore, PendingBlob
 from app.text_arrays import stage_token_array
 from app.tokenizers.registry import LoadedTokenizer, load_for_upload
-from privtrain.directed_rounding import format_remaining
+from privtrain.directed_rounding import format_guarantee, format_remaining
 
 __all__ = [
     "ContentAlreadyRegistered",
+    "DeletedContentWasPrivate",
+    "PrivacyUnitDiffers",
     "RegisteredDataset",
     "UploadRequest",
     "invalid_dataset",
@@ -83,33 +90,78 @@ class UploadRequest:
 @dataclass(frozen=True)
 class RegisteredDataset:
     """The dataset and its budget (loaded, detached); ``replayed`` when an earlier upload with the
-    same key registered it, ``notices`` what the owner should know about what became public."""
+    same key registered it, ``continued`` when the upload re-registered content its owner had
+    deleted (the old ledger goes on), ``notices`` what the owner should know."""
 
     dataset: Dataset
     budget: PrivacyBudget
     replayed: bool
     notices: tuple[str, ...] = ()
+    continued: bool = False
 
 
 class ContentAlreadyRegistered(Conflict):
-    """The tenant already registered these exact bytes: one content, one budget."""
+    """The tenant already registered these rows (the same content digest): one content, one budget."""
 
     def __init__(self, existing: Dataset) -> None:
+        deleting = existing.status == DatasetStatus.DELETING
         super().__init__(
             slug="dataset-already-registered",
             detail=(
-                f"these bytes are already registered as dataset {existing.id} ({existing.name!r}); a "
-                "second registration would give the same rows a second budget. To spend more on them, "
-                f"raise that dataset's budget with POST /v1/datasets/{existing.id}/budget (recorded "
-                "in its ledger and shown in every later report)"
+                f"these rows are already registered as dataset {existing.id} ({existing.name!r}); a "
+                "second registration would give the same rows a second budget. "
+                + (
+                    "That dataset is being deleted: once its deletion completes, upload them again to "
+                    "continue its ledger"
+                    if deleting
+                    else "To spend more on them, raise that dataset's budget with "
+                    f"POST /v1/datasets/{existing.id}/budget (recorded in its ledger and shown in every later "
+                    f"report); to replace the upload (another label column, task or preparation), delete it "
+                    f"with DELETE /v1/datasets/{existing.id} and upload again: its ledger continues"
+                )
             ),
             extra={
                 "existing_dataset_id": existing.id,
+                "existing_status": str(existing.status),
                 "links": {
                     "existing": f"/v1/datasets/{existing.id}",
                     "raise_budget": f"/v1/datasets/{existing.id}/budget",
                 },
             },
+        )
+
+
+class DeletedContentWasPrivate(Conflict):
+    """Rows whose deleted dataset had a budget cannot come back as public: that would end their ledger."""
+
+    def __init__(self, tombstone: Dataset) -> None:
+        super().__init__(
+            slug="deleted-content-was-private",
+            detail=(
+                f"these rows were registered with a privacy budget as dataset {tombstone.id}, since deleted; its "
+                "ledger records what was spent on them, so they cannot be registered again as public. Upload "
+                "them with a budget (epsilon=, delta=) to continue that ledger"
+            ),
+            extra={"deleted_dataset_id": tombstone.id},
+        )
+
+
+class PrivacyUnitDiffers(Conflict):
+    """A deleted dataset's ledger charged its jobs per one privacy unit; its rows come back with that unit."""
+
+    def __init__(self, tombstone: Dataset) -> None:
+        unit = tombstone.privacy_unit_column
+        super().__init__(
+            slug="privacy-unit-differs",
+            detail=(
+                f"these rows were registered as dataset {tombstone.id}, since deleted, whose ledger charged every "
+                "job per "
+                + (f"privacy unit {unit!r} (one unit and all its rows)" if unit else "row")
+                + "; uploading them again continues that ledger, so declare the same privacy unit ("
+                + (f"privacy_unit_column={unit}" if unit else "no privacy_unit_column")
+                + ")"
+            ),
+            extra={"deleted_dataset_id": tombstone.id, "privacy_unit_column": unit},
         )
 
 
@@ -179,21 +231,56 @@ def _earlier_upload(db: Database, request: IdempotentRequest) -> RegisteredDatas
         return _replayed(session, dataset) if dataset is not None else None
 
 
-def _registered_with_content(session: Session, tenant_id: str, sha256: str) -> Dataset | None:
+def _registered_with_bytes(session: Session, tenant_id: str, sha256: str) -> Dataset | None:
+    """A live (not deleted) dataset of the tenant uploaded as these very bytes."""
     return session.scalar(
         select(Dataset)
-        .where(Dataset.tenant_id == tenant_id, Dataset.sha256 == sha256)
+        .where(Dataset.tenant_id == tenant_id, Dataset.sha256 == sha256, Dataset.status != DatasetStatus.DELETED)
         .order_by(Dataset.created_at, Dataset.id)
         .limit(1)
     )
 
 
 def _refuse_known_content(db: Database, tenant_id: str, sha256: str) -> None:
-    """Early, cheap check before parsing; the binding check runs again under the tenant lock."""
+    """Early, cheap check before parsing (the same bytes are the same rows); the binding check, by
+    content digest, runs again under the tenant lock."""
     with db.read_session() as session:
-        existing = _registered_with_content(session, tenant_id, sha256)
+        existing = _registered_with_bytes(session, tenant_id, sha256)
         if existing is not None:
             raise ContentAlreadyRegistered(existing)
+
+
+def same_content(tenant_id: str, *, digest: str, sha256: str) -> ColumnElement[bool]:
+    """SQL filter: the tenant's datasets with this content. Datasets registered before the digest
+    existed (``content_digest`` NULL, until backfilled) are recognised by their bytes' SHA-256."""
+    return and_(
+        Dataset.tenant_id == tenant_id,
+        or_(Dataset.content_digest == digest, and_(Dataset.content_digest.is_(None), Dataset.sha256 == sha256)),
+    )
+
+
+@dataclass(frozen=True)
+class _Match:
+    live: Dataset | None
+    """Registered (active, or still being deleted): the upload is refused."""
+    tombstone: Dataset | None
+    """Deleted, of the same kind (private or public) as the upload: its ledger continues."""
+
+
+def _match_content(session: Session, tenant_id: str, *, digest: str, sha256: str, public: bool) -> _Match:
+    matches = list(
+        session.scalars(
+            select(Dataset)
+            .where(same_content(tenant_id, digest=digest, sha256=sha256))
+            .order_by(Dataset.created_at, Dataset.id)
+        )
+    )
+    live = next((d for d in matches if d.status != DatasetStatus.DELETED), None)
+    deleted = [d for d in matches if d.status == DatasetStatus.DELETED]
+    if public and any(not d.public for d in deleted):
+        raise DeletedContentWasPrivate(next(d for d in deleted if not d.public))
+    # A private upload of rows once declared public starts a budget of its own: nothing was promised.
+    return _Match(live=live, tombstone=next((d for d in deleted if d.public == public), None))
 
 
 def _inferred_task_notice(task: str) -> str:
@@ -222,6 +309,8 @@ class _Validated:
     """A parsed body's public facts, and the blob it was stored as."""
 
     sha256: str
+    digest: str
+    """The content digest of the parsed rows (app/content_identity.py)."""
     key: str
     created: bool
     facts: IngestFacts | TextFacts
@@ -292,20 +381,110 @@ def _notices(upload: UploadRequest, body: _Validated) -> tuple[str, ...]:
     return tuple(notices)
 
 
+REGISTRATION_COLUMNS = (
+    "name",
+    "format",
+    "sha256",
+    "blob_key",
+    "size_bytes",
+    "label_column",
+    "n_rows",
+    "feature_shape",
+    "n_features",
+    "task",
+    "n_classes",
+    "class_names",
+    "classes_declared",
+    "preparation",
+    "feature_names",
+    "public",
+    "modality",
+    "array_blob_key",
+    "tokenizer_id",
+    "vocab_size",
+    "pad_id",
+    "text_field",
+    "privacy_unit_column",
+    "n_units",
+    "idempotency_key",
+    "request_hash",
+    "content_digest",
+)
+"""What an upload declares and stores: a re-registration replaces all of it on the tombstone
+(another label column, task, preparation …); id, owner, creation time, budget and ledger stay."""
+
+
+def _revive(
+    session: Session, tombstone: Dataset, fresh: Dataset, upload: UploadRequest, *, notices: tuple[str, ...]
+) -> RegisteredDataset:
+    """The deleted dataset becomes ``fresh``'s registration again, under its old id: its budget
+    row and hash-chained ledger continue (one content, one budget). Grants ended at the deletion
+    stay ended: the owner invites again."""
+    if (tombstone.privacy_unit_column or None) != (upload.privacy_unit_column or None):
+        raise PrivacyUnitDiffers(tombstone)
+    budget = ledger.lock_budget(session, tombstone.id)
+    deleted_at = tombstone.deleted_at
+    for column in REGISTRATION_COLUMNS:
+        setattr(tombstone, column, getattr(fresh, column))
+    reactivate(tombstone)
+    session.flush()
+    return RegisteredDataset(
+        dataset=tombstone,
+        budget=budget,
+        replayed=False,
+        continued=True,
+        notices=(_continued_notice(tombstone, budget, upload, deleted_at=deleted_at), *notices),
+    )
+
+
+def _continued_notice(
+    dataset: Dataset, budget: PrivacyBudget, upload: UploadRequest, *, deleted_at: dt.datetime | None
+) -> str:
+    when = f" on {deleted_at:%Y-%m-%d}" if deleted_at is not None else ""
+    if dataset.public:
+        return (
+            f"these rows were registered before as this dataset ({dataset.id}) and deleted{when}; it is registered "
+            "again under its old id, with its jobs. Grants ended at the deletion: invite analysts again"
+        )
+    summary = ledger.budget_summary(budget)
+    text = (
+        f"these rows were registered before as this dataset ({dataset.id}) and deleted{when}: one content, one "
+        f"budget, so its ledger continues, with its budget ε_G = {format_remaining(budget.epsilon)}, "
+        f"δ_G = {format_guarantee(budget.delta)} and the ε = {format_guarantee(summary['committed_epsilon'])} "
+        "already spent on them. Grants ended at the deletion: invite analysts again"
+    )
+    if (upload.epsilon, upload.delta) != (budget.epsilon, budget.delta):
+        text += (
+            f". The budget given with this upload (ε = {format_guarantee(upload.epsilon)}, "
+            f"δ = {format_guarantee(upload.delta)}) was not applied; raise the budget with "
+            f"POST /v1/datasets/{dataset.id}/budget (recorded in the ledger)"
+        )
+    return text
+
+
 def _register(
-    db: Database, *, tenant_id: str, upload: UploadRequest, body: _Validated, size_bytes: int, request_hash: str
+    db: Database,
+    *,
+    tenant_id: str,
+    upload: UploadRequest,
+    body: _Validated,
+    size_bytes: int,
+    request_hash: str,
 ) -> RegisteredDataset:
     """One registration per content and tenant: serialised on the tenant row, so two concurrent
-    uploads of the same bytes cannot both pass the check."""
+    uploads of the same rows cannot both pass the check."""
     with db.write_transaction() as session:
         session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
         lock_blob_key(session, body.key)  # a failed upload's clean-up cannot race this row
         if body.array is not None:
             lock_blob_key(session, body.array.key)
-        existing = _registered_with_content(session, tenant_id, body.sha256)
-        if existing is not None:
-            raise ContentAlreadyRegistered(existing)
+        match = _match_content(session, tenant_id, digest=body.digest, sha256=body.sha256, public=upload.public)
+        if match.live is not None:
+            raise ContentAlreadyRegistered(match.live)
         dataset = _new_dataset(tenant_id, upload, body, size_bytes=size_bytes, request_hash=request_hash)
+        dataset.content_digest = body.digest
+        if match.tombstone is not None:
+            return _revive(session, match.tombstone, dataset, upload, notices=_notices(upload, body))
         session.add(dataset)
         session.flush()
         # A public dataset's budget row is only the lock its jobs' transitions take: it holds
@@ -328,8 +507,9 @@ def register_upload(
 
     With an idempotency key, a retried upload (same key, same body and parameters) gets the
     dataset the first one registered, never a second dataset with its own budget; a key used for
-    a different upload is refused. Bytes the tenant already registered otherwise are refused
-    (:class:`ContentAlreadyRegistered`). The pending blob is always discarded.
+    a different upload is refused. Rows the tenant already registered otherwise are refused
+    (:class:`ContentAlreadyRegistered`); rows of a dataset the tenant deleted continue its ledger
+    (``continued``). The pending blob is always discarded.
     """
     try:
         sha256 = pending.finish()
@@ -400,8 +580,21 @@ def register_upload(
             body.array.pending.discard()
         pending.discard()
     if registered:
-        log.info("dataset registered", extra={"dataset_id": result.dataset.id, "tenant_id": tenant_id})
+        log.info(
+            "dataset registered again, its ledger continued" if result.continued else "dataset registered",
+            extra={"dataset_id": result.dataset.id, "tenant_id": tenant_id},
+        )
     return result
+
+
+def _digest_of(pending: PendingBlob, *, fmt: str, limits: IngestLimits) -> str:
+    """The content digest of a validated upload, read before it is adopted as its blob (the
+    ingest accepted it, so it reads)."""
+    try:
+        return content_digest(pending.path, fmt=fmt, limits=limits)
+    except ContentUnreadable as exc:  # the ingest and the digest disagree: refuse, never register unrecognisable
+        log.error("content digest failed on a validated upload", extra={"format": fmt})
+        raise InvalidInput(slug="invalid-dataset", detail=str(exc), extra={"reason": "unreadable"}) from None
 
 
 def _validate(
@@ -448,9 +641,11 @@ def _validate(
     del parsed
     n_units = facts["n_units"]
     _check_delta(upload, n_rows=int(facts["n_rows"]), n_units=n_units)
+    digest = _digest_of(pending, fmt=upload.fmt, limits=limits)
     key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
     return _Validated(
         sha256=sha256,
+        digest=digest,
         key=key,
         created=created,
         facts=facts,
@@ -492,11 +687,13 @@ def _validate_images(
     facts = image_facts(parsed)
     _check_delta(upload, n_rows=int(facts["n_rows"]))
     class_names = parsed.classes.names if parsed.classes is not None else None
+    digest = _digest_of(pending, fmt=upload.fmt, limits=limits)
     array = stage_image_array(blobs, parsed.images)
     del parsed
     key, created = _adopt_beside_array(blobs, pending, sha256=sha256, array=array)
     return _Validated(
         sha256=sha256,
+        digest=digest,
         key=key,
         created=created,
         facts=facts,
@@ -538,6 +735,7 @@ def _validate_text(
         check_text_options(options, limits=limits)
         scanned = scan_text(pending.path, task=upload.task, classes=upload.class_list, options=options, limits=limits)
         _check_delta(upload, n_rows=scanned.n_rows, n_units=scanned.n_units)
+        digest = _digest_of(pending, fmt=upload.fmt, limits=limits)
         array = stage_token_array(
             blobs,
             lambda out: write_token_rows(
@@ -556,6 +754,7 @@ def _validate_text(
     key, created = _adopt_beside_array(blobs, pending, sha256=sha256, array=array)
     return _Validated(
         sha256=sha256,
+        digest=digest,
         key=key,
         created=created,
         facts=scanned.facts(max_length=options.max_length),

@@ -22,6 +22,7 @@ from sqlalchemy import ColumnElement, and_, select
 from sqlalchemy.orm import Session, aliased
 
 from app import ledger
+from app.dataset_status import require_active
 from app.models import Dataset, DatasetGrant, Tenant, utcnow
 
 GrantStatus = Literal["invited", "active", "declined", "revoked"]
@@ -112,6 +113,9 @@ def invite(session: Session, *, dataset: Dataset, grantee_name: str, owner: Tena
     if grantee_name == owner.name:
         raise SelfInvitation("the owner of a dataset cannot invite itself")
     ledger.lock_budget(session, dataset.id)
+    current = session.get(Dataset, dataset.id, populate_existing=True)
+    assert current is not None
+    require_active(current)  # a deleted dataset is shared with nobody (its deletion ended every grant)
     existing = _live_grant(session, dataset_id=dataset.id, grantee_name=grantee_name)
     if existing is not None:
         return _view(session, existing), False

@@ -74,6 +74,22 @@ class JobPrivateFiles:
             except StorageUnavailable:  # secret but never released; it stays in the store's private area
                 log.warning("could not delete a private file from the store", extra={"job_id": job_id})
 
+    def erase(self, job_ids: Iterable[str]) -> None:
+        """Delete every private file of these jobs, here and in the store: checkpoints, hold-out
+        splits, tuning trials' models and killed writes' temp files. Unlike :meth:`discard`, a
+        store that fails raises :class:`StorageUnavailable`: an erasure is retried until it is done.
+        One listing of the folder and of the store's private area, whatever the number of jobs."""
+        wanted = set(job_ids)
+        if not wanted:
+            return
+        if self.folder.is_dir():
+            for entry in self.folder.iterdir():
+                if entry.name.removeprefix(".").partition(".")[0] in wanted:
+                    entry.unlink(missing_ok=True)
+        for name in self.blobs.private_names():
+            if name.partition(".")[0] in wanted:
+                self.blobs.delete_private(name)
+
     def jobs_on_disk(self) -> set[str]:
         """The ids of jobs with a private file (or a killed write's temp file) in the folder."""
         if not self.folder.is_dir():

@@ -36,7 +36,8 @@ def job_epsilon(job: Job) -> JobEpsilon:
 def job_out(job: Job) -> JobOut:
     links = {"self": f"/v1/jobs/{job.id}", "events": f"/v1/jobs/{job.id}/events"}
     if job.status == JobStatus.SUCCEEDED:
-        links["model"] = f"/v1/jobs/{job.id}/model"
+        if job.model_blob is not None:  # None: deleted with its dataset, at the owner's choice
+            links["model"] = f"/v1/jobs/{job.id}/model"
         links["report"] = f"/v1/jobs/{job.id}/report"
     shown = job_epsilon(job)
     return JobOut(

@@ -24,6 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.dataset_status import DatasetStatus
 from app.jobs.status import JobStatus
 
 NAMING_CONVENTION = {
@@ -94,6 +95,7 @@ class Dataset(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_datasets_tenant_idempotency"),
         Index("ix_datasets_tenant_sha256", "tenant_id", "sha256"),
+        Index("ix_datasets_tenant_content_digest", "tenant_id", "content_digest"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ds"))
@@ -139,6 +141,31 @@ class Dataset(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    content_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The identity of the parsed rows (app/content_identity.py): one content, one budget. NULL for
+    datasets registered before it existed, until ``privtrain-admin content-digests`` or their
+    deletion fills it; meanwhile ``sha256`` (the uploaded bytes) stands for it."""
+    status: Mapped[str] = mapped_column(
+        String(16), default=DatasetStatus.ACTIVE, server_default=DatasetStatus.ACTIVE.value
+    )
+    """A :class:`app.dataset_status.DatasetStatus`: active, deleting (its jobs settle, then its
+    stored files are erased) or deleted (a tombstone: public facts, budget and ledger, no rows)."""
+    deletion_requested_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    """When its files were erased (status deleted); NULL otherwise."""
+    delete_models: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The owner asked for the models of its jobs to be erased too (else they are kept)."""
+
+
+class ErasedBlob(Base):
+    """A blob the service erased on an owner's request (a deleted dataset's upload and arrays, its
+    jobs' models): workers evict their cached copies of these keys unless a live row uses the key
+    again (app/blob_erasure.py). Keys only: no content, never shown."""
+
+    __tablename__ = "erased_blobs"
+
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    erased_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class BaseModelRecord(Base):

@@ -4,7 +4,8 @@ Torch-free, so it runs in the API process (embedded mode), as ``privtrain-admin 
 its own service. What it does to a stale job is a lifecycle transition
 (:func:`app.jobs.lifecycle.requeue_or_fail`, whose module states the rules); here are only the
 rounds: find running jobs without a heartbeat for ``stale_after_s``, queued jobs older than
-``redispatch_after_s`` to send again, and trial queues of tunings no worker will settle. A
+``redispatch_after_s`` to send again, trial queues of tunings no worker will settle, and dataset
+deletions whose jobs have settled but whose erasure was not finished (app/dataset_deletion.py). A
 duplicate message is a no-op because claiming is a conditional UPDATE.
 
 An opened private tuning has no heartbeat of its own: its slots beat (app/tuning/slots.py). A slot
@@ -23,13 +24,16 @@ from dataclasses import dataclass
 
 from sqlalchemy import exists, or_, select
 
+from app.blob_erasure import evict_erased_copies
 from app.config import Settings
+from app.dataset_deletion import DatasetEraser
+from app.dataset_status import DatasetStatus
 from app.db import Database
 from app.fair_dispatch import dispatch_with_settings
 from app.job_private_files import JobPrivateFiles
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
-from app.models import Job, TuningSlot, utcnow
+from app.models import Dataset, Job, TuningSlot, utcnow
 from app.services import JobDispatcher
 from app.storage import blob_store_from_settings
 from app.tuning import slots as tuning_slots
@@ -152,6 +156,21 @@ def _discard_private_files(settings: Settings, job_ids: list[str]) -> None:
         log.exception("deleting the private files of failed jobs failed")
 
 
+def _finish_deletions(db: Database, settings: Settings) -> None:
+    """Deletions whose jobs settled without a worker to finish them (lost, failed here), or whose
+    erasure an outage interrupted; and this host's cached copies of erased blobs."""
+    try:
+        with db.read_session() as session:
+            pending = session.scalar(select(Dataset.id).where(Dataset.status == DatasetStatus.DELETING).limit(1))
+        if pending is None and not settings.blob_cache_dir.is_dir():
+            return  # the usual round: nothing to finish, no cache on this host
+        eraser = DatasetEraser.from_settings(settings, db=db)
+        eraser.finish_pending()
+        evict_erased_copies(db, eraser.blobs)
+    except Exception:
+        log.exception("finishing dataset deletions failed; the next round tries again")
+
+
 def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) -> ReconcileResult:
     now = _now()
     stale_cutoff = now - dt.timedelta(seconds=settings.stale_after_s)
@@ -177,6 +196,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     if failed:
         _discard_private_files(settings, failed)
     _clear_abandoned_trials(db, settings)
+    _finish_deletions(db, settings)
     redispatched: list[str] = []
     # Lost messages (sent long ago, never started) are sent again as they were; requeued and
     # never-sent jobs take their turn through fair dispatch.

@@ -161,6 +161,21 @@ class BlobStore:
     def delete_private(self, name: str) -> None:
         validate_key(name)
 
+    def private_names(self) -> list[str]:
+        """The names of the private files kept in the store; here none (the workers' own folder
+        is the only copy)."""
+        return []
+
+    # Local copies of blobs kept elsewhere (an object store's cache): evicted once erased.
+
+    def cached_keys(self) -> list[str]:
+        """Keys of blobs copied to this host's cache; here none (the files are the blobs)."""
+        return []
+
+    def discard_cached(self, key: str) -> None:
+        """Remove this host's cached copy of ``key``, if any."""
+        validate_key(key)
+
 
 def blob_store_from_settings(settings: Settings) -> BlobStore:
     """The store ``PRIVTRAIN_STORAGE_URL`` names: a folder (``file://``, default the data dir's

@@ -86,6 +86,16 @@ class BlobCache:
     def discard(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
 
+    def keys(self) -> list[str]:
+        """The keys held (a fetch still being written is not one)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*")
+            if p.is_file() and not p.name.startswith(".fetch-")
+        )
+
     def evict(self, *, keep: Path | None = None) -> None:
         with self._lock:
             files = [p for p in self.root.rglob("*") if p.is_file() and not p.name.startswith(".fetch-")]
@@ -231,6 +241,23 @@ class S3BlobStore(BlobStore):
             self.client.delete_object(Bucket=self.location.bucket, Key=self._private(name))
         except (BotoCoreError, ClientError) as exc:
             raise StorageUnavailable(f"the object store did not delete private file {name}: {exc}") from exc
+
+    def private_names(self) -> list[str]:
+        area = f"{self.location.prefix}private/"
+        names: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=area)
+            for page in pages:
+                names.extend(item["Key"].removeprefix(area) for item in page.get("Contents", []))
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"the object store did not list private files: {exc}") from exc
+        return names
+
+    def cached_keys(self) -> list[str]:
+        return self.cache.keys()
+
+    def discard_cached(self, key: str) -> None:
+        self.cache.discard(key)
 
 
 def _check_content(path: Path, key: str) -> None:

@@ -2,9 +2,11 @@
 this package's task module, built from the environment."""
 
 import logging
+import threading
 
 from celery.signals import setup_logging, worker_init
 
+from app.blob_erasure import evict_erased_copies
 from app.config import get_settings
 from app.db import Database
 from app.job_private_files import JobPrivateFiles
@@ -39,12 +41,36 @@ def _delete_settled_private_files(**_: object) -> None:
     db: Database | None = None
     try:
         db = Database(settings.resolved_database_url)
-        JobPrivateFiles(settings.checkpoint_dir, blob_store_from_settings(settings)).discard_settled(db)
+        blobs = blob_store_from_settings(settings)
+        JobPrivateFiles(settings.checkpoint_dir, blobs).discard_settled(db)
+        evict_erased_copies(db, blobs)
     except Exception:  # housekeeping: the worker starts regardless, and the next start tries again
         logging.getLogger("privtrain.worker").exception("deleting settled jobs' private files failed")
     finally:
         if db is not None:
             db.dispose()
+
+
+def _sweep_periodically() -> None:
+    """Every ``worker_sweep_interval_s``: the private files of jobs settled since, and cached copies
+    of blobs an owner's deletion erased (app/blob_erasure.py), so a host that runs no job for a
+    while keeps neither."""
+    settings = get_settings()
+    db = Database(settings.resolved_database_url)
+    blobs = blob_store_from_settings(settings)
+    files = JobPrivateFiles(settings.checkpoint_dir, blobs)
+    never = threading.Event()  # the thread is a daemon: it ends with the worker process
+    while not never.wait(settings.worker_sweep_interval_s):
+        try:
+            files.discard_settled(db)
+            evict_erased_copies(db, blobs)
+        except Exception:  # housekeeping: the next round tries again
+            logging.getLogger("privtrain.worker").warning("worker sweep failed", exc_info=True)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]  # celery has no type hints
+def _start_sweep(**_: object) -> None:
+    threading.Thread(target=_sweep_periodically, name="privtrain-worker-sweep", daemon=True).start()
 
 
 app = create_celery(get_settings(), include=("worker.tasks",))

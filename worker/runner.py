@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from app import privacy
 from app.algorithms import PrivacyPlan, get_algorithm
 from app.config import Settings
+from app.dataset_deletion import DatasetEraser
 from app.db import Database
 from app.evaluation import EvaluationPlan
 from app.facts import DatasetFacts, public_class_list
@@ -261,6 +262,7 @@ class JobRunner:
         self.blobs = blob_store_from_settings(settings)
         self.trial_files = TrialFiles(settings.checkpoint_dir, self.blobs)
         self.private_files = JobPrivateFiles(settings.checkpoint_dir, self.blobs)
+        self.eraser = DatasetEraser.from_settings(settings, db=self.db, blobs=self.blobs)
         self.actor = _actor()
         self.dispatcher = dispatcher
         self._tuning: _SlotTuning | None = None
@@ -474,6 +476,10 @@ class JobRunner:
     def _cleanup(self, job_id: str) -> None:
         self.trial_files.discard(trial_queue.clear(self.db, job_id=job_id))  # a tuning's trials (secret)
         self.private_files.discard(job_id)
+        try:  # a deletion of its dataset that waited for this job (app/dataset_deletion.py)
+            self.eraser.after_job(job_id)
+        except Exception:  # the reconciler's next round finishes it
+            log.warning("finishing a dataset deletion failed", extra={"job_id": job_id}, exc_info=True)
 
     def _restore_private(self, job_id: str, *, evaluated: bool) -> None:
         """An earlier attempt's checkpoint and hold-out split, from the store when this host has

@@ -1,4 +1,4 @@
-"""Dataset upload, listing, budget and ledger."""
+"""Dataset upload, listing, deletion, budget and ledger."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import defer
+from sqlalchemy.orm import Session, defer
 
 from app import ledger
 from app.access import Role, dataset_access, dataset_for, visible_datasets
@@ -17,7 +17,9 @@ from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.api.upload_body import receive_upload_body
 from app.api.upload_watch import WatchedParse
+from app.dataset_deletion import DatasetEraser, DeletionProgress, deletion_progress, request_deletion
 from app.dataset_registration import UploadRequest, invalid_dataset, invalid_text, register_upload
+from app.dataset_status import DatasetStatus, require_active
 from app.errors import InvalidInput
 from app.facts import privacy_unit_text, public_class_list
 from app.ingest import (
@@ -42,6 +44,7 @@ from app.schemas.datasets import (
     BudgetView,
     DatasetList,
     DatasetOut,
+    DeletionOut,
     LedgerEntryOut,
     LedgerPage,
 )
@@ -75,7 +78,27 @@ def image_shape(dataset: Dataset) -> list[int] | None:
     return [int(height), int(width), int(channels)]
 
 
-def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner", listing: bool = False) -> DatasetOut:
+def deletion_out(dataset: Dataset, progress: DeletionProgress | None) -> DeletionOut | None:
+    """The deletion block of the owner's view (None while active); ``progress`` only in single views."""
+    if dataset.deletion_requested_at is None:
+        return None
+    return DeletionOut(
+        requested_at=dataset.deletion_requested_at,
+        deleted_at=dataset.deleted_at,
+        models="deleted" if dataset.delete_models else "kept",
+        jobs_settling=progress.jobs_settling if progress is not None else None,
+        models_pending=progress.models_pending if progress is not None else None,
+    )
+
+
+def dataset_out(
+    dataset: Dataset,
+    budget: PrivacyBudget,
+    *,
+    role: Role = "owner",
+    listing: bool = False,
+    progress: DeletionProgress | None = None,
+) -> DatasetOut:
     """One dataset as its caller may see it. A ``listing`` item leaves out the two per-dataset
     lists that grow with the data (feature names: up to 100,000 × 256 characters; the class
     list: up to 1,000 names), so a page of 200 stays a few hundred KB however wide the
@@ -101,8 +124,11 @@ def dataset_out(dataset: Dataset, budget: PrivacyBudget, *, role: Role = "owner"
         id=dataset.id,
         name=dataset.name,
         format=dataset.format,
+        status=DatasetStatus(dataset.status).value,
+        deletion=deletion_out(dataset, progress),
         # Exact functions of the rows: the owner's view only (docs/privacy-model.md §2).
         sha256=dataset.sha256 if owner else None,
+        content_digest=dataset.content_digest if owner else None,
         size_bytes=dataset.size_bytes if owner else None,
         n_rows=dataset.n_rows,
         feature_shape=list(dataset.feature_shape),
@@ -323,7 +349,7 @@ async def upload_dataset(
     out = dataset_out(registered.dataset, registered.budget)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
-    return out.model_copy(update={"notices": list(registered.notices)})
+    return out.model_copy(update={"notices": list(registered.notices), "ledger_continued": registered.continued})
 
 
 def _check_privacy_unit_column(column: str | None, *, fmt: str, public: bool) -> None:
@@ -416,9 +442,13 @@ def list_datasets(
     tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    include_deleted: Annotated[
+        bool, Query(description="also list the caller's deleted datasets (tombstones: ledger kept, rows erased)")
+    ] = False,
 ) -> DatasetList:
     """The datasets the caller owns or holds an accepted, unrevoked grant on, each with its
-    ``role``. Items are bounded summaries: no feature names, no class list (see ``dataset_out``)."""
+    ``role``. Items are bounded summaries: no feature names, no class list (see ``dataset_out``).
+    Datasets being deleted are listed (``status: deleting``); deleted ones only on request."""
 
     query = (
         select(Dataset, PrivacyBudget)
@@ -428,6 +458,8 @@ def list_datasets(
             defer(Dataset.feature_names), defer(Dataset.class_names), defer(Dataset.preparation)
         )  # megabytes on wide datasets
     )
+    if not include_deleted:
+        query = query.where(Dataset.status != DatasetStatus.DELETED)
     if cursor:
         created_at, last_id = decode_cursor(cursor, fields=(cursor_time, cursor_id))
         query = query.where(
@@ -453,7 +485,64 @@ def get_dataset(dataset_id: str, session: SessionDep, tenant: TenantDep) -> Data
     access = dataset_access(session, tenant, dataset_id, need="read")
     budget = session.get(PrivacyBudget, access.dataset.id)
     assert budget is not None
-    return dataset_out(access.dataset, budget, role=access.role)
+    progress = deletion_progress(session, access.dataset)
+    return dataset_out(access.dataset, budget, role=access.role, progress=progress)
+
+
+def _current_view(session: Session, dataset_id: str) -> tuple[DatasetOut, DatasetStatus]:
+    dataset = session.get(Dataset, dataset_id)
+    budget = session.get(PrivacyBudget, dataset_id)
+    assert dataset is not None and budget is not None
+    progress = deletion_progress(session, dataset)
+    return dataset_out(dataset, budget, progress=progress), progress.status
+
+
+@router.delete(
+    "/{dataset_id}",
+    response_model=DatasetOut,
+    responses={
+        202: {
+            "model": DatasetOut,
+            "description": "deletion in progress (status deleting): jobs are stopping, or its files could not all "
+            "be erased yet; the worker settling its last job or the reconciler finishes it, and DELETE may be "
+            "repeated",
+        }
+    },
+)
+def delete_dataset(
+    dataset_id: str,
+    services: ServicesDep,
+    session: SessionDep,
+    tenant: TenantDep,
+    models: Annotated[
+        Literal["keep", "delete"],
+        Query(
+            description="keep (default) or delete the models of the dataset's jobs (every submitter's). Their "
+            "reports are kept either way: the ledger points at them, and they hold no rows",
+        ),
+    ] = "keep",
+) -> DatasetOut | JSONResponse:
+    """Owner only: delete the dataset. Its grants end and its jobs stop at once (queued ones are
+    released; running ones commit the steps they ran, a tuning its whole reservation); once they
+    have settled, its uploaded file, decoded arrays and every job's checkpoints and hold-out splits
+    are erased from the store and its caches, and the models too with ``models=delete``. The
+    dataset stays as a tombstone for its owner: public facts, budget, hash-chained ledger and jobs.
+    Uploading the same rows again continues that ledger.
+
+    200 with the tombstone (status ``deleted``) when it is done; 202 (status ``deleting``) while
+    jobs are still settling. Idempotent: repeat it to see the state, or to turn ``keep`` into
+    ``delete`` for the models."""
+    dataset = dataset_for(session, tenant, dataset_id, need="delete")
+    session.close()  # give the read connection back before taking a write one
+    request_deletion(services.db, dataset_id=dataset.id, owner=tenant, delete_models=models == "delete")
+    try:
+        DatasetEraser.from_settings(services.settings, db=services.db, blobs=services.blobs).finish(dataset.id)
+    except Exception:  # the deletion stands; the reconciler's next round (or a repeated DELETE) resumes it
+        log.warning("erasing a deleted dataset failed; retried later", extra={"dataset_id": dataset.id}, exc_info=True)
+    with services.db.read_session() as fresh:
+        out, status = _current_view(fresh, dataset.id)
+    log.info("dataset deletion", extra={"dataset_id": dataset.id, "tenant_id": tenant.id, "status": status.value})
+    return JSONResponse(out.model_dump(mode="json"), status_code=200 if status == DatasetStatus.DELETED else 202)
 
 
 @router.get("/{dataset_id}/budget", response_model=BudgetView)
@@ -472,9 +561,13 @@ def raise_budget(
     """Raise ε (and optionally δ): only the owner can, and only upwards (docs/privacy-model.md §4)."""
     dataset = dataset_for(session, tenant, dataset_id, need="own")
     _refuse_public(dataset)
+    require_active(dataset)
     session.close()  # give the read connection back before taking a write one
     with services.db.write_transaction() as tx:
         budget = ledger.lock_budget(tx, dataset.id)
+        current = tx.get(Dataset, dataset.id, populate_existing=True)
+        assert current is not None
+        require_active(current)  # a deletion that committed meanwhile wins
         try:
             ledger.adjust(
                 tx,

@@ -316,6 +316,13 @@ def download_model(job_id: str, services: ServicesDep, session: SessionDep, tena
     """The model file, streamed; or, with pre-signed downloads, a 307 to the object store. Either
     way only after the tenant checks (another tenant gets 404), with the file's SHA-256."""
     job = job_for(session, tenant, job_id, need="read")
+    if job.status == JobStatus.SUCCEEDED and job.model_blob is None:
+        raise Problem(
+            status=410,
+            slug="model-deleted",
+            detail="this job's model was erased when the owner of its dataset deleted the dataset and its models; "
+            "its report is kept",
+        )
     key = _artifact_ready(job, job.model_blob)
     filename = f"{job.id}.safetensors"
     headers = {"X-Content-SHA256": job.model_sha256 or ""}

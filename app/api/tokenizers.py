@@ -13,6 +13,7 @@ from app.access import dataset_for
 from app.api.deps import ServicesDep, SessionDep, TenantDep
 from app.api.routing import ReleasingRoute
 from app.api.upload_body import receive_upload_body
+from app.dataset_status import require_active
 from app.ingest.limits import IngestLimits
 from app.models import TokenizerRecord
 from app.problems import Problem
@@ -126,6 +127,7 @@ async def train(
     refused (409 tokenizer-on-private-data): a learned vocabulary reveals strings of its texts."""
     _check_name(body.name)
     dataset = dataset_for(session, tenant, body.dataset_id)
+    require_active(dataset)  # its texts are erased, or about to be
     session.expunge(dataset)
     session.close()
     record = await run_in_threadpool(

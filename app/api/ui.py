@@ -46,6 +46,8 @@ from app.api.ui_session import (
 from app.auth import key_digest, tenant_for_key
 from app.budget_gauge import budget_gauge
 from app.dashboard_sessions import DashboardSession, StartedSession, end_session, live_session, start_session
+from app.dataset_deletion import deletion_progress
+from app.dataset_status import DatasetStatus
 from app.db import Database
 from app.invitations import Answer, InvitationNotFound, answer_invitation, pending_invitations
 from app.job_event_text import EPSILON_DIGITS, EVENT_SENTENCES, GUARANTEE_FIELDS, event_sentence
@@ -290,7 +292,7 @@ def datasets_page(viewer: ViewerDep, db_session: SessionDep) -> Response:
         select(Dataset, PrivacyBudget, Tenant.name)
         .join(PrivacyBudget)
         .join(Tenant, Tenant.id == Dataset.tenant_id)
-        .where(visible_datasets(viewer.tenant))
+        .where(visible_datasets(viewer.tenant), Dataset.status != DatasetStatus.DELETED)
         .order_by(Dataset.created_at.desc(), Dataset.id.desc())
         .limit(PAGE_LIMIT)
     ).all()
@@ -368,6 +370,7 @@ def dataset_page(dataset_id: str, viewer: ViewerDep, db_session: SessionDep) -> 
         history=list(reversed(history)),
         ledger_svg=_ledger_plot(history),
         jobs=jobs,
+        deletion=deletion_progress(db_session, dataset),
     )
 
 

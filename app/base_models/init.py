@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.access import job_for
 from app.base_models.dtypes import stored_dtypes
 from app.base_models.registry import base_model_for
+from app.dataset_status import DatasetStatus
 from app.errors import InvalidInput
 from app.facts import public_class_list
 from app.jobs.status import JobStatus
@@ -70,6 +71,8 @@ def resolve_init(session: Session, tenant: Tenant, init: ModelInit, *, blobs: Bl
         raise _invalid(f"model.init.job_id: job {job.id} is {job.status}; only a succeeded job's model can be a start")
     dataset = session.get(Dataset, job.dataset_id)
     assert dataset is not None
+    if job.model_blob is None or (dataset.status != DatasetStatus.ACTIVE and dataset.delete_models):
+        raise _invalid(f"model.init.job_id: job {job.id}'s model was deleted with its dataset")
     from app.job_planning import facts_of  # here: job_planning imports this module (a cycle at import time)
 
     facts = facts_of(dataset)

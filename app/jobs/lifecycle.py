@@ -52,6 +52,7 @@ from sqlalchemy.orm import Session
 
 from app import ledger
 from app.changed_rows import changed_rows
+from app.dataset_status import require_active
 from app.db import Database
 from app.errors import Conflict, InvalidInput, LimitReached
 from app.jobs.events import add_job_event
@@ -76,6 +77,7 @@ __all__ = [
     "Success",
     "admit",
     "cancel",
+    "cancel_within",
     "claim",
     "fail",
     "mark_dispatched",
@@ -216,6 +218,9 @@ def admit(
     """
     with db.write_transaction() as tx:
         budget, public = _lock(tx, dataset_id)
+        dataset = tx.get(Dataset, dataset_id, populate_existing=True)
+        assert dataset is not None
+        require_active(dataset)  # a deletion that committed while the request was planning wins
         if public != plan.public_dataset or (not public and not plan.algorithm.private):
             raise InvalidInput(  # planned against another view of the dataset: never admit it unpriced
                 slug="non-private-on-private-data",
@@ -483,39 +488,45 @@ def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
     Raises :class:`JobNotCancellable` for a job that has already ended.
     """
     with db.write_transaction() as tx:
-        budget, public = _lock(tx, dataset_id)
-        cancelled_queued = changed_rows(
-            tx,
-            update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-            .values(status=JobStatus.CANCELLED, cancel_requested=True, finished_at=utcnow()),
-        )
-        job = tx.get(Job, job_id, populate_existing=True)
-        assert job is not None
-        if cancelled_queued == 1 and public:
-            _end_without_ledger(job)
-            add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run})
-        elif cancelled_queued == 1 and job.touched_at is None:
-            ledger.release(tx, budget, job=job, actor=actor, reason="cancelled before start")
-            add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0})
-        elif cancelled_queued == 1:
-            # Requeued after a lost worker: the data was opened and the lost attempt's steps are
-            # not known exactly, so the whole reservation is committed, as for a crash.
-            ledger.commit(
-                tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled after a lost attempt"
-            )
-            add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run})
-        elif job.status == JobStatus.RUNNING and _is_tuning(job):
-            job.cancel_requested = True
-            job.status = JobStatus.CANCELLED
-            job.finished_at = utcnow()
-            ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled")
-            add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0})
-        elif job.status == JobStatus.RUNNING:
-            job.cancel_requested = True
-            add_job_event(tx, job.id, JobEventKind.CANCEL_REQUESTED, {})
-        else:
-            raise JobNotCancellable(job.status)
+        return cancel_within(tx, job_id=job_id, dataset_id=dataset_id, actor=actor)
+
+
+def cancel_within(tx: Session, *, job_id: str, dataset_id: str, actor: str, reason: str | None = None) -> Job:
+    """:func:`cancel` inside the caller's write transaction: a dataset's deletion cancels all its
+    jobs in the transaction that marks it (app/dataset_deletion.py). ``reason`` (a public code,
+    e.g. ``dataset-deleted``) goes into the cancel events."""
+    budget, public = _lock(tx, dataset_id)
+    cancelled_queued = changed_rows(
+        tx,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.CANCELLED, cancel_requested=True, finished_at=utcnow()),
+    )
+    job = tx.get(Job, job_id, populate_existing=True)
+    assert job is not None
+    why = {"reason": reason} if reason is not None else {}
+    if cancelled_queued == 1 and public:
+        _end_without_ledger(job)
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run, **why})
+    elif cancelled_queued == 1 and job.touched_at is None:
+        ledger.release(tx, budget, job=job, actor=actor, reason="cancelled before start")
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0, **why})
+    elif cancelled_queued == 1:
+        # Requeued after a lost worker: the data was opened and the lost attempt's steps are
+        # not known exactly, so the whole reservation is committed, as for a crash.
+        ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled after a lost attempt")
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run, **why})
+    elif job.status == JobStatus.RUNNING and _is_tuning(job):
+        job.cancel_requested = True
+        job.status = JobStatus.CANCELLED
+        job.finished_at = utcnow()
+        ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled")
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0, **why})
+    elif job.status == JobStatus.RUNNING:
+        job.cancel_requested = True
+        add_job_event(tx, job.id, JobEventKind.CANCEL_REQUESTED, why)
+    else:
+        raise JobNotCancellable(job.status)
     return job
 
 

@@ -25,13 +25,47 @@ class BudgetOut(BaseModel):
     delta: float
 
 
+class DeletionOut(BaseModel):
+    """A deletion asked for by the owner (``DELETE /v1/datasets/{id}``) and how far it has gone."""
+
+    requested_at: UtcDateTime
+    deleted_at: UtcDateTime | None = Field(
+        description="when the rows, arrays and private files were erased (status deleted); null while deleting"
+    )
+    models: Literal["kept", "deleted"] = Field(
+        description="the owner's choice for the models of the dataset's jobs (their reports are always kept)"
+    )
+    jobs_settling: int | None = Field(
+        default=None,
+        description="queued or running jobs still to settle before the erasure (null in listings)",
+    )
+    models_pending: int | None = Field(
+        default=None,
+        description="models to delete that a job on another dataset still starts from; erased once it settles "
+        "(null in listings)",
+    )
+
+
 class DatasetOut(BaseModel):
     id: str
     name: str
     format: str
+    status: Literal["active", "deleting", "deleted"] = Field(
+        default="active",
+        description="active; deleting (its jobs are stopping, then its files are erased); deleted (a tombstone: "
+        "public facts, budget, ledger and jobs kept, rows erased). Only the owner sees a dataset once its "
+        "deletion was asked for",
+    )
+    deletion: DeletionOut | None = Field(default=None, description="null while the dataset is active")
     sha256: str | None = Field(
         description="SHA-256 of the uploaded bytes: an exact function of the rows, so the owner's "
         "view only (null for analysts)",
+    )
+    content_digest: str | None = Field(
+        default=None,
+        description="the identity of the parsed rows (invariant to line endings, row and column order; "
+        "docs/privacy-model.md#one-content-one-budget): an exact function of the rows, so the owner's view "
+        "only; null for analysts, and for datasets registered before it existed until an operator computes it",
     )
     size_bytes: int | None = Field(
         description="size of the uploaded bytes: an exact function of the rows, so the owner's view "
@@ -129,6 +163,11 @@ class DatasetOut(BaseModel):
     notices: list[str] = Field(
         default_factory=list,
         description="things the owner should know about this registration (upload response only)",
+    )
+    ledger_continued: bool = Field(
+        default=False,
+        description="upload response only: true when these rows had been registered before and deleted, so "
+        "this upload continues their old ledger, budget and spend under the old id (one content, one budget)",
     )
 
 

@@ -141,7 +141,9 @@ def _raw(value: Any) -> Any:
 PROBLEM_HINTS: dict[str, Callable[[dict[str, Any]], str]] = {
     "/problems/dataset-already-registered": lambda extra: (
         f"hint: privtrain datasets raise-budget {extra.get('existing_dataset_id', 'DATASET_ID')} "
-        "--epsilon NEW_EPSILON --reason '…'"
+        "--epsilon NEW_EPSILON --reason '…'\n"
+        f"  or, to replace the upload: privtrain datasets delete {extra.get('existing_dataset_id', 'DATASET_ID')} "
+        "and upload again (its ledger continues)"
     ),
 }
 """What to type next, for problems whose way out is another CLI command."""
@@ -216,6 +218,7 @@ DATASET_COLUMNS: list[Column[Dataset]] = [
     Column("CLASSES", lambda d: d.n_classes),
     Column("ε_G", lambda d: _up(d.budget.epsilon) if d.budget is not None else "public"),
     Column("δ_G", lambda d: _up(d.budget.delta) if d.budget is not None else "-"),
+    Column("STATUS", lambda d: d.status or "active"),
     Column("CREATED", lambda d: d.created_at),
 ]
 
@@ -254,10 +257,29 @@ def _dataset_block(d: Dataset) -> str:
                 else [("budget ε_G", _up(d.budget.epsilon)), ("budget δ_G", _up(d.budget.delta))]
             ),
             ("sha256", d.sha256 or "(the owner's view only)"),
+            ("content digest", d.content_digest or ("(not computed yet)" if d.sha256 else "(the owner's view only)")),
             ("size (bytes)", d.size_bytes if d.size_bytes is not None else "(the owner's view only)"),
             ("created", d.created_at),
+            *_deletion_lines(d),
         ]
     )
+
+
+def _deletion_lines(d: Dataset) -> list[tuple[str, object]]:
+    if d.deletion is None:
+        return []
+    lines: list[tuple[str, object]] = [
+        ("status", d.status),
+        ("deletion asked", d.deletion.requested_at),
+        ("models", d.deletion.models),
+    ]
+    if d.status == "deleted":
+        lines.append(("erased", d.deletion.deleted_at))
+    else:
+        lines.append(("jobs still settling", d.deletion.jobs_settling))
+        if d.deletion.models_pending:
+            lines.append(("models in use elsewhere", d.deletion.models_pending))
+    return lines
 
 
 def _class_list(d: Dataset) -> str | None:
@@ -358,8 +380,9 @@ def datasets_upload(
     """Upload a CSV (header + label column), NPZ (X, y), ZIP (class folders of PNG/JPEG
     images) or JSON Lines (texts, tokenised at upload) file with its budget.
 
-    The same bytes can be registered once: a second upload is refused and names the dataset that
-    holds them (raise its budget instead).
+    The same rows can be registered once (whatever their line endings or the order of rows and
+    columns): a second upload is refused and names the dataset that holds them (raise its budget
+    instead, or delete it and upload again). Rows of a dataset you deleted continue its ledger.
     """
     if public and (epsilon is not None or delta is not None):
         raise click.UsageError("a public dataset has no budget: leave out --epsilon and --delta with --public")
@@ -413,11 +436,49 @@ def _cli_image_size(text: str | None) -> int | tuple[int, int] | None:
 
 
 @datasets.command("list")
+@click.option("--include-deleted", is_flag=True, help="also list your deleted datasets (tombstones with their ledger)")
 @json_flag
-def datasets_list() -> None:
+def datasets_list(include_deleted: bool) -> None:
     """All your datasets, newest first."""
-    found = _state().client().list_datasets()
+    found = _state().client().list_datasets(include_deleted=include_deleted)
     emit(found, lambda: table(found, DATASET_COLUMNS))
+
+
+@datasets.command("delete")
+@click.argument("dataset_id")
+@click.option(
+    "--delete-models",
+    is_flag=True,
+    help="also erase the models of the dataset's jobs (every submitter's); their reports are kept",
+)
+@click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
+@json_flag
+def datasets_delete(dataset_id: str, delete_models: bool, yes: bool) -> None:
+    """Delete a dataset you own: its grants end, its jobs stop (what they ran is committed), then its
+    rows, arrays and the jobs' checkpoints are erased. Its ledger stays, and uploading the same rows
+    again continues it."""
+    client = _state().client()
+    if not yes:
+        dataset = client.get_dataset(dataset_id)
+        models = "and the models of its jobs " if delete_models else ""
+        click.confirm(
+            f"Delete dataset {dataset.id} ({dataset.name!r}): stop its jobs and erase its rows {models}"
+            "for good? Its ledger is kept",
+            abort=True,
+            err=True,
+        )
+    deleted = client.delete_dataset(dataset_id, delete_models=delete_models)
+
+    def human() -> str:
+        block = _dataset_block(deleted)
+        if deleted.status == "deleted":
+            return block + "\nnote: the rows are erased; the ledger is kept (privtrain datasets ledger ID)"
+        return block + (
+            "\nnote: deletion in progress: its jobs are stopping; the rows are erased once they have settled "
+            "(privtrain datasets show ID to follow it)"
+        )
+
+    emit(deleted, human)
 
 
 @datasets.command("show")

@@ -244,8 +244,10 @@ class Client:
         One Idempotency-Key per call, reused by every retry: a retried upload whose answer was
         lost is answered with the dataset already registered, never a second one.
         ``classes`` declares the public class list (label i is ``classes[i]``); without it, the
-        labels found become the public list. Bytes already registered raise the
-        ``dataset-already-registered`` problem, which names the existing dataset.
+        labels found become the public list. Rows already registered (the same content, whatever
+        the line endings or the order of rows and columns) raise the ``dataset-already-registered``
+        problem, which names the existing dataset; rows of a dataset you deleted continue its
+        ledger (``ledger_continued`` is True).
         ``preparation`` declares, publicly, how the rows become features (a dict or its JSON text):
         ``{"drop": [...], "one_hot": {column: [categories]}, "scale": {column or "*": {"bounds":
         [lo, hi]} or {"center": c, "scale": s}}}``; see docs/preparing-data.md.
@@ -311,13 +313,33 @@ class Client:
             )
         )
 
-    def iter_datasets(self, *, page_size: int = 50) -> Iterator[Dataset]:
-        return self._pages("/v1/datasets", Dataset.from_api, {"limit": page_size})
+    def iter_datasets(self, *, page_size: int = 50, include_deleted: bool = False) -> Iterator[Dataset]:
+        params = {"limit": page_size, "include_deleted": "true" if include_deleted else None}
+        return self._pages("/v1/datasets", Dataset.from_api, params)
 
-    def list_datasets(self, *, page_size: int = 50) -> list[Dataset]:
-        """All the datasets you own or accepted an invitation to, newest first (every page).
-        Listing items leave out ``classes`` and the feature names: :meth:`get_dataset` has them."""
-        return list(self.iter_datasets(page_size=page_size))
+    def list_datasets(self, *, page_size: int = 50, include_deleted: bool = False) -> list[Dataset]:
+        """All the datasets you own or accepted an invitation to, newest first (every page), and
+        with ``include_deleted`` your deleted ones (tombstones). Listing items leave out
+        ``classes`` and the feature names: :meth:`get_dataset` has them."""
+        return list(self.iter_datasets(page_size=page_size, include_deleted=include_deleted))
+
+    def delete_dataset(self, dataset_id: str, *, delete_models: bool = False) -> Dataset:
+        """Delete your dataset: its grants end, its jobs stop (queued ones are released, running
+        ones commit what they ran), then its rows, arrays and the jobs' checkpoints are erased;
+        with ``delete_models`` the jobs' models too (reports are kept). The dataset stays as a
+        tombstone with its ledger; uploading the same rows again continues that ledger.
+
+        Returns the dataset with ``status`` "deleted", or "deleting" while its jobs settle (call
+        again, or :meth:`get_dataset`, to follow it). Idempotent, so retried like a read.
+        """
+        return Dataset.from_api(
+            self._call(
+                "DELETE",
+                f"/v1/datasets/{_segment(dataset_id)}",
+                replay_safe=True,
+                params={"models": "delete" if delete_models else "keep"},
+            )
+        )
 
     def get_dataset(self, dataset_id: str) -> Dataset:
         return Dataset.from_api(self._get(f"/v1/datasets/{_segment(dataset_id)}"))

@@ -101,7 +101,14 @@ class NotFound(PrivtrainError):
     """The object does not exist or belongs to another tenant (the API does not say which)."""
 
 
-@problem_types("job-not-cancellable", "job-not-succeeded", statuses=(409,))
+@problem_types(
+    "job-not-cancellable",
+    "job-not-succeeded",
+    "dataset-deleted",
+    "deleted-content-was-private",
+    "privacy-unit-differs",
+    statuses=(409,),
+)
 class Conflict(PrivtrainError):
     """The object is in a state that does not allow the call (e.g. artifacts of a running job)."""
 
@@ -118,12 +125,18 @@ class BudgetExceeded(Conflict):
 
 @problem_types("dataset-already-registered")
 class AlreadyRegistered(Conflict):
-    """These bytes are already a dataset of this tenant: raise that dataset's budget instead."""
+    """These rows are already a dataset of this tenant: raise that dataset's budget, or delete it
+    and upload again (its ledger continues)."""
 
     @property
     def existing_dataset_id(self) -> str | None:
         value = self.problem.get("existing_dataset_id")
         return str(value) if value is not None else None
+
+
+@problem_types("model-deleted", statuses=(410,))
+class Gone(PrivtrainError):
+    """The object was erased at its owner's request (a model deleted with its dataset)."""
 
 
 @problem_types("rate-limited", "too-many-active-jobs", "too-many-uploads", statuses=(429,))

@@ -56,6 +56,19 @@ class Budget(Resource):
 
 
 @dataclasses.dataclass(frozen=True)
+class Deletion(Resource):
+    """A deletion its owner asked for, and how far it has gone."""
+
+    requested_at: dt.datetime | None = _parsed(_time)
+    deleted_at: dt.datetime | None = _parsed(_time)
+    """When the rows were erased; None while the dataset's jobs are still settling."""
+    models: str | None = None
+    """"kept" or "deleted": the owner's choice for the models of the dataset's jobs."""
+    jobs_settling: int | None = None
+    models_pending: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Dataset(Resource):
     id: str
     name: str
@@ -77,6 +90,8 @@ class Dataset(Resource):
     budget: Budget | None = _parsed(Budget.from_api)
     """None for a public dataset (it has no budget)."""
     created_at: dt.datetime | None = _parsed(_time)
+    deletion: Deletion | None = _parsed(Deletion.from_api)
+    """None while active; how far its deletion has gone otherwise."""
     modality: str | None = None
     """"image" (uint8 images, feature_shape is [C, H, W]) or "tabular"."""
     image_shape: list[int] | None = None
@@ -95,6 +110,13 @@ class Dataset(Resource):
     """The number of privacy units (persons), public like n_rows; None when the unit is a row."""
     privacy_unit: str | None = None
     """What one privacy unit is, in words ("one patient_id and all its rows")."""
+    status: str | None = None
+    """"active", "deleting" (its jobs are stopping, then its files go) or "deleted" (a tombstone)."""
+    content_digest: str | None = None
+    """The identity of the parsed rows (one content, one budget): the owner's view only."""
+    ledger_continued: bool | None = None
+    """Upload only: True when these rows had been registered and deleted before, so the upload
+    continues their old ledger (budget and spend) under the old id."""
 
 
 @dataclasses.dataclass(frozen=True)

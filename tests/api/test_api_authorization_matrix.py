@@ -6,6 +6,12 @@ has its own dataset and job), an analyst whose grant was revoked (it keeps its o
 key, a malformed Authorization header, and a deleted (revoked) key of the owner. A third tenant
 holds a pending invitation to the shared dataset, which gives it nothing.
 
+Deleting a dataset changes what every later row sees, so its row targets one dataset of the
+owner's per caller ("doomed", the caller's own copy): the owner deletes its copy (shared with the
+analyst, with the analyst's job queued on it), the analyst is refused on its copy (an active
+grant: 403), the other tenant and the revoked analyst do not see theirs (404), whatever the order
+the rows run in.
+
 The table is the spec. ``test_every_route_is_in_the_matrix`` enumerates ``app.routes``: a new
 endpoint fails it until its rows are added here. 404 (never 403) answers objects a caller may
 not know exist, and such a 404 is byte-for-byte the 404 of an id that does not exist.
@@ -15,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +37,9 @@ from sqlalchemy import select
 from app.auth import key_digest, revoke_api_key
 from app.bootstrap import migrate
 from app.config import Settings
+from app.content_identity import content_digest
 from app.db import Database
+from app.ingest.limits import IngestLimits
 from app.main import create_app
 from app.models import ApiKey, Tenant
 from tests.conftest import RecordingDispatcher, make_settings, new_key, to_csv
@@ -57,7 +67,8 @@ class World:
     ids: dict[str, str]
     """ds_shared (owner's, granted to the analyst), ds_other (other tenant's); job_owner (owner's
     own job on ds_shared, queued), job_analyst / job_revoked (succeeded jobs of the analyst and of
-    the revoked analyst on ds_shared), job_other (the other tenant's, queued); tenant:<caller>."""
+    the revoked analyst on ds_shared), job_other (the other tenant's, queued); tenant:<caller>;
+    ds_doomed@<caller>: the owner's dataset that caller's DELETE row targets."""
     forbidden: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -86,6 +97,32 @@ def _tuning(dataset_id: str) -> dict[str, Any]:
 def _small_csv(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     return to_csv(rng.random((300, 4)), rng.integers(0, 2, 300))
+
+
+DOOMED_SEEDS = {OWNER: 11, ANALYST: 12, OTHER: 13, REVOKED: 14}
+"""The content of each caller's copy of the dataset its DELETE row targets (all the owner's)."""
+
+
+def _doomed(world_ids: dict[str, str], client: TestClient, headers: dict[str, dict[str, str]]) -> None:
+    """One owner's dataset per caller for the DELETE row: the owner's copy is shared with the
+    analyst, who has a queued job on it; the analyst's copy is shared with it; the revoked
+    analyst's was shared, then revoked; the other tenant's was never shared."""
+    for caller, seed in DOOMED_SEEDS.items():
+        world_ids[f"ds_doomed@{caller}"] = _upload(client, headers[OWNER], f"doomed-{caller}", _small_csv(seed))
+    for caller, grantee in ((OWNER, ANALYST), (ANALYST, ANALYST), (REVOKED, REVOKED)):
+        dataset = world_ids[f"ds_doomed@{caller}"]
+        invited = client.post(
+            f"/v1/datasets/{dataset}/grants", headers=headers[OWNER], json={"tenant": TENANT_NAMES[grantee]}
+        )
+        assert invited.status_code == 202, invited.text
+        assert client.post(f"/v1/invitations/{dataset}/accept", headers=headers[grantee]).status_code == 200
+    _submit(client, headers[ANALYST], world_ids[f"ds_doomed@{OWNER}"])
+    revoked = client.delete(
+        f"/v1/datasets/{world_ids[f'ds_doomed@{REVOKED}']}/grants/{TENANT_NAMES[REVOKED]}", headers=headers[OWNER]
+    )
+    assert revoked.status_code == 200
+    for caller in ANONYMOUS_CALLERS:
+        world_ids[f"ds_doomed@{caller}"] = world_ids[f"ds_doomed@{OWNER}"]
 
 
 def _upload(client: TestClient, headers: dict[str, str], name: str, body: bytes) -> str:
@@ -143,6 +180,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             ).status_code
             == 202
         )
+        _doomed(ids, client, headers)
         ids["job_owner"] = _submit(client, headers[OWNER], ids["ds_shared"])
         ids["job_analyst"] = _submit(client, headers[ANALYST], ids["ds_shared"])
         ids["job_revoked"] = _submit(client, headers[REVOKED], ids["ds_shared"])
@@ -169,8 +207,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     database.dispose()
 
 
+def _content_digest(body: bytes) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "upload.csv"
+        path.write_bytes(body)
+        return content_digest(path, fmt="csv", limits=IngestLimits())
+
+
 SHARED_SHA256 = hashlib.sha256(_small_csv(1)).hexdigest()
 OTHER_SHA256 = hashlib.sha256(_small_csv(2)).hexdigest()
+SHARED_DIGEST, OTHER_DIGEST = _content_digest(_small_csv(1)), _content_digest(_small_csv(2))
 """Exact functions of the rows (docs/privacy-model.md §2): only each dataset's owner may see them."""
 
 
@@ -178,20 +224,48 @@ def _forbidden_strings(ids: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
     """What each caller must never see: other tenants' object ids, names and tenant ids, and the
     content hash of any dataset it does not own."""
     shared = (ids["ds_shared"], SHARED_NAME)
-    other = (ids["ds_other"], OTHER_NAME, ids["job_other"], ids[f"tenant:{OTHER}"], TENANT_NAMES[OTHER], OTHER_SHA256)
+    other = (
+        ids["ds_other"],
+        OTHER_NAME,
+        ids["job_other"],
+        ids[f"tenant:{OTHER}"],
+        TENANT_NAMES[OTHER],
+        OTHER_SHA256,
+        OTHER_DIGEST,
+    )
+    doomed = tuple(ids[f"ds_doomed@{caller}"] for caller in DOOMED_SEEDS)
     unseen = {
         OWNER: other,
         ANALYST: other
-        + (ids["job_owner"], ids["job_revoked"], ids[f"tenant:{REVOKED}"], TENANT_NAMES[REVOKED], SHARED_SHA256),
+        + (
+            ids["job_owner"],
+            ids["job_revoked"],
+            ids[f"tenant:{REVOKED}"],
+            TENANT_NAMES[REVOKED],
+            SHARED_SHA256,
+            SHARED_DIGEST,
+        ),
         OTHER: shared
-        + (ids["job_owner"], ids["job_analyst"], ids["job_revoked"], SHARED_SHA256)
+        + doomed
+        + (ids["job_owner"], ids["job_analyst"], ids["job_revoked"], SHARED_SHA256, SHARED_DIGEST)
         + tuple(ids[f"tenant:{c}"] for c in (OWNER, ANALYST, REVOKED))
         + tuple(TENANT_NAMES[c] for c in (OWNER, ANALYST, REVOKED)),
         REVOKED: other
-        + (ids["job_owner"], ids["job_analyst"], ids[f"tenant:{ANALYST}"], TENANT_NAMES[ANALYST], SHARED_SHA256),
+        + (
+            ids["job_owner"],
+            ids["job_analyst"],
+            ids[f"tenant:{ANALYST}"],
+            TENANT_NAMES[ANALYST],
+            SHARED_SHA256,
+            SHARED_DIGEST,
+        ),
     }
     everything = tuple(
-        sorted(set(ids.values()) | {SHARED_NAME, OTHER_NAME, SHARED_SHA256, OTHER_SHA256} | set(TENANT_NAMES.values()))
+        sorted(
+            set(ids.values())
+            | {SHARED_NAME, OTHER_NAME, SHARED_SHA256, OTHER_SHA256, SHARED_DIGEST, OTHER_DIGEST}
+            | set(TENANT_NAMES.values())
+        )
     )
     return {**unseen, **{caller: everything for caller in ANONYMOUS_CALLERS}}
 
@@ -222,13 +296,15 @@ class Case:
     def label(self) -> str:
         return f"{self.method} {self.route} [{self.target}]"
 
-    def path(self, world: World, *, ghost: bool = False) -> str:
+    def path(self, world: World, caller: str, *, ghost: bool = False) -> str:
+        """A reference ending in '@' names each caller's own object (``ref@caller``)."""
         values = {}
         for name, ref in self.params.items():
             if ref.startswith("="):
                 values[name] = ref[1:]
             else:
-                values[name] = GHOST[ref.split("_")[0].replace("ds", "dataset")] if ghost else world.ids[ref]
+                key = f"{ref}{caller}" if ref.endswith("@") else ref
+                values[name] = GHOST[ref.split("_")[0].replace("ds", "dataset")] if ghost else world.ids[key]
         return self.route.format(**values)
 
 
@@ -308,6 +384,16 @@ CASES: tuple[Case, ...] = (
         content=lambda world: _small_csv(3),
     ),
     Case("GET", "/v1/datasets", "list", v1(200, 200, 200, 200)),
+    Case("GET", "/v1/datasets", "list with tombstones", v1(200, 200, 200, 200), query={"include_deleted": "true"}),
+    # Each caller's own copy (see DOOMED_SEEDS): the owner's deletion cancels the analyst's queued
+    # job, finds nothing running and erases at once (200); an analyst may not delete (403).
+    Case(
+        "DELETE",
+        "/v1/datasets/{dataset_id}",
+        "each caller's doomed dataset",
+        v1(200, 403, 404, 404),
+        params={"dataset_id": "ds_doomed@"},
+    ),
     # Base models are tenant-scoped (tests/api/test_api_base_models.py checks another tenant's id
     # answers 404); here: a body that is not safetensors, and an id nobody has.
     Case(
@@ -545,7 +631,7 @@ def _call(world: World, case: Case, caller: str, *, ghost: bool = False) -> Any:
     query = {k: (world.ids[v[1:]] if v.startswith("@") else v) for k, v in case.query.items()}
     return world.client.request(
         case.method,
-        case.path(world, ghost=ghost),
+        case.path(world, caller, ghost=ghost),
         headers=world.headers[caller],
         params=query,
         json=case.json(world) if case.json else None,
@@ -560,7 +646,7 @@ def test_authorization_matrix(world: World, case: Case, caller: str) -> None:
     expected = case.expect[caller]
     assert response.status_code == expected, f"{case.label} as {caller}: {response.status_code} {response.text[:300]}"
     # A problem's ``instance`` echoes the caller's own request path: that reveals nothing.
-    body = response.content.decode("utf-8", errors="replace").replace(case.path(world), "")
+    body = response.content.decode("utf-8", errors="replace").replace(case.path(world, caller), "")
     leaked: list[object] = [s for s in world.forbidden[caller] if s in body]
     leaked += _leaked_sizes(body, caller)
     known = KNOWN_LEAKS.get((case.label, caller))
@@ -615,7 +701,10 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "id",
         "name",
         "format",
+        "status",  # active, deleting, deleted (an analyst only ever sees active datasets)
+        "deletion",
         "sha256",
+        "content_digest",
         "size_bytes",
         "n_rows",
         "feature_shape",
@@ -643,8 +732,9 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "links",
         "role",
         "notices",
+        "ledger_continued",
     }
-    assert view["sha256"] is None and view["size_bytes"] is None
+    assert view["sha256"] is None and view["size_bytes"] is None and view["content_digest"] is None
     rows = _small_csv(1).decode().splitlines()[1:4]
     for case in CASES:
         if case.method == "GET" and not case.route.startswith("/ui/jobs/{job_id}/events"):

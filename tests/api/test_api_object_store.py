@@ -15,12 +15,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
+from app.blob_erasure import evict_erased_copies
 from app.bootstrap import migrate
 from app.config import Settings
 from app.db import Database
+from app.job_private_files import JobPrivateFiles
 from app.ledger_audit import verify_ledger
 from app.main import create_app
+from app.models import Job
 from app.reconciler import reconcile_once
+from app.storage import blob_store_from_settings
 from privtrain import Client
 from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, make_settings, new_key, upload
@@ -206,3 +210,81 @@ def test_pre_signed_downloads_redirect_after_the_tenant_checks(
         saved = api.download_model(submitted["id"], tmp_path)
         assert hashlib.sha256(saved.read_bytes()).hexdigest() == announced
     database.dispose()
+
+
+def test_a_deleted_dataset_leaves_nothing_in_the_store_nor_in_any_hosts_cache(
+    s3_client: tuple[TestClient, Database],
+    s3_settings: Settings,
+    object_store_server: ObjectStoreServer,
+    digits_csv: bytes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's host vanishes after checkpointing (its hold-out split and checkpoint are in the
+    store's private area, the upload in its cache) and the job is requeued; another job succeeded
+    on host B. The owner deletes the dataset with its models: the requeued job commits its whole
+    reservation, and the upload, the model and every private file leave the bucket; the report
+    stays. When host A's worker is back, its sweep removes its checkpoint and its cached upload."""
+    client, database = s3_client
+    dataset = upload(client, digits_csv).json()["id"]
+    spec = dp_sgd_spec(dataset)
+    spec["training"] = {"steps": 40, "batch_size": 64, "learning_rate": 0.5}
+    spec["evaluation"] = {"holdout_fraction": 0.2, "epsilon": 0.5}
+    lost, done = (client.post("/v1/jobs", json=spec).json()["id"] for _ in range(2))
+
+    def host(name: str) -> Settings:
+        return s3_settings.model_copy(
+            update={
+                "data_dir": tmp_path / name,
+                "database_url": s3_settings.resolved_database_url,
+                "checkpoint_every_steps": 10,
+                "stale_after_s": 0.0,
+            }
+        )
+
+    real_save = runner_module.save_training_state
+
+    def save_then_vanish(path: Path, state: Any, **kwargs: Any) -> None:
+        real_save(path, state, **kwargs)
+        if state.step >= 20:
+            raise _HostLost
+
+    host_a, host_b = host("host-a"), host("host-b")
+    monkeypatch.setattr(runner_module, "save_training_state", save_then_vanish)
+    with pytest.raises(_HostLost):
+        JobRunner(host_a, db=database).run(lost)
+    monkeypatch.setattr(runner_module, "save_training_state", real_save)
+    assert reconcile_once(database, host_b, RecordingDispatcher()).requeued == (lost,)
+    assert JobRunner(host_b, db=database).run(done) == "succeeded"
+    bucket = s3_settings.storage_url.removeprefix("s3://").split("/")[0]  # type: ignore[union-attr]
+    store = object_store_server.client()
+
+    def keys(prefix: str = "blobs/") -> set[str]:
+        return {item["Key"] for item in store.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
+
+    digest = hashlib.sha256(digits_csv).hexdigest()
+    upload_key = f"blobs/sha256/{digest[:2]}/{digest}"
+    with database.read_session() as session:
+        done_row = session.get(Job, done)
+        assert done_row is not None and done_row.model_blob is not None and done_row.report_blob is not None
+        model_object, report_object = f"blobs/{done_row.model_blob}", f"blobs/{done_row.report_blob}"
+    cached_on_a = host_a.blob_cache_dir / upload_key.removeprefix("blobs/")
+    assert upload_key in keys() and model_object in keys() and keys("blobs/private/")
+    assert cached_on_a.is_file() and (host_a.checkpoint_dir / f"{lost}.safetensors").is_file()
+
+    deleted = client.delete(f"/v1/datasets/{dataset}", params={"models": "delete"})
+
+    assert deleted.status_code == 200, deleted.text
+    assert keys("blobs/private/") == set()
+    assert upload_key not in keys() and model_object not in keys() and report_object in keys()
+    ledger = [entry["kind"] for entry in client.get(f"/v1/datasets/{dataset}/ledger").json()["items"]]
+    assert ledger.count("COMMIT") == 2 and verify_ledger(database).ok
+    lost_view = client.get(f"/v1/jobs/{lost}").json()
+    assert lost_view["status"] == "cancelled"
+    assert lost_view["epsilon_committed"] == pytest.approx(lost_view["epsilon_ledger"], rel=1e-6)
+
+    # host A's worker starts again: its start-up sweep clears what its lost attempt left
+    store_a = blob_store_from_settings(host_a)
+    JobPrivateFiles(host_a.checkpoint_dir, store_a).discard_settled(database)
+    assert evict_erased_copies(database, store_a) == 1
+    assert not cached_on_a.exists() and not list(host_a.checkpoint_dir.glob(f"*{lost}*"))

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from app.db import Database
 from privtrain.cli import CliEnvironment, cli
 from privtrain.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport, WorkerThreads
+from tests.conftest import new_key
 
 Run = Callable[..., Result]
 
@@ -25,12 +27,13 @@ def run(transport: AppTransport, api_key: str) -> Run:
     """Invoke the CLI configured through the environment, as a user would."""
     runner = CliRunner()
 
-    def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    def invoke(*args: str, env: dict[str, str] | None = None, input: str | None = None) -> Result:
         return runner.invoke(
             cli,
             list(args),
             obj=CliEnvironment(transport=transport),
             env=env if env is not None else {"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key},
+            input=input,
         )
 
     return invoke
@@ -266,3 +269,37 @@ def test_upload_without_classes_says_the_observed_list_is_now_public(run: Run, d
     assert shown.exit_code == 0, shown.stderr
     assert "taken from the labels found" in shown.stdout
     assert "note: no class list was declared" in shown.stdout
+
+
+def test_datasets_delete_asks_erases_and_the_same_rows_continue_the_ledger(
+    run: Run, dataset_id: str, digits_path: Path, tmp_path: Path
+) -> None:
+    kept = run("datasets", "delete", dataset_id, input="n\n")
+    assert kept.exit_code == 1 and "Delete dataset" in kept.stderr and "Aborted" in kept.stderr
+    assert ok_json(run("datasets", "show", dataset_id, "--json"))["status"] == "active"
+
+    deleted = ok_json(run("datasets", "delete", dataset_id, "--yes", "--delete-models", "--json"))
+    assert deleted["status"] == "deleted" and deleted["deletion"]["models"] == "deleted"
+    human = run("datasets", "show", dataset_id)
+    assert human.exit_code == 0 and "status" in human.stdout and "deleted" in human.stdout
+    assert dataset_id not in run("datasets", "list").stdout
+    listed = ok_json(run("datasets", "list", "--include-deleted", "--json"))
+    assert [(d["id"], d["status"]) for d in listed] == [(dataset_id, "deleted")]
+    assert "deleted" in run("datasets", "list", "--include-deleted").stdout  # the STATUS column
+    assert ok_json(run("datasets", "delete", dataset_id, "--yes", "--json"))["status"] == "deleted"  # idempotent
+
+    crlf = tmp_path / "digits-crlf.csv"
+    crlf.write_bytes(digits_path.read_bytes().replace(b"\n", b"\r\n"))
+    again = run("datasets", "upload", str(crlf), "--epsilon", "8", "--delta", "1e-5")
+    assert again.exit_code == 0, again.stderr
+    assert dataset_id in again.stdout and "note: these rows were registered before" in again.stdout
+    assert "its ledger continues" in again.stdout
+
+
+def test_datasets_delete_is_refused_to_an_analyst(run: Run, dataset_id: str, database: Database) -> None:
+    bob = new_key(database, "bob")
+    assert ok_json(run("datasets", "grant", dataset_id, "bob", "--json"))["status"] == "invited"
+    as_bob = {"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": bob}
+    assert run("invitations", "accept", dataset_id, env=as_bob).exit_code == 0
+    refused = run("datasets", "delete", dataset_id, "--yes", env=as_bob)
+    assert refused.exit_code == 1 and "/problems/forbidden" in refused.stderr

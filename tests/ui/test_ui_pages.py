@@ -146,3 +146,17 @@ def test_other_tenants_objects_are_404_and_not_listed(ui_world: UiWorld) -> None
         assert bob.get(path).status_code == 404, path
     assert "alice" not in bob.get("/ui/datasets").text
     assert csrf_token_of(bob.get("/ui/jobs").text)
+
+
+def test_a_deleted_dataset_leaves_the_list_and_its_page_says_it_is_a_tombstone(
+    ui_world: UiWorld, alice_browser: TestClient
+) -> None:
+    dataset_id = ui_world.upload_dataset(ui_world.alice_key, name="to be deleted")
+    deleted = ui_world.client(ui_world.alice_key).delete(f"/v1/datasets/{dataset_id}")
+    assert deleted.status_code == 200, deleted.text
+    assert not parse(alice_browser.get("/ui/datasets").text).with_attr("data-dataset-id", dataset_id)
+    page = alice_browser.get(f"/ui/datasets/{dataset_id}")
+    assert page.status_code == 200
+    (banner,) = parse(page.text).with_attr("id", "dataset-deletion")
+    assert "Deleted by its owner" in text_of(banner) and "continues this ledger" in page.text
+    assert parse(page.text).with_attr("id", "ledger-entries")  # the ledger stays on the tombstone

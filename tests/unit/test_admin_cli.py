@@ -9,7 +9,7 @@ from sqlalchemy import update
 from app.cli import main
 from app.config import Settings, get_settings
 from app.db import Database
-from app.models import LedgerEntry
+from app.models import Dataset, LedgerEntry
 from tests.conftest import dp_sgd_spec, upload
 
 
@@ -66,3 +66,24 @@ def test_reconcile_once_resends_lost_queued_jobs(
     assert main(["reconcile"]) == 0
     assert "re-sent 1" in capsys.readouterr().out and len(sent) == 1
     assert sent[0][1] == "cpu"  # re-sent to the job's own queue (a logistic regression: the CPU queue)
+
+
+def test_content_digests_backfills_datasets_registered_before_digests(
+    cli_env: Settings, alice: TestClient, digits_csv: bytes, database: Database, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rows registered before content digests (migration 0016 leaves the column NULL) are
+    recognised by their bytes only, so two were registered from the same rows (LF and CRLF);
+    the command fills the digest, names the pair, and from then on the CRLF bytes are refused."""
+    first = upload(alice, digits_csv).json()["id"]
+    with database.write_transaction() as tx:  # as migrated: no digest
+        tx.execute(update(Dataset).values(content_digest=None))
+    crlf = digits_csv.replace(b"\n", b"\r\n")
+    second = upload(alice, crlf)
+    assert second.status_code == 201  # what happened before digests existed
+    with database.write_transaction() as tx:
+        tx.execute(update(Dataset).values(content_digest=None))
+    assert main(["content-digests"]) == 0
+    out = capsys.readouterr().out
+    assert "content digests computed for 2 dataset(s)" in out
+    assert f"same rows, one tenant, separate budgets (registered before content digests): {first}, " in out
+    assert upload(alice, crlf + b"\r\n", name="third").status_code == 409

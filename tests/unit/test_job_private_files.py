@@ -91,3 +91,16 @@ def test_the_reconciler_and_these_files_stay_torch_free() -> None:
     code = "import sys, app.reconciler, app.job_private_files; assert 'torch' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_erase_removes_every_private_file_of_the_jobs_and_only_theirs(settings: Settings) -> None:
+    """A deleted dataset's erasure: checkpoints, hold-out splits, torn writes and tuning trials'
+    models of its jobs go; another job's files stay."""
+    files = _private_files(settings)
+    mine = [*_leave_files(files, "job_a"), files.folder / "job_a.trial-1-2-1.safetensors"]
+    mine[-1].write_bytes(b"a trial's model")
+    theirs = _leave_files(files, "job_b")
+    files.erase(["job_a", "job_c"])
+    assert not any(path.exists() for path in mine)
+    assert all(path.exists() for path in theirs)
+    files.erase([])  # nothing to do, no listing
