@@ -78,7 +78,9 @@ def tuning_out(tuning: TuningJob, job: Job) -> TuningOut:
     succeeded = job.status == JobStatus.SUCCEEDED
     links = {"self": f"/v1/tuning-jobs/{tuning.id}", "job": f"/v1/jobs/{job.id}"}
     if succeeded:
-        links |= {"model": f"/v1/jobs/{job.id}/model", "report": f"/v1/jobs/{job.id}/report"}
+        links["model"] = f"/v1/jobs/{job.id}/model"
+    if job.report_blob is not None:  # a succeeded tuning's, or one that ended committing its reservation
+        links["report"] = f"/v1/jobs/{job.id}/report"
     return TuningOut(
         id=tuning.id,
         dataset_id=tuning.dataset_id,
@@ -92,7 +94,7 @@ def tuning_out(tuning: TuningJob, job: Job) -> TuningOut:
         trials=_trials(spec),
         search_space=spec["search_space"],
         candidates=_candidates(spec),
-        epsilon_ledger=job.epsilon_ledger,
+        epsilon_reserved=job.epsilon_ledger,
         epsilon_committed=job.epsilon_committed,
         epsilon_one_trial=spec["epsilon_one_trial"],
         epsilon_separate_jobs=spec["epsilon_separate_jobs"],
@@ -114,7 +116,7 @@ def estimate(
     """What the whole tuning would be charged (one ledger entry), against its trials as separate jobs."""
     plan, budget, _ = _plan(services, session, tenant, request)
     return TuningEstimate(
-        epsilon_ledger=plan.carrier.epsilon_ledger,
+        epsilon_reserved=plan.carrier.epsilon_ledger,
         epsilon_separate_jobs=plan.epsilon_separate_jobs,
         epsilon_one_trial=plan.epsilon_one_trial,
         delta=plan.carrier.delta,

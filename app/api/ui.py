@@ -49,7 +49,7 @@ from app.dashboard_sessions import DashboardSession, StartedSession, end_session
 from app.db import Database
 from app.invitations import Answer, InvitationNotFound, answer_invitation, pending_invitations
 from app.job_event_text import EPSILON_DIGITS, EVENT_SENTENCES, GUARANTEE_FIELDS, event_sentence
-from app.job_views import job_epsilon
+from app.job_views import job_epsilon, single_job_epsilon
 from app.jobs import lifecycle
 from app.jobs.status import TERMINAL_STATUSES, JobStatus
 from app.ledger_explanations import jobs_of
@@ -521,6 +521,7 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
         live=live,
         may_cancel=may_cancel,
         epsilon_spent=_epsilon_spent_so_far(events),
+        single_job=single_job_epsilon(job),
         live_config=_live_config(job_ids=[job.id], after=events[0].seq if events else 0),
     )
 

@@ -54,7 +54,7 @@ def render_report_html(
                 epsilon=steps.epsilon,
                 final_steps=int(mechanism["steps_run"]),
                 final_ledger=float(epsilon["ledger"]),
-                final_prv=epsilon.get("prv_upper_bound"),
+                final_prv=epsilon.get("single_job", epsilon.get("prv_upper_bound")),
                 delta=float(epsilon["delta"]),
             )
         )

@@ -16,6 +16,7 @@ from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from app.reporting.privacy_unit import privacy_unit_section
+from app.schemas.renamed import ALIASES_REMOVED_IN
 from privtrain.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
@@ -26,7 +27,7 @@ CAVEATS = (
     "(for example hyperparameters tuned on the same data in earlier jobs are covered only insofar "
     "as those jobs were also charged to this ledger).",
     "The ledger ε is derived from the Rényi-DP curve on a fixed order grid and is what the budget "
-    "is charged. The single-job ε (prv_upper_bound, with the method that produced it in "
+    "is charged. The single-job ε (epsilon.single_job, with the method that produced it in "
     "single_job_method) is the smallest valid bound of several methods for this job alone; it is "
     "not used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid "
     "filter.",
@@ -118,6 +119,23 @@ def _sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) 
     if norm == "l2":
         return {"l2_sensitivity": sensitivity, "noise_std_on_sum": noise_multiplier * sensitivity}
     return {"sensitivity": sensitivity, "sensitivity_norm": norm}
+
+
+RENAMED_EPSILON_FIELDS = {"prv_upper_bound": "single_job", "prv_label": "single_job_label"}
+"""Deprecated names in a report's epsilon block → their replacements (same values; docs/epsilon.md#renamed-fields).
+The number is not always PRV's: it is the smallest of several methods (single_job_method)."""
+
+
+def single_job_fields(single_job: privacy.SingleJobEpsilon) -> dict[str, Any]:
+    """The single-job ε in a report's epsilon block, under its name and its deprecated ones."""
+    fields: dict[str, Any] = {
+        "single_job": single_job.epsilon,
+        "single_job_method": single_job.method,
+        "single_job_label": single_job.detail,
+    }
+    fields |= {old: fields[new] for old, new in RENAMED_EPSILON_FIELDS.items()}
+    fields["renamed"] = {**RENAMED_EPSILON_FIELDS, "removed_in": ALIASES_REMOVED_IN}
+    return fields
 
 
 def report_single_job_epsilon(
@@ -233,9 +251,7 @@ def build_report(
             "reserved": job.epsilon_ledger,
             "rdp_at_delta": eps_rdp,
             "rdp_best_order": order,
-            "prv_upper_bound": single_job.epsilon,
-            "single_job_method": single_job.method,
-            "prv_label": single_job.detail,
+            **single_job_fields(single_job),
         },
         "noise": {**NOISE_SOURCE, "gaussian_secure_mode": secure_gaussian},
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},

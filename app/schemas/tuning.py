@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from app.schemas.jobs import JobCreate
+from app.schemas.renamed import WithRenamedFields, deprecated_alias
 from app.schemas.types import UtcDateTime
 
 Scalar = float | int | Annotated[str, StringConstraints(max_length=200)] | bool
@@ -90,7 +91,7 @@ class TuningTrials(BaseModel):
     )
 
 
-class TuningOut(BaseModel):
+class TuningOut(WithRenamedFields):
     id: str
     dataset_id: str
     status: str = Field(description="the status of the tuning (queued, running, succeeded, failed, cancelled)")
@@ -116,7 +117,8 @@ class TuningOut(BaseModel):
         description="the configurations the trials choose from (public: drawn without looking at the data), "
         "each with its per-trial noise, steps and ε"
     )
-    epsilon_ledger: float = Field(description="what the whole tuning reserves, at δ: one ledger entry")
+    epsilon_reserved: float = Field(description="what the whole tuning reserves, at δ: one ledger entry")
+    epsilon_ledger: float = deprecated_alias("epsilon_ledger")
     epsilon_committed: float | None = Field(
         default=None, description="what it committed once ended (the whole reservation, however it ended)"
     )
@@ -130,8 +132,9 @@ class TuningOut(BaseModel):
     links: dict[str, str]
 
 
-class TuningEstimate(BaseModel):
-    epsilon_ledger: float
+class TuningEstimate(WithRenamedFields):
+    epsilon_reserved: float = Field(description="what the whole tuning would reserve, at δ: one ledger entry")
+    epsilon_ledger: float = deprecated_alias("epsilon_ledger")
     epsilon_separate_jobs: float
     epsilon_one_trial: float = Field(description="the costliest candidate run once as an ordinary job")
     delta: float
