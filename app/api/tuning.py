@@ -27,8 +27,9 @@ from app.job_planning import facts_of
 from app.job_routing import route_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
-from app.models import Job, PrivacyBudget, Tenant, TuningJob
+from app.models import Dataset, Job, PrivacyBudget, Tenant, TuningJob
 from app.pagination import cursor_id, decode_cursor, encode_cursor
+from app.reporting.ended_report import cancel_report_writer
 from app.schemas.tuning import TuningCreate, TuningEstimate, TuningList, TuningOut, TuningTrials
 from app.services import Services
 from app.tuning.planning import TuningPlan, plan_tuning
@@ -246,6 +247,9 @@ def cancel(tuning_id: str, services: ServicesDep, session: SessionDep, tenant: T
     charge (a partial tuning cannot be charged less without revealing how many trials ran)."""
     tuning, job = _tuning_for(session, tenant, tuning_id)
     job_for(session, tenant, job.id, need="cancel")
+    report = cancel_report_writer(services.blobs, job, session.get(Dataset, job.dataset_id))
     session.close()
-    cancelled = lifecycle.cancel(services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}")
+    cancelled = lifecycle.cancel(
+        services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
+    )
     return tuning_out(tuning, cancelled)

@@ -45,6 +45,10 @@ class WithRenamedFields(BaseModel):
             return data
         filled = dict(data)
         for old, new in RENAMED.items():
-            if old in cls.model_fields and new in filled:
+            if old not in cls.model_fields:
+                continue
+            if new in filled:
                 filled[old] = filled[new]
+            elif not cls.model_fields[new].is_required():  # the replacement's default, as it will be
+                filled[old] = cls.model_fields[new].get_default(call_default_factory=True)
         return filled

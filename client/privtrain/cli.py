@@ -997,6 +997,11 @@ def jobs_generate(job_id: str, prompt: str, max_tokens: int, temperature: float,
     emit(answer, lambda: str(answer["text"]))
 
 
+def _ended_as(status: object) -> str:
+    """'failed', 'was cancelled': how a job that released no model ended, in words."""
+    return "failed" if status == "failed" else f"was {status}"
+
+
 @jobs.command("download")
 @click.argument("job_id")
 @click.option(
@@ -1025,7 +1030,7 @@ def jobs_download(job_id: str, out_dir: Path) -> None:
         {**files, "guarantee": report.get("guarantee")},
         lambda: key_values(
             [
-                ("model", model_path if model_path is not None else f"none: the job {report.get('status')}"),
+                ("model", model_path if model_path is not None else f"none: the job {_ended_as(report.get('status'))}"),
                 ("report", report_path),
                 ("guarantee", report.get("guarantee")),
                 ("ε committed", _up(epsilon.get("ledger"))),

@@ -32,9 +32,9 @@ def _parsed(parse: Callable[[Any], Any]) -> Any:
     return dataclasses.field(metadata={"parse": parse})
 
 
-def _renamed_from(old: str) -> Any:
+def _former_name(old: str) -> dict[str, str]:
     """Field metadata: the name a server before the rename sent this value under."""
-    return dataclasses.field(metadata={"former_name": old})
+    return {"former_name": old}
 
 
 def _deprecated_name(resource: Resource, old: str, new: str) -> Any:
@@ -209,12 +209,12 @@ class Estimate(Resource):
     sampling_probability: float
     steps: int
     delta: float
-    epsilon_reserved: float = _renamed_from("epsilon_ledger")
+    epsilon_reserved: float = dataclasses.field(metadata=_former_name("epsilon_ledger"))
     """The ledger ε of the planned run: what admission reserves (formerly ``epsilon_ledger``)."""
-    epsilon_single_job: float | None = _renamed_from("epsilon_prv")
+    epsilon_single_job: float | None = dataclasses.field(metadata=_former_name("epsilon_prv"))
     """The tightest valid single-job ε the service computed (never above epsilon_reserved;
     formerly ``epsilon_prv``)."""
-    epsilon_single_job_method: str | None = _renamed_from("epsilon_prv_method")
+    epsilon_single_job_method: str | None = dataclasses.field(metadata=_former_name("epsilon_prv_method"))
     """Which method produced it (prv, pld, gaussian-dp, pure-dp-optimal, rdp-single-job, rdp)."""
     noise_std_on_sum: float
     sensitivity: float
@@ -291,9 +291,9 @@ class Job(Resource):
     steps_planned: int
     steps_run: int
     delta: float
-    epsilon_reserved: float = _renamed_from("epsilon_ledger")
+    epsilon_reserved: float = dataclasses.field(metadata=_former_name("epsilon_ledger"))
     """The reservation: ledger ε of the planned run (formerly ``epsilon_ledger``)."""
-    epsilon_single_job: float | None = _renamed_from("epsilon_prv")
+    epsilon_single_job: float | None = dataclasses.field(metadata=_former_name("epsilon_prv"))
     """The tightest single-job ε of what the job's ``epsilon`` counts: the run it committed once it
     ended, the planned run while it runs (formerly ``epsilon_prv``). A server older than the rename
     sent the planned run's for a cancelled job too."""
@@ -338,7 +338,7 @@ class TuningJob(Resource):
     selected_metric: float | None
     """The released trial's DP hold-out metric."""
     error_code: str | None
-    epsilon_reserved: float = _renamed_from("epsilon_ledger")
+    epsilon_reserved: float = dataclasses.field(metadata=_former_name("epsilon_ledger"))
     """What the whole tuning reserves (formerly ``epsilon_ledger``)."""
     epsilon_committed: float | None
     epsilon_one_trial: float

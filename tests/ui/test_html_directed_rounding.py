@@ -131,6 +131,7 @@ def _job() -> SimpleNamespace:
         cancel_requested=False,
         started_at=None,
         finished_at=None,
+        report_blob="sha256/ab",
     )
 
 
