@@ -21,6 +21,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1042,7 +1043,7 @@ class JobRunner:
         writer = None
         if not claimed.dataset.public:
             # Numeric accountants may take a while: never under the database write lock.
-            single_job = report_single_job_epsilon(actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm)
+            single_job = self._single_job_beating(claimed, actual)
             writer = self._ended_report(claimed, committed_event=actual, single_job=single_job)
         if not lifecycle.stop_early(
             self.db,
@@ -1065,6 +1066,21 @@ class JobRunner:
             self._stale(claimed)
             return
         self._cleanup(claimed.job.id)
+
+    def _single_job_beating(self, claimed: Claimed, event: dict[str, Any]) -> privacy.SingleJobEpsilon | None:
+        """The numeric single-job ε of ``event`` (up to the accountants' time cap, 120 s), with the
+        job's heartbeat kept meanwhile: a cancelled job taken for lost would be failed by the
+        reconciler and charged its whole reservation instead of the steps it ran. None if it
+        failed (the report then takes the closed forms)."""
+        pending = SingleJobPrefetch.start(event, delta=claimed.job.delta, algorithm=claimed.job.algorithm).future
+        while True:
+            try:
+                return pending.result(timeout=self.settings.heartbeat_interval_s)
+            except FutureTimeout:
+                lifecycle.heartbeat(self.db, attempt=claimed.held)
+            except Exception:
+                log.exception("the single-job epsilon of a cancelled job failed", extra={"job_id": claimed.job.id})
+                return None
 
     def _ended_report(
         self,

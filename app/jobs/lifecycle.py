@@ -37,7 +37,8 @@ The privacy rules of the lifecycle (docs/privacy-model.md §7 says what each vie
   otherwise having committed ε (cancelled while running, failed or lost after TOUCH, cancelled
   after a lost attempt), an ``EndedReportWriter``'s (app.reporting.ended_report: no model, what
   it committed and why it ended). That transition also replaces the planned run's single-job ε
-  on the job row with the committed event's. A job that committed nothing has no report.
+  on the job row with the committed event's. A report that cannot be built or stored is logged
+  and never blocks the charge. A job that committed nothing has no report.
 
 * **Public datasets have no ledger.** A dataset its owner declared public keeps its budget row
   only as the lock every transition takes; no transition writes a ledger entry for its jobs, and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -449,3 +450,30 @@ def test_a_report_that_cannot_be_stored_never_blocks_the_charge(
     assert "no stored privacy report" in alice.get(f"/v1/jobs/{job['id']}/report").json()["detail"]
     events = alice.get(f"/v1/jobs/{job['id']}/events").json()
     assert events[-1]["payload"] == {"error_code": "training-failed"}
+
+
+def test_the_worker_keeps_a_cancelled_jobs_heartbeat_while_its_accountant_runs(
+    alice: TestClient, settings: Settings, database: Database, small_dataset: str
+) -> None:
+    """The numeric single-job ε may take up to its 120 s cap, more than stale_after_s: without
+    heartbeats the reconciler would fail the cancelled job and charge its whole reservation."""
+    job = _submit(alice, _spec(small_dataset))
+    runner = JobRunner(settings.model_copy(update={"heartbeat_interval_s": 0.1}), db=database)
+    claimed = runner.claim(job["id"])
+    assert claimed is not None
+    long_ago = utcnow() - dt.timedelta(hours=1)
+    with database.write_transaction() as tx:
+        tx.execute(update(Job).where(Job.id == job["id"]).values(heartbeat_at=long_ago))
+
+    def slow(event: dict[str, Any], *, delta: float, algorithm: str) -> privacy.SingleJobEpsilon:
+        time.sleep(0.5)
+        return report_single_job_epsilon(event, delta=delta, algorithm=algorithm)
+
+    with mock.patch("worker.single_job_prefetch.report_single_job_epsilon", side_effect=slow):
+        assert runner.settle_stopped(claimed, steps_run=3) == "cancelled"
+    with database.read_session() as session:
+        settled = session.get(Job, job["id"])
+        assert settled is not None and settled.heartbeat_at is not None
+        assert settled.heartbeat_at.replace(tzinfo=None) > long_ago.replace(tzinfo=None) + dt.timedelta(minutes=59)
+    report = alice.get(f"/v1/jobs/{job['id']}/report").json()
+    assert report["outcome"]["charged"] == "steps-run" and report["mechanism"]["steps_run"] == 3
