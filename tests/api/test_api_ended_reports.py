@@ -113,7 +113,8 @@ def _assert_no_model(client: TestClient, job_id: str) -> None:
 def _assert_html_and_dashboard(client: TestClient, job_id: str, report: dict[str, Any]) -> None:
     page = parse(client.get(f"/v1/jobs/{job_id}/report", params={"format": "html"}).text)
     assert text_of(page.by_id("guarantee")) == report["guarantee"]
-    assert report["outcome"]["statement"] in text_of(page.by_id("outcome"))
+    charged = "the steps it ran" if report["outcome"]["charged"] == "steps-run" else "its whole reservation"
+    assert text_of(page.by_id("outcome")).endswith(f"released no model and no metric. It was charged {charged}.")
     assert text_of(page.by_id("no-model")).startswith("none: the job")
     assert float(page.by_id("epsilon-single-job").attrs["data-value"]) == report["epsilon"]["single_job"]
     assert float(page.by_id("epsilon-ledger").attrs["data-value"]) == report["epsilon"]["ledger"]
