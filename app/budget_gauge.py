@@ -46,7 +46,9 @@ def budget_gauge(budget: PrivacyBudget) -> BudgetGauge:
     """The bar of one dataset's budget; ``remaining_epsilon`` is exactly the ledger's."""
     capacity = ledger.capacity(budget.epsilon, budget.delta)
     remaining = ledger.remaining_epsilon(budget)
-    if_released = privacy.remaining_epsilon(used=tuple(budget.committed), capacity=capacity, delta=budget.delta)
+    if_released = privacy.remaining_epsilon(
+        used=tuple(budget.committed), capacity=capacity, delta=budget.delta, budget_epsilon=budget.epsilon
+    )
     if_released = max(if_released, remaining)  # releasing a reservation never shrinks what is left
     free = _share(remaining, budget.epsilon)
     committed = 100.0 - _share(if_released, budget.epsilon)

@@ -33,11 +33,31 @@ def job_epsilon(job: Job) -> JobEpsilon:
     return JobEpsilon(value=job.epsilon_ledger, basis="reserved")
 
 
+def single_job_epsilon(job: Job) -> float | None:
+    """The single-job ε of what :func:`job_epsilon` counts, on the same basis.
+
+    The column holds the planned run's number from admission until the job ends; the transition
+    that ends it replaces it with the number of the event it committed (app.jobs.lifecycle). A job
+    that spent nothing states 0. A job that ended without succeeding before that replacement
+    existed still holds its plan's number: that is not what it spent, unless it committed its
+    whole reservation (a failure), so it states none rather than the plan's as if spent.
+    """
+    if job.epsilon_prv is None:  # a public dataset: no budget, no ε
+        return None
+    if job.status not in TERMINAL_STATUSES or job.epsilon_committed is None:
+        return job.epsilon_prv  # the planned run's, beside the reservation
+    if job.epsilon_committed == 0.0:
+        return 0.0
+    if job.status == JobStatus.SUCCEEDED or job.report_blob is not None or job.epsilon_committed == job.epsilon_ledger:
+        return job.epsilon_prv
+    return None
+
+
 def job_out(job: Job) -> JobOut:
     links = {"self": f"/v1/jobs/{job.id}", "events": f"/v1/jobs/{job.id}/events"}
-    if job.status == JobStatus.SUCCEEDED:
-        if job.model_blob is not None:  # None: deleted with its dataset, at the owner's choice
-            links["model"] = f"/v1/jobs/{job.id}/model"
+    if job.status == JobStatus.SUCCEEDED and job.model_blob is not None:  # None: deleted with its dataset
+        links["model"] = f"/v1/jobs/{job.id}/model"
+    if job.report_blob is not None:  # a succeeded job's, or one that ended having committed ε
         links["report"] = f"/v1/jobs/{job.id}/report"
     shown = job_epsilon(job)
     return JobOut(
@@ -54,9 +74,9 @@ def job_out(job: Job) -> JobOut:
         delta=job.delta,
         epsilon=shown.value,
         epsilon_basis=shown.basis,
-        epsilon_ledger=job.epsilon_ledger,
+        epsilon_reserved=job.epsilon_ledger,
         epsilon_committed=job.epsilon_committed,
-        epsilon_prv=job.epsilon_prv,
+        epsilon_single_job=single_job_epsilon(job),
         attempt=job.attempt,
         cancel_requested=job.cancel_requested,
         error_code=job.error_code,

@@ -158,8 +158,11 @@ def check_admissible(budget: PrivacyBudget, cost: list[float] | tuple[float, ...
 
 
 def remaining_epsilon(budget: PrivacyBudget) -> float:
+    """What a new job can still get now (exactly ε_G on a budget nothing is committed or reserved on)."""
     used = privacy.add_curves(tuple(budget.committed), tuple(budget.reserved))
-    return privacy.remaining_epsilon(used=used, capacity=capacity(budget.epsilon, budget.delta), delta=budget.delta)
+    return privacy.remaining_epsilon(
+        used=used, capacity=capacity(budget.epsilon, budget.delta), delta=budget.delta, budget_epsilon=budget.epsilon
+    )
 
 
 def reserve(session: Session, budget: PrivacyBudget, *, job: Job, actor: str) -> Admission:

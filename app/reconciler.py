@@ -3,7 +3,8 @@
 Torch-free, so it runs in the API process (embedded mode), as ``privtrain-admin reconcile`` or as
 its own service. What it does to a stale job is a lifecycle transition
 (:func:`app.jobs.lifecycle.requeue_or_fail`, whose module states the rules); here are only the
-rounds: find running jobs without a heartbeat for ``stale_after_s``, queued jobs older than
+rounds: find running jobs without a heartbeat for ``stale_after_s`` (the report of one that fails
+is prepared before its transaction, app.reporting.ended_report), queued jobs older than
 ``redispatch_after_s`` to send again, trial queues of tunings no worker will settle, and dataset
 deletions whose jobs have settled but whose erasure was not finished (app/dataset_deletion.py). A
 duplicate message is a no-op because claiming is a conditional UPDATE.
@@ -34,8 +35,9 @@ from app.job_private_files import JobPrivateFiles
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Dataset, Job, TuningSlot, utcnow
+from app.reporting.ended_report import EndedReportWriter, ended_report_inputs
 from app.services import JobDispatcher
-from app.storage import blob_store_from_settings
+from app.storage import BlobStore, blob_store_from_settings
 from app.tuning import slots as tuning_slots
 from app.tuning import trial_queue
 from app.tuning.trial_files import TrialFiles
@@ -76,6 +78,7 @@ def _settle_tunings(db: Database, settings: Settings, cutoff: dt.datetime) -> li
     with db.read_session() as session:
         lost = tuning_slots.stale_running(session, cutoff)
         unclosed = tuning_slots.finished_unclosed(session, cutoff)
+    blobs = blob_store_from_settings(settings) if lost or unclosed else None
     failed = [
         job_id
         for job_id, dataset_id, attempt in lost
@@ -84,10 +87,11 @@ def _settle_tunings(db: Database, settings: Settings, cutoff: dt.datetime) -> li
             attempt=lifecycle.Attempt(job_id=job_id, dataset_id=dataset_id, number=attempt),
             error_code="worker-lost",
             actor=lifecycle.RECONCILER_ACTOR,
+            write_report=_report_writer(db, blobs, job_id, will_fail=True) if blobs is not None else None,
         )
     ]
     if unclosed:
-        blobs = blob_store_from_settings(settings)
+        assert blobs is not None
         closer = Closer(
             db=db,
             blobs=blobs,
@@ -118,6 +122,27 @@ def _redispatch_lost_slots(db: Database, dispatcher: JobDispatcher, cutoff: dt.d
         tuning_slots.mark_resent(db, slot.id)
         sent.append(f"slot:{slot.id}")
     return sent
+
+
+def _report_writer(
+    db: Database, blobs: BlobStore, job_id: str, *, max_attempts: int = 0, will_fail: bool = False
+) -> EndedReportWriter | None:
+    """The report of a stale job that will fail here (its last attempt, a cancel asked for, or
+    ``will_fail``: a tuning with a lost slot): its inputs for the whole reservation it then
+    commits, computed before the settling transaction. Jobs that will be requeued get a writer
+    without inputs (used only if they fail after all)."""
+    with db.read_session() as session:
+        job = session.get(Job, job_id)
+        dataset = session.get(Dataset, job.dataset_id) if job is not None else None
+    if job is None or dataset is None or dataset.public:
+        return None
+    if job.touched_at is None or (not will_fail and job.attempt < max_attempts and not job.cancel_requested):
+        return EndedReportWriter(blobs)
+    try:
+        return EndedReportWriter(blobs, ended_report_inputs(job, dataset))
+    except Exception:
+        log.exception("could not prepare a lost job's report", extra={"job_id": job_id})
+        return EndedReportWriter(blobs)
 
 
 def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str | None]]:
@@ -176,7 +201,10 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     stale_cutoff = now - dt.timedelta(seconds=settings.stale_after_s)
     requeued: list[str] = []
     failed: list[str] = []
-    for job_id, dataset_id, attempt in _stale_running(db, stale_cutoff):
+    stale = _stale_running(db, stale_cutoff)
+    blobs = blob_store_from_settings(settings) if stale else None
+    for job_id, dataset_id, attempt in stale:
+        assert blobs is not None
         outcome = lifecycle.requeue_or_fail(
             db,
             job_id=job_id,
@@ -184,6 +212,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             attempt=attempt,
             stale_before=stale_cutoff,
             max_attempts=settings.max_attempts,
+            write_report=_report_writer(db, blobs, job_id, max_attempts=settings.max_attempts),
         )
         if outcome == JobStatus.QUEUED:
             requeued.append(job_id)

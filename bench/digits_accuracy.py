@@ -103,7 +103,8 @@ def main() -> None:
                 accuracies.append(accuracy)
                 print(
                     f"ε={epsilon}: σ={job['noise_multiplier']:.3f} T={job['steps_planned']} "
-                    f"ledger ε={job['epsilon_ledger']:.4f} PRV ε={job['epsilon_prv']:.4f} acc={accuracy:.4f}",
+                    f"ledger ε={job['epsilon_reserved']:.4f} single-job ε={job['epsilon_single_job']:.4f} "
+                    f"acc={accuracy:.4f}",
                     flush=True,
                 )
             sd = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0

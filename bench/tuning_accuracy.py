@@ -251,7 +251,7 @@ def one_seed(bench: Bench, name: str, dataset_id: str, total: float, seed: int, 
     default = bench.run_job(_base(dataset_id, total, defaults, evaluated=False, kind=kind))
     results["default"] = bench.accuracy(default["id"], X_test, y_test, directory)
 
-    per_trial = _largest(lambda e: bench.estimate(dataset_id, e, kind=kind)["epsilon_ledger"] <= total, high=total)
+    per_trial = _largest(lambda e: bench.estimate(dataset_id, e, kind=kind)["epsilon_reserved"] <= total, high=total)
     created = bench.client.post("/v1/tuning-jobs", json=bench.tuning_request(dataset_id, per_trial, kind=kind))
     created.raise_for_status()
     tuning = created.json()

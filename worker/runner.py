@@ -21,6 +21,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import ModelSizeLimits, get_model
 from app.models import Dataset, Job
+from app.reporting.ended_report import EndedReportWriter, ended_report_inputs
 from app.reporting.privacy_report import (
     augmentation_section,
     build_public_report,
@@ -327,12 +329,34 @@ class JobRunner:
             log.warning("unknown job", extra={"job_id": job_id})
             return None
         refusal = prepared.refusal or ("plan-mismatch" if prepared.plan is None or prepared.rebuilt is None else None)
-        job = lifecycle.claim(self.db, job_id=job_id, dataset_id=prepared.dataset.id, actor=self.actor, refusal=refusal)
+        job = lifecycle.claim(
+            self.db,
+            job_id=job_id,
+            dataset_id=prepared.dataset.id,
+            actor=self.actor,
+            refusal=refusal,
+            write_report=None if refusal is None else self._refusal_report(job_id, prepared.dataset),
+        )
         if job is None:
             if refusal is None:
                 log.info("job not claimable (duplicate or late message)", extra={"job_id": job_id})
             return None
         return prepared.claimed(job)
+
+    def _refusal_report(self, job_id: str, dataset: Dataset) -> EndedReportWriter | None:
+        """A refused claim commits only a job an earlier, lost attempt touched: its report is
+        prepared for its whole reservation (the lost worker's noise mode is not known)."""
+        if dataset.public:
+            return None
+        with self.db.read_session() as session:
+            job = session.get(Job, job_id)
+        if job is None or job.touched_at is None:
+            return EndedReportWriter(self.blobs)
+        try:
+            return EndedReportWriter(self.blobs, ended_report_inputs(job, dataset))
+        except Exception:
+            log.exception("could not prepare an ended job's report", extra={"job_id": job_id})
+            return EndedReportWriter(self.blobs)
 
     # ------------------------------------------------------------------ run
 
@@ -1038,20 +1062,84 @@ class JobRunner:
         return JobStatus.SUCCEEDED
 
     def settle_stopped(self, claimed: Claimed, steps_run: int) -> str:
-        """Cancel after TOUCH: commit the steps that ran (no evaluation was released), release the rest."""
+        """Cancel after TOUCH: commit the steps that ran (no evaluation was released), release the
+        rest, and store a report of them (its single-job ε for the steps run, not the plan)."""
         actual = claimed.event_json(steps_run, evaluated=False)
+        writer = None
+        if not claimed.dataset.public:
+            # Numeric accountants may take a while: never under the database write lock.
+            single_job = self._single_job_beating(claimed, actual)
+            writer = self._ended_report(claimed, committed_event=actual, single_job=single_job)
         if not lifecycle.stop_early(
-            self.db, attempt=claimed.held, steps_run=steps_run, actual_event=actual, actor=self.actor
+            self.db,
+            attempt=claimed.held,
+            steps_run=steps_run,
+            actual_event=actual,
+            actor=self.actor,
+            write_report=writer,
         ):
             return self._stale(claimed)
         self._cleanup(claimed.job.id)
         return JobStatus.CANCELLED
 
     def fail(self, claimed: Claimed, *, error_code: str) -> None:
-        if not lifecycle.fail(self.db, attempt=claimed.held, error_code=error_code, actor=self.actor):
+        """Commit the whole reservation (the data was opened) with its report."""
+        writer = None if claimed.dataset.public else self._ended_report(claimed, committed_event=claimed.job.event)
+        if not lifecycle.fail(
+            self.db, attempt=claimed.held, error_code=error_code, actor=self.actor, write_report=writer
+        ):
             self._stale(claimed)
             return
         self._cleanup(claimed.job.id)
+
+    def _single_job_beating(self, claimed: Claimed, event: dict[str, Any]) -> privacy.SingleJobEpsilon | None:
+        """The numeric single-job ε of ``event`` (up to the accountants' time cap, 120 s), with the
+        job's heartbeat kept meanwhile: a cancelled job taken for lost would be failed by the
+        reconciler and charged its whole reservation instead of the steps it ran. None if it
+        failed (the report then takes the closed forms)."""
+        pending = SingleJobPrefetch.start(event, delta=claimed.job.delta, algorithm=claimed.job.algorithm).future
+        while True:
+            try:
+                return pending.result(timeout=self.settings.heartbeat_interval_s)
+            except FutureTimeout:
+                lifecycle.heartbeat(self.db, attempt=claimed.held)
+            except Exception:
+                log.exception("the single-job epsilon of a cancelled job failed", extra={"job_id": claimed.job.id})
+                return None
+
+    def _ended_report(
+        self,
+        claimed: Claimed,
+        *,
+        committed_event: dict[str, Any],
+        single_job: privacy.SingleJobEpsilon | None = None,
+    ) -> EndedReportWriter:
+        """The report writer of a job this worker ends without success; its inputs computed now,
+        outside the settling transaction (a failure here leaves them to the writer)."""
+        secure = self.settings.secure_noise
+        rebuilt = (
+            None
+            if claimed.tuning is not None  # a tuning's mechanism is its pool's, not one plan's
+            else RebuiltJob(
+                plan=claimed.plan,
+                evaluation=claimed.evaluation,
+                hyperparameters=claimed.hyperparameters,
+                training=claimed.training,
+            )
+        )
+        try:
+            inputs = ended_report_inputs(
+                claimed.job,
+                claimed.dataset,
+                committed_event=committed_event,
+                single_job=single_job,
+                secure_gaussian=secure,
+                rebuilt=rebuilt,
+            )
+        except Exception:
+            log.exception("could not prepare an ended job's report", extra={"job_id": claimed.job.id})
+            inputs = None
+        return EndedReportWriter(self.blobs, inputs, secure_gaussian=secure)
 
     @staticmethod
     def _stale(claimed: Claimed) -> str:

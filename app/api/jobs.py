@@ -34,11 +34,12 @@ from app.job_planning import JobPlan, facts_of, job_choices, plan_job, request_h
 from app.job_routing import route_job
 from app.job_views import event_out, job_out
 from app.jobs import lifecycle
-from app.jobs.status import JobStatus
+from app.jobs.status import TERMINAL_STATUSES, JobStatus
 from app.model_catalogue import ModelSizeLimits
 from app.models import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from app.pagination import cursor_id, decode_cursor, encode_cursor
 from app.problems import Problem
+from app.reporting.ended_report import cancel_report_writer
 from app.reporting.redaction import report_for_viewer
 from app.reporting.responses import html_report_response
 from app.schemas.jobs import JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
@@ -90,8 +91,8 @@ def _public_estimate(plan: JobPlan) -> PrivacyEstimate:
         sampling_probability=plan.plan.sampling_probability,
         steps=plan.plan.steps,
         delta=plan.delta,
-        epsilon_ledger=0.0,
-        epsilon_prv=None,
+        epsilon_reserved=0.0,
+        epsilon_single_job=None,
         noise_std_on_sum=plan.noise_std_on_sum,
         sensitivity=plan.plan.sensitivity,
         admissible=True,
@@ -114,9 +115,9 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> Privac
         sampling_probability=plan.plan.sampling_probability,
         steps=plan.plan.steps,
         delta=plan.delta,
-        epsilon_ledger=plan.epsilon_ledger,
-        epsilon_prv=plan.epsilon_prv,
-        epsilon_prv_method=plan.epsilon_prv_method,
+        epsilon_reserved=plan.epsilon_ledger,
+        epsilon_single_job=plan.epsilon_prv,
+        epsilon_single_job_method=plan.epsilon_prv_method,
         noise_std_on_sum=plan.noise_std_on_sum,
         sensitivity=plan.plan.sensitivity,
         admissible=witness is not None,
@@ -238,8 +239,13 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
     """Cancel: a queued job is released at once; a running one stops at its next check."""
 
     job = job_for(session, tenant, job_id, need="cancel")
+    report = cancel_report_writer(services.blobs, job, session.get(Dataset, job.dataset_id))
     session.close()  # give the read connection back before taking a write one
-    return job_out(lifecycle.cancel(services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}"))
+    return job_out(
+        lifecycle.cancel(
+            services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
+        )
+    )
 
 
 @router.get(
@@ -307,6 +313,26 @@ def _artifact_ready(job: Job, blob: str | None) -> str:
     return blob
 
 
+def report_key(job: Job) -> str:
+    """The blob of the job's privacy report: every job that committed ε has one once it has ended
+    (succeeded, or cancelled or failed after a worker opened the data); else 409 saying why not."""
+    if job.report_blob is not None:
+        return job.report_blob
+    if job.status not in TERMINAL_STATUSES:
+        detail = f"a job's privacy report exists once it has ended; this job is {job.status}"
+    elif not job.epsilon_committed:
+        detail = (
+            f"this job is {job.status} and spent nothing (ε 0: it ended before any worker opened the data, or "
+            "its dataset is public): it has no privacy report"
+        )
+    else:
+        detail = (
+            f"this job is {job.status} and has no stored privacy report (it ended before such jobs got one, or "
+            "the report could not be stored); its ledger entries state what it committed"
+        )
+    raise Problem(status=409, slug="job-not-succeeded", detail=detail)
+
+
 @router.get(
     "/{job_id}/model",
     response_class=FileResponse,
@@ -359,8 +385,10 @@ def download_report(
     tenant: TenantDep,
     format: Annotated[Literal["json", "html"], Query(description="json (default) or html")] = "json",
 ) -> Response:
+    """The job's privacy report, redacted for the viewer: of a succeeded job, or of one cancelled or
+    failed after it committed ε (no model; its ``outcome`` says how it ended)."""
     job = job_for(session, tenant, job_id, need="read")
-    key = _artifact_ready(job, job.report_blob)
+    key = report_key(job)
     report = json.loads(services.blobs.local_path(key).read_text())
     if format == "html":
         return html_report_response(session, job, report, viewer_tenant_id=tenant.id)

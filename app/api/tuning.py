@@ -27,8 +27,9 @@ from app.job_planning import facts_of
 from app.job_routing import route_job
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
-from app.models import Job, PrivacyBudget, Tenant, TuningJob
+from app.models import Dataset, Job, PrivacyBudget, Tenant, TuningJob
 from app.pagination import cursor_id, decode_cursor, encode_cursor
+from app.reporting.ended_report import cancel_report_writer
 from app.schemas.tuning import TuningCreate, TuningEstimate, TuningList, TuningOut, TuningSchedule, TuningTrials
 from app.services import Services
 from app.tuning import slots as tuning_slots
@@ -105,7 +106,9 @@ def tuning_out(tuning: TuningJob, job: Job, *, slots_done: int = 0) -> TuningOut
     succeeded = job.status == JobStatus.SUCCEEDED
     links = {"self": f"/v1/tuning-jobs/{tuning.id}", "job": f"/v1/jobs/{job.id}"}
     if succeeded:
-        links |= {"model": f"/v1/jobs/{job.id}/model", "report": f"/v1/jobs/{job.id}/report"}
+        links["model"] = f"/v1/jobs/{job.id}/model"
+    if job.report_blob is not None:  # a succeeded tuning's, or one that ended committing its reservation
+        links["report"] = f"/v1/jobs/{job.id}/report"
     return TuningOut(
         id=tuning.id,
         dataset_id=tuning.dataset_id,
@@ -120,7 +123,7 @@ def tuning_out(tuning: TuningJob, job: Job, *, slots_done: int = 0) -> TuningOut
         search_space=spec["search_space"],
         candidates=_candidates(spec),
         schedule=_schedule(spec, slots_done=slots_done),
-        epsilon_ledger=job.epsilon_ledger,
+        epsilon_reserved=job.epsilon_ledger,
         epsilon_committed=job.epsilon_committed,
         epsilon_one_trial=spec["epsilon_one_trial"],
         epsilon_separate_jobs=spec["epsilon_separate_jobs"],
@@ -144,7 +147,7 @@ def estimate(
     schedule = _schedule(plan.carrier.spec["tuning"], slots_done=0)
     assert schedule is not None  # every tuning planned now has one
     return TuningEstimate(
-        epsilon_ledger=plan.carrier.epsilon_ledger,
+        epsilon_reserved=plan.carrier.epsilon_ledger,
         epsilon_separate_jobs=plan.epsilon_separate_jobs,
         epsilon_one_trial=plan.epsilon_one_trial,
         delta=plan.carrier.delta,
@@ -275,6 +278,9 @@ def cancel(tuning_id: str, services: ServicesDep, session: SessionDep, tenant: T
     partial tuning cannot be charged less without revealing how many trials ran); its slots stop."""
     tuning, job = _tuning_for(session, tenant, tuning_id)
     job_for(session, tenant, job.id, need="cancel")
+    report = cancel_report_writer(services.blobs, job, session.get(Dataset, job.dataset_id))
     session.close()
-    cancelled = lifecycle.cancel(services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}")
+    cancelled = lifecycle.cancel(
+        services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
+    )
     return tuning_out(tuning, cancelled)

@@ -33,6 +33,7 @@ from app import ledger
 from app.access import JOB_PERMISSIONS, dataset_access, job_for, relation_to, visible_datasets
 from app.api.deps import ServicesDep, SessionDep, job_of_tenant
 from app.api.event_stream import EventStreamResponse, event_stream_response, resume_point
+from app.api.jobs import report_key
 from app.api.stream_access import bearer_key_digest, dashboard_reader
 from app.api.ui_session import (
     LoginFormCookie,
@@ -51,15 +52,17 @@ from app.dataset_status import DatasetStatus
 from app.db import Database
 from app.invitations import Answer, InvitationNotFound, answer_invitation, pending_invitations
 from app.job_event_text import EPSILON_DIGITS, EVENT_SENTENCES, GUARANTEE_FIELDS, event_sentence
-from app.job_views import job_epsilon
+from app.job_views import job_epsilon, single_job_epsilon
 from app.jobs import lifecycle
-from app.jobs.status import TERMINAL_STATUSES, JobStatus
+from app.jobs.status import TERMINAL_STATUSES
 from app.ledger_explanations import jobs_of
 from app.models import ApiKey, Dataset, Job, JobEvent, LedgerEntry, PrivacyBudget, Tenant
 from app.problems import Problem
 from app.reporting import ledger_history, opening_budget, plots
+from app.reporting.ended_report import cancel_report_writer
 from app.reporting.responses import html_report_response
 from app.reporting.templating import render
+from app.storage import BlobStore
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 log = logging.getLogger("privtrain.ui")
@@ -524,17 +527,20 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
         live=live,
         may_cancel=may_cancel,
         epsilon_spent=_epsilon_spent_so_far(events),
+        single_job=single_job_epsilon(job),
         live_config=_live_config(job_ids=[job.id], after=events[0].seq if events else 0),
     )
 
 
-def _cancel_as(db: Database, *, tenant: Tenant, job_id: str) -> str | None:
+def _cancel_as(db: Database, blobs: BlobStore, *, tenant: Tenant, job_id: str) -> str | None:
     """Cancel as ``POST /v1/jobs/{id}/cancel`` does (app.jobs.lifecycle.cancel); the status of a
     job that had already ended, None once cancelled or asked to stop. 404/403 as the API answers."""
     with db.read_session() as session:
-        dataset_id = job_for(session, tenant, job_id, need="cancel").dataset_id
+        job = job_for(session, tenant, job_id, need="cancel")
+        dataset_id = job.dataset_id
+        report = cancel_report_writer(blobs, job, session.get(Dataset, dataset_id))
     try:
-        lifecycle.cancel(db, job_id=job_id, dataset_id=dataset_id, actor=f"tenant:{tenant.id}")
+        lifecycle.cancel(db, job_id=job_id, dataset_id=dataset_id, actor=f"tenant:{tenant.id}", write_report=report)
     except lifecycle.JobNotCancellable as ended:
         return ended.job_status
     return None
@@ -554,7 +560,9 @@ async def cancel_job_form(
         return _csrf_rejected()
     assert viewer is not None
     db_session.close()
-    ended = await anyio.to_thread.run_sync(partial(_cancel_as, services.db, tenant=viewer.tenant, job_id=job_id))
+    ended = await anyio.to_thread.run_sync(
+        partial(_cancel_as, services.db, services.blobs, tenant=viewer.tenant, job_id=job_id)
+    )
     if ended is not None:
         return _message_page(
             status_code=409,
@@ -572,13 +580,17 @@ def job_report_page(job_id: str, viewer: ViewerDep, services: ServicesDep, db_se
     if viewer is None:
         return _login_redirect()
     job = job_of_tenant(db_session, viewer.tenant, job_id)
-    if job.status != JobStatus.SUCCEEDED or job.report_blob is None:
-        raise Problem(
-            status=409,
-            slug="job-not-succeeded",
-            detail=f"a report exists only for succeeded jobs; this job is {job.status}",
+    try:
+        key = report_key(job)
+    except Problem as missing:  # a page that says why, not a problem document
+        return _message_page(
+            status_code=missing.status,
+            title="No privacy report",
+            message=missing.detail,
+            back_href=f"/ui/jobs/{job.id}",
+            back_label="Back to the job",
         )
-    report = json.loads(services.blobs.local_path(job.report_blob).read_text())
+    report = json.loads(services.blobs.local_path(key).read_text())
     return html_report_response(db_session, job, report, viewer_tenant_id=viewer.tenant.id, dashboard_links=True)
 
 

@@ -32,6 +32,14 @@ The privacy rules of the lifecycle (docs/privacy-model.md §7 says what each vie
   ``worker-lost`` and commits its whole reservation. A queued job cancelled after such a lost
   attempt also commits its whole reservation.
 
+* **Every ε spent has a report.** The transition that commits a charge stores the job's privacy
+  report in the same transaction: a success's (the worker builds it), or, for a job that ends
+  otherwise having committed ε (cancelled while running, failed or lost after TOUCH, cancelled
+  after a lost attempt), an ``EndedReportWriter``'s (app.reporting.ended_report: no model, what
+  it committed and why it ended). That transition also replaces the planned run's single-job ε
+  on the job row with the committed event's. A report that cannot be built or stored is logged
+  and never blocks the charge. A job that committed nothing has no report.
+
 * **Public datasets have no ledger.** A dataset its owner declared public keeps its budget row
   only as the lock every transition takes; no transition writes a ledger entry for its jobs, and
   every job on it ends with ``epsilon_committed = 0`` (docs/pretraining-and-finetuning.md).
@@ -43,6 +51,7 @@ Events carry public values only (docs/privacy-model.md §1); errors are generic 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,8 +81,10 @@ __all__ = [
     "Attempt",
     "BudgetExhausted",
     "CommitRecord",
+    "EndedReportWriter",
     "JobNotCancellable",
     "JobStatus",
+    "StoredReport",
     "Success",
     "admit",
     "cancel",
@@ -86,6 +97,8 @@ __all__ = [
     "stop_early",
     "succeed",
 ]
+
+log = logging.getLogger("privtrain.lifecycle")
 
 RECONCILER_ACTOR = "reconciler"
 ACTIVE_JOBS_RETRY_AFTER_S = 30
@@ -274,30 +287,84 @@ class Attempt:
 
 
 def _settle_failed(
-    tx: Session, budget: PrivacyBudget, job: Job, *, error_code: str, actor: str, public: bool
+    tx: Session,
+    budget: PrivacyBudget,
+    job: Job,
+    *,
+    error_code: str,
+    actor: str,
+    public: bool,
+    write_report: EndedReportWriter | None,
 ) -> LedgerEntry | None:
-    """After TOUCH the data was opened: commit the full reservation. Before it: release it."""
+    """After TOUCH the data was opened: commit the full reservation (and store its report). Before
+    it: release it."""
+    record: CommitRecord | None = None
     entry: LedgerEntry | None
     if public:
         entry = None
         _end_without_ledger(job)
     elif job.touched_at is not None:
-        entry = ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason=f"failed: {error_code}")
+        record = _commit(tx, budget, job, actual_event=job.event, actor=actor, reason=f"failed: {error_code}")
+        entry = record.commit_entry
     else:
         entry = ledger.release(tx, budget, job=job, actor=actor, reason=f"failed: {error_code}")
     job.status = JobStatus.FAILED
     job.error_code = error_code
     job.finished_at = utcnow()
-    add_job_event(tx, job.id, JobEventKind.FAILED, {"error_code": error_code})
+    reported = _store_ended_report(record, write_report)
+    add_job_event(tx, job.id, JobEventKind.FAILED, {"error_code": error_code, **reported})
     return entry
 
 
-def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: str | None = None) -> Job | None:
+def _commit(
+    tx: Session, budget: PrivacyBudget, job: Job, *, actual_event: dict[str, Any], actor: str, reason: str
+) -> CommitRecord:
+    """COMMIT ``actual_event`` (RELEASE the rest) and read the ledger around it, as a report states it."""
+    committed_before = list(budget.committed)
+    entry = ledger.commit(tx, budget, job=job, actual_event=actual_event, actor=actor, reason=reason)
+    tx.flush()
+    return CommitRecord(
+        job=job,
+        commit_entry=entry,
+        budget_before=budget_without_job(budget, committed_before=committed_before, commit_entry=entry),
+        budget_after=ledger.budget_summary(budget),
+        adjustments=ledger.adjustments(tx, job.dataset_id),
+    )
+
+
+def _store_ended_report(record: CommitRecord | None, write_report: EndedReportWriter | None) -> dict[str, bool]:
+    """The report of a job that ended without success having committed ε (``record``), stored
+    with the single-job ε of what it committed; the event payload that says a report exists."""
+    if record is None:
+        return {}
+    if write_report is None:  # only tests settle jobs without a writer; every service path passes one
+        log.warning("a job committed ε without a report writer", extra={"job_id": record.job.id})
+        return {}
+    try:
+        stored = write_report(record)
+    except Exception:  # the charge must be recorded even if its report cannot be: never block a settlement
+        log.exception("the report of a job that committed ε could not be stored", extra={"job_id": record.job.id})
+        return {}
+    record.job.report_blob = stored.blob_key
+    record.job.epsilon_prv = stored.single_job_epsilon
+    return {"report": True}
+
+
+def claim(
+    db: Database,
+    *,
+    job_id: str,
+    dataset_id: str,
+    actor: str,
+    refusal: str | None = None,
+    write_report: EndedReportWriter | None = None,
+) -> Job | None:
     """queued → running (attempt + 1), TOUCH on the first attempt, and the ``started`` event.
 
     None when the job is not claimable (a duplicate or late message, a cancel asked for). With a
     ``refusal`` (an error code: the worker could not re-derive the job's charge, or its spec does
-    not fit its model) the claimed job fails at once instead, before any data is opened.
+    not fit its model) the claimed job fails at once instead, before any data is opened by this
+    attempt (a retried attempt's job was touched before: it commits, with ``write_report``'s report).
     """
     with db.write_transaction() as tx:
         budget, public = _lock(tx, dataset_id)
@@ -312,7 +379,7 @@ def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: st
         job = tx.get(Job, job_id, populate_existing=True)
         assert job is not None
         if refusal is not None:
-            _settle_failed(tx, budget, job, error_code=refusal, actor=actor, public=public)
+            _settle_failed(tx, budget, job, error_code=refusal, actor=actor, public=public, write_report=write_report)
             return None
         if job.touched_at is None:
             if not public:
@@ -320,6 +387,22 @@ def claim(db: Database, *, job_id: str, dataset_id: str, actor: str, refusal: st
             job.touched_at = utcnow()
         add_job_event(tx, job.id, JobEventKind.STARTED, {"attempt": job.attempt, "steps_planned": job.steps_planned})
     return job
+
+
+def heartbeat(db: Database, *, attempt: Attempt) -> bool:
+    """Heartbeat without a progress event (a worker busy outside its training loop, e.g. computing
+    a cancelled job's single-job ε); True when the worker should stop, as for :func:`record_progress`."""
+    with db.write_transaction() as tx:
+        mine = changed_rows(
+            tx,
+            update(Job)
+            .where(Job.id == attempt.job_id, Job.status == JobStatus.RUNNING, Job.attempt == attempt.number)
+            .values(heartbeat_at=utcnow()),
+        )
+        if mine != 1:
+            return True
+        current = tx.get(Job, attempt.job_id, populate_existing=True)
+        return bool(current is not None and current.cancel_requested)
 
 
 def record_progress(db: Database, *, attempt: Attempt, step: int, steps_planned: int, epsilon_spent: float) -> bool:
@@ -398,6 +481,20 @@ ReportWriter = Callable[[CommitRecord], str]
 """Builds and stores the job's report from its commit; returns the report's blob key."""
 
 
+@dataclass(frozen=True)
+class StoredReport:
+    """The report an :data:`EndedReportWriter` stored, and the single-job ε it states."""
+
+    blob_key: str
+    single_job_epsilon: float
+    """The single-job ε of the committed event: replaces the planned run's on the job row."""
+
+
+EndedReportWriter = Callable[[CommitRecord], StoredReport]
+"""Builds and stores the report of a job that ended without success having committed ε, from its
+commit (the job's status and error code already set); app.reporting.ended_report makes them."""
+
+
 def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, write_report: ReportWriter) -> bool:
     """running → succeeded: COMMIT the event run (RELEASE the rest), store the report, record the
     ``succeeded`` event. False (nothing written) when this attempt no longer owns the job."""
@@ -416,18 +513,7 @@ def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, wri
             _end_without_ledger(job)
             record = CommitRecord(job=job, commit_entry=None, budget_before=None, budget_after=None, adjustments=[])
         else:
-            committed_before = list(budget.committed)
-            entry = ledger.commit(
-                tx, budget, job=job, actual_event=success.actual_event, actor=actor, reason="succeeded"
-            )
-            tx.flush()
-            record = CommitRecord(
-                job=job,
-                commit_entry=entry,
-                budget_before=budget_without_job(budget, committed_before=committed_before, commit_entry=entry),
-                budget_after=ledger.budget_summary(budget),
-                adjustments=ledger.adjustments(tx, attempt.dataset_id),
-            )
+            record = _commit(tx, budget, job, actual_event=success.actual_event, actor=actor, reason="succeeded")
         report_key = write_report(record)
         job.status = JobStatus.SUCCEEDED
         job.epsilon_prv = None if public else success.epsilon_prv
@@ -440,58 +526,82 @@ def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, wri
     return True
 
 
-def stop_early(db: Database, *, attempt: Attempt, steps_run: int, actual_event: dict[str, Any], actor: str) -> bool:
+def stop_early(
+    db: Database,
+    *,
+    attempt: Attempt,
+    steps_run: int,
+    actual_event: dict[str, Any],
+    actor: str,
+    write_report: EndedReportWriter | None = None,
+) -> bool:
     """running → cancelled after TOUCH: commit the steps that ran (no evaluation was released),
-    release the rest. False (nothing written) when this attempt no longer owns the job."""
+    release the rest, store ``write_report``'s report. False (nothing written) when this attempt
+    no longer owns the job."""
     with db.write_transaction() as tx:
         owned = _lock_own_job(tx, attempt)
         if owned is None:
             return False
         budget, job, public = owned
         job.steps_run = steps_run
+        record = None
         if public:
             _end_without_ledger(job)
         else:
-            ledger.commit(tx, budget, job=job, actual_event=actual_event, actor=actor, reason="cancelled")
+            record = _commit(tx, budget, job, actual_event=actual_event, actor=actor, reason="cancelled")
         job.status = JobStatus.CANCELLED
         job.finished_at = utcnow()
-        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": steps_run})
+        reported = _store_ended_report(record, write_report)
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": steps_run, **reported})
     return True
 
 
-def fail(db: Database, *, attempt: Attempt, error_code: str, actor: str) -> bool:
-    """running → failed: commit the whole reservation (the data was opened). False (nothing
-    written) when this attempt no longer owns the job."""
+def fail(
+    db: Database, *, attempt: Attempt, error_code: str, actor: str, write_report: EndedReportWriter | None = None
+) -> bool:
+    """running → failed: commit the whole reservation (the data was opened) and store
+    ``write_report``'s report. False (nothing written) when this attempt no longer owns the job."""
     with db.write_transaction() as tx:
         owned = _lock_own_job(tx, attempt)
         if owned is None:
             return False
         budget, job, public = owned
-        _settle_failed(tx, budget, job, error_code=error_code, actor=actor, public=public)
+        _settle_failed(tx, budget, job, error_code=error_code, actor=actor, public=public, write_report=write_report)
     return True
 
 
 # ---------------------------------------------------------------------------------- cancel
 
 
-def cancel(db: Database, *, job_id: str, dataset_id: str, actor: str) -> Job:
+def cancel(
+    db: Database, *, job_id: str, dataset_id: str, actor: str, write_report: EndedReportWriter | None = None
+) -> Job:
     """Cancel under the dataset's budget lock and return the job as it now is.
 
     The caller has checked that its tenant may cancel the job (``app.access.job_for(need="cancel")``);
     ``POST /v1/jobs/{id}/cancel`` and the dashboard's button both come here, so the two can never
     settle a cancelled job's budget differently. A queued job ends at once: its reservation goes
     back to the budget, unless a lost attempt already opened the data (requeued), in which case
-    the whole reservation is committed, as for a crash. A running job gets ``cancel_requested``
-    and stops at its next step (the worker settles it with :func:`stop_early`). A running private
-    tuning ends at once, committing its whole reservation (as it would however it ended): when its
-    workers notice depends on what its slots were doing, which must not show (app/tuning/slots.py).
-    Raises :class:`JobNotCancellable` for a job that has already ended.
+    the whole reservation is committed, as for a crash (with ``write_report``'s report). A running
+    job gets ``cancel_requested`` and stops at its next step (the worker settles it with
+    :func:`stop_early`). A running private tuning ends at once, committing its whole reservation
+    (as it would however it ended) with ``write_report``'s report: when its workers notice depends
+    on what its slots were doing, which must not show (app/tuning/slots.py). Raises
+    :class:`JobNotCancellable` for a job that has already ended.
     """
     with db.write_transaction() as tx:
-        return cancel_within(tx, job_id=job_id, dataset_id=dataset_id, actor=actor)
+        return cancel_within(tx, job_id=job_id, dataset_id=dataset_id, actor=actor, write_report=write_report)
 
 
-def cancel_within(tx: Session, *, job_id: str, dataset_id: str, actor: str, reason: str | None = None) -> Job:
+def cancel_within(
+    tx: Session,
+    *,
+    job_id: str,
+    dataset_id: str,
+    actor: str,
+    reason: str | None = None,
+    write_report: EndedReportWriter | None = None,
+) -> Job:
     """:func:`cancel` inside the caller's write transaction: a dataset's deletion cancels all its
     jobs in the transaction that marks it (app/dataset_deletion.py). ``reason`` (a public code,
     e.g. ``dataset-deleted``) goes into the cancel events."""
@@ -514,14 +624,16 @@ def cancel_within(tx: Session, *, job_id: str, dataset_id: str, actor: str, reas
     elif cancelled_queued == 1:
         # Requeued after a lost worker: the data was opened and the lost attempt's steps are
         # not known exactly, so the whole reservation is committed, as for a crash.
-        ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled after a lost attempt")
-        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run, **why})
+        record = _commit(tx, budget, job, actual_event=job.event, actor=actor, reason="cancelled after a lost attempt")
+        reported = _store_ended_report(record, write_report)
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": job.steps_run, **why, **reported})
     elif job.status == JobStatus.RUNNING and _is_tuning(job):
         job.cancel_requested = True
         job.status = JobStatus.CANCELLED
         job.finished_at = utcnow()
-        ledger.commit(tx, budget, job=job, actual_event=job.event, actor=actor, reason="cancelled")
-        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0, **why})
+        record = _commit(tx, budget, job, actual_event=job.event, actor=actor, reason="cancelled")
+        reported = _store_ended_report(record, write_report)
+        add_job_event(tx, job.id, JobEventKind.CANCELLED, {"steps_run": 0, **why, **reported})
     elif job.status == JobStatus.RUNNING:
         job.cancel_requested = True
         add_job_event(tx, job.id, JobEventKind.CANCEL_REQUESTED, why)
@@ -546,9 +658,11 @@ def requeue_or_fail(
     attempt: int,
     stale_before: dt.datetime,
     max_attempts: int,
+    write_report: EndedReportWriter | None = None,
 ) -> JobStatus | None:
     """A running job whose worker stopped beating: back to the queue inside its reservation while
-    attempts remain, else failed (``worker-lost``, whole reservation committed). Returns the status
+    attempts remain, else failed (``worker-lost``, whole reservation committed, ``write_report``'s
+    report stored). Returns the status
     the job moved to; None when nothing was done (staleness is checked again under the lock: the
     worker may be back)."""
     with db.write_transaction() as tx:
@@ -564,5 +678,13 @@ def requeue_or_fail(
             job.dispatched_at = None
             add_job_event(tx, job.id, JobEventKind.REQUEUED, {"attempt": job.attempt, "reason": "worker-lost"})
             return JobStatus.QUEUED
-        _settle_failed(tx, budget, job, error_code="worker-lost", actor=RECONCILER_ACTOR, public=public)
+        _settle_failed(
+            tx,
+            budget,
+            job,
+            error_code="worker-lost",
+            actor=RECONCILER_ACTOR,
+            public=public,
+            write_report=write_report,
+        )
         return JobStatus.FAILED

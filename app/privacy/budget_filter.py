@@ -11,8 +11,9 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
-from app.privacy.conversion import conversion_terms, per_order_log_delta
+from app.privacy.conversion import capacity_curve, conversion_terms, per_order_log_delta, validate_epsilon
 from app.privacy.curves import validate_curve
+from app.privacy.errors import PrivacyEventError
 from app.privacy.orders import ORDERS
 from app.privacy.rounding import round_up
 
@@ -42,7 +43,9 @@ def admission_order(
     return None
 
 
-def remaining_epsilon(*, used: Sequence[float], capacity: Sequence[float], delta: float) -> float:
+def remaining_epsilon(
+    *, used: Sequence[float], capacity: Sequence[float], delta: float, budget_epsilon: float | None = None
+) -> float:
     """Largest epsilon e such that one Gaussian mechanism calibrated to ledger epsilon e would
     still be admitted given ``used`` (committed + reserved); 0.0 if nothing fits.
 
@@ -52,9 +55,22 @@ def remaining_epsilon(*, used: Sequence[float], capacity: Sequence[float], delta
     admitted iff rho(e) <= rho_rem = max_a (capacity(a) - used(a)) / a, i.e. iff
     e <= a*rho_rem + t(a) for every a. Hence e_rem = min_a (a*rho_rem + t(a)), backed off by
     1e-7 relative + 1e-8 * max(capacity) to absorb rounding.
+
+    ``budget_epsilon``: the budget eps_G that ``capacity`` is the capacity of (checked). Then
+    nothing used answers exactly eps_G, and nothing else more than eps_G. Why exact: the closed
+    form lands a rounding error below eps_G and the back-off takes 1e-7 more, so an untouched
+    budget of 8 printed as 7.999. eps_G is what the filter admits there: a job calibrated to a
+    target eps_G fits alone under capacity_curve(eps_G, delta) by the definition of calibration
+    (app.privacy.calibration), and with nothing used that is the whole admission test.
     """
     used_values = validate_curve(used, name="used")
     capacity_values = validate_curve(capacity, name="capacity")
+    budget = None if budget_epsilon is None else validate_epsilon(budget_epsilon)
+    if budget is not None:
+        if capacity_values != capacity_curve(budget, delta):
+            raise PrivacyEventError(f"capacity is not the capacity of budget epsilon {budget!r} at delta {delta!r}")
+        if not any(used_values):
+            return budget
     log_order_delta = per_order_log_delta(delta)
     rho_remaining = max((cap - u) / order for cap, u, order in zip(capacity_values, used_values, ORDERS, strict=True))
     if not rho_remaining > 0.0:
@@ -64,4 +80,4 @@ def remaining_epsilon(*, used: Sequence[float], capacity: Sequence[float], delta
     epsilon -= backoff
     if not math.isfinite(epsilon) or epsilon <= 0.0:
         return 0.0
-    return epsilon
+    return epsilon if budget is None else min(epsilon, budget)

@@ -44,7 +44,7 @@ def render_report_html(
     (opening, raises), and the timeline plot — whose steps are other jobs' spends — is left out.
     """
     epsilon = report["epsilon"]
-    mechanism = report["mechanism"]
+    mechanism = report.get("mechanism") or {}  # none in an ended tuning's report: it would count trials
     ledger_section = report["ledger"]
     steps_svg = None
     if steps is not None:
@@ -52,9 +52,9 @@ def render_report_html(
             plots.epsilon_vs_steps_svg(
                 steps=steps.steps,
                 epsilon=steps.epsilon,
-                final_steps=int(mechanism["steps_run"]),
+                final_steps=int(mechanism.get("steps_charged", mechanism["steps_run"])),
                 final_ledger=float(epsilon["ledger"]),
-                final_prv=epsilon.get("prv_upper_bound"),
+                final_prv=epsilon.get("single_job", epsilon.get("prv_upper_bound")),
                 delta=float(epsilon["delta"]),
             )
         )

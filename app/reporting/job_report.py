@@ -39,8 +39,9 @@ def report_html_for_job(
     viewer_tenant_id: str,
     dashboard_links: bool = False,
 ) -> str:
-    """The HTML page of a succeeded job's report (the caller checked access and status); the
-    dataset's whole ledger shows only when the viewer owns the dataset."""
+    """The HTML page of a job's report (a succeeded job's, or one that ended otherwise having
+    committed ε; the caller checked access); the dataset's whole ledger shows only when the viewer
+    owns the dataset."""
     dataset = session.get(Dataset, job.dataset_id)
     budget = session.get(PrivacyBudget, job.dataset_id)
     assert dataset is not None and budget is not None

@@ -16,17 +16,21 @@ from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from app.reporting.privacy_unit import privacy_unit_section
+from app.schemas.renamed import ALIASES_REMOVED_IN
 from privtrain.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
 
-CAVEATS = (
+RELEASED_MODEL_CAVEAT = (
     "The guarantee covers the released model only, for one privacy unit of this dataset (see "
     "privacy_unit) under add/remove neighbours; it does not cover choices made outside the service "
     "(for example hyperparameters tuned on the same data in earlier jobs are covered only insofar "
-    "as those jobs were also charged to this ledger).",
+    "as those jobs were also charged to this ledger)."
+)
+
+COMMON_CAVEATS = (
     "The ledger ε is derived from the Rényi-DP curve on a fixed order grid and is what the budget "
-    "is charged. The single-job ε (prv_upper_bound, with the method that produced it in "
+    "is charged. The single-job ε (epsilon.single_job, with the method that produced it in "
     "single_job_method) is the smallest valid bound of several methods for this job alone; it is "
     "not used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid "
     "filter.",
@@ -35,6 +39,9 @@ CAVEATS = (
     "as the owner declared them at upload. The content hash and the byte size are exact functions "
     "of the rows: only the dataset's owner sees them.",
 )
+"""The caveats of every private job's report, whether or not it released a model."""
+
+CAVEATS = (RELEASED_MODEL_CAVEAT, *COMMON_CAVEATS)
 
 NOISE_SOURCE = {
     "stream": "per job, at least 128 secret bits from the operating system's CSPRNG: NumPy Philox "
@@ -112,12 +119,29 @@ def _class_list_fields(dataset: Dataset) -> dict[str, Any]:
     return {"classes": list(classes.names), "classes_source": classes.source}
 
 
-def _sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) -> dict[str, Any]:
+def sensitivity_fields(sensitivity: float, norm: str, noise_multiplier: float) -> dict[str, Any]:
     """Gaussian sums report Δ₂ and the noise std σ·Δ₂ they drew; other mechanisms (exponential
     mechanism scores, Laplace/Peeling in ℓ∞) report Δ with its norm, their noise is in the notes."""
     if norm == "l2":
         return {"l2_sensitivity": sensitivity, "noise_std_on_sum": noise_multiplier * sensitivity}
     return {"sensitivity": sensitivity, "sensitivity_norm": norm}
+
+
+RENAMED_EPSILON_FIELDS = {"prv_upper_bound": "single_job", "prv_label": "single_job_label"}
+"""Deprecated names in a report's epsilon block → their replacements (same values; docs/epsilon.md#renamed-fields).
+The number is not always PRV's: it is the smallest of several methods (single_job_method)."""
+
+
+def single_job_fields(single_job: privacy.SingleJobEpsilon) -> dict[str, Any]:
+    """The single-job ε in a report's epsilon block, under its name and its deprecated ones."""
+    fields: dict[str, Any] = {
+        "single_job": single_job.epsilon,
+        "single_job_method": single_job.method,
+        "single_job_label": single_job.detail,
+    }
+    fields |= {old: fields[new] for old, new in RENAMED_EPSILON_FIELDS.items()}
+    fields["renamed"] = {**RENAMED_EPSILON_FIELDS, "removed_in": ALIASES_REMOVED_IN}
+    return fields
 
 
 def report_single_job_epsilon(
@@ -130,6 +154,33 @@ def report_single_job_epsilon(
         delta,
         zcdp_is_gaussian=get_algorithm(algorithm).zcdp_leaves_are_gaussian,
     )
+
+
+def closed_form_single_job_epsilon(event: dict[str, Any], *, delta: float, algorithm: str) -> privacy.SingleJobEpsilon:
+    """The single-job ε from the closed forms only (bounded time and memory, no child process): for
+    a job that ended without a worker to compute the numeric one (docs/single-job-epsilon.md)."""
+    return privacy.single_job_epsilon(
+        privacy.event_from_json(event),
+        delta,
+        zcdp_is_gaussian=get_algorithm(algorithm).zcdp_leaves_are_gaussian,
+        numeric=False,
+    )
+
+
+def dataset_section(dataset: Dataset) -> dict[str, Any]:
+    """The report's dataset block: its public facts, and its content hash for the owner's copy."""
+    return {
+        "id": dataset.id,
+        "name": dataset.name,
+        # The owner's copy only: app.reporting.redaction drops it for anyone else.
+        "sha256": dataset.sha256,
+        "n_rows": dataset.n_rows,
+        **({"n_units": dataset.n_units} if dataset.n_units is not None else {}),
+        "feature_shape": dataset.feature_shape,
+        "task": dataset.task,
+        "n_classes": dataset.n_classes,
+        **_class_list_fields(dataset),
+    }
 
 
 def build_report(
@@ -191,18 +242,7 @@ def build_report(
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
         "job_id": job.id,
         "status": JobStatus.SUCCEEDED,
-        "dataset": {
-            "id": dataset.id,
-            "name": dataset.name,
-            # The owner's copy only: app.reporting.redaction drops it for anyone else.
-            "sha256": dataset.sha256,
-            "n_rows": dataset.n_rows,
-            **({"n_units": dataset.n_units} if dataset.n_units is not None else {}),
-            "feature_shape": dataset.feature_shape,
-            "task": dataset.task,
-            "n_classes": dataset.n_classes,
-            **_class_list_fields(dataset),
-        },
+        "dataset": dataset_section(dataset),
         "preparation": preparation_report(dataset.preparation),
         **unit,
         "guarantee": guarantee,
@@ -218,7 +258,7 @@ def build_report(
             "sampling_probability": job.sampling_probability,
             "expected_batch_size": expected_batch_size,
             "noise_multiplier": job.noise_multiplier,
-            **_sensitivity_fields(sensitivity, sensitivity_norm, job.noise_multiplier),
+            **sensitivity_fields(sensitivity, sensitivity_norm, job.noise_multiplier),
             "normalisation": NORMALISATION.get(sampling, "by public constants only (see the algorithm's notes)"),
             "steps_planned": job.steps_planned,
             "steps_run": job.steps_run,
@@ -233,9 +273,7 @@ def build_report(
             "reserved": job.epsilon_ledger,
             "rdp_at_delta": eps_rdp,
             "rdp_best_order": order,
-            "prv_upper_bound": single_job.epsilon,
-            "single_job_method": single_job.method,
-            "prv_label": single_job.detail,
+            **single_job_fields(single_job),
         },
         "noise": {**NOISE_SOURCE, "gaussian_secure_mode": secure_gaussian},
         "rdp_curve": {"orders": list(privacy.ORDERS), "values": list(curve), "orders_version": privacy.ORDERS_VERSION},

@@ -1,4 +1,5 @@
-"""ε of a finished job's first k training steps, k = 1..T, re-derived through ``app.privacy``.
+"""ε of a finished job's first k training steps, k = 1..T (the steps its COMMIT covers), re-derived
+through ``app.privacy``.
 
 Why re-derive instead of scaling counts in the event JSON: an algorithm's event need not be k
 copies of one step (``PrivacyPlan.event_for(σ, k)`` is the authority, docs/privacy-model.md#cost), so the
@@ -52,11 +53,19 @@ def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> Step
         plan, evaluation = rebuild_plan(job.spec, job.algorithm, dataset)
     except Exception as exc:  # noqa: BLE001 - any rebuild failure (algorithm removed or changed) means no curve
         raise SeriesUnavailable(f"the job's plan could not be rebuilt ({type(exc).__name__})") from None
-    steps_run = int(report["mechanism"]["steps_run"])
-    rebuilt = compose_job_event(  # a succeeded job's event, as the worker commits it
-        plan, evaluation, noise_multiplier=job.noise_multiplier, steps=steps_run, evaluated=True
-    )
-    if privacy.event_to_json(rebuilt) != report["event"]:
+    mechanism = report.get("mechanism") or {}
+    if "steps_run" not in mechanism:
+        raise SeriesUnavailable(str(report.get("mechanism_unavailable") or "the report states no steps"))
+    # the steps its COMMIT covers: those run, or (a failed job) the whole planned run
+    steps_run = int(mechanism.get("steps_charged", mechanism["steps_run"]))
+    # a succeeded job's event includes its released evaluation; one that stopped early has none
+    rebuilt = [
+        privacy.event_to_json(
+            compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=steps_run, evaluated=e)
+        )
+        for e in (True, False)
+    ]
+    if report["event"] not in rebuilt:
         raise SeriesUnavailable("the rebuilt event differs from the event in the report")
     delta = float(report["epsilon"]["delta"])
     ks = sampled_steps(max(steps_run, 1))

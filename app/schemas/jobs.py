@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.privacy.ranges import DELTA_MIN, NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN, range_text
+from app.schemas.renamed import WithRenamedFields, deprecated_alias
 from app.schemas.types import UtcDateTime
 
 _SIGMA_RANGE = range_text(NOISE_MULTIPLIER_MIN, NOISE_MULTIPLIER_MAX)
@@ -247,22 +248,28 @@ class JobCreate(_Strict):
     resources: JobResources | None = None
 
 
-class PrivacyEstimate(BaseModel):
+class PrivacyEstimate(WithRenamedFields):
     noise_multiplier: float
     sampling_probability: float
     steps: int
     delta: float
-    epsilon_ledger: float = Field(description="ε at δ from the RDP curve: what the ledger charges")
-    epsilon_prv: float | None = Field(
-        description="the tightest valid single-job ε upper bound the service computes for this job "
-        "alone (PRV, PLD, exact Gaussian-DP, optimal pure-DP composition or RDP; never below a valid "
-        "bound, never above epsilon_ledger); not used by the ledger"
+    epsilon_reserved: float = Field(
+        description="ε at δ of the planned run from its RDP curve (the ledger's currency): what admission reserves, "
+        "the most the job can commit"
     )
-    epsilon_prv_method: str | None = Field(
+    epsilon_single_job: float | None = Field(
+        description="the tightest valid single-job ε upper bound the service computes for the planned run "
+        "alone (PRV, PLD, exact Gaussian-DP, optimal pure-DP composition or RDP; epsilon_single_job_method says "
+        "which; never below a valid bound, never above epsilon_reserved); not used by the ledger"
+    )
+    epsilon_single_job_method: str | None = Field(
         default=None,
-        description="which method produced epsilon_prv: prv, pld, gaussian-dp, pure-dp-optimal, "
+        description="which method produced epsilon_single_job: prv, pld, gaussian-dp, pure-dp-optimal, "
         "rdp-single-job or rdp (the ledger's own number)",
     )
+    epsilon_ledger: float = deprecated_alias("epsilon_ledger")
+    epsilon_prv: float | None = deprecated_alias("epsilon_prv")
+    epsilon_prv_method: str | None = deprecated_alias("epsilon_prv_method")
     noise_std_on_sum: float
     sensitivity: float
     admissible: bool
@@ -311,11 +318,11 @@ class PrivacyEstimate(BaseModel):
         default=None, description="why largest_admissible_steps is null"
     )
     evaluation_epsilon: float | None = Field(
-        default=None, description="ledger ε of the DP evaluation alone (part of epsilon_ledger)"
+        default=None, description="ledger ε of the DP evaluation alone (part of epsilon_reserved)"
     )
 
 
-class JobOut(BaseModel):
+class JobOut(WithRenamedFields):
     id: str
     dataset_id: str
     status: str
@@ -330,13 +337,13 @@ class JobOut(BaseModel):
     delta: float
     epsilon: float = Field(
         description="the job's ε at delta: epsilon_committed once it has ended (succeeded, failed "
-        "or cancelled), epsilon_ledger while it is queued or running; epsilon_basis says which"
+        "or cancelled), epsilon_reserved while it is queued or running; epsilon_basis says which"
     )
     epsilon_basis: Literal["reserved", "committed"] = Field(
         description="'committed': what the job spent; 'reserved': what the ledger holds for it now"
     )
-    epsilon_ledger: float = Field(
-        description="the reserved charge: ledger ε of the planned run, held while the job runs. "
+    epsilon_reserved: float = Field(
+        description="the reservation: ledger ε of the planned run, held while the job runs. "
         "A job that stops early or is cancelled commits less and the rest is released"
     )
     epsilon_committed: float | None = Field(
@@ -344,7 +351,15 @@ class JobOut(BaseModel):
         description="ledger ε of what the job actually spent (its COMMIT entry; 0 when its whole "
         "reservation was released); null until the job ends",
     )
-    epsilon_prv: float | None
+    epsilon_single_job: float | None = Field(
+        description="the tightest valid single-job ε (never above the ledger ε) of what epsilon counts, on "
+        "the same basis: the run it committed once it has ended (the steps a cancelled job ran, the whole "
+        "reservation a failed one committed, 0 when it spent nothing), the planned run while it is queued "
+        "or running. Null on a public dataset, and for a job that ended without succeeding before this "
+        "number was computed for what it committed. The job's report names the method"
+    )
+    epsilon_ledger: float = deprecated_alias("epsilon_ledger")
+    epsilon_prv: float | None = deprecated_alias("epsilon_prv")
     attempt: int
     cancel_requested: bool
     error_code: str | None

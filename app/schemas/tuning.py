@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from app.schemas.jobs import JobCreate
+from app.schemas.renamed import WithRenamedFields, deprecated_alias
 from app.schemas.types import UtcDateTime
 
 Scalar = float | int | Annotated[str, StringConstraints(max_length=200)] | bool
@@ -113,7 +114,7 @@ class TuningSchedule(BaseModel):
     worker_seconds: float = Field(description="the worker time all slots take together: slots × slot_seconds")
 
 
-class TuningOut(BaseModel):
+class TuningOut(WithRenamedFields):
     id: str
     dataset_id: str
     status: str = Field(description="the status of the tuning (queued, running, succeeded, failed, cancelled)")
@@ -142,7 +143,8 @@ class TuningOut(BaseModel):
     schedule: TuningSchedule | None = Field(
         default=None, description="the tuning's slots (None for tunings admitted before slots existed)"
     )
-    epsilon_ledger: float = Field(description="what the whole tuning reserves, at δ: one ledger entry")
+    epsilon_reserved: float = Field(description="what the whole tuning reserves, at δ: one ledger entry")
+    epsilon_ledger: float = deprecated_alias("epsilon_ledger")
     epsilon_committed: float | None = Field(
         default=None, description="what it committed once ended (the whole reservation, however it ended)"
     )
@@ -156,8 +158,9 @@ class TuningOut(BaseModel):
     links: dict[str, str]
 
 
-class TuningEstimate(BaseModel):
-    epsilon_ledger: float
+class TuningEstimate(WithRenamedFields):
+    epsilon_reserved: float = Field(description="what the whole tuning would reserve, at δ: one ledger entry")
+    epsilon_ledger: float = deprecated_alias("epsilon_ledger")
     epsilon_separate_jobs: float
     epsilon_one_trial: float = Field(description="the costliest candidate run once as an ordinary job")
     delta: float

@@ -31,6 +31,7 @@ from app.db import Database
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Dataset, Job
+from app.reporting.ended_report import EndedReportWriter, ended_report_inputs
 from app.reporting.privacy_report import (
     augmentation_section,
     build_report,
@@ -87,14 +88,16 @@ class Closer:
                 chosen = next(trial for trial in finished if trial.seq == best.seq)
                 return self._release(job, dataset, held, best, model_file=chosen.model_file, device=chosen.device)
             failure = NO_TRIALS_DRAWN if counts.drawn == 0 else NO_TRIAL_FINISHED
-        return self._fail(held, failure)
+        return self._fail(held, failure, job=job, dataset=dataset)
 
     def clear(self, job_id: str) -> None:
         """The tuning's secret trial queue and its trials' model files."""
         self.files.discard(trial_queue.clear(self.db, job_id=job_id))
 
-    def _fail(self, held: lifecycle.Attempt, error_code: str) -> str:
-        ended = lifecycle.fail(self.db, attempt=held, error_code=error_code, actor=self.actor)
+    def _fail(self, held: lifecycle.Attempt, error_code: str, *, job: Job, dataset: Dataset) -> str:
+        """Fail the tuning, committing its whole reservation, with the report of what it committed."""
+        writer = EndedReportWriter(self.blobs, ended_report_inputs(job, dataset, secure_gaussian=self.secure_gaussian))
+        ended = lifecycle.fail(self.db, attempt=held, error_code=error_code, actor=self.actor, write_report=writer)
         self.clear(held.job_id)
         return JobStatus.FAILED if ended else "stale"
 
@@ -112,13 +115,13 @@ class Closer:
         chosen = candidates[best.candidate]
         if model_file is None:  # kept whenever a trial may win: the best one always has its file
             log.error("a tuning's best trial has no model file", extra={"job_id": job.id})
-            return self._fail(held, "artifact-write-failed")
+            return self._fail(held, "artifact-write-failed", job=job, dataset=dataset)
         try:
             path = self.files.fetch(model_file)
             model_key, model_sha = self.blobs.put_file(path)
         except StorageUnavailable:
             log.exception("could not store a tuning's released model", extra={"job_id": job.id})
-            return self._fail(held, "artifact-write-failed")
+            return self._fail(held, "artifact-write-failed", job=job, dataset=dataset)
         # The whole reservation is committed, whatever ran: its event is the tuning's.
         actual = dict(job.event)
         single_job = report_single_job_epsilon(actual, delta=job.delta, algorithm=job.algorithm)

@@ -777,7 +777,7 @@ def _job_epsilon(j: Job) -> tuple[float, str | None]:
     server decides; a server without ``epsilon`` gives the reservation and no basis)."""
     raw = j.raw
     if raw.get("epsilon") is None:
-        return j.epsilon_ledger, None
+        return j.epsilon_reserved, None
     return float(raw["epsilon"]), str(raw.get("epsilon_basis") or "reserved")
 
 
@@ -855,8 +855,8 @@ def _estimate_block(e: Estimate) -> str:
             ("steps", e.steps),
             ("noise std on the sum", e.noise_std_on_sum),
             ("sensitivity", e.sensitivity),
-            (f"ε (ledger) at δ={_up(e.delta)}", _up(e.epsilon_ledger)),
-            (f"ε (single job, {e.epsilon_prv_method or 'tightest'})", _up(e.epsilon_prv)),
+            (f"ε reserved at δ={_up(e.delta)}", _up(e.epsilon_reserved)),
+            (f"ε (single job, {e.epsilon_single_job_method or 'tightest'})", _up(e.epsilon_single_job)),
             ("ε of the evaluation", _up(e.evaluation_epsilon)),
             ("admissible now", e.admissible),
             ("budget remaining ε", _down(e.budget_remaining_epsilon)),
@@ -878,6 +878,12 @@ def _estimate_block(e: Estimate) -> str:
     )
 
 
+def _single_job_is_for_epsilon(j: Job) -> bool:
+    """Whether the job's single-job ε is of what its ε counts: always from a server that names it
+    ``epsilon_single_job``; a server before that sent a cancelled or failed job's planned run's."""
+    return "epsilon_single_job" in j.raw or j.status not in ("cancelled", "failed")
+
+
 def _job_block(j: Job) -> str:
     """Key/values, then the released metrics as a table. A finished job states the ε it committed
     (a stopped-early or cancelled job committed less than it reserved), a running one its reservation."""
@@ -896,8 +902,7 @@ def _job_block(j: Job) -> str:
             ("noise multiplier σ", j.noise_multiplier),
             (label, _up(epsilon)),
             *([("rest of the reservation", "released to the budget")] if released else []),
-            # a cancelled or failed job's single-job ε is its planned run's: not what it spent
-            *([] if j.status in ("cancelled", "failed") else [("ε (single job, tightest)", _up(j.epsilon_prv))]),
+            *([("ε (single job, tightest)", _up(j.epsilon_single_job))] if _single_job_is_for_epsilon(j) else []),
             ("attempt", j.attempt),
             ("cancel requested", j.cancel_requested),
             ("error", j.error_code),
@@ -1053,6 +1058,11 @@ def jobs_generate(job_id: str, prompt: str, max_tokens: int, temperature: float,
     emit(answer, lambda: str(answer["text"]))
 
 
+def _ended_as(status: object) -> str:
+    """'failed', 'was cancelled': how a job that released no model ended, in words."""
+    return "failed" if status == "failed" else f"was {status}"
+
+
 @jobs.command("download")
 @click.argument("job_id")
 @click.option(
@@ -1065,24 +1075,28 @@ def jobs_generate(job_id: str, prompt: str, max_tokens: int, temperature: float,
 )
 @json_flag
 def jobs_download(job_id: str, out_dir: Path) -> None:
-    """Download a succeeded job's model (safetensors, digest-checked) and privacy report (JSON)."""
+    """Download a job's privacy report (JSON) and, if it succeeded, its model (safetensors,
+    digest-checked). A job cancelled or failed after it committed ε has a report and no model."""
     client = _state().client()
     out_dir.mkdir(parents=True, exist_ok=True)
     report = client.report(job_id)
-    model_path = client.download_model(job_id, out_dir / f"{job_id}.safetensors")
+    released = report.get("status", "succeeded") == "succeeded"
+    model_path = client.download_model(job_id, out_dir / f"{job_id}.safetensors") if released else None
     report_path = out_dir / f"{job_id}.report.json"
     report_path.write_text(to_json(report) + "\n")
-    files = {"model": str(model_path), "report": str(report_path)}
+    files = {"model": None if model_path is None else str(model_path), "report": str(report_path)}
     epsilon = report.get("epsilon", {}) if isinstance(report.get("epsilon"), dict) else {}
+    outcome = report.get("outcome") if isinstance(report.get("outcome"), dict) else {}
     emit(
         {**files, "guarantee": report.get("guarantee")},
         lambda: key_values(
             [
-                ("model", model_path),
+                ("model", model_path if model_path is not None else f"none: the job {_ended_as(report.get('status'))}"),
                 ("report", report_path),
                 ("guarantee", report.get("guarantee")),
-                ("ε (ledger)", _up(epsilon.get("ledger"))),
+                ("ε committed", _up(epsilon.get("ledger"))),
                 ("δ", _up(epsilon.get("delta"))),
+                *([("how it ended", outcome.get("statement"))] if outcome else []),
                 ("trained", (report.get("execution") or {}).get("statement")),
             ]
         ),
@@ -1175,7 +1189,7 @@ def _tuning_block(t: TuningJob) -> str:
             ("trials", _trials_line(trials)),
             ("slots", _slots_line(t.schedule)),
             ("candidates", len(t.candidates)),
-            (f"ε of the tuning at δ={_up(t.delta)}", _up(t.epsilon_ledger)),
+            (f"ε of the tuning at δ={_up(t.delta)}", _up(t.epsilon_reserved)),
             ("ε of one trial", _up(t.epsilon_one_trial)),
             ("ε of its trials as separate jobs", _up(t.epsilon_separate_jobs)),
             ("created", t.created_at),
@@ -1199,7 +1213,7 @@ def tuning_estimate(spec_file: str) -> None:
         estimate,
         lambda: key_values(
             [
-                ("ε of the tuning", _up(estimate["epsilon_ledger"])),
+                ("ε of the tuning", _up(estimate.get("epsilon_reserved", estimate.get("epsilon_ledger")))),
                 ("ε of one trial", _up(estimate["epsilon_one_trial"])),
                 ("ε of its trials as separate jobs", _up(estimate["epsilon_separate_jobs"])),
                 ("δ", _up(estimate["delta"])),

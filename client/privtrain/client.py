@@ -617,7 +617,9 @@ class Client:
             response.close()
 
     def report(self, job_id: str) -> dict[str, Any]:
-        """The privacy report of a succeeded job (JSON)."""
+        """The privacy report (JSON) of a job that succeeded, or that ended otherwise after it had
+        committed ε (cancelled while running, failed after opening the data: no model, its
+        ``outcome`` says why). A job that spent nothing has none (409 ``job-not-succeeded``)."""
         return dict(self._get(f"/v1/jobs/{_segment(job_id)}/report"))
 
     def generate(

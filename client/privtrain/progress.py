@@ -36,7 +36,7 @@ def render(progress: JobProgress, *, width: int = 30) -> str:
     filled = round(width * done / planned)
     bar = "#" * filled + "-" * (width - filled)
     eps = format_guarantee(progress.epsilon_spent)
-    budget = format_guarantee(progress.job.epsilon_ledger) if progress.job.epsilon_ledger is not None else "?"
+    budget = format_guarantee(progress.job.epsilon_reserved) if progress.job.epsilon_reserved is not None else "?"
     return (
         f"{progress.job.id} [{bar}] {progress.steps_done}/{progress.steps_planned} steps"
         f"  ε spent {eps} of {budget}  {progress.job.status}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -31,6 +32,21 @@ def _parsed(parse: Callable[[Any], Any]) -> Any:
     return dataclasses.field(metadata={"parse": parse})
 
 
+def _former_name(old: str) -> dict[str, str]:
+    """Field metadata: the name a server before the rename sent this value under."""
+    return {"former_name": old}
+
+
+def _deprecated_name(resource: Resource, old: str, new: str) -> Any:
+    """The value of a renamed field read under its old name, with a DeprecationWarning."""
+    warnings.warn(
+        f"{type(resource).__name__}.{old} is deprecated: use {new} (the old name goes away in privtrain 0.2.0)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return getattr(resource, new)
+
+
 @dataclasses.dataclass(frozen=True)
 class Resource:
     """Base: ``from_api`` copies the fields by name; missing optional members become None."""
@@ -44,6 +60,8 @@ class Resource:
             if f.name == "raw":
                 continue
             value = data.get(f.name)
+            if value is None and "former_name" in f.metadata:  # a server older than the rename
+                value = data.get(f.metadata["former_name"])
             parse = f.metadata.get("parse")
             values[f.name] = parse(value) if parse is not None and value is not None else value
         return cls(**values, raw=dict(data))
@@ -213,10 +231,12 @@ class Estimate(Resource):
     sampling_probability: float
     steps: int
     delta: float
-    epsilon_ledger: float
-    epsilon_prv: float | None
-    """The tightest valid single-job ε the service computed (never above epsilon_ledger)."""
-    epsilon_prv_method: str | None
+    epsilon_reserved: float = dataclasses.field(metadata=_former_name("epsilon_ledger"))
+    """The ledger ε of the planned run: what admission reserves (formerly ``epsilon_ledger``)."""
+    epsilon_single_job: float | None = dataclasses.field(metadata=_former_name("epsilon_prv"))
+    """The tightest valid single-job ε the service computed (never above epsilon_reserved;
+    formerly ``epsilon_prv``)."""
+    epsilon_single_job_method: str | None = dataclasses.field(metadata=_former_name("epsilon_prv_method"))
     """Which method produced it (prv, pld, gaussian-dp, pure-dp-optimal, rdp-single-job, rdp)."""
     noise_std_on_sum: float
     sensitivity: float
@@ -233,6 +253,21 @@ class Estimate(Resource):
     largest_admissible_steps_reason: str | None = None
     public_dataset: bool | None = None
     """True on a public dataset: nothing is charged."""
+
+    @property
+    def epsilon_ledger(self) -> float:
+        """Deprecated: :attr:`epsilon_reserved`."""
+        return _deprecated_name(self, "epsilon_ledger", "epsilon_reserved")  # type: ignore[no-any-return]
+
+    @property
+    def epsilon_prv(self) -> float | None:
+        """Deprecated: :attr:`epsilon_single_job`."""
+        return _deprecated_name(self, "epsilon_prv", "epsilon_single_job")  # type: ignore[no-any-return]
+
+    @property
+    def epsilon_prv_method(self) -> str | None:
+        """Deprecated: :attr:`epsilon_single_job_method`."""
+        return _deprecated_name(self, "epsilon_prv_method", "epsilon_single_job_method")  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,8 +313,12 @@ class Job(Resource):
     steps_planned: int
     steps_run: int
     delta: float
-    epsilon_ledger: float
-    epsilon_prv: float | None
+    epsilon_reserved: float = dataclasses.field(metadata=_former_name("epsilon_ledger"))
+    """The reservation: ledger ε of the planned run (formerly ``epsilon_ledger``)."""
+    epsilon_single_job: float | None = dataclasses.field(metadata=_former_name("epsilon_prv"))
+    """The tightest single-job ε of what the job's ``epsilon`` counts: the run it committed once it
+    ended, the planned run while it runs (formerly ``epsilon_prv``). A server older than the rename
+    sent the planned run's for a cancelled job too."""
     attempt: int
     cancel_requested: bool
     error_code: str | None
@@ -295,11 +334,21 @@ class Job(Resource):
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def epsilon_ledger(self) -> float:
+        """Deprecated: :attr:`epsilon_reserved`."""
+        return _deprecated_name(self, "epsilon_ledger", "epsilon_reserved")  # type: ignore[no-any-return]
+
+    @property
+    def epsilon_prv(self) -> float | None:
+        """Deprecated: :attr:`epsilon_single_job`."""
+        return _deprecated_name(self, "epsilon_prv", "epsilon_single_job")  # type: ignore[no-any-return]
+
 
 @dataclasses.dataclass(frozen=True)
 class TuningJob(Resource):
     """A private hyperparameter tuning: K secret trials over ``candidates``, the best released as
-    the job ``best_job_id`` once succeeded; one ledger entry (``epsilon_ledger``) for all of it."""
+    the job ``best_job_id`` once succeeded; one ledger entry (``epsilon_reserved``) for all of it."""
 
     id: str
     dataset_id: str
@@ -311,7 +360,8 @@ class TuningJob(Resource):
     selected_metric: float | None
     """The released trial's DP hold-out metric."""
     error_code: str | None
-    epsilon_ledger: float
+    epsilon_reserved: float = dataclasses.field(metadata=_former_name("epsilon_ledger"))
+    """What the whole tuning reserves (formerly ``epsilon_ledger``)."""
     epsilon_committed: float | None
     epsilon_one_trial: float
     epsilon_separate_jobs: float
@@ -327,6 +377,11 @@ class TuningJob(Resource):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def epsilon_ledger(self) -> float:
+        """Deprecated: :attr:`epsilon_reserved`."""
+        return _deprecated_name(self, "epsilon_ledger", "epsilon_reserved")  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Disk full or unwritable while a finished job writes its artifacts: the job fails cleanly, no
-model or report is ever served, the ledger commits what was spent and verifies (issue 7)."""
+model or partial report is ever served (the failed job's own report, when it can be stored, says
+it failed), the ledger commits what was spent and verifies (issue 7)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,15 @@ def test_disk_full_while_writing_artifacts_fails_the_job_cleanly(
     final = alice.get(f"/v1/jobs/{job['id']}").json()
     assert final["status"] == "failed" and final["error_code"] == "artifact-write-failed"
     assert final["steps_run"] == 20
-    for artifact in ("model", "report"):
-        response = alice.get(f"/v1/jobs/{job['id']}/{artifact}")
-        assert response.status_code == 409, artifact  # never a partial or missing-blob artifact
+    model = alice.get(f"/v1/jobs/{job['id']}/model")
+    assert model.status_code == 409  # never a partial or missing-blob model
+    report = alice.get(f"/v1/jobs/{job['id']}/report")
+    if failing == "put_file":  # only the model could not be written: the failed job's report states its charge
+        assert report.status_code == 200 and report.json()["status"] == "failed"
+        assert report.json()["outcome"]["error_code"] == "artifact-write-failed"
+        assert report.json()["model"]["released"] is False
+    else:  # no report could be stored at all: none is served, and the charge is committed all the same
+        assert report.status_code == 409 and "no stored privacy report" in report.json()["detail"]
     ledger = alice.get(f"/v1/datasets/{dataset['id']}/ledger").json()["items"]
     assert [e["kind"] for e in ledger] == ["RESERVE", "TOUCH", "COMMIT"]  # the data was touched
     budget = alice.get(f"/v1/datasets/{dataset['id']}/budget").json()

@@ -151,10 +151,10 @@ def test_estimate_from_flags_and_from_a_yaml_spec(run: Run, dataset_id: str, tmp
     shown = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in fixed.stdout.splitlines())
     assert shown["noise multiplier σ"] == "3" and shown["admissible now"] == "yes"
     exact = ok_json(run("jobs", "estimate", "--spec", str(spec), "--noise-multiplier", "3", "--json"))
-    label = f"ε (ledger) at δ={format_guarantee(exact['delta'])}"
+    label = f"ε reserved at δ={format_guarantee(exact['delta'])}"
     # a guarantee is printed rounded up, the remaining budget rounded down (never to nearest)
-    assert float(shown[label]) >= exact["epsilon_ledger"]
-    assert float(shown[label]) < from_flags["epsilon_ledger"]
+    assert float(shown[label]) >= exact["epsilon_reserved"] == exact["epsilon_ledger"]
+    assert float(shown[label]) < from_flags["epsilon_reserved"]
     assert float(shown["budget remaining ε"]) <= exact["budget_remaining_epsilon"]
     assert float(shown["largest admissible target ε"]) <= exact["largest_admissible_epsilon"]
 

@@ -86,9 +86,9 @@ def _block(result: Result) -> dict[str, str]:
     return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in result.stdout.splitlines())
 
 
-def _epsilon_label(block: dict[str, str]) -> str:
-    (label,) = [k for k in block if k.startswith("ε (ledger) at δ=")]
-    assert float(label.removeprefix("ε (ledger) at δ=")) >= JOB["delta"], label
+def _epsilon_label(block: dict[str, str], prefix: str = "ε (ledger) at δ=") -> str:
+    (label,) = [k for k in block if k.startswith(prefix)]
+    assert float(label.removeprefix(prefix)) >= JOB["delta"], label
     return label
 
 
@@ -118,7 +118,7 @@ def test_budget_rounds_spent_up_and_remaining_down() -> None:
 
 def test_estimate_rounds_the_cost_up_and_what_fits_down() -> None:
     shown = _block(_run("jobs", "estimate", "--dataset", "ds_1", "--model", "m", "--algorithm", "a"))
-    assert shown[_epsilon_label(shown)] == "3.001"
+    assert shown[_epsilon_label(shown, "ε reserved at δ=")] == "3.001"
     assert shown["budget remaining ε"] == shown["largest admissible target ε"] == "1.831"
 
 

@@ -114,7 +114,7 @@ def test_estimate_submit_list_show_cancel_events(client: Client, dataset: Datase
     assert spec == dp_sgd_spec(dataset.id)  # the builder writes exactly the API's document
     estimate = client.estimate(spec)
     assert estimate.admissible and estimate.steps == 45
-    assert estimate.epsilon_ledger == pytest.approx(4.0, rel=1e-3)
+    assert estimate.epsilon_reserved == pytest.approx(4.0, rel=1e-3)
     assert client.list_jobs() == []  # the estimate stored nothing
 
     job = client.submit(spec)

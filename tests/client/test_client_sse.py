@@ -104,7 +104,7 @@ def test_a_stream_cut_short_is_resumed_after_the_last_event(
     assert len(streams) == 2
     assert streams[1].headers["Last-Event-ID"] == str(events[1].seq)
     assert snapshots[-1].job.status == "succeeded" and snapshots[-1].steps_done == 4
-    assert snapshots[-1].epsilon_spent == pytest.approx(job.epsilon_ledger)
+    assert snapshots[-1].epsilon_spent == pytest.approx(job.epsilon_reserved)
 
 
 def _snapshot(status: str, steps: int) -> JobProgress:

@@ -28,9 +28,11 @@ GUARANTEE_FIELDS = {
     "spent_epsilon",
     "job_epsilon",
     "epsilon_spent",
+    "epsilon_reserved",
+    "epsilon_single_job",
 }
 REMAINING_FIELDS = {"remaining_epsilon"}
-REPORT_GUARANTEE_IDS = ("epsilon-ledger", "epsilon-prv", "epsilon-rdp", "delta")
+REPORT_GUARANTEE_IDS = ("epsilon-ledger", "epsilon-single-job", "epsilon-rdp", "delta")
 
 # nearest rounding gets every one of these wrong: 6 digits for the report, 4 on the dashboard
 CHARGED, REMAINING = 3.0000012, 1.8318651  # report: nearest "3" and "1.83187"
@@ -74,7 +76,7 @@ def _budget(*, committed: float, reserved: float, remaining: float) -> dict[str,
 
 def test_report_rounds_guarantees_up_and_the_remaining_budget_down(report_json: dict) -> None:
     report = copy.deepcopy(report_json)
-    report["epsilon"].update(ledger=CHARGED, prv_upper_bound=2.0000012, rdp_at_delta=1.0000012)
+    report["epsilon"].update(ledger=CHARGED, single_job=2.0000012, rdp_at_delta=1.0000012)
     report["rdp_curve"]["values"] = [v + 1.2e-6 for v in report["rdp_curve"]["values"]]
     report["ledger"]["before"] = _budget(committed=0.0, reserved=CHARGED, remaining=REMAINING + 3)
     report["ledger"]["after"] = _budget(committed=CHARGED, reserved=0.0, remaining=REMAINING)
@@ -129,6 +131,7 @@ def _job() -> SimpleNamespace:
         cancel_requested=False,
         started_at=None,
         finished_at=None,
+        report_blob="sha256/ab",
     )
 
 
@@ -199,13 +202,16 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
             live=job.status == "running",
             may_cancel=True,
             epsilon_spent=CHARGED_4,
+            single_job=2.50004,
             live_config={},
             **_page_context(),
         )
-        assert "3.00012 · 2.50004 at δ = 1e-05" in html  # a declared δ prints as it was typed
+        assert "at δ = 1e-05" in html  # a declared δ prints as it was typed
         page = parse(html)
-        assert _check_fields(page) == (2 if job is running else 1)
-        assert {text_of(e) for e in page.with_attr("data-field")} == {"3.001"}
+        assert _check_fields(page) == (4 if job is running else 3)
+        shown = {e.attrs["data-field"]: text_of(e) for e in page.with_attr("data-field")}
+        assert shown["job_epsilon"] == "3.001"
+        assert (shown["epsilon_reserved"], shown["epsilon_single_job"]) == ("3.00012", "2.50004")
 
 
 @pytest.mark.parametrize("path", ["/ui/datasets", "/ui/datasets/{dataset_id}", "/ui/jobs/{job_id}/report"])

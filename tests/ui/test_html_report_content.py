@@ -28,7 +28,7 @@ def test_headline_numbers_are_the_json_reports(report_html: str, report_json: di
     page = parse(report_html)
     epsilon = report_json["epsilon"]
     assert float(_value(page, "epsilon-ledger")) == epsilon["ledger"]
-    assert float(_value(page, "epsilon-prv")) == epsilon["prv_upper_bound"]
+    assert float(_value(page, "epsilon-single-job")) == epsilon["single_job"] == epsilon["prv_upper_bound"]
     assert float(_value(page, "epsilon-rdp")) == epsilon["rdp_at_delta"]
     assert float(_value(page, "delta")) == epsilon["delta"]
     assert int(_value(page, "steps-run")) == report_json["mechanism"]["steps_run"]

@@ -79,3 +79,28 @@ def test_each_kind_of_domain_error_has_its_status() -> None:
     }
     assert statuses == {"InvalidInput": 422, "NotFound": 404, "Conflict": 409, "LimitReached": 429}
     assert problem_for(JobNotCancellable("succeeded")).status == 409  # a subclass takes its base's
+
+
+SETTLING = {"claim", "stop_early", "fail", "cancel", "requeue_or_fail"}
+"""The transitions that may commit a charge without success: each must be given a report writer."""
+
+
+def test_every_transition_that_may_commit_is_given_a_report_writer() -> None:
+    """Every ε spent has a report: a service path that settled a job without a writer would leave a
+    job that committed ε without one (the lifecycle only logs that, for tests that need no report)."""
+    missing = []
+    for path in sorted([*(REPO / "app").rglob("*.py"), *(REPO / "worker").rglob("*.py")]):
+        if path == REPO / "app" / "jobs" / "lifecycle.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            on_lifecycle = getattr(node.func.value, "id", "") == "lifecycle"
+            if on_lifecycle and node.func.attr in SETTLING and "write_report" not in {k.arg for k in node.keywords}:
+                missing.append(f"{path.relative_to(REPO)}:{node.lineno} lifecycle.{node.func.attr}()")
+    assert missing == []
+    # and the scan does see such calls
+    seen = ast.parse("lifecycle.cancel(db, job_id=j)\nlifecycle.fail(db, write_report=w)\n")
+    assert (
+        sum(isinstance(n, ast.Call) and "write_report" not in {k.arg for k in n.keywords} for n in ast.walk(seen)) == 1
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
@@ -27,6 +28,7 @@ from app.privacy import (
     remaining_epsilon,
     subtract_curves,
 )
+from privtrain.directed_rounding import format_remaining
 
 N = len(ORDERS)
 ZEROS = (0.0,) * N
@@ -147,6 +149,74 @@ def test_remaining_epsilon_of_a_fresh_ledger_is_the_budget(epsilon: float, delta
     remaining = remaining_epsilon(used=ZEROS, capacity=capacity_curve(epsilon, delta), delta=delta)
     assert remaining <= epsilon
     assert remaining == pytest.approx(epsilon, rel=1e-6)
+    # told the budget, an untouched one is exactly it (not 7.999… for 8), printed as it was set
+    exact = remaining_epsilon(used=ZEROS, capacity=capacity_curve(epsilon, delta), delta=delta, budget_epsilon=epsilon)
+    assert exact == epsilon
+    assert format_remaining(exact) == format_remaining(epsilon) == f"{epsilon:g}"
+
+
+def test_remaining_epsilon_refuses_a_capacity_of_another_budget() -> None:
+    with pytest.raises(PrivacyEventError, match="capacity"):
+        remaining_epsilon(used=ZEROS, capacity=capacity_curve(8.0, 1e-5), delta=1e-5, budget_epsilon=9.0)
+
+
+sigma_shaped_jobs = st.one_of(
+    st.tuples(st.just("gaussian"), st.floats(0.0, 0.0), st.integers(1, 20)),
+    st.tuples(st.just("subsampled"), st.floats(1e-3, 0.2), st.integers(1, 400)),
+)
+
+
+def _job_at(shape: tuple[str, float, int]) -> Callable[[float], PrivacyEvent]:
+    kind, q, count = shape
+    if kind == "gaussian":
+        return lambda sigma: GaussianEvent(sigma, count)
+    return lambda sigma: PoissonSampledGaussianEvent(q, sigma, count)
+
+
+@given(budgets, sigma_shaped_jobs)
+@settings(max_examples=40, deadline=None)
+def test_a_job_priced_at_an_untouched_budgets_remaining_epsilon_is_admitted(
+    budget: tuple[float, float], shape: tuple[str, float, int]
+) -> None:
+    """Admission is the source of truth: the exact ε_G shown on an untouched budget (and the
+    figure printed for it, rounded down) admits a job of any shape calibrated to it."""
+    epsilon, delta = budget
+    capacity = capacity_curve(epsilon, delta)
+    remaining = remaining_epsilon(used=ZEROS, capacity=capacity, delta=delta, budget_epsilon=epsilon)
+    assert remaining == epsilon
+    for target in {remaining, float(format_remaining(remaining))}:
+        build = _job_at(shape)
+        sigma = calibrate_noise_multiplier(build, target_epsilon=target, delta=delta)
+        cost = rdp_curve(build(sigma))
+        assert admission_order(committed=ZEROS, reserved=ZEROS, cost=cost, capacity=capacity) is not None
+
+
+@given(budgets, st.lists(jobs, min_size=1, max_size=6), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_the_remaining_epsilon_shown_never_exceeds_the_budget_and_admits_a_gaussian_priced_at_it(
+    budget: tuple[float, float], submitted: list[PrivacyEvent], as_reservations: bool
+) -> None:
+    """Whatever is committed or reserved, the figure is at most ε_G, and a Gaussian calibrated to
+    it (or to its printed, rounded-down form) is admitted by the filter itself."""
+    epsilon, delta = budget
+    capacity = capacity_curve(epsilon, delta)
+    committed, reserved = ZEROS, ZEROS
+    for job in submitted:
+        cost = rdp_curve(job)
+        if admission_order(committed=committed, reserved=reserved, cost=cost, capacity=capacity) is None:
+            continue
+        if as_reservations:
+            reserved = add_curves(reserved, cost)
+        else:
+            committed = add_curves(committed, cost)
+    used = add_curves(committed, reserved)
+    remaining = remaining_epsilon(used=used, capacity=capacity, delta=delta, budget_epsilon=epsilon)
+    assert 0.0 <= remaining <= epsilon
+    if remaining < 1e-3:
+        return  # no meaningful Gaussian left to calibrate
+    for target in {remaining, float(format_remaining(remaining))}:
+        fits = _gaussian_for(target, delta)
+        assert admission_order(committed=committed, reserved=reserved, cost=fits, capacity=capacity) is not None
 
 
 @given(budgets, st.lists(jobs, min_size=1, max_size=8))
