@@ -31,6 +31,7 @@ from privtrain.cli import CliEnvironment, cli
 from privtrain.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import RecordingDispatcher, to_csv, upload
+from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_slots, run_tuning
 from tests.ui.html_probe import parse, text_of
 from worker.runner import JobRunner
 
@@ -377,17 +378,21 @@ def test_privacy_event_json_round_trips_in_every_ended_report(
 
 
 def _tuning_request(dataset_id: str) -> dict[str, Any]:
+    base = {**_spec(dataset_id, steps=5), "privacy": {"target_epsilon": 1.0}}
+    base["training"] = {**base["training"], "time_limit_s": TRIAL_TIME_LIMIT_S}
     return {
-        "base": {**_spec(dataset_id, steps=5), "privacy": {"target_epsilon": 1.0}},
+        "base": base,
         "search_space": {"training.learning_rate": [0.05, 0.5], "training.steps": [5, 10]},
-        "trials": {"mean": 3},
+        "trials": {"mean": 1.5, "maximum": 3},
         "selection": {"metric": "accuracy"},
     }
 
 
 def _assert_counts_no_trials(report: dict[str, Any]) -> None:
-    """Nothing that counts trials: no steps run, no durations, no error code, no execution."""
-    text = json.dumps(report)
+    """Nothing that counts trials: no steps run, no durations, no error code, no execution (the
+    tuning's public schedule, the same whatever K is, aside)."""
+    assert set(report["tuning"]["schedule"]) == {"slots", "trial_time_limit_s", "slot_seconds", "parallel_slots"}
+    text = json.dumps({**report, "tuning": {**report["tuning"], "schedule": None}})
     assert "steps_run" not in text and "steps_charged" not in text and "seconds" not in text
     assert "execution" not in report and "error_code" not in report["outcome"]
     assert report["mechanism"] is None and report["outcome"]["charged"] == "whole-reservation"
@@ -401,17 +406,16 @@ def test_a_tuning_that_ended_without_success_reports_its_charge_and_counts_no_tr
     alice: TestClient, settings: Settings, database: Database, small_dataset: str, ending: str
 ) -> None:
     body = alice.post("/v1/tuning-jobs", json=_tuning_request(small_dataset)).json()
-
-    def cancel_then_stop(*args: object, **kwargs: object) -> None:
-        alice.post(f"/v1/tuning-jobs/{body['id']}/cancel")
-        return None
-
-    if ending == "cancelled":
-        patches = [mock.patch("worker.runner.JobRunner._run_trial", side_effect=cancel_then_stop)]
-    else:
-        patches = [mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom"))]
-    with mock.patch("app.privacy.sample_trial_count", return_value=2), patches[0]:
-        assert JobRunner(settings, db=database).run(body["job_id"]) == ending
+    with (
+        mock.patch("app.privacy.sample_trial_count", return_value=2),
+        mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
+    ):
+        if ending == "cancelled":  # while its slots wait: it ends at once, in the API's transaction
+            assert JobRunner(settings, db=database).run(body["job_id"]) == "opened"
+            assert alice.post(f"/v1/tuning-jobs/{body['id']}/cancel").json()["status"] == "cancelled"
+            assert set(run_slots(settings, database, body["job_id"]).values()) == {"skipped"}
+        else:
+            assert run_tuning(settings, database, body["job_id"]) == "failed"
     entry = _commit(database, body["job_id"])
     report = alice.get(f"/v1/jobs/{body['job_id']}/report").json()
     assert report["status"] == ending and report["event"] == report["reserved_event"] == entry.event

@@ -27,11 +27,11 @@ def _tuning_request(dataset_id: str) -> dict[str, object]:
     return {
         "base": {
             **dp_sgd_spec(dataset_id, target_epsilon=1.0),
-            "training": {"steps": 5, "batch_size": 64, "learning_rate": 0.5},
+            "training": {"steps": 5, "batch_size": 64, "learning_rate": 0.5, "time_limit_s": 3},
             "evaluation": {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.5},
         },
         "search_space": {"training.learning_rate": [0.05, 0.5]},
-        "trials": {"mean": 2},
+        "trials": {"mean": 1.5, "maximum": 3},
         "selection": {"metric": "accuracy"},
     }
 

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.budget_gauge import BudgetGauge
+from app.dataset_deletion import DeletionProgress
+from app.dataset_status import DatasetStatus
 from app.job_views import job_epsilon
 from app.reporting.html_report import render_report_html
 from app.reporting.ledger_history import LedgerPoint
@@ -178,6 +180,7 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
             history=[point],
             ledger_svg=None,
             jobs=[_job()],
+            deletion=DeletionProgress(status=DatasetStatus.ACTIVE, jobs_settling=0, models_pending=0),
             **_page_context(),
         )
     )
