@@ -161,7 +161,7 @@ def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str 
 
 def _clear_abandoned_trials(db: Database, settings: Settings) -> None:
     """The trial queues of tunings that ended, or whose worker was lost, with their models'
-    private files (app/tuning/trial_queue.py): a tuning's own worker clears them when it settles."""
+    private files (app/tuning/trial_queue.py): the worker that closes a tuning clears them."""
     try:
         files = trial_queue.clear_abandoned(db)
         if files:

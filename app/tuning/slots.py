@@ -48,12 +48,15 @@ __all__ = [
     "done_count",
     "drop_abandoned",
     "finish",
+    "finished_unclosed",
     "give_back",
     "heartbeat",
     "mark_resent",
     "mark_sent",
     "open_tuning",
     "outcomes",
+    "running_per_tuning",
+    "sent_long_ago",
     "stale_running",
     "waiting",
 ]
@@ -119,13 +122,6 @@ def open_tuning(db: Database, *, job_id: str, attempt: int, candidates: Sequence
             for index in range(slots)
         )
     return True
-
-
-def is_open(session: Session, *, job_id: str, attempt: int) -> bool:
-    return (
-        session.scalar(select(TuningSlot.id).where(TuningSlot.job_id == job_id, TuningSlot.attempt == attempt))
-        is not None
-    )
 
 
 def claim(db: Database, *, job_id: str, attempt: int, slot: int, worker: str) -> ClaimedSlot | None:
