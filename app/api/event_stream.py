@@ -212,7 +212,8 @@ async def reserve_stream_slot(request: Request) -> AsyncIterator[StreamSlot | No
     an authentication and a job lookup before being refused; this way the 429 costs nothing. The
     slot is keyed by the presented key's digest (a bogus key only spends its own per-key cap and
     gives its slot back when authentication fails). Unless a stream took it over, it is released
-    when the request ends, whatever the route answered.
+    when the route returns, whatever it answered, and before that answer is sent (the route
+    declares it with ``scope="function"``), so a client retrying at once never meets its own slot.
     """
     principal = bearer_principal(request.scope)
     if principal is None or not wants_event_stream(request.headers.get("accept")):

@@ -44,7 +44,12 @@ def planning_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
 
 
 async def planning_slot(request: Request) -> AsyncIterator[None]:
-    """Hold a slot for the request's duration (estimates and submissions), or answer 429."""
+    """Hold a slot while the route runs (estimates and submissions), or answer 429.
+
+    Released when the route returns, before its answer is sent (``scope="function"`` below): a
+    request-scoped ``yield`` dependency is closed only after the response has gone out, so a
+    client sending its next submission as soon as it read the answer found its own slot still
+    held about one time in ten and got 429 with "per-key limit 1" (issue 36)."""
     principal = bearer_principal(request.scope)
     if principal is None:  # the route answers 401 without computing anything
         yield
@@ -67,4 +72,4 @@ async def planning_slot(request: Request) -> AsyncIterator[None]:
         slots.release(principal)
 
 
-PlanningSlotDep = Annotated[None, Depends(planning_slot)]
+PlanningSlotDep = Annotated[None, Depends(planning_slot, scope="function")]
