@@ -14,7 +14,7 @@ counts as 10 s and as a failure. An attack *held* when the healthz p99 and B's p
 attack's own expectations failed (e.g. a refused spec that was accepted, a budget that moved).
 Between attacks A's queued and running jobs are cancelled and the run waits for a quiet service.
 
-    .venv/bin/python -m bench.attack_run [--seconds 15] [--only NAME] [--json PATH]
+    .venv/bin/python -m bench.attack_run [--seconds 15] [--only NAME]... [--json PATH]
 
 About 4 minutes in all. Prints a markdown table (one row per attack, plus two reference rows
 without an attack: ``idle``, the service at rest, and ``training``, one of A's jobs running on the
@@ -168,6 +168,8 @@ def format_outcomes(statuses: dict[str, Counter[str]]) -> str:
 class AttackContext:
     base: str
     attacker_key: str
+    extra_attacker_keys: tuple[str, ...]
+    """More keys of the attacking tenant, for attacks that spread over keys (``Attack.keys``)."""
     admin_key: str
     """Tenant A's setup key: reads A's budget and cleans up, never part of the attack."""
     dataset_id: str
@@ -205,12 +207,18 @@ class Attack:
     summary: str
     tenant: str
     """The role whose fresh key the attack uses: "attacker" (A) unless it needs an empty tenant."""
+    keys: int = 1
+    """Fresh keys of that tenant the attack gets (the first is ``attacker_key``)."""
+    needs_history: bool = False
+    """Whether A's dataset should first get a ledger and job history (``build_history``)."""
 
 
 ATTACKS: dict[str, Attack] = {}
 
 
-def attack(name: str, *, min_seconds: float = 0.0, tenant: str = "attacker") -> Callable[[AttackFn], AttackFn]:
+def attack(
+    name: str, *, min_seconds: float = 0.0, tenant: str = "attacker", keys: int = 1, needs_history: bool = False
+) -> Callable[[AttackFn], AttackFn]:
     """Register an attack; its docstring's first line is its summary."""
 
     def register(run: AttackFn) -> AttackFn:
@@ -219,6 +227,8 @@ def attack(name: str, *, min_seconds: float = 0.0, tenant: str = "attacker") -> 
             run=run,
             min_seconds=min_seconds,
             tenant=tenant,
+            keys=keys,
+            needs_history=needs_history,
             summary=(run.__doc__ or name).strip().splitlines()[0],
         )
         return run
@@ -788,6 +798,120 @@ async def crafted_cursor(ctx: AttackContext, record: AttackRecord) -> None:
             record.problems.append(f"{label}: answers other than 422/429: {unexpected}")
 
 
+FLOOD_WORKERS = 30
+FLOOD_KEYS = 6
+
+
+def flood_pages(dataset_id: str) -> tuple[str, ...]:
+    """Dashboard and API pages of A's own data: ordinary, authorised GETs."""
+    return (
+        "/ui/datasets",
+        f"/ui/datasets/{dataset_id}",
+        "/ui/jobs",
+        "/v1/datasets",
+        f"/v1/datasets/{dataset_id}/ledger",
+        "/v1/jobs",
+    )
+
+
+def retry_after_s(response: httpx.Response | None) -> float:
+    """The wait a 429 asks for (1 s when it names none); 0 for any other answer."""
+    if response is None or response.status_code != 429:
+        return 0.0
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0
+
+
+async def _flood_gets(
+    ctx: AttackContext, record: AttackRecord, *, clients: Sequence[httpx.AsyncClient], pages: Sequence[str]
+) -> int:
+    """FLOOD_WORKERS loops of GETs over `pages`, worker i on client i mod len(clients), each loop
+    waiting out a 429's Retry-After as a well-behaved client would (the flood stays under the
+    rate limit: what it spends is concurrency, not request count). Returns the requests sent."""
+    sent = [0]
+
+    async def loop(worker: int) -> None:
+        http = clients[worker % len(clients)]
+        n = worker
+        while time.monotonic() < ctx.until:
+            url = pages[n % len(pages)]
+            n += FLOOD_WORKERS
+            response = await send(http, record, label=f"GET {url.split('/')[1]}", method="GET", url=url)
+            sent[0] += 1
+            await asyncio.sleep(min(retry_after_s(response), ctx.remaining_s()))
+
+    await asyncio.gather(*(loop(worker) for worker in range(FLOOD_WORKERS)))
+    return sent[0]
+
+
+def _note_rate(record: AttackRecord, *, requests: int, seconds: float) -> None:
+    per_s = requests / max(seconds, 1e-9)
+    limit = _default_setting("rate_limit_per_minute") / 60.0
+    record.notes.append(f"{requests} requests in {seconds:.0f} s ({per_s:.1f}/s; the rate limit refills {limit:g}/s)")
+
+
+@attack("get-flood", needs_history=True)
+async def get_flood(ctx: AttackContext, record: AttackRecord) -> None:
+    """One key: 30 concurrent dashboard and API GETs of its own pages in a loop."""
+    started = time.monotonic()
+    async with ctx.client() as http:
+        sent = await _flood_gets(ctx, record, clients=[http], pages=flood_pages(ctx.dataset_id))
+    _note_rate(record, requests=sent, seconds=time.monotonic() - started)
+    for label in ("GET ui", "GET v1"):
+        expect_seen(record, label=label, outcome="200", meaning="the flood's own pages never answered")
+    expect_seen(
+        record, label="GET v1", outcome="429 too-many-concurrent-requests", meaning="no per-principal concurrency cap"
+    )
+
+
+@attack("get-flood-keys", keys=FLOOD_KEYS, needs_history=True)
+async def get_flood_keys(ctx: AttackContext, record: AttackRecord) -> None:
+    """One tenant, 6 keys: the same 30 concurrent GETs spread 5 per key (a per-key cap alone is bypassed)."""
+    started = time.monotonic()
+    keys = (ctx.attacker_key, *ctx.extra_attacker_keys)
+    clients = [ctx.client(key=key) for key in keys]
+    try:
+        sent = await _flood_gets(ctx, record, clients=clients, pages=flood_pages(ctx.dataset_id))
+    finally:
+        for http in clients:
+            await http.aclose()
+    _note_rate(record, requests=sent, seconds=time.monotonic() - started)
+    expect_seen(
+        record, label="GET v1", outcome="429 too-many-concurrent-requests", meaning="no per-tenant concurrency cap"
+    )
+
+
+@attack("bad-key-flood")
+async def bad_key_flood(ctx: AttackContext, record: AttackRecord) -> None:
+    """30 concurrent GETs, each with a fresh random key, from the bystander's own address."""
+    started = time.monotonic()
+    sent = [0]
+    async with ctx.client(authorised=False) as http:
+
+        async def loop(_worker: int) -> None:
+            while time.monotonic() < ctx.until:
+                headers = {"Authorization": f"Bearer pt_{secrets.token_urlsafe(32)}"}
+                try:
+                    response: httpx.Response | None = await http.get("/v1/datasets", headers=headers)
+                except httpx.TimeoutException:
+                    record.count(label="GET v1 bad key", outcome="timeout")
+                    response = None
+                except httpx.TransportError as exc:
+                    record.count(label="GET v1 bad key", outcome=f"error {type(exc).__name__}")
+                    response = None
+                else:
+                    record.count(label="GET v1 bad key", outcome=await outcome_of(response))
+                sent[0] += 1
+                await asyncio.sleep(min(retry_after_s(response), ctx.remaining_s()))
+
+        await asyncio.gather(*(loop(worker) for worker in range(FLOOD_WORKERS)))
+    _note_rate(record, requests=sent[0], seconds=time.monotonic() - started)
+    expect_refused(record, label="GET v1 bad key")
+    record.notes.append("the probe's bystander key comes from the same loopback address as the flood")
+
+
 # ----------------------------------------------------------------------------- bystander probe
 
 
@@ -993,7 +1117,8 @@ def served_api(*, data_dir: Path, log_path: Path) -> Iterator[RunningApi]:
 class Principals:
     admin_key: str
     bystander_key: str
-    attack_keys: dict[str, str]
+    attack_keys: dict[str, tuple[str, ...]]
+    """Per attack, its fresh keys (one unless the attack asks for more)."""
 
 
 def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principals:
@@ -1009,7 +1134,7 @@ def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principal
                 ("setup", "attacker"),
                 ("bystander", "bystander"),
                 ("third", "third"),
-                *((f"attack:{spec.name}", spec.tenant) for spec in attacks),
+                *((f"attack:{spec.name}:{n}", spec.tenant) for spec in attacks for n in range(spec.keys)),
             ]:
                 keys[label] = generate_api_key()
                 register_api_key(session, tenant=tenants[role], key=keys[label], label=label)
@@ -1018,8 +1143,30 @@ def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principal
     return Principals(
         admin_key=keys["setup"],
         bystander_key=keys["bystander"],
-        attack_keys={spec.name: keys[f"attack:{spec.name}"] for spec in attacks},
+        attack_keys={spec.name: tuple(keys[f"attack:{spec.name}:{n}"] for n in range(spec.keys)) for spec in attacks},
     )
+
+
+HISTORY_JOBS = 200
+
+
+def build_history(base: str, *, key: str, dataset_id: str, jobs: int = HISTORY_JOBS) -> None:
+    """Give A's dataset the history a service in use has: `jobs` submissions, each cancelled at
+    once (a reservation and its release in the ledger, a row in the jobs list), so the pages the
+    GET floods read cost what they cost in use, not what they cost on an empty service."""
+    spec = job_spec(dataset_id=dataset_id, noise_multiplier=20.0, steps=5)
+
+    def post(http: httpx.Client, url: str, body: Any = None) -> httpx.Response:
+        while (response := http.post(url, json=body)).status_code == 429:  # the setup key's rate limit
+            time.sleep(retry_after_s(response))
+        return response
+
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        for _ in range(jobs):
+            submitted = post(http, "/v1/jobs", spec)
+            if submitted.status_code != 202:
+                raise SystemExit(f"history submission failed: {submitted.status_code} {submitted.text[:500]}")
+            post(http, f"/v1/jobs/{submitted.json()['id']}/cancel")
 
 
 def upload_digits(base: str, *, key: str, name: str, csv: bytes) -> str:
@@ -1203,7 +1350,9 @@ def print_report(results: Sequence[AttackResult], *, started: float) -> None:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="window per attack (some need more)")
-    parser.add_argument("--only", choices=sorted(ATTACKS), default=None, help="run one attack")
+    parser.add_argument(
+        "--only", choices=sorted(ATTACKS), action="append", default=None, help="run this attack (repeatable)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
     return parser.parse_args(argv)
 
@@ -1217,13 +1366,16 @@ def _run_all(names: Sequence[str], *, seconds: float, tmp: Path) -> list[AttackR
     with served_api(data_dir=data_dir, log_path=tmp / "serve.log") as api:
         dataset_id = upload_digits(api.base, key=principals.admin_key, name="a-digits", csv=digits)
         upload_digits(api.base, key=principals.bystander_key, name="b-digits", csv=digits)
+        if any(ATTACKS[name].needs_history for name in names):
+            build_history(api.base, key=principals.admin_key, dataset_id=dataset_id)
         for name in names:
             notes = settle(base=api.base, principals=principals)
 
             def ctx_for(until: float, name: str = name) -> AttackContext:
                 return AttackContext(
                     base=api.base,
-                    attacker_key=principals.attack_keys[name],
+                    attacker_key=principals.attack_keys[name][0],
+                    extra_attacker_keys=principals.attack_keys[name][1:],
                     admin_key=principals.admin_key,
                     dataset_id=dataset_id,
                     bystander_name=TENANTS["bystander"],
@@ -1262,7 +1414,7 @@ def _exit_on_sigterm(_signum: int, _frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    names = [args.only] if args.only else list(ATTACKS)
+    names = args.only or list(ATTACKS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="privtrain-attack-") as tmp:
         results = _run_all(names, seconds=args.seconds, tmp=Path(tmp))
