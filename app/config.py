@@ -288,14 +288,14 @@ class Settings(BaseSettings):
         "admitted request never waits for a thread",
     )
     max_concurrent_requests_per_tenant: int = Field(
-        default=12,
+        default=8,
         ge=1,
         le=100_000,
         description="requests in flight per API process for one tenant, all its API keys and dashboard sessions "
         "together; past it a 429 too-many-concurrent-requests",
     )
     max_concurrent_requests_per_key: int = Field(
-        default=8,
+        default=6,
         ge=1,
         le=100_000,
         description="requests in flight per API process for one API key (Bearer and dashboard together); past it "

@@ -1,10 +1,13 @@
-"""Attack run: issue 13's attacks against a running embedded service, with bystanders watching.
+"""Attack run: issues 13's and 36's attacks against a running embedded service, with bystanders watching.
 
 The service runs as users start it (`privtrain-admin serve`: SQLite, filesystem broker and one
 worker, in a fresh temporary data dir, on a free loopback port) with every protection at its
-default: inherited ``PRIVTRAIN_*`` variables are dropped, so what is measured is what ships.
-Tenant A attacks (one fresh API key per attack, so one attack's rate-limit debt never shields the
-next), tenant B is the bystander, tenant C is a third name for the grant probe.
+default: inherited ``PRIVTRAIN_*`` variables are dropped, so what is measured is what ships
+(``--setting`` overrides one setting, and the report's first line says so). Tenant A attacks (one
+fresh API key per attack, so one attack's rate-limit debt never shields the next; several for an
+attack that spreads over keys), tenant B is the bystander, tenant C is a third name for the grant
+probe. Before the GET floods, A's dataset gets a history (200 jobs submitted and cancelled), so
+that its pages cost what they cost in use.
 
 While each attack runs, a separate process (so a busy attacker cannot slow the measurement
 itself) probes open-loop: ``GET /healthz`` every 50 ms and B's ``GET /v1/datasets`` every 100 ms,
@@ -14,7 +17,7 @@ counts as 10 s and as a failure. An attack *held* when the healthz p99 and B's p
 attack's own expectations failed (e.g. a refused spec that was accepted, a budget that moved).
 Between attacks A's queued and running jobs are cancelled and the run waits for a quiet service.
 
-    .venv/bin/python -m bench.attack_run [--seconds 15] [--only NAME]... [--json PATH]
+    .venv/bin/python -m bench.attack_run [--seconds 15] [--only NAME]... [--json PATH] [--setting NAME=VALUE]...
 
 About 4 minutes in all. Prints a markdown table (one row per attack, plus two reference rows
 without an attack: ``idle``, the service at rest, and ``training``, one of A's jobs running on the
@@ -40,7 +43,7 @@ import tempfile
 import time
 import zipfile
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +103,8 @@ class Sample(NamedTuple):
     """Seconds after the probe started: when this probe was fired."""
     latency_s: float
     ok: bool
+    outcome: str = "200"
+    """What a failed probe got: '429 too-many-concurrent-requests', 'timeout', …"""
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,9 @@ class AttackContext:
             base_url=self.base,
             headers=headers,
             timeout=httpx.Timeout(ATTACK_TIMEOUT_S, read=read_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200),
+            # idle connections dropped well before uvicorn's 5 s keep-alive closes them, so a reused
+            # one is never being closed by the server at that moment (a broken connection is a hang)
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200, keepalive_expiry=2.0),
         )
 
     def remaining_s(self) -> float:
@@ -259,10 +266,13 @@ async def send(
     content: bytes | None = None,
     params: dict[str, Any] | None = None,
     data: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> httpx.Response | None:
     """One attacker request, its outcome counted under `label`; None if it got no answer."""
     try:
-        response = await http.request(method, url, json=json_body, content=content, params=params, data=data)
+        response = await http.request(
+            method, url, json=json_body, content=content, params=params, data=data, headers=headers
+        )
     except httpx.TimeoutException:
         record.count(label=label, outcome="timeout")
         return None
@@ -892,17 +902,14 @@ async def bad_key_flood(ctx: AttackContext, record: AttackRecord) -> None:
 
         async def loop(_worker: int) -> None:
             while time.monotonic() < ctx.until:
-                headers = {"Authorization": f"Bearer pt_{secrets.token_urlsafe(32)}"}
-                try:
-                    response: httpx.Response | None = await http.get("/v1/datasets", headers=headers)
-                except httpx.TimeoutException:
-                    record.count(label="GET v1 bad key", outcome="timeout")
-                    response = None
-                except httpx.TransportError as exc:
-                    record.count(label="GET v1 bad key", outcome=f"error {type(exc).__name__}")
-                    response = None
-                else:
-                    record.count(label="GET v1 bad key", outcome=await outcome_of(response))
+                response = await send(
+                    http,
+                    record,
+                    label="GET v1 bad key",
+                    method="GET",
+                    url="/v1/datasets",
+                    headers={"Authorization": f"Bearer pt_{secrets.token_urlsafe(32)}"},
+                )
                 sent[0] += 1
                 await asyncio.sleep(min(retry_after_s(response), ctx.remaining_s()))
 
@@ -920,10 +927,11 @@ async def _timed_get(http: httpx.AsyncClient, url: str, *, origin: float, sample
     sent_at = round(time.monotonic() - origin, 3)
     try:
         response = await http.get(url)
-    except httpx.HTTPError:
-        samples.append(Sample(sent_at, PROBE_TIMEOUT_S, False))
+    except httpx.HTTPError as exc:
+        samples.append(Sample(sent_at, PROBE_TIMEOUT_S, False, f"error {type(exc).__name__}"))
         return
-    samples.append(Sample(sent_at, time.perf_counter() - started, response.status_code == 200))
+    latency = time.perf_counter() - started
+    samples.append(Sample(sent_at, latency, response.status_code == 200, await outcome_of(response)))
 
 
 async def _probe_loop(http: httpx.AsyncClient, *, url: str, every_s: float, stop: Any, samples: list[Sample]) -> None:
@@ -1029,10 +1037,12 @@ def _serve_command(port: int) -> list[str]:
     return [*command, "serve", "--port", str(port)]
 
 
-def _serve_env(data_dir: Path) -> dict[str, str]:
-    """The caller's environment without PRIVTRAIN_* settings: every protection at its default."""
+def _serve_env(data_dir: Path, overrides: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment without PRIVTRAIN_* settings: every protection at its default,
+    unless ``--setting`` overrides one (the report's first line names them)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("PRIVTRAIN_")}
-    return {**env, "PRIVTRAIN_DATA_DIR": str(data_dir), "PRIVTRAIN_LOG_LEVEL": "WARNING"}
+    chosen = {f"PRIVTRAIN_{name.upper()}": value for name, value in overrides.items()}
+    return {**env, **chosen, "PRIVTRAIN_DATA_DIR": str(data_dir), "PRIVTRAIN_LOG_LEVEL": "WARNING"}
 
 
 def _wait_healthy(base: str, *, server: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -1091,14 +1101,14 @@ class RunningApi:
 
 
 @contextmanager
-def served_api(*, data_dir: Path, log_path: Path) -> Iterator[RunningApi]:
+def served_api(*, data_dir: Path, log_path: Path, overrides: Mapping[str, str]) -> Iterator[RunningApi]:
     """`privtrain-admin serve` (embedded: SQLite, filesystem broker, one worker), cleaned up."""
     port = _free_port()
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             _serve_command(port),
             cwd=REPO_ROOT,
-            env=_serve_env(data_dir),
+            env=_serve_env(data_dir, overrides),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -1269,8 +1279,8 @@ class AttackResult:
     bystander: LatencySummary
     verdict: str
     api_tree_rss_mib: tuple[float, float]
-    samples: dict[str, list[tuple[float, float, bool]]]
-    """Per probe kind: (sent at s, latency ms, ok) in the order the answers came."""
+    samples: dict[str, list[tuple[float, float, bool, str]]]
+    """Per probe kind: (sent at s, latency ms, ok, outcome) in the order the answers came."""
 
 
 async def _bounded(spec: Attack, ctx: AttackContext, record: AttackRecord) -> None:
@@ -1300,6 +1310,10 @@ def run_attack(
         asyncio.run(_bounded(spec, ctx_for(started + window), record))
     elapsed = time.monotonic() - started
     healthz, bystander = LatencySummary.of(samples["healthz"]), LatencySummary.of(samples["bystander"])
+    for kind, probes in samples.items():
+        failed = Counter(sample.outcome for sample in probes if not sample.ok)
+        if failed:
+            record.notes.append(f"{kind} probe failures: {format_outcomes({'got': failed}).removeprefix('got: ')}")
     return AttackResult(
         name=spec.name,
         summary=spec.summary,
@@ -1317,15 +1331,17 @@ def run_attack(
         ),
         api_tree_rss_mib=(rss_before, tree_rss_mib(api_pid)),
         samples={
-            kind: [(s.sent_at_s, round(1e3 * s.latency_s, 2), s.ok) for s in values] for kind, values in samples.items()
+            kind: [(s.sent_at_s, round(1e3 * s.latency_s, 2), s.ok, s.outcome) for s in values]
+            for kind, values in samples.items()
         },
     )
 
 
-def print_report(results: Sequence[AttackResult], *, started: float) -> None:
+def print_report(results: Sequence[AttackResult], *, started: float, overrides: Mapping[str, str]) -> None:
+    chosen = ", ".join(f"{name}={value}" for name, value in overrides.items()) or "every setting at its default"
     print(
         f"# attack run {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()} ({os.cpu_count()} cores, "
-        f"{platform.platform()}), {time.monotonic() - started:.0f} s in all"
+        f"{platform.platform()}), {time.monotonic() - started:.0f} s in all; {chosen}"
     )
     print(
         "| attack | attacker got | healthz p50 / p99 / max ms | bystander p50 / p99 / max ms "
@@ -1354,16 +1370,33 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--only", choices=sorted(ATTACKS), action="append", default=None, help="run this attack (repeatable)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--setting",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="serve with this setting instead of its default, e.g. max_concurrent_requests_per_tenant=6 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    args.setting = dict(args.setting)
+    return args
 
 
-def _run_all(names: Sequence[str], *, seconds: float, tmp: Path) -> list[AttackResult]:
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or name.lower() not in Settings.model_fields:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME a setting, got {text!r}")
+    return name.lower(), value
+
+
+def _run_all(names: Sequence[str], *, seconds: float, tmp: Path, overrides: Mapping[str, str]) -> list[AttackResult]:
     data_dir = tmp / "data"
     principals = create_principals(data_dir, attacks=[ATTACKS[name] for name in names])
     digits = _digits_csv()
     bomb = build_npz_bomb() if "npz-bomb" in names else b""
     results = []
-    with served_api(data_dir=data_dir, log_path=tmp / "serve.log") as api:
+    with served_api(data_dir=data_dir, log_path=tmp / "serve.log", overrides=overrides) as api:
         dataset_id = upload_digits(api.base, key=principals.admin_key, name="a-digits", csv=digits)
         upload_digits(api.base, key=principals.bystander_key, name="b-digits", csv=digits)
         if any(ATTACKS[name].needs_history for name in names):
@@ -1417,8 +1450,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = args.only or list(ATTACKS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="privtrain-attack-") as tmp:
-        results = _run_all(names, seconds=args.seconds, tmp=Path(tmp))
-    print_report(results, started=started)
+        results = _run_all(names, seconds=args.seconds, tmp=Path(tmp), overrides=args.setting)
+    print_report(results, started=started, overrides=args.setting)
     if args.json is not None:
         args.json.write_text(json.dumps([_to_json(r) for r in results], indent=1, ensure_ascii=False))
 

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from app.api.deps import get_services
+from app.api.deps import ServicesDep
 from app.bootstrap import migration_head
 from app.problems import Problem
 from app.service_metrics import collect_metrics
@@ -77,8 +77,7 @@ def _check_storage(services: Any) -> None:
 
 
 @router.get("/readyz")
-async def readyz(request: Request) -> JSONResponse:
-    services = get_services(request)  # not ServicesDep: a sync dependency would take a shared thread
+async def readyz(services: ServicesDep, request: Request) -> JSONResponse:
     checks: dict[str, str] = {}
     for name, check in (
         ("database", _check_database),
@@ -108,8 +107,7 @@ async def readyz(request: Request) -> JSONResponse:
         }
     },
 )
-async def metrics(request: Request) -> Response:
-    services = get_services(request)  # not ServicesDep: a sync dependency would take a shared thread
+async def metrics(services: ServicesDep, request: Request) -> Response:
     token = services.settings.metrics_token
     if token is not None:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
