@@ -327,6 +327,42 @@ class Settings(BaseSettings):
     max_concurrent_plans_per_key: int = Field(
         default=1, gt=0, description="privacy computations one API key may have in flight per API process"
     )
+    max_concurrent_requests: int = Field(
+        default=32,
+        ge=1,
+        le=100_000,
+        description="requests in flight per API process, all callers together (health probes not counted); past it "
+        "a 429 too-many-concurrent-requests. The thread pool of sync routes is sized to this plus 8, so an "
+        "admitted request never waits for a thread",
+    )
+    max_concurrent_requests_per_tenant: int = Field(
+        default=8,
+        ge=1,
+        le=100_000,
+        description="requests in flight per API process for one tenant, all its API keys and dashboard sessions "
+        "together; past it a 429 too-many-concurrent-requests",
+    )
+    max_concurrent_requests_per_key: int = Field(
+        default=6,
+        ge=1,
+        le=100_000,
+        description="requests in flight per API process for one API key (Bearer and dashboard together); past it "
+        "a 429 too-many-concurrent-requests",
+    )
+    max_concurrent_requests_per_address: int = Field(
+        default=8,
+        ge=1,
+        le=100_000,
+        description="requests in flight per API process from one client address without a valid API key "
+        "(anonymous, unknown or revoked key); past it a 429 too-many-concurrent-requests",
+    )
+    max_concurrent_unverified_requests: int = Field(
+        default=16,
+        ge=1,
+        le=100_000,
+        description="requests in flight per API process without a valid API key, all addresses together, so that "
+        "they never take the slots of verified callers; past it a 429 too-many-concurrent-requests",
+    )
     upload_idle_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="an upload that sends nothing for this long is refused (408)"
     )

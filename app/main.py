@@ -7,6 +7,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI
 
 from app.api import (
@@ -30,7 +31,20 @@ from app.config import Settings, get_settings
 from app.problems import document_problems, install_problem_handlers
 from app.rate_limit import RateLimiter, RateLimitMiddleware, principal_resolver
 from app.reconciler import run_periodically
+from app.request_cap import RequestCapMiddleware, RequestCaps
 from app.services import JobDispatcher, Services, build_services
+from app.verified_keys import KnownKeys, lookup_active_key
+
+THREAD_HEADROOM = 8
+"""Threads of the shared pool beyond the request cap: a request's teardown after its answer, and
+anything not counted. With the default cap (32) the pool keeps AnyIO's default of 40."""
+
+
+def size_thread_pool(max_concurrent_requests: int) -> None:
+    """Make the running event loop's shared thread pool (sync routes, sync dependencies) large
+    enough that a request the cap admitted never waits for a thread; never shrink it."""
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = max(int(limiter.total_tokens), max_concurrent_requests + THREAD_HEADROOM)
 
 
 def create_app(
@@ -45,6 +59,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        size_thread_pool(settings.max_concurrent_requests)
         if settings.bootstrap_api_key:
             register_bootstrap_key(services.db, settings.bootstrap_api_key)
         stop = threading.Event()
@@ -73,14 +88,29 @@ def create_app(
     )
     install_docs_pages(app)
     app.state.services = services
+    presented_key = principal_resolver(
+        secret=functools.cache(lambda: session_secret(settings)), max_age_s=settings.ui_session_max_age_s
+    )
+    app.state.request_slots = RequestCaps.slots(
+        per_key=settings.max_concurrent_requests_per_key,
+        per_tenant=settings.max_concurrent_requests_per_tenant,
+        per_address=settings.max_concurrent_requests_per_address,
+        unverified=settings.max_concurrent_unverified_requests,
+        total=settings.max_concurrent_requests,
+    )
+    app.state.known_keys = KnownKeys(lookup=functools.partial(lookup_active_key, services.db))
+    # Added first, so it runs inside the rate limit: a rate-limited request takes no slot.
+    app.add_middleware(
+        RequestCapMiddleware,
+        slots=app.state.request_slots,
+        known_keys=app.state.known_keys,
+        presented=presented_key,
+    )
     if settings.rate_limit_per_minute > 0:
         app.add_middleware(
             RateLimitMiddleware,
             limiter=RateLimiter(per_minute=settings.rate_limit_per_minute, burst=settings.rate_limit_burst),
-            principal=principal_resolver(
-                secret=functools.cache(lambda: session_secret(settings)),
-                max_age_s=settings.ui_session_max_age_s,
-            ),
+            principal=presented_key,
         )
     install_problem_handlers(app)
     install_domain_error_handler(app)

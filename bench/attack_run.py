@@ -1,10 +1,13 @@
-"""Attack run: issue 13's attacks against a running embedded service, with bystanders watching.
+"""Attack run: issues 13's and 36's attacks against a running embedded service, with bystanders watching.
 
 The service runs as users start it (`privtrain-admin serve`: SQLite, filesystem broker and one
 worker, in a fresh temporary data dir, on a free loopback port) with every protection at its
-default: inherited ``PRIVTRAIN_*`` variables are dropped, so what is measured is what ships.
-Tenant A attacks (one fresh API key per attack, so one attack's rate-limit debt never shields the
-next), tenant B is the bystander, tenant C is a third name for the grant probe.
+default: inherited ``PRIVTRAIN_*`` variables are dropped, so what is measured is what ships
+(``--setting`` overrides one setting, and the report's first line says so). Tenant A attacks (one
+fresh API key per attack, so one attack's rate-limit debt never shields the next; several for an
+attack that spreads over keys), tenant B is the bystander, tenant C is a third name for the grant
+probe. Before the GET floods, A's dataset gets a history (200 jobs submitted and cancelled), so
+that its pages cost what they cost in use.
 
 While each attack runs, a separate process (so a busy attacker cannot slow the measurement
 itself) probes open-loop: ``GET /healthz`` every 50 ms and B's ``GET /v1/datasets`` every 100 ms,
@@ -14,7 +17,7 @@ counts as 10 s and as a failure. An attack *held* when the healthz p99 and B's p
 attack's own expectations failed (e.g. a refused spec that was accepted, a budget that moved).
 Between attacks A's queued and running jobs are cancelled and the run waits for a quiet service.
 
-    .venv/bin/python -m bench.attack_run [--seconds 15] [--only NAME] [--json PATH]
+    .venv/bin/python -m bench.attack_run [--seconds 15] [--only NAME]... [--json PATH] [--setting NAME=VALUE]...
 
 About 4 minutes in all. Prints a markdown table (one row per attack, plus two reference rows
 without an attack: ``idle``, the service at rest, and ``training``, one of A's jobs running on the
@@ -40,7 +43,7 @@ import tempfile
 import time
 import zipfile
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +103,8 @@ class Sample(NamedTuple):
     """Seconds after the probe started: when this probe was fired."""
     latency_s: float
     ok: bool
+    outcome: str = "200"
+    """What a failed probe got: '429 too-many-concurrent-requests', 'timeout', …"""
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,8 @@ def format_outcomes(statuses: dict[str, Counter[str]]) -> str:
 class AttackContext:
     base: str
     attacker_key: str
+    extra_attacker_keys: tuple[str, ...]
+    """More keys of the attacking tenant, for attacks that spread over keys (``Attack.keys``)."""
     admin_key: str
     """Tenant A's setup key: reads A's budget and cleans up, never part of the attack."""
     dataset_id: str
@@ -187,7 +194,9 @@ class AttackContext:
             base_url=self.base,
             headers=headers,
             timeout=httpx.Timeout(ATTACK_TIMEOUT_S, read=read_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200),
+            # idle connections dropped well before uvicorn's 5 s keep-alive closes them, so a reused
+            # one is never being closed by the server at that moment (a broken connection is a hang)
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200, keepalive_expiry=2.0),
         )
 
     def remaining_s(self) -> float:
@@ -205,12 +214,18 @@ class Attack:
     summary: str
     tenant: str
     """The role whose fresh key the attack uses: "attacker" (A) unless it needs an empty tenant."""
+    keys: int = 1
+    """Fresh keys of that tenant the attack gets (the first is ``attacker_key``)."""
+    needs_history: bool = False
+    """Whether A's dataset should first get a ledger and job history (``build_history``)."""
 
 
 ATTACKS: dict[str, Attack] = {}
 
 
-def attack(name: str, *, min_seconds: float = 0.0, tenant: str = "attacker") -> Callable[[AttackFn], AttackFn]:
+def attack(
+    name: str, *, min_seconds: float = 0.0, tenant: str = "attacker", keys: int = 1, needs_history: bool = False
+) -> Callable[[AttackFn], AttackFn]:
     """Register an attack; its docstring's first line is its summary."""
 
     def register(run: AttackFn) -> AttackFn:
@@ -219,6 +234,8 @@ def attack(name: str, *, min_seconds: float = 0.0, tenant: str = "attacker") -> 
             run=run,
             min_seconds=min_seconds,
             tenant=tenant,
+            keys=keys,
+            needs_history=needs_history,
             summary=(run.__doc__ or name).strip().splitlines()[0],
         )
         return run
@@ -249,10 +266,13 @@ async def send(
     content: bytes | None = None,
     params: dict[str, Any] | None = None,
     data: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> httpx.Response | None:
     """One attacker request, its outcome counted under `label`; None if it got no answer."""
     try:
-        response = await http.request(method, url, json=json_body, content=content, params=params, data=data)
+        response = await http.request(
+            method, url, json=json_body, content=content, params=params, data=data, headers=headers
+        )
     except httpx.TimeoutException:
         record.count(label=label, outcome="timeout")
         return None
@@ -788,6 +808,117 @@ async def crafted_cursor(ctx: AttackContext, record: AttackRecord) -> None:
             record.problems.append(f"{label}: answers other than 422/429: {unexpected}")
 
 
+FLOOD_WORKERS = 30
+FLOOD_KEYS = 6
+
+
+def flood_pages(dataset_id: str) -> tuple[str, ...]:
+    """Dashboard and API pages of A's own data: ordinary, authorised GETs."""
+    return (
+        "/ui/datasets",
+        f"/ui/datasets/{dataset_id}",
+        "/ui/jobs",
+        "/v1/datasets",
+        f"/v1/datasets/{dataset_id}/ledger",
+        "/v1/jobs",
+    )
+
+
+def retry_after_s(response: httpx.Response | None) -> float:
+    """The wait a 429 asks for (1 s when it names none); 0 for any other answer."""
+    if response is None or response.status_code != 429:
+        return 0.0
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0
+
+
+async def _flood_gets(
+    ctx: AttackContext, record: AttackRecord, *, clients: Sequence[httpx.AsyncClient], pages: Sequence[str]
+) -> int:
+    """FLOOD_WORKERS loops of GETs over `pages`, worker i on client i mod len(clients), each loop
+    waiting out a 429's Retry-After as a well-behaved client would (the flood stays under the
+    rate limit: what it spends is concurrency, not request count). Returns the requests sent."""
+    sent = [0]
+
+    async def loop(worker: int) -> None:
+        http = clients[worker % len(clients)]
+        n = worker
+        while time.monotonic() < ctx.until:
+            url = pages[n % len(pages)]
+            n += FLOOD_WORKERS
+            response = await send(http, record, label=f"GET {url.split('/')[1]}", method="GET", url=url)
+            sent[0] += 1
+            await asyncio.sleep(min(retry_after_s(response), ctx.remaining_s()))
+
+    await asyncio.gather(*(loop(worker) for worker in range(FLOOD_WORKERS)))
+    return sent[0]
+
+
+def _note_rate(record: AttackRecord, *, requests: int, seconds: float) -> None:
+    per_s = requests / max(seconds, 1e-9)
+    limit = _default_setting("rate_limit_per_minute") / 60.0
+    record.notes.append(f"{requests} requests in {seconds:.0f} s ({per_s:.1f}/s; the rate limit refills {limit:g}/s)")
+
+
+@attack("get-flood", needs_history=True)
+async def get_flood(ctx: AttackContext, record: AttackRecord) -> None:
+    """One key: 30 concurrent dashboard and API GETs of its own pages in a loop."""
+    started = time.monotonic()
+    async with ctx.client() as http:
+        sent = await _flood_gets(ctx, record, clients=[http], pages=flood_pages(ctx.dataset_id))
+    _note_rate(record, requests=sent, seconds=time.monotonic() - started)
+    for label in ("GET ui", "GET v1"):
+        expect_seen(record, label=label, outcome="200", meaning="the flood's own pages never answered")
+    expect_seen(
+        record, label="GET v1", outcome="429 too-many-concurrent-requests", meaning="no per-principal concurrency cap"
+    )
+
+
+@attack("get-flood-keys", keys=FLOOD_KEYS, needs_history=True)
+async def get_flood_keys(ctx: AttackContext, record: AttackRecord) -> None:
+    """One tenant, 6 keys: the same 30 concurrent GETs spread 5 per key (a per-key cap alone is bypassed)."""
+    started = time.monotonic()
+    keys = (ctx.attacker_key, *ctx.extra_attacker_keys)
+    clients = [ctx.client(key=key) for key in keys]
+    try:
+        sent = await _flood_gets(ctx, record, clients=clients, pages=flood_pages(ctx.dataset_id))
+    finally:
+        for http in clients:
+            await http.aclose()
+    _note_rate(record, requests=sent, seconds=time.monotonic() - started)
+    expect_seen(
+        record, label="GET v1", outcome="429 too-many-concurrent-requests", meaning="no per-tenant concurrency cap"
+    )
+
+
+@attack("bad-key-flood")
+async def bad_key_flood(ctx: AttackContext, record: AttackRecord) -> None:
+    """30 concurrent GETs, each with a fresh random key, from the bystander's own address."""
+    started = time.monotonic()
+    sent = [0]
+    async with ctx.client(authorised=False) as http:
+
+        async def loop(_worker: int) -> None:
+            while time.monotonic() < ctx.until:
+                response = await send(
+                    http,
+                    record,
+                    label="GET v1 bad key",
+                    method="GET",
+                    url="/v1/datasets",
+                    headers={"Authorization": f"Bearer pt_{secrets.token_urlsafe(32)}"},
+                )
+                sent[0] += 1
+                await asyncio.sleep(min(retry_after_s(response), ctx.remaining_s()))
+
+        await asyncio.gather(*(loop(worker) for worker in range(FLOOD_WORKERS)))
+    _note_rate(record, requests=sent[0], seconds=time.monotonic() - started)
+    expect_refused(record, label="GET v1 bad key")
+    record.notes.append("the probe's bystander key comes from the same loopback address as the flood")
+
+
 # ----------------------------------------------------------------------------- bystander probe
 
 
@@ -796,10 +927,11 @@ async def _timed_get(http: httpx.AsyncClient, url: str, *, origin: float, sample
     sent_at = round(time.monotonic() - origin, 3)
     try:
         response = await http.get(url)
-    except httpx.HTTPError:
-        samples.append(Sample(sent_at, PROBE_TIMEOUT_S, False))
+    except httpx.HTTPError as exc:
+        samples.append(Sample(sent_at, PROBE_TIMEOUT_S, False, f"error {type(exc).__name__}"))
         return
-    samples.append(Sample(sent_at, time.perf_counter() - started, response.status_code == 200))
+    latency = time.perf_counter() - started
+    samples.append(Sample(sent_at, latency, response.status_code == 200, await outcome_of(response)))
 
 
 async def _probe_loop(http: httpx.AsyncClient, *, url: str, every_s: float, stop: Any, samples: list[Sample]) -> None:
@@ -905,10 +1037,12 @@ def _serve_command(port: int) -> list[str]:
     return [*command, "serve", "--port", str(port)]
 
 
-def _serve_env(data_dir: Path) -> dict[str, str]:
-    """The caller's environment without PRIVTRAIN_* settings: every protection at its default."""
+def _serve_env(data_dir: Path, overrides: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment without PRIVTRAIN_* settings: every protection at its default,
+    unless ``--setting`` overrides one (the report's first line names them)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("PRIVTRAIN_")}
-    return {**env, "PRIVTRAIN_DATA_DIR": str(data_dir), "PRIVTRAIN_LOG_LEVEL": "WARNING"}
+    chosen = {f"PRIVTRAIN_{name.upper()}": value for name, value in overrides.items()}
+    return {**env, **chosen, "PRIVTRAIN_DATA_DIR": str(data_dir), "PRIVTRAIN_LOG_LEVEL": "WARNING"}
 
 
 def _wait_healthy(base: str, *, server: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -967,14 +1101,14 @@ class RunningApi:
 
 
 @contextmanager
-def served_api(*, data_dir: Path, log_path: Path) -> Iterator[RunningApi]:
+def served_api(*, data_dir: Path, log_path: Path, overrides: Mapping[str, str]) -> Iterator[RunningApi]:
     """`privtrain-admin serve` (embedded: SQLite, filesystem broker, one worker), cleaned up."""
     port = _free_port()
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             _serve_command(port),
             cwd=REPO_ROOT,
-            env=_serve_env(data_dir),
+            env=_serve_env(data_dir, overrides),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -993,7 +1127,8 @@ def served_api(*, data_dir: Path, log_path: Path) -> Iterator[RunningApi]:
 class Principals:
     admin_key: str
     bystander_key: str
-    attack_keys: dict[str, str]
+    attack_keys: dict[str, tuple[str, ...]]
+    """Per attack, its fresh keys (one unless the attack asks for more)."""
 
 
 def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principals:
@@ -1009,7 +1144,7 @@ def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principal
                 ("setup", "attacker"),
                 ("bystander", "bystander"),
                 ("third", "third"),
-                *((f"attack:{spec.name}", spec.tenant) for spec in attacks),
+                *((f"attack:{spec.name}:{n}", spec.tenant) for spec in attacks for n in range(spec.keys)),
             ]:
                 keys[label] = generate_api_key()
                 register_api_key(session, tenant=tenants[role], key=keys[label], label=label)
@@ -1018,8 +1153,30 @@ def create_principals(data_dir: Path, *, attacks: Sequence[Attack]) -> Principal
     return Principals(
         admin_key=keys["setup"],
         bystander_key=keys["bystander"],
-        attack_keys={spec.name: keys[f"attack:{spec.name}"] for spec in attacks},
+        attack_keys={spec.name: tuple(keys[f"attack:{spec.name}:{n}"] for n in range(spec.keys)) for spec in attacks},
     )
+
+
+HISTORY_JOBS = 200
+
+
+def build_history(base: str, *, key: str, dataset_id: str, jobs: int = HISTORY_JOBS) -> None:
+    """Give A's dataset the history a service in use has: `jobs` submissions, each cancelled at
+    once (a reservation and its release in the ledger, a row in the jobs list), so the pages the
+    GET floods read cost what they cost in use, not what they cost on an empty service."""
+    spec = job_spec(dataset_id=dataset_id, noise_multiplier=20.0, steps=5)
+
+    def post(http: httpx.Client, url: str, body: Any = None) -> httpx.Response:
+        while (response := http.post(url, json=body)).status_code == 429:  # the setup key's rate limit
+            time.sleep(retry_after_s(response))
+        return response
+
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        for _ in range(jobs):
+            submitted = post(http, "/v1/jobs", spec)
+            if submitted.status_code != 202:
+                raise SystemExit(f"history submission failed: {submitted.status_code} {submitted.text[:500]}")
+            post(http, f"/v1/jobs/{submitted.json()['id']}/cancel")
 
 
 def upload_digits(base: str, *, key: str, name: str, csv: bytes) -> str:
@@ -1122,8 +1279,8 @@ class AttackResult:
     bystander: LatencySummary
     verdict: str
     api_tree_rss_mib: tuple[float, float]
-    samples: dict[str, list[tuple[float, float, bool]]]
-    """Per probe kind: (sent at s, latency ms, ok) in the order the answers came."""
+    samples: dict[str, list[tuple[float, float, bool, str]]]
+    """Per probe kind: (sent at s, latency ms, ok, outcome) in the order the answers came."""
 
 
 async def _bounded(spec: Attack, ctx: AttackContext, record: AttackRecord) -> None:
@@ -1153,6 +1310,10 @@ def run_attack(
         asyncio.run(_bounded(spec, ctx_for(started + window), record))
     elapsed = time.monotonic() - started
     healthz, bystander = LatencySummary.of(samples["healthz"]), LatencySummary.of(samples["bystander"])
+    for kind, probes in samples.items():
+        failed = Counter(sample.outcome for sample in probes if not sample.ok)
+        if failed:
+            record.notes.append(f"{kind} probe failures: {format_outcomes({'got': failed}).removeprefix('got: ')}")
     return AttackResult(
         name=spec.name,
         summary=spec.summary,
@@ -1170,15 +1331,17 @@ def run_attack(
         ),
         api_tree_rss_mib=(rss_before, tree_rss_mib(api_pid)),
         samples={
-            kind: [(s.sent_at_s, round(1e3 * s.latency_s, 2), s.ok) for s in values] for kind, values in samples.items()
+            kind: [(s.sent_at_s, round(1e3 * s.latency_s, 2), s.ok, s.outcome) for s in values]
+            for kind, values in samples.items()
         },
     )
 
 
-def print_report(results: Sequence[AttackResult], *, started: float) -> None:
+def print_report(results: Sequence[AttackResult], *, started: float, overrides: Mapping[str, str]) -> None:
+    chosen = ", ".join(f"{name}={value}" for name, value in overrides.items()) or "every setting at its default"
     print(
         f"# attack run {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()} ({os.cpu_count()} cores, "
-        f"{platform.platform()}), {time.monotonic() - started:.0f} s in all"
+        f"{platform.platform()}), {time.monotonic() - started:.0f} s in all; {chosen}"
     )
     print(
         "| attack | attacker got | healthz p50 / p99 / max ms | bystander p50 / p99 / max ms "
@@ -1203,27 +1366,49 @@ def print_report(results: Sequence[AttackResult], *, started: float) -> None:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="window per attack (some need more)")
-    parser.add_argument("--only", choices=sorted(ATTACKS), default=None, help="run one attack")
+    parser.add_argument(
+        "--only", choices=sorted(ATTACKS), action="append", default=None, help="run this attack (repeatable)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the raw results here")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--setting",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="serve with this setting instead of its default, e.g. max_concurrent_requests_per_tenant=6 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    args.setting = dict(args.setting)
+    return args
 
 
-def _run_all(names: Sequence[str], *, seconds: float, tmp: Path) -> list[AttackResult]:
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or name.lower() not in Settings.model_fields:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME a setting, got {text!r}")
+    return name.lower(), value
+
+
+def _run_all(names: Sequence[str], *, seconds: float, tmp: Path, overrides: Mapping[str, str]) -> list[AttackResult]:
     data_dir = tmp / "data"
     principals = create_principals(data_dir, attacks=[ATTACKS[name] for name in names])
     digits = _digits_csv()
     bomb = build_npz_bomb() if "npz-bomb" in names else b""
     results = []
-    with served_api(data_dir=data_dir, log_path=tmp / "serve.log") as api:
+    with served_api(data_dir=data_dir, log_path=tmp / "serve.log", overrides=overrides) as api:
         dataset_id = upload_digits(api.base, key=principals.admin_key, name="a-digits", csv=digits)
         upload_digits(api.base, key=principals.bystander_key, name="b-digits", csv=digits)
+        if any(ATTACKS[name].needs_history for name in names):
+            build_history(api.base, key=principals.admin_key, dataset_id=dataset_id)
         for name in names:
             notes = settle(base=api.base, principals=principals)
 
             def ctx_for(until: float, name: str = name) -> AttackContext:
                 return AttackContext(
                     base=api.base,
-                    attacker_key=principals.attack_keys[name],
+                    attacker_key=principals.attack_keys[name][0],
+                    extra_attacker_keys=principals.attack_keys[name][1:],
                     admin_key=principals.admin_key,
                     dataset_id=dataset_id,
                     bystander_name=TENANTS["bystander"],
@@ -1262,11 +1447,11 @@ def _exit_on_sigterm(_signum: int, _frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    names = [args.only] if args.only else list(ATTACKS)
+    names = args.only or list(ATTACKS)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="privtrain-attack-") as tmp:
-        results = _run_all(names, seconds=args.seconds, tmp=Path(tmp))
-    print_report(results, started=started)
+        results = _run_all(names, seconds=args.seconds, tmp=Path(tmp), overrides=args.setting)
+    print_report(results, started=started, overrides=args.setting)
     if args.json is not None:
         args.json.write_text(json.dumps([_to_json(r) for r in results], indent=1, ensure_ascii=False))
 

@@ -5,8 +5,10 @@ one uvicorn process, PostgreSQL, Redis as the broker; no worker, so submitted jo
 Each client loops until the run's time or request budget is spent, choosing per request:
 status polls of a job (weight 7), event reads (2) and submissions (1, priced with an explicit
 noise multiplier so each admission is one RDP evaluation, not a calibration search). Every
-tenant has its own dataset and key; rate limits are off and the active-job cap is raised for the
-run, so the figures measure the service, not its protections.
+tenant has its own dataset and key; rate limits are off and the active-job, pricing and request
+caps are raised for the run, so the figures measure the service, not its protections (with the
+request cap raised to the number of clients, the thread pool of sync routes grows to that number
+plus 8: ``app.main.size_thread_pool``).
 
     .venv/bin/python -m bench.load_run --clients 200 --seconds 30 \\
         --database postgresql+psycopg://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/13
@@ -145,6 +147,10 @@ def main() -> None:
                 "PRIVTRAIN_MAX_ACTIVE_JOBS_PER_TENANT": "1000000",
                 "PRIVTRAIN_MAX_CONCURRENT_PLANS": "1000",
                 "PRIVTRAIN_MAX_CONCURRENT_PLANS_PER_KEY": "1000",
+                **{
+                    f"PRIVTRAIN_MAX_CONCURRENT_{cap}": str(args.clients)
+                    for cap in ("REQUESTS", "REQUESTS_PER_TENANT", "REQUESTS_PER_KEY", "UNVERIFIED_REQUESTS")
+                },
                 "PRIVTRAIN_LOG_LEVEL": "WARNING",
             }
             settings = Settings(data_dir=Path(tmp) / "data", database_url=database_url, broker_url=args.redis)

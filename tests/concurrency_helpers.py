@@ -62,7 +62,8 @@ def digits_csv() -> bytes:
 def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
     """Test settings for the races; the in-process reconciler is off so that nothing but the
     submissions touches the ledger or the dispatcher while the test counts them, and the upload
-    and pricing slots are wide enough that the races are decided by the database, not by 429 caps.
+    and pricing slots and the request caps are wide enough that the races are decided by the
+    database, not by 429 caps.
     Every admitted job goes to the broker at once (fair sharing's per-tenant share is wider than
     any race here), so each must be sent exactly once, however the submissions interleave."""
     values: dict[str, object] = {
@@ -73,6 +74,9 @@ def concurrency_settings(data_dir: Path, **overrides: object) -> Settings:
         "max_concurrent_uploads_per_tenant": 64,
         "max_concurrent_plans": 64,
         "max_concurrent_plans_per_key": 64,
+        "max_concurrent_requests": 256,
+        "max_concurrent_requests_per_tenant": 256,
+        "max_concurrent_requests_per_key": 256,
     }
     values.update(overrides)
     return make_settings(data_dir, **values)

@@ -51,6 +51,7 @@ from app.job_views import event_out
 from app.jobs.status import TERMINAL_STATUSES
 from app.models import Job, JobEvent
 from app.rate_limit import bearer_principal
+from app.request_cap import known_unverified, release_request_slot
 from app.schemas.jobs import JobEventOut
 from app.services import Services
 
@@ -196,6 +197,7 @@ class EventStreamResponse(StreamingResponse):
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        release_request_slot(scope)  # a stream counts against the stream caps, not as a request
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -210,13 +212,15 @@ async def reserve_stream_slot(request: Request) -> AsyncIterator[StreamSlot | No
 
     Why first: a burst of stream requests beyond the cap would otherwise each cost a thread hop,
     an authentication and a job lookup before being refused; this way the 429 costs nothing. The
-    slot is keyed by the presented key's digest (a bogus key only spends its own per-key cap and
-    gives its slot back when authentication fails). Unless a stream took it over, it is released
-    when the request ends, whatever the route answered.
+    slot is keyed by the key's digest, and taken only for a key the request cap found active
+    (:mod:`app.request_cap`): random keys take none, so they cannot fill the process's cap.
+    Unless a stream took it over, it is released when the route returns, whatever it answered,
+    and before that answer is sent (the route declares it with ``scope="function"``), so a
+    client retrying at once never meets its own slot.
     """
     principal = bearer_principal(request.scope)
-    if principal is None or not wants_event_stream(request.headers.get("accept")):
-        yield None
+    if principal is None or known_unverified(request.scope) or not wants_event_stream(request.headers.get("accept")):
+        yield None  # an unknown or revoked key takes no slot: the route answers 401
         return
     slot = take_stream_slot(request.app, request.app.state.services.settings, principal=principal)
     try:

@@ -1,12 +1,19 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Liveness, readiness and Prometheus metrics.
+
+None of them waits behind tenants' requests: they are not counted by the request cap
+(:mod:`app.request_cap`), ``/healthz`` does no I/O and runs on the event loop, and the database
+work of ``/readyz`` and ``/metrics`` runs in threads under a limiter of their own
+(``PROBE_THREADS``), never under the limiter that Starlette's sync routes share.
+"""
 
 from __future__ import annotations
 
 import hmac
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.concurrency import run_in_threadpool
+import anyio.to_thread
+from anyio import CapacityLimiter
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -19,6 +26,17 @@ from app.service_metrics import collect_metrics
 router = APIRouter(tags=["health"])
 
 MIN_FREE_DISK_BYTES = 256 * 1024 * 1024
+PROBE_THREADS = 4
+"""Threads the probes' checks may use at once, their own (a scraper and two orchestrator probes)."""
+
+
+def probe_limiter_of(app: FastAPI) -> CapacityLimiter:
+    """The app's probe limiter, made on first use (inside the serving event loop)."""
+    limiter = getattr(app.state, "probe_limiter", None)
+    if limiter is None:
+        limiter = CapacityLimiter(PROBE_THREADS)
+        app.state.probe_limiter = limiter
+    return limiter
 
 
 @router.get("/healthz")
@@ -59,7 +77,7 @@ def _check_storage(services: Any) -> None:
 
 
 @router.get("/readyz")
-async def readyz(services: ServicesDep) -> JSONResponse:
+async def readyz(services: ServicesDep, request: Request) -> JSONResponse:
     checks: dict[str, str] = {}
     for name, check in (
         ("database", _check_database),
@@ -69,7 +87,7 @@ async def readyz(services: ServicesDep) -> JSONResponse:
         ("storage", _check_storage),
     ):
         try:
-            await run_in_threadpool(check, services)
+            await anyio.to_thread.run_sync(check, services, limiter=probe_limiter_of(request.app))
             checks[name] = "ok"
         except Exception as exc:  # noqa: BLE001 - readiness must report any failing dependency (by name, not detail)
             checks[name] = f"unavailable: {type(exc).__name__}"
@@ -89,7 +107,7 @@ async def readyz(services: ServicesDep) -> JSONResponse:
         }
     },
 )
-def metrics(services: ServicesDep, request: Request) -> Response:
+async def metrics(services: ServicesDep, request: Request) -> Response:
     token = services.settings.metrics_token
     if token is not None:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -102,6 +120,13 @@ def metrics(services: ServicesDep, request: Request) -> Response:
                 detail="/metrics needs the metrics token",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+    exposition = await anyio.to_thread.run_sync(
+        _exposition, services, token is not None, limiter=probe_limiter_of(request.app)
+    )
+    return Response(exposition, media_type=CONTENT_TYPE_LATEST)
+
+
+def _exposition(services: Any, per_dataset: bool) -> bytes:
     with services.db.read_session() as session:
-        registry = collect_metrics(session, per_dataset=token is not None)
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        registry = collect_metrics(session, per_dataset=per_dataset)
+    return generate_latest(registry)

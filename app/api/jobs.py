@@ -268,7 +268,7 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
 def events(
     job_id: str,
     request: Request,
-    reserved: Annotated[StreamSlot | None, Depends(reserve_stream_slot)],
+    reserved: Annotated[StreamSlot | None, Depends(reserve_stream_slot, scope="function")],
     session: SessionDep,
     tenant: TenantDep,
     services: ServicesDep,

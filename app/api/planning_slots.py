@@ -8,8 +8,10 @@ interpreter lock, so ``/healthz`` and other tenants waited seconds. With a few s
 the rest of the service keeps its threads and most of the CPU; a caller beyond the cap gets 429
 ``too-many-computations`` with ``Retry-After`` at once, before authentication or any database work.
 
-The principal is the presented Bearer key's digest (as for the rate limit): a bogus key only spends
-its own per-key cap, and its slot comes back when authentication fails.
+The principal is the Bearer key's digest (as for the rate limit), taken only once the request cap
+(:mod:`app.request_cap`) has found an active key behind it: a request with an unknown or revoked
+key takes no pricing slot at all (the route answers 401 without computing), so a flood of random
+keys cannot hold the process's few slots and keep every real key from pricing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from app.api.slot_problems import app_registry, slots_full_problem
 from app.capped_slots import CappedSlots, SlotsFull
 from app.config import Settings
 from app.rate_limit import bearer_principal
+from app.request_cap import known_unverified
 
 __all__ = ["RETRY_AFTER_S", "PlanningSlotDep", "planning_slots_of"]
 
@@ -44,9 +47,14 @@ def planning_slots_of(app: FastAPI, settings: Settings) -> CappedSlots:
 
 
 async def planning_slot(request: Request) -> AsyncIterator[None]:
-    """Hold a slot for the request's duration (estimates and submissions), or answer 429."""
+    """Hold a slot while the route runs (estimates and submissions), or answer 429.
+
+    Released when the route returns, before its answer is sent (``scope="function"`` below): a
+    request-scoped ``yield`` dependency is closed only after the response has gone out, so a
+    client sending its next submission as soon as it read the answer found its own slot still
+    held about one time in ten and got 429 with "per-key limit 1" (issue 36)."""
     principal = bearer_principal(request.scope)
-    if principal is None:  # the route answers 401 without computing anything
+    if principal is None or known_unverified(request.scope):  # the route answers 401 without computing
         yield
         return
     slots = planning_slots_of(request.app, request.app.state.services.settings)
@@ -67,4 +75,4 @@ async def planning_slot(request: Request) -> AsyncIterator[None]:
         slots.release(principal)
 
 
-PlanningSlotDep = Annotated[None, Depends(planning_slot)]
+PlanningSlotDep = Annotated[None, Depends(planning_slot, scope="function")]

@@ -139,10 +139,12 @@ class Gone(PrivtrainError):
     """The object was erased at its owner's request (a model deleted with its dataset)."""
 
 
-@problem_types("rate-limited", "too-many-active-jobs", "too-many-uploads", statuses=(429,))
+@problem_types(
+    "rate-limited", "too-many-active-jobs", "too-many-uploads", "too-many-concurrent-requests", statuses=(429,)
+)
 class RateLimited(PrivtrainError):
-    """Too many requests (or active jobs, or concurrent uploads), still refused after the client's
-    retries."""
+    """Too many requests (or active jobs, concurrent uploads, requests in flight), still refused
+    after the client's retries."""
 
 
 @problem_types("internal-error", statuses=(500, 502, 503, 504))

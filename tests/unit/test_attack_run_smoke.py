@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
+
+import httpx
+import pytest
 
 from bench.attack_run import (
     ATTACKS,
     LatencySummary,
     Sample,
+    _parse_args,
+    _setting,
     csv_variant,
     excess_requests,
     format_outcomes,
+    retry_after_s,
     verdict,
 )
 
@@ -29,8 +36,31 @@ ISSUE_13_ATTACKS = {
 }
 
 
-def test_every_attack_of_issue_13_is_registered() -> None:
-    assert set(ATTACKS) >= ISSUE_13_ATTACKS
+ISSUE_36_ATTACKS = {"get-flood", "get-flood-keys", "bad-key-flood"}
+
+
+def test_every_attack_of_issues_13_and_36_is_registered() -> None:
+    assert set(ATTACKS) >= ISSUE_13_ATTACKS | ISSUE_36_ATTACKS
+    assert ATTACKS["get-flood-keys"].keys > 1  # spread over several keys of one tenant
+    assert ATTACKS["get-flood"].needs_history and ATTACKS["get-flood-keys"].needs_history
+
+
+def test_the_floods_wait_out_a_429s_retry_after() -> None:
+    request = httpx.Request("GET", "http://x/")
+    assert retry_after_s(httpx.Response(429, headers={"Retry-After": "3"}, request=request)) == 3.0
+    assert retry_after_s(httpx.Response(429, request=request)) == 1.0
+    assert retry_after_s(httpx.Response(200, headers={"Retry-After": "3"}, request=request)) == 0.0
+    assert retry_after_s(None) == 0.0
+
+
+def test_settings_may_be_overridden_by_name_only() -> None:
+    args = _parse_args(["--only", "idle", "--only", "get-flood", "--setting", "MAX_CONCURRENT_REQUESTS_PER_KEY=4"])
+    assert args.only == ["idle", "get-flood"]
+    assert args.setting == {"max_concurrent_requests_per_key": "4"}
+    with pytest.raises(SystemExit):
+        _parse_args(["--setting", "no_such_setting=1"])
+    with pytest.raises(argparse.ArgumentTypeError):
+        _setting("max_concurrent_requests")  # no value
 
 
 def test_fast_refusals_hold() -> None:
