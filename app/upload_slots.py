@@ -41,7 +41,9 @@ def slots_of(app: FastAPI, *, total: int, per_tenant: int) -> UploadSlots:
 
 
 async def upload_slot(request: Request, services: ServicesDep, tenant: TenantDep) -> AsyncIterator[None]:
-    """Dependency holding one upload slot for the whole request, released however it ends."""
+    """Dependency holding one upload slot while the route runs, released however it ends and
+    before its answer is sent (``scope="function"`` below): a client that sends its next upload
+    as soon as it reads the answer never finds its own slot still held."""
     settings = services.settings
     slots = slots_of(
         request.app,
@@ -64,4 +66,4 @@ async def upload_slot(request: Request, services: ServicesDep, tenant: TenantDep
         slots.release(tenant.id)
 
 
-UploadSlotDep = Annotated[None, Depends(upload_slot)]
+UploadSlotDep = Annotated[None, Depends(upload_slot, scope="function")]

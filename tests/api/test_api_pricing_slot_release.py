@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.planning_slots import planning_slots_of
+from app.upload_slots import slots_of as upload_slots_of
 from app.bootstrap import migrate
 from app.config import Settings
 from app.main import create_app
@@ -96,3 +97,28 @@ def test_a_sequential_client_of_a_live_server_never_gets_too_many_computations(t
     refused = [s for s in statuses if s[1] == 429]
     assert not refused, f"{len(refused)} of {len(statuses)} sequential requests got 429: {refused[:5]}"
     assert {s[1] for s in statuses} == {200, 202}, statuses
+
+
+def test_the_upload_slot_is_free_when_the_answer_goes_out(tmp_path: Path, digits_csv: bytes) -> None:
+    """The same for uploads (one slot per tenant here): a tenant uploading one file after another
+    never meets its own previous upload's slot."""
+    settings = make_settings(
+        tmp_path / "data", max_upload_bytes=5_000_000, max_concurrent_uploads_per_tenant=1, max_concurrent_uploads=1
+    )
+    migrate(settings)
+    app = create_app(settings, dispatcher=RecordingDispatcher())
+    seen: list[int] = []
+
+    async def observing(scope: Scope, receive: Receive, send: Send) -> None:
+        async def observed(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                seen.append(upload_slots_of(app, total=1, per_tenant=1).in_flight())
+            await send(message)
+
+        await app(scope, receive, observed)
+
+    with TestClient(observing) as client:
+        client.headers["Authorization"] = f"Bearer {new_key(app.state.services.db, 'alice')}"
+        answers = [upload(client, digits_csv, name=f"copy-{i}", epsilon=1 + i) for i in range(3)]
+    assert [a.status_code for a in answers] == [201, 409, 409]  # the same rows: refused, but never 429
+    assert seen == [0, 0, 0], "an upload slot was still held when its answer was sent"
