@@ -45,15 +45,16 @@ from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.model_catalogue import ModelSizeLimits, get_model
 from app.models import Dataset, Job
+from app.reporting.init_report import apply_init_chain, chain_guarantees, init_section
 from app.reporting.privacy_report import (
     augmentation_section,
     build_public_report,
     build_report,
     execution_section,
-    init_section,
     released_weights_section,
     report_single_job_epsilon,
 )
+from app.reporting.privacy_unit import privacy_unit_section
 from app.reporting.tuning import TUNING_CAVEAT, tuning_section
 from app.schemas.jobs import TrainingSpec
 from app.storage import StorageUnavailable, blob_store_from_settings
@@ -949,6 +950,16 @@ class JobRunner:
         epsilon = (single_job.result_for(actual) if single_job is not None else None) or report_single_job_epsilon(
             actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm
         )
+        public = claimed.dataset.public
+        init = claimed.job.spec.get("init")  # a tuning's trials share one init: its carrier's
+        chain = chain_guarantees(  # the init chain's composed guarantees, also slow: before the commit
+            init,
+            actual_event=None if public else actual,
+            delta=claimed.job.delta,
+            algorithm=claimed.job.algorithm,
+            numeric=True,
+        )
+        unit_column = claimed.dataset.privacy_unit_column
 
         def write_report(commit: lifecycle.CommitRecord) -> str:
             if commit.commit_entry is None or commit.budget_before is None or commit.budget_after is None:
@@ -960,7 +971,9 @@ class JobRunner:
                     metrics=outcome.metrics,
                     model_sha256=model_sha,
                 )
-                report["init"] = init_section(commit.job.spec.get("init"))
+                report["init"] = init_section(
+                    init, guarantees=chain, privacy_unit_column=unit_column, public_dataset=True
+                )
                 report["released_weights"] = released_weights_section(claimed.training.ema_decay)
                 report["augmentation"] = augmentation_section(claimed.training.augmult, private=False)
                 report["execution"] = outcome.execution
@@ -984,8 +997,10 @@ class JobRunner:
                 secure_gaussian=self.settings.secure_noise,
                 single_job=epsilon,
             )
-            if commit.job.spec.get("init") is not None:  # where the weights started (treated as public)
-                report["init"] = init_section(commit.job.spec["init"])
+            if init is not None:  # where the weights started; the chain's events on these rows compose
+                unit = privacy_unit_section(claimed.dataset, commit.job.spec["training"])["guarantee_unit"]
+                section = init_section(init, guarantees=chain, privacy_unit_column=unit_column)
+                apply_init_chain(report, section, guarantee_unit=unit)
             report["released_weights"] = released_weights_section(claimed.training.ema_decay)
             report["augmentation"] = augmentation_section(claimed.training.augmult)
             report["execution"] = outcome.execution

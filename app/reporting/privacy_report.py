@@ -356,44 +356,6 @@ def public_report_html(report: dict[str, Any]) -> str:
     )
 
 
-def init_section(provenance: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Where a fine-tuned job's starting weights came from, and what that means for its guarantee.
-
-    The starting weights are treated as public: this job's guarantee (if any) covers its own
-    dataset only. A base model is described by its owner's name, source and SHA-256; a job's model
-    by that job and whether its dataset was public or private."""
-    if provenance is None:
-        return None
-    if provenance["kind"] == "base-model":
-        statement = (
-            f"Training started from base model {provenance['base_model_id']} ({provenance['name']!r}, "
-            f"source: {provenance.get('source') or 'not stated'}, SHA-256 {provenance['sha256']}), uploaded "
-            "as public pretrained weights: they are treated as public, and this report covers nothing "
-            "about the data they were trained on."
-        )
-        cast_from = [dtype for dtype in provenance.get("stored_dtypes") or [] if dtype != "F32"]
-        if cast_from:
-            statement += f" Its tensors were stored in {', '.join(cast_from)} and cast to F32 when loaded."
-    elif provenance.get("dataset_public"):
-        statement = (
-            f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
-            f"trained on public dataset {provenance['dataset_id']}: those weights are treated as public."
-        )
-    else:
-        statement = (
-            f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
-            f"trained on private dataset {provenance['dataset_id']}: that model carries its own differential "
-            "privacy guarantee, already spent on that dataset's budget (see that job's report); here its "
-            "weights are treated as public, and this report covers this job's dataset only."
-        )
-    if provenance.get("new_head"):
-        statement += (
-            " Its classifier head was not reused: the start's outputs mean other classes (or another number"
-            " of them), so the head started fresh."
-        )
-    return {**provenance, "treated_as": "public", "statement": statement}
-
-
 def released_weights_section(ema_decay: float | None) -> dict[str, Any]:
     """Which weights the model file holds: the last iterate, or (``training.ema_decay``) their
     exponential moving average, a function of the iterates only, hence free post-processing."""
