@@ -774,6 +774,22 @@ def _or_reason(value: str | int | None, reason: object) -> object:
     return value if value is not None else reason
 
 
+def _init_chain_rows(e: Estimate) -> list[tuple[str, object]]:
+    """The estimate's warning that the job would use the same rows again (``init_chain``)."""
+    chain = e.init_chain
+    if not chain:
+        return []
+    rows: list[tuple[str, object]] = []
+    if chain.get("epsilon_composed_ledger") is not None:
+        rows.append(
+            (
+                f"ε of the released model (with {chain['earlier_jobs_on_this_data']} earlier job(s) on these rows)",
+                _up(chain["epsilon_composed_ledger"]),
+            )
+        )
+    return [*rows, ("init chain", chain.get("notice"))]
+
+
 def _estimate_block(e: Estimate) -> str:
     # Newer fields come from ``raw``, so this CLI also prints estimates of older servers.
     raw = e.raw
@@ -784,6 +800,7 @@ def _estimate_block(e: Estimate) -> str:
                 ("noise multiplier σ", e.noise_multiplier),
                 ("sampling probability q", e.sampling_probability),
                 ("steps", e.steps),
+                *_init_chain_rows(e),
             ]
         )
     differ = _down(e.budget_remaining_epsilon) != _down(e.largest_admissible_epsilon)
@@ -813,6 +830,7 @@ def _estimate_block(e: Estimate) -> str:
                 ),
             ),
             *([("remaining ε vs largest target ε", ESTIMATE_EPSILONS_NOTE)] if differ else []),
+            *_init_chain_rows(e),
         ]
     )
 

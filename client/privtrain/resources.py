@@ -211,6 +211,9 @@ class Estimate(Resource):
     largest_admissible_steps_reason: str | None = None
     public_dataset: bool | None = None
     """True on a public dataset: nothing is charged."""
+    init_chain: dict[str, Any] | None = None
+    """With ``model.init`` naming a job: whether the job would use the same rows again, and the
+    composed ε of the model it would release (``epsilon_composed_ledger``; a ``notice`` in words)."""
 
 
 @dataclasses.dataclass(frozen=True)
