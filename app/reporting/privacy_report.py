@@ -15,7 +15,7 @@ from app.jobs.status import JobStatus
 from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
-from app.reporting.privacy_unit import privacy_unit_section
+from app.reporting.privacy_unit import privacy_unit_section, row_count_caveat
 from privtrain.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
@@ -30,7 +30,8 @@ CAVEATS = (
     "single_job_method) is the smallest valid bound of several methods for this job alone; it is "
     "not used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid "
     "filter.",
-    "Public by design: the row count n (and the number of privacy units), the feature shape and names, "
+    "Public by design: the row count n (with a privacy unit column: the number of units, and the row count "
+    "only as a caveat below says), the feature shape and names, "
     "the task and the class list, "
     "as the owner declared them at upload. The content hash and the byte size are exact functions "
     "of the rows: only the dataset's owner sees them.",
@@ -162,6 +163,9 @@ def build_report(
         caveats.insert(0, budget_raise_caveat(adjustments))
     if not dataset.classes_declared and dataset.task == "classification":
         caveats.append(OBSERVED_CLASSES_CAVEAT)
+    unit_caveat = row_count_caveat(dataset)
+    if unit_caveat is not None:
+        caveats.append(unit_caveat)
     if metrics is not None:
         caveats.append(
             "The released evaluation metric is noisy by design (its mechanism is stated); the "

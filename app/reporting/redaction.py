@@ -41,4 +41,9 @@ def report_for_viewer(
     if isinstance(dataset, dict):
         for field in OWNER_ONLY_DATASET_FIELDS:
             dataset.pop(field, None)
+    unit_level = shown.get("unit_level")
+    if isinstance(unit_level, dict) and not unit_level.get("n_rows_public", False):  # older reports: withheld
+        unit_level["n_rows"] = None
+        if isinstance(dataset, dict):
+            dataset["n_rows"] = None
     return shown

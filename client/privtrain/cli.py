@@ -210,7 +210,7 @@ def cli(ctx: click.Context, url: str, api_key: str | None, json_output: bool, ti
 DATASET_COLUMNS: list[Column[Dataset]] = [
     Column("ID", lambda d: d.id),
     Column("NAME", lambda d: d.name, 30),
-    Column("ROWS", lambda d: d.n_rows),
+    Column("ROWS", lambda d: d.n_rows if d.n_rows is not None else "withheld"),
     Column("FEATURES", lambda d: "x".join(map(str, d.feature_shape or []))),
     Column("TASK", lambda d: d.task),
     Column("CLASSES", lambda d: d.n_classes),
@@ -236,7 +236,7 @@ def _dataset_block(d: Dataset) -> str:
             ("id", d.id),
             ("name", d.name),
             ("format", d.format),
-            ("rows", d.n_rows),
+            ("rows", d.n_rows if d.n_rows is not None else "withheld by the owner (person-level dataset)"),
             *([("privacy unit", f"{d.privacy_unit} ({d.n_units} units)")] if d.privacy_unit_column else []),
             ("feature shape", d.feature_shape),
             *([("images (H, W, C)", d.image_shape)] if d.image_shape else []),
@@ -334,6 +334,12 @@ def datasets() -> None:
     help="csv: the column naming the person each row belongs to (e.g. patient_id): the guarantee becomes per "
     "person, jobs sample persons; never a feature (docs/privacy-units.md)",
 )
+@click.option(
+    "--n-rows-public",
+    is_flag=True,
+    help="with --privacy-unit-column: show the exact row count to analysts too (by default the owner's only: it "
+    "changes by a removed person's row count)",
+)
 @json_flag
 def datasets_upload(
     path: Path,
@@ -354,6 +360,7 @@ def datasets_upload(
     text_field: str | None,
     label_field: str | None,
     privacy_unit_column: str | None,
+    n_rows_public: bool,
 ) -> None:
     """Upload a CSV (header + label column), NPZ (X, y), ZIP (class folders of PNG/JPEG
     images) or JSON Lines (texts, tokenised at upload) file with its budget.
@@ -393,6 +400,7 @@ def datasets_upload(
                 text_field=text_field,
                 label_field=label_field,
                 privacy_unit_column=privacy_unit_column,
+                n_rows_public=n_rows_public,
             )
         )
     except ValueError as exc:

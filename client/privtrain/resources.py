@@ -64,7 +64,8 @@ class Dataset(Resource):
     """The content hash: shown to the dataset's owner only (None for analysts)."""
     size_bytes: int | None
     """Shown to the dataset's owner only (None for analysts)."""
-    n_rows: int
+    n_rows: int | None
+    """None for everyone but the owner on a person-level dataset whose owner did not declare it public."""
     feature_shape: list[int]
     n_features: int
     task: str
@@ -95,6 +96,8 @@ class Dataset(Resource):
     """The number of privacy units (persons), public like n_rows; None when the unit is a row."""
     privacy_unit: str | None = None
     """What one privacy unit is, in words ("one patient_id and all its rows")."""
+    n_rows_public: bool | None = None
+    """Whether n_rows is shown to everyone with access (always, when the unit is a row)."""
 
 
 @dataclasses.dataclass(frozen=True)
