@@ -71,6 +71,16 @@ def noise_caveat(*, secure_gaussian: bool) -> str:
     )
 
 
+CLIPPING_CAVEAT = (
+    "Per-sample clipping holds in floating point: each row's (or unit's) clipped gradient, as computed, has norm "
+    "at most the clipping bound (its norm is accumulated in float64 as an upper bound, and it is clipped to the "
+    "bound times 1 − 2⁻²¹), so rounding never exceeds the sensitivity charged (docs/privacy-model.md, 'Clipping in "
+    "floating point'). Not accounted for: the float32 rounding of the sum of the batch's clipped gradients, of the "
+    "noise addition, and of the forward and backward passes (which may depend on the realised batch), all of the "
+    "order of 2⁻²⁴ of the sum."
+)
+
+
 OBSERVED_CLASSES_CAVEAT = (
     "No class list was declared at upload, so the list shown was taken from the labels found: it is "
     "an exact function of the rows, made public when the dataset was registered, and not covered by "
@@ -166,6 +176,8 @@ def build_report(
     unit_caveat = row_count_caveat(dataset)
     if unit_caveat is not None:
         caveats.append(unit_caveat)
+    if get_algorithm(job.algorithm).clips_per_sample:
+        caveats.append(CLIPPING_CAVEAT)
     if metrics is not None:
         caveats.append(
             "The released evaluation metric is noisy by design (its mechanism is stated); the "

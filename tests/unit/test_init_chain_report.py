@@ -220,3 +220,14 @@ def test_a_section_stored_before_chains_is_redacted_too() -> None:
     for secret in ("job_1", "ds_hiv", "hiv-negative", "1" * 64):
         assert secret not in text
     assert "another job (not visible to you)" in shown["statement"]
+
+
+def test_a_public_datasets_job_names_the_private_start_with_its_guarantee() -> None:
+    """Fine-tuning on a public dataset gives no guarantee for it, but the model keeps the start's."""
+    provenance = _provenance([_link(1, "other-dataset", dataset="ds_private", sigma=1.0)])
+    found = chain_guarantees(provenance, actual_event=None, delta=1e-5, algorithm="dp-sgd", numeric=False)
+    assert found is not None and found["this_dataset"] is None
+    section = init_section(provenance, guarantees=found, public_dataset=True)
+    assert section is not None and section["other_datasets"][0]["dataset_id"] == "ds_private"
+    assert "For dataset ds_private (#1) this model is post-processing" in section["statement"]
+    assert "No job in the chain trained on this dataset" not in section["statement"]
