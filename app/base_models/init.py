@@ -19,7 +19,7 @@ from app.access import job_for
 from app.base_models.dtypes import stored_dtypes
 from app.base_models.init_chain import resolve_chain
 from app.base_models.registry import base_model_for
-from app.errors import InvalidInput
+from app.errors import InvalidInput, NotFound
 from app.facts import public_class_list
 from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
@@ -77,7 +77,14 @@ def resolve_init(
             },
         )
     assert init.job_id is not None
-    job = job_for(session, tenant, init.job_id, need="read")
+    try:
+        job = job_for(session, tenant, init.job_id, need="read")
+    except NotFound:  # as GET /v1/jobs/{id}/model would answer: the same for no such job
+        raise NotFound(
+            slug="not-found",
+            detail="model.init.job_id: no job whose model you may download has this id; a job can start only from "
+            "a model its submitter may download (GET /v1/jobs/{id}/model)",
+        ) from None
     if job.status != JobStatus.SUCCEEDED or job.model_sha256 is None:
         raise _invalid(f"model.init.job_id: job {job.id} is {job.status}; only a succeeded job's model can be a start")
     start_dataset = session.get(Dataset, job.dataset_id)

@@ -235,7 +235,8 @@ def test_only_a_job_whose_model_the_submitter_may_download_can_be_a_start(
     refused = alice.post("/v1/jobs", json=_spec(bobs["id"], init=start), headers=bob)
     unknown = alice.post("/v1/jobs", json=_spec(bobs["id"], init="job_000000000000000000000000"), headers=bob)
     assert refused.status_code == unknown.status_code == 404
-    assert refused.json() == unknown.json()
+    assert refused.json() == unknown.json()  # alike: nobody learns that another tenant's job exists
+    assert refused.json()["detail"].startswith("model.init.job_id: no job whose model you may download")
     assert alice.post("/v1/jobs/estimate", json=_spec(bobs["id"], init=start), headers=bob).status_code == 404
     # Even as an analyst on alice's dataset he may not: another tenant's job there is not his to read.
     share(alice, dataset_id=mine["id"], grantee_name="bob", grantee=bob)
