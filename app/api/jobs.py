@@ -40,7 +40,7 @@ from app.models import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from app.pagination import cursor_id, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.reporting.init_report import chain_guarantees, estimate_notice
-from app.reporting.init_visibility import chain_levels, spec_for_viewer
+from app.reporting.init_visibility import LevelCache, chain_levels, spec_for_viewer
 from app.reporting.redaction import report_for_viewer
 from app.reporting.responses import html_report_response
 from app.schemas.jobs import InitChainEstimate, JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
@@ -219,12 +219,12 @@ def submit(
     return out
 
 
-def _job_view(session: Session, tenant: Tenant, job: Job) -> JobOut:
+def _job_view(session: Session, tenant: Tenant, job: Job, *, cache: LevelCache | None = None) -> JobOut:
     """The job as this tenant may see it: its spec's init chain redacted (app/reporting/init_visibility.py)."""
     out = job_out(job)
     if job.spec.get("init") is None and "tuning" not in job.spec:
         return out
-    return out.model_copy(update={"spec": spec_for_viewer(session, tenant, job.spec)})
+    return out.model_copy(update={"spec": spec_for_viewer(session, tenant, job.spec, cache=cache)})
 
 
 def _replayed(session: Session, tenant: Tenant, job: Job) -> JSONResponse:
@@ -257,7 +257,8 @@ def list_jobs(
         )
     jobs = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     next_cursor = encode_cursor([jobs[limit - 1].id]) if len(jobs) > limit else None
-    return JobList(items=[_job_view(session, tenant, j) for j in jobs[:limit]], next_cursor=next_cursor)
+    cache: LevelCache = {}  # the listing's jobs often share a start
+    return JobList(items=[_job_view(session, tenant, j, cache=cache) for j in jobs[:limit]], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobOut)

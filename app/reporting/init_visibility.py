@@ -49,9 +49,16 @@ def _shown_spec(spec: Mapping[str, Any], levels: Mapping[int, Level]) -> dict[st
     return shown
 
 
-def spec_for_viewer(session: Session, tenant: Tenant, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A job's spec as the reader may see it: its ``init`` (and each tuning candidate's) redacted."""
-    known: dict[tuple[tuple[int, tuple[str | None, str | None]], ...], dict[int, Level]] = {}
+LevelCache = dict[tuple[tuple[int, tuple[str | None, str | None]], ...], dict[int, Level]]
+"""Levels already looked up for a chain, by its (position, (job id, dataset id)) items."""
+
+
+def spec_for_viewer(
+    session: Session, tenant: Tenant, spec: Mapping[str, Any], *, cache: LevelCache | None = None
+) -> dict[str, Any]:
+    """A job's spec as the reader may see it: its ``init`` (and each tuning candidate's) redacted.
+    ``cache``: shared by the jobs of one listing, whose chains often repeat."""
+    known: LevelCache = {} if cache is None else cache
 
     def levels_of(init: Mapping[str, Any]) -> dict[int, Level]:  # a tuning's candidates share one init
         key = tuple(sorted(chain_positions(init).items()))
