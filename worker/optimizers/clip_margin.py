@@ -100,21 +100,22 @@ def _check_terms(terms: int) -> None:
 def sum_of_squares(t: torch.Tensor, *, start_dim: int = 1) -> torch.Tensor:
     """Σ of the squares of ``t`` over the dimensions from ``start_dim``, in float64: (leading dims).
 
-    The squares of float32 (or bfloat16/float16) values are exact in float64; blocks of columns
-    are converted at a time, so the float64 copy never exceeds ``_BLOCK_VALUES`` values."""
+    The squares of float32 (or bfloat16/float16) values are exact in float64. Computed as the
+    float64 L2 norm (a sum of float64 squares, then a square root) squared again: two more
+    roundings per row, which :func:`norm_upper_bound`'s factor covers. ``vector_norm`` casts its
+    input to float64 whole, so blocks of columns go at a time: the float64 copy never exceeds
+    ``_BLOCK_VALUES`` values."""
     lead = t.shape[:start_dim]
     rows = math.prod(lead)
     flat = t.reshape(rows, -1)
     _check_terms(flat.shape[1])
-    if flat.numel() <= _BLOCK_VALUES:  # one cast, one product-sum: few operations for small layers
-        whole = flat.to(torch.float64)
-        squares: torch.Tensor = torch.linalg.vecdot(whole, whole)
+    if flat.numel() <= _BLOCK_VALUES:  # small layers: two operations
+        squares: torch.Tensor = torch.linalg.vector_norm(flat, dim=1, dtype=torch.float64).square()
         return squares.reshape(lead)
     total = torch.zeros(rows, dtype=torch.float64, device=t.device)
     columns = max(1, _BLOCK_VALUES // max(1, rows))
     for start in range(0, flat.shape[1], columns):
-        block = flat[:, start : start + columns].to(torch.float64)
-        total += torch.linalg.vecdot(block, block)
+        total += torch.linalg.vector_norm(flat[:, start : start + columns], dim=1, dtype=torch.float64).square()
     return total.reshape(lead)
 
 
