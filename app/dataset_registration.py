@@ -85,6 +85,8 @@ class UploadRequest:
     """A text (JSON Lines) upload's tokenizer, max_length and member names; None for other formats."""
     privacy_unit_column: str | None = None
     """The CSV column naming each row's privacy unit (user-level privacy); None: one row."""
+    n_rows_public: bool = False
+    """With a privacy unit column: the owner declares the exact row count public (docs/privacy-units.md)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,7 @@ def upload_hash(
     image_options: ImageOptions | None = None,
     text_options: TextOptions | None = None,
     privacy_unit_column: str | None = None,
+    n_rows_public: bool = False,
 ) -> str:
     """What an upload asked for: its body's digest and every parameter."""
     request: dict[str, object] = {
@@ -216,6 +219,8 @@ def upload_hash(
         request["text"] = text_options.to_json()
     if privacy_unit_column is not None:  # absent from digests made before privacy units existed
         request["privacy_unit_column"] = privacy_unit_column
+    if n_rows_public:  # absent from digests made before the row count could be withheld
+        request["n_rows_public"] = True
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -364,6 +369,7 @@ def _new_dataset(
         text_field=body.text.text_field if body.text is not None else None,
         privacy_unit_column=upload.privacy_unit_column,
         n_units=facts.get("n_units"),
+        n_rows_public=upload.privacy_unit_column is None or upload.n_rows_public,
         idempotency_key=upload.idempotency_key,
         request_hash=request_hash if upload.idempotency_key else None,
     )
@@ -532,6 +538,7 @@ def register_upload(
                 image_options=upload.image_options,
                 text_options=upload.text_options,
                 privacy_unit_column=upload.privacy_unit_column,
+                n_rows_public=upload.n_rows_public,
             ),
         )
         replay = _earlier_upload(db, request)

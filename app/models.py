@@ -21,6 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -138,6 +139,10 @@ class Dataset(Base):
     one unit and all its rows. NULL: the privacy unit is one row."""
     n_units: Mapped[int | None] = mapped_column(Integer, nullable=True)
     """The number of privacy units, public like n_rows; NULL when the privacy unit is one row."""
+    n_rows_public: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    """Whether non-owners see the exact row count. Always True when the unit is a row (n_rows is
+    then the number of units); with a privacy unit column, the owner's declaration at upload
+    (default False: the row count changes by a removed unit's row count, docs/privacy-units.md)."""
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -48,15 +48,15 @@ from app.jobs.status import JobStatus
 from app.model_catalogue import ModelSizeLimits, get_model
 from app.models import Dataset, Job
 from app.reporting.ended_report import EndedReportWriter, ended_report_inputs
+from app.reporting.init_report import chain_guarantees, init_section
 from app.reporting.privacy_report import (
     augmentation_section,
     build_public_report,
-    build_report,
     execution_section,
-    init_section,
     released_weights_section,
     report_single_job_epsilon,
 )
+from app.reporting.released_report import ReleasedTraining, released_model_report
 from app.schemas.jobs import TrainingSpec
 from app.storage import StorageUnavailable, blob_store_from_settings
 from app.tuning import slots as tuning_slots
@@ -1002,6 +1002,16 @@ class JobRunner:
         epsilon = (single_job.result_for(actual) if single_job is not None else None) or report_single_job_epsilon(
             actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm
         )
+        public = claimed.dataset.public
+        init = claimed.job.spec.get("init")  # a tuning's trials share one init: its carrier's
+        chain = chain_guarantees(  # the init chain's composed guarantees, also slow: before the commit
+            init,
+            actual_event=None if public else actual,
+            delta=claimed.job.delta,
+            algorithm=claimed.job.algorithm,
+            numeric=True,
+        )
+        unit_column = claimed.dataset.privacy_unit_column
 
         def write_report(commit: lifecycle.CommitRecord) -> str:
             if commit.commit_entry is None or commit.budget_before is None or commit.budget_after is None:
@@ -1013,34 +1023,27 @@ class JobRunner:
                     metrics=outcome.metrics,
                     model_sha256=model_sha,
                 )
-                report["init"] = init_section(commit.job.spec.get("init"))
+                report["init"] = init_section(
+                    init, guarantees=chain, privacy_unit_column=unit_column, public_dataset=True
+                )
                 report["released_weights"] = released_weights_section(claimed.training.ema_decay)
                 report["augmentation"] = augmentation_section(claimed.training.augmult, private=False)
                 report["execution"] = outcome.execution
                 report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
                 return report_key
-            report = build_report(
-                job=commit.job,
+            report = released_model_report(
+                commit,
                 dataset=claimed.dataset,
-                sensitivity=claimed.plan.sensitivity,
-                expected_batch_size=claimed.plan.expected_batch_size,
-                sampling=claimed.plan.sampling,
-                sensitivity_norm=claimed.plan.sensitivity_norm,
+                trained=ReleasedTraining(
+                    plan=claimed.plan, hyperparameters=claimed.hyperparameters, training=claimed.training
+                ),
                 actual_event=actual,
-                budget_before=commit.budget_before,
-                budget_after=commit.budget_after,
-                commit_entry=commit.commit_entry,
-                adjustments=commit.adjustments,
                 metrics=outcome.metrics,
-                algorithm_notes=algorithm_notes(commit.job, claimed.plan, claimed.hyperparameters),
                 model_sha256=model_sha,
                 secure_gaussian=self.settings.secure_noise,
                 single_job=epsilon,
+                chain=chain,
             )
-            if commit.job.spec.get("init") is not None:  # where the weights started (treated as public)
-                report["init"] = init_section(commit.job.spec["init"])
-            report["released_weights"] = released_weights_section(claimed.training.ema_decay)
-            report["augmentation"] = augmentation_section(claimed.training.augmult)
             report["execution"] = outcome.execution
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key

@@ -98,6 +98,7 @@ class _PerSampleMapAlgorithm(PoissonGaussianAlgorithm[_MapH]):
 
     family = "dp-sgd"
     training_fields: ClassVar[frozenset[str]] = ALL_TRAINING_FIELDS  # augmult, precision: per-sample-map trainer
+    clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # the per-sample-map trainer averages a unit's rows, then maps
 
     def sensitivity(self, hyperparameters: _MapH) -> float:

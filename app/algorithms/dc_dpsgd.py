@@ -191,6 +191,7 @@ def _event_builder(q: float, threshold_noise_ratio: float | None) -> Callable[[f
 class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
     name = "dc-dpsgd"
     family = "dc-dpsgd"
+    clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is one "sample" of the rules
     training_fields: ClassVar[frozenset[str]] = PER_UNIT_TRAINING_FIELDS
     paper = (
@@ -245,6 +246,7 @@ class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
 class DCDPSGDThreshold(PoissonGaussianAlgorithm[DCDPSGDThresholdHyperparameters]):
     name = "dc-dpsgd-threshold"
     family = "dc-dpsgd"
+    clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is one "sample" of the rule
     training_fields: ClassVar[frozenset[str]] = PER_UNIT_TRAINING_FIELDS
     paper = DCDPSGDRank.paper

@@ -160,6 +160,7 @@ class _DiceSGDFamily(AlgorithmDefinition[_DiceH]):
     """The shared plan: Poisson batches, one Gaussian of sensitivity Δ per step, NO amplification."""
 
     family = "dicesgd"
+    clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is clipped and fed back as one
     training_fields: ClassVar[frozenset[str]] = PER_UNIT_TRAINING_FIELDS
     paper = (

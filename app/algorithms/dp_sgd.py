@@ -35,6 +35,7 @@ class DPSGD(PoissonGaussianAlgorithm[DPSGDHyperparameters]):
     )
     Hyperparameters = DPSGDHyperparameters
     training_fields: ClassVar[frozenset[str]] = ALL_TRAINING_FIELDS  # augmult, precision: per-sample-map trainer
+    clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # the per-sample-map trainer averages a unit's rows, then maps
 
     def sensitivity(self, hyperparameters: DPSGDHyperparameters) -> float:

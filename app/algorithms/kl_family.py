@@ -566,6 +566,7 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
     full_batch = True
     # Per person: every release uses every unit's mean gradient over its row slots, clipped to L0
     # as one vector, and divides by the public number of units (worker/optimizers/kl_common.py).
+    clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True
     paper = (
         "Menart, Ullah, Arora, Bassily, Guzmán, Differentially Private Non-Convex Optimization "

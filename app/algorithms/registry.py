@@ -89,6 +89,9 @@ class AlgorithmDefinition(Generic[H]):
     """False for the non-private optimizers (app.algorithms.non_private): public datasets only."""
     tasks: ClassVar[frozenset[str]] = frozenset({"classification", "regression", "language-model"})
     """The dataset tasks this algorithm trains on; submission refuses the others (422)."""
+    clips_per_sample: ClassVar[bool] = False
+    """Bounds each row's (unit's) gradient with a per-sample map (clipping, normalisation): its report
+    states what the floating-point clipping bound covers (docs/privacy-model.md#clipping-in-floating-point)."""
     privacy_units: ClassVar[bool] = False
     """Trains on datasets whose privacy unit is a person (a privacy unit column): samples units and
     bounds each unit's contribution. The others are refused there (422 privacy-unit-unsupported)."""

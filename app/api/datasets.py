@@ -130,7 +130,9 @@ def dataset_out(
         sha256=dataset.sha256 if owner else None,
         content_digest=dataset.content_digest if owner else None,
         size_bytes=dataset.size_bytes if owner else None,
-        n_rows=dataset.n_rows,
+        # A unit-level dataset's exact row count is a function of the rows: the owner's, unless declared public.
+        n_rows=dataset.n_rows if owner or dataset.n_rows_public else None,
+        n_rows_public=dataset.n_rows_public,
         feature_shape=list(dataset.feature_shape),
         modality="image" if dataset.modality == "image" else "text" if dataset.modality == "text" else "tabular",
         image_shape=image_shape(dataset),
@@ -280,6 +282,15 @@ async def upload_dataset(
             "docs/privacy-units.md",
         ),
     ] = None,
+    n_rows_public: Annotated[
+        bool,
+        Query(
+            description="with privacy_unit_column: declare the exact row count public. By default only the owner "
+            "sees n_rows on such a dataset: it changes by a removed unit's row count, so it is an exact function of "
+            "the rows (docs/privacy-units.md#the-row-count); n_units stays public. Without privacy_unit_column the "
+            "row count is the number of units and always public (this flag is then refused)",
+        ),
+    ] = False,
     public: Annotated[
         bool,
         Query(
@@ -313,6 +324,7 @@ async def upload_dataset(
             unit_field=privacy_unit_column,
         )
         _check_privacy_unit_column(privacy_unit_column, fmt=format, public=public)
+        _check_n_rows_public(n_rows_public, privacy_unit_column=privacy_unit_column)
     except DatasetValidationError as exc:
         raise invalid_dataset(exc) from exc
     except TextValidationError as exc:
@@ -344,12 +356,23 @@ async def upload_dataset(
             image_options=image_options,
             text_options=text_options,
             privacy_unit_column=privacy_unit_column,
+            n_rows_public=n_rows_public,
         ),
     )
     out = dataset_out(registered.dataset, registered.budget)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)
     return out.model_copy(update={"notices": list(registered.notices), "ledger_continued": registered.continued})
+
+
+def _check_n_rows_public(n_rows_public: bool, *, privacy_unit_column: str | None) -> None:
+    """``n_rows_public`` declares something only where the row count is not the unit count."""
+    if n_rows_public and privacy_unit_column is None:
+        raise InvalidInput(
+            slug="n-rows-public-without-privacy-unit",
+            detail="n_rows_public applies only with privacy_unit_column: without one the privacy unit is a row, and "
+            "the row count (the number of units) is public by design; leave n_rows_public out",
+        )
 
 
 def _check_privacy_unit_column(column: str | None, *, fmt: str, public: bool) -> None:
@@ -574,7 +597,7 @@ def raise_budget(
                 budget,
                 epsilon=body.epsilon,
                 delta=body.delta if body.delta is not None else budget.delta,
-                n_rows=dataset.n_rows,
+                n_rows=dataset.n_rows if dataset.n_units is None else dataset.n_units,  # δ < 1/(number of units)
                 actor=f"tenant:{tenant.id}",
                 reason=body.reason,
             )

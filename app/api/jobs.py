@@ -40,9 +40,11 @@ from app.models import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from app.pagination import cursor_id, decode_cursor, encode_cursor
 from app.problems import Problem
 from app.reporting.ended_report import cancel_report_writer
+from app.reporting.init_report import chain_guarantees, estimate_notice
+from app.reporting.init_visibility import LevelCache, chain_levels, spec_for_viewer
 from app.reporting.redaction import report_for_viewer
 from app.reporting.responses import html_report_response
-from app.schemas.jobs import JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
+from app.schemas.jobs import InitChainEstimate, JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
 from app.services import Services
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
@@ -57,7 +59,11 @@ def job_planner(
     dataset = dataset_for(session, tenant, spec.dataset_id, need="submit")
     budget = session.get(PrivacyBudget, dataset.id)
     assert budget is not None
-    init = resolve_init(session, tenant, spec.model.init, blobs=services.blobs) if spec.model.init is not None else None
+    init = (
+        resolve_init(session, tenant, spec.model.init, blobs=services.blobs, dataset=dataset)
+        if spec.model.init is not None
+        else None
+    )
     settings = services.settings
 
     def plan(candidate: JobCreate) -> JobPlan:
@@ -102,6 +108,7 @@ def _public_estimate(plan: JobPlan) -> PrivacyEstimate:
         largest_admissible_epsilon=None,
         largest_admissible_steps_reason="the dataset is public: it has no budget, so any number of steps is admitted",
         smallest_admissible_noise_multiplier_reason="the dataset is public: it has no budget to fit",
+        init_chain=_init_chain_estimate(plan),
     )
 
 
@@ -132,7 +139,24 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> Privac
         evaluation_epsilon=(
             privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta) if plan.evaluation else None
         ),
+        init_chain=_init_chain_estimate(plan),
     )
+
+
+def _init_chain_estimate(plan: JobPlan) -> InitChainEstimate | None:
+    """The warning that the job would use the same rows again, with the composed ε
+    (closed forms only: the request path never waits for the numeric accountants)."""
+    init = plan.spec.get("init")
+    guarantees = chain_guarantees(
+        init,
+        actual_event=None if plan.public_dataset else plan.event_json,
+        delta=plan.delta,
+        algorithm=plan.algorithm.name,
+        numeric=False,
+    )
+    links = ((init or {}).get("chain") or {}).get("links") or []
+    block = estimate_notice(guarantees, links)
+    return None if block is None else InitChainEstimate(**block)
 
 
 @router.post("/estimate", response_model=PrivacyEstimate)
@@ -165,7 +189,7 @@ def submit(
     )
     existing = earlier(session, Job, request)
     if existing is not None:
-        return _replayed(existing)
+        return _replayed(session, tenant, existing)
     plan, _, queue = _plan(services, session, tenant, spec)
     session.close()  # give the read connection back before taking a write one
 
@@ -186,8 +210,8 @@ def submit(
     # A concurrent retry with the same key that committed first is answered as a replay.
     job, replayed = create_once(services.db, Job, request, create=admit, replay=lambda _session, first: (first, True))
     if replayed:
-        return _replayed(job)
-    out = job_out(job)
+        return _replayed(session, tenant, job)
+    out = _job_view(session, tenant, job)
     try:  # sent now if the tenant has a free slot in the broker (app/fair_dispatch.py)
         dispatch_with_settings(services.db, services.dispatcher, services.settings)
     except Exception:  # the reconciler sends queued jobs in its next round
@@ -196,9 +220,17 @@ def submit(
     return out
 
 
-def _replayed(job: Job) -> JSONResponse:
+def _job_view(session: Session, tenant: Tenant, job: Job, *, cache: LevelCache | None = None) -> JobOut:
+    """The job as this tenant may see it: its spec's init chain redacted (app/reporting/init_visibility.py)."""
+    out = job_out(job)
+    if job.spec.get("init") is None and "tuning" not in job.spec:
+        return out
+    return out.model_copy(update={"spec": spec_for_viewer(session, tenant, job.spec, cache=cache)})
+
+
+def _replayed(session: Session, tenant: Tenant, job: Job) -> JSONResponse:
     """A retried submission: the job its first attempt created, 200 instead of 202."""
-    return JSONResponse(job_out(job).model_dump(mode="json"), status_code=200)
+    return JSONResponse(_job_view(session, tenant, job).model_dump(mode="json"), status_code=200)
 
 
 @router.get("", response_model=JobList)
@@ -226,12 +258,13 @@ def list_jobs(
         )
     jobs = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     next_cursor = encode_cursor([jobs[limit - 1].id]) if len(jobs) > limit else None
-    return JobList(items=[job_out(j) for j in jobs[:limit]], next_cursor=next_cursor)
+    cache: LevelCache = {}  # the listing's jobs often share a start
+    return JobList(items=[_job_view(session, tenant, j, cache=cache) for j in jobs[:limit]], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}", response_model=JobOut)
 def get_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
-    return job_out(job_for(session, tenant, job_id, need="read"))
+    return _job_view(session, tenant, job_for(session, tenant, job_id, need="read"))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut)
@@ -241,11 +274,10 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
     job = job_for(session, tenant, job_id, need="cancel")
     report = cancel_report_writer(services.blobs, job, session.get(Dataset, job.dataset_id))
     session.close()  # give the read connection back before taking a write one
-    return job_out(
-        lifecycle.cancel(
-            services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
-        )
+    cancelled = lifecycle.cancel(
+        services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
     )
+    return _job_view(session, tenant, cancelled)
 
 
 @router.get(
@@ -393,4 +425,5 @@ def download_report(
     if format == "html":
         return html_report_response(session, job, report, viewer_tenant_id=tenant.id)
     owner = relation_to(session, tenant, job) == "dataset-owner"
-    return JSONResponse(report_for_viewer(report, viewer_owns_dataset=owner))
+    levels = chain_levels(session, tenant, report.get("init"))
+    return JSONResponse(report_for_viewer(report, viewer_owns_dataset=owner, init_levels=levels))

@@ -60,6 +60,7 @@ from app.models import ApiKey, Dataset, Job, JobEvent, LedgerEntry, PrivacyBudge
 from app.problems import Problem
 from app.reporting import ledger_history, opening_budget, plots
 from app.reporting.ended_report import cancel_report_writer
+from app.reporting.init_visibility import spec_for_viewer
 from app.reporting.responses import html_report_response
 from app.reporting.templating import render
 from app.storage import BlobStore
@@ -522,6 +523,7 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
         "job.html",
         viewer=viewer,
         job=job,
+        spec=spec_for_viewer(db_session, viewer.tenant, job.spec),
         dataset=dataset,
         events=rows,
         live=live,

@@ -1,10 +1,11 @@
 """Resolve a job's ``model.init`` into the provenance its plan, worker and report use.
 
-The starting weights are treated as public: training from them changes nothing in the privacy
-accounting of the new job (its cost depends only on its own mechanism). The report states where
-they came from: a base model's name, source and SHA-256, or the job they were trained by, and
-whether that job's dataset was public or private (a private job's model carries its own DP
-guarantee, already spent on that job's dataset).
+Training from given weights changes nothing in the price of the new job (its cost depends only on
+its own mechanism), and nothing in any ledger. What the weights mean for the new job's guarantee
+depends on where they came from: a base model is public pretrained weights; a job's model is a
+function of every job in its init chain (app/base_models/init_chain.py), and the chain's jobs on
+the new job's own dataset used those rows before, so the guarantee composes their events with the
+new job's (docs/privacy-model.md#init-chain).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from sqlalchemy.orm import Session
 
 from app.access import job_for
 from app.base_models.dtypes import stored_dtypes
+from app.base_models.init_chain import resolve_chain
 from app.base_models.registry import base_model_for
 from app.dataset_status import DatasetStatus
-from app.errors import InvalidInput
+from app.errors import InvalidInput, NotFound
 from app.facts import public_class_list
 from app.jobs.status import JobStatus
 from app.model_catalogue import get_model
@@ -42,11 +44,21 @@ def _invalid(detail: str) -> InvalidInput:
     return InvalidInput(slug="invalid-model-init", detail=detail)
 
 
-def resolve_init(session: Session, tenant: Tenant, init: ModelInit, *, blobs: BlobStore | None = None) -> InitSource:
-    """The caller's base model, or a succeeded job whose model the caller may read (404 otherwise).
+def resolve_init(
+    session: Session,
+    tenant: Tenant,
+    init: ModelInit,
+    *,
+    blobs: BlobStore | None = None,
+    dataset: Dataset | None = None,
+) -> InitSource:
+    """The caller's base model, or a succeeded job whose model the caller may read (404 otherwise,
+    exactly as ``GET /v1/jobs/{id}/model`` answers: docs/sharing.md#fine-tuning-from-another-job).
 
     ``blobs``: where the base model's file is stored; given, the provenance also records the dtypes
-    it was uploaded in (``stored_dtypes``), so the report can say that the weights were cast."""
+    it was uploaded in (``stored_dtypes``), so the report can say that the weights were cast.
+    ``dataset``: the new job's dataset; given, a job's provenance also holds its init ``chain``
+    (app/base_models/init_chain.py), whose events on this dataset the guarantee composes."""
     if init.base_model_id is not None:
         record = base_model_for(session, tenant.id, init.base_model_id)
         dtypes = {} if blobs is None else {"stored_dtypes": stored_dtypes(blobs, record)}
@@ -66,31 +78,39 @@ def resolve_init(session: Session, tenant: Tenant, init: ModelInit, *, blobs: Bl
             },
         )
     assert init.job_id is not None
-    job = job_for(session, tenant, init.job_id, need="read")
+    try:
+        job = job_for(session, tenant, init.job_id, need="read")
+    except NotFound:  # as GET /v1/jobs/{id}/model would answer: the same for no such job
+        raise NotFound(
+            slug="not-found",
+            detail="model.init.job_id: no job whose model you may download has this id; a job can start only from "
+            "a model its submitter may download (GET /v1/jobs/{id}/model)",
+        ) from None
     if job.status != JobStatus.SUCCEEDED or job.model_sha256 is None:
         raise _invalid(f"model.init.job_id: job {job.id} is {job.status}; only a succeeded job's model can be a start")
-    dataset = session.get(Dataset, job.dataset_id)
-    assert dataset is not None
-    if job.model_blob is None or (dataset.status != DatasetStatus.ACTIVE and dataset.delete_models):
+    start_dataset = session.get(Dataset, job.dataset_id)
+    assert start_dataset is not None
+    if job.model_blob is None or (start_dataset.status != DatasetStatus.ACTIVE and start_dataset.delete_models):
         raise _invalid(f"model.init.job_id: job {job.id}'s model was deleted with its dataset")
     from app.job_planning import facts_of  # here: job_planning imports this module (a cycle at import time)
 
-    facts = facts_of(dataset)
+    facts = facts_of(start_dataset)
     return InitSource(
         architecture=job.model_name,
         params=dict(job.spec["model"]["params"]),
-        input_shape=tuple(dataset.feature_shape),
+        input_shape=tuple(start_dataset.feature_shape),
         provenance={
             "kind": "job",
             "job_id": job.id,
-            "dataset_id": dataset.id,
-            "dataset_public": dataset.public,
+            "dataset_id": start_dataset.id,
+            "dataset_public": start_dataset.public,
             "sha256": job.model_sha256,
             "architecture": job.model_name,
             "n_outputs": get_model(job.model_name).n_outputs(facts),
-            "epsilon": None if dataset.public else job.epsilon_committed,
-            "delta": None if dataset.public else job.delta,
-            "classes": dataset_classes(dataset),
+            "epsilon": None if start_dataset.public else job.epsilon_committed,
+            "delta": None if start_dataset.public else job.delta,
+            "classes": dataset_classes(start_dataset),
+            **({} if dataset is None else {"chain": resolve_chain(session, job, dataset=dataset)}),
         },
     )
 

@@ -7,6 +7,7 @@ and epsilons are rounded up, capacities down (see :mod:`app.privacy.rounding`).
 
 from app.privacy.budget_filter import admission_order, remaining_epsilon
 from app.privacy.calibration import calibrate_noise_multiplier
+from app.privacy.chain_composition import ComposedGuarantee, compose_guarantee, summed_curve
 from app.privacy.conversion import capacity_curve, epsilon_from_rdp, ledger_epsilon
 from app.privacy.curves import add_curves, subtract_curves
 from app.privacy.errors import CalibrationError, PrivacyEventError
@@ -47,6 +48,7 @@ __all__ = [
     "ORDERS_VERSION",
     "CalibrationError",
     "ComposedEvent",
+    "ComposedGuarantee",
     "ExponentialMechanismEvent",
     "GaussianEvent",
     "HyperparameterTuningEvent",
@@ -65,6 +67,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "capacity_curve",
     "capped_single_job_epsilon",
+    "compose_guarantee",
     "epsilon_from_rdp",
     "event_from_json",
     "event_to_json",
@@ -76,6 +79,7 @@ __all__ = [
     "sample_trial_count",
     "single_job_epsilon",
     "subtract_curves",
+    "summed_curve",
     "trial_count_probability",
     "truncated_negative_binomial_for_mean",
     "tuned_curve",

@@ -36,7 +36,9 @@ from app.jobs.status import JobStatus
 from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
+from app.reporting.init_report import init_section
 from app.reporting.privacy_report import (
+    CLIPPING_CAVEAT,
     COMMON_CAVEATS,
     NOISE_SOURCE,
     NORMALISATION,
@@ -45,12 +47,11 @@ from app.reporting.privacy_report import (
     budget_raise_caveat,
     closed_form_single_job_epsilon,
     dataset_section,
-    init_section,
     noise_caveat,
     sensitivity_fields,
     single_job_fields,
 )
-from app.reporting.privacy_unit import privacy_unit_section
+from app.reporting.privacy_unit import privacy_unit_section, row_count_caveat
 from app.reporting.tuning import tuning_section
 from app.storage import BlobStore
 from privtrain.directed_rounding import format_guarantee
@@ -338,6 +339,11 @@ def _caveats(job: Job, inputs: EndedReportInputs, adjustments: list[dict[str, An
     dataset = inputs.dataset
     if not dataset.classes_declared and dataset.task == "classification":
         caveats.append(OBSERVED_CLASSES_CAVEAT)
+    unit_caveat = row_count_caveat(dataset)
+    if unit_caveat is not None:
+        caveats.append(unit_caveat)
+    if get_algorithm(job.algorithm).clips_per_sample:
+        caveats.append(CLIPPING_CAVEAT)
     if _is_tuning(job):
         caveats.insert(0, ENDED_TUNING_CAVEAT)
     return caveats
@@ -412,8 +418,8 @@ def build_ended_report(*, record: CommitRecord, inputs: EndedReportInputs) -> di
     }
     if inputs.mechanism_unavailable is not None:
         report["mechanism_unavailable"] = inputs.mechanism_unavailable
-    if job.spec.get("init") is not None:  # where the weights started (treated as public)
-        report["init"] = init_section(job.spec["init"])
+    if job.spec.get("init") is not None:  # where the weights started (no model released: nothing composes)
+        report["init"] = init_section(job.spec["init"], privacy_unit_column=inputs.dataset.privacy_unit_column)
     if _is_tuning(job):
         report["tuning"] = tuning_section(job.spec["tuning"], metrics=None)
     return report

@@ -19,8 +19,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.ledger_explanations import jobs_of
-from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
+from app.models import Dataset, Job, LedgerEntry, PrivacyBudget, Tenant
 from app.reporting.html_report import render_report_html
+from app.reporting.init_visibility import chain_levels
 from app.reporting.ledger_history import ledger_history, opening_budget
 from app.reporting.privacy_report import public_report_html
 from app.reporting.redaction import report_for_viewer
@@ -46,7 +47,10 @@ def report_html_for_job(
     budget = session.get(PrivacyBudget, job.dataset_id)
     assert dataset is not None and budget is not None
     full_ledger = dataset.tenant_id == viewer_tenant_id
-    report = report_for_viewer(report, viewer_owns_dataset=full_ledger)
+    viewer = session.get(Tenant, viewer_tenant_id)
+    assert viewer is not None
+    levels = chain_levels(session, viewer, report.get("init"))
+    report = report_for_viewer(report, viewer_owns_dataset=full_ledger, init_levels=levels)
     if report.get("public_dataset"):  # no ε, no ledger: a plain page says so
         return public_report_html(report)
     content = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()

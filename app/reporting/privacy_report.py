@@ -15,7 +15,7 @@ from app.jobs.status import JobStatus
 from app.ledger import curve_epsilon
 from app.models import Dataset, Job, LedgerEntry
 from app.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
-from app.reporting.privacy_unit import privacy_unit_section
+from app.reporting.privacy_unit import privacy_unit_section, row_count_caveat
 from app.schemas.renamed import ALIASES_REMOVED_IN
 from privtrain.directed_rounding import format_guarantee
 
@@ -34,7 +34,8 @@ COMMON_CAVEATS = (
     "single_job_method) is the smallest valid bound of several methods for this job alone; it is "
     "not used by the ledger, because PRV/PLD bounds of adaptively composed jobs are not a valid "
     "filter.",
-    "Public by design: the row count n (and the number of privacy units), the feature shape and names, "
+    "Public by design: the row count n (with a privacy unit column: the number of units, and the row count "
+    "only as a caveat below says), the feature shape and names, "
     "the task and the class list, "
     "as the owner declared them at upload. The content hash and the byte size are exact functions "
     "of the rows: only the dataset's owner sees them.",
@@ -75,6 +76,16 @@ def noise_caveat(*, secure_gaussian: bool) -> str:
         "arithmetic on a power-of-two grid (no Mironov-style floating-point leak), the grid's "
         f"rounding paid for by slightly more noise. {gaussian}"
     )
+
+
+CLIPPING_CAVEAT = (
+    "Per-sample clipping holds in floating point: each row's (or unit's) clipped gradient, as computed, has norm "
+    "at most the clipping bound (its norm is accumulated in float64 as an upper bound, and it is clipped to the "
+    "bound times 1 − 2⁻²¹), so rounding never exceeds the sensitivity charged (docs/privacy-model.md, 'Clipping in "
+    "floating point'). Not accounted for: the float32 rounding of the sum of the batch's clipped gradients, of the "
+    "noise addition, and of the forward and backward passes (which may depend on the realised batch), all of the "
+    "order of 2⁻²⁴ of the sum."
+)
 
 
 OBSERVED_CLASSES_CAVEAT = (
@@ -213,6 +224,11 @@ def build_report(
         caveats.insert(0, budget_raise_caveat(adjustments))
     if not dataset.classes_declared and dataset.task == "classification":
         caveats.append(OBSERVED_CLASSES_CAVEAT)
+    unit_caveat = row_count_caveat(dataset)
+    if unit_caveat is not None:
+        caveats.append(unit_caveat)
+    if get_algorithm(job.algorithm).clips_per_sample:
+        caveats.append(CLIPPING_CAVEAT)
     if metrics is not None:
         caveats.append(
             "The released evaluation metric is noisy by design (its mechanism is stated); the "
@@ -392,44 +408,6 @@ def public_report_html(report: dict[str, Any]) -> str:
         f"<p><strong>{html.escape(str(report['guarantee']).capitalize())}.</strong></p>"
         f"<pre>{body}</pre></body></html>"
     )
-
-
-def init_section(provenance: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Where a fine-tuned job's starting weights came from, and what that means for its guarantee.
-
-    The starting weights are treated as public: this job's guarantee (if any) covers its own
-    dataset only. A base model is described by its owner's name, source and SHA-256; a job's model
-    by that job and whether its dataset was public or private."""
-    if provenance is None:
-        return None
-    if provenance["kind"] == "base-model":
-        statement = (
-            f"Training started from base model {provenance['base_model_id']} ({provenance['name']!r}, "
-            f"source: {provenance.get('source') or 'not stated'}, SHA-256 {provenance['sha256']}), uploaded "
-            "as public pretrained weights: they are treated as public, and this report covers nothing "
-            "about the data they were trained on."
-        )
-        cast_from = [dtype for dtype in provenance.get("stored_dtypes") or [] if dtype != "F32"]
-        if cast_from:
-            statement += f" Its tensors were stored in {', '.join(cast_from)} and cast to F32 when loaded."
-    elif provenance.get("dataset_public"):
-        statement = (
-            f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
-            f"trained on public dataset {provenance['dataset_id']}: those weights are treated as public."
-        )
-    else:
-        statement = (
-            f"Training started from the model of job {provenance['job_id']} (SHA-256 {provenance['sha256']}), "
-            f"trained on private dataset {provenance['dataset_id']}: that model carries its own differential "
-            "privacy guarantee, already spent on that dataset's budget (see that job's report); here its "
-            "weights are treated as public, and this report covers this job's dataset only."
-        )
-    if provenance.get("new_head"):
-        statement += (
-            " Its classifier head was not reused: the start's outputs mean other classes (or another number"
-            " of them), so the head started fresh."
-        )
-    return {**provenance, "treated_as": "public", "statement": statement}
 
 
 def released_weights_section(ema_decay: float | None) -> dict[str, Any]:

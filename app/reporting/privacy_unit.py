@@ -30,7 +30,8 @@ def privacy_unit_section(dataset: Dataset, training: dict[str, Any]) -> dict[str
         "unit_level": {
             "privacy_unit_column": dataset.privacy_unit_column,
             "n_units": dataset.n_units,
-            "n_rows": dataset.n_rows,
+            "n_rows": dataset.n_rows,  # the owner's copy; app.reporting.redaction withholds it unless declared public
+            "n_rows_public": dataset.n_rows_public,
             "sampling": "Poisson over units: each unit is in a step's batch independently with probability q",
             "rows_per_unit": rows_per_unit,
             "contribution_bound": (
@@ -40,3 +41,22 @@ def privacy_unit_section(dataset: Dataset, training: dict[str, Any]) -> dict[str
             ),
         },
     }
+
+
+def row_count_caveat(dataset: Dataset) -> str | None:
+    """On a dataset with a privacy unit column, what the exact row count would reveal, and who sees it."""
+    if dataset.privacy_unit_column is None:
+        return None
+    unit = dataset.privacy_unit_column
+    implication = (
+        f"The exact row count n_rows is an exact function of the rows: removing one {unit} changes it by that "
+        f"{unit}'s number of rows, so whoever knows every other {unit}'s rows learns from it how many rows the "
+        f"remaining {unit} has, and this guarantee does not cover that."
+    )
+    if dataset.n_rows_public:
+        return f"{implication} The owner declared it public at upload, so it is shown to everyone with access."
+    return (
+        f"{implication} It is shown to the owner only; everyone else sees the number of units (n_units), from "
+        "which every public quantity of a job here is computed (sampling rates, batch and hold-out sizes, "
+        "normalisation)."
+    )

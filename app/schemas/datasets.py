@@ -71,7 +71,15 @@ class DatasetOut(BaseModel):
         description="size of the uploaded bytes: an exact function of the rows, so the owner's view "
         "only (null for analysts)",
     )
-    n_rows: int
+    n_rows: int | None = Field(
+        description="the number of rows. On a dataset with a privacy unit column it is an exact function of the "
+        "rows (a removed unit changes it by its row count): null for everyone but the owner unless the owner "
+        "declared it public at upload (n_rows_public; docs/privacy-units.md#the-row-count)",
+    )
+    n_rows_public: bool = Field(
+        default=True,
+        description="whether n_rows is shown to everyone with access: always true when the privacy unit is a row",
+    )
     feature_shape: list[int] = Field(
         description="the shape of one row as the models see it: [d] for rows of numbers, [C, H, W] for "
         "images (channels first)",

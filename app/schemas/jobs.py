@@ -248,6 +248,35 @@ class JobCreate(_Strict):
     resources: JobResources | None = None
 
 
+class InitChainEstimate(BaseModel):
+    """The estimate's warning that a fine-tuning job would use the same rows again."""
+
+    reuses_this_data: bool = Field(
+        description="true when a job in the init chain trained on this dataset's rows (this dataset, or one "
+        "with the same content and privacy unit): this job would use them again"
+    )
+    earlier_jobs_on_this_data: int = Field(description="how many chain jobs trained on these rows")
+    epsilon_composed_ledger: float | None = Field(
+        description="the ε (at this job's δ, ledger terms) of the released model's guarantee for this dataset: "
+        "this job's planned event composed with those jobs' committed events; null when none reuses the data. "
+        "The ledger charges only epsilon_ledger: it charged the earlier jobs when they ran"
+    )
+    epsilon_composed_tight: float | None = Field(
+        description="the tightest bound of that composition the closed forms give (the report may improve it "
+        "with the numeric accountants)"
+    )
+    epsilon_composed_tight_method: str | None = None
+    other_private_datasets: int = Field(
+        description="how many other private datasets the starting weights were trained on: the released model "
+        "keeps their own guarantees (named in the report to those who may see them)"
+    )
+    same_rows_other_unit: bool = Field(
+        description="true when a chain job trained on these rows under another privacy unit: its guarantee does "
+        "not compose into this one"
+    )
+    notice: str
+
+
 class PrivacyEstimate(WithRenamedFields):
     noise_multiplier: float
     sampling_probability: float
@@ -319,6 +348,11 @@ class PrivacyEstimate(WithRenamedFields):
     )
     evaluation_epsilon: float | None = Field(
         default=None, description="ledger ε of the DP evaluation alone (part of epsilon_reserved)"
+    )
+    init_chain: InitChainEstimate | None = Field(
+        default=None,
+        description="with model.init naming a job: what the jobs the starting weights descend from mean for "
+        "the guarantee of the model this job would release (docs/pretraining-and-finetuning.md#the-init-chain)",
     )
 
 

@@ -24,26 +24,20 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-from app.algorithms import get_algorithm
 from app.db import Database
 from app.jobs import lifecycle
 from app.jobs.status import JobStatus
 from app.models import Dataset, Job
 from app.reporting.ended_report import EndedReportWriter, ended_report_inputs
-from app.reporting.privacy_report import (
-    augmentation_section,
-    build_report,
-    init_section,
-    released_weights_section,
-    report_single_job_epsilon,
-)
+from app.reporting.init_report import chain_guarantees
+from app.reporting.privacy_report import report_single_job_epsilon
+from app.reporting.released_report import ReleasedTraining, released_model_report
 from app.reporting.tuning import TUNING_CAVEAT, tuning_execution, tuning_section
 from app.storage import BlobStore, StorageUnavailable
 from app.tuning import slots as tuning_slots
 from app.tuning import trial_queue
-from app.tuning.planning import RebuiltCandidate, rebuild_candidates
+from app.tuning.planning import rebuild_candidates
 from app.tuning.selection import TrialResult, best_of
 from app.tuning.trial_files import TrialFiles
 
@@ -125,6 +119,9 @@ class Closer:
         # The whole reservation is committed, whatever ran: its event is the tuning's.
         actual = dict(job.event)
         single_job = report_single_job_epsilon(actual, delta=job.delta, algorithm=job.algorithm)
+        chain = chain_guarantees(
+            job.spec.get("init"), actual_event=actual, delta=job.delta, algorithm=job.algorithm, numeric=True
+        )
         selected = lifecycle.SelectedTrial(
             spec={**chosen.spec, "tuning": {**job.spec["tuning"], "selected": chosen.assignment}},
             noise_multiplier=chosen.noise_multiplier,
@@ -135,17 +132,23 @@ class Closer:
         def write_report(commit: lifecycle.CommitRecord) -> str:
             assert commit.commit_entry is not None and commit.budget_before is not None
             assert commit.budget_after is not None  # a tuning is never on a public dataset
-            report = _report(
+            trained = chosen.rebuilt
+            report = released_model_report(
                 commit,
                 dataset=dataset,
-                chosen=chosen,
-                actual=actual,
+                trained=ReleasedTraining(
+                    plan=trained.plan, hyperparameters=trained.hyperparameters, training=trained.training
+                ),
+                actual_event=actual,
                 metrics=best.metrics,
-                model_sha=model_sha,
+                model_sha256=model_sha,
                 secure_gaussian=self.secure_gaussian,
                 single_job=single_job,
-                device=device or "an unrecorded device",
+                chain=chain,
             )
+            report["execution"] = tuning_execution(device or "an unrecorded device")
+            report["tuning"] = tuning_section(commit.job.spec["tuning"], metrics=best.metrics)
+            report["caveats"].insert(0, TUNING_CAVEAT)
             report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
             return report_key
 
@@ -167,48 +170,3 @@ class Closer:
 
 def _result(trial: trial_queue.FinishedTrial) -> TrialResult:
     return TrialResult(seq=trial.seq, candidate=trial.candidate, metrics=trial.metrics, score=trial.score)
-
-
-def _report(
-    commit: lifecycle.CommitRecord,
-    *,
-    dataset: Dataset,
-    chosen: RebuiltCandidate,
-    actual: dict[str, Any],
-    metrics: dict[str, Any],
-    model_sha: str,
-    secure_gaussian: bool,
-    single_job: Any,
-    device: str,
-) -> dict[str, Any]:
-    """The released trial's report: its configuration's mechanism, the tuning's charge."""
-    assert commit.commit_entry is not None and commit.budget_before is not None and commit.budget_after is not None
-    job, plan, training = commit.job, chosen.rebuilt.plan, chosen.rebuilt.training
-    report = build_report(
-        job=job,
-        dataset=dataset,
-        sensitivity=plan.sensitivity,
-        expected_batch_size=plan.expected_batch_size,
-        sampling=plan.sampling,
-        sensitivity_norm=plan.sensitivity_norm,
-        actual_event=actual,
-        budget_before=commit.budget_before,
-        budget_after=commit.budget_after,
-        commit_entry=commit.commit_entry,
-        adjustments=commit.adjustments,
-        metrics=metrics,
-        algorithm_notes=get_algorithm(job.algorithm).report_notes(
-            chosen.rebuilt.hyperparameters, plan, noise_multiplier=job.noise_multiplier, delta=job.delta
-        ),
-        model_sha256=model_sha,
-        secure_gaussian=secure_gaussian,
-        single_job=single_job,
-    )
-    if job.spec.get("init") is not None:  # where the weights started (treated as public)
-        report["init"] = init_section(job.spec["init"])
-    report["released_weights"] = released_weights_section(training.ema_decay)
-    report["augmentation"] = augmentation_section(training.augmult)
-    report["execution"] = tuning_execution(device)
-    report["tuning"] = tuning_section(job.spec["tuning"], metrics=metrics)
-    report["caveats"].insert(0, TUNING_CAVEAT)
-    return report

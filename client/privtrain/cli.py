@@ -212,7 +212,7 @@ def cli(ctx: click.Context, url: str, api_key: str | None, json_output: bool, ti
 DATASET_COLUMNS: list[Column[Dataset]] = [
     Column("ID", lambda d: d.id),
     Column("NAME", lambda d: d.name, 30),
-    Column("ROWS", lambda d: d.n_rows),
+    Column("ROWS", lambda d: d.n_rows if d.n_rows is not None else "withheld"),
     Column("FEATURES", lambda d: "x".join(map(str, d.feature_shape or []))),
     Column("TASK", lambda d: d.task),
     Column("CLASSES", lambda d: d.n_classes),
@@ -239,7 +239,7 @@ def _dataset_block(d: Dataset) -> str:
             ("id", d.id),
             ("name", d.name),
             ("format", d.format),
-            ("rows", d.n_rows),
+            ("rows", d.n_rows if d.n_rows is not None else "withheld by the owner (person-level dataset)"),
             *([("privacy unit", f"{d.privacy_unit} ({d.n_units} units)")] if d.privacy_unit_column else []),
             ("feature shape", d.feature_shape),
             *([("images (H, W, C)", d.image_shape)] if d.image_shape else []),
@@ -356,6 +356,12 @@ def datasets() -> None:
     help="csv: the column naming the person each row belongs to (e.g. patient_id): the guarantee becomes per "
     "person, jobs sample persons; never a feature (docs/privacy-units.md)",
 )
+@click.option(
+    "--n-rows-public",
+    is_flag=True,
+    help="with --privacy-unit-column: show the exact row count to analysts too (by default the owner's only: it "
+    "changes by a removed person's row count)",
+)
 @json_flag
 def datasets_upload(
     path: Path,
@@ -376,6 +382,7 @@ def datasets_upload(
     text_field: str | None,
     label_field: str | None,
     privacy_unit_column: str | None,
+    n_rows_public: bool,
 ) -> None:
     """Upload a CSV (header + label column), NPZ (X, y), ZIP (class folders of PNG/JPEG
     images) or JSON Lines (texts, tokenised at upload) file with its budget.
@@ -416,6 +423,7 @@ def datasets_upload(
                 text_field=text_field,
                 label_field=label_field,
                 privacy_unit_column=privacy_unit_column,
+                n_rows_public=n_rows_public,
             )
         )
     except ValueError as exc:
@@ -835,6 +843,22 @@ def _or_reason(value: str | int | None, reason: object) -> object:
     return value if value is not None else reason
 
 
+def _init_chain_rows(e: Estimate) -> list[tuple[str, object]]:
+    """The estimate's warning that the job would use the same rows again (``init_chain``)."""
+    chain = e.init_chain
+    if not chain:
+        return []
+    rows: list[tuple[str, object]] = []
+    if chain.get("epsilon_composed_ledger") is not None:
+        rows.append(
+            (
+                f"ε of the released model (with {chain['earlier_jobs_on_this_data']} earlier job(s) on these rows)",
+                _up(chain["epsilon_composed_ledger"]),
+            )
+        )
+    return [*rows, ("init chain", chain.get("notice"))]
+
+
 def _estimate_block(e: Estimate) -> str:
     # Newer fields come from ``raw``, so this CLI also prints estimates of older servers.
     raw = e.raw
@@ -845,6 +869,7 @@ def _estimate_block(e: Estimate) -> str:
                 ("noise multiplier σ", e.noise_multiplier),
                 ("sampling probability q", e.sampling_probability),
                 ("steps", e.steps),
+                *_init_chain_rows(e),
             ]
         )
     differ = _down(e.budget_remaining_epsilon) != _down(e.largest_admissible_epsilon)
@@ -874,6 +899,7 @@ def _estimate_block(e: Estimate) -> str:
                 ),
             ),
             *([("remaining ε vs largest target ε", ESTIMATE_EPSILONS_NOTE)] if differ else []),
+            *_init_chain_rows(e),
         ]
     )
 

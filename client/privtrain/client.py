@@ -234,6 +234,7 @@ class Client:
         text_field: str | None = None,
         label_field: str | None = None,
         privacy_unit_column: str | None = None,
+        n_rows_public: bool = False,
         idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a CSV/NPZ file (streamed from disk) or bytes, with the owner's budget (ε_G, δ_G),
@@ -260,7 +261,8 @@ class Client:
         default, or a tokenizer id) into rows of ``max_length`` tokens (server default 128);
         ``text_field``/``label_field`` rename the members; see docs/text.md.
         ``privacy_unit_column`` (CSV) names the column identifying the person each row belongs to:
-        the dataset's guarantee is then per person, not per row (docs/privacy-units.md).
+        the dataset's guarantee is then per person, not per row (docs/privacy-units.md); its exact row
+        count is then shown to the owner only, unless ``n_rows_public=True`` declares it public.
         """
         if isinstance(source, bytes):
             data = source
@@ -300,6 +302,7 @@ class Client:
             "text_field": text_field,
             "label_field": label_field,
             "privacy_unit_column": privacy_unit_column,
+            "n_rows_public": "true" if n_rows_public else None,
         }
         headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
         return Dataset.from_api(

@@ -95,7 +95,8 @@ class Dataset(Resource):
     """The content hash: shown to the dataset's owner only (None for analysts)."""
     size_bytes: int | None
     """Shown to the dataset's owner only (None for analysts)."""
-    n_rows: int
+    n_rows: int | None
+    """None for everyone but the owner on a person-level dataset whose owner did not declare it public."""
     feature_shape: list[int]
     n_features: int
     task: str
@@ -135,6 +136,8 @@ class Dataset(Resource):
     ledger_continued: bool | None = None
     """Upload only: True when these rows had been registered and deleted before, so the upload
     continues their old ledger (budget and spend) under the old id."""
+    n_rows_public: bool | None = None
+    """Whether n_rows is shown to everyone with access (always, when the unit is a row)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +256,9 @@ class Estimate(Resource):
     largest_admissible_steps_reason: str | None = None
     public_dataset: bool | None = None
     """True on a public dataset: nothing is charged."""
+    init_chain: dict[str, Any] | None = None
+    """With ``model.init`` naming a job: whether the job would use the same rows again, and the
+    composed ε of the model it would release (``epsilon_composed_ledger``; a ``notice`` in words)."""
 
     @property
     def epsilon_ledger(self) -> float:

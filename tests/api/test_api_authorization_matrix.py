@@ -707,6 +707,7 @@ def test_no_endpoint_returns_raw_rows(world: World) -> None:
         "content_digest",
         "size_bytes",
         "n_rows",
+        "n_rows_public",  # whether a person-level dataset's row count is shown (docs/privacy-units.md)
         "feature_shape",
         "modality",
         "image_shape",

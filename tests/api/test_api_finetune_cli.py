@@ -69,6 +69,16 @@ def test_cli_pretrain_then_finetune(
         "--wait", "--interval", "0.05",
     )  # fmt: skip
     assert finetuned["status"] == "succeeded", finetuned
+    again = CliRunner().invoke(  # fine-tuning the private job's model on the same rows: a warning
+        cli,
+        ["jobs", "estimate", "--dataset", private["id"], *mlp, "--algorithm", "dp-sgd", "--target-epsilon", "2",
+         *schedule, "--lr", "0.5", "--init-job", finetuned["id"]],
+        obj=CliEnvironment(transport=transport),
+        env={"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key},
+    )  # fmt: skip
+    assert again.exit_code == 0, again.stdout
+    assert "ε of the released model (with 1 earlier job(s) on these rows)" in again.stdout
+    assert "it would use them again" in again.stdout
     downloaded = _cli(transport, api_key, "jobs", "download", finetuned["id"], "--out", str(tmp_path))
     report = json.loads(Path(downloaded["report"]).read_text())
     assert report["init"]["job_id"] == pretrain["id"] and report["init"]["dataset_public"] is True

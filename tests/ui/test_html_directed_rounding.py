@@ -200,6 +200,7 @@ def test_dashboard_pages_round_guarantees_up_and_the_remaining_budget_down() -> 
         html = render(
             "job.html",
             job=job,
+            spec=job.spec,
             dataset=None,
             events=[],
             live=job.status == "running",

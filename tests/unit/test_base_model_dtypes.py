@@ -20,7 +20,7 @@ from app.base_models.registry import check_tensors
 from app.base_models.safetensors_header import DTYPE_BYTES, TensorEntry
 from app.config import Settings
 from app.db import Database
-from app.reporting.privacy_report import init_section
+from app.reporting.init_report import init_section
 from app.schemas.jobs import ModelInit
 from app.storage import BlobStore
 from privtrain.architectures import build_model

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from worker.optimizers.clip_margin import clip_target
 from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StepProjection, StreamingProjection
 from worker.optimizers.engines import Engine, check_engine, per_sample_grads_of
 from worker.optimizers.per_sample import per_sample_norms, trainable_parameters
@@ -97,9 +98,12 @@ def threshold_tail_mask(noisy_traces: torch.Tensor, tau: float) -> torch.Tensor:
 def clip_scales(norms: torch.Tensor, tail: torch.Tensor, c1: float, c2: float) -> torch.Tensor:
     """min(1, c(i)/||g_i||) with c(i) = c1 for tail, c2 for body; 0 for a non-finite norm.
 
-    ``where`` rather than a clamp: rows already within their clip norm stay bit-identical.
+    ``where`` rather than a clamp: rows already within their clip norm stay bit-identical. Each
+    clip norm is the target c·(1 − κ), so that the rounded clipped vector stays within c
+    (worker/optimizers/clip_margin.py): the sensitivities 2·c1 − c2 and c1 hold as charged.
     """
-    clip = torch.full_like(norms, c2).masked_fill_(tail.to(norms.device), c1)  # in norms' dtype
+    low, high = clip_target(c2, norms.dtype), clip_target(c1, norms.dtype)
+    clip = torch.full_like(norms, low).masked_fill_(tail.to(norms.device), high)
     scale = torch.where(norms > clip, clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), 1.0)
     return torch.where(torch.isfinite(norms), scale, 0.0)
 

@@ -13,6 +13,8 @@ batch of one through `functional_call`. Why this and not Opacus' hooks:
 
 Per-sample maps (clipping) act on the flat L2 norm over ALL trainable parameters jointly and
 are pluggable through the `PerSampleMap` protocol (Abadi clipping now; Auto-S, PSAC, ... later).
+The norm is accumulated in float64 into an upper bound and each map clips to C·(1 − κ), so that
+every clipped row's vector, as computed, has norm ≤ C: the proof is in worker/optimizers/clip_margin.py.
 
 Only modules in `SUPPORTED_MODULES` are allowed. BatchNorm is refused: its batch statistics mix
 rows (per-sample gradients would no longer be per-sample) and its running buffers would be
@@ -36,6 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from worker.optimizers.clip_margin import clip_target, norm_upper_bound, sum_of_squares
 from worker.optimizers.losses import get_loss, prepare_targets
 from worker.optimizers.precision import (
     Precision,
@@ -153,8 +156,10 @@ class AbadiClip:
         return self.clipping_norm
 
     def scale_factors(self, norms: torch.Tensor) -> torch.Tensor:
-        # where() rather than clamp(C / (norm + eps)): rows already within C stay bit-identical.
-        c = self.clipping_norm
+        # where() rather than clamp(C / (norm + eps)): rows already within the target stay
+        # bit-identical. The target is C·(1 − κ), so that the rounded result stays within C
+        # (worker/optimizers/clip_margin.py); norm_bound, the charged sensitivity, is C.
+        c = clip_target(self.clipping_norm, norms.dtype)
         return torch.where(norms > c, c / norms.clamp_min(torch.finfo(norms.dtype).tiny), 1.0)
 
 
@@ -224,9 +229,13 @@ def iter_per_sample_grads(
 
 
 def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Flat L2 norm of each row's gradient across all parameter tensors jointly: shape (m,)."""
-    squares = [g.reshape(g.shape[0], -1).pow(2).sum(dim=1) for g in grads.values()]
-    return torch.stack(squares).sum(dim=0).sqrt()
+    """Flat L2 norm of each row's gradient across all parameter tensors jointly: shape (m,), in
+    the gradients' dtype: accumulated in float64 and raised to an upper bound on the exact norm
+    (worker/optimizers/clip_margin.py; by at most 2⁻²⁰ relative, ~1e-10 for a million values)."""
+    first = next(iter(grads.values()))
+    terms = sum(g[0].numel() for g in grads.values()) + len(grads)
+    squares = torch.stack([sum_of_squares(g) for g in grads.values()]).sum(dim=0)
+    return norm_upper_bound(squares, terms=terms, dtype=first.dtype)
 
 
 def clipped_grad_sum(

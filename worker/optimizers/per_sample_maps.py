@@ -8,11 +8,12 @@ gradients then has add/remove L2 sensitivity S, and the DP-SGD loop adds N(0, σ
 Maps are registered by name in `PER_SAMPLE_MAPS` (decorator, no if/elif factory) so a trainer or
 a test can build one from a name and keyword parameters with `build_per_sample_map`.
 
-Floating point: the bounds below are exact-arithmetic statements about the formulas. The
-computed norm of a float32 gradient is exact up to rounding (relative error ~√d·2⁻²⁴) except that
-squares of coordinates below ~4e-23 underflow; the catalogue's floor γ, r ≥ 1e-6 keeps the maps
-bounded under that slack (see app/algorithms/baselines.py). Rows whose norm is not finite are
-mapped to zero by `clipped_grad_sum` before these scales are used.
+Floating point: the bounds below are exact-arithmetic statements about the formulas. In floating
+point every map scales to C·(1 − κ) instead of C (`clip_target`), and the norms are accumulated in
+float64 into an upper bound: worker/optimizers/clip_margin.py proves that the computed mapped vector
+then has norm ≤ C = `norm_bound` (the denominators here exceed the norm, so the proof for Abadi
+clipping covers them, with their extra roundings). Rows whose norm is not finite are mapped to
+zero by `clipped_grad_sum` before these scales are used.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from app.registry import Registry
+from worker.optimizers.clip_margin import clip_target
 from worker.optimizers.per_sample import AbadiClip, PerSampleMap
 
 __all__ = [
@@ -77,7 +79,7 @@ class AutoSClip:
         return float(self.clipping_norm)
 
     def scale_factors(self, norms: torch.Tensor) -> torch.Tensor:
-        return self.clipping_norm / (norms + self.gamma)
+        return clip_target(self.clipping_norm, norms.dtype) / (norms + self.gamma)
 
 
 @PER_SAMPLE_MAPS.register("psac")
@@ -116,4 +118,4 @@ class PSACClip:
         return float(self.clipping_norm)
 
     def scale_factors(self, norms: torch.Tensor) -> torch.Tensor:
-        return self.clipping_norm / (norms + self.r / (norms + self.r))
+        return clip_target(self.clipping_norm, norms.dtype) / (norms + self.r / (norms + self.r))

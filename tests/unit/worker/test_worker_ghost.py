@@ -291,27 +291,36 @@ def test_several_weightings_of_a_grouped_reused_conv_equal_their_separate_sums(
 
 def test_the_chunk_check_finds_non_finite_rows_and_survives_an_overflowing_sum() -> None:
     """One reduction decides whether any row's norm is non-finite; a sum that overflows while
-    every row is finite must not zero a row, and a NaN or inf row must get scale 0 in every map."""
+    every row is finite must not zero a row, and a NaN or inf row must get scale 0 in every map.
+    The squared norms are float64 (worker/optimizers/clip_margin.py), the scales the parameters' dtype."""
+    from worker.optimizers.clip_margin import norm_upper_bound
     from worker.optimizers.ghost.api import _chunk_scales
 
     maps = (AbadiClip(1.0), NormalisingMap(0.5))
-    huge = torch.tensor([3e38, 3e38, 0.25], dtype=torch.float32)  # each finite, their sum is not
-    scales, finite = _chunk_scales(huge, maps)
+    f32 = {"dtype": torch.float32, "terms": 10}
+    # float64 parameters: each squared norm finite, their sum not (with float32 ones a float64 sum
+    # of squares cannot overflow; a norm beyond float32's range is not finite and maps to 0).
+    f64 = {"dtype": torch.float64, "terms": 10}
+    huge = torch.tensor([1e308, 1e308, 0.25], dtype=torch.float64)
+    scales, finite = _chunk_scales(huge, maps, **f64)
     assert finite is None
-    expected = torch.stack([m.scale_factors(huge.sqrt()) for m in maps])
-    assert torch.equal(scales, expected)
+    expected = torch.stack([m.scale_factors(norm_upper_bound(huge, **f64)) for m in maps])
+    assert torch.equal(scales, expected) and scales.dtype == torch.float64
     assert (scales > 0).all()
 
     for bad in (float("nan"), float("inf")):
-        sq = torch.tensor([4.0, bad, 0.25], dtype=torch.float32)
-        scales, finite = _chunk_scales(sq, maps)
+        sq = torch.tensor([4.0, bad, 0.25], dtype=torch.float64)
+        scales, finite = _chunk_scales(sq, maps, **f32)
         assert finite is not None and finite.tolist() == [True, False, True]
         assert scales[:, 1].tolist() == [0.0, 0.0]
-        unmasked = torch.stack([m.scale_factors(sq.sqrt()) for m in maps])
+        unmasked = torch.stack([m.scale_factors(norm_upper_bound(sq, **f32)) for m in maps])
         assert torch.equal(scales[:, [0, 2]], unmasked[:, [0, 2]])
-        assert scales[0, 0].item() == 0.5 and scales[0, 2].item() == 1.0  # AbadiClip(1): 1/2 and 1
+        assert scales[0, 0].item() == pytest.approx(0.5, rel=1e-6) and scales[0, 0].item() < 0.5  # AbadiClip(1)
+        assert scales[0, 2].item() == 1.0
 
-    scales, finite = _chunk_scales(torch.tensor([4.0, 0.25], dtype=torch.float64), maps[:1])
+    scales, finite = _chunk_scales(
+        torch.tensor([4.0, 0.25], dtype=torch.float64), maps[:1], dtype=torch.float64, terms=4
+    )
     assert finite is None and scales.shape == (1, 2) and scales.dtype == torch.float64
 
 

@@ -47,6 +47,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from worker.optimizers.clip_margin import norm_upper_bound
 from worker.optimizers.ghost.engine import iter_chunks, pass1
 from worker.optimizers.ghost.recorder import Recorder
 from worker.optimizers.ghost.work import Totals
@@ -68,8 +69,19 @@ Pass2 = Literal["bk", "retain", "recompute"]
 PASS2_MODES: tuple[str, ...] = ("bk", "retain", "recompute")
 
 
+def _dtype_of(params: dict[str, nn.Parameter]) -> torch.dtype:
+    """The dtype of the scales and sums: the parameters' (float32 under bf16 too)."""
+    return next(iter(params.values())).dtype
+
+
+def _norm_terms(params: dict[str, nn.Parameter]) -> int:
+    """An upper bound on the terms of one row's squared norm: every value, and the partial sums of
+    the layer rules (at most one per value and one per parameter tensor), twice over for margin."""
+    return 2 * (sum(p.numel() for p in params.values()) + len(params))
+
+
 def _chunk_scales(
-    sq_norms: torch.Tensor, per_sample_maps: Sequence[PerSampleMap]
+    sq_norms: torch.Tensor, per_sample_maps: Sequence[PerSampleMap], *, dtype: torch.dtype, terms: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each map's scales (m, B) for a chunk's squared norms, and the rows with a finite norm (None:
     every row). A row with a non-finite norm gets scale 0 in every map.
@@ -78,7 +90,7 @@ def _chunk_scales(
     operand costs more than checking): the sum of the squared norms, all ≥ 0 or NaN, is finite
     exactly when every row's is, unless it overflows, and then the rows are checked one by one.
     One reduction and one read, where a per-row test and `all` took six operations."""
-    norms = sq_norms.sqrt()
+    norms = norm_upper_bound(sq_norms, terms=terms, dtype=dtype)  # clip_margin.py
     each = [per_sample_map.scale_factors(norms) for per_sample_map in per_sample_maps]
     scales = each[0].unsqueeze(0) if len(each) == 1 else torch.stack(each)
     finite: torch.Tensor | None = None
@@ -88,7 +100,7 @@ def _chunk_scales(
             finite = None
         else:
             scales = torch.where(finite, scales, 0.0)
-    return scales.to(sq_norms.dtype), finite
+    return scales.to(dtype), finite
 
 
 def ghost_per_sample_norms(
@@ -121,7 +133,7 @@ def ghost_per_sample_norms(
                 retain_graph=False,
                 precision=precision,
             )
-            norms.append(chunk.sq_norms.sqrt())
+            norms.append(norm_upper_bound(chunk.sq_norms, terms=_norm_terms(params), dtype=_dtype_of(params)))
     if not norms:
         first = next(iter(params.values()))
         return torch.zeros(0, dtype=first.dtype, device=first.device)
@@ -172,7 +184,9 @@ def ghost_clipped_grad_sum(
                 precision=precision,
             )
             with torch.no_grad():
-                scales, finite = _chunk_scales(chunk.sq_norms, (per_sample_map,))
+                scales, finite = _chunk_scales(
+                    chunk.sq_norms, (per_sample_map,), dtype=_dtype_of(params), terms=_norm_terms(params)
+                )
             if pass2 == "bk":
                 with torch.no_grad():
                     for work in chunk.works:
@@ -296,7 +310,9 @@ def ghost_weighted_grad_sums(
                 precision=precision,
             )
             with torch.no_grad():
-                scales, finite = _chunk_scales(chunk.sq_norms, per_sample_maps)
+                scales, finite = _chunk_scales(
+                    chunk.sq_norms, per_sample_maps, dtype=_dtype_of(params), terms=_norm_terms(params)
+                )
                 for work in chunk.works:  # every weighting from one read of each layer's tensors
                     work.accumulate(scales, finite, totals)
     return [total.result(params) for total in totals]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from worker.optimizers.clip_margin import gram_allowance
 from worker.optimizers.ghost.registry import ghost_layer
 from worker.optimizers.ghost.work import (
     MATERIALISE_MAX_ELEMENTS,
@@ -64,8 +65,14 @@ def embedding_work(module: nn.Embedding, names: ParamNames, calls: Calls, *, bk:
 
     if not gram:
         return materialised_work({name: materialised()})
-    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(D.dtype)  # (B, T, T)
-    sq = (same * torch.matmul(D, D.transpose(1, 2))).sum(dim=(1, 2)).clamp_min(0.0)
+    # In float64, plus the bound on its rounding: tokens repeated in a row may cancel
+    # (worker/optimizers/clip_margin.py).
+    D64 = D.to(torch.float64)
+    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(torch.float64)  # (B, T, T)
+    sq = (same * torch.matmul(D64, D64.transpose(1, 2))).sum(dim=(1, 2)).clamp_min(0.0)
+    weights = torch.linalg.vector_norm(D64, dim=-1).sum(dim=-1)
+    sq = sq + gram_allowance(weights, terms=dim + positions * positions + 3)
+    del D64
 
     def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:
         rows = masked_rows(mask, D)

@@ -7,8 +7,9 @@ output tap takes as an input (recorder.py), so autograd skips every weight-gradi
 this costs less than a normal backward. Because the loss is a sum of per-row terms and every
 registered layer treats rows independently, row i of δ is row i's own output gradient, so g_i of a
 layer is a function of (a_i, δ_i) only, and the layer's rule (registry.py) turns the recorded
-(a, δ) into its squared norms and weighted sum. The per-layer squared norms are summed, in layer
-order, to the joint flat norm.
+(a, δ) into its squared norms and weighted sum. The per-layer squared norms (float64, each within
+a float64 sum's relative error of the exact value, or above it) are summed in float64, in layer
+order, to the joint flat norm (worker/optimizers/clip_margin.py).
 
 Memory: each layer's rule runs inside the backward, as soon as the tap has delivered its last
 call's δ (`_LayerWorks`), and the engine then lets go of that layer's (a, δ): what the work does
@@ -23,11 +24,11 @@ Device-agnostic: each chunk is moved to the parameters' device.
 Mixed precision (`precision="bf16"`, worker/optimizers/precision.py): only the forward runs under
 bf16 autocast, so the recorded a and the δ autograd returns may be bfloat16. Every floating (a, δ)
 is cast to float32 before a rule sees it, and the rules run outside autocast, so each layer's
-squared norms and weighted sum are computed and accumulated in float32 from the same float32
+squared norms (in float64) and weighted sum (in float32) are computed from the same float32
 (a, δ). With pass 2 = "bk" the norm of row i and the contribution scale_i·g_i added for row i are
-then both functions of that one float32 (a_i, δ_i) computed in float32 — exactly what the float32
-engine computes from its own (a_i, δ_i) — so the clipping bound holds with float32's rounding
-slack; bf16 only changes which g_i is clipped, through the rounding upstream of (a, δ). The model
+then both functions of that one float32 (a_i, δ_i) — exactly what the float32 engine computes from
+its own (a_i, δ_i) — so the clipping bound of worker/optimizers/clip_margin.py holds; bf16 only
+changes which g_i is clipped, through the rounding upstream of (a, δ). The model
 output is cast to float32 before the loss, so the loss and its gradient start in float32 too.
 """
 

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.optimizers.clip_margin import gram_allowance
 from worker.optimizers.ghost.registry import ghost_layer, rows_on_dim0
 from worker.optimizers.ghost.work import (
     MATERIALISE_MAX_ELEMENTS,
@@ -140,15 +141,23 @@ class RowBlocks:
 
 
 def _gram_squared_norms(A: RowBlocks, D: torch.Tensor) -> torch.Tensor:
-    """Σ_{t,t'} (a_t·a_t')(δ_t·δ_t') per row, block by block: (B,)."""
+    """An upper bound on Σ_{t,t'} (a_t·a_t')(δ_t·δ_t') per row, block by block: (B,) float64.
+
+    The inner products are formed in float64 from the float32 (a, δ), and the bound on their
+    rounding (`gram_allowance`, from W = Σ_t ‖a_t‖·‖δ_t‖ per group) is added: the sum of T² terms
+    of both signs may cancel, so only an upper bound is safe to clip with."""
     terms = []
     for start, stop in A.spans():
-        block = A.take(start, stop)
+        block = A.take(start, stop).to(torch.float64)
         aat = torch.matmul(block, block.transpose(-1, -2))  # (b, g, T, T)
-        del block
-        d = D[start:stop]
+        d = D[start:stop].to(torch.float64)
         ddt = torch.matmul(d, d.transpose(-1, -2))
-        terms.append(torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0))
+        weights = (torch.linalg.vector_norm(block, dim=-1) * torch.linalg.vector_norm(d, dim=-1)).sum(dim=-1)
+        groups, positions = block.shape[1], block.shape[2]
+        count = block.shape[-1] + d.shape[-1] + groups * positions * positions + 3
+        del block
+        gram = torch.linalg.vecdot(aat.flatten(1), ddt.flatten(1)).clamp_min(0.0)
+        terms.append(gram + gram_allowance(weights, terms=count).sum(dim=-1))
     return terms[0] if len(terms) == 1 else torch.cat(terms)
 
 
@@ -249,9 +258,9 @@ def _positional_work(
 def _dense_work(weight_name: str | None, bias_name: str | None, a: torch.Tensor, d: torch.Tensor) -> LayerWork:
     """Linear on (B, k) rows, called once: ||g_i||² = ||δ_i||²·(||a_i||² + 1) with a bias,
     and the clipped sum is (s·δ)ᵀa, Σ s·δ — the fast path of `_positional_work` (fewer ops)."""
-    sq = torch.linalg.vecdot(d, d)
+    sq = squared_norm(d, 1)  # float64: a bounded relative error (worker/optimizers/clip_margin.py)
     if weight_name is not None:
-        sq_a = torch.linalg.vecdot(a, a)
+        sq_a = squared_norm(a, 1)
         sq = sq * (sq_a + 1.0) if bias_name is not None else sq * sq_a
 
     def accumulate(w: torch.Tensor, mask: torch.Tensor | None, totals: Sequence[Totals]) -> None:

@@ -2,7 +2,7 @@
 
 Every layer family (linear_conv, norms, embedding, ...) turns the recorded calls of one layer —
 (detached input a, output gradient δ) per call, rows on dimension 0 — into a `LayerWork`. The
-engine adds the `sq_norms` of all layers into the joint flat norm, derives per-row scales from it,
+engine adds the `sq_norms` of all layers (float64) into the joint flat norm, derives per-row scales from it,
 then asks each layer to `accumulate` Σ_i scale_i·g_i into the running `Totals`. Algorithms that
 need each row's gradient itself (DC-DPSGD projects it) ask the layer for `per_sample` instead.
 """
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from worker.optimizers.clip_margin import sum_of_squares
 
 __all__ = [
     "MATERIALISE_MAX_ELEMENTS",
@@ -103,7 +105,9 @@ PerSample = Callable[[], dict[str, torch.Tensor]]
 
 @dataclass
 class LayerWork:
-    sq_norms: torch.Tensor  # (B,)
+    sq_norms: torch.Tensor
+    """(B,) float64: each row's squared norm of this layer's per-sample gradient, within the
+    relative error of a float64 sum or above it (worker/optimizers/clip_margin.py)."""
     accumulate: Accumulate
     per_sample: PerSample
     holds_per_sample: bool = False
@@ -118,9 +122,9 @@ def masked_rows(mask: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
 
 
 def squared_norm(t: torch.Tensor, dims: int) -> torch.Tensor:
-    """Squared L2 norm over the last `dims` dimensions."""
-    norm: torch.Tensor = torch.linalg.vector_norm(t.flatten(-dims) if dims > 1 else t, dim=-1)
-    return norm.square()
+    """Squared L2 norm over the last `dims` dimensions, accumulated in float64 (exact squares, a
+    bounded relative error: worker/optimizers/clip_margin.py)."""
+    return sum_of_squares(t, start_dim=t.dim() - dims)
 
 
 def materialised_work(grads: dict[str, torch.Tensor]) -> LayerWork:
