@@ -108,7 +108,7 @@ def _public_estimate(plan: JobPlan) -> PrivacyEstimate:
         largest_admissible_epsilon=None,
         largest_admissible_steps_reason="the dataset is public: it has no budget, so any number of steps is admitted",
         smallest_admissible_noise_multiplier_reason="the dataset is public: it has no budget to fit",
-        init_chain=_init_chain_estimate(plan),
+        init_chain=init_chain_estimate(plan),
     )
 
 
@@ -139,11 +139,11 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> Privac
         evaluation_epsilon=(
             privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta) if plan.evaluation else None
         ),
-        init_chain=_init_chain_estimate(plan),
+        init_chain=init_chain_estimate(plan),
     )
 
 
-def _init_chain_estimate(plan: JobPlan) -> InitChainEstimate | None:
+def init_chain_estimate(plan: JobPlan) -> InitChainEstimate | None:
     """The warning that the job would use the same rows again, with the composed ε
     (closed forms only: the request path never waits for the numeric accountants)."""
     init = plan.spec.get("init")

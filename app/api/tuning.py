@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app import ledger
 from app.access import dataset_for, job_for, visible_jobs
 from app.api.deps import ServicesDep, SessionDep, TenantDep
-from app.api.jobs import job_planner
+from app.api.jobs import init_chain_estimate, job_planner
 from app.api.planning_slots import PlanningSlotDep
 from app.api.routing import ReleasingRoute
 from app.errors import NotFound, not_found
@@ -156,6 +156,7 @@ def estimate(
         candidates=_candidates(plan.carrier.spec["tuning"]),
         trials=_trials(plan.carrier.spec["tuning"]),
         schedule=schedule,
+        init_chain=init_chain_estimate(plan.carrier),
     )
 
 

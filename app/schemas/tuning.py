@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from app.schemas.jobs import JobCreate
+from app.schemas.jobs import InitChainEstimate, JobCreate
 from app.schemas.renamed import WithRenamedFields, deprecated_alias
 from app.schemas.types import UtcDateTime
 
@@ -169,6 +169,11 @@ class TuningEstimate(WithRenamedFields):
     candidates: list[dict[str, Any]]
     trials: TuningTrials
     schedule: TuningSchedule
+    init_chain: InitChainEstimate | None = Field(
+        default=None,
+        description="when the base starts from a job's model trained on these rows: the warning that the tuning "
+        "would use them again, with the composed ε of the released model's guarantee",
+    )
 
 
 class TuningList(BaseModel):

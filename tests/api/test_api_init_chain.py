@@ -26,6 +26,7 @@ from app.models import LedgerEntry
 from privtrain.directed_rounding import format_guarantee
 from tests.conftest import digits_split, new_key, to_csv, upload
 from tests.sharing import share
+from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_tuning
 from worker.runner import JobRunner
 
 MLP = {"name": "mlp", "params": {"hidden_sizes": [8]}}
@@ -242,3 +243,35 @@ def test_only_a_job_whose_model_the_submitter_may_download_can_be_a_start(
     share(alice, dataset_id=mine["id"], grantee_name="bob", grantee=bob)
     assert alice.get(f"/v1/jobs/{start}/model", headers=bob).status_code == 404
     assert alice.post("/v1/jobs", json=_spec(mine["id"], init=start), headers=bob).status_code == 404
+
+
+def test_a_tuning_that_starts_from_a_job_on_the_same_rows_warns_and_reports_the_composed_bound(
+    alice: TestClient, settings: Settings, database: Database
+) -> None:
+    """The same for a private tuning: its estimate warns with the composed ε, and the report of the
+    trial it releases composes the start's committed event with the tuning's whole event."""
+    X, _, y, _ = digits_split()
+    dataset = upload(alice, to_csv(X, y)).json()  # type: ignore[attr-defined]
+    first = _run(alice, settings, database, _spec(dataset["id"]))
+    base = _spec(dataset["id"], init=first, epsilon=1.0)
+    base["training"]["time_limit_s"] = TRIAL_TIME_LIMIT_S
+    base["evaluation"] = {"holdout_fraction": 0.2, "mechanism": "laplace", "epsilon": 0.5}
+    request = {
+        "base": base,
+        "search_space": {"training.learning_rate": [0.1, 0.5]},
+        "trials": {"mean": 1.5, "maximum": 3},
+        "selection": {"metric": "accuracy"},
+    }
+    estimate = alice.post("/v1/tuning-jobs/estimate", json=request).json()
+    warned = estimate["init_chain"]
+    assert warned["reuses_this_data"] is True and warned["epsilon_composed_ledger"] > estimate["epsilon_reserved"]
+    tuning = alice.post("/v1/tuning-jobs", json=request).json()
+    assert run_tuning(settings, database, tuning["job_id"]) == "succeeded"
+    report = alice.get(f"/v1/jobs/{tuning['job_id']}/report").json()
+    commits = [_commit(database, first), _commit(database, tuning["job_id"])]
+    curve = privacy.add_curves(commits[0].curve, commits[1].curve)
+    expected = privacy.ledger_epsilon(curve, report["epsilon"]["delta"])
+    assert report["epsilon"]["composed"]["ledger"] == pytest.approx(expected, rel=1e-12)
+    assert warned["epsilon_composed_ledger"] == pytest.approx(expected, rel=1e-9)
+    assert report["caveats"][0].startswith("This job is a private hyperparameter tuning")
+    assert report["init"]["treated_as"] == "composed"
