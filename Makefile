@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: run test venv migrate lint docs bench clean
 
-$(STAMP): pyproject.toml client/pyproject.toml constraints.txt
+$(STAMP): pyproject.toml client/pyproject.toml common/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e './client[yaml]' -e '.[worker,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e './common[model]' -e './client[yaml]' -e '.[worker,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

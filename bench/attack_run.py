@@ -52,12 +52,12 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.pagination import encode_cursor
 from bench.load_run import _digits_csv, _free_port, _percentile
+from kernel.access.keys import generate_api_key, get_or_create_tenant, register_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.pagination import encode_cursor
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELD_BELOW_S = 1.0
@@ -1033,7 +1033,7 @@ def tree_rss_mib(pid: int) -> float:
 
 def _serve_command(port: int) -> list[str]:
     script = Path(sys.executable).with_name("privtrain-admin")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "admin.cli"]
     return [*command, "serve", "--port", str(port)]
 
 

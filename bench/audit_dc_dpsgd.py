@@ -28,16 +28,16 @@ import warnings
 
 from opacus.accountants.utils import get_noise_multiplier
 
-from app import privacy
+from algorithms.dc_dpsgd.aggregators import RankAggregator, ThresholdAggregator
+from algorithms.dc_dpsgd.projection import StreamingProjection
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
 from worker.auditing import (
     CanaryDesign,
     audit_one_step,
     code_compat_noise_rule,
     sound_noise_rule,
 )
-from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator
-from worker.optimizers.dc_projection import StreamingProjection
-from worker.optimizers.secure_random import SecureRandom
 
 C1, C2, P, DELTA = 1.0, 0.1, 0.1, 1e-5
 

@@ -1,6 +1,6 @@
 """How many jobs of a given target ε fit into a dataset budget ε_G, against naive ε addition.
 
-Uses the service's own calibration and Rényi filter (app.privacy), so the counts are exactly what
+Uses the service's own calibration and Rényi filter (kernel.privacy), so the counts are exactly what
 the ledger would admit for identical DP-SGD jobs submitted one after another.
 
     .venv/bin/python -m bench.budget_counts
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from app import privacy
+from kernel import privacy
 
 SETTINGS = {
     "digits walkthrough (n=1437, B=128, 20 epochs: q=0.089, T=225)": (128 / 1437, 225),

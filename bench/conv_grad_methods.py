@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.optimizers.ghost.linear_conv import _conv_per_sample_grads
+from dp.per_example.ghost.linear_conv import _conv_per_sample_grads
+from privtrain_common.zoo.architectures import build_model
 
 ZOO = {"cnn": 1024, "wrn": 256, "resnet-gn": 256, "cnn2-gn": 512}
 INPUT = {"cnn": (3, 32, 32), "wrn": (3, 32, 32), "resnet-gn": (3, 32, 32), "cnn2-gn": (1, 28, 28)}

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
+from algorithms.dc_dpsgd.aggregators import RankAggregator, ThresholdAggregator
+from algorithms.dc_dpsgd.projection import StreamingProjection
 from bench.step_tables import MakeStepper, Stepper, step_table_main
 from bench.step_time import CASES, N_ROWS, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
-from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator
-from worker.optimizers.dc_projection import StreamingProjection
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.engines import Engine
-from worker.optimizers.secure_random import SecureRandom
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.per_example.engines import Engine
+from dp.randomness.secure_random import SecureRandom
 
 K = 200  # the catalogue's default subspace dimension
 

@@ -13,7 +13,7 @@ Three parts, one command, a few minutes on a 2-core CPU (one torch thread):
        full-batch trajectories of DPSGD-GC, DiceSGD (C2 = C1) and DiceSGD (C2 = 0.2 < bias);
    (b) at ledger ε = 8 and 2, δ = 1e-5, Poisson B = 20, T = 1000, η = 0.02: |x_T − mean| over
        3 seeds for DP-SGD, DiceSGD with C2 = C1 and with C2 = C1/B, each with the σ the service
-       calibrates (app.privacy.calibrate_noise_multiplier on the catalogue's own event), and —
+       calibrates (kernel.privacy.calibrate_noise_multiplier on the catalogue's own event), and —
        NOT a DP guarantee — DiceSGD (C2 = C1) at the paper's Appendix C.4 noise σ1 = z*·√6/B
        (z* = the DP-SGD multiplier the service calibrates for the same ε).
    Figure: docs/figures/dicesgd_toy_bias.png.
@@ -27,7 +27,7 @@ Three parts, one command, a few minutes on a 2-core CPU (one torch thread):
    dicesgd (C2 = C1/B, and C2 = C1) at the paper's Appendix C.4 noise σ1 = z*·√6·C1/B (z* =
    DP-SGD's multiplier for the same ε; = the theorem's model with G̃ = 3·C1², what the paper's
    experiments ran).
-   σ for every DP row comes from the service's planner (app.job_planning.plan_job).
+   σ for every DP row comes from the service's planner (kernel.jobs.planning.plan_job).
    The tuning itself is not privacy-accounted (caveat).
 3. Bias removal alone on the same MNIST split: noise off (bench-only σ = 0), DPSGD-GC vs DiceSGD
    (C2 = C1), C ∈ {0.1, 1}, lr = 2, seeds 0-2.
@@ -49,20 +49,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from app import privacy
-from app.algorithms import get_algorithm
-from app.facts import DatasetFacts
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate, TrainingSpec
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from algorithms import get_algorithm
+from algorithms.dicesgd.aggregator import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.batch_loop import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from dp.loop.state import TrainingHooks
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate, TrainingSpec
+from privtrain_common.zoo.architectures import build_model
 
 DELTA = 1e-5
 PAPER_ROW = "dicesgd C2=C1, paper C.4 noise (NOT DP)"

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import torch
 
+from algorithms.dicesgd.aggregator import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
 from bench.step_tables import MakeStepper, Stepper, step_table_main
 from bench.step_time import CASES, Case, _data, _model, _sync, algorithm_stepper, nonprivate_stepper
-from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
+from dp.loop.batch_loop import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
 
 LOCAL_CASES = {
     "logreg-b256": Case("logistic regression on 784 features, B=256", "logistic-regression", {}, (784,), 10, 256),

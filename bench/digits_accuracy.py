@@ -23,7 +23,7 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from privtrain.model_files import load_model
+from privtrain_common.model_files import load_model
 
 # Fixed before looking at results: one configuration per ε from a small grid (B ∈ {128, 256},
 # epochs ∈ {10, 20, 40}, lr ∈ {1, 2, 4}, C = 1); see docs/benchmarks.md for the caveat.

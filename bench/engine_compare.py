@@ -7,9 +7,9 @@ case, interleaved in random order within each round and repeated (medians over r
 the machine may be shared):
 
 - non-private: forward + backward of the summed loss (torch.autograd.grad w.r.t. the parameters);
-- vmap: worker.optimizers.per_sample.clipped_grad_sum at its best chunk size (picked by a short
+- vmap: dp.per_example.per_sample.clipped_grad_sum at its best chunk size (picked by a short
   calibration over a few chunk sizes);
-- ghost (bk / retain / recompute): worker.optimizers.ghost.ghost_clipped_grad_sum with each
+- ghost (bk / retain / recompute): dp.per_example.ghost.ghost_clipped_grad_sum with each
   pass-2 strategy, chunk = B;
 - Opacus hooks: GradSampleModule(loss_reduction="sum") forward/backward + DPOptimizer's own
   clip_and_accumulate (the clipping a PrivacyEngine step runs, without noise);
@@ -56,11 +56,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.optimizers.ghost import ghost_clipped_grad_sum
-from worker.optimizers.losses import get_loss
-from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
-from worker.optimizers.precision import PRECISIONS, Precision, autocast_context
+from dp.losses import get_loss
+from dp.per_example.ghost import ghost_clipped_grad_sum
+from dp.per_example.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
+from dp.precision import PRECISIONS, Precision, autocast_context
+from privtrain_common.zoo.architectures import build_model
 
 CLIP = 1.0
 Step = Callable[[], list[torch.Tensor]]

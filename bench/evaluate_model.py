@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from privtrain.model_files import load_model
+from privtrain_common.model_files import load_model
 
 
 def main() -> None:

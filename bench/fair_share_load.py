@@ -28,14 +28,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
-from app.cli import worker_command
-from app.config import Settings
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.main import create_app
+from admin.cli import worker_command
+from api.main import create_app
 from bench.load_run import _digits_csv
+from kernel.access.keys import generate_api_key, get_or_create_tenant, register_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.ledger.audit import verify_ledger
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -149,7 +149,7 @@ def _free_port() -> int:
 def embedded_service(log: Path) -> Iterator[dict[str, str]]:
     """``privtrain-admin serve`` (API and one worker) on a fresh data directory; yields the
     environment a client needs (PRIVTRAIN_URL, PRIVTRAIN_API_KEY) and stops it afterwards."""
-    admin = [sys.executable, "-m", "app.cli"]  # also where the package is not installed (a GPU machine's PYTHONPATH)
+    admin = [sys.executable, "-m", "admin.cli"]  # also where the package is not installed (a GPU machine's PYTHONPATH)
     data = Path(tempfile.mkdtemp(prefix="privtrain-bench-"))
     port = _free_port()
     env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(data)}

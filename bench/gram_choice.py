@@ -6,7 +6,7 @@ inputs and o outputs per position and group): materialising every row's gradient
 per row in many small GEMMs, o·k values written and kept per row), or the Gram form (T²·(k + o)
 flops, 2·T² values written; the book-keeping sum is then one large GEMM of T·o·k flops on the
 kept inputs, or for a conv its own batch weight-gradient kernel).
-`worker.optimizers.ghost.linear_conv._use_gram` picks one from flops plus `write_cost` flops per
+`dp.per_example.ghost.linear_conv._use_gram` picks one from flops plus `write_cost` flops per
 value a form writes (``WRITE_COST_FLOPS``, per device type). This
 benchmark records the (a, δ) of every such layer of a zoo model on one batch, times both forms
 (the layer's norm and its book-keeping sum, interleaved), and for each candidate write cost says
@@ -41,10 +41,10 @@ import torch
 from bench.engine_compare import CASES as ENGINE_CASES
 from bench.engine_compare import Case, Step, ghost_engine, nonprivate
 from bench.timing import interleaved_medians
-from privtrain.architectures import build_model
-from worker.optimizers.ghost import ghost_clipped_grad_sum, linear_conv, work
-from worker.optimizers.ghost.work import Totals
-from worker.optimizers.per_sample import AbadiClip
+from dp.per_example.ghost import ghost_clipped_grad_sum, linear_conv, work
+from dp.per_example.ghost.work import Totals
+from dp.per_example.per_sample import AbadiClip
+from privtrain_common.zoo.architectures import build_model
 
 CASES = {
     "wrn16-4": ENGINE_CASES["wrn16-4-b256"],

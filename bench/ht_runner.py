@@ -1,7 +1,7 @@
 """Run one heavy-tailed DP-SCO job the way the service does, minus HTTP and the database.
 
 The catalogue entry plans the job from public facts, σ is calibrated against the target ε with
-the ledger's own calibration (``app.privacy.calibrate_noise_multiplier``), and the registered
+the ledger's own calibration (``kernel.privacy.calibrate_noise_multiplier``), and the registered
 worker trainer runs it and writes the linear model; the weights are read back from that model.
 The non-private counterpart is the same loop with the noise removed (ε → ∞) and no
 truncation (κ, K → ∞).
@@ -16,19 +16,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from app import privacy
-from app.algorithms import get_algorithm
-from app.algorithms.ht_calibration import PHI_BOUND
-from app.facts import DatasetFacts
-from app.schemas.jobs import TrainingSpec
-from privtrain.architectures import build_model
-from worker.optimizers import ht_algorithms as loops
-from worker.optimizers.ht_mechanisms import Polytope
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import get_trainer
-from worker.trainers.base import TrainingRequest
-from worker.trainers.ht_dpsco import linear_layer
+from algorithms import get_algorithm
+from algorithms.ht_dpsco import loops
+from algorithms.ht_dpsco.calibration import PHI_BOUND
+from algorithms.ht_dpsco.mechanisms import Polytope
+from algorithms.ht_dpsco.trainer import linear_layer
+from algorithms.trainer_registry import TrainingRequest
+from algorithms.trainers import get_trainer
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.schemas.jobs import TrainingSpec
+from privtrain_common.zoo.architectures import build_model
 
 __all__ = ["PrivateRun", "non_private_fw", "non_private_iht", "run_private"]
 

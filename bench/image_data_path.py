@@ -4,7 +4,7 @@ The worker reads an image dataset from its stored uint8 (n, H, W, C) array. This
 such an array on disk (random pixels: only sizes matter here) and, in one process, runs DP-SGD
 steps (ghost engine, a small `cnn`) with the rows placed three ways:
 
-- mapped: worker.data.rows.MappedImageRows — each step reads only its Poisson batch from the
+- mapped: dp.data.rows.MappedImageRows — each step reads only its Poisson batch from the
   memory map (what a CPU worker does, and a GPU worker when the dataset does not fit the device);
 - device: DeviceImageRows — the uint8 array copied once to the training device (on a GPU worker);
 - float: the whole dataset converted once to a float32 tensor (what the worker did before).
@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from privtrain.architectures import build_model
-from worker.data.images import ImageRows
-from worker.data.rows import DeviceImageRows, MappedImageRows, Rows, TensorRows, materialise
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
+from dp.data.images import ImageRows
+from dp.data.rows import DeviceImageRows, MappedImageRows, Rows, TensorRows, materialise
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 
 def rss_anon_bytes() -> int:

@@ -12,12 +12,12 @@ from unittest import mock
 from fastapi.testclient import TestClient
 from sklearn.datasets import load_digits
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.main import create_app
-from app.models import TuningSlot
+from api.main import create_app
+from kernel.access.keys import generate_api_key, get_or_create_tenant, register_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import TuningSlot
 
 if TYPE_CHECKING:
     from worker.runner import JobRunner
@@ -67,7 +67,7 @@ def run_tuning_without_waiting(runner: JobRunner, db: Database, job_id: str) -> 
     every slot out so that its timing says nothing of K). Returns the job's status."""
     from sqlalchemy import select
 
-    from app.models import Job
+    from kernel.db.orm import Job
 
     assert runner.run(job_id) == "opened"
     with db.read_session() as session:

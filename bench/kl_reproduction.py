@@ -33,15 +33,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import NOISE_SAFETY, units_for
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from algorithms.kl_family.common import FullBatch, assign_flat, flat_params
+from algorithms.kl_family.definition import NOISE_SAFETY, units_for
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
 
 D = 5
 EPSILON, DELTA = 1.0, 1e-8
@@ -233,7 +233,7 @@ def run_entry(
             resume_from=None,
             device=torch.device("cpu"),
         )
-        import worker.trainers.kl_family as trainers
+        import algorithms.kl_family.trainer as trainers
 
         # The registered trainer unchanged, except that its FullBatch is the fast-path one.
         original = trainers.full_batch

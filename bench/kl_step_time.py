@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from app.algorithms.kl_family import NOISE_SAFETY, adaptive_constants, units_for
-from privtrain.architectures import build_model
-from worker.optimizers.kl_common import FullBatch, assign_flat, flat_params
-from worker.optimizers.kl_noisy_gd import InnerSolver, InnerState, inner_step
-from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum
-from worker.optimizers.secure_random import SecureRandom
+from algorithms.kl_family.common import FullBatch, assign_flat, flat_params
+from algorithms.kl_family.definition import NOISE_SAFETY, adaptive_constants, units_for
+from algorithms.kl_family.noisy_gd import InnerSolver, InnerState, inner_step
+from dp.per_example.per_sample import AbadiClip, clipped_grad_sum
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ noise multiplier so each admission is one RDP evaluation, not a calibration sear
 tenant has its own dataset and key; rate limits are off and the active-job, pricing and request
 caps are raised for the run, so the figures measure the service, not its protections (with the
 request cap raised to the number of clients, the thread pool of sync routes grows to that number
-plus 8: ``app.main.size_thread_pool``).
+plus 8: ``api.main.size_thread_pool``).
 
     .venv/bin/python -m bench.load_run --clients 200 --seconds 30 \\
         --database postgresql+psycopg://postgres@127.0.0.1:5432/test --redis redis://127.0.0.1:6379/13
@@ -37,10 +37,10 @@ import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
+from kernel.access.keys import generate_api_key, get_or_create_tenant, register_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = {"poll": 7, "events": 2, "submit": 1}
@@ -164,7 +164,7 @@ def main() -> None:
                 keys.append(key)
             db.dispose()
             server = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "serve", "--no-worker", "--port", str(port)],
+                [sys.executable, "-m", "admin.cli", "serve", "--no-worker", "--port", str(port)],
                 cwd=REPO_ROOT,
                 env=env,
                 stdout=subprocess.DEVNULL,

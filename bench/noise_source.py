@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
+from algorithms.trainers import TrainingRequest, get_trainer
 from bench.step_time import CASES, N_ROWS, Case, _data, _model, _sync
 from bench.timing import interleaved_medians
-from worker.data.rows import TensorRows
-from worker.optimizers.secure_random import SecureRandom, Shape
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom, Shape
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate
 
 DEFAULT_CASES = ("cnn-b128", "mlp-b256")
 

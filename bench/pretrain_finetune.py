@@ -38,8 +38,8 @@ from PIL import Image
 from sklearn.model_selection import train_test_split
 
 from privtrain import Client
-from privtrain.model_files import load_model
 from privtrain.specs import build_job_spec
+from privtrain_common.model_files import load_model
 
 PUBLIC_DIGITS = (0, 1, 2, 3, 4)
 DELTA = 1e-5

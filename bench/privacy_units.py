@@ -24,15 +24,15 @@ import statistics
 import numpy as np
 import torch
 
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.data.units import UnitIndex
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.data.units import UnitIndex
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
 
 FEATURES = 10
 DELTA = 1e-6

@@ -22,8 +22,8 @@ from unittest import mock
 from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
-from app.config import Settings
 from bench.in_process import in_process_service
+from kernel.config import Settings
 from worker.runner import JobRunner
 
 

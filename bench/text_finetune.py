@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from app.tokenizers.byte import PAD_ID, ByteTokenizer
+from kernel.tokenizers.byte import PAD_ID, ByteTokenizer
 from privtrain import Client
 from privtrain.errors import AlreadyRegistered
-from privtrain.model_files import load_model
 from privtrain.specs import build_job_spec
+from privtrain_common.model_files import load_model
 
 DELTA = 1e-5
 IGNORED = -100

@@ -12,7 +12,7 @@ each sequence length it times, in one process and interleaved (bench/timing.py):
   outside reference (reported as failed, not fatal, where Opacus cannot take the model).
 
 LoRA is applied as the worker applies ``training.finetune: lora`` after loading a base model
-(worker/training/finetune.py); the base weights here are the random initialisation, which changes
+(training/finetune.py); the base weights here are the random initialisation, which changes
 nothing in a step's cost. Peak memory is measured per stepper in a fresh process, as in
 bench/step_time.py.
 
@@ -35,21 +35,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from app.config import get_settings
-from app.job_planning import facts_of, plan_job
-from app.model_catalogue import ModelSizeLimits, get_model
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from app.tokenizers.byte import PAD_ID, VOCAB_SIZE
+from algorithms.trainers import TrainingRequest, get_trainer
 from bench.step_time import _sync, opacus_run, peak_bytes_of_steps, peak_memory_in_child
 from bench.timing import interleaved_medians
-from privtrain.architectures import build_model
-from worker.data.tokens import IGNORED_TARGET, TokenRows, language_model_targets
-from worker.optimizers.losses import get_loss, loss_for_task
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
-from worker.training.finetune import apply_finetune
+from dp.data.tokens import IGNORED_TARGET, TokenRows, language_model_targets
+from dp.loop.state import TrainingHooks
+from dp.losses import get_loss, loss_for_task
+from dp.randomness.secure_random import SecureRandom
+from kernel.config import get_settings
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import facts_of, plan_job
+from kernel.model_catalogue import ModelSizeLimits, get_model
+from kernel.schemas.jobs import JobCreate
+from kernel.tokenizers.byte import PAD_ID, VOCAB_SIZE
+from privtrain_common.zoo.architectures import build_model
+from training.finetune import apply_finetune
 
 N_ROWS = 1024
 MODEL = "transformer-lm"

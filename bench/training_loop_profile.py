@@ -27,12 +27,12 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile
 
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
+from algorithms.dicesgd.aggregator import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
+from dp.data.rows import TensorRows
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 SCOPES = ("privtrain.sample", "privtrain.clipped_sum", "privtrain.noise_and_update", "privtrain.hooks")
 INPUTS = {"cnn2-gn": (1, 28, 28)}

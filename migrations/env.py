@@ -1,12 +1,12 @@
-"""Alembic environment: the URL comes from the config (set by app.bootstrap) or the settings."""
+"""Alembic environment: the URL comes from the config (set by kernel.bootstrap) or the settings."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from app.config import Settings
-from app.db import make_engine
-from app.models import Base
+from kernel.config import Settings
+from kernel.db.engine import make_engine
+from kernel.db.orm import Base
 
 config = context.config
 target_metadata = Base.metadata

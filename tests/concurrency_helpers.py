@@ -24,14 +24,15 @@ import httpx
 import uvicorn
 from sqlalchemy import func, select
 
-from app import ledger, privacy
-from app.config import Settings
-from app.db import Database
-from app.job_planning import plan_job
-from app.ledger_audit import format_report, verify_ledger
-from app.main import create_app
-from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
-from app.schemas.jobs import JobCreate
+from api.main import create_app
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Job, LedgerEntry, PrivacyBudget
+from kernel.jobs.planning import plan_job
+from kernel.ledger import operations as ledger
+from kernel.ledger.audit import format_report, verify_ledger
+from kernel.schemas.jobs import JobCreate
 from tests.conftest import RecordingDispatcher, digits_split, dp_sgd_spec, make_settings, new_key, to_csv
 
 N_CONCURRENT = 60

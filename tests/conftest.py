@@ -12,12 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.auth import generate_api_key, get_or_create_tenant, register_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.main import create_app
-from app.models import Job, LedgerEntry
+from api.main import create_app
+from kernel.access.keys import generate_api_key, get_or_create_tenant, register_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry
 
 pytest_plugins = ["tests.object_store"]  # object_store_server, s3_bucket
 

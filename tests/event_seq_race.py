@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from sqlalchemy import select, update
 
-from app.db import Database
-from app.jobs.events import add_job_event
-from app.models import Job, JobEvent, utcnow
+from kernel.db.engine import Database
+from kernel.db.orm import Job, JobEvent, utcnow
+from kernel.jobs.events import add_job_event
 
 WRITERS = 4
 EVENTS_PER_WRITER = 15

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app import ledger
-from app.db import Database
-from app.models import Dataset, Tenant
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Tenant
+from kernel.ledger import operations as ledger
 
 
 def budgeted_dataset(db: Database, *, tenant: str = "t", epsilon: float = 8.0, delta: float = 1e-5) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from app import privacy
-from app.reporting.privacy_report import build_report, report_single_job_epsilon
+from kernel import privacy
+from kernel.reporting.privacy_report import build_report, report_single_job_epsilon
 
 
 class Row(SimpleNamespace):

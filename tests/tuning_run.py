@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.models import Job, TuningSlot
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, TuningSlot
 from tests.conftest import make_settings
 from worker.runner import JobRunner
 

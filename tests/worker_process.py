@@ -12,8 +12,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.cli import worker_command
-from app.config import Settings
+from admin.cli import worker_command
+from kernel.config import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

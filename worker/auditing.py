@@ -5,7 +5,7 @@ Usage and results: docs/evaluation-and-auditing.md#auditing-the-noise-empiricall
 Why: a printed ε is only as good as the code that adds the noise. This harness runs the REAL
 aggregators of the worker (projection, split, clipping) and the real noise function on a dataset
 built by the auditor, and turns what the step released into an empirical ε lower bound with
-:func:`app.privacy.audit.one_run_epsilon_lower_bound` (Steinke, Nasr, Jagielski 2023). A
+:func:`kernel.privacy.audit.one_run_epsilon_lower_bound` (Steinke, Nasr, Jagielski 2023). A
 configuration whose lower bound exceeds the ε it claims is broken; ours must never be.
 
 The white-box design (the adversary chooses every row and sees the released noisy sum):
@@ -35,12 +35,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from app.privacy.audit import one_run_epsilon_lower_bound
-from worker.optimizers.dc_dpsgd import tail_count
-from worker.optimizers.dp_sgd import BatchAggregator
-from worker.optimizers.noise import privatise_sum
-from worker.optimizers.per_sample import supported_module
-from worker.optimizers.secure_random import SecureRandom
+from algorithms.dc_dpsgd.aggregators import tail_count
+from dp.loop.batch_loop import BatchAggregator
+from dp.per_example.per_sample import supported_module
+from dp.randomness.noise import privatise_sum
+from dp.randomness.secure_random import SecureRandom
+from kernel.privacy.audit import one_run_epsilon_lower_bound
 
 __all__ = [
     "AuditResult",

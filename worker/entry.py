@@ -1,4 +1,4 @@
-"""Entry point for ``celery -A worker.entry worker``: the queue's Celery app (app.queue) plus
+"""Entry point for ``celery -A worker.entry worker``: the queue's Celery app (kernel.queue) plus
 this package's task module, built from the environment."""
 
 import logging
@@ -6,13 +6,13 @@ import threading
 
 from celery.signals import setup_logging, worker_init
 
-from app.blob_erasure import evict_erased_copies
-from app.config import get_settings
-from app.db import Database
-from app.job_private_files import JobPrivateFiles
-from app.logging_setup import configure_logging
-from app.queue import create_celery
-from app.storage import blob_store_from_settings
+from kernel.config import get_settings
+from kernel.db.engine import Database
+from kernel.jobs.private_files import JobPrivateFiles
+from kernel.logging_setup import configure_logging
+from kernel.queue import create_celery
+from kernel.storage.blobs import blob_store_from_settings
+from kernel.storage.erasure import evict_erased_copies
 from worker.parent_watch import start_from_environment
 from worker.warmup import warm_up
 
@@ -36,7 +36,7 @@ def _warm_up(**_: object) -> None:
 
 @worker_init.connect  # type: ignore[untyped-decorator]  # celery has no type hints
 def _delete_settled_private_files(**_: object) -> None:
-    """What a lost worker on this host left of jobs that settled since (app/job_private_files.py)."""
+    """What a lost worker on this host left of jobs that settled since (kernel/jobs/private_files.py)."""
     settings = get_settings()
     db: Database | None = None
     try:
@@ -53,7 +53,7 @@ def _delete_settled_private_files(**_: object) -> None:
 
 def _sweep_periodically() -> None:
     """Every ``worker_sweep_interval_s``: the private files of jobs settled since, and cached copies
-    of blobs an owner's deletion erased (app/blob_erasure.py), so a host that runs no job for a
+    of blobs an owner's deletion erased (kernel/storage/erasure.py), so a host that runs no job for a
     while keeps neither."""
     settings = get_settings()
     db = Database(settings.resolved_database_url)

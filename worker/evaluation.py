@@ -1,4 +1,4 @@
-"""Hold-out selection and the DP release of a job's evaluation metric (app/evaluation.py prices it)."""
+"""Hold-out selection and the DP release of a job's evaluation metric (kernel/jobs/evaluation.py prices it)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.evaluation import (
+from dp.data.rows import Rows, as_rows, iter_row_chunks
+from dp.losses import IGNORED_TARGET
+from dp.randomness import discrete_samplers
+from dp.randomness.secure_random import SecureRandom
+from kernel.jobs.evaluation import (
     CONFIDENCE,
     EvaluationPlan,
     gaussian_half_width,
     released_metric,
     snapped_laplace_half_width,
 )
-from privtrain.atomic_files import write_atomically
-from worker.data.rows import Rows, as_rows, iter_row_chunks
-from worker.optimizers import discrete_samplers
-from worker.optimizers.losses import IGNORED_TARGET
-from worker.optimizers.secure_random import SecureRandom
+from privtrain_common.atomic_files import write_atomically
 
 EVAL_CHUNK_ROWS = 4096
 EVAL_CHUNK_TOKENS = 2048

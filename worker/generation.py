@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from app.tokenizers.base import TextTokenizer
+from kernel.tokenizers.base import TextTokenizer
 
 __all__ = ["EndsAndPad", "SamplingChoice", "main", "sample_continuation"]
 
@@ -75,7 +75,7 @@ def tokenizer_loader(kind: str) -> Callable[[TokenizerLoader], TokenizerLoader]:
 
 @tokenizer_loader("byte")
 def _byte(_request: Mapping[str, Any]) -> SamplingTokenizer:
-    from app.tokenizers import byte
+    from kernel.tokenizers import byte
 
     return SamplingTokenizer(
         tokenizer=byte.ByteTokenizer(), ends=EndsAndPad(pad_id=byte.PAD_ID, stop_ids=frozenset({byte.EOS_ID}))
@@ -86,7 +86,7 @@ def _byte(_request: Mapping[str, Any]) -> SamplingTokenizer:
 def _hugging_face(request: Mapping[str, Any]) -> SamplingTokenizer:
     from tokenizers import Tokenizer
 
-    from app.tokenizers.hugging_face import HuggingFaceTokenizer
+    from kernel.tokenizers.hugging_face import HuggingFaceTokenizer
 
     raw = Tokenizer.from_str(Path(str(request["path"])).read_text(encoding="utf-8"))
     eos = {int(found) for name in EOS_NAMES if (found := raw.token_to_id(name)) is not None}
@@ -156,7 +156,7 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON answer to one request (torch imported here, after the limits are in place)."""
     import torch
 
-    from privtrain.model_files import load_model
+    from privtrain_common.model_files import load_model
 
     torch.set_num_threads(1)  # one request must not take every core of the API host
     try:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worker.data.rows import Rows, SubsetRows
-from worker.data.units import UnitIndex
+from dp.data.rows import Rows, SubsetRows
+from dp.data.units import UnitIndex
 
 __all__ = ["Split", "coin_count", "split_rows"]
 

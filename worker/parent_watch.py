@@ -1,7 +1,7 @@
 """The worker's side of stopping with ``serve``: poll the parent pid that ``serve`` named.
 
-``serve`` puts its pid in :data:`app.parent_death.PARENT_PID_ENV` (and, on Linux, asks the kernel
-to SIGTERM the worker when it dies: ``app.parent_death.die_with_parent``). Here the worker checks
+``serve`` puts its pid in :data:`kernel.parent_death.PARENT_PID_ENV` (and, on Linux, asks the kernel
+to SIGTERM the worker when it dies: ``kernel.parent_death.die_with_parent``). Here the worker checks
 ``os.getppid()`` against that pid every second; a reparented process sees another ppid, so the
 worker stops even where prctl is unavailable or had not run yet. SIGTERM is the worker's
 ordinary stop: Celery finishes the job it is running, takes no new one and exits.
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from app.parent_death import PARENT_PID_ENV
+from kernel.parent_death import PARENT_PID_ENV
 
 __all__ = ["PARENT_PID_ENV", "start_from_environment", "watch_parent"]
 

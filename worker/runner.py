@@ -1,6 +1,6 @@
 """A job's life on a worker: claim → touch → train → evaluate → write artifacts → commit.
 
-Every state change is a transition of app.jobs.lifecycle (one database transaction that first
+Every state change is a transition of kernel.jobs.lifecycle (one database transaction that first
 locks the dataset's budget row, so the job row and the ledger always move together; the module
 states the privacy rules). Only the torch work is here. A retried attempt (after a lost worker) runs inside
 the same reservation: it is claimed again but never reserves or touches again, and resumes from
@@ -30,57 +30,57 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
-from app import privacy
-from app.algorithms import PrivacyPlan, get_algorithm
-from app.config import Settings
-from app.dataset_deletion import DatasetEraser
-from app.db import Database
-from app.evaluation import EvaluationPlan
-from app.facts import DatasetFacts, public_class_list
-from app.fair_dispatch import Dispatcher, dispatch_with_settings
-from app.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
-from app.ingest.jsonl import JsonlFields
-from app.ingest.text import rescan_text
-from app.job_planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
-from app.job_private_files import CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX, PRIVATE_SUFFIXES, JobPrivateFiles
-from app.jobs import lifecycle
-from app.jobs.status import JobStatus
-from app.model_catalogue import ModelSizeLimits, get_model
-from app.models import Dataset, Job
-from app.reporting.ended_report import EndedReportWriter, ended_report_inputs
-from app.reporting.init_report import chain_guarantees, init_section
-from app.reporting.privacy_report import (
+from algorithms import PrivacyPlan, get_algorithm
+from algorithms.trainers import TrainingRequest, get_trainer, preflight
+from dp.data.images import ImageRows
+from dp.data.rows import Rows, TensorRows, place_image_rows
+from dp.data.tokens import TokenRows, language_model_targets
+from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.config import Settings
+from kernel.datasets.deletion import DatasetEraser
+from kernel.datasets.facts import DatasetFacts, public_class_list
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Job
+from kernel.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
+from kernel.ingest.jsonl import JsonlFields
+from kernel.ingest.text import rescan_text
+from kernel.jobs import lifecycle
+from kernel.jobs.dispatch import Dispatcher, dispatch_with_settings
+from kernel.jobs.evaluation import EvaluationPlan
+from kernel.jobs.planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
+from kernel.jobs.private_files import CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX, PRIVATE_SUFFIXES, JobPrivateFiles
+from kernel.jobs.status import JobStatus
+from kernel.model_catalogue import ModelSizeLimits, get_model
+from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
+from kernel.reporting.init_report import chain_guarantees, init_section
+from kernel.reporting.privacy_report import (
     augmentation_section,
     build_public_report,
     execution_section,
     released_weights_section,
     report_single_job_epsilon,
 )
-from app.reporting.released_report import ReleasedTraining, released_model_report
-from app.schemas.jobs import TrainingSpec
-from app.storage import StorageUnavailable, blob_store_from_settings
-from app.tuning import slots as tuning_slots
-from app.tuning import trial_queue
-from app.tuning.closing import Closer
-from app.tuning.planning import is_tuning, rebuild_candidates
-from app.tuning.selection import TrialResult, best_of, score_of
-from app.tuning.trial_files import TrialFiles
-from privtrain.architectures import build_model
-from privtrain.model_files import save_model
+from kernel.reporting.released_report import ReleasedTraining, released_model_report
+from kernel.schemas.jobs import TrainingSpec
+from kernel.storage.blobs import StorageUnavailable, blob_store_from_settings
+from kernel.tuning import slots as tuning_slots
+from kernel.tuning import trial_queue
+from kernel.tuning.closing import Closer
+from kernel.tuning.planning import is_tuning, rebuild_candidates
+from kernel.tuning.selection import TrialResult, best_of, score_of
+from kernel.tuning.trial_files import TrialFiles
+from privtrain_common.model_files import save_model
+from privtrain_common.zoo.architectures import build_model
+from training.artifacts import load_checkpoint_extras, load_training_state, save_training_state
+from training.ema import ParameterAverage
+from training.finetune import apply_finetune
+from training.init_weights import apply_init, init_blob_path
+from training.lora import merge_lora
 from worker import evaluation as dp_evaluation
-from worker.data.images import ImageRows
-from worker.data.rows import Rows, TensorRows, place_image_rows
-from worker.data.tokens import TokenRows, language_model_targets
 from worker.holdout_split import coin_count, split_rows
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
 from worker.single_job_prefetch import SingleJobPrefetch
-from worker.trainers import TrainingRequest, get_trainer, preflight
-from worker.training.artifacts import load_checkpoint_extras, load_training_state, save_training_state
-from worker.training.ema import ParameterAverage
-from worker.training.finetune import apply_finetune
-from worker.training.init_weights import apply_init, init_blob_path
-from worker.training.lora import merge_lora
 from worker.tuning import TuningClaim, trial_count
 from worker.tuning_slot import Pacer, SlotClock, SlotTrial, wait_out
 
@@ -258,7 +258,7 @@ class JobRunner:
         dispatcher: Dispatcher | None = None,
     ) -> None:
         """``dispatcher``: sends the next queued job or tuning slot once this worker has taken one
-        (fair sharing, app/fair_dispatch.py); None in tests that run jobs in process."""
+        (fair sharing, kernel/jobs/dispatch.py); None in tests that run jobs in process."""
         self.settings = settings
         self.db = db or Database(settings.resolved_database_url)
         self.blobs = blob_store_from_settings(settings)
@@ -416,7 +416,7 @@ class JobRunner:
         self, dataset: Dataset, device: torch.device
     ) -> tuple[Rows, torch.Tensor, np.ndarray | None]:
         """Each row's privacy unit (int64 codes; None when the unit is a row) besides the rows as
-        the model sees them, placed for ``device`` (worker/data/rows.py): labels
+        the model sees them, placed for ``device`` (dp/data/rows.py): labels
         mapped to the dataset's public class list (by name, exactly as at upload) and the owner's
         declared preparation applied (columns dropped, one-hot encoded, scaled and clipped to
         declared bounds: a public map of each row, no privacy cost)."""
@@ -500,7 +500,7 @@ class JobRunner:
     def _cleanup(self, job_id: str) -> None:
         self.trial_files.discard(trial_queue.clear(self.db, job_id=job_id))  # a tuning's trials (secret)
         self.private_files.discard(job_id)
-        try:  # a deletion of its dataset that waited for this job (app/dataset_deletion.py)
+        try:  # a deletion of its dataset that waited for this job (kernel/datasets/deletion.py)
             self.eraser.after_job(job_id)
         except Exception:  # the reconciler's next round finishes it
             log.warning("finishing a dataset deletion failed", extra={"job_id": job_id}, exc_info=True)
@@ -851,7 +851,7 @@ class JobRunner:
 
     def _starting_model(self, job: Job, dataset: Dataset) -> torch.nn.Module:
         """The built model, loaded with the job's ``model.init`` weights (a new head when the class
-        count differs) and frozen as ``training.finetune`` says (worker/training/finetune.py)."""
+        count differs) and frozen as ``training.finetune`` says (training/finetune.py)."""
         model = self._build_model(job, dataset)
         provenance = job.spec.get("init")
         if provenance is None:

@@ -1,6 +1,6 @@
 """The report's single-job ε of a job's planned run, computed in the background while it trains.
 
-Why: the numeric accountants run in a time- and memory-capped child process (app.privacy.single_job)
+Why: the numeric accountants run in a time- and memory-capped child process (kernel.privacy.single_job)
 that takes from a fraction of a second to many seconds, spawn included. Computed after training, it
 was most of a short GPU job's time beyond its steps. The planned event is public and fixed at
 claim time, so its ε can be computed while the job trains; a job that ran differently (stopped
@@ -15,8 +15,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import privacy
-from app.reporting.privacy_report import report_single_job_epsilon
+from kernel import privacy
+from kernel.reporting.privacy_report import report_single_job_epsilon
 
 __all__ = ["SingleJobPrefetch"]
 

@@ -6,9 +6,9 @@ from functools import lru_cache
 
 from celery import shared_task
 
-from app.config import get_settings
-from app.queue import RUN_JOB_TASK, RUN_SLOT_TASK
-from app.services import CeleryDispatcher
+from kernel.config import get_settings
+from kernel.queue import RUN_JOB_TASK, RUN_SLOT_TASK
+from kernel.services import CeleryDispatcher
 from worker.runner import JobRunner
 
 

@@ -3,9 +3,9 @@
 The number of trials K is drawn by the worker that opens the tuning, from the OS's CSPRNG, once
 per attempt, from the tuning's distribution conditioned on K <= its public maximum. Papernot and
 Steinke's guarantee holds for the best trial only while K stays secret: it is logged nowhere and
-lives only in the service's trial queue while the tuning runs (app/tuning/trial_queue.py, deleted
+lives only in the service's trial queue while the tuning runs (kernel/tuning/trial_queue.py, deleted
 when it settles), and the tuning runs in exactly ``maximum`` slots whatever K is
-(app/tuning/slots.py). Each trial picks one configuration of the public pool uniformly at random,
+(kernel/tuning/slots.py). Each trial picks one configuration of the public pool uniformly at random,
 independently of the data and of the other trials.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from app import privacy
-from app.privacy import TrialDistribution
-from app.tuning.planning import RebuiltCandidate
+from kernel import privacy
+from kernel.privacy import TrialDistribution
+from kernel.tuning.planning import RebuiltCandidate
 
 __all__ = ["TuningClaim", "trial_count"]
 

@@ -1,5 +1,5 @@
 """One slot of a tuning on a worker: run the next pending trial, if there is one, then wait out
-the slot's fixed length (app/tuning/slots.py says why every slot lasts the same).
+the slot's fixed length (kernel/tuning/slots.py says why every slot lasts the same).
 
 A slot's clock starts when the worker claims it. Its trial (data loading included) is stopped at
 the trial time limit and then releases nothing (``lapsed``); evaluating it and storing its model

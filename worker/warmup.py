@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from app.privacy.single_job import start_accountant_server
+from kernel.privacy.single_job import start_accountant_server
 
 __all__ = ["warm_up"]
 

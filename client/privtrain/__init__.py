@@ -81,7 +81,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """``privtrain.load_model`` without importing torch until it is used."""
     if name in ("load_model", "LoadedModel"):
-        from privtrain import model_files
+        from privtrain_common import model_files
 
         return getattr(model_files, name)
     raise AttributeError(f"module 'privtrain' has no attribute {name!r}")

@@ -17,7 +17,6 @@ import httpx
 
 from privtrain import __version__
 from privtrain.client import DEFAULT_URL, Client
-from privtrain.directed_rounding import format_guarantee, format_remaining
 from privtrain.errors import PrivtrainError
 from privtrain.events import ProgressSource, poll_progress
 from privtrain.output import Column, key_values, table, to_json
@@ -40,6 +39,7 @@ from privtrain.resources import (
 from privtrain.retry import RetryNotice
 from privtrain.specs import SpecFileError, SpecOverrides, load_spec_file, merge_spec, parse_assignment
 from privtrain.sse import sse_progress
+from privtrain_common.directed_rounding import format_guarantee, format_remaining
 
 F = TypeVar("F", bound=Callable[..., Any])
 ResourceT = TypeVar("ResourceT", bound=Resource)

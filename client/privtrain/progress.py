@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from privtrain.directed_rounding import format_guarantee
 from privtrain.resources import Job
+from privtrain_common.directed_rounding import format_guarantee
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The algorithm and model catalogue pages, generated from the registries the API serves.
 
 They render what ``GET /v1/algorithms`` and ``GET /v1/models`` return (each entry's
-``describe()``), so the pages cannot drift from the code. Importing ``app.algorithms`` and
-``app.model_catalogue`` needs no torch.
+``describe()``), so the pages cannot drift from the code. Importing ``algorithms`` and
+``kernel.model_catalogue`` needs no torch.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from markdown_tables import code, schema_bounds, schema_type, table
 
-from app.algorithms import ALGORITHMS
-from app.model_catalogue import MODELS
+from algorithms import ALGORITHMS
+from kernel.model_catalogue import MODELS
 
 ALGORITHMS_URI = "reference/algorithms.md"
 MODELS_URI = "reference/models.md"
@@ -30,14 +30,14 @@ FAMILY_PAGES: Mapping[str, tuple[str, str]] = {
 
 _ALGORITHMS_INTRO = """# Algorithm catalogue
 
-Generated from the algorithm registry (`app.algorithms.ALGORITHMS`) when the site is built: the
+Generated from the algorithm registry (`algorithms.ALGORITHMS`) when the site is built: the
 same entries, hyperparameters and defaults as `GET /v1/algorithms`. Each family's page explains
 its privacy calibration: [Algorithms](../algorithms/index.md).
 """
 
 _MODELS_INTRO = """# Model catalogue
 
-Generated from the model registry (`app.model_catalogue.MODELS`) when the site is built: the same
+Generated from the model registry (`kernel.model_catalogue.MODELS`) when the site is built: the same
 entries as `GET /v1/models`. A model that cannot take a dataset is refused at submission (422).
 Each entry lists its fine-tuning blocks with the default params (`finetune_blocks`), first to
 last: `training.finetune: last_k_blocks` trains the last `finetune_k` of them, and a larger

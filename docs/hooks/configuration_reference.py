@@ -1,4 +1,4 @@
-"""The configuration reference page, generated from ``app.config.Settings`` (pydantic-settings)."""
+"""The configuration reference page, generated from ``kernel.config.Settings`` (pydantic-settings)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from app.config import Settings
+from kernel.config import Settings
 
 PAGE_URI = "reference/configuration.md"
 
 _INTRO = """# Configuration reference
 
-Generated from `app.config.Settings` when the site is built, so it lists exactly the settings the
+Generated from `kernel.config.Settings` when the site is built, so it lists exactly the settings the
 code reads. Every setting is an environment variable with the prefix `PRIVTRAIN_`; the API and the
 workers read the same variables. How to run the service with them:
 [Configuration](../configuration.md) and [Operating it](../operations.md).

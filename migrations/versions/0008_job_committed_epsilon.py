@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from app.privacy import ORDERS, ORDERS_VERSION, ledger_epsilon
+from kernel.privacy import ORDERS, ORDERS_VERSION, ledger_epsilon
 
 revision = "0008"
 down_revision = "0007"
@@ -22,7 +22,7 @@ depends_on = None
 
 _FINISHED = ("succeeded", "failed", "cancelled")
 
-# Lightweight table stubs: a migration must not follow later changes to app.models.
+# Lightweight table stubs: a migration must not follow later changes to kernel.db.orm.
 _jobs = sa.table(
     "jobs",
     sa.column("id", sa.String),
@@ -40,7 +40,7 @@ _entries = sa.table(
 
 
 def _committed_epsilon(curve: Sequence[float] | None, orders_version: str, delta: float) -> float | None:
-    """Ledger ε of a COMMIT curve at the job's δ, as ``app.ledger.commit`` now records it.
+    """Ledger ε of a COMMIT curve at the job's δ, as ``kernel.ledger.operations.commit`` now records it.
 
     A curve on another orders grid cannot be converted with today's orders: left NULL, and such a
     job keeps showing its reserved ε (the safe side) rather than a guessed spend.

@@ -9,10 +9,10 @@ import errno
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from app.job_private_files import PRIVATE_SUFFIXES
-from app.ledger_audit import verify_ledger
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.jobs.private_files import PRIVATE_SUFFIXES
+from kernel.ledger.audit import verify_ledger
 from tests.conftest import dp_sgd_spec, upload
 from worker.runner import JobRunner
 

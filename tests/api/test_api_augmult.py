@@ -14,17 +14,17 @@ import torch
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from app.job_planning import request_hash
-from app.reporting.privacy_report import augmentation_section
-from app.schemas.jobs import JobCreate
+from dp.data.augment import ViewDraws, augmented_views
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.jobs.planning import request_hash
+from kernel.reporting.privacy_report import augmentation_section
+from kernel.schemas.jobs import JobCreate
 from privtrain.cli import CliEnvironment, cli
 from privtrain.specs import SpecOverrides, build_job_spec, merge_spec
 from tests.api.worker_jobs import run_on_worker, upload_shapes
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, dp_sgd_spec, upload
-from worker.training.augment import ViewDraws, augmented_views
 
 VIEWS = 2
 
@@ -54,7 +54,7 @@ def _recorded_views() -> Iterator[list[tuple[int, ...]]]:
         shapes.append(tuple(views.shape))
         return views
 
-    with mock.patch("worker.training.augmult.augmented_views", side_effect=record):
+    with mock.patch("dp.loop.augmult.augmented_views", side_effect=record):
         yield shapes
 
 

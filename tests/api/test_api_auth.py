@@ -8,11 +8,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.auth import key_digest
-from app.bootstrap import ensure_embedded_key, migrate
-from app.db import Database
-from app.main import create_app
-from app.models import ApiKey
+from api.main import create_app
+from kernel.access.keys import key_digest
+from kernel.bootstrap import ensure_embedded_key, migrate
+from kernel.db.engine import Database
+from kernel.db.orm import ApiKey
 from tests.conftest import RecordingDispatcher, make_settings
 
 
@@ -63,7 +63,7 @@ def test_short_bootstrap_key_is_refused(tmp_path: Path) -> None:
 
 
 def test_production_refuses_embedded_defaults(tmp_path: Path) -> None:
-    from app.config import UnsafeSettingsError
+    from kernel.config import UnsafeSettingsError
 
     with pytest.raises(UnsafeSettingsError):
         create_app(make_settings(tmp_path, environment="production"), dispatcher=RecordingDispatcher())

@@ -34,14 +34,14 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.auth import key_digest, revoke_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.content_identity import content_digest
-from app.db import Database
-from app.ingest.limits import IngestLimits
-from app.main import create_app
-from app.models import ApiKey, Tenant
+from api.main import create_app
+from kernel.access.keys import key_digest, revoke_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.datasets.content_identity import content_digest
+from kernel.db.engine import Database
+from kernel.db.orm import ApiKey, Tenant
+from kernel.ingest.limits import IngestLimits
 from tests.conftest import RecordingDispatcher, make_settings, new_key, to_csv
 from worker.runner import JobRunner
 
@@ -348,7 +348,7 @@ CANCEL = {  # succeeded jobs: 409 = allowed but not cancellable; queued ones are
     "revoked analyst's job": v1(409, 404, 404, 403),
     "other tenant's job": v1(404, 404, 202, 404),
 }
-UI_JOB = {  # the dashboard shows a tenant its own jobs only (app/api/ui.py: job_of_tenant)
+UI_JOB = {  # the dashboard shows a tenant its own jobs only (api/routes/ui.py: job_of_tenant)
     "analyst's job": ui(404, 200, 404, 404),
     "owner's job": ui(200, 404, 404, 404),
     "revoked analyst's job": ui(404, 404, 404, 200),

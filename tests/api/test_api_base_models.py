@@ -13,9 +13,9 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save
 
-from app.config import Settings
-from app.db import Database
-from privtrain.architectures import build_model
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.zoo.architectures import build_model
 from tests.conftest import upload
 from worker.runner import JobRunner
 

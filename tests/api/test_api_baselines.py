@@ -11,9 +11,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from privtrain.model_files import load_model
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import load_model
 from tests.conftest import RecordingDispatcher, counts, digits_split, spec_for, upload
 from worker.runner import JobRunner
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.pagination import encode_cursor
+from kernel.db.pagination import encode_cursor
 from tests.conftest import dp_sgd_spec, upload
 
 INVALID_CURSOR = "/problems/invalid-cursor"

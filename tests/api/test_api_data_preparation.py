@@ -19,14 +19,14 @@ import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, LedgerEntry, PrivacyBudget
 from bench.breast_cancer_csv import CLASSES, preparation, training_csv
-from privtrain.model_files import load_model
+from dp.data.rows import materialise
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget
+from privtrain_common.model_files import load_model
 from tests.conftest import upload
 from tests.sharing import share
-from worker.data.rows import materialise
 from worker.runner import JobRunner
 
 
@@ -358,7 +358,7 @@ def test_datasets_declared_before_with_numeric_names_keep_index_labels(tmp_path:
     import sqlalchemy as sa
     from alembic import command
 
-    from app.bootstrap import alembic_config
+    from kernel.bootstrap import alembic_config
     from tests.conftest import make_settings
 
     settings = make_settings(tmp_path / "data")

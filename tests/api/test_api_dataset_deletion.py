@@ -18,12 +18,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from app.config import Settings
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.models import Dataset, ErasedBlob, Job, JobEvent, LedgerEntry
-from app.reconciler import reconcile_once
-from app.storage import BlobStore, StorageUnavailable
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, ErasedBlob, Job, JobEvent, LedgerEntry
+from kernel.jobs.reconciler import reconcile_once
+from kernel.ledger.audit import verify_ledger
+from kernel.storage.blobs import BlobStore, StorageUnavailable
 from tests.api.worker_jobs import upload_shapes
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, new_key, to_csv
 from tests.text_fixtures import classification_body
@@ -219,8 +219,8 @@ def test_models_are_deleted_at_the_owners_choice_and_their_reports_stay(
 def test_queued_jobs_end_released_or_committed_after_a_lost_attempt(
     alice: TestClient, settings: Settings, database: Database
 ) -> None:
-    from app import ledger
-    from app.models import utcnow
+    from kernel.db.orm import utcnow
+    from kernel.ledger import operations as ledger
 
     dataset_id = register(alice, rows_csv())
     fresh = alice.post("/v1/jobs", json=small_spec(dataset_id)).json()
@@ -297,7 +297,7 @@ def test_a_running_tuning_commits_its_whole_charge_when_its_dataset_is_deleted(
     }
     tuning = alice.post("/v1/tuning-jobs", json=request).json()
     queued = alice.post("/v1/tuning-jobs", json=request).json()
-    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=2):
         assert JobRunner(settings, db=database).run(tuning["job_id"]) == "opened"
     deleted = alice.delete(f"/v1/datasets/{dataset_id}")
     assert deleted.status_code == 200 and deleted.json()["status"] == "deleted"

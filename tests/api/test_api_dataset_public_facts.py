@@ -14,9 +14,9 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, LedgerEntry, PrivacyBudget
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget
 from tests.conftest import to_csv, upload
 from tests.sharing import share
 

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, PrivacyBudget
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, PrivacyBudget
 from tests.conftest import upload
 
 

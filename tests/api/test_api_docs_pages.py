@@ -14,8 +14,8 @@ from html.parser import HTMLParser
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.main import create_app
+from api.main import create_app
+from kernel.config import Settings
 from tests.conftest import RecordingDispatcher
 from tests.live_app import serving
 
@@ -93,7 +93,7 @@ def test_openapi_json_is_still_served(app_client: TestClient) -> None:
 
 @pytest.fixture(scope="module")
 def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from app.bootstrap import migrate
+    from kernel.bootstrap import migrate
     from tests.conftest import make_settings
 
     settings: Settings = make_settings(tmp_path_factory.mktemp("docs") / "data")

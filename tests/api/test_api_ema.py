@@ -12,9 +12,9 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors import safe_open
 
-from app.config import Settings
-from app.db import Database
-from privtrain.model_files import CONFIG_KEY
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import CONFIG_KEY
 from tests.api.test_api_public_datasets import non_private_spec, upload_public
 from tests.api.worker_jobs import run_on_worker
 from tests.conftest import counts, digits_split, dp_sgd_spec, to_csv, upload

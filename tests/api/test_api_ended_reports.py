@@ -20,15 +20,16 @@ from click.testing import CliRunner, Result
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from app import ledger, privacy
-from app.config import Settings
-from app.db import Database
-from app.jobs import lifecycle
-from app.models import Job, LedgerEntry, utcnow
-from app.reconciler import reconcile_once
-from app.reporting.privacy_report import closed_form_single_job_epsilon, report_single_job_epsilon
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry, utcnow
+from kernel.jobs import lifecycle
+from kernel.jobs.reconciler import reconcile_once
+from kernel.ledger import operations as ledger
+from kernel.reporting.privacy_report import closed_form_single_job_epsilon, report_single_job_epsilon
 from privtrain.cli import CliEnvironment, cli
-from privtrain.directed_rounding import format_guarantee
+from privtrain_common.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import RecordingDispatcher, to_csv, upload
 from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_slots, run_tuning
@@ -407,7 +408,7 @@ def test_a_tuning_that_ended_without_success_reports_its_charge_and_counts_no_tr
 ) -> None:
     body = alice.post("/v1/tuning-jobs", json=_tuning_request(small_dataset)).json()
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=2),
+        mock.patch("kernel.privacy.sample_trial_count", return_value=2),
         mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
     ):
         if ending == "cancelled":  # while its slots wait: it ends at once, in the API's transaction

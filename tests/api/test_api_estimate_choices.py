@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from app.algorithms import ALGORITHMS
-from app.job_planning import STEPS_CHARGES
+from algorithms import ALGORITHMS
+from kernel.jobs.planning import STEPS_CHARGES
 from privtrain.cli import CliEnvironment, cli
 from tests.conftest import digits_split, dp_sgd_spec, to_csv, upload
 

@@ -11,10 +11,10 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.event_stream import AccessCheck, StreamTiming, job_event_stream, resume_point, wants_event_stream
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from api.routes.event_stream import AccessCheck, StreamTiming, job_event_stream, resume_point, wants_event_stream
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
 from tests.event_seq_race import race_event_writers
 

@@ -25,17 +25,17 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import select, update
 
-from app import access
-from app.api.stream_access import api_reader
-from app.api.stream_slots import stream_slots_of
-from app.api.ui_session import COOKIE_NAME
-from app.auth import find_api_keys, key_digest, revoke_api_key
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.errors import DomainError
-from app.main import create_app
-from app.models import DatasetGrant, Job, Tenant, utcnow
+from api.main import create_app
+from api.routes.stream_access import api_reader
+from api.routes.stream_slots import stream_slots_of
+from api.routes.ui_session import COOKIE_NAME
+from kernel.access import roles as access
+from kernel.access.keys import find_api_keys, key_digest, revoke_api_key
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import DatasetGrant, Job, Tenant, utcnow
+from kernel.errors import DomainError
 from tests.concurrency_helpers import digits_csv, free_port
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key
 
@@ -355,7 +355,7 @@ def withdraw(world: GrantWorld) -> None:
 
 
 def test_stream_access_follows_the_grant_rules_after_a_withdrawal(grant_world: GrantWorld) -> None:
-    """The per-poll check is app.access.job_for itself: after the withdrawal it answers exactly
+    """The per-poll check is kernel.access.roles.job_for itself: after the withdrawal it answers exactly
     as the job route does, whatever the grant rules say about a former analyst."""
     live = grant_world.live
     reader = api_reader(key_digest=key_digest(grant_world.bob), job_id=grant_world.job_id)

@@ -12,8 +12,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file
 
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.api.test_api_public_datasets import upload_public
 from tests.conftest import digits_split, to_csv, upload
 from worker.runner import JobRunner

@@ -11,8 +11,8 @@ from typing import Any
 from click.testing import CliRunner, Result
 from safetensors.torch import save_file
 
-from privtrain.architectures import build_model
 from privtrain.cli import CliEnvironment, cli
+from privtrain_common.zoo.architectures import build_model
 from tests.client.conftest import BASE_URL, AppTransport, WorkerThreads, api_key, dispatcher, transport  # noqa: F401
 from tests.conftest import digits_split, to_csv
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-import app.generation
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.main import create_app
+import kernel.jobs.generation
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.api.worker_jobs import run_on_worker
 from tests.conftest import RecordingDispatcher, counts, make_settings, new_key
 from tests.text_fixtures import classification_body, language_model_body
@@ -112,7 +112,7 @@ def test_text_is_sampled_from_a_finished_dp_language_model(finished_lm: Finished
 
 
 def test_refusals_run_nothing(alice: TestClient, bob_headers: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app.generation, "child_command", lambda: ["/nonexistent/never-run"])
+    monkeypatch.setattr(kernel.jobs.generation, "child_command", lambda: ["/nonexistent/never-run"])
     notes = _upload(alice, language_model_body(), task="language-model")
     queued_lm = alice.post("/v1/jobs", json=_lm_spec(notes["id"])).json()["id"]
     reviews = _upload(alice, classification_body(), name="reviews")
@@ -154,23 +154,27 @@ def test_a_deployment_that_cannot_run_the_model_answers_503(
 ) -> None:
     path = f"/v1/jobs/{finished_lm.job_id}/generate"
     with finished_lm.client() as alice:
-        monkeypatch.setattr(app.generation, "child_command", lambda: [sys.executable, "-c", BLOCK_TORCH_THEN_RUN_CHILD])
+        monkeypatch.setattr(
+            kernel.jobs.generation, "child_command", lambda: [sys.executable, "-c", BLOCK_TORCH_THEN_RUN_CHILD]
+        )
         no_torch = alice.post(path, json={"prompt": "hi"})
         assert no_torch.status_code == 503 and no_torch.json()["type"] == "/problems/generation-unavailable"
         assert "torch is not installed" in no_torch.json()["detail"]
 
-        monkeypatch.setattr(app.generation, "child_command", lambda: [str(Path("/nonexistent/python"))])
+        monkeypatch.setattr(kernel.jobs.generation, "child_command", lambda: [str(Path("/nonexistent/python"))])
         not_started = alice.post(path, json={"prompt": "hi"})
         assert not_started.status_code == 503 and not_started.json()["type"] == "/problems/generation-unavailable"
 
-        monkeypatch.setattr(app.generation, "child_command", lambda: [sys.executable, "-c", "import sys; sys.exit(3)"])
+        monkeypatch.setattr(
+            kernel.jobs.generation, "child_command", lambda: [sys.executable, "-c", "import sys; sys.exit(3)"]
+        )
         silent = alice.post(path, json={"prompt": "hi"})
         assert silent.status_code == 503 and "exit code 3" in silent.json()["detail"]
 
 
 def test_a_slow_generation_is_stopped(finished_lm: FinishedLm, monkeypatch: pytest.MonkeyPatch) -> None:
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
-    monkeypatch.setattr(app.generation, "child_command", lambda: sleeper)
+    monkeypatch.setattr(kernel.jobs.generation, "child_command", lambda: sleeper)
     with finished_lm.client(generation_timeout_s=0.5) as alice:
         slow = alice.post(f"/v1/jobs/{finished_lm.job_id}/generate", json={"prompt": "hi"})
     assert slow.status_code == 503 and slow.json()["type"] == "/problems/generation-timed-out"
@@ -178,7 +182,7 @@ def test_a_slow_generation_is_stopped(finished_lm: FinishedLm, monkeypatch: pyte
 
 
 def test_the_per_key_generation_budget_holds(finished_lm: FinishedLm, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app.generation, "child_command", lambda: [sys.executable, "-c", FAKE_ANSWER])
+    monkeypatch.setattr(kernel.jobs.generation, "child_command", lambda: [sys.executable, "-c", FAKE_ANSWER])
     with finished_lm.client(generation_burst=2, generation_per_minute=1) as alice:
         refused_first = alice.post("/v1/jobs/job_missing/generate", json={"prompt": "hi"})
         answers = [alice.post(f"/v1/jobs/{finished_lm.job_id}/generate", json={"prompt": "hi"}) for _ in range(3)]

@@ -7,8 +7,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.db import Database
-from app.models import DatasetGrant, Tenant
+from kernel.db.engine import Database
+from kernel.db.orm import DatasetGrant, Tenant
 from tests.conftest import dp_sgd_spec, new_key
 from tests.sharing import share
 
@@ -175,7 +175,7 @@ def test_a_revoke_that_commits_while_a_submission_is_planned_wins(
 ) -> None:
     """Admission re-checks access under the budget lock that revokes take, so nothing is
     admitted for an analyst after its revoke committed, even a request already in flight."""
-    import app.api.jobs as jobs_api
+    import api.routes.jobs as jobs_api
 
     share(alice, dataset_id=dataset_id, grantee_name="bob", grantee=bob)
     real_plan_job = jobs_api.plan_job

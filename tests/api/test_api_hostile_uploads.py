@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 from PIL import ImageFile
 from sqlalchemy import func, select
 
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.ingest import image_zip as image_zip_module
-from app.main import create_app
-from app.models import BaseModelRecord, Dataset, LedgerEntry, PrivacyBudget, TokenizerRecord
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import BaseModelRecord, Dataset, LedgerEntry, PrivacyBudget, TokenizerRecord
+from kernel.ingest import image_zip as image_zip_module
 from tests.concurrency_helpers import concurrency_settings, digits_csv, live_server
 from tests.conftest import RecordingDispatcher, make_settings, new_key
 from tests.text_fixtures import word_level_tokenizer_json

@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sklearn.datasets import load_breast_cancer, load_diabetes
 
-from app.config import Settings
-from app.db import Database
-from privtrain.model_files import load_model
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import load_model
 from tests.conftest import to_csv, upload
 from worker.runner import JobRunner
 

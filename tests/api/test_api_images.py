@@ -13,11 +13,11 @@ import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, LedgerEntry, PrivacyBudget
+from dp.data.rows import MappedImageRows, materialise
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget
 from tests.unit.ingest.image_fixtures import class_images, image_zip, npz_bytes, png, zip_bytes
-from worker.data.rows import MappedImageRows, materialise
 from worker.runner import JobRunner
 
 

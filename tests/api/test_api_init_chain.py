@@ -19,11 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app import privacy
-from app.config import Settings
-from app.db import Database
-from app.models import LedgerEntry
-from privtrain.directed_rounding import format_guarantee
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import LedgerEntry
+from privtrain_common.directed_rounding import format_guarantee
 from tests.conftest import digits_split, new_key, to_csv, upload
 from tests.sharing import share
 from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_tuning

@@ -16,9 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
 
-from app.db import Database
-from app.models import DatasetGrant, Tenant
-from app.pagination import encode_cursor
+from kernel.db.engine import Database
+from kernel.db.orm import DatasetGrant, Tenant
+from kernel.db.pagination import encode_cursor
 from tests.concurrency_helpers import concurrency_settings, live_server
 from tests.conftest import counts, dp_sgd_spec, new_key, upload
 from tests.sharing import race_invitations
@@ -258,7 +258,7 @@ def test_the_owner_withdraws_a_pending_invitation(alice: TestClient, bob: dict[s
 def test_concurrent_invitations_of_one_name_leave_one_live_row(tmp_path: Path, digits_csv: bytes) -> None:
     """Real requests racing in a live server: one 202, the others replay it (200). (PostgreSQL:
     tests/services/test_invitations_postgres.py.)"""
-    from app.bootstrap import migrate
+    from kernel.bootstrap import migrate
 
     settings = concurrency_settings(tmp_path / "data")
     migrate(settings)
@@ -282,7 +282,7 @@ def test_an_insert_that_loses_the_race_is_answered_as_a_replay(
     """The race made deterministic: the live row commits between our check and our insert (as
     a concurrent request's would without the budget lock), so the insert hits the partial
     unique index; the answer is the row that won, 200, and still one live row."""
-    from app import grants
+    from kernel.access import grants
 
     with database.write_transaction() as tx:
         alice_id = tx.scalar(select(Tenant.id).where(Tenant.name == "alice"))

@@ -15,14 +15,15 @@ from click.testing import CliRunner, Result
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from app import ledger, privacy
-from app.bootstrap import alembic_config
-from app.config import Settings
-from app.db import Database
-from app.job_views import JobEpsilon, job_epsilon
-from app.models import Job, LedgerEntry
+from api.job_views import JobEpsilon, job_epsilon
+from kernel import privacy
+from kernel.bootstrap import alembic_config
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry
+from kernel.ledger import operations as ledger
 from privtrain.cli import CliEnvironment, cli
-from privtrain.directed_rounding import format_guarantee, format_remaining
+from privtrain_common.directed_rounding import format_guarantee, format_remaining
 from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import to_csv, upload
 from tests.ui.html_probe import parse, text_of

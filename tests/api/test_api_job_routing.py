@@ -10,11 +10,11 @@ from pathlib import Path
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.job_planning import FIELDS_ADDED_LATER, request_hash
-from app.main import create_app
-from app.schemas.jobs import JobCreate
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.jobs.planning import FIELDS_ADDED_LATER, request_hash
+from kernel.schemas.jobs import JobCreate
 from privtrain.cli import CliEnvironment, cli
 from privtrain.specs import build_job_spec
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db import Database
-from app.models import Job
+from kernel.db.engine import Database
+from kernel.db.orm import Job
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, upload
 
 
@@ -173,8 +173,8 @@ def test_cancel_of_a_requeued_touched_job_commits_its_reservation(
     alice: TestClient, dataset_id: str, database: Database
 ) -> None:
     """A job put back in the queue after a lost worker already opened the data."""
-    from app import ledger
-    from app.models import utcnow
+    from kernel.db.orm import utcnow
+    from kernel.ledger import operations as ledger
 
     job = alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=2.0)).json()
     with database.write_transaction() as tx:  # what a claim + a lost worker + the reconciler leave behind

@@ -1,4 +1,4 @@
-"""JSON request bodies are parsed within bounds (app/api/json_body.py): nesting past 64 levels
+"""JSON request bodies are parsed within bounds (api/routes/json_body.py): nesting past 64 levels
 or a number literal past 100 characters is a 422 ``validation-error`` naming the line and column,
 never a 500 (a job's params nested 300 deep once broke pydantic's serializer) nor a bare 400."""
 
@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.db import Database
-from app.models import Job, LedgerEntry
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry
 from tests.conftest import dp_sgd_spec
 
 

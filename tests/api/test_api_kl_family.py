@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.algorithms.kl_family import BUDGET_UNITS
-from app.config import Settings
-from app.db import Database
-from app.privacy.single_job import gaussian_dp_epsilon
+from algorithms.kl_family.definition import BUDGET_UNITS
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.privacy.single_job import gaussian_dp_epsilon
 from tests.conftest import upload
 from worker.runner import JobRunner
 

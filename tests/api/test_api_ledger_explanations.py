@@ -8,13 +8,13 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from app import ledger
-from app.config import Settings
-from app.db import Database
-from app.ledger_explanations import EXPLAINERS, explain_entry
-from app.models import Job
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job
+from kernel.ledger import operations as ledger
+from kernel.ledger.explanations import EXPLAINERS, explain_entry
 from privtrain.cli import CliEnvironment, cli
-from privtrain.directed_rounding import format_guarantee
+from privtrain_common.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import to_csv, upload
 from worker.runner import JobRunner

@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
-from app.models import Job
-from app.rate_limit import RateLimiter
+from api.limits.rate_limit import RateLimiter
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.db.orm import Job
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
 
 
@@ -143,7 +143,7 @@ def test_redis_mode_refuses_a_time_limit_at_or_above_the_visibility_timeout(tmp_
     ok = make_settings(
         tmp_path, broker_url="redis://127.0.0.1:6379/15", job_time_limit_s=99.0, redis_visibility_timeout_s=100.0
     )
-    from app.queue import create_celery
+    from kernel.queue import create_celery
 
     assert create_celery(ok).conf.broker_transport_options["visibility_timeout"] == 100.0
     make_settings(tmp_path, job_time_limit_s=100.0, redis_visibility_timeout_s=100.0)  # filesystem: n/a

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from app.config import Settings
-from app.db import Database
-from app.models import Job
-from app.service_metrics import collect_metrics
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job
+from kernel.service_metrics import collect_metrics
 from tests.conftest import dp_sgd_spec, upload
 from worker.runner import JobRunner
 
@@ -75,7 +75,7 @@ def test_heartbeat_age_is_the_oldest_running_jobs(alice: TestClient, database: D
 def test_readyz_names_a_schema_behind_this_code(app_client: TestClient, database: Database) -> None:
     from sqlalchemy import text
 
-    from app.bootstrap import migration_head
+    from kernel.bootstrap import migration_head
 
     ready = app_client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["migrations"] == "ok"

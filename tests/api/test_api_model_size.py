@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 from torch import nn
 
 import worker.runner as runner_module
-from app.config import Settings, get_settings
-from app.db import Database
-from app.facts import DatasetFacts
-from app.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
-from app.models import Dataset, Job
-from privtrain.architectures import build_model
+from kernel.config import Settings, get_settings
+from kernel.datasets.facts import DatasetFacts
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Job
+from kernel.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
+from privtrain_common.zoo.architectures import build_model
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
 from worker.runner import JobRunner
 
@@ -214,8 +214,8 @@ def test_limits_refuse_with_count_and_limit() -> None:
 
 def test_the_services_own_settings_set_the_limits(tmp_path: Any, digits_csv: bytes) -> None:
     """The limit is the running service's setting, not whatever the process environment says."""
-    from app.bootstrap import migrate
-    from app.main import create_app
+    from api.main import create_app
+    from kernel.bootstrap import migrate
     from tests.conftest import make_settings, new_key, upload
 
     settings = make_settings(tmp_path / "data", max_model_parameters=1000)

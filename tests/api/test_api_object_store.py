@@ -15,16 +15,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
-from app.blob_erasure import evict_erased_copies
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.job_private_files import JobPrivateFiles
-from app.ledger_audit import verify_ledger
-from app.main import create_app
-from app.models import Job
-from app.reconciler import reconcile_once
-from app.storage import blob_store_from_settings
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job
+from kernel.jobs.private_files import JobPrivateFiles
+from kernel.jobs.reconciler import reconcile_once
+from kernel.ledger.audit import verify_ledger
+from kernel.storage.blobs import blob_store_from_settings
+from kernel.storage.erasure import evict_erased_copies
 from privtrain import Client
 from tests.client.conftest import BASE_URL, AppTransport
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec, make_settings, new_key, upload

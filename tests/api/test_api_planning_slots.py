@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 from fastapi.testclient import TestClient
 
-from app.api.planning_slots import planning_slots_of
-from app.auth import key_digest
-from app.bootstrap import migrate
-from app.config import Settings
+from api.routes.planning_slots import planning_slots_of
+from kernel.access.keys import key_digest
+from kernel.bootstrap import migrate
+from kernel.config import Settings
 from tests.concurrency_helpers import concurrency_settings, live_server, upload_digits
 from tests.conftest import dp_sgd_spec
 

@@ -14,13 +14,13 @@ import torch
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from app.job_planning import request_hash
-from app.schemas.jobs import JobCreate
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.jobs.planning import request_hash
+from kernel.schemas.jobs import JobCreate
 from privtrain.cli import CliEnvironment, cli
-from privtrain.model_files import load_model
 from privtrain.specs import build_job_spec
+from privtrain_common.model_files import load_model
 from tests.api.worker_jobs import run_on_worker, upload_shapes
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts

@@ -18,11 +18,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.planning_slots import planning_slots_of
-from app.bootstrap import migrate
-from app.config import Settings
-from app.main import create_app
-from app.upload_slots import slots_of as upload_slots_of
+from api.limits.upload_slots import slots_of as upload_slots_of
+from api.main import create_app
+from api.routes.planning_slots import planning_slots_of
+from kernel.bootstrap import migrate
+from kernel.config import Settings
 from tests.concurrency_helpers import concurrency_settings, live_server, upload_digits
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
 

@@ -16,11 +16,11 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from app import privacy
-from app.config import Settings
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.services import Services
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.ledger.audit import verify_ledger
+from kernel.services import Services
 from privtrain.cli import CliEnvironment, cli
 from privtrain.specs import build_job_spec
 from tests.api.worker_jobs import run_on_worker

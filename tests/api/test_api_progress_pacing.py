@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.conftest import dp_sgd_spec, upload
 from worker.runner import JobRunner
 

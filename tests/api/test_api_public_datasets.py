@@ -12,9 +12,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from privtrain.model_files import load_model
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import load_model
 from tests.conftest import counts, digits_split, spec_for, upload
 from worker.runner import JobRunner
 
@@ -151,7 +151,7 @@ def test_dashboard_metrics_and_audit_handle_public_datasets(
     alice: TestClient, settings: Settings, database: Database, digits_csv: bytes
 ) -> None:
     """The lock-only budget row of a public dataset is never summarised as a budget."""
-    from app.ledger_audit import verify_ledger
+    from kernel.ledger.audit import verify_ledger
     from tests.ui.conftest import csrf_token_of
 
     public = upload_public(alice, digits_csv)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.ui_session import COOKIE_NAME, SessionCookie, decode_cookie, encode_cookie, session_secret
-from app.auth import key_digest
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from api.routes.ui_session import COOKIE_NAME, SessionCookie, decode_cookie, encode_cookie, session_secret
+from kernel.access.keys import key_digest
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.conftest import RecordingDispatcher, make_settings, new_key
 
 BURST = 5

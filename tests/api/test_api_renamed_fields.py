@@ -11,7 +11,7 @@ import warnings
 import pytest
 from fastapi.testclient import TestClient
 
-from app.schemas.renamed import ALIASES_REMOVED_IN, RENAMED
+from kernel.schemas.renamed import ALIASES_REMOVED_IN, RENAMED
 from privtrain.resources import Estimate, Job, TuningJob
 from tests.conftest import dp_sgd_spec
 

@@ -29,13 +29,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-import app.api.deps as deps_module
-import app.api.jobs as jobs_module
-from app.api.ui_session import COOKIE_NAME
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
-from app.request_slots import RequestSlots
+import api.routes.deps as deps_module
+import api.routes.jobs as jobs_module
+from api.limits.request_slots import RequestSlots
+from api.main import create_app
+from api.routes.ui_session import COOKIE_NAME
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
 from tests.concurrency_helpers import digits_csv
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key
 from tests.live_app import serving

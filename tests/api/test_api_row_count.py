@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.api.test_api_privacy_units import N_PERSONS, _patients_csv, _spec
 from tests.conftest import counts, new_key, upload
 from tests.sharing import share

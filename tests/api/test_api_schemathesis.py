@@ -34,10 +34,10 @@ from schemathesis.checks import (
     response_schema_conformance,
 )
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
-from app.pagination import encode_cursor
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.db.pagination import encode_cursor
 from tests.conftest import (
     RecordingDispatcher,
     dp_sgd_spec,

@@ -20,11 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from sqlalchemy import select
 
-from app import ledger, privacy
-from app.config import Settings
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.models import Job, LedgerEntry, PrivacyBudget
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry, PrivacyBudget
+from kernel.ledger import operations as ledger
+from kernel.ledger.audit import verify_ledger
 from tests.conftest import dp_sgd_spec, upload
 from tests.ui.conftest import csrf_token_of
 from worker.runner import JobRunner
@@ -106,7 +107,7 @@ def test_verify_ledger_passes_in_a_real_process(settings: Settings, database: Da
     env = {**os.environ, "PRIVTRAIN_DATA_DIR": str(settings.data_dir), "PRIVTRAIN_ENVIRONMENT": "test"}
     env.pop("PRIVTRAIN_DATABASE_URL", None)
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "verify-ledger", "--dataset", old_dataset],
+        [sys.executable, "-m", "admin.cli", "verify-ledger", "--dataset", old_dataset],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, LedgerEntry, PrivacyBudget, TokenizerRecord
-from app.tokenizers.byte import PAD_ID, ByteTokenizer
+from dp.data.tokens import IGNORED_TARGET, TokenRows
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget, TokenizerRecord
+from kernel.tokenizers.byte import PAD_ID, ByteTokenizer
 from tests.text_fixtures import REVIEWS, classification_body, jsonl, language_model_body
-from worker.data.tokens import IGNORED_TARGET, TokenRows
 from worker.runner import JobRunner
 
 
@@ -146,7 +146,7 @@ def test_a_duplicate_and_an_idempotent_retry(alice: TestClient, database: Databa
 
 
 def test_facts_carry_the_vocabulary_and_pad_id(alice: TestClient, database: Database) -> None:
-    from app.job_planning import facts_of
+    from kernel.jobs.planning import facts_of
 
     dataset_id = _upload(alice, language_model_body()).json()["id"]
     facts = facts_of(_dataset(database, dataset_id))

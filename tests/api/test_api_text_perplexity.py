@@ -9,8 +9,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from privtrain.cli import _job_block
 from privtrain.resources import Job
 from tests.api.worker_jobs import run_on_worker

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from privtrain.model_files import load_model
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import load_model
 from tests.api.worker_jobs import run_on_worker
 from tests.text_fixtures import classification_body, language_model_body
 

@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 from httpx import Response
 from sqlalchemy import func, select
 
-from app.blob_references import blob_is_referenced
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, TokenizerRecord
-from app.tokenizers.hugging_face import load_tokenizer_json
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, TokenizerRecord
+from kernel.storage.references import blob_is_referenced
+from kernel.tokenizers.hugging_face import load_tokenizer_json
 from tests.text_fixtures import classification_body, jsonl, language_model_body, word_level_tokenizer_json
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db import Database
+from kernel.db.engine import Database
 from tests.conftest import counts, dp_sgd_spec
 
 KL_SPIDER = {"name": "kl-spider", "hyperparameters": {"L0": 3.0, "L1": 2.0, "gamma": 2.0, "kappa": 1.5, "F0": 1.0}}

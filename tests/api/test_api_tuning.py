@@ -19,19 +19,19 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app import privacy
-from app.config import Settings
-from app.db import Database
-from app.jobs import lifecycle
-from app.ledger_audit import verify_ledger
-from app.models import LedgerEntry
-from app.privacy.events import BoundedTruncatedNegativeBinomial
+from algorithms.trainers import TrainingRequest
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import LedgerEntry
+from kernel.jobs import lifecycle
+from kernel.ledger.audit import verify_ledger
+from kernel.privacy.events import BoundedTruncatedNegativeBinomial
 from privtrain.cli import CliEnvironment, cli
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, upload
 from tests.tuning_run import run_slots, run_tuning, tuning_request, tuning_settings
 from worker.runner import JobRunner
-from worker.trainers import TrainingRequest
 
 _request = tuning_request
 
@@ -96,7 +96,7 @@ def test_the_worker_runs_secret_trials_in_its_slots_and_releases_the_best_as_an_
         return 2
 
     with (
-        mock.patch("app.privacy.sample_trial_count", side_effect=spy),
+        mock.patch("kernel.privacy.sample_trial_count", side_effect=spy),
         mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
     ):
         assert run_tuning(settings, database, body["job_id"]) == "succeeded"
@@ -183,7 +183,7 @@ def test_a_trial_that_crashes_commits_the_whole_tuning(
 ) -> None:
     body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=3),
+        mock.patch("kernel.privacy.sample_trial_count", return_value=3),
         mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
     ):
         assert run_tuning(settings, database, body["job_id"]) == "failed"
@@ -199,7 +199,7 @@ def test_a_poisson_tuning_that_draws_no_trial_releases_nothing_and_commits(
     alice: TestClient, dataset_id: str, settings: Settings, database: Database
 ) -> None:
     body = alice.post("/v1/tuning-jobs", json=_request(dataset_id, distribution="poisson", mean=2, maximum=4)).json()
-    with mock.patch("app.privacy.sample_trial_count", return_value=0):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=0):
         assert run_tuning(settings, database, body["job_id"]) == "failed"
     view = alice.get(f"/v1/tuning-jobs/{body['id']}").json()
     assert view["error_code"] == "no-trials-drawn" and view["best_job_id"] is None
@@ -224,7 +224,7 @@ def test_trials_still_training_at_their_time_limit_release_nothing(
 
     started = time.monotonic()
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=2),
+        mock.patch("kernel.privacy.sample_trial_count", return_value=2),
         mock.patch("worker.runner.JobRunner._load_data_and_units", slow_load),
     ):
         assert run_tuning(settings, database, body["job_id"]) == "failed"
@@ -240,7 +240,7 @@ def test_a_cancelled_running_tuning_ends_at_once_and_commits_its_whole_charge(
     """The cancel settles the tuning in the API's own transaction: when its slots would notice
     depends on whether they hold trials."""
     body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
-    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=2):
         assert JobRunner(settings, db=database).run(body["job_id"]) == "opened"
     cancelled = alice.post(f"/v1/tuning-jobs/{body['id']}/cancel").json()
     assert cancelled["status"] == "cancelled"  # at once, before any slot ran
@@ -295,7 +295,7 @@ def test_a_worker_lost_before_opening_the_tuning_is_retried_inside_the_same_rese
         )
         == "queued"
     )
-    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=2):
         assert run_tuning(settings, database, body["job_id"]) == "succeeded"
     entries = _entries(database, dataset_id)
     assert [e.kind for e in entries] == ["RESERVE", "TOUCH", "COMMIT"]
@@ -318,7 +318,7 @@ def test_every_trial_draws_the_noise_of_a_charged_candidate(
         assert isinstance(training, privacy.PoissonSampledGaussianEvent)
         charged.add((training.noise_multiplier, training.sampling_probability, training.count))
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=3),
+        mock.patch("kernel.privacy.sample_trial_count", return_value=3),
         mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
     ):
         assert run_tuning(settings, database, body["job_id"]) == "succeeded"

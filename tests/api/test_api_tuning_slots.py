@@ -1,4 +1,4 @@
-"""A tuning in its public slots (app/tuning/slots.py), as an analyst and the workers see it.
+"""A tuning in its public slots (kernel/tuning/slots.py), as an analyst and the workers see it.
 
 The acceptance test of the trial count's secrecy: two tunings, one that drew K = 1 and one that
 drew its maximum, give the same observable view (status and its times, events, ledger entries,
@@ -20,14 +20,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
-from app.config import Settings
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.models import Job, LedgerEntry, TuningSlot, TuningTrial
-from app.reconciler import reconcile_once
-from app.tuning import slots as tuning_slots
-from app.tuning import trial_queue
-from app.tuning.trial_files import TrialFiles
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry, TuningSlot, TuningTrial
+from kernel.jobs.reconciler import reconcile_once
+from kernel.ledger.audit import verify_ledger
+from kernel.tuning import slots as tuning_slots
+from kernel.tuning import trial_queue
+from kernel.tuning.trial_files import TrialFiles
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, new_key, upload
 from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_slots, run_tuning, slots_of, tuning_request, tuning_settings
 from worker.runner import JobRunner
@@ -112,7 +112,7 @@ def test_a_tunings_observable_view_is_the_same_whatever_its_number_of_trials(
     tunings = [alice.post("/v1/tuning-jobs", json=tuning_request(dataset_id)).json() for _ in range(2)]
     for tuning, count in zip(tunings, (1, 3), strict=True):
         with (
-            mock.patch("app.privacy.sample_trial_count", return_value=count),
+            mock.patch("kernel.privacy.sample_trial_count", return_value=count),
             mock.patch("worker.tuning.TuningClaim.draw_candidate", return_value=0),  # the same trial released
         ):
             assert JobRunner(settings, db=database).run(tuning["job_id"]) == "opened"
@@ -166,7 +166,7 @@ def test_slots_reach_the_workers_through_fair_dispatch_like_jobs(
     cap), and another tenant's job is sent at once beside them."""
     request = tuning_request(dataset_id, distribution="poisson", mean=6, maximum=12)
     tuning = alice.post("/v1/tuning-jobs", json=request).json()
-    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=2):
         assert JobRunner(settings, db=database, dispatcher=dispatcher).run(tuning["job_id"]) == "opened"
     assert len(dispatcher.slots) == settings.dispatch_per_tenant == 4  # of 12, whatever K is
     bob = {"Authorization": f"Bearer {new_key(database, 'bob')}"}
@@ -198,7 +198,7 @@ def test_a_lost_slot_fails_the_tuning_and_leaves_nothing(
     its whole charge, its trials and their files are deleted, and its other slots never run."""
     tuning = alice.post("/v1/tuning-jobs", json=tuning_request(dataset_id)).json()
     job_id = tuning["job_id"]
-    with mock.patch("app.privacy.sample_trial_count", return_value=2):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=2):
         assert JobRunner(settings, db=database).run(job_id) == "opened"
     held = tuning_slots.claim(database, job_id=job_id, attempt=1, slot=0, worker="lost")
     taken = trial_queue.take(database, job_id=job_id, attempt=1, worker="lost")
@@ -234,8 +234,8 @@ def test_the_reconciler_closes_a_tuning_whose_closer_was_lost(
 ) -> None:
     tuning = alice.post("/v1/tuning-jobs", json=tuning_request(dataset_id)).json()
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=2),
-        mock.patch("app.tuning.closing.Closer.close", return_value="lost"),  # the last slot's worker dies
+        mock.patch("kernel.privacy.sample_trial_count", return_value=2),
+        mock.patch("kernel.tuning.closing.Closer.close", return_value="lost"),  # the last slot's worker dies
     ):
         assert run_tuning(settings, database, tuning["job_id"]) == "running"
     reconcile_once(database, settings, RecordingDispatcher())
@@ -254,7 +254,7 @@ def test_a_lost_slot_message_is_sent_again(
     alice: TestClient, dataset_id: str, settings: Settings, database: Database, dispatcher: RecordingDispatcher
 ) -> None:
     tuning = alice.post("/v1/tuning-jobs", json=tuning_request(dataset_id)).json()
-    with mock.patch("app.privacy.sample_trial_count", return_value=1):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=1):
         assert JobRunner(settings, db=database, dispatcher=dispatcher).run(tuning["job_id"]) == "opened"
     assert len(dispatcher.slots) == 3
     resend = RecordingDispatcher()
@@ -281,7 +281,7 @@ def test_a_slot_that_overruns_its_margin_fails_the_tuning(
         return real(self, *args, **kwargs)
 
     with (
-        mock.patch("app.privacy.sample_trial_count", return_value=1),
+        mock.patch("kernel.privacy.sample_trial_count", return_value=1),
         mock.patch("worker.runner.JobRunner._write_trial_model", slow_write),
     ):
         assert run_tuning(settings, database, tuning["job_id"]) == "failed"
@@ -302,7 +302,7 @@ def test_slot_rows_stay_public_and_count_no_trials(
 ) -> None:
     """After the tuning, its slots remain (the view counts them); its trials are gone."""
     tuning = alice.post("/v1/tuning-jobs", json=tuning_request(dataset_id)).json()
-    with mock.patch("app.privacy.sample_trial_count", return_value=1):
+    with mock.patch("kernel.privacy.sample_trial_count", return_value=1):
         assert run_tuning(settings, database, tuning["job_id"]) == "succeeded"
     assert len(slots_of(database, tuning["job_id"])) == 3 and _rows(database, TuningTrial) == 0
     listed = alice.get("/v1/tuning-jobs").json()["items"][0]
@@ -354,7 +354,7 @@ def test_a_bystanders_job_starts_within_a_few_slots_while_tunings_fill_the_worke
     24 s on two workers); another tenant's short job, submitted once they run, starts within a few
     slot lengths (two, on an idle machine): it waits behind at most the slots already in the
     broker, never behind whole tunings."""
-    from app.main import create_app
+    from api.main import create_app
 
     settings = tuning_settings(tmp_path / "data", dispatch_per_tenant=2, tuning_parallel_trials=2)
     database = Database(settings.resolved_database_url)
@@ -409,7 +409,7 @@ def tuning_slots_running(database: Database, job_id: str) -> bool:
 
 def database_cancel(database: Database, job_id: str) -> None:
     """End a tuning left running by a test, so its slots stop at their next beat."""
-    from app.jobs import lifecycle
+    from kernel.jobs import lifecycle
 
     with database.read_session() as session:
         job = session.get(Job, job_id)

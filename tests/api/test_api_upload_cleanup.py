@@ -16,11 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-import app.dataset_registration as registration
-from app.blob_references import discard_unreferenced_blob
-from app.db import Database
-from app.models import Dataset
-from app.services import Services
+import kernel.datasets.registration as registration
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset
+from kernel.services import Services
+from kernel.storage.references import discard_unreferenced_blob
 from tests.conftest import upload
 
 

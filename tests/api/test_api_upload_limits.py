@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import Dataset, Tenant
-from app.upload_slots import UploadSlots, UploadSlotsFull, slots_of
+from api.limits.upload_slots import UploadSlots, UploadSlotsFull, slots_of
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Tenant
 from tests.conftest import upload
 
 

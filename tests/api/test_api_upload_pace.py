@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from app.bootstrap import migrate
-from app.upload_pace import UploadPace, UploadTooSlow, receive_paced
+from api.limits.upload_pace import UploadPace, UploadTooSlow, receive_paced
+from kernel.bootstrap import migrate
 from tests.concurrency_helpers import concurrency_settings, digits_csv, live_server
 
 PACE = UploadPace(idle_timeout_s=0.3, min_rate_bytes_per_s=1000.0, grace_s=0.4)

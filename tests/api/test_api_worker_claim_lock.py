@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.conftest import dp_sgd_spec
 from worker.runner import JobRunner
 

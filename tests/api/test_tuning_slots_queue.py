@@ -1,4 +1,4 @@
-"""A running tuning's slots and trial queue (app/tuning/slots.py, app/tuning/trial_queue.py):
+"""A running tuning's slots and trial queue (kernel/tuning/slots.py, kernel/tuning/trial_queue.py):
 opening writes K trials and exactly ``maximum`` slots at once, each slot is claimed by one worker,
 each trial taken by one slot, only a holder records a result, the last slot to finish is told so
 exactly once, and a cancelled or ended tuning stops every slot."""
@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from sqlalchemy import delete, func, select
 
-from app.config import Settings
-from app.db import Database
-from app.models import TuningSlot, TuningTrial
-from app.tuning import slots as tuning_slots
-from app.tuning import trial_queue
-from app.tuning.slots import ClaimedSlot
-from app.tuning.trial_queue import TakenTrial
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import TuningSlot, TuningTrial
+from kernel.tuning import slots as tuning_slots
+from kernel.tuning import trial_queue
+from kernel.tuning.slots import ClaimedSlot
+from kernel.tuning.trial_queue import TakenTrial
 from tests.conftest import upload
 from tests.tuning_run import tuning_request
 from worker.runner import JobRunner

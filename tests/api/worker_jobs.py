@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.unit.ingest.image_fixtures import image_zip
 from worker.runner import JobRunner
 

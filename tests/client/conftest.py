@@ -12,8 +12,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
+from kernel.config import Settings
+from kernel.db.engine import Database
 from privtrain import Client
 from tests.conftest import new_key
 

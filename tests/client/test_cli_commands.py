@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from app.db import Database
+from kernel.db.engine import Database
 from privtrain.cli import CliEnvironment, cli
-from privtrain.directed_rounding import format_guarantee
+from privtrain_common.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport, WorkerThreads
 from tests.conftest import new_key
 

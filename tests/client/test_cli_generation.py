@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-import app.generation
+import kernel.jobs.generation
 from privtrain.cli import CliEnvironment, cli
 from privtrain.client import Client
 from privtrain.errors import PrivtrainError
@@ -60,7 +60,7 @@ def test_generate_from_the_client_and_the_cli(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(app.generation, "child_command", lambda: [sys.executable, "-c", ECHO_CHILD])
+    monkeypatch.setattr(kernel.jobs.generation, "child_command", lambda: [sys.executable, "-c", ECHO_CHILD])
     client = Client(BASE_URL, api_key=api_key, transport=transport)
     job_id = _finished_lm(client, tmp_path, dispatcher)
 

@@ -22,8 +22,8 @@ from privtrain import (
     WaitTimeout,
     build_job_spec,
 )
-from privtrain.directed_rounding import format_guarantee
 from privtrain.resources import Dataset, Job
+from privtrain_common.directed_rounding import format_guarantee
 from tests.client.conftest import BASE_URL, AppTransport, WorkerThreads, tiny_spec, wrap
 from tests.conftest import dp_sgd_spec
 

@@ -18,7 +18,7 @@ import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 import privtrain, privtrain.client, privtrain.cli
 loaded = {m.split(".")[0] for m, module in sys.modules.items() if module is not None}
-heavy = sorted(loaded & {"torch", "app", "worker", "numpy", "sqlalchemy", "fastapi", "yaml"})
+heavy = sorted(loaded & {"torch", "kernel", "api", "worker", "numpy", "sqlalchemy", "fastapi", "yaml"})
 print(",".join(heavy))
 """
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from app.db import Database
+from kernel.db.engine import Database
 from privtrain import Client
 from privtrain.cli import CliEnvironment, cli
 from privtrain.errors import PrivtrainError

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.config import Settings
+from kernel.config import Settings
 from privtrain import Client, InvalidRequest, RateLimited, ServerError, TransportError
 from privtrain.resources import Dataset
 from privtrain.retry import RetryPolicy, parse_retry_after

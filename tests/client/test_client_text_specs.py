@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from app.schemas.jobs import JobCreate
+from kernel.schemas.jobs import JobCreate
 from privtrain.cli import cli
 from privtrain.specs import SpecOverrides, build_job_spec, merge_spec
 

@@ -13,12 +13,17 @@ from pathlib import Path
 
 import torch
 
-from privtrain.architectures import build_model
-from privtrain.model_files import save_model
+from privtrain_common.model_files import save_model
+from privtrain_common.zoo.architectures import build_model
 
 CLIENT = Path(__file__).resolve().parents[2] / "client"
 SERVER_PACKAGES = {
-    "app",
+    "kernel",
+    "api",
+    "admin",
+    "algorithms",
+    "dp",
+    "training",
     "worker",
     "fastapi",
     "starlette",
@@ -44,8 +49,11 @@ def _imported_top_levels(code: str) -> set[str]:
 def test_the_distribution_declares_only_the_client_needs() -> None:
     project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
     assert project["name"] == "privtrain-client"
-    assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["click", "httpx"]
-    assert sorted(d.split(">")[0] for d in project["optional-dependencies"]["model"]) == ["safetensors", "torch"]
+    assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["click", "httpx", "privtrain-common"]
+    assert project["optional-dependencies"]["model"] == ["privtrain-common[model]"]
+    common = tomllib.loads((CLIENT.parent / "common" / "pyproject.toml").read_text())["project"]
+    assert common["dependencies"] == []  # what the client shares with the server costs it nothing
+    assert sorted(d.split(">")[0] for d in common["optional-dependencies"]["model"]) == ["safetensors", "torch"]
     assert project["scripts"] == {"privtrain": "privtrain.cli:main"}
 
 
@@ -77,5 +85,5 @@ def test_load_model_needs_only_torch_and_safetensors_and_gives_the_classes(tmp_p
         "model, config = loaded\nassert model(torch.zeros(1, 3)).shape == (1, 2)"
     )
     imported = _imported_top_levels(code)
-    assert {"torch", "safetensors", "privtrain"} <= imported
+    assert {"torch", "safetensors", "privtrain", "privtrain_common"} <= imported
     assert not imported & SERVER_PACKAGES - {"numpy"}, imported & SERVER_PACKAGES  # torch may bring numpy

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.config import Settings
+from kernel.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))

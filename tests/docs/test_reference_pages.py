@@ -8,9 +8,9 @@ from catalogue_reference import render_algorithms_page, render_models_page
 from configuration_reference import env_var, render_configuration_page
 from reference_pages import GENERATED_PAGES
 
-from app.algorithms import ALGORITHMS
-from app.config import Settings
-from app.model_catalogue import MODELS
+from algorithms import ALGORITHMS
+from kernel.config import Settings
+from kernel.model_catalogue import MODELS
 
 
 def test_configuration_page_lists_every_settings_field_with_its_env_var_and_description() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
 from tests.conftest import make_settings, new_key
 from tests.worker_process import running_worker
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.db import Database
-from app.models import Dataset
-from privtrain.model_files import load_model
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset
+from privtrain_common.model_files import load_model
 from tests.conftest import digits_split, dp_sgd_spec, to_csv, upload
 from tests.worker_process import wait_for_status
 

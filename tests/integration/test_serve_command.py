@@ -56,7 +56,7 @@ def _start_serve(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, BinaryIO
     env.pop("PRIVTRAIN_BROKER_URL", None)
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "admin.cli", "serve", "--port", str(port)],
         cwd=tmp_path,
         env=env,
         stdout=log,
@@ -156,8 +156,8 @@ def test_the_parent_watch_alone_stops_an_orphan(tmp_path: Path) -> None:
 
 _WORKER_PARENT = """
 import os, subprocess, sys, time
-from app.cli import worker_command
-from app.parent_death import PARENT_PID_ENV
+from admin.cli import worker_command
+from kernel.parent_death import PARENT_PID_ENV
 env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
 worker = subprocess.Popen(worker_command("fuzz-queue"), env=env, start_new_session=True)  # no prctl here
 print(worker.pid, flush=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
 from tests.conftest import dp_sgd_spec, make_settings, new_key, upload
 from tests.worker_process import running_worker, wait_for_status
 

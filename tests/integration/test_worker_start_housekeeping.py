@@ -7,10 +7,10 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.job_private_files import PRIVATE_SUFFIXES
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.jobs.private_files import PRIVATE_SUFFIXES
 from tests.conftest import dp_sgd_spec, new_key, upload
 from tests.worker_process import crash_recovery_settings, running_worker
 

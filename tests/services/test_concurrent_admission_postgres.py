@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.bootstrap import migrate
-from app.config import Settings
+from kernel.bootstrap import migrate
+from kernel.config import Settings
 from tests.concurrency_helpers import (
     LiveService,
     concurrency_settings,

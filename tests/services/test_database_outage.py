@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
 from tests.conftest import RecordingDispatcher, make_settings, new_key
 from tests.fault_proxy import FaultProxy
 

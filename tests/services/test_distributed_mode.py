@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.bootstrap import alembic_config, migrate
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import alembic_config, migrate
+from kernel.db.engine import Database
 from tests.conftest import digits_split, dp_sgd_spec, make_settings, new_key, to_csv, upload
 from tests.worker_process import REPO_ROOT, running_worker, settings_env, wait_for_status
 
@@ -74,7 +74,7 @@ def test_admin_cli_migrates_postgres(postgres_url: str, tmp_path: Path) -> None:
     import os
 
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "migrate"],
+        [sys.executable, "-m", "admin.cli", "migrate"],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app.bootstrap import migrate
-from app.models import DatasetGrant
+from kernel.bootstrap import migrate
+from kernel.db.orm import DatasetGrant
 from tests.concurrency_helpers import concurrency_settings, digits_csv, live_server
 from tests.sharing import race_invitations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.bootstrap import migrate
+from kernel.bootstrap import migrate
 from tests.concurrency_helpers import concurrency_settings, digits_csv, live_server
 from tests.conftest import dp_sgd_spec
 from tests.event_seq_race import race_event_writers

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.ledger.audit import verify_ledger
 from tests.conftest import digits_split, dp_sgd_spec, new_key, to_csv, upload
 from tests.object_store import ObjectStoreServer
 from tests.worker_process import crash_recovery_settings, kill_worker_mid_job, running_worker, wait_for_status

@@ -14,13 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.ledger_audit import verify_ledger
-from app.main import create_app
-from app.models import TuningSlot, TuningTrial
-from app.tuning import slots as tuning_slots
-from app.tuning import trial_queue
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.db.orm import TuningSlot, TuningTrial
+from kernel.ledger.audit import verify_ledger
+from kernel.tuning import slots as tuning_slots
+from kernel.tuning import trial_queue
 from tests.conftest import digits_split, new_key, to_csv, upload
 from tests.tuning_run import tuning_request
 from tests.worker_process import crash_recovery_settings, running_worker, wait_for_status

@@ -17,10 +17,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.bootstrap import migrate
-from app.config import Settings
-from app.db import Database
-from app.main import create_app
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.conftest import RecordingDispatcher, make_settings, new_key, to_csv
 
 HOSTILE_NAME = "<img src=x onerror=alert(1)> & \"quoted\" 'single' <b>"

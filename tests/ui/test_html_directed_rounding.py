@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.budget_gauge import BudgetGauge
-from app.dataset_deletion import DeletionProgress
-from app.dataset_status import DatasetStatus
-from app.job_views import job_epsilon
-from app.reporting.html_report import render_report_html
-from app.reporting.ledger_history import LedgerPoint
-from app.reporting.templating import render
+from api.job_views import job_epsilon
+from kernel.datasets.deletion import DeletionProgress
+from kernel.datasets.status import DatasetStatus
+from kernel.ledger.budget_gauge import BudgetGauge
+from kernel.reporting.html_report import render_report_html
+from kernel.reporting.ledger_history import LedgerPoint
+from kernel.reporting.templating import render
 from tests.ui.conftest import UiWorld
 from tests.ui.html_probe import Element, Page, parse, text_of
 

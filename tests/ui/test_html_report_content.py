@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 
-from app import privacy
-from app.reporting.step_series import sampled_steps
+from kernel import privacy
+from kernel.reporting.step_series import sampled_steps
 from tests.ui.conftest import HOSTILE_NAME, UiWorld
 from tests.ui.html_probe import Page, parse, text_of
 

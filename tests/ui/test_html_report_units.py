@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from app import ledger
-from app.api.ui_session import LoginFormCookie, SessionCookie, decode_cookie, encode_cookie
-from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
-from app.reporting import SeriesUnavailable, epsilon_by_steps, ledger_history, opening_budget
-from app.reporting.job_report import report_html_for_job
+from api.routes.ui_session import LoginFormCookie, SessionCookie, decode_cookie, encode_cookie
+from kernel.db.orm import Dataset, Job, LedgerEntry, PrivacyBudget
+from kernel.ledger import operations as ledger
+from kernel.reporting import SeriesUnavailable, epsilon_by_steps, ledger_history, opening_budget
+from kernel.reporting.job_report import report_html_for_job
 from tests.ui.conftest import UiWorld
 from tests.ui.html_probe import parse, text_of
 
@@ -74,11 +74,11 @@ def test_rendering_imports_neither_torch_nor_pyplot(ui_world: UiWorld, report_js
     report_path.write_text(json.dumps(report_json))
     script = textwrap.dedent(f"""
         import json, sys
-        import app.main
-        from app.db import Database
-        from app.models import Job
-        from app.reporting.job_report import report_html_for_job
-        from app.api import ui
+        import api.main
+        from kernel.db.engine import Database
+        from kernel.db.orm import Job
+        from kernel.reporting.job_report import report_html_for_job
+        from api.routes import ui
         db = Database({ui_world.settings.resolved_database_url!r})
         with db.read_session() as session:
             job = session.get(Job, {ui_world.job_id!r})
@@ -114,7 +114,7 @@ def test_cookie_codec_round_trips_and_rejects_tampering() -> None:
 
 @given(total=st.integers(min_value=1, max_value=10**7), points=st.integers(min_value=2, max_value=200))
 def test_sampled_steps_are_sorted_unique_and_span_one_to_t(total: int, points: int) -> None:
-    from app.reporting.step_series import sampled_steps
+    from kernel.reporting.step_series import sampled_steps
 
     ks = sampled_steps(total, max_points=points)
     assert ks[0] == 1 and ks[-1] == total
@@ -124,7 +124,7 @@ def test_sampled_steps_are_sorted_unique_and_span_one_to_t(total: int, points: i
 
 
 def test_production_needs_a_long_ui_session_secret(tmp_path: Path) -> None:
-    from app.config import UnsafeSettingsError
+    from kernel.config import UnsafeSettingsError
     from tests.conftest import make_settings
 
     production = {

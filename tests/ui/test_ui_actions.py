@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from app.models import Job, utcnow
+from kernel.db.orm import Job, utcnow
 from tests.ui.conftest import UiWorld, csrf_token_of
 from tests.ui.html_probe import parse, text_of
 

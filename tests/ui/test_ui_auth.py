@@ -11,7 +11,7 @@ import time
 
 from sqlalchemy import func, select, update
 
-from app.api.ui_session import (
+from api.routes.ui_session import (
     COOKIE_NAME,
     LoginFormCookie,
     SessionCookie,
@@ -19,9 +19,9 @@ from app.api.ui_session import (
     encode_cookie,
     session_secret,
 )
-from app.auth import find_api_keys, key_digest, revoke_api_key
-from app.dashboard_sessions import token_digest
-from app.models import ApiKey, UiSession, utcnow
+from kernel.access.dashboard_sessions import token_digest
+from kernel.access.keys import find_api_keys, key_digest, revoke_api_key
+from kernel.db.orm import ApiKey, UiSession, utcnow
 from tests.conftest import new_key
 from tests.ui.conftest import UiWorld, csrf_token_of
 

@@ -23,10 +23,10 @@ from typing import Any, NoReturn
 import pytest
 from sqlalchemy import update
 
-from app.api.ui_session import COOKIE_NAME
-from app.jobs import lifecycle
-from app.jobs.events import add_job_event
-from app.models import Job, utcnow
+from api.routes.ui_session import COOKIE_NAME
+from kernel.db.orm import Job, utcnow
+from kernel.jobs import lifecycle
+from kernel.jobs.events import add_job_event
 from tests.live_app import serving
 from tests.ui.conftest import UiWorld, built_world
 

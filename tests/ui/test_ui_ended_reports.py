@@ -12,7 +12,7 @@ import pytest
 from tests.ui.conftest import UiWorld, csrf_token_of
 from tests.ui.html_probe import parse, text_of
 
-LIVE_TEMPLATE = Path(__file__).resolve().parents[2] / "app" / "templates" / "_live.html"
+LIVE_TEMPLATE = Path(__file__).resolve().parents[2] / "kernel" / "reporting" / "templates" / "_live.html"
 
 
 @pytest.fixture(scope="module")

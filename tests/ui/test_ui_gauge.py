@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from app import ledger, privacy
-from app.budget_gauge import budget_gauge
-from app.reporting.templating import environment, render
+from kernel import privacy
+from kernel.ledger import operations as ledger
+from kernel.ledger.budget_gauge import budget_gauge
+from kernel.reporting.templating import environment, render
 from tests.ui.html_probe import parse
 
 DELTA = 1e-5

@@ -9,7 +9,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from privtrain.directed_rounding import format_remaining
+from privtrain_common.directed_rounding import format_remaining
 from tests.ui.conftest import HOSTILE_NAME, UiWorld, csrf_token_of
 from tests.ui.html_probe import parse, text_of
 

@@ -6,10 +6,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from app.cli import main
-from app.config import Settings, get_settings
-from app.db import Database
-from app.models import Dataset, LedgerEntry
+from admin.cli import main
+from kernel.config import Settings, get_settings
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, LedgerEntry
 from tests.conftest import dp_sgd_spec, upload
 
 
@@ -60,7 +60,7 @@ def test_reconcile_once_resends_lost_queued_jobs(
     get_settings.cache_clear()
     sent: list[tuple[str, str | None]] = []
     monkeypatch.setattr(
-        "app.services.CeleryDispatcher.dispatch",
+        "kernel.services.CeleryDispatcher.dispatch",
         lambda self, job_id, *, queue=None: sent.append((job_id, queue)),
     )
     assert main(["reconcile"]) == 0

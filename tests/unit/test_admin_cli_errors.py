@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from alembic import command
 
-from app.bootstrap import alembic_config, migrate, migration_head
-from app.cli import EXIT_NO_DATABASE, main
-from app.config import get_settings
+from admin.cli import EXIT_NO_DATABASE, main
+from kernel.bootstrap import alembic_config, migrate, migration_head
+from kernel.config import get_settings
 
 ADMIN = Path(sys.executable).with_name("privtrain-admin")
 
@@ -87,7 +87,7 @@ def test_an_unreachable_server_hides_the_password(
 
 
 def test_the_installed_command_exits_non_zero_without_a_traceback(elsewhere: Path) -> None:
-    executable = [str(ADMIN)] if ADMIN.exists() else [sys.executable, "-m", "app.cli"]
+    executable = [str(ADMIN)] if ADMIN.exists() else [sys.executable, "-m", "admin.cli"]
     environment = {name: value for name, value in os.environ.items() if not name.startswith("PRIVTRAIN_")}
     result = subprocess.run(
         [*executable, "list-keys"],

@@ -8,10 +8,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.cli import main
-from app.config import Settings, get_settings
-from app.db import Database
-from app.models import ApiKey
+from admin.cli import main
+from kernel.config import Settings, get_settings
+from kernel.db.engine import Database
+from kernel.db.orm import ApiKey
 from tests.conftest import new_key
 
 
@@ -29,7 +29,7 @@ def _status(client: TestClient, key: str) -> int:
 
 
 def _key_row(database: Database, key: str) -> ApiKey:
-    from app.auth import key_digest
+    from kernel.access.keys import key_digest
 
     with database.read_session() as session:
         row = session.scalar(select(ApiKey).where(ApiKey.digest == key_digest(key)))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from privtrain.atomic_files import unfinished_writes, write_atomically
+from privtrain_common.atomic_files import unfinished_writes, write_atomically
 
 
 def test_a_finished_write_replaces_the_file_and_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -29,8 +29,8 @@ def test_unfinished_writes_finds_a_killed_writes_temp_file_and_nothing_else(
     def killed(*_args: object) -> None:
         raise KeyboardInterrupt  # stands for SIGKILL: the rename never happens...
 
-    monkeypatch.setattr("privtrain.atomic_files.os.replace", killed)
-    monkeypatch.setattr("privtrain.atomic_files.os.unlink", lambda _name: None)  # ...nor the cleanup
+    monkeypatch.setattr("privtrain_common.atomic_files.os.replace", killed)
+    monkeypatch.setattr("privtrain_common.atomic_files.os.unlink", lambda _name: None)  # ...nor the cleanup
     with pytest.raises(KeyboardInterrupt):
         write_atomically(target, b"secret bytes")
     (leftover,) = unfinished_writes(target)

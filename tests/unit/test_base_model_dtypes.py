@@ -11,22 +11,22 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import load_file, save
 
-from app.auth import get_or_create_tenant
-from app.base_models import registry
-from app.base_models.dtypes import FLOAT_DTYPES, distinct_dtypes, dtype_fits
-from app.base_models.expected import expected_tensors
-from app.base_models.init import resolve_init
-from app.base_models.registry import check_tensors
-from app.base_models.safetensors_header import DTYPE_BYTES, TensorEntry
-from app.config import Settings
-from app.db import Database
-from app.reporting.init_report import init_section
-from app.schemas.jobs import ModelInit
-from app.storage import BlobStore
-from privtrain.architectures import build_model
+from kernel.access.keys import get_or_create_tenant
+from kernel.base_models import registry
+from kernel.base_models.dtypes import FLOAT_DTYPES, distinct_dtypes, dtype_fits
+from kernel.base_models.expected import expected_tensors
+from kernel.base_models.init import resolve_init
+from kernel.base_models.registry import check_tensors
+from kernel.base_models.safetensors_header import DTYPE_BYTES, TensorEntry
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.reporting.init_report import init_section
+from kernel.schemas.jobs import ModelInit
+from kernel.storage.blobs import BlobStore
+from privtrain_common.zoo.architectures import build_model
 from tests.conftest import upload
+from training.init_weights import load_into
 from worker.runner import JobRunner
-from worker.training.init_weights import load_into
 
 QUERY = {
     "name": "half",

@@ -1,4 +1,4 @@
-"""Bounded JSON (app/bounded_json.py): any text parses as plain ``json.loads`` would, or is one
+"""Bounded JSON (kernel/bounded_json.py): any text parses as plain ``json.loads`` would, or is one
 :class:`JsonRefused` with a stable reason; never a ValueError, RecursionError or a non-finite float."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.bounded_json import JsonBounds, JsonRefused, loads_bounded, nesting_depth
+from kernel.bounded_json import JsonBounds, JsonRefused, loads_bounded, nesting_depth
 
 BOUNDS = JsonBounds(max_chars=100_000, max_depth=8, max_number_chars=30)
 REASONS = {"too-large", "too-deep", "number-too-long", "non-finite-number", "invalid-json"}

@@ -1,4 +1,4 @@
-"""The content digest (app/content_identity.py): invariant to how the same rows are written down,
+"""The content digest (kernel/datasets/content_identity.py): invariant to how the same rows are written down,
 sensitive to any change of the rows themselves. Hypothesis draws the tables; each format is
 written in many equivalent ways (line endings, trailing newlines, a BOM, row and column order,
 number spellings, member order and compression) that must all give one digest, and changing one
@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from app import content_identity
-from app.content_identity import DIGEST_VERSION, ContentUnreadable, content_digest, supported_formats
-from app.ingest.limits import IngestLimits
+from kernel.datasets import content_identity
+from kernel.datasets.content_identity import DIGEST_VERSION, ContentUnreadable, content_digest, supported_formats
+from kernel.ingest.limits import IngestLimits
 from tests.unit.ingest.image_fixtures import npz_bytes, png
 
 LIMITS = IngestLimits()

@@ -14,19 +14,19 @@ import sys
 
 import pytest
 
-from app import privacy
-from app.algorithms import InvalidHyperparameters, PrivacyPlan, get_algorithm
-from app.algorithms.dc_dpsgd import (
+from algorithms import InvalidHyperparameters, PrivacyPlan, get_algorithm
+from algorithms.dc_dpsgd.definition import (
     PAPER_CLAIM_LABEL,
     DCDPSGDHyperparameters,
     DCDPSGDThresholdHyperparameters,
     effective_noise_multiplier,
     paper_claimed_epsilon,
 )
-from app.facts import DatasetFacts
-from app.job_planning import JobPlan, plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate, TrainingSpec
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import JobPlan, plan_job
+from kernel.schemas.jobs import JobCreate, TrainingSpec
 
 RANK, THRESHOLD = "dc-dpsgd", "dc-dpsgd-threshold"
 FACTS = DatasetFacts(n_rows=10_000, feature_shape=(10,), task="classification", n_classes=2)
@@ -118,7 +118,7 @@ def test_invalid_hyperparameters_are_refused(name: str, hyper: dict) -> None:
 
 def test_the_catalogue_is_torch_free() -> None:
     code = (
-        "import sys; import app.algorithms.dc_dpsgd, app.job_planning; "
+        "import sys; import algorithms.dc_dpsgd.definition, kernel.jobs.planning; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

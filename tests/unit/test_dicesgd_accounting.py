@@ -16,9 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import privacy
-from app.algorithms import InvalidHyperparameters, PrivacyPlan, get_algorithm
-from app.algorithms.dicesgd import (
+from algorithms import InvalidHyperparameters, PrivacyPlan, get_algorithm
+from algorithms.dicesgd.definition import (
     PAPER_CLAIM_LABEL,
     Thresholds,
     gdp_delta,
@@ -30,8 +29,9 @@ from app.algorithms.dicesgd import (
     sound_average_sensitivity,
     sound_sigma1,
 )
-from app.facts import DatasetFacts
-from app.schemas.jobs import TrainingSpec
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.schemas.jobs import TrainingSpec
 
 NAMES = ("dicesgd", "dicesgd-adam", "dicesgd-auto")
 FACTS = DatasetFacts(n_rows=1000, feature_shape=(10,), task="classification", n_classes=2)
@@ -84,7 +84,7 @@ def test_invalid_hyperparameters_are_refused(name: str, hyper: dict) -> None:
 
 
 def test_the_catalogue_is_torch_free() -> None:
-    code = "import sys; import app.algorithms.dicesgd, app.job_planning; assert 'torch' not in sys.modules"
+    code = "import sys; import algorithms.dicesgd.definition, kernel.jobs.planning; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

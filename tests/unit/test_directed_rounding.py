@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from privtrain.directed_rounding import format_guarantee, format_remaining, round_significant
+from privtrain_common.directed_rounding import format_guarantee, format_remaining, round_significant
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 digit_counts = st.integers(min_value=1, max_value=10)
@@ -102,7 +102,7 @@ def test_missing_and_non_finite_values_are_spelled_out() -> None:
 
 
 def test_the_reports_guarantee_sentence_rounds_the_charged_epsilon_up() -> None:
-    """app/reporting/privacy_report.py states the job's committed (ε, δ), and for a run that stopped early the
+    """kernel/reporting/privacy_report.py states the job's committed (ε, δ), and for a run that stopped early the
     reservation it released; nearest rounding printed ε = 3.00012 as ``3``."""
     from tests.report_fixtures import small_report
 

@@ -15,8 +15,12 @@ from hypothesis import strategies as st
 from scipy import stats
 from torch import nn
 
-from app import privacy
-from app.evaluation import (
+from dp.data.tokens import TokenRows, language_model_targets
+from dp.losses import IGNORED_TARGET, get_loss
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.jobs.evaluation import (
     CONFIDENCE,
     DEFAULT_LOSS_CLIP_SOURCE,
     EvaluationPlan,
@@ -25,13 +29,9 @@ from app.evaluation import (
     plan_evaluation,
     released_metric,
 )
-from app.facts import DatasetFacts
-from app.schemas.jobs import EvaluationSpec
-from privtrain.architectures import build_model
+from kernel.schemas.jobs import EvaluationSpec
+from privtrain_common.zoo.architectures import build_model
 from worker import evaluation
-from worker.data.tokens import TokenRows, language_model_targets
-from worker.optimizers.losses import IGNORED_TARGET, get_loss
-from worker.optimizers.secure_random import SecureRandom
 
 VOCAB = 20
 PAD = 0

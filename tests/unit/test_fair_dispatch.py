@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.bootstrap import migrate
-from app.db import Database
-from app.fair_dispatch import WaitingJob, dispatch_fairly, fair_order
-from app.main import create_app
-from app.reconciler import reconcile_once
+from api.main import create_app
+from kernel.bootstrap import migrate
+from kernel.db.engine import Database
+from kernel.jobs.dispatch import WaitingJob, dispatch_fairly, fair_order
+from kernel.jobs.reconciler import reconcile_once
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
 from worker.runner import JobRunner
 

@@ -11,14 +11,14 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save
 
-from app.config import Settings
-from app.db import Database
-from app.errors import FinetuneKOutOfRange
-from app.facts import DatasetFacts
-from app.model_catalogue import MODELS, ModelSizeLimits, get_model
-from privtrain.architectures import build_model
+from kernel.config import Settings
+from kernel.datasets.facts import DatasetFacts
+from kernel.db.engine import Database
+from kernel.errors import FinetuneKOutOfRange
+from kernel.model_catalogue import MODELS, ModelSizeLimits, get_model
+from privtrain_common.zoo.architectures import build_model
 from tests.conftest import counts, upload
-from worker.training.finetune import apply_finetune, block_members, block_names
+from training.finetune import apply_finetune, block_members, block_names
 
 
 def _facts(shape: tuple[int, ...], n_classes: int = 3) -> DatasetFacts:

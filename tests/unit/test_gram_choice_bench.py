@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from bench.gram_choice import CASES, _picks_gram, _record
-from worker.optimizers.ghost import linear_conv
+from dp.per_example.ghost import linear_conv
 
 
 def test_every_two_form_layer_is_recorded_with_what_the_engine_would_pick() -> None:

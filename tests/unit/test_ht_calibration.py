@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app import privacy
-from app.algorithms import InvalidHyperparameters, get_algorithm
-from app.algorithms import ht_calibration as cal
-from app.algorithms.ht_dpsco import peeling_event
-from app.facts import DatasetFacts
-from app.privacy import ComposedEvent, ExponentialMechanismEvent, LaplaceEvent, PureDPEvent
-from app.schemas.jobs import TrainingSpec
+from algorithms import InvalidHyperparameters, get_algorithm
+from algorithms.ht_dpsco import calibration as cal
+from algorithms.ht_dpsco.definition import peeling_event
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.privacy import ComposedEvent, ExponentialMechanismEvent, LaplaceEvent, PureDPEvent
+from kernel.schemas.jobs import TrainingSpec
 
 REL = 5e-6  # six significant digits
 
@@ -258,9 +258,9 @@ def test_paper_preset_reports_its_caveat_and_labels() -> None:
 def test_design_epsilon_defaults_to_the_jobs_target_epsilon() -> None:
     """The parameter formulas use the job's (public) target ε unless the user sets design_epsilon;
     the planned spec records the value used, so the report shows what the formulas assumed."""
-    from app.job_planning import plan_job
-    from app.models import Dataset
-    from app.schemas.jobs import JobCreate
+    from kernel.db.orm import Dataset
+    from kernel.jobs.planning import plan_job
+    from kernel.schemas.jobs import JobCreate
 
     dataset = Dataset(n_rows=4000, feature_shape=[10], task="regression", n_classes=None)
 

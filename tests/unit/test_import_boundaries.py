@@ -46,7 +46,7 @@ def test_the_api_imports_and_builds_without_torch(tmp_path: Path) -> None:
     out = _run(
         _BLOCK_TORCH
         + f"""
-from app.main import create_app
+from api.main import create_app
 from tests.conftest import RecordingDispatcher, make_settings
 app = create_app(make_settings({str(tmp_path)!r}), dispatcher=RecordingDispatcher())
 print("torch" in sys.modules, len(app.routes) > 0)

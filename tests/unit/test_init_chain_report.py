@@ -1,5 +1,5 @@
-"""The init chain's report section without a server (app/base_models/init_chain.py,
-app/reporting/init_report.py): which links compose with this dataset, the guarantees of the
+"""The init chain's report section without a server (kernel/base_models/init_chain.py,
+kernel/reporting/init_report.py): which links compose with this dataset, the guarantees of the
 others, and what each kind of reader sees of a link."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from app import privacy
-from app.base_models.init_chain import data_relation
-from app.models import Dataset
-from app.reporting.init_report import (
+from kernel import privacy
+from kernel.base_models.init_chain import data_relation
+from kernel.db.orm import Dataset
+from kernel.reporting.init_report import (
     apply_init_chain,
     chain_guarantees,
     init_for_viewer,

@@ -1,4 +1,4 @@
-"""Only app.jobs.lifecycle moves a job: no other module writes a job's status, its events or its
+"""Only kernel.jobs.lifecycle moves a job: no other module writes a job's status, its events or its
 ledger entries (reserve, touch, commit, release); and domain errors answer as the problems the
 API documents."""
 
@@ -7,13 +7,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from app.api.domain_errors import problem_for
-from app.errors import Conflict, InvalidInput, LimitReached, NotFound
-from app.jobs.lifecycle import ActiveJobLimitReached, JobNotCancellable
-from app.problems import Problem
+from api.problems import Problem
+from api.routes.domain_errors import problem_for
+from kernel.errors import Conflict, InvalidInput, LimitReached, NotFound
+from kernel.jobs.lifecycle import ActiveJobLimitReached, JobNotCancellable
 
 REPO = Path(__file__).resolve().parents[2]
 LEDGER_WRITES = {"reserve", "touch", "commit", "release"}
+SERVER_PACKAGES = ("kernel", "api", "admin", "algorithms", "dp", "training", "worker")
+
+
+def _server_modules() -> list[Path]:
+    return sorted(path for package in SERVER_PACKAGES for path in (REPO / package).rglob("*.py"))
 
 
 def _lifecycle_writes(tree: ast.AST) -> list[str]:
@@ -39,15 +44,15 @@ def _lifecycle_writes(tree: ast.AST) -> list[str]:
 
 def test_only_the_lifecycle_writes_job_transitions() -> None:
     allowed = {
-        REPO / "app" / "jobs" / "lifecycle.py",
-        REPO / "app" / "jobs" / "events.py",
-        REPO / "app" / "ledger.py",
-        REPO / "app" / "problems.py",  # Problem.status is an HTTP status
-        REPO / "app" / "dataset_status.py",  # a dataset's status (deletion), the one module that writes it
+        REPO / "kernel" / "jobs" / "lifecycle.py",
+        REPO / "kernel" / "jobs" / "events.py",
+        REPO / "kernel" / "ledger" / "operations.py",
+        REPO / "api" / "problems.py",  # Problem.status is an HTTP status
+        REPO / "kernel" / "datasets" / "status.py",  # a dataset's status (deletion), the one module that writes it
     }
     offenders = {
         str(path.relative_to(REPO)): writes
-        for path in sorted([*(REPO / "app").rglob("*.py"), *(REPO / "worker").rglob("*.py")])
+        for path in _server_modules()
         if path not in allowed and (writes := _lifecycle_writes(ast.parse(path.read_text())))
     }
     assert offenders == {}
@@ -89,8 +94,8 @@ def test_every_transition_that_may_commit_is_given_a_report_writer() -> None:
     """Every ε spent has a report: a service path that settled a job without a writer would leave a
     job that committed ε without one (the lifecycle only logs that, for tests that need no report)."""
     missing = []
-    for path in sorted([*(REPO / "app").rglob("*.py"), *(REPO / "worker").rglob("*.py")]):
-        if path == REPO / "app" / "jobs" / "lifecycle.py":
+    for path in _server_modules():
+        if path == REPO / "kernel" / "jobs" / "lifecycle.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):

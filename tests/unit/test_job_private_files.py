@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from app.job_private_files import PRIVATE_SUFFIXES, JobPrivateFiles
-from app.models import Job, utcnow
-from app.reconciler import reconcile_once
-from app.storage import blob_store_from_settings
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, utcnow
+from kernel.jobs.private_files import PRIVATE_SUFFIXES, JobPrivateFiles
+from kernel.jobs.reconciler import reconcile_once
+from kernel.storage.blobs import blob_store_from_settings
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 
 
@@ -88,7 +88,7 @@ def test_the_reconciler_deletes_the_files_of_a_job_it_fails(
 
 def test_the_reconciler_and_these_files_stay_torch_free() -> None:
     """The reconciler runs in the API process and as its own small service: no torch there."""
-    code = "import sys, app.reconciler, app.job_private_files; assert 'torch' not in sys.modules"
+    code = "import sys, kernel.jobs.reconciler, kernel.jobs.private_files; assert 'torch' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 

@@ -1,4 +1,4 @@
-"""KL-family accounting (app/algorithms/kl_family.py): hand-checked replace-one numbers,
+"""KL-family accounting (algorithms/kl_family/definition.py): hand-checked replace-one numbers,
 the add/remove halving of docs/algorithms/kl-family.md#sensitivities, the worst-case totals,
 the budget-unit events, and the
 schema's validation of the public constants."""
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.algorithms import InvalidHyperparameters, get_algorithm
-from app.algorithms.kl_family import (
+from algorithms import InvalidHyperparameters, get_algorithm
+from algorithms.kl_family.definition import (
     BUDGET_UNITS,
     KLSpiderHyperparameters,
     adaptive_constants,
@@ -24,10 +24,10 @@ from app.algorithms.kl_family import (
     spider_schedule,
     units_for,
 )
-from app.facts import DatasetFacts
-from app.privacy import ZCDPEvent, rdp_curve
-from app.privacy.orders import ORDERS
-from app.schemas.jobs import TrainingSpec
+from kernel.datasets.facts import DatasetFacts
+from kernel.privacy import ZCDPEvent, rdp_curve
+from kernel.privacy.orders import ORDERS
+from kernel.schemas.jobs import TrainingSpec
 
 GOLDEN = dict(n=1e6, d=10, rho=0.5, L0=1.0, L1=1.0, gamma=1.0, kappa=1.5, F0=1.0, beta=0.05, theta=0.5)
 
@@ -293,7 +293,7 @@ def test_the_catalogue_entry_is_torch_free() -> None:
     import subprocess
     import sys
 
-    code = "import sys; import app.algorithms.kl_family, app.job_planning; assert 'torch' not in sys.modules"
+    code = "import sys; import algorithms.kl_family.definition, kernel.jobs.planning; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

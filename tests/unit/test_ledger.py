@@ -8,9 +8,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import ledger, privacy
-from app.db import Database
-from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
+from kernel import privacy
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Job, LedgerEntry, PrivacyBudget
+from kernel.ledger import operations as ledger
 from tests.ledger_fixtures import budgeted_dataset
 
 
@@ -144,7 +145,7 @@ def test_over_budget_reservation_writes_nothing(database: Database) -> None:
 def test_editing_the_budget_row_breaks_the_chain_anchor(database: Database) -> None:
     from sqlalchemy import update
 
-    from app.ledger_audit import verify_ledger
+    from kernel.ledger.audit import verify_ledger
 
     dataset_id = budgeted_dataset(database)
     _job(database, dataset_id)

@@ -10,10 +10,11 @@ import pytest
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.orm import Session
 
-from app import ledger, privacy
-from app.db import Database
-from app.ledger_audit import PROBLEM_CODES, AuditReport, format_report, verify_ledger
-from app.models import Dataset, Job, LedgerEntry, PrivacyBudget
+from kernel import privacy
+from kernel.db.engine import Database
+from kernel.db.orm import Dataset, Job, LedgerEntry, PrivacyBudget
+from kernel.ledger import operations as ledger
+from kernel.ledger.audit import PROBLEM_CODES, AuditReport, format_report, verify_ledger
 from tests.ledger_fixtures import budgeted_dataset
 
 Q = 0.01

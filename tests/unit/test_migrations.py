@@ -8,8 +8,8 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect, text
 
-from app.bootstrap import alembic_config, migrate
-from app.db import Database
+from kernel.bootstrap import alembic_config, migrate
+from kernel.db.engine import Database
 from tests.conftest import make_settings
 
 

@@ -18,23 +18,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.optimizers.dp_sgd import PerSampleMapAggregator, per_sample_map_aggregator
-from worker.optimizers.ghost import (
+from dp.loop.batch_loop import PerSampleMapAggregator, per_sample_map_aggregator
+from dp.per_example.ghost import (
     GhostClipAggregator,
     ghost_clipped_grad_sum,
     ghost_per_sample_norms,
     ghost_weighted_grad_sums,
 )
-from worker.optimizers.per_sample import (
+from dp.per_example.per_sample import (
     AbadiClip,
     PerSampleMap,
     clipped_grad_sum,
     iter_per_sample_grads,
     per_sample_norms,
 )
-from worker.optimizers.precision import PRECISIONS, accumulation_view, autocast_context, check_precision
-from worker.optimizers.secure_random import SecureRandom
+from dp.precision import PRECISIONS, accumulation_view, autocast_context, check_precision
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 LOSS = "cross_entropy"
 

@@ -14,14 +14,14 @@ import pytest
 import torch
 from torch import nn
 
-from app.errors import InvalidInput
-from app.facts import DatasetFacts
-from app.job_planning import facts_of, plan_job
-from app.model_catalogue import ModelIncompatible, get_model
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import SelfAttention, TransformerBlock, build_model
-from worker.training.finetune import block_members, block_names
+from kernel.datasets.facts import DatasetFacts
+from kernel.db.orm import Dataset
+from kernel.errors import InvalidInput
+from kernel.jobs.planning import facts_of, plan_job
+from kernel.model_catalogue import ModelIncompatible, get_model
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import SelfAttention, TransformerBlock, build_model
+from training.finetune import block_members, block_names
 
 VOCAB, PAD = 50, 3
 
@@ -196,7 +196,7 @@ def test_submission_refuses_what_does_not_fit_the_task(spec: JobCreate, task: st
 
 
 def test_lora_is_refused_for_a_model_without_attention() -> None:
-    from app.job_planning import _check_lora_fits_model
+    from kernel.jobs.planning import _check_lora_fits_model
 
     spec = _spec(model="mlp", training={"finetune": "lora", "lora": {"rank": 2}})
     with pytest.raises(InvalidInput) as refused:
@@ -244,7 +244,7 @@ def test_uploaded_weights_are_validated_with_the_vocabulary_their_params_give() 
 
 def test_lora_is_refused_when_the_head_would_start_fresh() -> None:
     """LoRA keeps the head frozen: an init whose outputs mean other classes would leave it random."""
-    from app.base_models.init import InitSource
+    from kernel.base_models.init import InitSource
 
     spec = _spec(
         model="transformer-classifier",

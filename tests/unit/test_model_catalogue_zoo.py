@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from app.facts import DatasetFacts
-from app.model_catalogue import ModelIncompatible, ModelSizeLimits, get_model
-from privtrain.architectures import Residual, SelfAttention, TransformerBlock, build_model
+from kernel.datasets.facts import DatasetFacts
+from kernel.model_catalogue import ModelIncompatible, ModelSizeLimits, get_model
+from privtrain_common.zoo.architectures import Residual, SelfAttention, TransformerBlock, build_model
 
 
 def _facts(shape: tuple[int, ...], n_classes: int | None = 3) -> DatasetFacts:

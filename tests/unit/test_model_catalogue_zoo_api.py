@@ -16,9 +16,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import Database
-from privtrain.model_files import load_model
+from kernel.config import Settings
+from kernel.db.engine import Database
+from privtrain_common.model_files import load_model
 from tests.conftest import counts, dp_sgd_spec, upload
 from worker.runner import JobRunner
 

@@ -8,11 +8,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app import ledger
-from app.config import Settings
-from app.db import Database
-from app.models import Job, LedgerEntry, utcnow
-from app.reconciler import reconcile_once
+from kernel.config import Settings
+from kernel.db.engine import Database
+from kernel.db.orm import Job, LedgerEntry, utcnow
+from kernel.jobs.reconciler import reconcile_once
+from kernel.ledger import operations as ledger
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 
 

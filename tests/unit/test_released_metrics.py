@@ -13,7 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from app.evaluation import (
+from dp.randomness import discrete_samplers
+from dp.randomness.secure_random import SecureRandom
+from kernel.datasets.facts import DatasetFacts
+from kernel.jobs.evaluation import (
     CONFIDENCE,
     EvaluationPlan,
     gaussian_half_width,
@@ -22,11 +25,8 @@ from app.evaluation import (
     released_metric,
     snapped_laplace_half_width,
 )
-from app.facts import DatasetFacts
-from app.schemas.jobs import EvaluationSpec
+from kernel.schemas.jobs import EvaluationSpec
 from worker import evaluation
-from worker.optimizers import discrete_samplers
-from worker.optimizers.secure_random import SecureRandom
 
 CLASSIFICATION = DatasetFacts(n_rows=300, feature_shape=(4,), task="classification", n_classes=2)
 REGRESSION = DatasetFacts(n_rows=500, feature_shape=(3,), task="regression", n_classes=None)

@@ -3,8 +3,8 @@ retrying a submission across a server upgrade would otherwise be refused as a re
 
 from __future__ import annotations
 
-from app.job_planning import request_hash
-from app.schemas.jobs import JobCreate
+from kernel.jobs.planning import request_hash
+from kernel.schemas.jobs import JobCreate
 
 SPEC = {
     "dataset_id": "ds_0123456789abcdef01234567",

@@ -1,5 +1,5 @@
-"""The request cap's counters (app.request_slots) and its memory of verified keys
-(app.verified_keys): caps never exceeded, all-or-nothing claims, nothing left behind."""
+"""The request cap's counters (api.limits.request_slots) and its memory of verified keys
+(kernel.access.verified_keys): caps never exceeded, all-or-nothing claims, nothing left behind."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.capped_slots import SlotsFull
-from app.request_cap import RequestCaps, claim_of
-from app.request_slots import Claim, RequestSlots
-from app.verified_keys import KnownKeys, VerifiedKey
+from api.limits.capped_slots import SlotsFull
+from api.limits.request_cap import RequestCaps, claim_of
+from api.limits.request_slots import Claim, RequestSlots
+from kernel.access.verified_keys import KnownKeys, VerifiedKey
 
 LIMITS = {"per-key": 2, "per-tenant": 3, "per-address": 2, "unverified": 3, "total": 5}
 KEYS = [VerifiedKey(key_id=f"key_{k}", tenant_id=f"tn_{k // 2}") for k in range(4)]  # two keys per tenant

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.config import get_settings
-from app.key_banner import framed, start_banner
+from admin.cli import main
+from admin.key_banner import framed, start_banner
+from kernel.config import get_settings
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def serve_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("PRIVTRAIN_DATABASE_URL", "PRIVTRAIN_BROKER_URL", "PRIVTRAIN_BOOTSTRAP_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("uvicorn.run", lambda *args, **kwargs: None)
-    monkeypatch.setattr("app.cli.configure_logging", lambda level: None)
+    monkeypatch.setattr("admin.cli.configure_logging", lambda level: None)
     get_settings.cache_clear()
     yield data_dir
     get_settings.cache_clear()

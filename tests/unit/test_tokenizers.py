@@ -1,4 +1,4 @@
-"""Tokenizers for text datasets (app/tokenizers/): the byte tokenizer round-trips every text,
+"""Tokenizers for text datasets (kernel/tokenizers/): the byte tokenizer round-trips every text,
 uploaded tokenizer.json files are checked (loadable, vocabulary bounds, a pad token), and a
 trained BPE encodes any text and decodes it back."""
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import InvalidInput
-from app.tokenizers.byte import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
-from app.tokenizers.hugging_face import load_tokenizer_json, train_bpe
+from kernel.errors import InvalidInput
+from kernel.tokenizers.byte import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from kernel.tokenizers.hugging_face import load_tokenizer_json, train_bpe
 from tests.text_fixtures import word_level_tokenizer_json
 
 # Text a JSON upload can hold: any Unicode scalar value (lone surrogates cannot be UTF-8).

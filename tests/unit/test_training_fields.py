@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from app.algorithms import ALGORITHMS, MissingTrainingFields, UnusedTrainingField, get_algorithm
-from app.algorithms.training_fields import ALL_TRAINING_FIELDS, OPTIONAL_PER_ALGORITHM_FIELDS, PER_ALGORITHM_FIELDS
-from app.errors import InvalidInput
-from app.facts import DatasetFacts
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate, TrainingSpec
+from algorithms import ALGORITHMS, MissingTrainingFields, UnusedTrainingField, get_algorithm
+from algorithms.training_fields import ALL_TRAINING_FIELDS, OPTIONAL_PER_ALGORITHM_FIELDS, PER_ALGORITHM_FIELDS
+from kernel.datasets.facts import DatasetFacts
+from kernel.db.orm import Dataset
+from kernel.errors import InvalidInput
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate, TrainingSpec
 
 FULL_BATCH = {"kl-spider", "adaptive-noisy-gd", "noisy-gd", "proximal-point", "ht-private-lasso"}
 SINGLE_PASS = {"ht-dp-fw", "ht-sparse-linreg", "ht-sparse-opt"}

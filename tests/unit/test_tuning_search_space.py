@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import InvalidInput
-from app.schemas.tuning import SearchRange
-from app.tuning.search_space import apply, candidate_pool, check_path
-from app.tuning.selection import TrialResult, best_of, better, score_of
+from kernel.errors import InvalidInput
+from kernel.schemas.tuning import SearchRange
+from kernel.tuning.search_space import apply, candidate_pool, check_path
+from kernel.tuning.selection import TrialResult, best_of, better, score_of
 
 
 @pytest.mark.parametrize(

@@ -17,16 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api.base_models import _parse_params
-from app.base_models.registry import BaseModelUpload, normalised_params
-from app.base_models.safetensors_header import InvalidSafetensors, read_header
-from app.errors import InvalidInput
-from app.ingest import DatasetValidationError, IngestLimits, parse_class_list, parse_dataset
-from app.ingest.jsonl import JsonlFields, read_records
-from app.ingest.text_errors import TextValidationError
-from app.model_catalogue import ModelSizeLimits
-from app.problems import Problem
-from app.tokenizers.hugging_face import load_tokenizer_json
+from api.problems import Problem
+from api.routes.base_models import _parse_params
+from kernel.base_models.registry import BaseModelUpload, normalised_params
+from kernel.base_models.safetensors_header import InvalidSafetensors, read_header
+from kernel.errors import InvalidInput
+from kernel.ingest import DatasetValidationError, IngestLimits, parse_class_list, parse_dataset
+from kernel.ingest.jsonl import JsonlFields, read_records
+from kernel.ingest.text_errors import TextValidationError
+from kernel.model_catalogue import ModelSizeLimits
+from kernel.tokenizers.hugging_face import load_tokenizer_json
 from tests.text_fixtures import word_level_tokenizer_json
 
 HUGE_INT = "1" * 5000

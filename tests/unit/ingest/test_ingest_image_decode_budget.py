@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from PIL import ImageFile
 
-from app.ingest import DatasetValidationError, ImageOptions, IngestLimits, parse_dataset, parse_images
-from app.ingest.jsonl import JsonlFields, read_records
-from app.ingest.limits import RATIO_FREE_BYTES
-from app.ingest.parse_control import ParseCancelled, ParseControl, ParseDeadlineExceeded, checkpoint
+from kernel.ingest import DatasetValidationError, ImageOptions, IngestLimits, parse_dataset, parse_images
+from kernel.ingest.jsonl import JsonlFields, read_records
+from kernel.ingest.limits import RATIO_FREE_BYTES
+from kernel.ingest.parse_control import ParseCancelled, ParseControl, ParseDeadlineExceeded, checkpoint
 from tests.conftest import to_csv
 from tests.unit.ingest.image_fixtures import (
     blank_png,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.ingest import (
+from kernel.ingest import (
     IMAGE_REASONS,
     DatasetValidationError,
     ImageOptions,

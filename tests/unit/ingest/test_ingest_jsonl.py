@@ -1,4 +1,4 @@
-"""JSON Lines text uploads (app/ingest/jsonl.py, app/ingest/text.py): records are read streamed,
+"""JSON Lines text uploads (kernel/ingest/jsonl.py, kernel/ingest/text.py): records are read streamed,
 every malformed line is refused with a stable reason naming the line (never its text), the task
 follows from the label member, and the token array is the texts' ids truncated and padded."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ingest import DatasetValidationError, IngestLimits
-from app.ingest.jsonl import JsonlFields, read_records
-from app.ingest.text import TextOptions, check_text_options, scan_text, token_dtype, write_token_rows
-from app.ingest.text_errors import TEXT_REASONS, TextValidationError
-from app.tokenizers.byte import PAD_ID, ByteTokenizer
+from kernel.ingest import DatasetValidationError, IngestLimits
+from kernel.ingest.jsonl import JsonlFields, read_records
+from kernel.ingest.text import TextOptions, check_text_options, scan_text, token_dtype, write_token_rows
+from kernel.ingest.text_errors import TEXT_REASONS, TextValidationError
+from kernel.tokenizers.byte import PAD_ID, ByteTokenizer
 from tests.text_fixtures import classification_body, jsonl, language_model_body
 
 LIMITS = IngestLimits()
@@ -147,7 +147,7 @@ def test_token_rows_are_truncated_and_right_padded(tmp_path: Path) -> None:
 
 
 def test_tokenisation_is_chunked_across_many_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.ingest.text.ENCODE_CHUNK_ROWS", 3)
+    monkeypatch.setattr("kernel.ingest.text.ENCODE_CHUNK_ROWS", 3)
     texts = [f"row {i}" for i in range(10)]
     tokens = _tokens(tmp_path, jsonl([{"text": t} for t in texts]), max_length=6)
     assert [ByteTokenizer().decode(row) for row in tokens.tolist()] == texts

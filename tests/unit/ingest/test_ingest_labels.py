@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ingest import DatasetValidationError, IngestLimits, ParsedDataset, parse_class_list, parse_dataset
+from kernel.ingest import DatasetValidationError, IngestLimits, ParsedDataset, parse_class_list, parse_dataset
 
 LIMITS = IngestLimits()
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ingest import DatasetValidationError, IngestLimits, parse_dataset
-from app.ingest.limits import RATIO_FREE_BYTES
-from app.ingest.npz_reader import _Allowance, _CountedMember, _load, _read_header
+from kernel.ingest import DatasetValidationError, IngestLimits, parse_dataset
+from kernel.ingest.limits import RATIO_FREE_BYTES
+from kernel.ingest.npz_reader import _Allowance, _CountedMember, _load, _read_header
 
 MiB = 1024**2
 GiB = 1024**3

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.ingest import DatasetValidationError, IngestLimits, parse_dataset
+from kernel.ingest import DatasetValidationError, IngestLimits, parse_dataset
 
 MiB = 1024**2
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.ingest import (
+from kernel.ingest import (
     DatasetValidationError,
     IngestLimits,
     ParsedDataset,
@@ -23,9 +23,9 @@ from app.ingest import (
     preparation_from_json,
     preparation_report,
 )
-from app.ingest.columns import ScalingGroup
-from app.ingest.preparation import MinMax, Standardise
-from app.ingest.scaling import apply_scaling
+from kernel.ingest.columns import ScalingGroup
+from kernel.ingest.preparation import MinMax, Standardise
+from kernel.ingest.scaling import apply_scaling
 
 LIMITS = IngestLimits()
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.ingest import DatasetValidationError, IngestLimits, parse_dataset
+from kernel.ingest import DatasetValidationError, IngestLimits, parse_dataset
 
 finite_float32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
 

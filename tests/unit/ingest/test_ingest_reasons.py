@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ingest import IMAGE_REASONS, REASONS, DatasetValidationError, IngestLimits, parse_dataset, parse_preparation
+from kernel.ingest import IMAGE_REASONS, REASONS, DatasetValidationError, IngestLimits, parse_dataset, parse_preparation
 
 SECRET = "SECRET123"
 SECRET_NUMBER = "13371337"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_diabetes, load_digits  # type: ignore[import-untyped]
 
-from app.ingest import (
+from kernel.ingest import (
     SUPPORTED_FORMATS,
     ClassList,
     DatasetValidationError,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     GaussianEvent,
     PoissonSampledGaussianEvent,
@@ -19,7 +19,7 @@ from app.privacy import (
     rdp_curve,
     remaining_epsilon,
 )
-from app.privacy.admissible import (
+from kernel.privacy.admissible import (
     SIGMA_RELATIVE_TOLERANCE,
     FilterState,
     largest_admissible_steps,
@@ -28,7 +28,7 @@ from app.privacy.admissible import (
     smallest_admissible_noise_multiplier,
     steps_probe_limit,
 )
-from app.privacy.orders import Curve
+from kernel.privacy.orders import Curve
 
 N = len(ORDERS)
 ZEROS: Curve = (0.0,) * N
@@ -192,7 +192,7 @@ def test_remaining_after_is_the_ledgers_remaining_once_the_job_is_reserved(
     if not state.admits(cost):
         assert after is None
         return
-    # what app.ledger does: reserve (reserved + cost), then remaining over committed + reserved
+    # what kernel.ledger.operations does: reserve (reserved + cost), then remaining over committed + reserved
     expected = remaining_epsilon(
         used=add_curves(committed, add_curves(reserved, cost)), capacity=state.capacity, delta=DELTA
     )

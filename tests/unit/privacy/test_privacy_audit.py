@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.privacy.audit import one_run_epsilon_lower_bound, one_run_p_value
+from kernel.privacy.audit import one_run_epsilon_lower_bound, one_run_p_value
 
 
 def test_all_correct_with_no_delta_has_a_closed_form() -> None:

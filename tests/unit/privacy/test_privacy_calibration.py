@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     CalibrationError,
     GaussianEvent,

@@ -1,4 +1,4 @@
-"""The composed guarantee of several jobs on the same rows (app/privacy/chain_composition.py):
+"""The composed guarantee of several jobs on the same rows (kernel/privacy/chain_composition.py):
 golden values against closed forms, and the properties a composition must have."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.privacy import (
+from kernel.privacy import (
     GaussianEvent,
     PoissonSampledGaussianEvent,
     PureDPEvent,
@@ -21,7 +21,7 @@ from app.privacy import (
     single_job_epsilon,
     summed_curve,
 )
-from app.privacy.single_job import gaussian_dp_epsilon
+from kernel.privacy.single_job import gaussian_dp_epsilon
 
 
 def test_two_gaussians_compose_to_the_gaussian_of_their_combined_mu() -> None:

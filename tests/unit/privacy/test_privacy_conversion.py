@@ -8,7 +8,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, stats
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     GaussianEvent,
     PoissonSampledGaussianEvent,

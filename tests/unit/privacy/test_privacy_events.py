@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.privacy import (
+from kernel.privacy import (
     EVENT_SCHEMA_VERSION,
     ComposedEvent,
     ExponentialMechanismEvent,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     GaussianEvent,
     LaplaceEvent,
@@ -28,7 +28,7 @@ from app.privacy import (
     remaining_epsilon,
     subtract_curves,
 )
-from privtrain.directed_rounding import format_remaining
+from privtrain_common.directed_rounding import format_remaining
 
 N = len(ORDERS)
 ZEROS = (0.0,) * N

@@ -10,7 +10,7 @@ import pytest
 from prv_accountant import PureDPMechanism
 from scipy import integrate, optimize, stats
 
-from app.privacy import (
+from kernel.privacy import (
     ComposedEvent,
     ExponentialMechanismEvent,
     GaussianEvent,
@@ -24,7 +24,7 @@ from app.privacy import (
     prv_epsilon,
     rdp_curve,
 )
-from app.privacy import prv as prv_module
+from kernel.privacy import prv as prv_module
 
 DELTA = 1e-5
 SUBSAMPLED_ANCHORS = {(0.01, 1.0, 1000): 1.8282, (0.1, 2.0, 100): 2.3374, (0.02, 1.1, 5000): 7.8609}

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.privacy import (
+from kernel.privacy import (
     CalibrationError,
     GaussianEvent,
     PoissonSampledGaussianEvent,
@@ -24,8 +24,8 @@ from app.privacy import (
     single_job,
     single_job_epsilon,
 )
-from app.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, RELATIVE_TOLERANCE
-from app.privacy.rdp import PRV_SIGMA_RANGE
+from kernel.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, RELATIVE_TOLERANCE
+from kernel.privacy.rdp import PRV_SIGMA_RANGE
 
 WALL_CLOCK_S = 2.0
 CALIBRATION_HANG_GUARD_S = 60.0

@@ -10,7 +10,7 @@ import pytest
 from prv_accountant import LaplaceMechanism
 from scipy import integrate
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     ComposedEvent,
     ExponentialMechanismEvent,
@@ -22,7 +22,7 @@ from app.privacy import (
     ZCDPEvent,
     rdp_curve,
 )
-from app.privacy.rdp import SUBSAMPLED_GAUSSIAN_ABS_MARGIN
+from kernel.privacy.rdp import SUBSAMPLED_GAUSSIAN_ABS_MARGIN
 
 ROUNDING = 1e-11  # our outward rounding is ~1e-12 relative per operation
 

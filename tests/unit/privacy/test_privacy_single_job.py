@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from app.algorithms.registry import ALGORITHMS, InvalidHyperparameters
-from app.facts import DatasetFacts
-from app.privacy import (
+from algorithms.registry import ALGORITHMS, InvalidHyperparameters
+from kernel.datasets.facts import DatasetFacts
+from kernel.privacy import (
     ComposedEvent,
     ExponentialMechanismEvent,
     GaussianEvent,
@@ -28,8 +28,8 @@ from app.privacy import (
     rdp_curve,
     single_job_epsilon,
 )
-from app.privacy.prv import EPS_ERROR
-from app.privacy.single_job import (
+from kernel.privacy.prv import EPS_ERROR
+from kernel.privacy.single_job import (
     METHODS,
     gaussian_dp_delta,
     gaussian_dp_epsilon,
@@ -37,7 +37,7 @@ from app.privacy.single_job import (
     pure_dp_composition_epsilon,
     pure_dp_composition_log_delta,
 )
-from app.schemas.jobs import TrainingSpec
+from kernel.schemas.jobs import TrainingSpec
 
 DELTA = 1e-5
 logging.getLogger().setLevel(logging.ERROR)  # dp-accounting warns when asked for optimistic PLDs
@@ -188,7 +188,7 @@ def test_mixed_zcdp_and_laplace_uses_a_numeric_accountant_only_when_gaussian() -
 
 
 def test_failing_methods_are_skipped_never_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.privacy import single_job
+    from kernel.privacy import single_job
 
     single_job.single_job_epsilon.cache_clear()
     monkeypatch.setattr(single_job, "prv_epsilon", lambda *_: float("nan"))

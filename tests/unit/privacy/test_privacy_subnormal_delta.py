@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     GaussianEvent,
     PoissonSampledGaussianEvent,
@@ -29,8 +29,8 @@ from app.privacy import (
     remaining_epsilon,
     single_job_epsilon,
 )
-from app.privacy.conversion import per_order_log_delta
-from app.privacy.single_job import (
+from kernel.privacy.conversion import per_order_log_delta
+from kernel.privacy.single_job import (
     gaussian_dp_epsilon,
     pure_dp_composition_epsilon,
     rdp_single_job_epsilon,

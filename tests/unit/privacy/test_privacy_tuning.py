@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize, stats
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     ComposedEvent,
     GaussianEvent,
@@ -45,10 +45,10 @@ from app.privacy import (
     truncated_negative_binomial_for_mean,
     tuned_curve,
 )
-from app.privacy.curves import max_curves
-from app.privacy.event_json import MAX_COMPOSITION_DEPTH
-from app.privacy.events import contains_tuning, iter_leaves
-from app.privacy.single_job import pld_epsilon, rdp_single_job_epsilon
+from kernel.privacy.curves import max_curves
+from kernel.privacy.event_json import MAX_COMPOSITION_DEPTH
+from kernel.privacy.events import contains_tuning, iter_leaves
+from kernel.privacy.single_job import pld_epsilon, rdp_single_job_epsilon
 
 DELTA = 1e-5
 ETAS = (-0.5, 0.0, 0.5, 1.0, 3.0)

@@ -1,4 +1,4 @@
-"""Trial counts with a public maximum (app/privacy/tuning.py): K conditioned on K <= M, its exact
+"""Trial counts with a public maximum (kernel/privacy/tuning.py): K conditioned on K <= M, its exact
 pmf and sampler, the two surcharge terms against closed forms, the bound against the exact
 divergence of the truncated best-of-K on finite mechanisms, and the mean-solving constructor."""
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from app.privacy import (
+from kernel.privacy import (
     ORDERS,
     HyperparameterTuningEvent,
     PrivacyEventError,
@@ -28,14 +28,14 @@ from app.privacy import (
     trial_count_probability,
     tuned_curve,
 )
-from app.privacy.events import (
+from kernel.privacy.events import (
     BoundedPoissonTrials,
     BoundedTrialDistribution,
     BoundedTruncatedNegativeBinomial,
     PoissonTrials,
     TruncatedNegativeBinomial,
 )
-from app.privacy.tuning import (
+from kernel.privacy.tuning import (
     DEFAULT_SHARE_KEPT,
     MIN_TRUNCATED_MASS,
     bounded_for_mean,

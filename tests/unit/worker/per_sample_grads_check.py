@@ -12,8 +12,8 @@ import copy
 import torch
 from torch import nn
 
-from worker.optimizers.ghost import iter_ghost_per_sample_grads
-from worker.optimizers.per_sample import iter_per_sample_grads, per_sample_norms, trainable_parameters
+from dp.per_example.ghost import iter_ghost_per_sample_grads
+from dp.per_example.per_sample import iter_per_sample_grads, per_sample_norms, trainable_parameters
 
 
 def _rows(chunks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -16,11 +16,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from privtrain.architectures import MODEL_REGISTRY, build_model
-from privtrain.model_files import CONFIG_KEY, load_model, save_model
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingState
-from worker.training.artifacts import load_training_state, save_training_state
+from dp.loop.state import TrainingState
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.model_files import CONFIG_KEY, load_model, save_model
+from privtrain_common.zoo.architectures import MODEL_REGISTRY, build_model
+from training.artifacts import load_training_state, save_training_state
 
 # (name, params, input_shape, n_outputs, task)
 ZooCase = tuple[str, dict[str, object], list[int], int, str]

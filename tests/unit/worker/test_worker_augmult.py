@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
-from worker.optimizers.ghost import GhostClipAggregator, ghost_clipped_grad_sum
-from worker.optimizers.losses import get_loss, mean_over_views
-from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks, TrainingState
-from worker.training.augment import ViewDraws, augmented_views, default_padding, draw_views
-from worker.training.augmult import AugmentedViews, AugmultAggregator, forward_views, with_augmult
+from dp.data.augment import ViewDraws, augmented_views, default_padding, draw_views
+from dp.loop.augmult import AugmentedViews, AugmultAggregator, forward_views, with_augmult
+from dp.loop.batch_loop import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from dp.loop.state import TrainingHooks, TrainingState
+from dp.losses import get_loss, mean_over_views
+from dp.per_example.ghost import GhostClipAggregator, ghost_clipped_grad_sum
+from dp.per_example.per_sample import AbadiClip, clipped_grad_sum
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 VIEWS = 3
 

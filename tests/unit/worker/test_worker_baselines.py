@@ -31,23 +31,23 @@ from sklearn.preprocessing import StandardScaler
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from app import privacy
-from app.algorithms import get_algorithm
-from app.job_planning import JobPlan, plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers.per_sample import AbadiClip, clipped_grad_sum, per_sample_norms
-from worker.optimizers.per_sample_maps import (
+from algorithms import get_algorithm
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.state import TrainingHooks
+from dp.per_example.per_sample import AbadiClip, clipped_grad_sum, per_sample_norms
+from dp.per_example.per_sample_maps import (
     PER_SAMPLE_MAPS,
     AutoSClip,
     PSACClip,
     build_per_sample_map,
 )
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import JobPlan, plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
 
 MAPS = {"auto-s": lambda c: AutoSClip(c, gamma=0.01), "psac": lambda c: PSACClip(c, r=0.01)}
 

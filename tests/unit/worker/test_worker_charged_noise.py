@@ -15,15 +15,15 @@ import pytest
 import torch
 from scipy import stats
 
-from app import privacy
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
 
 N_ROWS, N_FEATURES = 2000, 1500
 

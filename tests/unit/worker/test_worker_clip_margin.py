@@ -1,4 +1,4 @@
-"""Clipping holds in floating point (issue 35, item 7; worker/optimizers/clip_margin.py): every
+"""Clipping holds in floating point (issue 35, item 7; dp/per_example/clip_margin.py): every
 clipped per-sample vector, as the engines compute it in float32, has norm ≤ C, for adversarial
 gradients, large dimensions, every per-sample map, and the ghost engine's forms (Gram and
 materialised, weight-standardised convolutions, embeddings). The naive float32 clip the engines
@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from privtrain.architectures import build_model
-from worker.optimizers.clip_margin import clip_target, norm_upper_bound
-from worker.optimizers.ghost import api as ghost_api
-from worker.optimizers.ghost import ghost_clipped_grad_sum, ghost_per_sample_norms, linear_conv
-from worker.optimizers.per_sample import AbadiClip, PerSampleMap, clipped_grad_sum, per_sample_norms
-from worker.optimizers.per_sample_maps import AutoSClip, PSACClip
+from dp.per_example.clip_margin import clip_target, norm_upper_bound
+from dp.per_example.ghost import api as ghost_api
+from dp.per_example.ghost import ghost_clipped_grad_sum, ghost_per_sample_norms, linear_conv
+from dp.per_example.per_sample import AbadiClip, PerSampleMap, clipped_grad_sum, per_sample_norms
+from dp.per_example.per_sample_maps import AutoSClip, PSACClip
+from privtrain_common.zoo.architectures import build_model
 
 PROVEN = 1.0 - 1e-7
 """The proof leaves every realised norm below C·(1 − 1.9·2⁻²⁴) ≈ C·(1 − 1.1e-7)."""

@@ -16,16 +16,9 @@ from hypothesis import strategies as st
 from scipy import stats
 from torch import nn
 
-import worker.optimizers.dc_dpsgd as dc_module
-from app import privacy
-from app.algorithms import get_algorithm
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate, TrainingSpec
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers.clip_margin import clip_target
-from worker.optimizers.dc_dpsgd import (
+import algorithms.dc_dpsgd.aggregators as dc_module
+from algorithms import get_algorithm
+from algorithms.dc_dpsgd.aggregators import (
     RankAggregator,
     ThresholdAggregator,
     ThresholdTracker,
@@ -34,20 +27,27 @@ from worker.optimizers.dc_dpsgd import (
     tail_count,
     threshold_tail_mask,
 )
-from worker.optimizers.dc_projection import (
+from algorithms.dc_dpsgd.projection import (
     PROJECTION_KEY_PURPOSE,
     GramAccumulator,
     StepProjection,
     StreamingProjection,
     weibull_entries,
 )
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.per_sample import iter_per_sample_grads, trainable_parameters
-from worker.optimizers.secure_random import SecureRandom, keyed_uniform
-from worker.optimizers.state import TrainingHooks, TrainingState
-from worker.trainers import TrainingRequest, get_trainer
-from worker.trainers.dc_dpsgd import TAU_CHECKPOINT_KEY
-from worker.training.artifacts import load_training_state, save_training_state
+from algorithms.dc_dpsgd.trainer import TAU_CHECKPOINT_KEY
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.loop.state import TrainingHooks, TrainingState
+from dp.per_example.clip_margin import clip_target
+from dp.per_example.per_sample import iter_per_sample_grads, trainable_parameters
+from dp.randomness.secure_random import SecureRandom, keyed_uniform
+from kernel import privacy
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate, TrainingSpec
+from privtrain_common.zoo.architectures import build_model
+from training.artifacts import load_training_state, save_training_state
 
 
 def _seeded(seed: int, device: str = "cpu") -> torch.Generator:
@@ -395,7 +395,7 @@ def test_clip_scales_bound_each_sample_by_its_clip_and_leave_small_ones_alone() 
     clipped = scale * norms
     assert bool((clipped[tail] <= c1 * (1 + 1e-12)).all())
     assert bool((clipped[~tail] <= c2 * (1 + 1e-12)).all())
-    # Each clip norm is the target c·(1 − κ) (worker/optimizers/clip_margin.py): the rounded result stays within c.
+    # Each clip norm is the target c·(1 − κ) (dp/per_example/clip_margin.py): the rounded result stays within c.
     limit = torch.full_like(norms, clip_target(c2, norms.dtype)).masked_fill_(tail, clip_target(c1, norms.dtype))
     assert bool((scale[norms <= limit] == 1.0).all())
     torch.testing.assert_close(clipped[norms > limit], limit[norms > limit], rtol=1e-12, atol=0)
@@ -930,7 +930,7 @@ def test_ghost_and_vmap_engines_train_identically_on_a_conv_net(mode: str) -> No
 
 
 def test_auto_engine_uses_ghost_where_it_is_exact_and_vmap_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.optimizers.engines as engines
+    import dp.per_example.engines as engines
 
     used: list[str] = []
 

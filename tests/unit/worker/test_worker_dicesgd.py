@@ -22,14 +22,8 @@ from hypothesis import strategies as st
 from scipy import stats
 from torch import nn
 
-from app import privacy
-from app.job_planning import JobPlan, plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers import dicesgd as dicesgd_module
-from worker.optimizers.dicesgd import (
+from algorithms.dicesgd import aggregator as dicesgd_module
+from algorithms.dicesgd.aggregator import (
     ERROR_FEEDBACK_CHECKPOINT_KEY,
     ErrorFeedbackAggregator,
     ErrorFeedbackClip,
@@ -37,13 +31,19 @@ from worker.optimizers.dicesgd import (
     apply_feedback_map,
     train_dicesgd,
 )
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.per_sample_maps import AutoSClip
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks, TrainingResult, TrainingState
-from worker.trainers import TrainingRequest, get_trainer
-from worker.training.artifacts import load_training_state, save_training_state
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.batch_loop import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
+from dp.per_example.per_sample import AbadiClip
+from dp.per_example.per_sample_maps import AutoSClip
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import JobPlan, plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
+from training.artifacts import load_training_state, save_training_state
 
 
 def _seeded(seed: int) -> torch.Generator:
@@ -670,8 +670,8 @@ def test_ghost_and_vmap_engines_give_the_same_step() -> None:
 
 def test_one_book_keeping_pass_equals_separate_ghost_sums() -> None:
     """ghost_weighted_grad_sums (added for DiceSGD) == ghost_clipped_grad_sum once per map."""
-    from worker.optimizers.dicesgd import _Residual
-    from worker.optimizers.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
+    from algorithms.dicesgd.aggregator import _Residual
+    from dp.per_example.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
 
     model = build_model("cnn2-gn", {}, input_shape=(1, 14, 14), n_outputs=3, generator=_seeded(0)).double()
     X = torch.randn(9, 1, 14, 14, dtype=torch.float64, generator=_seeded(1)) * 3
@@ -702,8 +702,8 @@ def test_one_pass_equals_separate_sums_on_embeddings_sequences_and_standardised_
 ) -> None:
     """Every rule's accumulate takes all weightings at once (Embedding, LayerNorm, Linear on
     sequences in both forms, weight-standardised convs): each equals its own ghost pass."""
-    from worker.optimizers.dicesgd import _Residual
-    from worker.optimizers.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
+    from algorithms.dicesgd.aggregator import _Residual
+    from dp.per_example.ghost import ghost_clipped_grad_sum, ghost_weighted_grad_sums
 
     text = name == "transformer-lm"
     n_outputs = 13 if text else 3

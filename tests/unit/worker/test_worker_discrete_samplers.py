@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from worker.optimizers.discrete_samplers import (
+from dp.randomness.discrete_samplers import (
     bernoulli_exp_neg,
     discrete_laplace,
     exponential_mechanism,
@@ -361,7 +361,7 @@ def test_exponential_mechanism_epsilon_bound(epsilon: float, sensitivity: float)
 
 def test_rare_huge_noise_paths_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """Noise beyond 2^53 (snapped) / 2^60 (RNM) units takes the exact-integer path."""
-    from worker.optimizers import discrete_samplers as ds
+    from dp.randomness import discrete_samplers as ds
 
     def fake_parts(rng: np.random.Generator, n: int, t: int) -> tuple[np.ndarray, ...]:
         v = np.zeros(n, dtype=np.int64)

@@ -11,18 +11,18 @@ import torch
 from scipy import stats
 from torch import nn
 
-import worker.optimizers.dp_sgd as dp_sgd_module
-from privtrain.architectures import build_model
-from worker.optimizers.dp_sgd import (
+import dp.loop.batch_loop as dp_sgd_module
+from dp.loop.batch_loop import (
     DPSGDConfig,
     TrainingHooks,
     TrainingState,
     train_dp_sgd,
 )
-from worker.optimizers.noise import privatise_sum
-from worker.optimizers.sampling import poisson_sample
-from worker.optimizers.secure_random import SecureRandom
-from worker.training.artifacts import load_training_state, save_training_state
+from dp.randomness.noise import privatise_sum
+from dp.randomness.sampling import poisson_sample
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
+from training.artifacts import load_training_state, save_training_state
 
 
 def _seeded(seed: int) -> torch.Generator:

@@ -1,4 +1,4 @@
-"""Parameter averaging (worker/training/ema.py): the EMA arithmetic on a recorded trajectory, and
+"""Parameter averaging (training/ema.py): the EMA arithmetic on a recorded trajectory, and
 that a resumed job continues the same average from its checkpoint."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from app.schemas.jobs import TrainingSpec
-from worker.optimizers.state import TrainingState
+from dp.loop.state import TrainingState
+from kernel.schemas.jobs import TrainingSpec
+from training.artifacts import load_training_state, save_training_state
+from training.ema import ParameterAverage
 from worker.runner import JobRunner
-from worker.training.artifacts import load_training_state, save_training_state
-from worker.training.ema import ParameterAverage
 
 DECAY = 0.9
 

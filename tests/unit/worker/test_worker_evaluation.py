@@ -9,12 +9,12 @@ import pytest
 import torch
 from scipy import stats
 
-from app import privacy
-from app.evaluation import InvalidEvaluation, plan_evaluation
-from app.facts import DatasetFacts
-from app.schemas.jobs import EvaluationSpec
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.datasets.facts import DatasetFacts
+from kernel.jobs.evaluation import InvalidEvaluation, plan_evaluation
+from kernel.schemas.jobs import EvaluationSpec
 from worker import evaluation
-from worker.optimizers.secure_random import SecureRandom
 
 CLASSIFICATION = DatasetFacts(n_rows=1000, feature_shape=(3,), task="classification", n_classes=2)
 REGRESSION = DatasetFacts(n_rows=1000, feature_shape=(3,), task="regression", n_classes=None)

@@ -1,4 +1,4 @@
-"""Fine-tuning modes (worker/training/finetune.py) and init loading (worker/training/init_weights.py):
+"""Fine-tuning modes (training/finetune.py) and init loading (training/init_weights.py):
 frozen parameters have no per-sample gradient in either DP engine, and the two engines agree."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from privtrain.architectures import build_model
-from worker.optimizers.dp_sgd import PerSampleMapAggregator
-from worker.optimizers.ghost import GhostClipAggregator
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
-from worker.training.finetune import apply_finetune, block_names, head_parameter_names
-from worker.training.init_weights import apply_init, load_into
+from dp.loop.batch_loop import PerSampleMapAggregator
+from dp.per_example.ghost import GhostClipAggregator
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
+from training.finetune import apply_finetune, block_names, head_parameter_names
+from training.init_weights import apply_init, load_into
 
 
 def _mlp(hidden: list[int], n_outputs: int = 3, seed: int = 0) -> torch.nn.Module:

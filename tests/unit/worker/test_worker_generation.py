@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from app.tokenizers import byte
-from privtrain.architectures import build_model
-from privtrain.model_files import save_model
+from kernel.tokenizers import byte
+from privtrain_common.model_files import save_model
+from privtrain_common.zoo.architectures import build_model
 from worker.generation import EndsAndPad, SamplingChoice, answer, sample_continuation
 
 VOCAB = 12

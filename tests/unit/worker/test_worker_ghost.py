@@ -24,10 +24,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from privtrain.architectures import build_model
-from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, per_sample_map_aggregator, train_dp_sgd
-from worker.optimizers.ghost import (
+from dp.loop.batch_loop import DPSGDConfig, PerSampleMapAggregator, per_sample_map_aggregator, train_dp_sgd
+from dp.per_example.ghost import (
     GhostClipAggregator,
     check_ghost_supported,
     ghost_clipped_grad_sum,
@@ -38,18 +36,20 @@ from worker.optimizers.ghost import (
     support,
     supports,
 )
-from worker.optimizers.ghost import embedding as embedding_rules
-from worker.optimizers.ghost import engine as ghost_engine
-from worker.optimizers.ghost.recorder import Recorder
-from worker.optimizers.ghost.work import LayerWork
-from worker.optimizers.per_sample import (
+from dp.per_example.ghost import embedding as embedding_rules
+from dp.per_example.ghost import engine as ghost_engine
+from dp.per_example.ghost.recorder import Recorder
+from dp.per_example.ghost.work import LayerWork
+from dp.per_example.per_sample import (
     AbadiClip,
     clipped_grad_sum,
     iter_per_sample_grads,
     per_sample_norms,
     trainable_parameters,
 )
-from worker.optimizers.secure_random import SecureRandom
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
+from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
 
 MODES = ("bk", "retain", "recompute")
 
@@ -292,9 +292,9 @@ def test_several_weightings_of_a_grouped_reused_conv_equal_their_separate_sums(
 def test_the_chunk_check_finds_non_finite_rows_and_survives_an_overflowing_sum() -> None:
     """One reduction decides whether any row's norm is non-finite; a sum that overflows while
     every row is finite must not zero a row, and a NaN or inf row must get scale 0 in every map.
-    The squared norms are float64 (worker/optimizers/clip_margin.py), the scales the parameters' dtype."""
-    from worker.optimizers.clip_margin import norm_upper_bound
-    from worker.optimizers.ghost.api import _chunk_scales
+    The squared norms are float64 (dp/per_example/clip_margin.py), the scales the parameters' dtype."""
+    from dp.per_example.clip_margin import norm_upper_bound
+    from dp.per_example.ghost.api import _chunk_scales
 
     maps = (AbadiClip(1.0), NormalisingMap(0.5))
     f32 = {"dtype": torch.float32, "terms": 10}

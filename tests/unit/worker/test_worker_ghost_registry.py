@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from worker.optimizers.ghost import (
+from dp.per_example.ghost import (
     GHOST_LAYERS,
     check_ghost_supported,
     ghost_clipped_grad_sum,
@@ -23,8 +23,8 @@ from worker.optimizers.ghost import (
     ghost_per_sample_norms,
     supports,
 )
-from worker.optimizers.ghost.work import Calls, LayerWork, ParamNames, materialised_work
-from worker.optimizers.per_sample import AbadiClip
+from dp.per_example.ghost.work import Calls, LayerWork, ParamNames, materialised_work
+from dp.per_example.per_sample import AbadiClip
 
 MODES = ("bk", "retain", "recompute")
 

@@ -16,14 +16,14 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from privtrain.architectures import build_model
-from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator, ThresholdTracker
-from worker.optimizers.dc_projection import StreamingProjection
-from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, ErrorFeedbackNormalise
-from worker.optimizers.dp_sgd import BatchAggregator, DPSGDConfig, train_dp_sgd
-from worker.optimizers.ghost import GhostClipAggregator
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
+from algorithms.dc_dpsgd.aggregators import RankAggregator, ThresholdAggregator, ThresholdTracker
+from algorithms.dc_dpsgd.projection import StreamingProjection
+from algorithms.dicesgd.aggregator import ErrorFeedbackAggregator, ErrorFeedbackClip, ErrorFeedbackNormalise
+from dp.loop.batch_loop import BatchAggregator, DPSGDConfig, train_dp_sgd
+from dp.per_example.ghost import GhostClipAggregator
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 HOST_READS = frozenset({"__float__", "__bool__", "__int__", "__index__", "item", "tolist", "numpy", "cpu"})
 

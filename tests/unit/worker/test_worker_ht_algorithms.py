@@ -9,15 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from app.algorithms import get_algorithm
-from app.algorithms import ht_calibration as cal
-from app.facts import DatasetFacts
-from app.schemas.jobs import TrainingSpec
-from bench.ht_data import few_spike_l1, linear_problem
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers import ht_algorithms as loops
-from worker.optimizers.ht_algorithms import (
+from algorithms import get_algorithm
+from algorithms.ht_dpsco import calibration as cal
+from algorithms.ht_dpsco import loops
+from algorithms.ht_dpsco import trainer as trainers
+from algorithms.ht_dpsco.loops import (
     FWConfig,
     LassoConfig,
     RowAccess,
@@ -28,11 +24,15 @@ from worker.optimizers.ht_algorithms import (
     linreg_half_step,
     sparse_opt_half_step,
 )
-from worker.optimizers.ht_mechanisms import Polytope
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import ht_dpsco as trainers
-from worker.trainers.base import TrainingRequest, get_trainer
+from algorithms.ht_dpsco.mechanisms import Polytope
+from algorithms.trainer_registry import TrainingRequest, get_trainer
+from bench.ht_data import few_spike_l1, linear_problem
+from dp.data.rows import TensorRows
+from dp.loop.state import TrainingHooks
+from dp.randomness.secure_random import SecureRandom
+from kernel.datasets.facts import DatasetFacts
+from kernel.schemas.jobs import TrainingSpec
+from privtrain_common.zoo.architectures import build_model
 
 ADVERSARIAL = [1e300, -1e300, 1e8, -1e8, 0.0]
 
@@ -472,7 +472,7 @@ class DeviceNoise:
     """The same CPU noise stream, delivered on ``target``: identical draws on every backend."""
 
     def __init__(self, seed: int, target: torch.device) -> None:
-        from worker.optimizers.ht_mechanisms import ExactNoise
+        from algorithms.ht_dpsco.mechanisms import ExactNoise
 
         self.source = ExactNoise(SecureRandom.from_seed(seed))
         self.target = target

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from worker.optimizers.ht_mechanisms import (
+from algorithms.ht_dpsco.mechanisms import (
     ExactNoise,
     Polytope,
     assign_blocks,
@@ -17,7 +17,7 @@ from worker.optimizers.ht_mechanisms import (
     peeling,
     project_l2_ball,
 )
-from worker.optimizers.secure_random import SecureRandom
+from dp.randomness.secure_random import SecureRandom
 
 
 def _noise(seed: int = 0) -> ExactNoise:
@@ -148,7 +148,7 @@ def test_laplace_release_has_the_right_law_and_lies_on_one_grid() -> None:
 
 def test_float_samplers_are_gone_from_the_mechanisms() -> None:
     """The old inverse-CDF Laplace and Gumbel draws on doubles are no longer reachable."""
-    import worker.optimizers.ht_mechanisms as mechanisms
+    import algorithms.ht_dpsco.mechanisms as mechanisms
 
     assert not hasattr(mechanisms, "GeneratorNoise")
     with pytest.raises(TypeError):

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from app.algorithms.ht_calibration import PHI_BOUND, robust_mean_sensitivity
-from worker.optimizers.ht_robust_mean import (
+from algorithms.ht_dpsco.calibration import PHI_BOUND, robust_mean_sensitivity
+from algorithms.ht_dpsco.robust_mean import (
     PHI_SUP,
     phi,
     robust_mean_sum,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.data.images import ImageRows, normalise
-from worker.data.rows import MappedImageRows, materialise
+from dp.data.images import ImageRows, normalise
+from dp.data.rows import MappedImageRows, materialise
 
 
 def _stored(tmp_path: Path, array: np.ndarray) -> Path:

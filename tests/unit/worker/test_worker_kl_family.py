@@ -14,8 +14,8 @@ import pytest
 import torch
 from scipy import stats
 
-from app import privacy
-from app.algorithms.kl_family import (
+from algorithms.kl_family.common import FullBatch, assign_flat
+from algorithms.kl_family.definition import (
     BUDGET_UNITS,
     NOISE_SAFETY,
     adaptive_constants,
@@ -25,17 +25,17 @@ from app.algorithms.kl_family import (
     spider_schedule,
     units_for,
 )
-from app.job_planning import JobPlan, plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.optimizers.kl_common import FullBatch, assign_flat
-from worker.optimizers.per_sample import iter_per_sample_grads
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks, TrainingState
-from worker.trainers import TrainingRequest, get_trainer
-from worker.training.artifacts import load_training_state, save_training_state
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.state import TrainingHooks, TrainingState
+from dp.per_example.per_sample import iter_per_sample_grads
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import JobPlan, plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
+from training.artifacts import load_training_state, save_training_state
 
 N_ROWS, N_FEATURES = 240, 150
 

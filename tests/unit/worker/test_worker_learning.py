@@ -7,9 +7,9 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
-from privtrain.architectures import build_model
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.secure_random import SecureRandom
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 
 def test_dp_logistic_regression_learns_digits() -> None:

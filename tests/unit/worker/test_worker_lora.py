@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from privtrain.model_files import load_model, save_model
-from tests.unit.worker.text_fixtures import LENGTH, VOCAB, lm_targets, text_model, tokens
-from worker.optimizers.ghost import check_ghost_supported, ghost_clipped_grad_sum, ghost_per_sample_norms
-from worker.optimizers.per_sample import (
+from dp.per_example.ghost import check_ghost_supported, ghost_clipped_grad_sum, ghost_per_sample_norms
+from dp.per_example.per_sample import (
     AbadiClip,
     clipped_grad_sum,
     iter_per_sample_grads,
     per_sample_norms,
     trainable_parameters,
 )
-from worker.training.finetune import apply_finetune
-from worker.training.lora import LoRAConfig, LoRALinear, apply_lora, merge_lora
+from privtrain_common.model_files import load_model, save_model
+from tests.unit.worker.text_fixtures import LENGTH, VOCAB, lm_targets, text_model, tokens
+from training.finetune import apply_finetune
+from training.lora import LoRAConfig, LoRALinear, apply_lora, merge_lora
 
 
 def _adapted(name: str = "transformer-lm", *, rank: int = 2, alpha: float = 4.0) -> torch.nn.Module:
@@ -89,7 +89,7 @@ def test_merge_without_adapters_is_a_no_op() -> None:
 
 
 def test_lora_refuses_a_model_without_transformer_layers() -> None:
-    from privtrain.architectures import build_model
+    from privtrain_common.zoo.architectures import build_model
 
     mlp = build_model("mlp", {"hidden_sizes": [4]}, input_shape=(3,), n_outputs=2)
     with pytest.raises(ValueError, match="needs a transformer"):
@@ -119,7 +119,7 @@ def test_ghost_matches_vmap_with_lora(name: str) -> None:
 
 
 def test_vit_takes_adapters_too() -> None:
-    from privtrain.architectures import build_model
+    from privtrain_common.zoo.architectures import build_model
 
     vit = build_model(
         "vit",

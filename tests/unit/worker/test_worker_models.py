@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from privtrain.architectures import MODEL_REGISTRY, build_model, register_model
-from worker.optimizers.per_sample import check_supported
+from dp.per_example.per_sample import check_supported
+from privtrain_common.zoo.architectures import MODEL_REGISTRY, build_model, register_model
 
 # (name, params, input_shape, n_outputs) — one representative configuration per zoo entry.
 ZOO_CASES: list[tuple[str, dict[str, object], tuple[int, ...], int]] = [

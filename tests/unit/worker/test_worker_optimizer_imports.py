@@ -1,11 +1,11 @@
-"""The low-level optimizers take every catalogue constant as an argument: none imports app.algorithms."""
+"""The DP engine takes every catalogue constant as an argument: no module of dp/ imports algorithms."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-OPTIMIZERS = Path(__file__).resolve().parents[3] / "worker" / "optimizers"
+OPTIMIZERS = Path(__file__).resolve().parents[3] / "dp"
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -25,7 +25,7 @@ def test_no_optimizer_module_imports_the_catalogue() -> None:
     assert len(modules) > 10  # the scan really sees the package
     offenders = {
         str(path.relative_to(OPTIMIZERS)): sorted(
-            n for n in _imported_modules(path) if n == "app.algorithms" or n.startswith("app.algorithms.")
+            n for n in _imported_modules(path) if n == "algorithms" or n.startswith("algorithms.")
         )
         for path in modules
     }
@@ -34,5 +34,7 @@ def test_no_optimizer_module_imports_the_catalogue() -> None:
 
 def test_the_scan_recognises_a_catalogue_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import torch\nfrom app.algorithms.kl_family import units_for\nfrom app import algorithms\n")
-    assert {"app.algorithms.kl_family", "app.algorithms"} <= _imported_modules(module)
+    module.write_text(
+        "import torch\nfrom algorithms.kl_family.definition import units_for\nimport algorithms\n"
+    )
+    assert {"algorithms.kl_family.definition", "algorithms"} <= _imported_modules(module)

@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.optimizers.clip_margin import clip_target
-from worker.optimizers.losses import get_loss, prepare_targets
-from worker.optimizers.per_sample import (
+from dp.losses import get_loss, prepare_targets
+from dp.per_example.clip_margin import clip_target
+from dp.per_example.per_sample import (
     SUPPORTED_MODULES,
     AbadiClip,
     check_supported,
@@ -23,6 +22,7 @@ from worker.optimizers.per_sample import (
     supported_module,
     trainable_parameters,
 )
+from privtrain_common.zoo.architectures import build_model
 
 # (id, model name, params, input_shape, n_outputs, loss)
 Case = tuple[str, str, dict[str, object], tuple[int, ...], int, str]

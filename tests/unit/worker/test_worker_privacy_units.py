@@ -14,19 +14,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from app import privacy
-from app.job_planning import plan_job
-from app.models import Dataset
-from app.schemas.jobs import JobCreate
-from privtrain.architectures import build_model
-from worker.data.rows import TensorRows
-from worker.data.units import UnitIndex
-from worker.optimizers.dp_sgd import PerSampleMapAggregator, per_sample_map_aggregator
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
-from worker.training.units import PerUnitAggregator
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.data.units import UnitIndex
+from dp.loop.batch_loop import PerSampleMapAggregator, per_sample_map_aggregator
+from dp.loop.state import TrainingHooks
+from dp.loop.units import PerUnitAggregator
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
+from kernel import privacy
+from kernel.db.orm import Dataset
+from kernel.jobs.planning import plan_job
+from kernel.schemas.jobs import JobCreate
+from privtrain_common.zoo.architectures import build_model
 
 
 def _codes(counts: list[int]) -> np.ndarray:

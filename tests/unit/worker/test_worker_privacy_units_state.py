@@ -12,19 +12,19 @@ import pytest
 import torch
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.data.units import UnitIndex
-from worker.optimizers.dc_dpsgd import RankAggregator, ThresholdAggregator
-from worker.optimizers.dc_projection import StreamingProjection
-from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
-from worker.optimizers.dp_sgd import BatchAggregator, DPSGDConfig, UnitSampling
-from worker.optimizers.kl_common import FullBatch, flat_params
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks, TrainingState
-from worker.training.artifacts import load_training_state, save_training_state
-from worker.training.augmult import AugmentedViews
-from worker.training.units import PerUnitAggregator
+from algorithms.dc_dpsgd.aggregators import RankAggregator, ThresholdAggregator
+from algorithms.dc_dpsgd.projection import StreamingProjection
+from algorithms.dicesgd.aggregator import ErrorFeedbackAggregator, ErrorFeedbackClip, train_dicesgd
+from algorithms.kl_family.common import FullBatch, flat_params
+from dp.data.units import UnitIndex
+from dp.loop.augmult import AugmentedViews
+from dp.loop.batch_loop import BatchAggregator, DPSGDConfig, UnitSampling
+from dp.loop.state import TrainingHooks, TrainingState
+from dp.loop.units import PerUnitAggregator
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
+from training.artifacts import load_training_state, save_training_state
 
 ROWS_PER_UNIT = 4
 

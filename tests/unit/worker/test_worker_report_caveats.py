@@ -44,7 +44,7 @@ def test_report_has_a_numeric_prv_bound_for_an_ordinary_dp_sgd_job() -> None:
 def test_report_falls_back_with_a_reason_when_the_numeric_accountant_times_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from app.privacy import single_job
+    from kernel.privacy import single_job
     from tests.report_fixtures import small_report
 
     monkeypatch.setattr(single_job, "NUMERIC_TIMEOUT_S", 1e-6)

@@ -1,4 +1,4 @@
-"""Where a job's rows live (worker/data/rows.py): in memory, on the device or memory-mapped, every
+"""Where a job's rows live (dp/data/rows.py): in memory, on the device or memory-mapped, every
 placement hands the trainers the same float rows, and the memory-mapped one reads only the rows a
 step sampled, so a dataset larger than memory trains."""
 
@@ -12,9 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privtrain.architectures import build_model
-from worker.data.images import ImageRows, normalise
-from worker.data.rows import (
+from dp.data.images import ImageRows, normalise
+from dp.data.rows import (
     DeviceImageRows,
     MappedImageRows,
     SubsetRows,
@@ -22,8 +21,9 @@ from worker.data.rows import (
     materialise,
     place_image_rows,
 )
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.secure_random import SecureRandom
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import build_model
 
 
 def _images(tmp_path: Path, n: int = 40, seed: int = 0) -> tuple[np.ndarray, ImageRows]:

@@ -14,14 +14,14 @@ import torch
 from fastapi.testclient import TestClient
 from scipy import stats
 
-from app.config import Settings, UnsafeSettingsError
-from app.db import Database
-from privtrain.architectures import build_model
+from algorithms.dc_dpsgd.projection import PROJECTION_KEY_PURPOSE, StreamingProjection
+from dp.randomness import secure_random as secure_random_module
+from dp.randomness.secure_random import SecureRandom, keyed_uniform, paired_normal, paired_uniform
+from kernel.config import Settings, UnsafeSettingsError
+from kernel.db.engine import Database
+from privtrain_common.zoo.architectures import build_model
 from tests.conftest import dp_sgd_spec, make_settings, upload
 from worker import runner as runner_module
-from worker.optimizers import secure_random as secure_random_module
-from worker.optimizers.dc_projection import PROJECTION_KEY_PURPOSE, StreamingProjection
-from worker.optimizers.secure_random import SecureRandom, keyed_uniform, paired_normal, paired_uniform
 from worker.runner import JobRunner
 
 # ----------------------------------------------------------------------------- seed bits
@@ -417,9 +417,9 @@ def test_a_real_job_releases_nothing_of_its_stream(
 def test_a_checkpoint_from_the_old_generator_is_restarted_not_failed(tmp_path: Path) -> None:
     """A retried attempt whose checkpoint holds an mt19937 state (written before the noise source
     changed) starts over inside its reservation instead of failing; a SecureRandom one resumes."""
-    from worker.optimizers.state import TrainingState
+    from dp.loop.state import TrainingState
+    from training.artifacts import save_training_state
     from worker.runner import JobRunner
-    from worker.training.artifacts import save_training_state
 
     def checkpoint(name: str, generator_state: torch.Tensor) -> Path:
         path = tmp_path / name

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
 import worker.single_job_prefetch as prefetch_module
-from app import privacy
-from app.config import Settings
-from app.db import Database
+from kernel import privacy
+from kernel.config import Settings
+from kernel.db.engine import Database
 from tests.api.worker_jobs import run_on_worker
 from tests.conftest import dp_sgd_spec, upload
 from worker.single_job_prefetch import SingleJobPrefetch

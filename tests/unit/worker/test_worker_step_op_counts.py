@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from worker.optimizers.dicesgd import ErrorFeedbackAggregator, ErrorFeedbackClip
-from worker.optimizers.dp_sgd import BatchAggregator
-from worker.optimizers.ghost import GhostClipAggregator, ghost_clipped_grad_sum
-from worker.optimizers.noise import privatise_sum
-from worker.optimizers.per_sample import AbadiClip
-from worker.optimizers.secure_random import SecureRandom
-from worker.training.ema import ParameterAverage
+from algorithms.dicesgd.aggregator import ErrorFeedbackAggregator, ErrorFeedbackClip
+from dp.loop.batch_loop import BatchAggregator
+from dp.per_example.ghost import GhostClipAggregator, ghost_clipped_grad_sum
+from dp.per_example.per_sample import AbadiClip
+from dp.randomness.noise import privatise_sum
+from dp.randomness.secure_random import SecureRandom
+from training.ema import ParameterAverage
 
 
 class ComputeOps(TorchDispatchMode):
@@ -155,7 +155,7 @@ def test_the_parameter_average_advances_in_the_same_operations_for_any_depth() -
 def test_the_ghost_clipped_sum_costs_a_fixed_number_of_operations_per_dense_layer_and_per_chunk() -> None:
     """The host work of a small model's clipped sum: per Linear + Tanh pair, its forward and
     backward (4), ||a||²·(||δ||² + ...) (8: a and δ cast to float64, whose squares are exact,
-    worker/optimizers/clip_margin.py) and (s·δ)ᵀa, Σ s·δ (3), plus one for the anchor's graph;
+    dp/per_example/clip_margin.py) and (s·δ)ᵀa, Σ s·δ (3), plus one for the anchor's graph;
     per chunk, the loss, the norms' float64 upper bound cast to float32 (3), the scales and one
     read deciding whether every row's norm is finite.
     It was 15 per layer and 30 per chunk: a RecordedCall kept an empty tensor made per call and the

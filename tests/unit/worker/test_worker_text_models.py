@@ -14,11 +14,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
-from tests.unit.worker.text_fixtures import LENGTH, PAD, VOCAB, lm_targets, text_model, tokens
-from worker.optimizers.ghost import check_ghost_supported, ghost_clipped_grad_sum, ghost_per_sample_norms
-from worker.optimizers.losses import IGNORED_TARGET, get_loss, loss_for_task
-from worker.optimizers.per_sample import (
+from dp.losses import IGNORED_TARGET, get_loss, loss_for_task
+from dp.per_example.ghost import check_ghost_supported, ghost_clipped_grad_sum, ghost_per_sample_norms
+from dp.per_example.per_sample import (
     AbadiClip,
     check_supported,
     clipped_grad_sum,
@@ -26,6 +24,8 @@ from worker.optimizers.per_sample import (
     per_sample_norms,
     trainable_parameters,
 )
+from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
+from tests.unit.worker.text_fixtures import LENGTH, PAD, VOCAB, lm_targets, text_model, tokens
 
 N = 7
 # (id, model name, extra params, loss)
@@ -96,7 +96,7 @@ def test_an_all_padding_row_gives_finite_outputs() -> None:
 
 def test_vit_is_unchanged_by_the_optional_masks() -> None:
     """SelfAttention without a mask and not causal computes what it did before masks existed."""
-    from privtrain.architectures import SelfAttention
+    from privtrain_common.zoo.architectures import SelfAttention
 
     torch.manual_seed(0)
     attention = SelfAttention(8, 2).double()

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from app.algorithms import get_algorithm
-from app.schemas.jobs import TrainingSpec
+from algorithms import get_algorithm
+from algorithms.trainers import TrainingRequest, get_trainer
+from dp.data.rows import TensorRows
+from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from dp.loop.state import TrainingHooks
+from dp.losses import get_loss
+from dp.randomness.secure_random import SecureRandom
+from kernel.schemas.jobs import TrainingSpec
 from tests.unit.worker.text_fixtures import lm_targets, text_model, tokens
-from worker.data.rows import TensorRows
-from worker.optimizers.dp_sgd import DPSGDConfig, train_dp_sgd
-from worker.optimizers.losses import get_loss
-from worker.optimizers.secure_random import SecureRandom
-from worker.optimizers.state import TrainingHooks
-from worker.trainers import TrainingRequest, get_trainer
 
 N, BATCH, STEPS = 16, 4, 3
 

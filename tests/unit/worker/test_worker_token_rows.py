@@ -1,4 +1,4 @@
-"""A text dataset's token ids (worker/data/tokens.py): memory-mapped or resident on the device,
+"""A text dataset's token ids (dp/data/tokens.py): memory-mapped or resident on the device,
 ``take`` hands back the same int64 rows, a hold-out subset reads through, and language-model
 targets are the ids with every pad position ignored (-100)."""
 
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.data.rows import Rows, SubsetRows
-from worker.data.tokens import IGNORED_TARGET, TokenRows, language_model_targets, open_token_array
+from dp.data.rows import Rows, SubsetRows
+from dp.data.tokens import IGNORED_TARGET, TokenRows, language_model_targets, open_token_array
 
 PAD = 256
 
@@ -55,7 +55,7 @@ def test_a_subset_reads_through_to_the_kept_rows(tmp_path: Path) -> None:
 
 
 def test_language_model_targets_ignore_every_pad(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("worker.data.tokens.COPY_CHUNK_ROWS", 4)  # several chunks
+    monkeypatch.setattr("dp.data.tokens.COPY_CHUNK_ROWS", 4)  # several chunks
     array, path = _stored(tmp_path)
     targets = language_model_targets(TokenRows(open_token_array(path)), pad_id=PAD)
     expected = np.where(array == PAD, IGNORED_TARGET, array.astype(np.int64))

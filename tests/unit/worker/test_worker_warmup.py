@@ -14,8 +14,8 @@ warm_up()
 assert "torch._dynamo" in sys.modules
 from multiprocessing import forkserver
 assert forkserver._forkserver._forkserver_pid is not None  # the accountants' server is up
-from app.privacy import PoissonSampledGaussianEvent
-from app.privacy.single_job import capped_single_job_epsilon
+from kernel.privacy import PoissonSampledGaussianEvent
+from kernel.privacy.single_job import capped_single_job_epsilon
 event = PoissonSampledGaussianEvent(sampling_probability=0.05, noise_multiplier=1.0, count=20)
 assert capped_single_job_epsilon(event, 1e-6, zcdp_is_gaussian=True).method == "prv"
 import worker.entry  # the Celery entry point registers warm_up for worker start

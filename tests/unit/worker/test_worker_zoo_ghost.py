@@ -14,10 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from privtrain.architectures import PositionalEmbedding, TokenPrepend, WSConv2d, build_model
-from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
-from worker.optimizers.dp_sgd import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
-from worker.optimizers.ghost import (
+from dp.loop.batch_loop import DPSGDConfig, PerSampleMapAggregator, train_dp_sgd
+from dp.per_example.ghost import (
     GhostClipAggregator,
     check_ghost_supported,
     ghost_clipped_grad_sum,
@@ -25,8 +23,8 @@ from worker.optimizers.ghost import (
     ghost_per_sample_norms,
     linear_conv,
 )
-from worker.optimizers.ghost.standardised_conv import standardisation_vjp
-from worker.optimizers.per_sample import (
+from dp.per_example.ghost.standardised_conv import standardisation_vjp
+from dp.per_example.per_sample import (
     AbadiClip,
     check_supported,
     clipped_grad_sum,
@@ -34,7 +32,9 @@ from worker.optimizers.per_sample import (
     per_sample_norms,
     supported_module,
 )
-from worker.optimizers.secure_random import SecureRandom
+from dp.randomness.secure_random import SecureRandom
+from privtrain_common.zoo.architectures import PositionalEmbedding, TokenPrepend, WSConv2d, build_model
+from tests.unit.worker.per_sample_grads_check import assert_ghost_per_sample_grads_match
 
 MODES = ("bk", "retain", "recompute")
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from privtrain.architectures import build_model
-from worker.optimizers.losses import IGNORED_TARGET
+from dp.losses import IGNORED_TARGET
+from privtrain_common.zoo.architectures import build_model
 
 VOCAB, PAD, LENGTH = 13, 0, 6
 SIZES = {"layers": 2, "dim": 8, "heads": 2, "mlp_dim": 12}

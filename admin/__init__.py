@@ -1,0 +1,1 @@
+"""The ``privtrain-admin`` command: the embedded service, migrations, keys, a worker."""

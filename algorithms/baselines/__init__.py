@@ -1,0 +1,1 @@
+"""The DP-SGD-family baselines: DP-Adam, Auto-S, DP-PSAC."""

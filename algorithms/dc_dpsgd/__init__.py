@@ -1,0 +1,1 @@
+"""DC-DPSGD: clipping the body and the tail of the gradient distribution separately."""

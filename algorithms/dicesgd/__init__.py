@@ -1,0 +1,1 @@
+"""DiceSGD: DP-SGD with a hidden error-feedback vector."""

@@ -1,0 +1,120 @@
+"""The dicesgd trainers: the job's charged σ, q, steps and public B go into the DP-SGD loop with
+DiceSGD's error-feedback aggregator (algorithms.dicesgd.aggregator).
+
+The aggregator's sum-scale sensitivity C1 + 2·B·C2 must equal the catalogue's
+``PrivacyPlan.sensitivity`` for the same hyperparameters and B (both come from
+``sound_average_sensitivity``), so the noise drawn is σ·(C1/B + 2·C2) on the average — the
+charged GaussianEvent. The error-feedback vector e is checkpointed with the private training
+state and restored on resume; it is never logged or reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from algorithms.dicesgd.aggregator import (
+    ErrorFeedbackAggregator,
+    ErrorFeedbackClip,
+    ErrorFeedbackNormalise,
+    train_dicesgd,
+)
+from algorithms.dicesgd.definition import (
+    DiceSGD,
+    DiceSGDAdam,
+    DiceSGDAdamHyperparameters,
+    DiceSGDAuto,
+    DiceSGDAutoHyperparameters,
+    DiceSGDHyperparameters,
+    sound_average_sensitivity,
+)
+from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.training_fields import learning_rate_of
+from dp.loop.batch_loop import DPSGDConfig
+from dp.loop.state import TrainingResult
+from dp.per_example.per_sample import AbadiClip
+from dp.per_example.per_sample_maps import AutoSClip
+
+
+@dataclass(frozen=True)
+class _Optimizer:
+    """How the released ṽ is applied (post-processing)."""
+
+    name: Literal["sgd", "adam"]
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+
+def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, optimizer: _Optimizer) -> TrainingResult:
+    bounds_avg = sound_average_sensitivity(
+        c1=aggregator.per_sample_map.norm_bound,
+        c2=aggregator.feedback_map.norm_bound,
+        expected_batch_size=request.expected_batch_size,
+    )
+    charged_sum = bounds_avg * request.expected_batch_size
+    if abs(aggregator.sensitivity - charged_sum) > 1e-12 * charged_sum:
+        raise RuntimeError("dicesgd: the aggregator's sensitivity differs from the charged one")
+    config = DPSGDConfig(
+        steps=request.steps,
+        sampling_probability=request.sampling_probability,
+        noise_multiplier=request.noise_multiplier,
+        clipping_norm=aggregator.sensitivity,  # unused with an aggregator; documents σ·Δ_sum
+        learning_rate=learning_rate_of(request.training),
+        momentum=optimizer.momentum,
+        weight_decay=optimizer.weight_decay,
+        optimizer=optimizer.name,
+        adam_betas=optimizer.betas,
+        adam_eps=optimizer.eps,
+        loss=request.loss,
+        max_physical_batch_size=request.max_physical_batch_size,
+        expected_batch_size=request.expected_batch_size,
+    )
+    return train_dicesgd(
+        request.model,
+        request.features,
+        request.y,
+        config=config,
+        aggregator=aggregator,
+        generator=request.generator,
+        hooks=request.hooks,
+        resume_from=request.resume_from,
+        device=request.device,
+        units=request.units,
+        rows_per_unit=request.training.rows_per_unit,
+    )
+
+
+@register_trainer(DiceSGD)
+def run_dicesgd(request: TrainingRequest[DiceSGDHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
+    aggregator = ErrorFeedbackAggregator(
+        per_sample_map=AbadiClip(hyper.c1),
+        feedback_map=ErrorFeedbackClip(hyper.c2),
+        expected_batch_size=request.expected_batch_size,
+    )
+    return _run(request, aggregator, _Optimizer("sgd", hyper.momentum, hyper.weight_decay))
+
+
+@register_trainer(DiceSGDAdam)
+def run_dicesgd_adam(request: TrainingRequest[DiceSGDAdamHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
+    aggregator = ErrorFeedbackAggregator(
+        per_sample_map=AbadiClip(hyper.c1),
+        feedback_map=ErrorFeedbackClip(hyper.c2),
+        expected_batch_size=request.expected_batch_size,
+    )
+    optimizer = _Optimizer("adam", weight_decay=hyper.weight_decay, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
+    return _run(request, aggregator, optimizer)
+
+
+@register_trainer(DiceSGDAuto)
+def run_dicesgd_auto(request: TrainingRequest[DiceSGDAutoHyperparameters]) -> TrainingResult:
+    hyper = request.hyperparameters
+    aggregator = ErrorFeedbackAggregator(
+        per_sample_map=AutoSClip(clipping_norm=1.0, gamma=hyper.gamma),
+        feedback_map=ErrorFeedbackNormalise(hyper.gamma),
+        expected_batch_size=request.expected_batch_size,
+    )
+    return _run(request, aggregator, _Optimizer("sgd", hyper.momentum, hyper.weight_decay))

@@ -1,0 +1,1 @@
+"""DP-SGD with Poisson sampling."""

@@ -1,0 +1,1 @@
+"""The heavy-tailed high-dimensional DP-SCO family."""

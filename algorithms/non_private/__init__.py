@@ -1,0 +1,1 @@
+"""The non-private optimizers (``sgd``, ``adam``), for public datasets only."""

@@ -1,1 +1,0 @@
-"""A job's life: its statuses and the transitions that move it (app.jobs.lifecycle)."""

@@ -1,7 +1,0 @@
-"""Public tokenizers for text datasets: the built-in byte tokenizer, uploaded Hugging Face
-``tokenizer.json`` files, and BPE tokenizers trained on public text (torch-free)."""
-
-from app.tokenizers.base import BYTE_TOKENIZER_ID, TextTokenizer
-from app.tokenizers.byte import ByteTokenizer
-
-__all__ = ["BYTE_TOKENIZER_ID", "ByteTokenizer", "TextTokenizer"]

@@ -1,0 +1,1 @@
+"""What the privtrain client and service share: the model zoo, the model file format, directed rounding."""

@@ -1,0 +1,1 @@
+"""The model zoo's torch modules and the parameter shapes both sides check."""

@@ -1,0 +1,1 @@
+"""Every draw that protects privacy: the secure stream, the Gaussian mechanism, exact samplers, Poisson sampling."""

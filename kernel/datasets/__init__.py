@@ -1,0 +1,1 @@
+"""A dataset's life: registration, content identity, stored arrays, status and deletion."""

@@ -1,0 +1,1 @@
+"""The database: engine and sessions, the ORM models, and the small helpers every query needs."""

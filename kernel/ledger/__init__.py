@@ -1,0 +1,1 @@
+"""The per-dataset privacy ledger, its audit, and its entries in words."""

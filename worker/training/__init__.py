@@ -1,1 +1,0 @@
-"""Torch-side training pieces: the model zoo (`models`) and model artifacts (`artifacts`)."""
