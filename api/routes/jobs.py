@@ -46,6 +46,7 @@ from kernel.reporting.init_report import chain_guarantees, estimate_notice
 from kernel.reporting.init_visibility import LevelCache, chain_levels, spec_for_viewer
 from kernel.reporting.redaction import report_for_viewer
 from kernel.schemas.jobs import InitChainEstimate, JobCreate, JobEventOut, JobList, JobOut, PrivacyEstimate
+from kernel.schemas.stored_spec import JobStart, stored_spec
 from kernel.services import Services
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ReleasingRoute)
@@ -147,16 +148,16 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> Privac
 def init_chain_estimate(plan: JobPlan) -> InitChainEstimate | None:
     """The warning that the job would use the same rows again, with the composed ε
     (closed forms only: the request path never waits for the numeric accountants)."""
-    init = plan.spec.get("init")
+    init = stored_spec(plan).init
     guarantees = chain_guarantees(
-        init,
+        None if init is None else init.to_json(),
         actual_event=None if plan.public_dataset else plan.event_json,
         delta=plan.delta,
         algorithm=plan.algorithm.name,
         numeric=False,
     )
-    links = ((init or {}).get("chain") or {}).get("links") or []
-    block = estimate_notice(guarantees, links)
+    chain = init.chain if isinstance(init, JobStart) else None
+    block = estimate_notice(guarantees, [] if chain is None else [link.to_json() for link in chain.links])
     return None if block is None else InitChainEstimate(**block)
 
 
@@ -224,7 +225,8 @@ def submit(
 def _job_view(session: Session, tenant: Tenant, job: Job, *, cache: LevelCache | None = None) -> JobOut:
     """The job as this tenant may see it: its spec's init chain redacted (kernel/reporting/init_visibility.py)."""
     out = job_out(job)
-    if job.spec.get("init") is None and "tuning" not in job.spec:
+    stored = stored_spec(job)
+    if stored.init is None and not stored.is_tuning:
         return out
     return out.model_copy(update={"spec": spec_for_viewer(session, tenant, job.spec, cache=cache)})
 

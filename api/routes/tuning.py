@@ -30,6 +30,7 @@ from kernel.jobs.routing import route_job
 from kernel.jobs.status import JobStatus
 from kernel.ledger import operations as ledger
 from kernel.reporting.ended_report import cancel_report_writer
+from kernel.schemas.stored_spec import HasSpec, StoredTuning, stored_spec
 from kernel.schemas.tuning import TuningCreate, TuningEstimate, TuningList, TuningOut, TuningSchedule, TuningTrials
 from kernel.services import Services
 from kernel.tuning import slots as tuning_slots
@@ -59,50 +60,39 @@ def _plan(
     return plan, budget, route_job(request.base, plan.carrier, facts_of(dataset), services.settings)
 
 
-def _trials(tuning: dict[str, object]) -> TuningTrials:
-    trials = tuning["trials"]
-    assert isinstance(trials, dict)
-    maximum = trials.get("maximum")
+def _trials(tuning: StoredTuning) -> TuningTrials:
+    trials = tuning.trials
     return TuningTrials(
-        distribution=str(trials["distribution"]),
-        parameters=dict(trials["parameters"]),
-        expected=float(trials["mean"]),
-        maximum=None if maximum is None else int(maximum),
+        distribution=trials.distribution,
+        parameters=dict(trials.parameters),
+        expected=trials.mean,
+        maximum=trials.maximum,
     )
 
 
-def _schedule(tuning: dict[str, object], *, slots_done: int) -> TuningSchedule | None:
-    stored = tuning.get("schedule")
-    if not isinstance(stored, dict):
+def _schedule(tuning: StoredTuning, *, slots_done: int) -> TuningSchedule | None:
+    stored = tuning.schedule
+    if stored is None:
         return None  # admitted before slots existed
     return TuningSchedule(
-        slots=int(stored["slots"]),
+        slots=stored.slots,
         slots_done=slots_done,
-        trial_time_limit_s=float(stored["trial_time_limit_s"]),
-        slot_seconds=float(stored["slot_seconds"]),
-        parallel_slots=int(stored["parallel_slots"]),
-        worker_seconds=int(stored["slots"]) * float(stored["slot_seconds"]),
+        trial_time_limit_s=stored.trial_time_limit_s,
+        slot_seconds=stored.slot_seconds,
+        parallel_slots=stored.parallel_slots,
+        worker_seconds=stored.slots * stored.slot_seconds,
     )
 
 
-def _candidates(tuning: dict[str, object]) -> list[dict[str, object]]:
-    stored = tuning["candidates"]
-    assert isinstance(stored, list)
-    return [
-        {
-            "assignment": c["assignment"],
-            "noise_multiplier": c["noise_multiplier"],
-            "sampling_probability": c["sampling_probability"],
-            "steps": c["steps"],
-            "epsilon_ledger": c["epsilon_ledger"],
-        }
-        for c in stored
-    ]
+def _tuning_of(holder: HasSpec) -> StoredTuning:
+    tuning = stored_spec(holder).tuning
+    assert tuning is not None  # a tuning's job, or a tuning's plan
+    return tuning
 
 
 def tuning_out(tuning: TuningJob, job: Job, *, slots_done: int = 0) -> TuningOut:
     """The view; ``slots_done`` counts finished slots (public: every slot lasts the same)."""
-    spec = job.spec["tuning"]
+    tuning_spec = _tuning_of(job)
     succeeded = job.status == JobStatus.SUCCEEDED
     links = {"self": f"/v1/tuning-jobs/{tuning.id}", "job": f"/v1/jobs/{job.id}"}
     if succeeded:
@@ -115,18 +105,18 @@ def tuning_out(tuning: TuningJob, job: Job, *, slots_done: int = 0) -> TuningOut
         status=job.status,
         job_id=job.id,
         best_job_id=job.id if succeeded else None,
-        selected=spec.get("selected") if succeeded else None,
-        selected_metric=(job.metrics or {}).get(spec["selection"]["metric"]) if succeeded else None,
+        selected=tuning_spec.selected if succeeded else None,
+        selected_metric=(job.metrics or {}).get(tuning_spec.selection.metric) if succeeded else None,
         error_code=job.error_code,
-        selection=spec["selection"],
-        trials=_trials(spec),
-        search_space=spec["search_space"],
-        candidates=_candidates(spec),
-        schedule=_schedule(spec, slots_done=slots_done),
+        selection=tuning_spec.selection.to_json(),
+        trials=_trials(tuning_spec),
+        search_space=tuning_spec.search_space_json(),
+        candidates=tuning_spec.public_candidates(),
+        schedule=_schedule(tuning_spec, slots_done=slots_done),
         epsilon_reserved=job.epsilon_ledger,
         epsilon_committed=job.epsilon_committed,
-        epsilon_one_trial=spec["epsilon_one_trial"],
-        epsilon_separate_jobs=spec["epsilon_separate_jobs"],
+        epsilon_one_trial=tuning_spec.epsilon_one_trial,
+        epsilon_separate_jobs=tuning_spec.epsilon_separate_jobs,
         delta=job.delta,
         created_at=tuning.created_at,
         links=links,
@@ -144,7 +134,8 @@ def estimate(
 ) -> TuningEstimate:
     """What the whole tuning would be charged (one ledger entry), against its trials as separate jobs."""
     plan, budget, _ = _plan(services, session, tenant, request)
-    schedule = _schedule(plan.carrier.spec["tuning"], slots_done=0)
+    tuning = _tuning_of(plan.carrier)
+    schedule = _schedule(tuning, slots_done=0)
     assert schedule is not None  # every tuning planned now has one
     return TuningEstimate(
         epsilon_reserved=plan.carrier.epsilon_ledger,
@@ -153,8 +144,8 @@ def estimate(
         delta=plan.carrier.delta,
         admissible=ledger.check_admissible(budget, plan.carrier.curve) is not None,
         budget_remaining_epsilon=ledger.remaining_epsilon(budget),
-        candidates=_candidates(plan.carrier.spec["tuning"]),
-        trials=_trials(plan.carrier.spec["tuning"]),
+        candidates=tuning.public_candidates(),
+        trials=_trials(tuning),
         schedule=schedule,
         init_chain=init_chain_estimate(plan.carrier),
     )

@@ -26,6 +26,7 @@ from kernel.errors import InvalidInput, NotFound
 from kernel.jobs.status import JobStatus
 from kernel.model_catalogue import get_model
 from kernel.schemas.jobs import ModelInit
+from kernel.schemas.stored_spec import stored_spec
 from kernel.storage.blobs import BlobStore
 
 
@@ -97,7 +98,7 @@ def resolve_init(
     facts = facts_of(start_dataset)
     return InitSource(
         architecture=job.model_name,
-        params=dict(job.spec["model"]["params"]),
+        params=dict(stored_spec(job).model.params),
         input_shape=tuple(start_dataset.feature_shape),
         provenance={
             "kind": "job",

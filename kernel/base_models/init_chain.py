@@ -20,7 +20,7 @@ hash is decided when it is shown (kernel/reporting/init_visibility.py).
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,9 +29,7 @@ from kernel.datasets.facts import public_class_list
 from kernel.db.orm import Dataset, Job, LedgerEntry
 from kernel.jobs.status import JobStatus
 from kernel.ledger.operations import COMMIT
-
-DataRelation = Literal["this-dataset", "same-content", "same-content-other-unit", "other-dataset", "public-dataset"]
-"""How a chain job's training data relates to the new job's dataset."""
+from kernel.schemas.stored_spec import BaseModelStart, DataRelation, JobStart, stored_spec
 
 COMPOSES_WITH_THIS_DATASET: Final[frozenset[str]] = frozenset({"this-dataset", "same-content"})
 """Relations whose events are the same rows under the same privacy unit: composed into the guarantee."""
@@ -101,18 +99,17 @@ def chain_link(
     }
 
 
-def _origin(job: Job) -> dict[str, Any]:
+def _origin(init: BaseModelStart | None) -> dict[str, Any]:
     """Where the deepest chain job's weights started: a base model (as its provenance recorded it
     at that job's submission), or a fresh, data-independent initialisation."""
-    init = job.spec.get("init")
     if init is None:
         return {"kind": "fresh"}
     return {
         "kind": "base-model",
-        "base_model_id": init.get("base_model_id"),
-        "name": init.get("name"),
-        "source": init.get("source"),
-        "sha256": init.get("sha256"),
+        "base_model_id": init.base_model_id,
+        "name": init.name,
+        "source": init.source,
+        "sha256": init.sha256,
     }
 
 
@@ -148,10 +145,10 @@ def resolve_chain(session: Session, start: Job, *, dataset: Dataset) -> dict[str
         link["group"] = None if chain_dataset.public else _group(chain_dataset, datasets, dataset=dataset)
         links.append(link)
         datasets.append(chain_dataset)
-        init = job.spec.get("init")
-        if init is None or init.get("kind") != "job":
-            return {"links": links, "origin": _origin(job)}
-        job = session.get(Job, init["job_id"])
+        init = stored_spec(job).init
+        if not isinstance(init, JobStart):
+            return {"links": links, "origin": _origin(init)}
+        job = session.get(Job, init.job_id)
         if job is None:
-            return {"links": links, "origin": {"kind": "unavailable", "job_id": init["job_id"]}}
+            return {"links": links, "origin": {"kind": "unavailable", "job_id": init.job_id}}
     return {"links": links, "origin": {"kind": "unavailable", "job_id": None if job is None else job.id}}

@@ -29,6 +29,7 @@ from kernel.db.orm import BaseModelRecord, Job
 from kernel.errors import Conflict, InvalidInput, not_found
 from kernel.jobs.status import ACTIVE_STATUSES
 from kernel.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
+from kernel.schemas.stored_spec import StoredJobSpec, parse_stored_spec
 from kernel.storage.blobs import BlobStore, PendingBlob
 from kernel.storage.references import discard_unreferenced_blob, lock_blob_key
 
@@ -245,11 +246,12 @@ def jobs_using(session: Session, base_model_id: str, *, active_only: bool) -> li
     query = select(Job.id, Job.spec)
     if active_only:
         query = query.where(Job.status.in_(ACTIVE_STATUSES))
-    return [
-        job_id
-        for job_id, spec in session.execute(query)
-        if ((spec.get("model") or {}).get("init") or {}).get("base_model_id") == base_model_id
-    ]
+    return [job_id for job_id, spec in session.execute(query) if _starts_from(parse_stored_spec(spec)) == base_model_id]
+
+
+def _starts_from(spec: StoredJobSpec) -> str | None:
+    """The base model a job's request named as its start, if any."""
+    return None if spec.model.init is None else spec.model.init.base_model_id
 
 
 def delete_base_model(db: Database, blobs: BlobStore, *, tenant_id: str, base_model_id: str) -> None:

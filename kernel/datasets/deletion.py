@@ -48,6 +48,7 @@ from kernel.jobs import lifecycle
 from kernel.jobs.private_files import JobPrivateFiles
 from kernel.jobs.status import ACTIVE_STATUSES, JobStatus
 from kernel.ledger import operations as ledger
+from kernel.schemas.stored_spec import JobStart, StoredJobSpec, parse_stored_spec, stored_spec
 from kernel.storage.blobs import BlobStore, blob_store_from_settings
 from kernel.storage.erasure import erase_blob, evict_erased_copies
 
@@ -121,12 +122,13 @@ def _models_to_delete(session: Session, dataset: Dataset) -> dict[str, str]:
     return {job_id: key for job_id, key in rows if key is not None}
 
 
-def _init_job_ids(spec: dict[str, Any]) -> set[str]:
+def _init_job_ids(spec: StoredJobSpec) -> set[str]:
     """The job whose model a job starts from, as requested (``model.init``) and as planned (``init``)."""
     found = set()
-    for init in ((spec.get("model") or {}).get("init"), spec.get("init")):
-        if isinstance(init, dict) and isinstance(init.get("job_id"), str):
-            found.add(init["job_id"])
+    if spec.model.init is not None and spec.model.init.job_id is not None:
+        found.add(spec.model.init.job_id)
+    if isinstance(spec.init, JobStart):
+        found.add(spec.init.job_id)
     return found
 
 
@@ -137,7 +139,7 @@ def _in_use_as_init(session: Session, job_ids: Iterable[str]) -> set[str]:
         return set()
     used: set[str] = set()
     for (spec,) in session.execute(select(Job.spec).where(Job.status.in_(ACTIVE_STATUSES))):
-        used |= _init_job_ids(spec) & wanted
+        used |= _init_job_ids(parse_stored_spec(spec)) & wanted
     return used
 
 
@@ -219,7 +221,7 @@ class DatasetEraser:
             job = session.get(Job, job_id)
             candidates = {job.dataset_id} if job is not None else set()
             if job is not None:
-                for init_job in _init_job_ids(job.spec):
+                for init_job in _init_job_ids(stored_spec(job)):
                     source = session.get(Job, init_job)
                     if source is not None:
                         candidates.add(source.dataset_id)

@@ -207,23 +207,23 @@ def _pair(value: object, where: str) -> tuple[float, float]:
     return _number(value[0], f"{where}[0]"), _number(value[1], f"{where}[1]")
 
 
-def _min_max(spec: dict[str, Any], where: str) -> MinMax:
-    low, high = _pair(spec["bounds"], f"{where}.bounds")
+def _min_max(scaling: dict[str, Any], where: str) -> MinMax:
+    low, high = _pair(scaling["bounds"], f"{where}.bounds")
     if not low < high or not math.isfinite(high - low):
         raise _refuse(f"{where}.bounds must have low < high (and a finite width)")
-    target = _pair(spec.get("range", [0, 1]), f"{where}.range")
+    target = _pair(scaling.get("range", [0, 1]), f"{where}.range")
     if target not in TARGET_RANGES:
         raise _refuse(f"{where}.range must be [0, 1] or [-1, 1]")
     return MinMax(low=low, high=high, target=target)
 
 
-def _standardise(spec: dict[str, Any], where: str) -> Standardise:
-    if "scale" not in spec:
+def _standardise(scaling: dict[str, Any], where: str) -> Standardise:
+    if "scale" not in scaling:
         raise _refuse(f"{where} needs both center and scale")
-    scale = _number(spec["scale"], f"{where}.scale")
+    scale = _number(scaling["scale"], f"{where}.scale")
     if scale <= 0:
         raise _refuse(f"{where}.scale must be positive")
-    return Standardise(center=_number(spec["center"], f"{where}.center"), scale=scale)
+    return Standardise(center=_number(scaling["center"], f"{where}.center"), scale=scale)
 
 
 @dataclass(frozen=True)

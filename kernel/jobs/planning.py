@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,8 @@ from kernel.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIE
 from kernel.privacy.orders import Curve
 from kernel.privacy.ranges import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
 from kernel.registry import Registry
-from kernel.schemas.jobs import EvaluationSpec, JobCreate, TrainingSpec
+from kernel.schemas.jobs import JobCreate, TrainingSpec
+from kernel.schemas.stored_spec import StoredJobSpec, admitted_spec, parse_stored_spec
 from privtrain_common.directed_rounding import format_remaining
 
 if TYPE_CHECKING:
@@ -565,12 +566,7 @@ def plan_job(
         curve = privacy.rdp_curve(event)
     except privacy.PrivacyEventError as exc:
         raise _invalid("invalid-job-spec", f"the job's privacy cost cannot be computed: {exc}") from None
-    normalised = spec.model_dump(mode="json")
-    normalised["model"]["params"] = model_params
-    normalised["algorithm"]["hyperparameters"] = hyperparameters.model_dump(mode="json")
-    normalised["training"] = training.model_dump(mode="json")
-    if normalised["privacy"] is not None:
-        normalised["privacy"]["delta"] = delta
+    start: dict[str, Any] | None = None
     if init is not None:  # where the weights start, as the report states it
         from kernel.base_models.init import dataset_classes, head_is_new  # here: that module imports this one
 
@@ -583,7 +579,15 @@ def plan_job(
                 "newly initialised; start from a model trained on the same classes, or use finetune full or "
                 "last_k_blocks",
             )
-        normalised["init"] = {**init.provenance, "new_head": new_head}
+        start = {**init.provenance, "new_head": new_head}
+    normalised = admitted_spec(
+        spec,
+        params=model_params,
+        hyperparameters=hyperparameters.model_dump(mode="json"),
+        training=training,
+        delta=delta,
+        init=start,
+    )
     if dataset.public:  # nothing is reserved or charged: the dataset has no budget
         charged_curve: tuple[float, ...] = tuple(0.0 for _ in curve)
         epsilon_ledger, epsilon_prv, epsilon_prv_method = 0.0, None, None
@@ -595,7 +599,7 @@ def plan_job(
         epsilon_ledger = privacy.ledger_epsilon(curve, delta)
         epsilon_prv, epsilon_prv_method = tight.epsilon, tight.method
     return JobPlan(
-        spec=normalised,
+        spec=normalised.to_json(),
         algorithm=algorithm,
         model_name=model.name,
         hyperparameters=hyperparameters,
@@ -623,20 +627,21 @@ class RebuiltJob:
     training: TrainingSpec
 
 
-def rebuild_job(stored_spec: dict[str, Any], algorithm_name: str, dataset: Dataset) -> RebuiltJob:
+def rebuild_job(spec: StoredJobSpec | Mapping[str, Any], algorithm_name: str, dataset: Dataset) -> RebuiltJob:
     """The plan of an admitted job, from its stored (normalised) spec and the dataset's facts,
-    with the hyperparameters and training spec it was priced with (re-validated here).
+    with the hyperparameters and training spec it was priced with (re-validated here). ``spec``:
+    the typed view, or the dict a job row holds.
 
     The worker uses it to check that what it runs is what was charged, and trains with its
     hyperparameters; the HTML report redraws ε against steps. The stored spec already holds
     every default the planner filled in.
     """
     facts = facts_of(dataset)
-    evaluation_spec = stored_spec.get("evaluation")
-    evaluation = plan_evaluation(EvaluationSpec.model_validate(evaluation_spec), facts) if evaluation_spec else None
+    stored = spec if isinstance(spec, StoredJobSpec) else parse_stored_spec(spec)
+    evaluation = None if stored.evaluation is None else plan_evaluation(stored.evaluation.validated(), facts)
     algorithm = get_algorithm(algorithm_name)
-    hyperparameters = algorithm.validate_hyperparameters(stored_spec["algorithm"]["hyperparameters"])
-    training = TrainingSpec.model_validate(stored_spec["training"])
+    hyperparameters = algorithm.validate_hyperparameters(stored.algorithm.hyperparameters)
+    training = stored.training.validated()
     plan = algorithm.plan(
         hyperparameters,
         training,
@@ -647,8 +652,8 @@ def rebuild_job(stored_spec: dict[str, Any], algorithm_name: str, dataset: Datas
 
 
 def rebuild_plan(
-    stored_spec: dict[str, Any], algorithm_name: str, dataset: Dataset
+    spec: StoredJobSpec | Mapping[str, Any], algorithm_name: str, dataset: Dataset
 ) -> tuple[PrivacyPlan, EvaluationPlan | None]:
     """The (plan, evaluation) part of :func:`rebuild_job`."""
-    rebuilt = rebuild_job(stored_spec, algorithm_name, dataset)
+    rebuilt = rebuild_job(spec, algorithm_name, dataset)
     return rebuilt.plan, rebuilt.evaluation

@@ -15,6 +15,7 @@ from kernel.errors import InvalidInput
 from kernel.jobs.planning import JobPlan
 from kernel.model_catalogue import get_model
 from kernel.schemas.jobs import JobCreate
+from kernel.schemas.stored_spec import stored_spec
 
 __all__ = ["route_job"]
 
@@ -30,5 +31,5 @@ def route_job(spec: JobCreate, plan: JobPlan, facts: DatasetFacts, settings: Set
                 f"not {asked!r}; leave it out to let the model's size decide",
             )
         return asked
-    parameters = get_model(plan.model_name).parameter_count(plan.spec["model"]["params"], facts)
+    parameters = get_model(plan.model_name).parameter_count(stored_spec(plan).model.params, facts)
     return settings.cpu_queue if parameters <= settings.cpu_job_max_parameters else settings.task_queue

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from kernel import privacy
 from kernel.db.orm import Dataset
@@ -26,13 +26,24 @@ from kernel.privacy.curves import add_curves, max_curves, zero_curve
 from kernel.privacy.events import BoundedPoissonTrials, BoundedTrialDistribution, BoundedTruncatedNegativeBinomial
 from kernel.privacy.tuning import bounded_for_mean
 from kernel.schemas.jobs import JobCreate
+from kernel.schemas.stored_spec import (
+    StoredCandidate,
+    StoredJobSpec,
+    StoredSchedule,
+    StoredSearchRange,
+    StoredSelection,
+    StoredTrials,
+    StoredTuning,
+    parse_stored_spec,
+    stored_spec,
+)
 from kernel.schemas.tuning import TrialsSpec, TuningCreate
 from kernel.tuning.search_space import Assignment, apply, candidate_pool
 
 DEFAULT_ETA: Final[float] = 0.0
 """The logarithmic distribution: for the same mean, its bound is the lowest of the η Papernot and
 Steinke recommend when the trials are costly (docs/tuning.md)."""
-METRIC_DIRECTIONS: Final[dict[str, str]] = {"accuracy": "max", "mse": "min", "perplexity": "min"}
+METRIC_DIRECTIONS: Final[dict[str, Literal["max", "min"]]] = {"accuracy": "max", "mse": "min", "perplexity": "min"}
 
 
 def _invalid(detail: str, slug: str = "invalid-tuning-spec") -> InvalidInput:
@@ -70,22 +81,25 @@ def distribution_for(trials: TrialsSpec, *, max_trials: int) -> BoundedTrialDist
     )
 
 
-def distribution_json(distribution: TrialDistribution) -> dict[str, Any]:
+def stored_trials(distribution: TrialDistribution) -> StoredTrials:
     """The public description stored with the tuning (and shown in its view)."""
     maximum = getattr(distribution, "maximum", None)
     bound = {} if maximum is None else {"maximum": maximum}
+    mean = privacy.expected_trials(distribution)
     if isinstance(distribution, (PoissonTrials, BoundedPoissonTrials)):
-        return {"distribution": "poisson", "parameters": {"mean": distribution.mean}, **bound}
-    return {
-        "distribution": "truncated-negative-binomial",
-        "parameters": {"eta": distribution.eta, "gamma": distribution.gamma},
+        return StoredTrials(distribution="poisson", parameters={"mean": distribution.mean}, **bound, mean=mean)
+    assert isinstance(distribution, (TruncatedNegativeBinomial, BoundedTruncatedNegativeBinomial))
+    return StoredTrials(
+        distribution="truncated-negative-binomial",
+        parameters={"eta": distribution.eta, "gamma": distribution.gamma},
         **bound,
-    }
+        mean=mean,
+    )
 
 
-def distribution_from_json(stored: dict[str, Any]) -> TrialDistribution:
-    parameters, maximum = stored["parameters"], stored.get("maximum")
-    if stored["distribution"] == "poisson":
+def distribution_from_stored(stored: StoredTrials) -> TrialDistribution:
+    parameters, maximum = stored.parameters, stored.maximum
+    if stored.distribution == "poisson":
         mean = float(parameters["mean"])
         return PoissonTrials(mean=mean) if maximum is None else BoundedPoissonTrials(mean=mean, maximum=int(maximum))
     eta, gamma = float(parameters["eta"]), float(parameters["gamma"])
@@ -94,7 +108,7 @@ def distribution_from_json(stored: dict[str, Any]) -> TrialDistribution:
     return BoundedTruncatedNegativeBinomial(eta=eta, gamma=gamma, maximum=int(maximum))
 
 
-def schedule_for(request: TuningCreate, *, slots: int, limits: TuningLimits) -> dict[str, Any]:
+def schedule_for(request: TuningCreate, *, slots: int, limits: TuningLimits) -> StoredSchedule:
     """The tuning's public slots: one per possible trial, each the trial time limit plus a margin
     long. The base spec must bound a trial's time: every slot lasts that long whatever it held."""
     limit = request.base.training.time_limit_s
@@ -112,12 +126,9 @@ def schedule_for(request: TuningCreate, *, slots: int, limits: TuningLimits) -> 
             f"a slot would last {slot_seconds:g} s (base.training.time_limit_s {limit:g} + a margin of "
             f"{limits.slot_margin_s:g} s), above this service's limit of {limits.max_slot_seconds:g} s for one task"
         )
-    return {
-        "slots": slots,
-        "trial_time_limit_s": limit,
-        "slot_seconds": slot_seconds,
-        "parallel_slots": limits.parallel_slots,
-    }
+    return StoredSchedule(
+        slots=slots, trial_time_limit_s=limit, slot_seconds=slot_seconds, parallel_slots=limits.parallel_slots
+    )
 
 
 @dataclass(frozen=True)
@@ -211,34 +222,31 @@ def plan_tuning(
     epsilon_one_trial = privacy.ledger_epsilon(worst, delta)
     epsilon_separate_jobs = privacy.ledger_epsilon(_scaled(worst, separate), delta)
     first = trials[0].plan
-    carrier_spec = {
-        **first.spec,
-        "tuning": {
-            "search_space": {
-                path: values if isinstance(values, list) else values.model_dump(mode="json")
-                for path, values in request.search_space.items()
-            },
-            "trials": {**distribution_json(distribution), "mean": privacy.expected_trials(distribution)},
-            "schedule": schedule,
-            "selection": {"metric": request.selection.metric, "goal": METRIC_DIRECTIONS[request.selection.metric]},
-            "epsilon_one_trial": epsilon_one_trial,
-            "epsilon_separate_jobs": epsilon_separate_jobs,
-            "candidates": [
-                {
-                    "assignment": trial.assignment,
-                    "spec": trial.plan.spec,
-                    "noise_multiplier": trial.plan.noise_multiplier,
-                    "sampling_probability": trial.plan.plan.sampling_probability,
-                    "steps": trial.plan.plan.steps,
-                    "epsilon_ledger": trial.plan.epsilon_ledger,
-                }
-                for trial in trials
-            ],
+    tuning = StoredTuning(
+        search_space={
+            path: values if isinstance(values, list) else StoredSearchRange(**values.model_dump())
+            for path, values in request.search_space.items()
         },
-    }
+        trials=stored_trials(distribution),
+        schedule=schedule,
+        selection=StoredSelection(metric=request.selection.metric, goal=METRIC_DIRECTIONS[request.selection.metric]),
+        epsilon_one_trial=epsilon_one_trial,
+        epsilon_separate_jobs=epsilon_separate_jobs,
+        candidates=[
+            StoredCandidate(
+                assignment=trial.assignment,
+                spec=stored_spec(trial.plan),
+                noise_multiplier=trial.plan.noise_multiplier,
+                sampling_probability=trial.plan.plan.sampling_probability,
+                steps=trial.plan.plan.steps,
+                epsilon_ledger=trial.plan.epsilon_ledger,
+            )
+            for trial in trials
+        ],
+    )
     carrier = dataclasses.replace(
         first,
-        spec=carrier_spec,
+        spec=stored_spec(first).with_tuning(tuning).to_json(),
         event_json=privacy.event_to_json(event),
         curve=curve,
         epsilon_ledger=privacy.ledger_epsilon(curve, delta),
@@ -265,10 +273,21 @@ def _scaled(curve: tuple[float, ...], times: int) -> tuple[float, ...]:
 class RebuiltCandidate:
     """One configuration of an admitted tuning, re-derived from its stored spec."""
 
-    assignment: Assignment
+    stored: StoredCandidate
     rebuilt: RebuiltJob
-    noise_multiplier: float
-    spec: dict[str, Any]
+
+    @property
+    def assignment(self) -> Assignment:
+        return dict(self.stored.assignment)
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.stored.noise_multiplier
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The candidate's spec as stored (the dict a job row of it holds)."""
+        return self.stored.spec.to_json()
 
     @property
     def steps(self) -> int:
@@ -290,30 +309,27 @@ class RebuiltCandidate:
         )
 
 
-def is_tuning(spec: dict[str, Any]) -> bool:
-    return isinstance(spec.get("tuning"), dict)
+def is_tuning(spec: StoredJobSpec | Mapping[str, Any]) -> bool:
+    """Whether a stored spec (typed, or the dict a job row holds) is a tuning's."""
+    return (spec if isinstance(spec, StoredJobSpec) else parse_stored_spec(spec)).is_tuning
 
 
 def rebuild_candidates(
-    spec: dict[str, Any], algorithm: str, dataset: Dataset, charged_event: dict[str, Any]
+    spec: StoredJobSpec | Mapping[str, Any], algorithm: str, dataset: Dataset, charged_event: dict[str, Any]
 ) -> tuple[TrialDistribution, tuple[RebuiltCandidate, ...]]:
     """Every stored candidate re-validated and re-planned; raises when their tuning event is not the
-    one the job was charged (the worker then refuses the job)."""
-    tuning = spec["tuning"]
-    distribution = distribution_from_json(tuning["trials"])
+    one the job was charged (the worker then refuses the job). ``spec``: the tuning job's stored
+    spec, typed or the dict its row holds."""
+    tuning = (spec if isinstance(spec, StoredJobSpec) else parse_stored_spec(spec)).tuning
+    if tuning is None:
+        raise RuntimeError("the job is not a tuning")
+    distribution = distribution_from_stored(tuning.trials)
     candidates = []
-    for stored in tuning["candidates"]:
-        rebuilt = rebuild_job(stored["spec"], algorithm, dataset)
-        if rebuilt.plan.steps != int(stored["steps"]):
+    for stored in tuning.candidates:
+        rebuilt = rebuild_job(stored.spec, algorithm, dataset)
+        if rebuilt.plan.steps != stored.steps:
             raise RuntimeError("a candidate's steps differ from its re-derived plan")
-        candidates.append(
-            RebuiltCandidate(
-                assignment=dict(stored["assignment"]),
-                rebuilt=rebuilt,
-                noise_multiplier=float(stored["noise_multiplier"]),
-                spec=stored["spec"],
-            )
-        )
+        candidates.append(RebuiltCandidate(stored=stored, rebuilt=rebuilt))
     event = tuning_event(distribution, [candidate.event_json() for candidate in candidates])
     if privacy.event_to_json(event) != charged_event:
         raise RuntimeError("the tuning's stored event differs from its re-derived candidates")

@@ -255,7 +255,18 @@ def test_lora_is_refused_when_the_head_would_start_fresh() -> None:
     params = get_model("transformer-classifier").validate(dict(spec.model.params), facts_of(dataset))
 
     def init(n_outputs: int) -> InitSource:
-        provenance = {"kind": "job", "job_id": "job_base", "n_outputs": n_outputs, "classes": None}
+        provenance = {
+            "kind": "job",
+            "job_id": "job_base",
+            "dataset_id": "ds_base",
+            "dataset_public": True,
+            "sha256": "0" * 64,
+            "architecture": "transformer-classifier",
+            "n_outputs": n_outputs,
+            "epsilon": None,
+            "delta": None,
+            "classes": None,
+        }
         return InitSource("transformer-classifier", params, (12,), provenance)
 
     with pytest.raises(InvalidInput) as refused:
