@@ -65,7 +65,7 @@ def run_private(
     sigma = privacy.calibrate_noise_multiplier(
         lambda s: plan.event_for(s, plan.steps), target_epsilon=target_epsilon, delta=delta
     )
-    epsilon = privacy.ledger_epsilon(privacy.rdp_curve(plan.event_for(sigma, plan.steps)), delta)
+    epsilon = privacy.RdpAccountant().compose(plan.event_for(sigma, plan.steps)).epsilon(delta)
     model = build_model(
         "linear-regression" if classes is None else "logistic-regression", {}, input_shape=(d,), n_outputs=classes or 1
     )

@@ -11,8 +11,6 @@ The client and CLI need httpx and click only; ``load_model`` needs torch and saf
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from privtrain.client import Client
 from privtrain.errors import (
     AlreadyRegistered,
@@ -44,6 +42,7 @@ from privtrain.resources import (
     Tokenizer,
 )
 from privtrain.specs import build_job_spec
+from privtrain.version import __version__
 
 __all__ = [
     "Algorithm",

@@ -7,7 +7,6 @@ are retried as :mod:`privtrain.retry` allows; list endpoints are followed page b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -19,8 +18,8 @@ from urllib.parse import quote
 
 import httpx
 
-from privtrain import __version__
-from privtrain.errors import IntegrityError, TransportError, WaitTimeout, error_for
+from privtrain.errors import TransportError, WaitTimeout, error_for
+from privtrain.event_stream import events_from_stream
 from privtrain.events import ProgressSource, poll_progress
 from privtrain.progress import ProgressBar
 from privtrain.resources import (
@@ -40,15 +39,14 @@ from privtrain.resources import (
     TuningJob,
 )
 from privtrain.retry import RetryNotice, RetryPolicy
-from privtrain.sse import events_from_stream
+from privtrain.transfers import ModelDownload, upload_body
+from privtrain.version import __version__
 
 R = TypeVar("R")
 T = TypeVar("T", bound=Resource)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-UPLOAD_CHUNK_BYTES = 1 << 16
 EVENTS_PAGE = 500
-FORMAT_BY_SUFFIX = {".csv": "csv", ".npz": "npz", ".zip": "zip", ".jsonl": "jsonl"}
 
 
 def _image_size(size: int | tuple[int, int] | None) -> str | None:
@@ -70,12 +68,6 @@ def _error_body(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return response.text
-
-
-def _file_chunks(path: Path) -> Iterator[bytes]:
-    with path.open("rb") as handle:
-        while chunk := handle.read(UPLOAD_CHUNK_BYTES):
-            yield chunk
 
 
 class Client:
@@ -264,18 +256,9 @@ class Client:
         the dataset's guarantee is then per person, not per row (docs/privacy-units.md); its exact row
         count is then shown to the owner only, unless ``n_rows_public=True`` declares it public.
         """
-        if isinstance(source, bytes):
-            data = source
-            content: Callable[[], bytes | Iterator[bytes]] = lambda: data  # noqa: E731
-            headers: dict[str, str] = {}
-            inferred_format, inferred_name = None, None
-        else:
-            path = Path(source)
-            size = path.stat().st_size
-            content = lambda: _file_chunks(path)  # noqa: E731
-            headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
-            inferred_format, inferred_name = FORMAT_BY_SUFFIX.get(path.suffix.lower()), path.stem
-        fmt = format or inferred_format
+        body = upload_body(source if isinstance(source, bytes) else Path(source))
+        inferred_name = body.inferred_name
+        fmt = format or body.inferred_format
         if fmt is None:
             raise ValueError(
                 "give format= ('csv', 'npz', 'zip' or 'jsonl'): it cannot be inferred from bytes or this suffix"
@@ -304,13 +287,13 @@ class Client:
             "privacy_unit_column": privacy_unit_column,
             "n_rows_public": "true" if n_rows_public else None,
         }
-        headers["Idempotency-Key"] = idempotency_key or uuid.uuid4().hex
+        headers = {**body.headers, "Idempotency-Key": idempotency_key or uuid.uuid4().hex}
         return Dataset.from_api(
             self._call(
                 "POST",
                 "/v1/datasets",
                 replay_safe=True,
-                content=content,
+                content=body.content,
                 headers=headers,
                 params={k: v for k, v in params.items() if v is not None},
             )
@@ -649,42 +632,13 @@ class Client:
         target = Path(path)
         if target.is_dir():
             target = target / f"{job_id}.safetensors"
-        partial = target.with_name(target.name + ".part")
-
-        def write(response: httpx.Response) -> Path:
-            expected = response.headers.get("x-content-sha256")
-            if response.is_redirect:
-                with (
-                    httpx.Client(timeout=self._http.timeout) as store,
-                    store.stream("GET", response.headers["location"]) as fetched,
-                ):
-                    if fetched.status_code >= 400:
-                        raise TransportError(
-                            title="Download failed",
-                            detail=f"the object store answered {fetched.status_code} for the model's pre-signed URL",
-                        )
-                    return save(fetched, expected)
-            return save(response, expected)
-
-        def save(response: httpx.Response, expected: str | None) -> Path:
-            digest = hashlib.sha256()
-            with partial.open("wb") as handle:
-                for chunk in response.iter_bytes():
-                    digest.update(chunk)
-                    handle.write(chunk)
-            if expected and expected != digest.hexdigest():
-                partial.unlink(missing_ok=True)
-                raise IntegrityError(
-                    title="Corrupted download",
-                    detail=f"model sha256 {digest.hexdigest()} != announced {expected}",
-                )
-            partial.replace(target)
-            return target
-
+        download = ModelDownload(
+            target=target, partial=target.with_name(target.name + ".part"), timeout=self._http.timeout
+        )
         try:
-            return self._call("GET", f"/v1/jobs/{_segment(job_id)}/model", replay_safe=True, consume=write)
+            return self._call("GET", f"/v1/jobs/{_segment(job_id)}/model", replay_safe=True, consume=download.consume)
         finally:
-            partial.unlink(missing_ok=True)
+            download.partial.unlink(missing_ok=True)
 
     def wait(
         self,

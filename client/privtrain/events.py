@@ -3,24 +3,36 @@
 A progress source yields :class:`JobProgress` snapshots until the job is terminal. The default
 polls the JSON events endpoint and the job; a Server-Sent-Events source can replace it with the
 same signature, and ``Client.wait(progress_source=...)`` / ``privtrain jobs watch`` take it as is.
+A source reads through :class:`JobFeed`, which :class:`privtrain.Client` is (so this module
+needs nothing of the client).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Generator, Iterator
+from typing import Protocol
 
 from privtrain.progress import JobProgress
+from privtrain.resources import Job, JobEvent
 
-if TYPE_CHECKING:
-    from privtrain.client import Client
+
+class JobFeed(Protocol):
+    """What a progress source reads: the job, its events (pages or a stream) and a pause."""
+
+    sleep: Callable[[float], None]
+
+    def get_job(self, job_id: str) -> Job: ...
+
+    def events(self, job_id: str, *, after: int = 0) -> list[JobEvent]: ...
+
+    def stream_events(self, job_id: str, *, after: int = 0) -> Generator[JobEvent, None, None]: ...
 
 
 class ProgressSource(Protocol):
-    def __call__(self, client: Client, job_id: str, *, poll_interval: float) -> Iterator[JobProgress]: ...
+    def __call__(self, client: JobFeed, job_id: str, *, poll_interval: float) -> Iterator[JobProgress]: ...
 
 
-def poll_progress(client: Client, job_id: str, *, poll_interval: float) -> Iterator[JobProgress]:
+def poll_progress(client: JobFeed, job_id: str, *, poll_interval: float) -> Iterator[JobProgress]:
     """Poll the job, then its new events; ε spent is the latest event that reports it.
 
     The job is read before the events, so the events seen always include the one that moved the

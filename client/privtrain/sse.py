@@ -4,56 +4,30 @@ Same signature as :func:`privtrain.events.poll_progress`, so ``Client.wait`` and
 ``privtrain jobs watch --sse`` take either. One GET of the job at the start and one at the end;
 in between the snapshot is advanced by the events themselves (a registry of event kind →
 update). A stream the server ends early (its maximum stream life) is resumed with
-``Last-Event-ID``: no gaps, no repeats.
+``Last-Event-ID``: no gaps, no repeats. The stream's parsing is :mod:`privtrain.event_stream`
+(re-exported here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from privtrain.event_stream import ACCESS_REVOKED, SseMessage, events_from_stream, parse_sse
+from privtrain.events import JobFeed
 from privtrain.progress import JobProgress
 from privtrain.resources import TERMINAL_STATUSES, Job, JobEvent
 
-if TYPE_CHECKING:
-    from privtrain.client import Client
-
-
-@dataclass(frozen=True)
-class SseMessage:
-    id: str | None
-    event: str
-    data: str
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
-    """The WHATWG event-stream format: ``field: value`` lines, a blank line ends a message,
-    ``:`` starts a comment (keep-alives), several ``data`` lines are joined with newlines."""
-    event = "message"
-    data: list[str] = []
-    last_id: str | None = None
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if not line:
-            if data:
-                yield SseMessage(id=last_id, event=event, data="\n".join(data))
-            event, data = "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event = value
-        elif name == "id":
-            last_id = value
-        # "retry" and unknown fields are ignored: the client decides its own reconnect policy
+__all__ = [
+    "ACCESS_REVOKED",
+    "EVENT_UPDATES",
+    "SseMessage",
+    "events_from_stream",
+    "parse_sse",
+    "sse_progress",
+]
 
 
 def _epsilon(event: JobEvent, current: float | None) -> float | None:
@@ -91,7 +65,7 @@ EVENT_UPDATES: dict[str, Callable[[Job, dict[str, Any]], Job]] = {
 }
 
 
-def sse_progress(client: Client, job_id: str, *, poll_interval: float) -> Iterator[JobProgress]:
+def sse_progress(client: JobFeed, job_id: str, *, poll_interval: float) -> Iterator[JobProgress]:
     """Snapshots from the event stream; ``poll_interval`` is only the pause before a reconnect."""
     job = client.get_job(job_id)
     epsilon_spent: float | None = None
@@ -114,19 +88,3 @@ def sse_progress(client: Client, job_id: str, *, poll_interval: float) -> Iterat
         if job.is_terminal:  # it may have ended while no stream was open: its last events
             for event in client.events(job_id, after=after):
                 epsilon_spent = _epsilon(event, epsilon_spent)
-
-
-ACCESS_REVOKED = "access-revoked"
-"""The server's last message on a stream whose reader lost access; it carries no job data."""
-
-
-def events_from_stream(lines: Iterable[str]) -> Iterator[JobEvent]:
-    """Job events from an event-stream body (each ``data`` is one JobEventOut as JSON).
-
-    ``access-revoked`` (the key was revoked or the job may no longer be read) ends the body; the
-    caller's reconnect then meets the server's 401/404 and raises it as a proper error.
-    """
-    for message in parse_sse(lines):
-        if message.event == ACCESS_REVOKED:
-            return
-        yield JobEvent.from_api(json.loads(message.data))

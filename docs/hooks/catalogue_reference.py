@@ -37,8 +37,9 @@ its privacy calibration: [Algorithms](../algorithms/index.md).
 
 _MODELS_INTRO = """# Model catalogue
 
-Generated from the model registry (`kernel.model_catalogue.MODELS`) when the site is built: the same
-entries as `GET /v1/models`. A model that cannot take a dataset is refused at submission (422).
+Generated from the zoo's table (`privtrain_common.zoo.catalogue`, as the service validates it in
+`kernel.model_catalogue.MODELS`) when the site is built: the same entries as `GET /v1/models`.
+A model that cannot take a dataset is refused at submission (422).
 Each entry lists its fine-tuning blocks with the default params (`finetune_blocks`), first to
 last: `training.finetune: last_k_blocks` trains the last `finetune_k` of them, and a larger
 `finetune_k` is refused at submission (see [fine-tuning blocks](../pretraining-and-finetuning.md#fine-tuning-blocks)).

@@ -209,7 +209,7 @@ def _ledger_epsilon_at(job: JobPlan, sigma: float | None) -> float:
     smallest admitted σ (the target that calibrates to it); 0 when no σ ≤ 1e6 fits."""
     if sigma is None:
         return 0.0
-    return privacy.ledger_epsilon(privacy.rdp_curve(job.event_for_sigma(sigma)), job.delta)
+    return privacy.RdpAccountant().compose(job.event_for_sigma(sigma)).epsilon(job.delta)
 
 
 def _accepted_sigma(sigma: float | None, job: JobPlan) -> tuple[float | None, str | None]:

@@ -201,7 +201,7 @@ def _capacity(epsilon: Any, delta: Any) -> Curve | None:
 def _derived_curve(event: Any) -> Curve | str:
     """The curve the current accountant gives the event JSON, or why it has none."""
     try:
-        return privacy.rdp_curve(privacy.event_from_json(event))
+        return privacy.RdpAccountant().compose(privacy.event_from_json(event)).curve
     except (TypeError, ValueError) as error:  # PrivacyEventError is a ValueError
         return f"event JSON does not parse as a privacy event ({error})"
 

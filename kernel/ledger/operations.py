@@ -262,7 +262,7 @@ def commit(
 ) -> LedgerEntry:
     """Commit the actual cost (≤ reserved) and release the remainder of the reservation."""
     _require_open_reservation(session, job)
-    actual = privacy.rdp_curve(privacy.event_from_json(actual_event))
+    actual = privacy.RdpAccountant().compose(privacy.event_from_json(actual_event)).curve
     reserved = reservation_curve(session, job.id)
     if any(a > r for a, r in zip(actual, reserved, strict=True)):
         raise LedgerStateError(f"job {job.id}: actual cost exceeds its reservation")

@@ -1,10 +1,25 @@
 """Torch-free privacy math for privtrain: events, RDP curves, the Rényi filter, calibration, PRV,
 the tight single-job ε of the report, and private hyperparameter tuning.
 
+Every accountant (the ledger's RDP, and the report's single-job ones) meets one contract,
+:class:`PrivacyAccountant` (``supports`` / ``compose`` / ``epsilon`` / ``delta``), and refuses an
+event outside its model with :class:`UnsupportedEvent` (docs/privacy-model.md#accountants).
+
 Every number produced here is meant to be a true upper bound on privacy loss (docs/privacy-model.md): costs
 and epsilons are rounded up, capacities down (see :mod:`kernel.privacy.rounding`).
 """
 
+from kernel.privacy.accountant import ACCOUNTANTS, AccountantFailed, PrivacyAccountant, Role, UnsupportedEvent
+from kernel.privacy.accounting import (
+    GaussianDpAccountant,
+    PldAccountant,
+    PrvAccountant,
+    PureDpOptimalAccountant,
+    RdpAccountant,
+    RdpAtDeltaAccountant,
+    accountant,
+    accountants_for,
+)
 from kernel.privacy.budget_filter import admission_order, remaining_epsilon
 from kernel.privacy.calibration import calibrate_noise_multiplier
 from kernel.privacy.chain_composition import ComposedGuarantee, compose_guarantee, summed_curve
@@ -40,28 +55,41 @@ from kernel.privacy.tuning import (
 from kernel.privacy.versions import ACCOUNTANT_NAME, ACCOUNTANT_VERSION
 
 __all__ = [
+    "ACCOUNTANTS",
     "ACCOUNTANT_NAME",
     "ACCOUNTANT_VERSION",
     "EVENT_SCHEMA",
     "EVENT_SCHEMA_VERSION",
     "ORDERS",
     "ORDERS_VERSION",
+    "AccountantFailed",
     "CalibrationError",
     "ComposedEvent",
     "ComposedGuarantee",
     "ExponentialMechanismEvent",
+    "GaussianDpAccountant",
     "GaussianEvent",
     "HyperparameterTuningEvent",
     "LaplaceEvent",
+    "PldAccountant",
     "PoissonSampledGaussianEvent",
     "PoissonTrials",
+    "PrivacyAccountant",
     "PrivacyEvent",
     "PrivacyEventError",
+    "PrvAccountant",
     "PureDPEvent",
+    "PureDpOptimalAccountant",
+    "RdpAccountant",
+    "RdpAtDeltaAccountant",
+    "Role",
     "SingleJobEpsilon",
     "TrialDistribution",
     "TruncatedNegativeBinomial",
+    "UnsupportedEvent",
     "ZCDPEvent",
+    "accountant",
+    "accountants_for",
     "add_curves",
     "admission_order",
     "calibrate_noise_multiplier",

@@ -6,7 +6,7 @@ jobs' releases, so its guarantee is their composition. Two numbers, like a singl
 
 * **ledger terms**: the jobs' committed Rényi curves summed order-wise (exactly what the ledger
   added when each job committed) and converted at δ/|orders|, the ledger's own conversion
-  (:func:`kernel.privacy.conversion.ledger_epsilon`), plus the best single-order conversion at δ;
+  (:class:`kernel.privacy.rdp_accountant.RdpAccountant`), plus the best single-order conversion at δ;
 * **tight**: the single-job methods of :mod:`kernel.privacy.single_job` (exact Gaussian-DP profile,
   optimal pure-DP composition, PRV, PLD, RDP at δ) applied to the composition of the events as one
   :class:`ComposedEvent`; for an event containing tuning only the RDP conversions apply.
@@ -22,12 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kernel.privacy.conversion import epsilon_from_rdp, ledger_epsilon, validate_delta
-from kernel.privacy.curves import add_curves
+from kernel.privacy.conversion import epsilon_from_rdp, validate_delta
 from kernel.privacy.errors import PrivacyEventError
 from kernel.privacy.events import ComposedEvent, PrivacyEvent
 from kernel.privacy.orders import Curve
-from kernel.privacy.rdp import rdp_curve
+from kernel.privacy.rdp_accountant import RdpAccountant
 from kernel.privacy.single_job import SingleJobEpsilon, capped_single_job_epsilon, single_job_epsilon
 
 
@@ -49,13 +48,17 @@ class ComposedGuarantee:
 
 
 def summed_curve(events: Sequence[PrivacyEvent]) -> Curve:
-    """Σ rdp_curve(event), order-wise and rounded up, in the order given."""
+    """Σ rdp_curve(event), order-wise and rounded up, in the order given: the ledger's accountant."""
+    return _ledger_accountant(events).curve
+
+
+def _ledger_accountant(events: Sequence[PrivacyEvent]) -> RdpAccountant:
     if not events:
         raise PrivacyEventError("a composition needs at least one event")
-    total = rdp_curve(events[0])
-    for event in events[1:]:
-        total = add_curves(total, rdp_curve(event))
-    return total
+    accountant = RdpAccountant()
+    for event in events:
+        accountant.compose(event)
+    return accountant
 
 
 def compose_guarantee(
@@ -72,7 +75,8 @@ def compose_guarantee(
     prv-accountant/PLD in the capped child process (off the request path: the worker), else the
     closed forms only (bounded time: estimates)."""
     delta = validate_delta(delta)
-    curve = summed_curve(events)
+    ledger = _ledger_accountant(events)
+    curve = ledger.curve
     rdp_epsilon, rdp_order = epsilon_from_rdp(curve, delta)
     composed = ComposedEvent(events=tuple(events)) if len(events) > 1 else events[0]
     if numeric:
@@ -83,7 +87,7 @@ def compose_guarantee(
         events=len(events),
         delta=delta,
         curve=curve,
-        ledger_epsilon=0.0 if not any(curve) else ledger_epsilon(curve, delta),
+        ledger_epsilon=ledger.epsilon(delta),
         rdp_epsilon=rdp_epsilon,
         rdp_order=rdp_order,
         tight=tight,

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from kernel.privacy.curves import validate_curve
 from kernel.privacy.errors import PrivacyEventError
 from kernel.privacy.orders import ORDERS, Curve
-from kernel.privacy.rounding import round_down_sum, round_up_sum
+from kernel.privacy.rounding import round_down_sum, round_up, round_up_sum
 
 
 def validate_delta(delta: float) -> float:
@@ -99,3 +99,16 @@ def capacity_curve(epsilon: float, delta: float) -> Curve:
         t0, t1 = conversion_terms(order, log_order_delta)
         capacity.append(max(0.0, round_down_sum((epsilon, -t0, -t1))))
     return tuple(capacity)
+
+
+def delta_from_rdp(curve: Sequence[float], epsilon: float) -> float:
+    """The smallest delta over the grid with (epsilon, delta)-DP by the conversion above solved for
+    delta: log delta = (a-1)(r(a) + log(1-1/a) - epsilon) - log a. Rounded up; 1 (always valid)
+    where the conversion gives more."""
+    best = 1.0
+    for order, value in zip(ORDERS, curve, strict=True):
+        w = order - 1.0
+        log_delta = round_up_sum((w * value, w * math.log1p(-1.0 / order), -w * epsilon, -math.log(order)))
+        if log_delta < 0.0:
+            best = min(best, round_up(math.exp(log_delta)))
+    return best

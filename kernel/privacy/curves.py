@@ -62,3 +62,14 @@ def subtract_curves(a: Sequence[float], b: Sequence[float]) -> Curve:
     left = validate_curve(a, name="curve a")
     right = validate_curve(b, name="curve b")
     return tuple(max(0.0, difference_up(x, y)) for x, y in zip(left, right, strict=True))
+
+
+def scale_curve(curve: Sequence[float], count: int) -> Curve:
+    """``count`` sequential uses of a cost: the curve times count, rounded up (count >= 1)."""
+    values = validate_curve(curve, name="curve")
+    if count == 1:
+        return values
+    scaled = tuple(round_up(value * count) for value in values)
+    if not all(math.isfinite(value) for value in scaled):
+        raise PrivacyEventError(f"{count} uses of this cost overflow")
+    return scaled

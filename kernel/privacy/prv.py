@@ -4,8 +4,9 @@ PRV composition is not a valid privacy filter over adaptively chosen jobs (docs/
 this number never touches the ledger. It is the accountant's *upper* bound (third value of
 ``compute_epsilon``); whenever the computation cannot be trusted the answer is None and the
 report shows only the RDP number. Events containing zCDP or exponential-mechanism leaves have no
-PRV here and also give None; :mod:`kernel.privacy.single_job` rewrites such leaves into dominating
-mechanisms before calling this, and is what the report and the API show. Events containing
+PRV here and also give None; :class:`kernel.privacy.prv_accountant.PrvAccountant` rewrites such
+leaves into dominating mechanisms (:mod:`kernel.privacy.dominating`) before calling this, and the
+single-job report (:mod:`kernel.privacy.single_job`) is what the report and the API show. Events containing
 hyperparameter tuning give None too: a best-of-K release is not a composition of known PRVs, only
 its RDP bound is known.
 """

@@ -28,7 +28,7 @@ import numpy as np
 from prv_accountant import PoissonSubsampledGaussianMechanism
 
 from kernel.privacy.curves import add_curves, max_curves, zero_curve
-from kernel.privacy.errors import PrivacyEventError
+from kernel.privacy.errors import PrivacyEventError, UnsupportedEvent
 from kernel.privacy.events import (
     ComposedEvent,
     ExponentialMechanismEvent,
@@ -73,8 +73,24 @@ def rdp_curve(event: PrivacyEvent) -> Curve:
     """RDP epsilon of ``event`` at every order of ORDERS, rounded up; raises on invalid values."""
     curve_function = _CURVES.get(type(event))
     if curve_function is None:
-        raise PrivacyEventError(f"no RDP curve for {type(event).__name__}")
+        raise UnsupportedEvent(accountant="rdp", event=event, reason="no RDP curve for this kind")
     return curve_function(event)
+
+
+def unsupported_by_rdp(event: PrivacyEvent) -> str | None:
+    """Why :func:`rdp_curve` has no curve for some node of the event's tree, or None."""
+    if type(event) not in _CURVES:
+        return f"no RDP curve for {type(event).__name__}"
+    children: tuple[PrivacyEvent, ...] = ()
+    if isinstance(event, ComposedEvent):
+        children = event.events
+    elif isinstance(event, HyperparameterTuningEvent):
+        children = event.candidates
+    for child in children:
+        reason = unsupported_by_rdp(child)
+        if reason is not None:
+            return reason
+    return None
 
 
 def _curve_for(event_type: type) -> Callable[[_CurveFunction], _CurveFunction]:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
+from kernel.privacy.conversion import delta_from_rdp
 from kernel.privacy.curves import validate_curve
 from kernel.privacy.errors import PrivacyEventError
 from kernel.privacy.events import (
@@ -298,7 +299,7 @@ def _poisson_curve(distribution: TrialDistribution, curve: Curve) -> Curve:
     log_mean = round_up(math.log(mean))  # >= 0: mean >= 1
     out = []
     for a, c_a in zip(ORDERS, curve, strict=True):
-        delta_hat = _delta_at(curve, _largest_epsilon_hat(a))
+        delta_hat = delta_from_rdp(curve, _largest_epsilon_hat(a))
         out.append(round_up_sum((c_a, round_up(mean * delta_hat), log_mean / (a - 1.0))))
     return tuple(out)
 
@@ -308,19 +309,6 @@ def _largest_epsilon_hat(order: float) -> float:
     smaller eps_hat only raises delta_hat)."""
     value = -math.log1p(-1.0 / order)
     return math.nextafter(value - value * RELATIVE_SLACK, 0.0)
-
-
-def _delta_at(curve: Curve, epsilon: float) -> float:
-    """The smallest delta over the grid with (epsilon, delta)-DP by the conversion of
-    kernel.privacy.conversion solved for delta: log delta = (a-1)(c(a) + log(1-1/a) - epsilon) - log a.
-    Rounded up; 1 (always valid) where the conversion gives more."""
-    best = 1.0
-    for order, value in zip(ORDERS, curve, strict=True):
-        w = order - 1.0
-        log_delta = round_up_sum((w * value, w * math.log1p(-1.0 / order), -w * epsilon, -math.log(order)))
-        if log_delta < 0.0:
-            best = min(best, round_up(math.exp(log_delta)))
-    return best
 
 
 _model_for(

@@ -70,12 +70,9 @@ def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> Step
     delta = float(report["epsilon"]["delta"])
     ks = sampled_steps(max(steps_run, 1))
     epsilons = tuple(
-        privacy.ledger_epsilon(
-            privacy.rdp_curve(
-                compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=k, evaluated=False)
-            ),
-            delta,
-        )
+        privacy.RdpAccountant()
+        .compose(compose_job_event(plan, evaluation, noise_multiplier=job.noise_multiplier, steps=k, evaluated=False))
+        .epsilon(delta)
         for k in ks
     )
     return StepSeries(steps=ks, epsilon=epsilons, delta=delta)

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from kernel.config import Settings
 from kernel.db.engine import Database
-from privtrain.cli import _job_block
+from privtrain.cli.job_views import job_block
 from privtrain.resources import Job
 from tests.api.worker_jobs import run_on_worker
 from tests.text_fixtures import classification_body, language_model_body
@@ -73,7 +73,7 @@ def test_a_language_model_job_releases_a_dp_perplexity(
     table = page.text.split('<table id="released-metrics">', 1)[1].split("</table>", 1)[0]
     assert "<th>perplexity</th>" in table and "<th>mean_token_loss</th>" in table
 
-    shown = _job_block(Job.from_api(job))
+    shown = job_block(Job.from_api(job))
     metric_lines = shown.split("released DP metrics\n", 1)[1].splitlines()
     assert metric_lines[0].split()[:2] == ["METRIC", "RELEASED"]
     assert metric_lines[1].split()[:2] == ["perplexity", f"{metrics['perplexity']:.4g}"]

@@ -1,1 +1,1 @@
-"""The model zoo's torch modules and the parameter shapes both sides check."""
+"""The model zoo: its torch-free table (``catalogue``) and the torch modules built from it (``architectures``)."""

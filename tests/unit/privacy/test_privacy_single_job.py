@@ -28,6 +28,7 @@ from kernel.privacy import (
     rdp_curve,
     single_job_epsilon,
 )
+from kernel.privacy.accounting import PldAccountant, PrvAccountant, RdpAtDeltaAccountant
 from kernel.privacy.prv import EPS_ERROR
 from kernel.privacy.single_job import (
     METHODS,
@@ -191,9 +192,9 @@ def test_failing_methods_are_skipped_never_trusted(monkeypatch: pytest.MonkeyPat
     from kernel.privacy import single_job
 
     single_job.single_job_epsilon.cache_clear()
-    monkeypatch.setattr(single_job, "prv_epsilon", lambda *_: float("nan"))
-    monkeypatch.setattr(single_job, "pld_epsilon", lambda *_: -1.0)
-    monkeypatch.setattr(single_job, "rdp_single_job_epsilon", lambda *_: 1 / 0)
+    monkeypatch.setattr(PrvAccountant, "epsilon", lambda *_: float("nan"))
+    monkeypatch.setattr(PldAccountant, "epsilon", lambda *_: -1.0)
+    monkeypatch.setattr(RdpAtDeltaAccountant, "epsilon", lambda *_: 1 / 0)
     event = PoissonSampledGaussianEvent(0.01, 1.0, 100)
     result = single_job.single_job_epsilon(event, DELTA, zcdp_is_gaussian=False, numeric=True)
     single_job.single_job_epsilon.cache_clear()
