@@ -35,9 +35,6 @@ OWNED_ELSEWHERE: frozenset[frozenset[str]] = frozenset(
         # The worker branch: kernel/jobs ↔ kernel/reporting (the lifecycle writes the ended reports,
         # which read its records; today a function-local import in ended_report keeps it off the graph).
         frozenset({"kernel.jobs.*", "kernel.reporting.*"}),
-        # The client branch: Client and its event streams name each other, and client.py reads
-        # __version__ from the package whose __init__ imports it.
-        frozenset({"privtrain", "privtrain.client", "privtrain.events", "privtrain.sse"}),
     }
 )
 """Cycles another branch of the redesign removes, as modules or ``package.*`` patterns. Each must
