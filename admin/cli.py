@@ -9,6 +9,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from sqlalchemy import select
+
+from admin.key_banner import print_start_banner
 from kernel.access.keys import (
     DEFAULT_TENANT,
     find_api_keys,
@@ -20,7 +23,11 @@ from kernel.access.keys import (
 from kernel.bootstrap import ensure_embedded_key, migrate, migration_head, register_bootstrap_key
 from kernel.config import Settings, get_settings
 from kernel.db.engine import Database, is_sqlite
+from kernel.db.orm import ApiKey, Tenant
 from kernel.logging_setup import configure_logging
+from kernel.parent_death import PARENT_PID_ENV, die_with_parent
+from kernel.services import CeleryDispatcher
+from kernel.storage.configured import blob_store_from_settings
 
 WORKER_STOP_TIMEOUT_S = 15
 EXIT_NO_DATABASE = 3
@@ -138,10 +145,6 @@ def cmd_create_key(args: argparse.Namespace) -> int:
 
 def cmd_list_keys(args: argparse.Namespace) -> int:
     """Key ids, prefixes and states (never the keys: only their digests are stored)."""
-    from sqlalchemy import select
-
-    from kernel.db.orm import ApiKey, Tenant
-
     db = Database(get_settings().resolved_database_url)
     with db.read_session() as session:
         query = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
@@ -178,6 +181,7 @@ def cmd_revoke_key(args: argparse.Namespace) -> int:
 
 def cmd_verify_ledger(args: argparse.Namespace) -> int:
     """Recompute every total, curve and hash from the entries; non-zero exit on any mismatch."""
+    # heavy: the privacy maths (scipy) load only when this command runs
     from kernel.ledger.audit import format_report, verify_ledger
 
     db = Database(get_settings().resolved_database_url)
@@ -189,9 +193,9 @@ def cmd_verify_ledger(args: argparse.Namespace) -> int:
 
 def cmd_content_digests(_args: argparse.Namespace) -> int:
     """Compute the content digest of datasets registered before digests existed."""
+    # heavy: the ingest (numpy, Pillow) loads only when this command runs
     from kernel.datasets.content_backfill import backfill_content_digests
     from kernel.ingest.limits import IngestLimits
-    from kernel.storage.blobs import blob_store_from_settings
 
     settings = get_settings()
     db = Database(settings.resolved_database_url)
@@ -216,8 +220,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     """Settle jobs whose worker vanished and re-send lost messages, once or every interval."""
     import threading
 
+    # heavy: the reconciler's reports (scipy, jinja2) load only when this command runs
     from kernel.jobs.reconciler import reconcile_once, run_periodically
-    from kernel.services import CeleryDispatcher
 
     settings = get_settings()
     configure_logging(settings.log_level)
@@ -253,8 +257,6 @@ def _exit_on_sigterm(_signum: int, _frame: object) -> None:
 def _start_worker(queue: str, *, loglevel: str) -> subprocess.Popen[bytes]:
     """serve's worker child, tied to this process: it gets SIGTERM when serve dies, even by SIGKILL
     (prctl where available, plus its own watch of the parent pid), so no worker is orphaned."""
-    from kernel.parent_death import PARENT_PID_ENV, die_with_parent
-
     return subprocess.Popen(
         worker_command(queue, loglevel=loglevel),
         start_new_session=True,  # Ctrl-C reaches the API; we stop the worker ourselves
@@ -267,6 +269,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Embedded mode: migrations, the bootstrap key, one worker process, then the API."""
     import uvicorn
 
+    # heavy: the web application (FastAPI and every route) loads only where serve runs it
     from api.main import create_app
 
     settings = get_settings()
@@ -274,8 +277,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings.check_safe()
     migrate(settings)
     db = Database(settings.resolved_database_url)
-    from admin.key_banner import print_start_banner
-
     key, key_file = None, None
     if settings.bootstrap_api_key:
         register_bootstrap_key(db, settings.bootstrap_api_key)

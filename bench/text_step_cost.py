@@ -43,8 +43,9 @@ from dp.loop.state import TrainingHooks
 from dp.losses import get_loss, loss_for_task
 from dp.randomness.secure_random import SecureRandom
 from kernel.config import get_settings
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.orm import Dataset
-from kernel.jobs.planning import facts_of, plan_job
+from kernel.jobs.planning import plan_job
 from kernel.model_catalogue import ModelSizeLimits, get_model
 from kernel.schemas.jobs import JobCreate
 from kernel.tokenizers.byte import PAD_ID, VOCAB_SIZE

@@ -7,7 +7,8 @@ from typing import Protocol
 
 from kernel.config import Settings
 from kernel.db.engine import Database
-from kernel.storage.blobs import BlobStore, blob_store_from_settings
+from kernel.storage.blobs import BlobStore
+from kernel.storage.configured import blob_store_from_settings
 
 
 class JobDispatcher(Protocol):

@@ -11,7 +11,7 @@ from kernel.db.engine import Database
 from kernel.jobs.private_files import JobPrivateFiles
 from kernel.logging_setup import configure_logging
 from kernel.queue import create_celery
-from kernel.storage.blobs import blob_store_from_settings
+from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import evict_erased_copies
 from worker.parent_watch import start_from_environment
 from worker.warmup import warm_up

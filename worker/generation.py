@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from kernel.tokenizers import byte
 from kernel.tokenizers.base import TextTokenizer
 
 __all__ = ["EndsAndPad", "SamplingChoice", "main", "sample_continuation"]
@@ -75,8 +76,6 @@ def tokenizer_loader(kind: str) -> Callable[[TokenizerLoader], TokenizerLoader]:
 
 @tokenizer_loader("byte")
 def _byte(_request: Mapping[str, Any]) -> SamplingTokenizer:
-    from kernel.tokenizers import byte
-
     return SamplingTokenizer(
         tokenizer=byte.ByteTokenizer(), ends=EndsAndPad(pad_id=byte.PAD_ID, stop_ids=frozenset({byte.EOS_ID}))
     )
@@ -84,6 +83,7 @@ def _byte(_request: Mapping[str, Any]) -> SamplingTokenizer:
 
 @tokenizer_loader("hugging-face")
 def _hugging_face(request: Mapping[str, Any]) -> SamplingTokenizer:
+    # heavy: the Hugging Face tokenizers library loads only after the limits are in place, where it is used
     from tokenizers import Tokenizer
 
     from kernel.tokenizers.hugging_face import HuggingFaceTokenizer
@@ -154,6 +154,7 @@ def _limit_self(limits: Mapping[str, Any]) -> None:
 
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON answer to one request (torch imported here, after the limits are in place)."""
+    # torch is optional (the worker extra) and heavy: it loads only after the limits are in place
     import torch
 
     from privtrain_common.model_files import load_model

@@ -41,6 +41,7 @@ from kernel import privacy
 from kernel.config import Settings
 from kernel.datasets.deletion import DatasetEraser
 from kernel.datasets.facts import DatasetFacts, public_class_list
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, Job
 from kernel.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
@@ -49,7 +50,7 @@ from kernel.ingest.text import rescan_text
 from kernel.jobs import lifecycle
 from kernel.jobs.dispatch import Dispatcher, dispatch_with_settings
 from kernel.jobs.evaluation import EvaluationPlan
-from kernel.jobs.planning import RebuiltJob, compose_job_event, facts_of, rebuild_job
+from kernel.jobs.planning import RebuiltJob, compose_job_event, rebuild_job
 from kernel.jobs.private_files import CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX, PRIVATE_SUFFIXES, JobPrivateFiles
 from kernel.jobs.status import JobStatus
 from kernel.model_catalogue import ModelSizeLimits, get_model
@@ -64,7 +65,8 @@ from kernel.reporting.privacy_report import (
 )
 from kernel.reporting.released_report import ReleasedTraining, released_model_report
 from kernel.schemas.jobs import TrainingSpec
-from kernel.storage.blobs import StorageUnavailable, blob_store_from_settings
+from kernel.storage.blobs import StorageUnavailable
+from kernel.storage.configured import blob_store_from_settings
 from kernel.tuning import slots as tuning_slots
 from kernel.tuning import trial_queue
 from kernel.tuning.closing import Closer

@@ -20,8 +20,10 @@ from api.routes.upload_watch import WatchedParse
 from kernel.access.roles import Role, dataset_access, dataset_for, visible_datasets
 from kernel.datasets.deletion import DatasetEraser, DeletionProgress, deletion_progress, request_deletion
 from kernel.datasets.facts import privacy_unit_text, public_class_list
-from kernel.datasets.registration import UploadRequest, invalid_dataset, invalid_text, register_upload
+from kernel.datasets.registration import register_upload
 from kernel.datasets.status import DatasetStatus, require_active
+from kernel.datasets.upload_refusals import invalid_dataset, invalid_text
+from kernel.datasets.upload_request import UploadRequest
 from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget
 from kernel.db.pagination import cursor_id, cursor_seq, cursor_time, decode_cursor, encode_cursor
 from kernel.errors import InvalidInput

@@ -31,12 +31,13 @@ from api.routes.stream_slots import StreamSlot
 from kernel import privacy
 from kernel.access.roles import dataset_for, job_for, relation_to, visible_jobs
 from kernel.base_models.init import resolve_init
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.idempotency import IdempotentRequest, create_once, earlier
 from kernel.db.orm import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from kernel.db.pagination import cursor_id, decode_cursor, encode_cursor
 from kernel.jobs import lifecycle
 from kernel.jobs.dispatch import dispatch_with_settings
-from kernel.jobs.planning import JobPlan, facts_of, job_choices, plan_job, request_hash
+from kernel.jobs.planning import JobPlan, job_choices, plan_job, request_hash
 from kernel.jobs.routing import route_job
 from kernel.jobs.status import TERMINAL_STATUSES, JobStatus
 from kernel.ledger import operations as ledger

@@ -19,16 +19,16 @@ from kernel.datasets.status import require_active
 from kernel.db.orm import TokenizerRecord
 from kernel.ingest.limits import IngestLimits
 from kernel.schemas.tokenizers import TokenizerList, TokenizerOut, TokenizerTrain
-from kernel.tokenizers import byte
-from kernel.tokenizers.base import BYTE_TOKENIZER_ID
-from kernel.tokenizers.hugging_face import TRAINED_SPECIAL_TOKENS
-from kernel.tokenizers.registry import (
+from kernel.tokenizer_registry import (
     TrainRequest,
     list_tokenizers,
     register_tokenizer,
     tokenizer_for,
     train_tokenizer,
 )
+from kernel.tokenizers import byte
+from kernel.tokenizers.base import BYTE_TOKENIZER_ID
+from kernel.tokenizers.hugging_face import TRAINED_SPECIAL_TOKENS
 
 router = APIRouter(prefix="/v1/tokenizers", tags=["tokenizers"], route_class=ReleasingRoute)
 

@@ -19,13 +19,13 @@ from api.routes.jobs import init_chain_estimate, job_planner
 from api.routes.planning_slots import PlanningSlotDep
 from api.routes.routing import ReleasingRoute
 from kernel.access.roles import dataset_for, job_for, visible_jobs
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.idempotency import IdempotentRequest, create_once, earlier
 from kernel.db.orm import Dataset, Job, PrivacyBudget, Tenant, TuningJob
 from kernel.db.pagination import cursor_id, decode_cursor, encode_cursor
 from kernel.errors import NotFound, not_found
 from kernel.jobs import lifecycle
 from kernel.jobs.dispatch import dispatch_with_settings
-from kernel.jobs.planning import facts_of
 from kernel.jobs.routing import route_job
 from kernel.jobs.status import JobStatus
 from kernel.ledger import operations as ledger

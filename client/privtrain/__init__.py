@@ -80,6 +80,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """``privtrain.load_model`` without importing torch until it is used."""
     if name in ("load_model", "LoadedModel"):
+        # torch is optional for the client: model_files imports it, so only when a model is loaded
         from privtrain_common import model_files
 
         return getattr(model_files, name)

@@ -21,6 +21,7 @@ from kernel.base_models.init_chain import resolve_chain
 from kernel.base_models.registry import base_model_for
 from kernel.datasets.facts import public_class_list
 from kernel.datasets.status import DatasetStatus
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.orm import Dataset, Tenant
 from kernel.errors import InvalidInput, NotFound
 from kernel.jobs.status import JobStatus
@@ -93,8 +94,6 @@ def resolve_init(
     assert start_dataset is not None
     if job.model_blob is None or (start_dataset.status != DatasetStatus.ACTIVE and start_dataset.delete_models):
         raise _invalid(f"model.init.job_id: job {job.id}'s model was deleted with its dataset")
-    from kernel.jobs.planning import facts_of  # here: job_planning imports this module (a cycle at import time)
-
     facts = facts_of(start_dataset)
     return InitSource(
         architecture=job.model_name,

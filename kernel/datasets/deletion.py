@@ -49,7 +49,8 @@ from kernel.jobs.private_files import JobPrivateFiles
 from kernel.jobs.status import ACTIVE_STATUSES, JobStatus
 from kernel.ledger import operations as ledger
 from kernel.schemas.stored_spec import JobStart, StoredJobSpec, parse_stored_spec, stored_spec
-from kernel.storage.blobs import BlobStore, blob_store_from_settings
+from kernel.storage.blobs import BlobStore
+from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import erase_blob, evict_erased_copies
 
 __all__ = ["DELETION_REASON", "DatasetEraser", "DeletionProgress", "deletion_progress", "request_deletion"]

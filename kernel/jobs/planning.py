@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -24,7 +24,9 @@ from algorithms import (
     get_algorithm,
 )
 from kernel import privacy, suggestions
+from kernel.base_models.init import InitSource, check_init_fits, dataset_classes, head_is_new
 from kernel.datasets.facts import DatasetFacts
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.orm import Dataset, PrivacyBudget
 from kernel.errors import InvalidInput
 from kernel.jobs.evaluation import EvaluationPlan, InvalidEvaluation, plan_evaluation
@@ -51,9 +53,6 @@ from kernel.registry import Registry
 from kernel.schemas.jobs import JobCreate, TrainingSpec
 from kernel.schemas.stored_spec import StoredJobSpec, admitted_spec, parse_stored_spec
 from privtrain_common.directed_rounding import format_remaining
-
-if TYPE_CHECKING:
-    from kernel.base_models.init import InitSource
 
 
 def compose_job_event(
@@ -271,19 +270,6 @@ def job_choices(job: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> JobCh
     )
 
 
-def facts_of(dataset: Dataset) -> DatasetFacts:
-    return DatasetFacts(
-        n_rows=dataset.n_rows,
-        feature_shape=tuple(dataset.feature_shape),
-        task=dataset.task,
-        n_classes=dataset.n_classes,
-        vocab_size=dataset.vocab_size,
-        pad_id=dataset.pad_id,
-        n_units=dataset.n_units,
-        privacy_unit_column=dataset.privacy_unit_column,
-    )
-
-
 FIELDS_ADDED_LATER: tuple[tuple[str, str], ...] = (
     ("model", "init"),
     ("training", "finetune"),
@@ -333,8 +319,6 @@ def _check_init(
     spec: JobCreate, init: InitSource | None, *, model_name: str, model_params: dict[str, Any], facts: DatasetFacts
 ) -> None:
     """``model.init`` was resolved by the caller and must fit; ``training.finetune`` needs one."""
-    from kernel.base_models.init import check_init_fits  # here: that module imports facts_of from this one
-
     if (spec.model.init is None) != (init is None):
         raise AssertionError("model.init must be resolved by the caller before planning")
     if init is None:
@@ -568,8 +552,6 @@ def plan_job(
         raise _invalid("invalid-job-spec", f"the job's privacy cost cannot be computed: {exc}") from None
     start: dict[str, Any] | None = None
     if init is not None:  # where the weights start, as the report states it
-        from kernel.base_models.init import dataset_classes, head_is_new  # here: that module imports this one
-
         new_head = head_is_new(init, n_outputs=model.n_outputs(facts), classes=dataset_classes(dataset))
         if new_head and spec.training.finetune == "lora":  # LoRA freezes the head: a fresh one would stay random
             raise _invalid(

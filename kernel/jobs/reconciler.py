@@ -36,10 +36,12 @@ from kernel.jobs.private_files import JobPrivateFiles
 from kernel.jobs.status import JobStatus
 from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
 from kernel.services import JobDispatcher
-from kernel.storage.blobs import BlobStore, blob_store_from_settings
+from kernel.storage.blobs import BlobStore
+from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import evict_erased_copies
 from kernel.tuning import slots as tuning_slots
 from kernel.tuning import trial_queue
+from kernel.tuning.closing import Closer
 from kernel.tuning.trial_files import TrialFiles
 
 log = logging.getLogger("privtrain.reconciler")
@@ -73,8 +75,6 @@ def _stale_running(db: Database, cutoff: dt.datetime) -> list[tuple[str, str, in
 def _settle_tunings(db: Database, settings: Settings, cutoff: dt.datetime) -> list[str]:
     """Fail the tunings with a lost slot; close those whose last slot's worker did not. Returns
     the ids of the tunings failed here."""
-    from kernel.tuning.closing import Closer  # the algorithm catalogue: only when a tuning needs it
-
     with db.read_session() as session:
         lost = tuning_slots.stale_running(session, cutoff)
         unclosed = tuning_slots.finished_unclosed(session, cutoff)

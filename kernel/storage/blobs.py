@@ -1,4 +1,6 @@
-"""Content-addressed blob storage under the data dir (datasets, models, reports).
+"""Content-addressed blob storage under the data dir (datasets, models, reports), and the
+interface every store offers: kernel/storage/s3.py keeps blobs in an object store behind the same
+methods, and kernel/storage/configured.py picks the store the settings name.
 
 Uploads stream into a temporary file while being hashed; only a validated upload is moved to
 its content address, so a rejected upload leaves nothing behind.
@@ -12,10 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
-
-if TYPE_CHECKING:
-    from kernel.config import Settings
+from typing import BinaryIO
 
 
 class UploadTooLarge(Exception):
@@ -175,17 +174,3 @@ class BlobStore:
     def discard_cached(self, key: str) -> None:
         """Remove this host's cached copy of ``key``, if any."""
         validate_key(key)
-
-
-def blob_store_from_settings(settings: Settings) -> BlobStore:
-    """The store ``PRIVTRAIN_STORAGE_URL`` names: a folder (``file://``, default the data dir's
-    blobs folder) or an S3-compatible bucket (``s3://bucket/prefix``) with a local cache."""
-    url = settings.storage_url
-    if url is None:
-        return BlobStore(settings.blob_dir, settings.tmp_dir)
-    if url.startswith("file://"):
-        return BlobStore(Path(url.removeprefix("file://")), settings.tmp_dir)
-    from kernel.storage.s3 import BlobCache, S3BlobStore, S3Location  # boto3 only where it is used
-
-    cache = BlobCache(settings.blob_cache_dir, max_bytes=settings.blob_cache_max_bytes)
-    return S3BlobStore(S3Location.parse(url), tmp_dir=settings.tmp_dir, cache=cache)

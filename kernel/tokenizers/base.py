@@ -2,7 +2,7 @@
 
 Tokenizers are public by definition: their vocabulary is shown to everyone who may read a
 dataset tokenised with them, and a job's model is sized by it. A tokenizer must therefore never
-be learned from private text (kernel.tokenizers.registry refuses that).
+be learned from private text (kernel.tokenizer_registry refuses that).
 """
 
 from __future__ import annotations

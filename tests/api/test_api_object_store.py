@@ -23,7 +23,7 @@ from kernel.db.orm import Job
 from kernel.jobs.private_files import JobPrivateFiles
 from kernel.jobs.reconciler import reconcile_once
 from kernel.ledger.audit import verify_ledger
-from kernel.storage.blobs import blob_store_from_settings
+from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import evict_erased_copies
 from privtrain import Client
 from tests.client.conftest import BASE_URL, AppTransport

@@ -146,7 +146,7 @@ def test_a_duplicate_and_an_idempotent_retry(alice: TestClient, database: Databa
 
 
 def test_facts_carry_the_vocabulary_and_pad_id(alice: TestClient, database: Database) -> None:
-    from kernel.jobs.planning import facts_of
+    from kernel.datasets.stored_facts import facts_of
 
     dataset_id = _upload(alice, language_model_body()).json()["id"]
     facts = facts_of(_dataset(database, dataset_id))

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 import kernel.datasets.registration as registration
+import kernel.datasets.upload_validation as upload_validation
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset
 from kernel.services import Services
@@ -53,14 +54,14 @@ def _assert_only_referenced_blobs(client: TestClient, database: Database) -> Non
 def parse_together(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both uploads finish parsing before either registers: the race, made deterministic."""
     barrier = threading.Barrier(2, timeout=30)
-    parse: Callable[..., Any] = registration.parse_dataset
+    parse: Callable[..., Any] = upload_validation.parse_dataset
 
     def parse_then_wait(*args: Any, **kwargs: Any) -> Any:
         parsed = parse(*args, **kwargs)
         barrier.wait()
         return parsed
 
-    monkeypatch.setattr(registration, "parse_dataset", parse_then_wait)
+    monkeypatch.setattr(upload_validation, "parse_dataset", parse_then_wait)
 
 
 def _post(client: TestClient, body: bytes, *, name: str = "digits") -> int:

@@ -1,5 +1,6 @@
-"""The package boundaries: the worker loads no web framework, the API loads no torch, and no
-module under app/ imports worker/ (the API image must run without the worker's code)."""
+"""The package boundaries: the worker loads no web framework, the API loads no torch; only api/
+imports a web framework; and kernel/ and api/ import none of the worker's packages nor torch (the
+API image must run without the worker's code)."""
 
 from __future__ import annotations
 
@@ -82,16 +83,41 @@ def _imported_modules(tree: ast.AST) -> set[str]:
     return names
 
 
-def test_no_module_under_app_imports_worker() -> None:
-    offenders = {
+WORKER_SIDE = ("torch", "dp", "training", "worker")
+"""What the torch-free packages never import: torch and the packages built on it."""
+SERVER_PACKAGES = ("kernel", "api", "admin", "algorithms", "dp", "training", "worker")
+
+
+def _modules_of(*folders: Path) -> list[Path]:
+    return sorted(path for folder in folders for path in folder.rglob("*.py"))
+
+
+def _importing(paths: list[Path], roots: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each file that imports a module under ``roots`` (anywhere in it), with those modules."""
+    found = {
         str(path.relative_to(REPO)): sorted(
             name
             for name in _imported_modules(ast.parse(path.read_text(), filename=str(path)))
-            if name == "worker" or name.startswith("worker.")
+            if name.split(".")[0] in roots
         )
-        for path in sorted((REPO / "app").rglob("*.py"))
+        for path in paths
     }
-    assert {path: names for path, names in offenders.items() if names} == {}
+    return {path: names for path, names in found.items() if names}
+
+
+def test_kernel_and_api_import_nothing_of_the_worker_side() -> None:
+    paths = _modules_of(REPO / "kernel", REPO / "api")
+    assert len(paths) > 150
+    assert _importing(paths, WORKER_SIDE) == {}
+
+
+def test_only_the_api_imports_a_web_framework() -> None:
+    outside_api = [
+        *_modules_of(*(REPO / package for package in SERVER_PACKAGES if package != "api")),
+        *_modules_of(REPO / "client" / "privtrain", REPO / "common" / "privtrain_common"),
+    ]
+    assert _importing(outside_api, WEB_FRAMEWORKS) == {}
+    assert _importing(_modules_of(REPO / "api"), WEB_FRAMEWORKS), "the scan finds the API's own imports"
 
 
 def test_the_import_scan_sees_lazy_imports() -> None:

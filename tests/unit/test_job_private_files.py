@@ -15,7 +15,7 @@ from kernel.db.engine import Database
 from kernel.db.orm import Job, utcnow
 from kernel.jobs.private_files import PRIVATE_SUFFIXES, JobPrivateFiles
 from kernel.jobs.reconciler import reconcile_once
-from kernel.storage.blobs import blob_store_from_settings
+from kernel.storage.configured import blob_store_from_settings
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 
 

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from kernel.datasets.facts import DatasetFacts
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.orm import Dataset
 from kernel.errors import InvalidInput
-from kernel.jobs.planning import facts_of, plan_job
+from kernel.jobs.planning import plan_job
 from kernel.model_catalogue import ModelIncompatible, get_model
 from kernel.schemas.jobs import JobCreate
 from privtrain_common.zoo.architectures import SelfAttention, TransformerBlock, build_model

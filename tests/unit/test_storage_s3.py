@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kernel.config import Settings
-from kernel.storage.blobs import StorageUnavailable, blob_store_from_settings
+from kernel.storage.blobs import StorageUnavailable
+from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.s3 import BlobCache, S3BlobStore, S3Location
 from tests.conftest import make_settings
 from tests.object_store import ObjectStoreServer, free_port

@@ -35,6 +35,7 @@ def expected_tensors(
     architecture: str, params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int
 ) -> dict[str, dict[str, object]]:
     """Every entry of the built model's ``state_dict()`` with its shape and safetensors dtype."""
+    # torch is optional (the worker extra): the architectures load only when a model is built
     import torch
 
     from privtrain_common.zoo.architectures import build_model

@@ -5,6 +5,9 @@ them and sizes every model trained on it. So a tokenizer is either uploaded (a H
 ``tokenizer.json``, checked by loading it) or trained here on a *public* text dataset; training
 one on a private dataset is refused, because a vocabulary learned from private text holds the
 strings that occur in it. Stored by content hash, tenant-scoped: another tenant's id answers 404.
+
+Beside kernel/tokenizers/ rather than in it: training reads a dataset's upload through the ingest,
+which itself tokenises text uploads with those tokenizers.
 """
 
 from __future__ import annotations
