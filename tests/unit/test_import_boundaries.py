@@ -124,3 +124,39 @@ def test_the_import_scan_sees_lazy_imports() -> None:
     """The scan above would pass vacuously if it missed imports inside functions."""
     tree = ast.parse("def serve():\n    from worker.parent_watch import x\n    import worker.tasks\n")
     assert _imported_modules(tree) == {"worker.parent_watch", "worker.tasks"}
+
+
+FIRST_PARTY = (*SERVER_PACKAGES, "privtrain", "privtrain_common")
+MAY_IMPORT: dict[str, set[str]] = {
+    "privtrain_common": set(),
+    "kernel": {"privtrain_common", "algorithms"},  # algorithms: its torch-free definitions only
+    "api": {"kernel", "privtrain_common", "algorithms"},
+    "algorithms": {"kernel", "dp", "training", "privtrain_common"},
+    "training": {"kernel", "dp", "privtrain_common"},
+    "dp": {"kernel", "privtrain_common"},
+    "worker": {"kernel", "algorithms", "dp", "training", "privtrain_common"},
+    "admin": {"api", "kernel", "worker", "privtrain_common"},
+}
+"""The house's rules (docs/development.md#the-house): which first-party packages each may import."""
+
+
+def _package_folder(package: str) -> Path:
+    return REPO / "common" / package if package == "privtrain_common" else REPO / package
+
+
+def test_every_package_imports_only_what_the_house_allows() -> None:
+    broken = {}
+    for package, allowed in MAY_IMPORT.items():
+        paths = _modules_of(_package_folder(package))
+        assert paths, package
+        forbidden = tuple(other for other in FIRST_PARTY if other != package and other not in allowed)
+        broken.update(_importing(paths, forbidden))
+    assert broken == {}
+
+
+def test_the_torch_free_catalogue_is_all_the_kernel_takes_from_algorithms() -> None:
+    """The kernel prices jobs with the definitions; a trainer would bring torch."""
+    taken = _importing(_modules_of(REPO / "kernel", REPO / "api"), ("algorithms",))
+    assert taken, "the scan sees the kernel's catalogue imports"
+    trainers = {path: names for path, names in taken.items() if any("trainer" in name for name in names)}
+    assert trainers == {}
