@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Literal
 
 from algorithms.registry import H, PoissonGaussianAlgorithm
-from algorithms.trainer_registry import TrainingRequest
+from algorithms.trainers import TrainingRequest
 from algorithms.training_fields import learning_rate_of
 from dp.loop.augmult import with_augmult
 from dp.loop.batch_loop import DPSGDConfig, per_sample_map_aggregator, train_dp_sgd

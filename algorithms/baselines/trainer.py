@@ -19,7 +19,7 @@ from algorithms.baselines.definition import (
 )
 from algorithms.per_sample_map_trainer import run_with_per_sample_map
 from algorithms.registry import definition_of
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.loop.state import TrainingResult
 from dp.per_example.per_sample import AbadiClip
 from dp.per_example.per_sample_maps import AutoSClip, PSACClip

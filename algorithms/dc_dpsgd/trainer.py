@@ -34,7 +34,7 @@ from algorithms.dc_dpsgd.definition import (
     DCDPSGDThresholdHyperparameters,
 )
 from algorithms.dc_dpsgd.projection import StreamingProjection
-from algorithms.trainer_registry import TrainingRequest, register_preflight, register_trainer
+from algorithms.trainers import TrainingRequest, register_preflight, register_trainer
 from algorithms.training_fields import learning_rate_of
 from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState

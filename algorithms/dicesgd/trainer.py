@@ -28,7 +28,7 @@ from algorithms.dicesgd.definition import (
     DiceSGDHyperparameters,
     sound_average_sensitivity,
 )
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from algorithms.training_fields import learning_rate_of
 from dp.loop.batch_loop import DPSGDConfig
 from dp.loop.state import TrainingResult

@@ -5,7 +5,7 @@ from __future__ import annotations
 from algorithms.dp_sgd.definition import DPSGD, DPSGDHyperparameters
 from algorithms.per_sample_map_trainer import run_with_per_sample_map
 from algorithms.registry import definition_of
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.loop.state import TrainingResult
 from dp.per_example.per_sample import AbadiClip
 

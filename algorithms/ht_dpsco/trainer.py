@@ -49,7 +49,7 @@ from algorithms.ht_dpsco.loops import (
 )
 from algorithms.ht_dpsco.mechanisms import Polytope
 from algorithms.registry import definition_of
-from algorithms.trainer_registry import TrainingRequest, register_preflight, register_trainer
+from algorithms.trainers import TrainingRequest, register_preflight, register_trainer
 from dp.data.rows import materialise
 from dp.loop.state import TrainingResult
 from kernel.datasets.facts import DatasetFacts

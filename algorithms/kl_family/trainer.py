@@ -34,7 +34,7 @@ from algorithms.kl_family.definition import (
 )
 from algorithms.kl_family.noisy_gd import InnerSolver, inner_noise_std, train_noisy_gd, train_proximal_point
 from algorithms.kl_family.spider import train_kl_spider
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.data.rows import materialise
 from dp.loop.state import TrainingResult
 from dp.loop.units import unit_slots

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from algorithms.non_private.definition import SGD, Adam, AdamHyperparameters, SGDHyperparameters
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from algorithms.training_fields import learning_rate_of
 from dp.loop.augmult import forward_views
 from dp.loop.batch_loop import _snapshot

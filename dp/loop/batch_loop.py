@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from dp.data.rows import Rows, as_rows
 from dp.data.units import UnitIndex
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
 from dp.losses import LOSS_REGISTRY
+from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
 from dp.per_example.ghost import GhostClipAggregator
 from dp.per_example.ghost import supports as ghost_supports
 from dp.per_example.per_sample import (
@@ -46,6 +47,7 @@ from dp.randomness.secure_random import SecureRandom
 
 __all__ = [
     "BatchAggregator",
+    "BatchContext",
     "DPSGDConfig",
     "PerSampleMapAggregator",
     "TrainingHooks",
@@ -125,33 +127,8 @@ class UnitSampling:
     rows_per_unit: int
 
 
-class BatchAggregator(Protocol):
-    """The released sum's data part: Σ over the batch of bounded per-sample contributions.
-
-    `sensitivity` is the add/remove L2 sensitivity of that sum for every possible batch; the
-    loop adds N(0, (σ·sensitivity)² I). Per-sample maps (clipping, normalisation) are one kind;
-    rules that look at the whole batch (DC-DPSGD's rank rule) implement this directly.
-    `generator` (the job's SecureRandom) may be used for data-independent randomness only.
-    """
-
-    @property
-    def sensitivity(self) -> float: ...
-
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]: ...
-
-
 @dataclass(frozen=True)
-class PerSampleMapAggregator:
+class PerSampleMapAggregator(BatchAggregator):
     """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...); `precision` "bf16"
     runs the forward under bf16 autocast with float32 norms and sums (dp/precision.py)."""
 
@@ -162,24 +139,14 @@ class PerSampleMapAggregator:
     def sensitivity(self) -> float:
         return self.per_sample_map.norm_bound
 
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         return clipped_grad_sum(
             model,
             X,
             y,
-            loss=loss,
+            loss=context.loss,
             per_sample_map=self.per_sample_map,
-            max_physical_batch_size=max_physical_batch_size,
+            max_physical_batch_size=context.max_physical_batch_size,
             precision=self.precision,
         )
 

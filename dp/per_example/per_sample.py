@@ -30,7 +30,7 @@ the contribution added for row i: consistent by construction, as in float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -52,12 +52,18 @@ __all__ = [
     "SUPPORTED_MODULES",
     "AbadiClip",
     "PerSampleMap",
+    "RowWeights",
+    "TensorDict",
+    "add_weighted_rows",
     "check_supported",
     "clipped_grad_sum",
     "iter_per_sample_grads",
     "per_sample_norms",
+    "rows_where",
     "supported_module",
     "trainable_parameters",
+    "weighted_grad_sums",
+    "zeros_like_trainable",
 ]
 
 ModuleT = TypeVar("ModuleT", bound=type[nn.Module])
@@ -126,6 +132,14 @@ def check_supported(model: nn.Module) -> None:
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters DP training updates, in `model.named_parameters()` order."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def zeros_like_trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A zero accumulator per trainable parameter (contiguous, the parameter's dtype and device)."""
+    return {
+        name: torch.zeros_like(p, memory_format=torch.contiguous_format)
+        for name, p in trainable_parameters(model).items()
+    }
 
 
 class PerSampleMap(Protocol):
@@ -238,6 +252,68 @@ def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return norm_upper_bound(squares, terms=terms, dtype=first.dtype)
 
 
+RowWeights = Callable[[torch.Tensor], torch.Tensor]
+"""Per-sample norms (m,) -> per-sample weights (m,): a map's ``scale_factors``, or any rule of a row's norm."""
+
+
+def rows_where(keep: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``g`` (m, ...) with the rows where ``keep`` (m,) is False set to exactly 0."""
+    return torch.where(keep.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
+
+
+def add_weighted_rows(
+    totals: Sequence[Mapping[str, torch.Tensor]],
+    grads: Mapping[str, torch.Tensor],
+    weights: Sequence[RowWeights],
+) -> None:
+    """``totals[k] += Σ_i weights[k](‖g_i‖)_i · g_i`` for one chunk of per-sample gradients.
+
+    The clipped-sum step of every algorithm that bounds materialised per-sample gradients (a map,
+    DC-DPSGD's split, DiceSGD's residual, KL-Spider's differences), written once. ‖g_i‖ is
+    `per_sample_norms` (flat over all parameters). A row whose norm is not finite (overflow, NaN)
+    gets weight 0 in every sum and is zeroed before the contraction (0·inf would be NaN), so it
+    contributes exactly 0: otherwise whether the released model is NaN would reveal whether that
+    row was sampled; 0 stays within every bound. Checking whether any row is non-finite is the
+    chunk's one host synchronisation (cheaper than masking every operand). Several weightings
+    share one (k, m) contraction per tensor; each total keeps its own dtype.
+    """
+    norms = per_sample_norms(grads)
+    finite = torch.isfinite(norms)
+    each = [torch.where(finite, weight(norms), 0.0) for weight in weights]
+    if not bool(finite.all()):
+        grads = {name: rows_where(finite, g) for name, g in grads.items()}
+    if len(each) == 1:
+        (total,), (scale,) = totals, each
+        for name, g in grads.items():
+            total[name].add_(torch.tensordot(scale, g, dims=1))
+        return
+    stacked = torch.stack(each)  # (k, m)
+    for name, g in grads.items():
+        sums = torch.tensordot(stacked.to(g.dtype), g, dims=1)
+        for total, weighted in zip(totals, sums, strict=True):
+            total[name].add_(weighted.to(total[name].dtype))
+
+
+def weighted_grad_sums(
+    totals: Sequence[Mapping[str, torch.Tensor]],
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    weights: Sequence[RowWeights],
+    max_physical_batch_size: int,
+    precision: Precision = "fp32",
+) -> None:
+    """``totals[k] += Σ_i weights[k](‖g_i‖)·g_i`` over the rows of (X, y), chunk by chunk
+    (`add_weighted_rows`): one pass of the vmap engine for every weighting. Private results."""
+    with torch.no_grad():
+        for grads in iter_per_sample_grads(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+        ):
+            add_weighted_rows(totals, grads, weights)
+
+
 def clipped_grad_sum(
     model: nn.Module,
     X: torch.Tensor,
@@ -253,24 +329,18 @@ def clipped_grad_sum(
     Returns name -> tensor of the parameter's shape, on the parameter's device (zeros for an
     empty batch). The result is private: only ever release it through a noise mechanism.
     `precision`: "bf16" runs each forward under bf16 autocast; norms and the sum stay float32.
-
-    A row whose gradient is not finite (overflow, NaN) contributes exactly zero instead of
-    poisoning the sum: otherwise whether the released model is NaN would reveal whether that
-    row was sampled. Mapping such a row to 0 stays within the map's norm bound.
+    A row whose gradient is not finite contributes exactly zero (`add_weighted_rows`); mapping
+    such a row to 0 stays within the map's norm bound.
     """
-    total = {
-        name: torch.zeros_like(p, memory_format=torch.contiguous_format)
-        for name, p in trainable_parameters(model).items()
-    }
-    with torch.no_grad():
-        for grads in iter_per_sample_grads(
-            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
-        ):
-            norms = per_sample_norms(grads)
-            finite = torch.isfinite(norms)
-            scale = torch.where(finite, per_sample_map.scale_factors(norms), 0.0)
-            if not bool(finite.all()):
-                grads = {name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()}
-            for name, g in grads.items():
-                total[name].add_(torch.tensordot(scale, g, dims=1))
+    total = zeros_like_trainable(model)
+    weighted_grad_sums(
+        (total,),
+        model,
+        X,
+        y,
+        loss=loss,
+        weights=(per_sample_map.scale_factors,),
+        max_physical_batch_size=max_physical_batch_size,
+        precision=precision,
+    )
     return total

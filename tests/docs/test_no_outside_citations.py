@@ -7,7 +7,20 @@ import subprocess
 
 from tests.docs.conftest import REPO_ROOT
 
-SCANNED_DIRS = ("kernel", "api", "admin", "algorithms", "dp", "training", "worker", "common", "client", "bench", "tests", "docs")
+SCANNED_DIRS = (
+    "kernel",
+    "api",
+    "admin",
+    "algorithms",
+    "dp",
+    "training",
+    "worker",
+    "common",
+    "client",
+    "bench",
+    "tests",
+    "docs",
+)
 # Assembled from pieces so that this file does not match its own patterns.
 OUTSIDE_CITATION = re.compile(
     "|".join(

@@ -47,13 +47,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
 from dp.per_example.clip_margin import norm_upper_bound
 from dp.per_example.ghost.engine import iter_chunks, pass1
 from dp.per_example.ghost.recorder import Recorder
 from dp.per_example.ghost.work import Totals
 from dp.per_example.per_sample import PerSampleMap, trainable_parameters
 from dp.precision import Precision, check_precision
-from dp.randomness.secure_random import SecureRandom
 
 __all__ = [
     "PASS2_MODES",
@@ -229,7 +229,7 @@ def ghost_clipped_grad_sum(
 
 
 @dataclass(frozen=True)
-class GhostClipAggregator:
+class GhostClipAggregator(BatchAggregator):
     """Σ_i scale_i·g_i for a per-sample map, by ghost clipping / book-keeping.
 
     Same sum and the same sensitivity (the map's norm bound) as `PerSampleMapAggregator`, so the
@@ -250,24 +250,14 @@ class GhostClipAggregator:
     def sensitivity(self) -> float:
         return self.per_sample_map.norm_bound
 
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         return ghost_clipped_grad_sum(
             model,
             X,
             y,
-            loss=loss,
+            loss=context.loss,
             per_sample_map=self.per_sample_map,
-            max_physical_batch_size=max_physical_batch_size,
+            max_physical_batch_size=context.max_physical_batch_size,
             pass2=self.pass2,
             precision=self.precision,
         )

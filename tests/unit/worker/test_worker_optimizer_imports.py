@@ -34,7 +34,5 @@ def test_no_optimizer_module_imports_the_catalogue() -> None:
 
 def test_the_scan_recognises_a_catalogue_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text(
-        "import torch\nfrom algorithms.kl_family.definition import units_for\nimport algorithms\n"
-    )
+    module.write_text("import torch\nfrom algorithms.kl_family.definition import units_for\nimport algorithms\n")
     assert {"algorithms.kl_family.definition", "algorithms"} <= _imported_modules(module)
