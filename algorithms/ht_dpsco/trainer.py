@@ -23,14 +23,11 @@ import torch
 from torch import nn
 
 from algorithms.ht_dpsco.calibration import PHI_BOUND
-from algorithms.ht_dpsco.definition import (
+from algorithms.ht_dpsco.definition import HTDPFrankWolfe, HTPrivateLasso, HTSparseLinReg, HTSparseOpt
+from algorithms.ht_dpsco.family import HTAlgorithm
+from algorithms.ht_dpsco.hyperparameters import (
     FWHyperparameters,
-    HTAlgorithm,
-    HTDPFrankWolfe,
     HTHyperparameters,
-    HTPrivateLasso,
-    HTSparseLinReg,
-    HTSparseOpt,
     LassoHyperparameters,
     SparseLinRegHyperparameters,
     SparseOptHyperparameters,

@@ -1,5 +1,5 @@
 """What the KL-family loops share: clipped full-batch releases, flat parameter vectors, budget
-units, progress hooks and checkpoints (algorithms/kl_family/definition.py has the privacy derivation).
+units, progress hooks and checkpoints (algorithms/kl_family/accounting.py has the privacy derivation).
 
 The catalogue's accounting constants (the noise safety margin, the rule that turns a spent share
 of ρ into budget units) are passed in by the trainer in :class:`FullBatch`: nothing under

@@ -30,7 +30,7 @@ from dp.data.rows import Rows, as_rows
 from dp.data.units import UnitIndex
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
 from dp.losses import LOSS_REGISTRY
-from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
+from dp.per_example.aggregator import BatchAggregator, BatchContext, MapAggregator, TensorDict
 from dp.per_example.ghost import GhostClipAggregator
 from dp.per_example.ghost import supports as ghost_supports
 from dp.per_example.per_sample import (
@@ -128,16 +128,11 @@ class UnitSampling:
 
 
 @dataclass(frozen=True)
-class PerSampleMapAggregator(BatchAggregator):
-    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...); `precision` "bf16"
-    runs the forward under bf16 autocast with float32 norms and sums (dp/precision.py)."""
+class PerSampleMapAggregator(MapAggregator):
+    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...) on the vmap engine;
+    `precision` "bf16" runs the forward under bf16 autocast with float32 norms and sums (dp/precision.py)."""
 
-    per_sample_map: PerSampleMap
     precision: Precision = "fp32"
-
-    @property
-    def sensitivity(self) -> float:
-        return self.per_sample_map.norm_bound
 
     def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         return clipped_grad_sum(

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dp.per_example.per_sample import TensorDict
+from dp.per_example.per_sample import PerSampleMap, TensorDict
 from dp.randomness.secure_random import SecureRandom
 
-__all__ = ["BatchAggregator", "BatchContext", "TensorDict"]
+__all__ = ["BatchAggregator", "BatchContext", "MapAggregator", "TensorDict"]
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,15 @@ class BatchAggregator(ABC):
     @abstractmethod
     def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         """`clipped_sum` on the packed context: what each aggregator implements."""
+
+
+@dataclass(frozen=True)
+class MapAggregator(BatchAggregator):
+    """Σ_i scale_i·g_i for a per-sample map (clipping, normalisation), on either engine: every row
+    contributes at most the map's norm bound, which is therefore the sum's sensitivity."""
+
+    per_sample_map: PerSampleMap
+
+    @property
+    def sensitivity(self) -> float:
+        return self.per_sample_map.norm_bound

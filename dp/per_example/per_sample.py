@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dp.losses import get_loss, prepare_targets
+from dp.losses import LossSpec, get_loss, prepare_targets
 from dp.per_example.clip_margin import clip_target, norm_upper_bound, sum_of_squares
 from dp.precision import (
     Precision,
@@ -56,9 +56,11 @@ __all__ = [
     "TensorDict",
     "add_weighted_rows",
     "check_supported",
+    "chunk_placement",
     "clipped_grad_sum",
     "iter_per_sample_grads",
     "per_sample_norms",
+    "physical_chunks",
     "rows_where",
     "supported_module",
     "trainable_parameters",
@@ -225,21 +227,37 @@ def iter_per_sample_grads(
     check_precision(precision)
     check_supported(model)
     params = {name: p.detach() for name, p in trainable_parameters(model).items()}
+    device, dtype = chunk_placement(params, precision)
+    buffers = {name: b.detach() for name, b in model.named_buffers()}
+    spec = get_loss(loss)
+    per_sample_grad = _batched_grad_fn(model, loss, precision=precision, device_type=device.type, dtype=dtype)
+    for x, target in physical_chunks(X, y, spec=spec, rows=max_physical_batch_size, device=device, dtype=dtype):
+        yield per_sample_grad(params, buffers, x, target)
+
+
+def chunk_placement(params: Mapping[str, torch.Tensor], precision: Precision) -> tuple[torch.device, torch.dtype]:
+    """Where both engines put their chunks: the trainable parameters' device and dtype, once there
+    are parameters and they suit ``precision`` (bf16 needs float32 parameters, and no autocast
+    region of the caller's may be active)."""
     if not params:
         raise ValueError("model has no trainable parameters")
     check_precision_parameters(precision, params.values())
     first = next(iter(params.values()))
-    device, dtype = first.device, first.dtype
-    check_no_outer_autocast(device.type)
-    buffers = {name: b.detach() for name, b in model.named_buffers()}
-    spec = get_loss(loss)
-    per_sample_grad = _batched_grad_fn(model, loss, precision=precision, device_type=device.type, dtype=dtype)
-    for start in range(0, X.shape[0], max_physical_batch_size):
-        x = X[start : start + max_physical_batch_size].to(device)
+    check_no_outer_autocast(first.device.type)
+    return first.device, first.dtype
+
+
+def physical_chunks(
+    X: torch.Tensor, y: torch.Tensor, *, spec: LossSpec, rows: int, device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(rows, targets) of each chunk of ``rows`` rows, moved to ``device``, floating values in
+    ``dtype`` (the parameters'): the chunking of both per-sample engines. Chunks bound memory
+    only; every row is in exactly one, in order."""
+    for start in range(0, X.shape[0], rows):
+        x = X[start : start + rows].to(device)
         if x.is_floating_point():
             x = x.to(dtype)
-        target = prepare_targets(spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype)
-        yield per_sample_grad(params, buffers, x, target)
+        yield x, prepare_targets(spec, y[start : start + rows].to(device), dtype=dtype)
 
 
 def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
