@@ -60,29 +60,28 @@ def _run(
     )
 
 
+def _clipping(c1: float, c2: float, request: TrainingRequest[Any]) -> ErrorFeedbackAggregator:
+    """Algorithm 2's maps: clip(g, C1) per sample, clip(e, C2) on the feedback."""
+    return ErrorFeedbackAggregator(
+        per_sample_map=AbadiClip(c1),
+        feedback_map=ErrorFeedbackClip(c2),
+        expected_batch_size=request.expected_batch_size,
+    )
+
+
 @register_trainer(DiceSGD)
 def run_dicesgd(request: TrainingRequest[DiceSGDHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
-    aggregator = ErrorFeedbackAggregator(
-        per_sample_map=AbadiClip(hyper.c1),
-        feedback_map=ErrorFeedbackClip(hyper.c2),
-        expected_batch_size=request.expected_batch_size,
-    )
-    return _run(request, aggregator, OptimizerChoice("sgd", hyper.momentum, hyper.weight_decay))
+    optimizer = OptimizerChoice("sgd", hyper.momentum, hyper.weight_decay)
+    return _run(request, _clipping(hyper.c1, hyper.c2, request), optimizer)
 
 
 @register_trainer(DiceSGDAdam)
 def run_dicesgd_adam(request: TrainingRequest[DiceSGDAdamHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
-    aggregator = ErrorFeedbackAggregator(
-        per_sample_map=AbadiClip(hyper.c1),
-        feedback_map=ErrorFeedbackClip(hyper.c2),
-        expected_batch_size=request.expected_batch_size,
-    )
-    optimizer = OptimizerChoice(
-        "adam", weight_decay=hyper.weight_decay, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps
-    )
-    return _run(request, aggregator, optimizer)
+    betas = (hyper.beta1, hyper.beta2)
+    optimizer = OptimizerChoice("adam", weight_decay=hyper.weight_decay, betas=betas, eps=hyper.eps)
+    return _run(request, _clipping(hyper.c1, hyper.c2, request), optimizer)
 
 
 @register_trainer(DiceSGDAuto)

@@ -128,25 +128,17 @@ class HTDPFrankWolfe(HTAlgorithm[FWHyperparameters, FWResolved]):
             constant_step=biweight,
         )
 
-    def plan(
-        self,
-        hyperparameters: FWHyperparameters,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
-        r = self.resolve_for(hyperparameters, training, facts, training_fraction=training_fraction)
+    def plan_resolved(self, hyperparameters: FWHyperparameters, resolved: FWResolved) -> PrivacyPlan:
         event_type = ExponentialMechanismEvent if hyperparameters.selection == "gumbel" else PureDPEvent
 
         def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
             return event_type(epsilon=1.0 / noise_multiplier, count=once(steps))
 
         return PrivacyPlan(
-            steps=r.iterations,
-            sampling_probability=1.0 / r.iterations,
-            expected_batch_size=r.block_size,
-            sensitivity=r.score_sensitivity,
+            steps=resolved.iterations,
+            sampling_probability=1.0 / resolved.iterations,
+            expected_batch_size=resolved.block_size,
+            sensitivity=resolved.score_sensitivity,
             sampling="disjoint-blocks",
             event_for=event_for,
             sensitivity_norm="score",
@@ -238,24 +230,16 @@ class HTPrivateLasso(HTAlgorithm[LassoHyperparameters, LassoResolved]):
             ),
         )
 
-    def plan(
-        self,
-        hyperparameters: LassoHyperparameters,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
-        r = self.resolve_for(hyperparameters, training, facts, training_fraction=training_fraction)
+    def plan_resolved(self, hyperparameters: LassoHyperparameters, resolved: LassoResolved) -> PrivacyPlan:
 
         def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
             return ExponentialMechanismEvent(epsilon=1.0 / noise_multiplier, count=steps)
 
         return PrivacyPlan(
-            steps=r.iterations,
+            steps=resolved.iterations,
             sampling_probability=1.0,
-            expected_batch_size=r.training_rows,
-            sensitivity=r.score_sensitivity,
+            expected_batch_size=resolved.training_rows,
+            sensitivity=resolved.score_sensitivity,
             sampling="full-batch",
             event_for=event_for,
             sensitivity_norm="score",

@@ -138,13 +138,21 @@ class HTAlgorithm(AlgorithmDefinition[_HTH], Generic[_HTH, _Resolved]):
         catalogue's plan and again, from the same public facts, by the worker's trainer."""
         raise NotImplementedError
 
-    def resolve_for(
-        self, hyperparameters: _HTH, training: TrainingSpec, facts: DatasetFacts, *, training_fraction: float
-    ) -> _Resolved:
-        """`resolve` for the expected (1 − f)·n training rows of a plan."""
-        return self.resolve(
-            hyperparameters, training=training, training_rows=training_fraction * facts.n_rows, facts=facts
-        )
+    def plan(
+        self,
+        hyperparameters: _HTH,
+        training: TrainingSpec,
+        facts: DatasetFacts,
+        *,
+        training_fraction: float = 1.0,
+    ) -> PrivacyPlan:
+        training_rows = training_fraction * facts.n_rows  # expected: (1 − f)·n
+        resolved = self.resolve(hyperparameters, training=training, training_rows=training_rows, facts=facts)
+        return self.plan_resolved(hyperparameters, resolved)
+
+    def plan_resolved(self, hyperparameters: _HTH, resolved: _Resolved) -> PrivacyPlan:
+        """The plan of a run whose public constants `resolve` derived."""
+        raise NotImplementedError
 
     def adopt_privacy_target(self, hyperparameters: _HTH, *, target_epsilon: float | None) -> _HTH:
         """design_epsilon defaults to the job's target ε (public), so the formulas match the charge."""
@@ -206,24 +214,16 @@ _PeelingR = TypeVar("_PeelingR", bound=PeelingResolved)
 class PeelingAlgorithm(HTAlgorithm[_SparseH, _PeelingR]):
     """Alg 3 and Alg 5: one Peeling per disjoint block, so one Peeling's cost."""
 
-    def plan(
-        self,
-        hyperparameters: _SparseH,
-        training: TrainingSpec,
-        facts: DatasetFacts,
-        *,
-        training_fraction: float = 1.0,
-    ) -> PrivacyPlan:
-        r = self.resolve_for(hyperparameters, training, facts, training_fraction=training_fraction)
+    def plan_resolved(self, hyperparameters: _SparseH, resolved: _PeelingR) -> PrivacyPlan:
 
         def event_for(noise_multiplier: float, steps: int) -> PrivacyEvent:
-            return peeling_event(noise_multiplier, sparsity=r.sparsity, uses=once(steps))
+            return peeling_event(noise_multiplier, sparsity=resolved.sparsity, uses=once(steps))
 
         return PrivacyPlan(
-            steps=r.iterations,
-            sampling_probability=1.0 / r.iterations,
-            expected_batch_size=r.block_size,
-            sensitivity=r.sensitivity,
+            steps=resolved.iterations,
+            sampling_probability=1.0 / resolved.iterations,
+            expected_batch_size=resolved.block_size,
+            sensitivity=resolved.sensitivity,
             sampling="disjoint-blocks",
             event_for=event_for,
             sensitivity_norm="linf",
