@@ -16,7 +16,7 @@ from kernel.privacy import PoissonSampledGaussianEvent
 from kernel.privacy.conversion import epsilon_from_rdp
 from kernel.privacy.rdp import rdp_curve
 
-__all__ = ["PAPER_CLAIM_LABEL", "claim_entry", "finite_or_none", "poisson_gaussian_rdp_epsilon"]
+__all__ = ["PAPER_CLAIM_LABEL", "claim_entry", "finite_or_none", "poisson_gaussian_rdp_epsilon", "stated_claim_entry"]
 
 PAPER_CLAIM_LABEL: Final[str] = "as claimed in the paper — not a valid guarantee"
 
@@ -36,6 +36,11 @@ def claim_entry(
     entry["valid_guarantee"] = False
     entry["explanation"] = explanation
     return entry
+
+
+def stated_claim_entry(*, claim: str, explanation: str) -> dict[str, Any]:
+    """The report entry of a claim stated without a number: label, the claim, and why it is not valid."""
+    return {"label": PAPER_CLAIM_LABEL, "claim": claim, "valid_guarantee": False, "explanation": explanation}
 
 
 def poisson_gaussian_rdp_epsilon(

@@ -21,8 +21,7 @@ from algorithms.ht_dpsco import loops
 from algorithms.ht_dpsco.calibration import PHI_BOUND
 from algorithms.ht_dpsco.mechanisms import Polytope
 from algorithms.ht_dpsco.trainer import linear_layer
-from algorithms.trainer_registry import TrainingRequest
-from algorithms.trainers import get_trainer
+from algorithms.trainers import TrainingRequest, get_trainer
 from dp.loop.state import TrainingHooks
 from dp.randomness.secure_random import SecureRandom
 from kernel import privacy

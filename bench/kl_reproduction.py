@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from algorithms.kl_family.accounting import NOISE_SAFETY, units_for
 from algorithms.kl_family.common import FullBatch, assign_flat, flat_params
-from algorithms.kl_family.definition import NOISE_SAFETY, units_for
 from algorithms.trainers import TrainingRequest, get_trainer
 from dp.loop.state import TrainingHooks
 from dp.randomness.secure_random import SecureRandom

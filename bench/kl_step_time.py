@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from algorithms.kl_family.accounting import NOISE_SAFETY, units_for
 from algorithms.kl_family.common import FullBatch, assign_flat, flat_params
-from algorithms.kl_family.definition import NOISE_SAFETY, adaptive_constants, units_for
 from algorithms.kl_family.noisy_gd import InnerSolver, InnerState, inner_step
+from algorithms.kl_family.schedules import adaptive_constants
 from dp.per_example.per_sample import AbadiClip, clipped_grad_sum
 from dp.randomness.secure_random import SecureRandom
 from privtrain_common.zoo.architectures import build_model

@@ -17,9 +17,9 @@ from algorithms.baselines.definition import (
     DPAdamHyperparameters,
     DPPSACHyperparameters,
 )
-from algorithms.per_sample_map_trainer import run_with_per_sample_map
+from algorithms.dp_sgd_loop import OptimizerChoice, run_with_per_sample_map
 from algorithms.registry import definition_of
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.loop.state import TrainingResult
 from dp.per_example.per_sample import AbadiClip
 from dp.per_example.per_sample_maps import AutoSClip, PSACClip
@@ -32,10 +32,9 @@ def run_dp_adam(request: TrainingRequest[DPAdamHyperparameters]) -> TrainingResu
         definition_of(DPAdam),
         request,
         AbadiClip(hyper.clipping_norm),
-        optimizer="adam",
-        weight_decay=hyper.weight_decay,
-        adam_betas=(hyper.beta1, hyper.beta2),
-        adam_eps=hyper.eps,
+        optimizer=OptimizerChoice(
+            "adam", weight_decay=hyper.weight_decay, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps
+        ),
     )
 
 
@@ -46,9 +45,7 @@ def run_auto_s(request: TrainingRequest[AutoSHyperparameters]) -> TrainingResult
         definition_of(AutoS),
         request,
         AutoSClip(hyper.clipping_norm, gamma=hyper.gamma),
-        optimizer=hyper.optimizer,
-        momentum=hyper.momentum,
-        weight_decay=hyper.weight_decay,
+        optimizer=OptimizerChoice(hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay),
     )
 
 
@@ -59,7 +56,5 @@ def run_dp_psac(request: TrainingRequest[DPPSACHyperparameters]) -> TrainingResu
         definition_of(DPPSAC),
         request,
         PSACClip(hyper.clipping_norm, r=hyper.r),
-        optimizer=hyper.optimizer,
-        momentum=hyper.momentum,
-        weight_decay=hyper.weight_decay,
+        optimizer=OptimizerChoice(hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay),
     )

@@ -1,6 +1,6 @@
 """DC-DPSGD's batch aggregators (RANK and THRESHOLD) for the DP-SGD loop (docs/algorithms/dc-dpsgd.md#what-it-does).
 
-Both implement :class:`dp.loop.batch_loop.BatchAggregator`: ``clipped_sum`` returns the
+Both implement :class:`dp.per_example.aggregator.BatchAggregator`: ``clipped_sum`` returns the
 data part Σ_{i∈S} clip_{c(i)}(g_i) of a step and ``sensitivity`` its add/remove L2 sensitivity
 Δ; ``train_dp_sgd`` then adds ONE Gaussian vector N(0, σ²Δ² I), divides by the public expected
 batch size and steps. The derivations of Δ (2·c1 − c2 for RANK, c1 for THRESHOLD) and of the
@@ -38,9 +38,10 @@ import torch
 from torch import nn
 
 from algorithms.dc_dpsgd.projection import PROJECTION_KEY_PURPOSE, StepProjection, StreamingProjection
+from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
 from dp.per_example.clip_margin import clip_target
 from dp.per_example.engines import Engine, check_engine, per_sample_grads_of
-from dp.per_example.per_sample import per_sample_norms, trainable_parameters
+from dp.per_example.per_sample import add_weighted_rows, trainable_parameters, zeros_like_trainable
 from dp.randomness.secure_random import SecureRandom
 
 __all__ = [
@@ -117,27 +118,14 @@ def add_clipped(
     c2: float,
 ) -> None:
     """total += Σ_i clip_{c(i)}(g_i) for one chunk; norms over ALL trainable parameters."""
-    norms = per_sample_norms(grads)
-    finite = torch.isfinite(norms)
-    scale = clip_scales(norms, tail, c1, c2)
-    if not bool(finite.all()):
-        grads = {name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()}
-    for name, g in grads.items():
-        total[name].add_(torch.tensordot(scale, g, dims=1))
+    add_weighted_rows((total,), grads, (lambda norms: clip_scales(norms, tail, c1, c2),))
 
 
 # ----------------------------------------------------------------------------- shared step setup
 
 
-def _zeros_like_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        name: torch.zeros_like(p, memory_format=torch.contiguous_format)
-        for name, p in trainable_parameters(model).items()
-    }
-
-
 @dataclass
-class _DCAggregator:
+class _DCAggregator(BatchAggregator):
     c1: float
     c2: float
     projection: StreamingProjection
@@ -161,13 +149,11 @@ class _DCAggregator:
         """Validate the scope against the model (names known, k < d_J); returns d_J."""
         return sum(self.projection.scope_sizes(trainable_parameters(model)).values())
 
-    def _begin(
-        self, model: nn.Module, n: int, step: int, generator: SecureRandom
-    ) -> tuple[StepProjection, torch.Tensor]:
+    def _begin(self, model: nn.Module, n: int, context: BatchContext) -> tuple[StepProjection, torch.Tensor]:
         blocks = self.projection.layout(trainable_parameters(model))
-        key = generator.derive_key(PROJECTION_KEY_PURPOSE)
-        trace_noise = generator.normal(n, std=self.sigma_tr, dtype=torch.float64)
-        return StepProjection(self.projection, blocks, key, step), trace_noise
+        key = context.generator.derive_key(PROJECTION_KEY_PURPOSE)
+        trace_noise = context.generator.normal(n, std=self.sigma_tr, dtype=torch.float64)
+        return StepProjection(self.projection, blocks, key, context.step), trace_noise
 
 
 @dataclass
@@ -188,27 +174,17 @@ class RankAggregator(_DCAggregator):
     def sensitivity(self) -> float:
         return 2.0 * self.c1 - self.c2
 
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
-        n = X.shape[0]
-        projection, trace_noise = self._begin(model, n, step, generator)
-        order = generator.permutation(n)
-        total = _zeros_like_params(model)
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
+        n, mpbs = X.shape[0], context.max_physical_batch_size
+        projection, trace_noise = self._begin(model, n, context)
+        order = context.generator.permutation(n)
+        total = zeros_like_trainable(model)
         per_sample_grads = per_sample_grads_of(model, self.engine)
         with torch.no_grad():
             kept: dict[str, torch.Tensor] | None = None
-            single_chunk = n <= max_physical_batch_size
+            single_chunk = n <= mpbs
             traces = []
-            for grads in per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            for grads in per_sample_grads(model, X, y, loss=context.loss, max_physical_batch_size=mpbs):
                 traces.append(projection.traces(grads).to(trace_noise.device))
                 kept = grads if single_chunk else None
                 del grads
@@ -220,7 +196,7 @@ class RankAggregator(_DCAggregator):
                 add_clipped(total, kept, tail, c1=self.c1, c2=self.c2)
                 return total
             start = 0  # second pass: the same rows in the same order, now clipped
-            for grads in per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            for grads in per_sample_grads(model, X, y, loss=context.loss, max_physical_batch_size=mpbs):
                 m = next(iter(grads.values())).shape[0]
                 add_clipped(total, grads, tail[start : start + m], c1=self.c1, c2=self.c2)
                 start += m
@@ -300,26 +276,16 @@ class ThresholdAggregator(_DCAggregator):
                 raise ValueError(f"checkpointed tau must be positive and finite, got {tau}")
         self.tau = tau if tau is not None else self._initial_tau
 
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
-        n = X.shape[0]
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
+        n, mpbs = X.shape[0], context.max_physical_batch_size
         tau = self.current_tau(model)
-        projection, trace_noise = self._begin(model, n, step, generator)
-        total = _zeros_like_params(model)
+        projection, trace_noise = self._begin(model, n, context)
+        total = zeros_like_trainable(model)
         per_sample_grads = per_sample_grads_of(model, self.engine)
         count = 0
         start = 0
         with torch.no_grad():
-            for grads in per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
+            for grads in per_sample_grads(model, X, y, loss=context.loss, max_physical_batch_size=mpbs):
                 traces = projection.traces(grads).to(trace_noise.device)
                 m = traces.shape[0]
                 tail = threshold_tail_mask(traces + trace_noise[start : start + m], tau)
@@ -328,5 +294,5 @@ class ThresholdAggregator(_DCAggregator):
                 start += m
                 del grads
         if self.tracker is not None:
-            self.tau = self.tracker.next_tau(tau, count, generator)
+            self.tau = self.tracker.next_tau(tau, count, context.generator)
         return total

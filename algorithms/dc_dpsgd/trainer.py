@@ -34,11 +34,9 @@ from algorithms.dc_dpsgd.definition import (
     DCDPSGDThresholdHyperparameters,
 )
 from algorithms.dc_dpsgd.projection import StreamingProjection
-from algorithms.trainer_registry import TrainingRequest, register_preflight, register_trainer
-from algorithms.training_fields import learning_rate_of
-from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
+from algorithms.dp_sgd_loop import OptimizerChoice, run_loop
+from algorithms.trainers import TrainingRequest, register_preflight, register_trainer
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
-from dp.loop.units import unit_sampling
 from dp.per_example.per_sample import trainable_parameters
 
 log = logging.getLogger(__name__)
@@ -60,22 +58,6 @@ register_preflight(DCDPSGDRank)(check_projection_scope)
 register_preflight(DCDPSGDThreshold)(check_projection_scope)
 
 
-def _config(request: TrainingRequest[Any], hyper: DCCommonHyperparameters, sensitivity: float) -> DPSGDConfig:
-    return DPSGDConfig(
-        steps=request.steps,
-        sampling_probability=request.sampling_probability,
-        noise_multiplier=request.noise_multiplier,
-        clipping_norm=sensitivity,  # unused with an aggregator; documents the noise scale σ·Δ
-        learning_rate=learning_rate_of(request.training),
-        momentum=hyper.momentum,
-        weight_decay=hyper.weight_decay,
-        optimizer=hyper.optimizer,
-        loss=request.loss,
-        max_physical_batch_size=request.max_physical_batch_size,
-        expected_batch_size=request.expected_batch_size,
-    )
-
-
 def _run(
     request: TrainingRequest[Any],
     hyper: DCCommonHyperparameters,
@@ -83,19 +65,8 @@ def _run(
     hooks: TrainingHooks,
 ) -> TrainingResult:
     aggregator.check(request.model)  # unknown scope names or k >= d_J fail before any step
-    loop_aggregator, units = unit_sampling(aggregator, request.units, rows_per_unit=request.training.rows_per_unit)
-    return train_dp_sgd(
-        request.model,
-        request.features,
-        request.y,
-        config=_config(request, hyper, aggregator.sensitivity),
-        generator=request.generator,
-        hooks=hooks,
-        resume_from=request.resume_from,
-        device=request.device,
-        aggregator=loop_aggregator,
-        units=units,
-    )
+    optimizer = OptimizerChoice(hyper.optimizer, momentum=hyper.momentum, weight_decay=hyper.weight_decay)
+    return run_loop(request, aggregator, optimizer=optimizer, hooks=hooks)
 
 
 @register_trainer(DCDPSGDRank)

@@ -1,6 +1,6 @@
 """DiceSGD's error-feedback aggregator for the DP-SGD loop (docs/algorithms/dicesgd.md#what-it-does).
 
-:class:`ErrorFeedbackAggregator` implements :class:`dp.loop.batch_loop.BatchAggregator`, so
+:class:`ErrorFeedbackAggregator` implements :class:`dp.per_example.aggregator.BatchAggregator`, so
 the shared loop ``train_dp_sgd`` does the Poisson sampling, the ONE Gaussian draw per step, the
 division by the public B, SGD/Adam, cancellation, heartbeats and checkpoints. Per step it returns
 the sum-scale data part of the release and updates the hidden state:
@@ -12,7 +12,7 @@ which is Algorithm 2's e_{t+1} = e_t + ḡ − v with the NOISELESS v = c̄ + ψ
 enters e (docs/algorithms/dicesgd.md#what-it-does). The two sums come from the shared engines,
 chosen like DP-SGD's aggregator: where ghost clipping is exact for every layer (``ghost.supports``), ONE
 book-keeping pass of ``ghost_weighted_grad_sums`` with the two weightings w_i and 1 − w_i (no
-per-sample gradient is materialised); otherwise ONE pass of ``iter_per_sample_grads`` + ``per_sample_norms``
+per-sample gradient is materialised); otherwise ONE pass of the vmap engine (``weighted_grad_sums``)
 contracting each chunk with the 2×m weight matrix [w_i, 1 − w_i]. Both give the same sums up to
 rounding. A row whose gradient is not finite gets weight 0 in both sums, exactly as in
 ``clipped_grad_sum``.
@@ -48,13 +48,14 @@ from dp.data.units import UnitIndex
 from dp.loop.batch_loop import DPSGDConfig, train_dp_sgd
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
 from dp.loop.units import unit_sampling
+from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
 from dp.per_example.engines import Engine, check_engine, uses_ghost
 from dp.per_example.ghost import ghost_weighted_grad_sums
 from dp.per_example.per_sample import (
     PerSampleMap,
-    iter_per_sample_grads,
-    per_sample_norms,
     trainable_parameters,
+    weighted_grad_sums,
+    zeros_like_trainable,
 )
 from dp.randomness.secure_random import SecureRandom
 
@@ -78,8 +79,6 @@ _SHRINK = 1.0 - 2.0**-20
 
 _FEEDBACK_BLOCK = 1 << 24
 """Values of e taken to float64 at a time, for its norm and ψ (at most 128 MiB of float64 transients)."""
-
-TensorDict = dict[str, torch.Tensor]
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +192,7 @@ def apply_feedback_map(feedback_map: ErrorFeedbackMap, error: Mapping[str, torch
 
 @dataclass(frozen=True)
 class _Residual:
-    """Weights 1 − w_i of the clipping residual Σ(1 − w_i)·g_i, for the ghost engine.
+    """Weights 1 − w_i of the clipping residual Σ(1 − w_i)·g_i, for either engine.
 
     Not a per-sample map with a bound: the residual is hidden state and is never released, so
     ``norm_bound`` is infinite on purpose (nothing may use it as a sensitivity).
@@ -209,7 +208,7 @@ class _Residual:
         return 1.0 - self.base.scale_factors(norms)
 
 
-class ErrorFeedbackAggregator:
+class ErrorFeedbackAggregator(BatchAggregator):
     """The DiceSGD step's data part for ``train_dp_sgd``; owns the hidden error-feedback state.
 
     ``sensitivity`` is the sum-scale add/remove bound Δ_sum = C1 + 2·B·C2 (B·(C1/B + 2·C2),
@@ -283,45 +282,7 @@ class ErrorFeedbackAggregator:
 
     # -------------------------------------------------------------- one step
 
-    def _vmap_sums(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        mapped: TensorDict,
-        residual: TensorDict,
-        *,
-        loss: str,
-        max_physical_batch_size: int,
-    ) -> None:
-        """Both sums in ONE pass of the materialising engine: a 2×m contraction per chunk."""
-        with torch.no_grad():
-            for grads in iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size):
-                norms = per_sample_norms(grads)
-                finite = torch.isfinite(norms)
-                scale = torch.where(finite, self.per_sample_map.scale_factors(norms), 0.0)
-                rest = torch.where(finite, 1.0 - scale, 0.0)
-                if not bool(finite.all()):
-                    grads = {
-                        name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()
-                    }
-                weights = torch.stack([scale, rest])  # (2, m): [w_i, 1 − w_i]
-                for name, g in grads.items():
-                    both = torch.tensordot(weights.to(g.dtype), g, dims=1)
-                    mapped[name].add_(both[0])
-                    residual[name].add_(both[1].to(residual[name].dtype))
-
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> TensorDict:
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         """Σ_i φ(g_i) + B·ψ(e_t), and e ← e_t − ψ(e_t) + Σ_i (1 − w_i)·g_i / B (module doc)."""
         params = trainable_parameters(model)
         error = self._ensure_error(params)
@@ -331,14 +292,23 @@ class ErrorFeedbackAggregator:
                 model,
                 X,
                 y,
-                loss=loss,
-                max_physical_batch_size=max_physical_batch_size,
+                loss=context.loss,
+                max_physical_batch_size=context.max_physical_batch_size,
                 per_sample_maps=(self.per_sample_map, _Residual(self.per_sample_map)),
             )
         else:
-            mapped = {name: torch.zeros_like(p, memory_format=torch.contiguous_format) for name, p in params.items()}
+            # ONE pass of the materialising engine: a 2×m contraction per chunk
+            mapped = zeros_like_trainable(model)
             rest = {name: torch.zeros(p.shape, dtype=error.dtype, device=error.device) for name, p in params.items()}
-            self._vmap_sums(model, X, y, mapped, rest, loss=loss, max_physical_batch_size=max_physical_batch_size)
+            weighted_grad_sums(
+                (mapped, rest),
+                model,
+                X,
+                y,
+                loss=context.loss,
+                weights=(self.per_sample_map.scale_factors, _Residual(self.per_sample_map).scale_factors),
+                max_physical_batch_size=context.max_physical_batch_size,
+            )
         with torch.no_grad():  # flat: a few kernels per step whatever the number of tensors
             dtypes = {name: t.dtype for name, t in mapped.items()}
             released, residual = _flatten(mapped, names), _flatten(rest, names).to(error.dtype)

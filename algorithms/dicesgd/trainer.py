@@ -10,8 +10,7 @@ state and restored on resume; it is never logged or reported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from algorithms.dicesgd.aggregator import (
     ErrorFeedbackAggregator,
@@ -28,26 +27,16 @@ from algorithms.dicesgd.definition import (
     DiceSGDHyperparameters,
     sound_average_sensitivity,
 )
-from algorithms.trainer_registry import TrainingRequest, register_trainer
-from algorithms.training_fields import learning_rate_of
-from dp.loop.batch_loop import DPSGDConfig
+from algorithms.dp_sgd_loop import OptimizerChoice, loop_config
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.loop.state import TrainingResult
 from dp.per_example.per_sample import AbadiClip
 from dp.per_example.per_sample_maps import AutoSClip
 
 
-@dataclass(frozen=True)
-class _Optimizer:
-    """How the released ṽ is applied (post-processing)."""
-
-    name: Literal["sgd", "adam"]
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-
-
-def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, optimizer: _Optimizer) -> TrainingResult:
+def _run(
+    request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, optimizer: OptimizerChoice
+) -> TrainingResult:
     bounds_avg = sound_average_sensitivity(
         c1=aggregator.per_sample_map.norm_bound,
         c2=aggregator.feedback_map.norm_bound,
@@ -56,26 +45,11 @@ def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, opt
     charged_sum = bounds_avg * request.expected_batch_size
     if abs(aggregator.sensitivity - charged_sum) > 1e-12 * charged_sum:
         raise RuntimeError("dicesgd: the aggregator's sensitivity differs from the charged one")
-    config = DPSGDConfig(
-        steps=request.steps,
-        sampling_probability=request.sampling_probability,
-        noise_multiplier=request.noise_multiplier,
-        clipping_norm=aggregator.sensitivity,  # unused with an aggregator; documents σ·Δ_sum
-        learning_rate=learning_rate_of(request.training),
-        momentum=optimizer.momentum,
-        weight_decay=optimizer.weight_decay,
-        optimizer=optimizer.name,
-        adam_betas=optimizer.betas,
-        adam_eps=optimizer.eps,
-        loss=request.loss,
-        max_physical_batch_size=request.max_physical_batch_size,
-        expected_batch_size=request.expected_batch_size,
-    )
     return train_dicesgd(
         request.model,
         request.features,
         request.y,
-        config=config,
+        config=loop_config(request, sensitivity=aggregator.sensitivity, optimizer=optimizer),
         aggregator=aggregator,
         generator=request.generator,
         hooks=request.hooks,
@@ -86,27 +60,28 @@ def _run(request: TrainingRequest[Any], aggregator: ErrorFeedbackAggregator, opt
     )
 
 
+def _clipping(c1: float, c2: float, request: TrainingRequest[Any]) -> ErrorFeedbackAggregator:
+    """Algorithm 2's maps: clip(g, C1) per sample, clip(e, C2) on the feedback."""
+    return ErrorFeedbackAggregator(
+        per_sample_map=AbadiClip(c1),
+        feedback_map=ErrorFeedbackClip(c2),
+        expected_batch_size=request.expected_batch_size,
+    )
+
+
 @register_trainer(DiceSGD)
 def run_dicesgd(request: TrainingRequest[DiceSGDHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
-    aggregator = ErrorFeedbackAggregator(
-        per_sample_map=AbadiClip(hyper.c1),
-        feedback_map=ErrorFeedbackClip(hyper.c2),
-        expected_batch_size=request.expected_batch_size,
-    )
-    return _run(request, aggregator, _Optimizer("sgd", hyper.momentum, hyper.weight_decay))
+    optimizer = OptimizerChoice("sgd", hyper.momentum, hyper.weight_decay)
+    return _run(request, _clipping(hyper.c1, hyper.c2, request), optimizer)
 
 
 @register_trainer(DiceSGDAdam)
 def run_dicesgd_adam(request: TrainingRequest[DiceSGDAdamHyperparameters]) -> TrainingResult:
     hyper = request.hyperparameters
-    aggregator = ErrorFeedbackAggregator(
-        per_sample_map=AbadiClip(hyper.c1),
-        feedback_map=ErrorFeedbackClip(hyper.c2),
-        expected_batch_size=request.expected_batch_size,
-    )
-    optimizer = _Optimizer("adam", weight_decay=hyper.weight_decay, betas=(hyper.beta1, hyper.beta2), eps=hyper.eps)
-    return _run(request, aggregator, optimizer)
+    betas = (hyper.beta1, hyper.beta2)
+    optimizer = OptimizerChoice("adam", weight_decay=hyper.weight_decay, betas=betas, eps=hyper.eps)
+    return _run(request, _clipping(hyper.c1, hyper.c2, request), optimizer)
 
 
 @register_trainer(DiceSGDAuto)
@@ -117,4 +92,4 @@ def run_dicesgd_auto(request: TrainingRequest[DiceSGDAutoHyperparameters]) -> Tr
         feedback_map=ErrorFeedbackNormalise(hyper.gamma),
         expected_batch_size=request.expected_batch_size,
     )
-    return _run(request, aggregator, _Optimizer("sgd", hyper.momentum, hyper.weight_decay))
+    return _run(request, aggregator, OptimizerChoice("sgd", hyper.momentum, hyper.weight_decay))

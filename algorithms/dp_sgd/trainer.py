@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from algorithms.dp_sgd.definition import DPSGD, DPSGDHyperparameters
-from algorithms.per_sample_map_trainer import run_with_per_sample_map
+from algorithms.dp_sgd_loop import OptimizerChoice, run_with_per_sample_map
 from algorithms.registry import definition_of
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.loop.state import TrainingResult
 from dp.per_example.per_sample import AbadiClip
 
@@ -17,7 +17,5 @@ def run_dp_sgd(request: TrainingRequest[DPSGDHyperparameters]) -> TrainingResult
         definition_of(DPSGD),
         request,
         AbadiClip(hyper.clipping_norm),
-        optimizer="sgd",
-        momentum=hyper.momentum,
-        weight_decay=hyper.weight_decay,
+        optimizer=OptimizerChoice("sgd", momentum=hyper.momentum, weight_decay=hyper.weight_decay),
     )

@@ -120,13 +120,59 @@ class LoopOutcome:
     stopped_early: bool
 
 
-def _stop(hooks: TrainingHooks) -> bool:
-    return hooks.should_stop is not None and hooks.should_stop()
+Update = Callable[[int, torch.Tensor], torch.Tensor]
+"""Iteration t's step: w^t ↦ w^{t+1}."""
 
 
-def _step_done(hooks: TrainingHooks, step: int) -> None:
-    if hooks.on_step_end is not None:
-        hooks.on_step_end(step)
+def _iterate(w: torch.Tensor, iterations: int, hooks: TrainingHooks, update: Update) -> LoopOutcome:
+    """The family's one loop: ``iterations`` updates of w, a cancel honoured before each and the
+    progress reported after each."""
+    for t in range(iterations):
+        if hooks.should_stop is not None and hooks.should_stop():
+            return LoopOutcome(w, t, True)
+        w = update(t, w)
+        if hooks.on_step_end is not None:
+            hooks.on_step_end(t + 1)
+    return LoopOutcome(w, iterations, False)
+
+
+def _over_blocks(
+    data: RowAccess,
+    w: torch.Tensor,
+    iterations: int,
+    *,
+    generator: SecureRandom,
+    hooks: TrainingHooks,
+    update: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+) -> LoopOutcome:
+    """Alg 1, 3, 5: iteration t reads block t only, ``update(X_t, y_t, w, t)``."""
+    blocks = _blocks(data, iterations, generator)
+    return _iterate(w, iterations, hooks, lambda t, w: update(*data.take(blocks[t]), w, t))
+
+
+def _frank_wolfe_step(
+    w: torch.Tensor,
+    gradient: torch.Tensor,
+    t: int,
+    *,
+    polytope: Polytope,
+    iterations: int,
+    epsilon_step: float,
+    score_sensitivity: float,
+    noise: NoiseSource,
+    selection: Literal["gumbel", "laplace-noisy-max"] = "gumbel",
+    constant_step: bool = False,
+) -> torch.Tensor:
+    """Alg 1 / Alg 2: the exponential mechanism picks a vertex from g̃, then w moves toward it."""
+    j = exponential_mechanism(
+        polytope.scores(gradient),
+        epsilon=epsilon_step,
+        sensitivity=score_sensitivity,
+        noise=noise,
+        selection=selection,
+    )
+    step = fw_step_size(t, iterations, constant=constant_step)
+    return (1.0 - step) * w + step * polytope.vertex(j, torch.float64, w.device)
 
 
 def _clip(values: torch.Tensor, level: float) -> torch.Tensor:
@@ -183,25 +229,24 @@ def run_ht_frank_wolfe(
     noise: NoiseSource | None = None,
 ) -> LoopOutcome:
     """Alg 1: robust mean of the block's per-sample gradients → exponential mechanism → FW step."""
-    noise = noise or ExactNoise(generator)
-    blocks = _blocks(data, config.iterations, generator)
-    w = config.polytope.start(torch.float64, data.X.device)
-    for t, index in enumerate(blocks):
-        if _stop(hooks):
-            return LoopOutcome(w, t, True)
-        X, y = data.take(index)
-        estimate = fw_gradient_estimate(X, y, w, config)
-        j = exponential_mechanism(
-            config.polytope.scores(estimate),
-            epsilon=config.epsilon_step,
-            sensitivity=config.score_sensitivity,
-            noise=noise,
+    source = noise or ExactNoise(generator)
+
+    def update(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, t: int) -> torch.Tensor:
+        return _frank_wolfe_step(
+            w,
+            fw_gradient_estimate(X, y, w, config),
+            t,
+            polytope=config.polytope,
+            iterations=config.iterations,
+            epsilon_step=config.epsilon_step,
+            score_sensitivity=config.score_sensitivity,
+            noise=source,
             selection=config.selection,
+            constant_step=config.constant_step,
         )
-        step = fw_step_size(t, config.iterations, constant=config.constant_step)
-        w = (1.0 - step) * w + step * config.polytope.vertex(j, torch.float64, w.device)
-        _step_done(hooks, t + 1)
-    return LoopOutcome(w, config.iterations, False)
+
+    start = config.polytope.start(torch.float64, data.X.device)
+    return _over_blocks(data, start, config.iterations, generator=generator, hooks=hooks, update=update)
 
 
 # ============================================================================ Alg 2
@@ -239,24 +284,23 @@ def run_ht_private_lasso(
     """Alg 2: full-data gradient (2/n)Σx̃(⟨x̃,w⟩ − ỹ) of the clipped data → exp. mechanism → FW step.
     Every row enters every iteration's gradient; the data are read and clipped once (the clip is
     a fixed per-row map, so this is the same quantity)."""
-    noise = noise or ExactNoise(generator)
+    source = noise or ExactNoise(generator)
     X, y = data.take(torch.arange(data.n_rows, device=data.X.device))
     X, y = _clip(X, config.truncation), _clip(y, config.truncation)
-    w = config.polytope.start(torch.float64, data.X.device)
-    for t in range(config.iterations):
-        if _stop(hooks):
-            return LoopOutcome(w, t, True)
-        gradient = _squared_loss_gradient(X, y, w, normaliser=config.normaliser)
-        j = exponential_mechanism(
-            config.polytope.scores(gradient),
-            epsilon=config.epsilon_step,
-            sensitivity=config.score_sensitivity,
-            noise=noise,
+
+    def update(t: int, w: torch.Tensor) -> torch.Tensor:
+        return _frank_wolfe_step(
+            w,
+            _squared_loss_gradient(X, y, w, normaliser=config.normaliser),
+            t,
+            polytope=config.polytope,
+            iterations=config.iterations,
+            epsilon_step=config.epsilon_step,
+            score_sensitivity=config.score_sensitivity,
+            noise=source,
         )
-        step = fw_step_size(t, config.iterations, constant=False)
-        w = (1.0 - step) * w + step * config.polytope.vertex(j, torch.float64, w.device)
-        _step_done(hooks, t + 1)
-    return LoopOutcome(w, config.iterations, False)
+
+    return _iterate(config.polytope.start(torch.float64, data.X.device), config.iterations, hooks, update)
 
 
 # ============================================================================ Alg 3
@@ -290,22 +334,17 @@ def run_ht_sparse_linreg(
     noise: NoiseSource | None = None,
 ) -> LoopOutcome:
     """Alg 3: w − (η₀/m)Σx̃(⟨x̃,w⟩ − ỹ) on the block → Peeling → projection onto the ℓ2 ball."""
-    noise = noise or ExactNoise(generator)
-    blocks = _blocks(data, config.iterations, generator)
-    w = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)
-    for t, index in enumerate(blocks):
-        if _stop(hooks):
-            return LoopOutcome(w, t, True)
-        X, y = data.take(index)
+    source = noise or ExactNoise(generator)
+
+    def update(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, t: int) -> torch.Tensor:
         half = linreg_half_step(X, y, w, config)
-        w = project_l2_ball(
-            peeling(
-                half, sparsity=config.sparsity, scale=config.laplace_scale, sensitivity=config.sensitivity, noise=noise
-            ),
-            config.radius,
+        released = peeling(
+            half, sparsity=config.sparsity, scale=config.laplace_scale, sensitivity=config.sensitivity, noise=source
         )
-        _step_done(hooks, t + 1)
-    return LoopOutcome(w, config.iterations, False)
+        return project_l2_ball(released, config.radius)
+
+    start = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)
+    return _over_blocks(data, start, config.iterations, generator=generator, hooks=hooks, update=update)
 
 
 # ============================================================================ Alg 5
@@ -350,19 +389,13 @@ def run_ht_sparse_opt(
     noise: NoiseSource | None = None,
 ) -> LoopOutcome:
     """Alg 5: robust mean of the block's per-sample gradients at w^t (the step's own point) → step → Peeling."""
-    noise = noise or ExactNoise(generator)
-    blocks = _blocks(data, config.iterations, generator)
-    w = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)
-    for t, index in enumerate(blocks):
-        if _stop(hooks):
-            return LoopOutcome(w, t, True)
-        X, y = data.take(index)
-        w = peeling(
-            sparse_opt_half_step(X, y, w, config),
-            sparsity=config.sparsity,
-            scale=config.laplace_scale,
-            sensitivity=config.sensitivity,
-            noise=noise,
+    source = noise or ExactNoise(generator)
+
+    def update(X: torch.Tensor, y: torch.Tensor, w: torch.Tensor, t: int) -> torch.Tensor:
+        half = sparse_opt_half_step(X, y, w, config)
+        return peeling(
+            half, sparsity=config.sparsity, scale=config.laplace_scale, sensitivity=config.sensitivity, noise=source
         )
-        _step_done(hooks, t + 1)
-    return LoopOutcome(w, config.iterations, False)
+
+    start = torch.zeros(data.dim, dtype=torch.float64, device=data.X.device)
+    return _over_blocks(data, start, config.iterations, generator=generator, hooks=hooks, update=update)

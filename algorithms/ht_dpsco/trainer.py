@@ -23,14 +23,11 @@ import torch
 from torch import nn
 
 from algorithms.ht_dpsco.calibration import PHI_BOUND
-from algorithms.ht_dpsco.definition import (
+from algorithms.ht_dpsco.definition import HTDPFrankWolfe, HTPrivateLasso, HTSparseLinReg, HTSparseOpt
+from algorithms.ht_dpsco.family import HTAlgorithm
+from algorithms.ht_dpsco.hyperparameters import (
     FWHyperparameters,
-    HTAlgorithm,
-    HTDPFrankWolfe,
     HTHyperparameters,
-    HTPrivateLasso,
-    HTSparseLinReg,
-    HTSparseOpt,
     LassoHyperparameters,
     SparseLinRegHyperparameters,
     SparseOptHyperparameters,
@@ -49,7 +46,7 @@ from algorithms.ht_dpsco.loops import (
 )
 from algorithms.ht_dpsco.mechanisms import Polytope
 from algorithms.registry import definition_of
-from algorithms.trainer_registry import TrainingRequest, register_preflight, register_trainer
+from algorithms.trainers import TrainingRequest, register_preflight, register_trainer
 from dp.data.rows import materialise
 from dp.loop.state import TrainingResult
 from kernel.datasets.facts import DatasetFacts

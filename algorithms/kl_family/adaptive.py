@@ -10,7 +10,7 @@ Calibration: docs/algorithms/kl-family.md#privacy-calibration-as-we-charge-it.
         stop after a floor step (s_t = s_min)
 
 Both the filter and the floor test read released values only, so where the run stops is public
-and settling the ledger with the units actually spent is sound (algorithms/kl_family/definition.py).
+and settling the ledger with the units actually spent is sound (algorithms/kl_family/accounting.py).
 The checkpoint holds w (model), the spent ρ (float; exact costs of the std's used), the pass
 count and the finished flag.
 """

@@ -1,5 +1,5 @@
 """What the KL-family loops share: clipped full-batch releases, flat parameter vectors, budget
-units, progress hooks and checkpoints (algorithms/kl_family/definition.py has the privacy derivation).
+units, progress hooks and checkpoints (algorithms/kl_family/accounting.py has the privacy derivation).
 
 The catalogue's accounting constants (the noise safety margin, the rule that turns a spent share
 of ρ into budget units) are passed in by the trainer in :class:`FullBatch`: nothing under
@@ -25,15 +25,19 @@ import torch
 from torch import nn
 
 from dp.loop.augmult import AugmentedViews
-from dp.loop.batch_loop import BatchAggregator, UnitSampling, per_sample_map_aggregator
+from dp.loop.batch_loop import UnitSampling, per_sample_map_aggregator
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
 from dp.loop.units import PerUnitAggregator
 from dp.losses import mean_over_unit_rows
+from dp.per_example.aggregator import BatchAggregator
 from dp.per_example.per_sample import (
     AbadiClip,
+    add_weighted_rows,
     iter_per_sample_grads,
     per_sample_norms,
+    rows_where,
     trainable_parameters,
+    zeros_like_trainable,
 )
 from dp.randomness.noise import privatise_sum
 from dp.randomness.secure_random import SecureRandom
@@ -76,10 +80,6 @@ def assign_flat(model: nn.Module, vector: torch.Tensor) -> None:
             count = p.numel()
             p.copy_(vector[offset : offset + count].view_as(p).to(p.dtype))
             offset += count
-
-
-def _rows_where(mask: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
 
 
 @dataclass
@@ -173,10 +173,7 @@ class FullBatch:
         old = self._old_model
         assign_flat(old, old_point)
         lipschitz_clip, difference_clip = AbadiClip(self.lipschitz), AbadiClip(clip)
-        total = {
-            name: torch.zeros_like(p, memory_format=torch.contiguous_format)
-            for name, p in trainable_parameters(model).items()
-        }
+        total = zeros_like_trainable(model)
         chunks = dict(loss=self.loss, max_physical_batch_size=self.max_physical_batch_size)
         X, y = self._pass_data()  # the same terms at both points
         new_model, old_model = model, old
@@ -202,17 +199,12 @@ class FullBatch:
                 for name in new_grads:
                     g_new, g_old = new_grads[name], old_grads[name]
                     if not all_finite:  # 0·inf would be NaN: zero such rows first
-                        g_new, g_old = _rows_where(finite, g_new), _rows_where(finite, g_old)
+                        g_new, g_old = rows_where(finite, g_new), rows_where(finite, g_old)
                     shape = (-1, *[1] * (g_new.dim() - 1))
                     diff = g_new.mul_(new_scale.view(shape))  # in place: the chunk is ours
                     diffs[name] = diff.sub_(g_old.mul_(old_scale.view(shape)))
                 del new_grads, old_grads
-                diff_norms = per_sample_norms(diffs)
-                ok = torch.isfinite(diff_norms)
-                scale = torch.where(ok, difference_clip.scale_factors(diff_norms), 0.0)
-                for name, d in diffs.items():
-                    rows = d if bool(ok.all()) else _rows_where(ok, d)
-                    total[name].add_(torch.tensordot(scale, rows, dims=1))
+                add_weighted_rows((total,), diffs, (difference_clip.scale_factors,))
         return total
 
 

@@ -12,29 +12,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from algorithms.kl_family.accounting import NOISE_SAFETY, full_batch_passes, rho_of, units_for
 from algorithms.kl_family.adaptive import train_adaptive_noisy_gd
 from algorithms.kl_family.common import FullBatch, ReleaseObserver
-from algorithms.kl_family.definition import (
-    NOISE_SAFETY,
-    AdaptiveNoisyGD,
+from algorithms.kl_family.definition import AdaptiveNoisyGD, KLSpider, NoisyGD, ProximalPoint
+from algorithms.kl_family.hyperparameters import (
     AdaptiveNoisyGDHyperparameters,
-    KLSpider,
     KLSpiderHyperparameters,
-    NoisyGD,
     NoisyGDHyperparameters,
-    ProximalPoint,
     ProximalPointHyperparameters,
-    adaptive_constants,
-    full_batch_passes,
-    inner_solver_steps,
-    outer_iterations,
-    rho_of,
-    spider_schedule,
-    units_for,
 )
 from algorithms.kl_family.noisy_gd import InnerSolver, inner_noise_std, train_noisy_gd, train_proximal_point
+from algorithms.kl_family.schedules import adaptive_constants, inner_solver_steps, outer_iterations, spider_schedule
 from algorithms.kl_family.spider import train_kl_spider
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from dp.data.rows import materialise
 from dp.loop.state import TrainingResult
 from dp.loop.units import unit_slots

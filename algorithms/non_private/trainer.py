@@ -10,17 +10,15 @@ Frozen parameters (``requires_grad=False``, fine-tuning) are left out of the opt
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from algorithms.non_private.definition import SGD, Adam, AdamHyperparameters, SGDHyperparameters
-from algorithms.trainer_registry import TrainingRequest, register_trainer
+from algorithms.trainers import TrainingRequest, register_trainer
 from algorithms.training_fields import learning_rate_of
 from dp.loop.augmult import forward_views
-from dp.loop.batch_loop import _snapshot
 from dp.loop.state import TrainingResult
+from dp.loop.steps import LiveState, run_steps
 from dp.losses import get_loss, prepare_targets
 from dp.per_example.per_sample import trainable_parameters
 from dp.precision import autocast_context
@@ -42,18 +40,13 @@ def run_minibatches(
     features, y = request.features, request.y.to(request.device)
     n = features.n_rows
     batch_size = max(1, min(n, round(request.expected_batch_size)))
-    step = 0
-    if request.resume_from is not None:
-        model.load_state_dict(request.resume_from.model_state, strict=True)
-        optimizer.load_state_dict(copy.deepcopy(request.resume_from.optimizer_state))
-        generator.set_state(request.resume_from.generator_state)
-        step = request.resume_from.step
+    live = LiveState(model, optimizer, generator)
+    step = live.restore(request.resume_from) if request.resume_from is not None else 0
     model.train()
     views = request.training.augmult
     precision = request.training.precision or "fp32"  # bf16: the forward under autocast, the loss in fp32
-    while step < request.steps:
-        if hooks.should_stop is not None and hooks.should_stop():
-            return TrainingResult(steps_run=step, stopped_early=True)
+
+    def take_step(step: int) -> None:
         rows = generator.permutation(n)[:batch_size].to(y.device)
         optimizer.zero_grad(set_to_none=True)
         with autocast_context(precision, device_type=request.device.type):
@@ -62,12 +55,8 @@ def run_minibatches(
             )
         _mean_loss(outputs.float(), targets, request.loss).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
-        step += 1
-        if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:
-            hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
-        if hooks.on_step_end is not None:
-            hooks.on_step_end(step)
-    return TrainingResult(steps_run=step, stopped_early=False)
+
+    return run_steps(live, step=step, steps=request.steps, hooks=hooks, take_step=take_step)
 
 
 @register_trainer(SGD)

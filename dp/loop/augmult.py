@@ -17,14 +17,14 @@ the job's own aggregator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from dp.data.augment import augmented_views, default_padding, draw_views
-from dp.loop.batch_loop import BatchAggregator
 from dp.losses import mean_over_views
+from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
 from dp.per_example.ghost import ghost_container
 from dp.per_example.per_sample import supported_module
 from dp.randomness.secure_random import SecureRandom
@@ -63,33 +63,18 @@ class AugmentedViews(nn.Module):
 
 
 def stacked_sum(
-    inner: BatchAggregator,
-    model: nn.Module,
-    stacked: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    step: int,
-    loss: str,
-    max_physical_batch_size: int,
-    generator: SecureRandom,
-) -> dict[str, torch.Tensor]:
+    inner: BatchAggregator, model: nn.Module, stacked: torch.Tensor, y: torch.Tensor, context: BatchContext
+) -> TensorDict:
     """``inner``'s sum with each row a (b, K, ...) stack (K views of an image, or K rows of a
-    privacy unit) seen through `AugmentedViews`, ``loss`` a mean over the K; keyed by ``model``'s
-    own parameter names. K rows per row: fewer rows per chunk keep the memory bound (the result
-    is unchanged)."""
-    return inner.clipped_sum(
-        AugmentedViews(model),
-        stacked,
-        y,
-        step=step,
-        loss=loss,
-        max_physical_batch_size=max(1, max_physical_batch_size // stacked.shape[1]),
-        generator=generator,
-    )
+    privacy unit) seen through `AugmentedViews`, ``context.loss`` a mean over the K; keyed by
+    ``model``'s own parameter names. K rows per row: fewer rows per chunk keep the memory bound
+    (the result is unchanged)."""
+    chunk = max(1, context.max_physical_batch_size // stacked.shape[1])
+    return inner.sum_batch(AugmentedViews(model), stacked, y, replace(context, max_physical_batch_size=chunk))
 
 
 @dataclass(frozen=True)
-class AugmultAggregator:
+class AugmultAggregator(BatchAggregator):
     """The job's aggregator on K augmented views of each sampled image, gradients averaged per row.
 
     Same sensitivity as the wrapped aggregator: the per-sample map is applied to each row's mean
@@ -108,27 +93,9 @@ class AugmultAggregator:
     def sensitivity(self) -> float:
         return self.inner.sensitivity
 
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
-        return stacked_sum(
-            self.inner,
-            model,
-            views_of(X, views=self.views, generator=generator, step=step, padding=self.padding),
-            y,
-            step=step,
-            loss=mean_over_views(loss),
-            max_physical_batch_size=max_physical_batch_size,
-            generator=generator,
-        )
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
+        views = views_of(X, views=self.views, generator=context.generator, step=context.step, padding=self.padding)
+        return stacked_sum(self.inner, model, views, y, replace(context, loss=mean_over_views(context.loss)))
 
 
 def views_of(

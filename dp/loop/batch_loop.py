@@ -17,10 +17,9 @@ Nothing private is logged or returned: the result holds only the public step cou
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 from torch import nn
@@ -29,7 +28,9 @@ from torch.profiler import record_function
 from dp.data.rows import Rows, as_rows
 from dp.data.units import UnitIndex
 from dp.loop.state import TrainingHooks, TrainingResult, TrainingState
+from dp.loop.steps import LiveState, run_steps
 from dp.losses import LOSS_REGISTRY
+from dp.per_example.aggregator import BatchAggregator, BatchContext, MapAggregator, TensorDict
 from dp.per_example.ghost import GhostClipAggregator
 from dp.per_example.ghost import supports as ghost_supports
 from dp.per_example.per_sample import (
@@ -46,6 +47,7 @@ from dp.randomness.secure_random import SecureRandom
 
 __all__ = [
     "BatchAggregator",
+    "BatchContext",
     "DPSGDConfig",
     "PerSampleMapAggregator",
     "TrainingHooks",
@@ -125,61 +127,21 @@ class UnitSampling:
     rows_per_unit: int
 
 
-class BatchAggregator(Protocol):
-    """The released sum's data part: Σ over the batch of bounded per-sample contributions.
-
-    `sensitivity` is the add/remove L2 sensitivity of that sum for every possible batch; the
-    loop adds N(0, (σ·sensitivity)² I). Per-sample maps (clipping, normalisation) are one kind;
-    rules that look at the whole batch (DC-DPSGD's rank rule) implement this directly.
-    `generator` (the job's SecureRandom) may be used for data-independent randomness only.
-    """
-
-    @property
-    def sensitivity(self) -> float: ...
-
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]: ...
-
-
 @dataclass(frozen=True)
-class PerSampleMapAggregator:
-    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...); `precision` "bf16"
-    runs the forward under bf16 autocast with float32 norms and sums (dp/precision.py)."""
+class PerSampleMapAggregator(MapAggregator):
+    """Σ_i scale_i·g_i for a per-sample map (Abadi clipping, Auto-S, PSAC, ...) on the vmap engine;
+    `precision` "bf16" runs the forward under bf16 autocast with float32 norms and sums (dp/precision.py)."""
 
-    per_sample_map: PerSampleMap
     precision: Precision = "fp32"
 
-    @property
-    def sensitivity(self) -> float:
-        return self.per_sample_map.norm_bound
-
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         return clipped_grad_sum(
             model,
             X,
             y,
-            loss=loss,
+            loss=context.loss,
             per_sample_map=self.per_sample_map,
-            max_physical_batch_size=max_physical_batch_size,
+            max_physical_batch_size=context.max_physical_batch_size,
             precision=self.precision,
         )
 
@@ -211,30 +173,6 @@ def _make_optimizer(params: list[nn.Parameter], config: DPSGDConfig) -> torch.op
             weight_decay=config.weight_decay,
         )
     return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum, weight_decay=config.weight_decay)
-
-
-def _cpu_copy(value: object) -> object:
-    """Deep copy with tensors detached to the CPU: a snapshot never aliases live training state."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_cpu_copy(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_cpu_copy(v) for v in value)
-    return copy.deepcopy(value)
-
-
-def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, generator: SecureRandom) -> TrainingState:
-    optimizer_state = _cpu_copy(optimizer.state_dict())
-    assert isinstance(optimizer_state, dict)
-    return TrainingState(
-        step=step,
-        model_state={k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()},
-        optimizer_state=optimizer_state,
-        generator_state=generator.get_state().clone(),
-    )
 
 
 def _batch(
@@ -304,14 +242,12 @@ def train_dp_sgd(
     params = trainable_parameters(model)
     optimizer = _make_optimizer(list(params.values()), config)
 
+    live = LiveState(model, optimizer, generator)
     step = 0
     if resume_from is not None:
         if not 0 <= resume_from.step <= config.steps:
             raise ValueError(f"cannot resume at step {resume_from.step} of a {config.steps}-step run")
-        model.load_state_dict(resume_from.model_state, strict=True)
-        optimizer.load_state_dict(copy.deepcopy(resume_from.optimizer_state))
-        generator.set_state(resume_from.generator_state)
-        step = resume_from.step
+        step = live.restore(resume_from)
 
     aggregator = (
         aggregator if aggregator is not None else per_sample_map_aggregator(model, AbadiClip(config.clipping_norm))
@@ -321,10 +257,7 @@ def train_dp_sgd(
         config.expected_batch_size if config.expected_batch_size is not None else config.sampling_probability * n
     )
 
-    while step < config.steps:
-        if hooks.should_stop is not None and hooks.should_stop():
-            return TrainingResult(steps_run=step, stopped_early=True)
-
+    def take_step(step: int) -> None:
         with record_function("privtrain.sample"):
             batch = poisson_sample(n, sampling_probability=config.sampling_probability, generator=generator)
             features, targets = _batch(rows, y, batch, units=units, generator=generator)
@@ -347,12 +280,5 @@ def train_dp_sgd(
                 p.grad = noisy_grad[name]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        step += 1
 
-        with record_function("privtrain.hooks"):
-            if hooks.save_checkpoint is not None and hooks.checkpoint_every > 0 and step % hooks.checkpoint_every == 0:
-                hooks.save_checkpoint(_snapshot(step, model, optimizer, generator))
-            if hooks.on_step_end is not None:
-                hooks.on_step_end(step)
-
-    return TrainingResult(steps_run=step, stopped_early=False)
+    return run_steps(live, step=step, steps=config.steps, hooks=hooks, take_step=take_step)

@@ -11,22 +11,22 @@ add/remove sensitivity over units is the bound, exactly what the API charged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from dp.data.units import UnitIndex
 from dp.loop.augmult import stacked_sum
-from dp.loop.batch_loop import BatchAggregator, UnitSampling
+from dp.loop.batch_loop import UnitSampling
 from dp.losses import mean_over_unit_rows
-from dp.randomness.secure_random import SecureRandom
+from dp.per_example.aggregator import BatchAggregator, BatchContext, TensorDict
 
 __all__ = ["PerUnitAggregator", "unit_sampling", "unit_slots"]
 
 
 @dataclass(frozen=True)
-class PerUnitAggregator:
+class PerUnitAggregator(BatchAggregator):
     """The job's aggregator over units: each unit's k row slots averaged, then mapped as one."""
 
     inner: BatchAggregator
@@ -36,29 +36,10 @@ class PerUnitAggregator:
     def sensitivity(self) -> float:
         return self.inner.sensitivity
 
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         if X.dim() < 2 or X.shape[1] != self.rows_per_unit or y.shape[:2] != X.shape[:2]:
             raise ValueError(f"a per-unit batch is (b, {self.rows_per_unit}, ...) features with (b, k) targets")
-        return stacked_sum(
-            self.inner,
-            model,
-            X,
-            y,
-            step=step,
-            loss=mean_over_unit_rows(loss),
-            max_physical_batch_size=max_physical_batch_size,
-            generator=generator,
-        )
+        return stacked_sum(self.inner, model, X, y, replace(context, loss=mean_over_unit_rows(context.loss)))
 
 
 def unit_slots(units: UnitIndex | None, *, rows_per_unit: int | None) -> UnitSampling | None:

@@ -30,7 +30,7 @@ the contribution added for row i: consistent by construction, as in float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dp.losses import get_loss, prepare_targets
+from dp.losses import LossSpec, get_loss, prepare_targets
 from dp.per_example.clip_margin import clip_target, norm_upper_bound, sum_of_squares
 from dp.precision import (
     Precision,
@@ -52,12 +52,20 @@ __all__ = [
     "SUPPORTED_MODULES",
     "AbadiClip",
     "PerSampleMap",
+    "RowWeights",
+    "TensorDict",
+    "add_weighted_rows",
     "check_supported",
+    "chunk_placement",
     "clipped_grad_sum",
     "iter_per_sample_grads",
     "per_sample_norms",
+    "physical_chunks",
+    "rows_where",
     "supported_module",
     "trainable_parameters",
+    "weighted_grad_sums",
+    "zeros_like_trainable",
 ]
 
 ModuleT = TypeVar("ModuleT", bound=type[nn.Module])
@@ -126,6 +134,14 @@ def check_supported(model: nn.Module) -> None:
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters DP training updates, in `model.named_parameters()` order."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def zeros_like_trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A zero accumulator per trainable parameter (contiguous, the parameter's dtype and device)."""
+    return {
+        name: torch.zeros_like(p, memory_format=torch.contiguous_format)
+        for name, p in trainable_parameters(model).items()
+    }
 
 
 class PerSampleMap(Protocol):
@@ -211,21 +227,37 @@ def iter_per_sample_grads(
     check_precision(precision)
     check_supported(model)
     params = {name: p.detach() for name, p in trainable_parameters(model).items()}
+    device, dtype = chunk_placement(params, precision)
+    buffers = {name: b.detach() for name, b in model.named_buffers()}
+    spec = get_loss(loss)
+    per_sample_grad = _batched_grad_fn(model, loss, precision=precision, device_type=device.type, dtype=dtype)
+    for x, target in physical_chunks(X, y, spec=spec, rows=max_physical_batch_size, device=device, dtype=dtype):
+        yield per_sample_grad(params, buffers, x, target)
+
+
+def chunk_placement(params: Mapping[str, torch.Tensor], precision: Precision) -> tuple[torch.device, torch.dtype]:
+    """Where both engines put their chunks: the trainable parameters' device and dtype, once there
+    are parameters and they suit ``precision`` (bf16 needs float32 parameters, and no autocast
+    region of the caller's may be active)."""
     if not params:
         raise ValueError("model has no trainable parameters")
     check_precision_parameters(precision, params.values())
     first = next(iter(params.values()))
-    device, dtype = first.device, first.dtype
-    check_no_outer_autocast(device.type)
-    buffers = {name: b.detach() for name, b in model.named_buffers()}
-    spec = get_loss(loss)
-    per_sample_grad = _batched_grad_fn(model, loss, precision=precision, device_type=device.type, dtype=dtype)
-    for start in range(0, X.shape[0], max_physical_batch_size):
-        x = X[start : start + max_physical_batch_size].to(device)
+    check_no_outer_autocast(first.device.type)
+    return first.device, first.dtype
+
+
+def physical_chunks(
+    X: torch.Tensor, y: torch.Tensor, *, spec: LossSpec, rows: int, device: torch.device, dtype: torch.dtype
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(rows, targets) of each chunk of ``rows`` rows, moved to ``device``, floating values in
+    ``dtype`` (the parameters'): the chunking of both per-sample engines. Chunks bound memory
+    only; every row is in exactly one, in order."""
+    for start in range(0, X.shape[0], rows):
+        x = X[start : start + rows].to(device)
         if x.is_floating_point():
             x = x.to(dtype)
-        target = prepare_targets(spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype)
-        yield per_sample_grad(params, buffers, x, target)
+        yield x, prepare_targets(spec, y[start : start + rows].to(device), dtype=dtype)
 
 
 def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -236,6 +268,68 @@ def per_sample_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
     terms = sum(g[0].numel() for g in grads.values()) + len(grads)
     squares = torch.stack([sum_of_squares(g) for g in grads.values()]).sum(dim=0)
     return norm_upper_bound(squares, terms=terms, dtype=first.dtype)
+
+
+RowWeights = Callable[[torch.Tensor], torch.Tensor]
+"""Per-sample norms (m,) -> per-sample weights (m,): a map's ``scale_factors``, or any rule of a row's norm."""
+
+
+def rows_where(keep: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``g`` (m, ...) with the rows where ``keep`` (m,) is False set to exactly 0."""
+    return torch.where(keep.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
+
+
+def add_weighted_rows(
+    totals: Sequence[Mapping[str, torch.Tensor]],
+    grads: Mapping[str, torch.Tensor],
+    weights: Sequence[RowWeights],
+) -> None:
+    """``totals[k] += Σ_i weights[k](‖g_i‖)_i · g_i`` for one chunk of per-sample gradients.
+
+    The clipped-sum step of every algorithm that bounds materialised per-sample gradients (a map,
+    DC-DPSGD's split, DiceSGD's residual, KL-Spider's differences), written once. ‖g_i‖ is
+    `per_sample_norms` (flat over all parameters). A row whose norm is not finite (overflow, NaN)
+    gets weight 0 in every sum and is zeroed before the contraction (0·inf would be NaN), so it
+    contributes exactly 0: otherwise whether the released model is NaN would reveal whether that
+    row was sampled; 0 stays within every bound. Checking whether any row is non-finite is the
+    chunk's one host synchronisation (cheaper than masking every operand). Several weightings
+    share one (k, m) contraction per tensor; each total keeps its own dtype.
+    """
+    norms = per_sample_norms(grads)
+    finite = torch.isfinite(norms)
+    each = [torch.where(finite, weight(norms), 0.0) for weight in weights]
+    if not bool(finite.all()):
+        grads = {name: rows_where(finite, g) for name, g in grads.items()}
+    if len(each) == 1:
+        (total,), (scale,) = totals, each
+        for name, g in grads.items():
+            total[name].add_(torch.tensordot(scale, g, dims=1))
+        return
+    stacked = torch.stack(each)  # (k, m)
+    for name, g in grads.items():
+        sums = torch.tensordot(stacked.to(g.dtype), g, dims=1)
+        for total, weighted in zip(totals, sums, strict=True):
+            total[name].add_(weighted.to(total[name].dtype))
+
+
+def weighted_grad_sums(
+    totals: Sequence[Mapping[str, torch.Tensor]],
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss: str,
+    weights: Sequence[RowWeights],
+    max_physical_batch_size: int,
+    precision: Precision = "fp32",
+) -> None:
+    """``totals[k] += Σ_i weights[k](‖g_i‖)·g_i`` over the rows of (X, y), chunk by chunk
+    (`add_weighted_rows`): one pass of the vmap engine for every weighting. Private results."""
+    with torch.no_grad():
+        for grads in iter_per_sample_grads(
+            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
+        ):
+            add_weighted_rows(totals, grads, weights)
 
 
 def clipped_grad_sum(
@@ -253,24 +347,18 @@ def clipped_grad_sum(
     Returns name -> tensor of the parameter's shape, on the parameter's device (zeros for an
     empty batch). The result is private: only ever release it through a noise mechanism.
     `precision`: "bf16" runs each forward under bf16 autocast; norms and the sum stay float32.
-
-    A row whose gradient is not finite (overflow, NaN) contributes exactly zero instead of
-    poisoning the sum: otherwise whether the released model is NaN would reveal whether that
-    row was sampled. Mapping such a row to 0 stays within the map's norm bound.
+    A row whose gradient is not finite contributes exactly zero (`add_weighted_rows`); mapping
+    such a row to 0 stays within the map's norm bound.
     """
-    total = {
-        name: torch.zeros_like(p, memory_format=torch.contiguous_format)
-        for name, p in trainable_parameters(model).items()
-    }
-    with torch.no_grad():
-        for grads in iter_per_sample_grads(
-            model, X, y, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
-        ):
-            norms = per_sample_norms(grads)
-            finite = torch.isfinite(norms)
-            scale = torch.where(finite, per_sample_map.scale_factors(norms), 0.0)
-            if not bool(finite.all()):
-                grads = {name: torch.where(finite.view(-1, *[1] * (g.dim() - 1)), g, 0.0) for name, g in grads.items()}
-            for name, g in grads.items():
-                total[name].add_(torch.tensordot(scale, g, dims=1))
+    total = zeros_like_trainable(model)
+    weighted_grad_sums(
+        (total,),
+        model,
+        X,
+        y,
+        loss=loss,
+        weights=(per_sample_map.scale_factors,),
+        max_physical_batch_size=max_physical_batch_size,
+        precision=precision,
+    )
     return total

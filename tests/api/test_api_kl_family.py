@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from algorithms.kl_family.definition import BUDGET_UNITS
+from algorithms.kl_family.accounting import BUDGET_UNITS
 from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.privacy.single_job import gaussian_dp_epsilon

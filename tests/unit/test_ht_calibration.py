@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from algorithms import InvalidHyperparameters, get_algorithm
 from algorithms.ht_dpsco import calibration as cal
-from algorithms.ht_dpsco.definition import peeling_event
+from algorithms.ht_dpsco.family import peeling_event
 from kernel import privacy
 from kernel.datasets.facts import DatasetFacts
 from kernel.privacy import ComposedEvent, ExponentialMechanismEvent, LaplaceEvent, PureDPEvent

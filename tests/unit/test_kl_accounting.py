@@ -1,4 +1,4 @@
-"""KL-family accounting (algorithms/kl_family/definition.py): hand-checked replace-one numbers,
+"""KL-family accounting (algorithms/kl_family/accounting.py, schedules.py): hand-checked replace-one numbers,
 the add/remove halving of docs/algorithms/kl-family.md#sensitivities, the worst-case totals,
 the budget-unit events, and the
 schema's validation of the public constants."""
@@ -13,16 +13,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from algorithms import InvalidHyperparameters, get_algorithm
-from algorithms.kl_family.definition import (
-    BUDGET_UNITS,
-    KLSpiderHyperparameters,
+from algorithms.kl_family.accounting import BUDGET_UNITS, rho_of, units_for
+from algorithms.kl_family.hyperparameters import KLSpiderHyperparameters
+from algorithms.kl_family.schedules import (
     adaptive_constants,
     inner_solver_steps,
     outer_iterations,
     paper_inner_iterations,
-    rho_of,
     spider_schedule,
-    units_for,
 )
 from kernel.datasets.facts import DatasetFacts
 from kernel.privacy import ZCDPEvent, rdp_curve

@@ -47,13 +47,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from dp.per_example.aggregator import BatchContext, MapAggregator, TensorDict
 from dp.per_example.clip_margin import norm_upper_bound
-from dp.per_example.ghost.engine import iter_chunks, pass1
+from dp.per_example.ghost.engine import Chunk, iter_chunks, pass1
 from dp.per_example.ghost.recorder import Recorder
 from dp.per_example.ghost.work import Totals
 from dp.per_example.per_sample import PerSampleMap, trainable_parameters
 from dp.precision import Precision, check_precision
-from dp.randomness.secure_random import SecureRandom
 
 __all__ = [
     "PASS2_MODES",
@@ -103,6 +103,56 @@ def _chunk_scales(
     return scales.to(dtype), finite
 
 
+@dataclass(frozen=True)
+class _Chunking:
+    """How an entry point walks its rows: the model's trainable parameters, the loss, the chunk
+    size and the forward's precision."""
+
+    params: dict[str, nn.Parameter]
+    loss: str
+    max_physical_batch_size: int
+    precision: Precision
+
+
+def _recorded_chunks(
+    model: nn.Module,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    recorder: Recorder,
+    chunking: _Chunking,
+    *,
+    bk: bool,
+    want_out_grad: bool = False,
+    retain_graph: bool = False,
+) -> Iterator[tuple[torch.Tensor, Chunk]]:
+    """Each chunk's rows and its pass 1 under ``recorder`` (the arguments are checked when the
+    first chunk is drawn, before any computation). Holds no chunk between draws."""
+    chunks = iter_chunks(
+        model,
+        X,
+        y,
+        params=chunking.params,
+        loss=chunking.loss,
+        max_physical_batch_size=chunking.max_physical_batch_size,
+        precision=chunking.precision,
+    )
+    for spec, x, target in chunks:
+        yield (
+            x,
+            pass1(
+                model,
+                recorder,
+                x,
+                target,
+                spec,
+                bk=bk,
+                want_out_grad=want_out_grad,
+                retain_graph=retain_graph,
+                precision=chunking.precision,
+            ),
+        )
+
+
 def ghost_per_sample_norms(
     model: nn.Module,
     X: torch.Tensor,
@@ -117,22 +167,10 @@ def ghost_per_sample_norms(
     that keep it inside the worker."""
     norms = []
     params = trainable_parameters(model)
-    chunks = iter_chunks(
-        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
-    )
     with Recorder(model, params) as recorder:
-        for spec, x, target in chunks:
-            chunk = pass1(
-                model,
-                recorder,
-                x,
-                target,
-                spec,
-                bk=False,
-                want_out_grad=False,
-                retain_graph=False,
-                precision=precision,
-            )
+        chunking = _Chunking(params, loss, max_physical_batch_size, precision)
+        chunks = _recorded_chunks(model, X, y, recorder, chunking, bk=False)
+        for _, chunk in chunks:
             norms.append(norm_upper_bound(chunk.sq_norms, terms=_norm_terms(params), dtype=_dtype_of(params)))
     if not norms:
         first = next(iter(params.values()))
@@ -167,22 +205,11 @@ def ghost_clipped_grad_sum(
         )
     params = trainable_parameters(model)
     totals = Totals()
-    chunks = iter_chunks(
-        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
-    )
     with Recorder(model, params) as recorder:
-        for spec, x, target in chunks:
-            chunk = pass1(
-                model,
-                recorder,
-                x,
-                target,
-                spec,
-                bk=pass2 == "bk",
-                want_out_grad=pass2 != "bk",
-                retain_graph=pass2 == "retain",
-                precision=precision,
-            )
+        chunking = _Chunking(params, loss, max_physical_batch_size, precision)
+        second = {"want_out_grad": pass2 != "bk", "retain_graph": pass2 == "retain"}  # what pass 2 needs
+        chunks = _recorded_chunks(model, X, y, recorder, chunking, bk=pass2 == "bk", **second)
+        for x, chunk in chunks:
             with torch.no_grad():
                 scales, finite = _chunk_scales(
                     chunk.sq_norms, (per_sample_map,), dtype=_dtype_of(params), terms=_norm_terms(params)
@@ -229,7 +256,7 @@ def ghost_clipped_grad_sum(
 
 
 @dataclass(frozen=True)
-class GhostClipAggregator:
+class GhostClipAggregator(MapAggregator):
     """Σ_i scale_i·g_i for a per-sample map, by ghost clipping / book-keeping.
 
     Same sum and the same sensitivity (the map's norm bound) as `PerSampleMapAggregator`, so the
@@ -238,7 +265,6 @@ class GhostClipAggregator:
     "bf16" runs the forward under bf16 autocast with float32 norms and sums; it needs pass2 "bk".
     """
 
-    per_sample_map: PerSampleMap
     pass2: Pass2 = "bk"
     precision: Precision = "fp32"
 
@@ -246,28 +272,14 @@ class GhostClipAggregator:
         if check_precision(self.precision) != "fp32" and self.pass2 != "bk":
             raise ValueError(f"pass2={self.pass2!r} is not offered with precision={self.precision!r}; use 'bk'")
 
-    @property
-    def sensitivity(self) -> float:
-        return self.per_sample_map.norm_bound
-
-    def clipped_sum(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        step: int,
-        loss: str,
-        max_physical_batch_size: int,
-        generator: SecureRandom,
-    ) -> dict[str, torch.Tensor]:
+    def sum_batch(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor, context: BatchContext) -> TensorDict:
         return ghost_clipped_grad_sum(
             model,
             X,
             y,
-            loss=loss,
+            loss=context.loss,
             per_sample_map=self.per_sample_map,
-            max_physical_batch_size=max_physical_batch_size,
+            max_physical_batch_size=context.max_physical_batch_size,
             pass2=self.pass2,
             precision=self.precision,
         )
@@ -293,22 +305,10 @@ def ghost_weighted_grad_sums(
     """
     params = trainable_parameters(model)
     totals = [Totals() for _ in per_sample_maps]
-    chunks = iter_chunks(
-        model, X, y, params=params, loss=loss, max_physical_batch_size=max_physical_batch_size, precision=precision
-    )
     with Recorder(model, params) as recorder:
-        for spec, x, target in chunks:
-            chunk = pass1(
-                model,
-                recorder,
-                x,
-                target,
-                spec,
-                bk=True,
-                want_out_grad=False,
-                retain_graph=False,
-                precision=precision,
-            )
+        chunking = _Chunking(params, loss, max_physical_batch_size, precision)
+        chunks = _recorded_chunks(model, X, y, recorder, chunking, bk=True)
+        for _, chunk in chunks:
             with torch.no_grad():
                 scales, finite = _chunk_scales(
                     chunk.sq_norms, per_sample_maps, dtype=_dtype_of(params), terms=_norm_terms(params)

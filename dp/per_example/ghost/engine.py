@@ -41,17 +41,16 @@ import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from dp.losses import LossSpec, get_loss, prepare_targets
+from dp.losses import LossSpec, get_loss
 from dp.per_example.ghost.recorder import RecordedCall, Recorder
 from dp.per_example.ghost.support import check_ghost_supported
 from dp.per_example.ghost.work import LayerWork
+from dp.per_example.per_sample import chunk_placement, physical_chunks
 from dp.precision import (
     Precision,
     accumulation_view,
     autocast_context,
-    check_no_outer_autocast,
     check_precision,
-    check_precision_parameters,
 )
 
 __all__ = ["Chunk", "iter_chunks", "pass1"]
@@ -199,16 +198,7 @@ def iter_chunks(
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
     check_precision(precision)
     check_ghost_supported(model)
-    if not params:
-        raise ValueError("model has no trainable parameters")
-    check_precision_parameters(precision, params.values())
-    first = next(iter(params.values()))
-    device, dtype = first.device, first.dtype
-    check_no_outer_autocast(device.type)
+    device, dtype = chunk_placement(params, precision)
     spec = get_loss(loss)
-    for start in range(0, X.shape[0], max_physical_batch_size):
-        x = X[start : start + max_physical_batch_size].to(device)
-        if x.is_floating_point():
-            x = x.to(dtype)
-        target = prepare_targets(spec, y[start : start + max_physical_batch_size].to(device), dtype=dtype)
+    for x, target in physical_chunks(X, y, spec=spec, rows=max_physical_batch_size, device=device, dtype=dtype):
         yield spec, x, target

@@ -25,7 +25,7 @@ from algorithms.ht_dpsco.loops import (
     sparse_opt_half_step,
 )
 from algorithms.ht_dpsco.mechanisms import Polytope
-from algorithms.trainer_registry import TrainingRequest, get_trainer
+from algorithms.trainers import TrainingRequest, get_trainer
 from bench.ht_data import few_spike_l1, linear_problem
 from dp.data.rows import TensorRows
 from dp.loop.state import TrainingHooks

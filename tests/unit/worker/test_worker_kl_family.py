@@ -14,17 +14,9 @@ import pytest
 import torch
 from scipy import stats
 
+from algorithms.kl_family.accounting import BUDGET_UNITS, NOISE_SAFETY, rho_of, units_for
 from algorithms.kl_family.common import FullBatch, assign_flat
-from algorithms.kl_family.definition import (
-    BUDGET_UNITS,
-    NOISE_SAFETY,
-    adaptive_constants,
-    inner_solver_steps,
-    outer_iterations,
-    rho_of,
-    spider_schedule,
-    units_for,
-)
+from algorithms.kl_family.schedules import adaptive_constants, inner_solver_steps, outer_iterations, spider_schedule
 from algorithms.trainers import TrainingRequest, get_trainer
 from dp.data.rows import TensorRows
 from dp.loop.state import TrainingHooks, TrainingState
