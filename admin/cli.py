@@ -221,7 +221,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     import threading
 
     # heavy: the reconciler's reports (scipy, jinja2) load only when this command runs
-    from kernel.jobs.reconciler import reconcile_once, run_periodically
+    from kernel.reconciler import reconcile_once, run_periodically
 
     settings = get_settings()
     configure_logging(settings.log_level)

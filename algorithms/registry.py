@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from algorithms.errors import InvalidHyperparameters
+from algorithms.steps_charges import StepsCharge
 from algorithms.training_fields import (
     DEFAULT_TRAINING_FIELDS,
     ENGINE_OPTION_UNUSED_REASONS,
@@ -95,6 +96,9 @@ class AlgorithmDefinition(Generic[H]):
     privacy_units: ClassVar[bool] = False
     """Trains on datasets whose privacy unit is a person (a privacy unit column): samples units and
     bounds each unit's contribution. The others are refused there (422 privacy-unit-unsupported)."""
+    steps_charge: ClassVar[StepsCharge]
+    """How ``training.steps`` enters the charge (algorithms/steps_charges.py): declared by every
+    entry (registration refuses one without), read by the estimate's largest-steps search."""
     models: ClassVar[frozenset[str] | None] = None
     """The catalogue models this algorithm can train (None: any); submission refuses the others
     (422 model-incompatible), so the worker's own check of the built model never refuses a job."""
@@ -173,6 +177,8 @@ D = TypeVar("D", bound=AlgorithmDefinition[Any])
 
 def register_algorithm(cls: type[D]) -> type[D]:
     """Class decorator: one instance of each definition is registered under its ``name``."""
+    if not isinstance(getattr(cls, "steps_charge", None), StepsCharge):
+        raise TypeError(f"algorithm '{cls.name}' declares no steps_charge (algorithms/steps_charges.py)")
     ALGORITHMS.add(cls.name, cls())
     return cls
 

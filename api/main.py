@@ -32,7 +32,7 @@ from api.routes.ui_session import session_secret
 from kernel.access.verified_keys import KnownKeys, lookup_active_key
 from kernel.bootstrap import register_bootstrap_key
 from kernel.config import Settings, get_settings
-from kernel.jobs.reconciler import run_periodically
+from kernel.reconciler import run_periodically
 from kernel.services import JobDispatcher, Services, build_services
 
 THREAD_HEADROOM = 8

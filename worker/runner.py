@@ -13,7 +13,6 @@ no-ops. Errors shown to users are generic codes; tracebacks go to operator logs 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -47,7 +46,7 @@ from kernel.db.orm import Dataset, Job
 from kernel.ingest import IngestLimits, parse_dataset, parse_image_labels, preparation_from_json
 from kernel.ingest.jsonl import JsonlFields
 from kernel.ingest.text import rescan_text
-from kernel.jobs import lifecycle
+from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.dispatch import Dispatcher, dispatch_with_settings
 from kernel.jobs.evaluation import EvaluationPlan
 from kernel.jobs.planning import RebuiltJob, compose_job_event, rebuild_job
@@ -342,6 +341,8 @@ class JobRunner:
         if job is None:
             if refusal is None:
                 log.info("job not claimable (duplicate or late message)", extra={"job_id": job_id})
+            else:  # a refused retry of a touched job committed ε: its report
+                report_outbox.deliver(self.db, self.blobs, job_id=job_id)
             return None
         return prepared.claimed(job)
 
@@ -353,12 +354,12 @@ class JobRunner:
         with self.db.read_session() as session:
             job = session.get(Job, job_id)
         if job is None or job.touched_at is None:
-            return EndedReportWriter(self.blobs)
+            return EndedReportWriter()
         try:
-            return EndedReportWriter(self.blobs, ended_report_inputs(job, dataset))
+            return EndedReportWriter(ended_report_inputs(job, dataset))
         except Exception:
             log.exception("could not prepare an ended job's report", extra={"job_id": job_id})
-            return EndedReportWriter(self.blobs)
+            return EndedReportWriter()
 
     # ------------------------------------------------------------------ run
 
@@ -500,6 +501,7 @@ class JobRunner:
         return rows, torch.from_numpy(scanned.y), scanned.units
 
     def _cleanup(self, job_id: str) -> None:
+        report_outbox.deliver(self.db, self.blobs, job_id=job_id)  # after the settlement's commit
         self.trial_files.discard(trial_queue.clear(self.db, job_id=job_id))  # a tuning's trials (secret)
         self.private_files.discard(job_id)
         try:  # a deletion of its dataset that waited for this job (kernel/datasets/deletion.py)
@@ -1015,7 +1017,7 @@ class JobRunner:
         )
         unit_column = claimed.dataset.privacy_unit_column
 
-        def write_report(commit: lifecycle.CommitRecord) -> str:
+        def write_report(commit: lifecycle.CommitRecord) -> dict[str, Any]:
             if commit.commit_entry is None or commit.budget_before is None or commit.budget_after is None:
                 report = build_public_report(  # a public dataset: no ledger, no guarantee
                     job=commit.job,
@@ -1031,8 +1033,7 @@ class JobRunner:
                 report["released_weights"] = released_weights_section(claimed.training.ema_decay)
                 report["augmentation"] = augmentation_section(claimed.training.augmult, private=False)
                 report["execution"] = outcome.execution
-                report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
-                return report_key
+                return report
             report = released_model_report(
                 commit,
                 dataset=claimed.dataset,
@@ -1047,8 +1048,7 @@ class JobRunner:
                 chain=chain,
             )
             report["execution"] = outcome.execution
-            report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
-            return report_key
+            return report
 
         success = lifecycle.Success(
             steps_run=steps_run,
@@ -1144,7 +1144,7 @@ class JobRunner:
         except Exception:
             log.exception("could not prepare an ended job's report", extra={"job_id": claimed.job.id})
             inputs = None
-        return EndedReportWriter(self.blobs, inputs, secure_gaussian=secure)
+        return EndedReportWriter(inputs, secure_gaussian=secure)
 
     @staticmethod
     def _stale(claimed: Claimed) -> str:

@@ -31,6 +31,7 @@ from typing import ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms.registry import PoissonGaussianAlgorithm, register_algorithm
+from algorithms.steps_charges import COMPOSED
 from algorithms.training_fields import ALL_TRAINING_FIELDS
 
 # Lower bound on γ and r. A per-sample norm is computed in the model's dtype (float32), where the
@@ -109,6 +110,7 @@ class _PerSampleMapAlgorithm(PoissonGaussianAlgorithm[_MapH]):
 @register_algorithm
 class DPAdam(_PerSampleMapAlgorithm[DPAdamHyperparameters]):
     name = "dp-adam"
+    steps_charge = COMPOSED
     paper = (
         "Abadi et al. 2016 (CCS) mechanism with Adam (Kingma & Ba 2015) as post-processing, "
         "as in e.g. Opacus' DPOptimizer over torch.optim.Adam"
@@ -124,6 +126,7 @@ class DPAdam(_PerSampleMapAlgorithm[DPAdamHyperparameters]):
 @register_algorithm
 class AutoS(_PerSampleMapAlgorithm[AutoSHyperparameters]):
     name = "auto-s"
+    steps_charge = COMPOSED
     paper = (
         "Bu, Wang, Zha, Karypis 2023, Automatic Clipping: Differentially Private Deep Learning Made "
         "Easier and Stronger (NeurIPS) — equivalent to NSGD, Yang et al. 2022"
@@ -139,6 +142,7 @@ class AutoS(_PerSampleMapAlgorithm[AutoSHyperparameters]):
 @register_algorithm
 class DPPSAC(_PerSampleMapAlgorithm[DPPSACHyperparameters]):
     name = "dp-psac"
+    steps_charge = COMPOSED
     paper = (
         "Xia, Shen, Yu, Wang, Tang, Zheng, Liu, Yang 2023, Differentially Private Learning with "
         "Per-Sample Adaptive Clipping (AAAI)"

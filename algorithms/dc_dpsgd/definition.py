@@ -62,6 +62,7 @@ from algorithms.registry import (
     register_algorithm,
     subsampled_gaussian_steps,
 )
+from algorithms.steps_charges import COMPOSED
 from algorithms.training_fields import PER_UNIT_TRAINING_FIELDS
 from kernel.privacy import PrivacyEvent
 
@@ -190,6 +191,7 @@ def _event_builder(q: float, threshold_noise_ratio: float | None) -> Callable[[f
 @register_algorithm
 class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
     name = "dc-dpsgd"
+    steps_charge = COMPOSED
     family = "dc-dpsgd"
     clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is one "sample" of the rules
@@ -245,6 +247,7 @@ class DCDPSGDRank(PoissonGaussianAlgorithm[DCDPSGDHyperparameters]):
 @register_algorithm
 class DCDPSGDThreshold(PoissonGaussianAlgorithm[DCDPSGDThresholdHyperparameters]):
     name = "dc-dpsgd-threshold"
+    steps_charge = COMPOSED
     family = "dc-dpsgd"
     clips_per_sample: ClassVar[bool] = True
     privacy_units: ClassVar[bool] = True  # a sampled unit's mean gradient is one "sample" of the rule

@@ -66,6 +66,7 @@ from algorithms.registry import (
     poisson_schedule,
     register_algorithm,
 )
+from algorithms.steps_charges import COMPOSED
 from algorithms.training_fields import PER_UNIT_TRAINING_FIELDS, batch_size_of
 from kernel.datasets.facts import DatasetFacts
 from kernel.privacy import GaussianEvent, PrivacyEvent
@@ -239,6 +240,7 @@ class _DiceSGDFamily(AlgorithmDefinition[_DiceH]):
 @register_algorithm
 class DiceSGD(_DiceSGDFamily[DiceSGDHyperparameters]):
     name = "dicesgd"
+    steps_charge = COMPOSED
     summary = (
         "DP-SGD with per-sample clipping at C1 plus a hidden error-feedback vector e that "
         "accumulates what clipping removed; clip(e, C2) is added back before the Gaussian noise, "
@@ -255,6 +257,7 @@ class DiceSGD(_DiceSGDFamily[DiceSGDHyperparameters]):
 @register_algorithm
 class DiceSGDAdam(_DiceSGDFamily[DiceSGDAdamHyperparameters]):
     name = "dicesgd-adam"
+    steps_charge = COMPOSED
     summary = (
         "DiceSGD's released direction fed to Adam (paper Algorithm 3, with its typos corrected: "
         "bias correction with t+1); the error feedback stays noiseless. Same sound charge as "
@@ -269,6 +272,7 @@ class DiceSGDAdam(_DiceSGDFamily[DiceSGDAdamHyperparameters]):
 @register_algorithm
 class DiceSGDAuto(_DiceSGDFamily[DiceSGDAutoHyperparameters]):
     name = "dicesgd-auto"
+    steps_charge = COMPOSED
     summary = (
         "Automatic DiceSGD (paper Algorithm 4, literal, unit thresholds): per-sample g/(||g||+γ) "
         "and e/(||e||+γ) instead of clipping. Charged soundly with C1 = C2 = 1: sensitivity "

@@ -13,6 +13,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from algorithms.registry import PoissonGaussianAlgorithm, register_algorithm
+from algorithms.steps_charges import COMPOSED
 from algorithms.training_fields import ALL_TRAINING_FIELDS
 
 
@@ -27,6 +28,7 @@ class DPSGDHyperparameters(BaseModel):
 @register_algorithm
 class DPSGD(PoissonGaussianAlgorithm[DPSGDHyperparameters]):
     name = "dp-sgd"
+    steps_charge = COMPOSED
     family = "dp-sgd"
     paper = "Abadi et al. 2016, Deep Learning with Differential Privacy (CCS)"
     summary = (

@@ -34,6 +34,7 @@ from algorithms.ht_dpsco.hyperparameters import (
     planned_iterations,
 )
 from algorithms.registry import PrivacyPlan, register_algorithm
+from algorithms.steps_charges import COMPOSED, PARALLEL_BLOCKS
 from kernel.datasets.facts import DatasetFacts
 from kernel.privacy import ExponentialMechanismEvent, PrivacyEvent, PureDPEvent
 from kernel.schemas.jobs import TrainingSpec
@@ -69,6 +70,7 @@ class FWResolved:
 @register_algorithm
 class HTDPFrankWolfe(HTAlgorithm[FWHyperparameters, FWResolved]):
     name = "ht-dp-fw"
+    steps_charge = PARALLEL_BLOCKS
     summary = (
         "Alg 1: per disjoint block, a coordinate-wise smoothed Catoni robust mean of per-sample "
         "gradients, then an exponential-mechanism Frank–Wolfe vertex over an ℓ1 ball or simplex; "
@@ -170,6 +172,7 @@ class LassoResolved:
 @register_algorithm
 class HTPrivateLasso(HTAlgorithm[LassoHyperparameters, LassoResolved]):
     name = "ht-private-lasso"
+    steps_charge = COMPOSED
     summary = (
         "Alg 2: entrywise-clipped data, full-data Frank–Wolfe on the ℓ1 ball with an exponential "
         "mechanism per iteration; T mechanisms composed in RDP (tighter than the paper's advanced "
@@ -280,6 +283,7 @@ class SparseLinRegResolved:
 @register_algorithm
 class HTSparseLinReg(PeelingAlgorithm[SparseLinRegHyperparameters, SparseLinRegResolved]):
     name = "ht-sparse-linreg"
+    steps_charge = PARALLEL_BLOCKS
     summary = (
         "Alg 3: entrywise-clipped data, one gradient step per disjoint block, Peeling to an "
         "s-sparse vector (Laplace report-noisy-max), projection onto the ℓ2 ball."
@@ -343,6 +347,7 @@ class SparseOptResolved:
 @register_algorithm
 class HTSparseOpt(PeelingAlgorithm[SparseOptHyperparameters, SparseOptResolved]):
     name = "ht-sparse-opt"
+    steps_charge = PARALLEL_BLOCKS
     summary = (
         "Alg 5: per disjoint block, a coordinate-wise smoothed Catoni robust gradient, one step, "
         "then Peeling to an s-sparse vector (Laplace report-noisy-max); no projection."

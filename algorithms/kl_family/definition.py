@@ -28,6 +28,7 @@ from algorithms.kl_family.hyperparameters import (
 from algorithms.kl_family.schedules import adaptive_constants
 from algorithms.paper_claims import stated_claim_entry
 from algorithms.registry import AlgorithmDefinition, PrivacyPlan, register_algorithm
+from algorithms.steps_charges import COMPOSED, SELF_SCHEDULED_BUDGET_UNITS
 from algorithms.training_fields import ENGINE_OPTION_UNUSED_REASONS, SCHEDULE_FIELDS
 from kernel.datasets.facts import DatasetFacts
 from kernel.privacy import PrivacyEvent
@@ -132,6 +133,7 @@ class _KLAlgorithm(AlgorithmDefinition[_KLH]):
 @register_algorithm
 class KLSpider(_KLAlgorithm[KLSpiderHyperparameters]):
     name = "kl-spider"
+    steps_charge = SELF_SCHEDULED_BUDGET_UNITS
     summary = (
         "Algorithm 1 (KL Spider, κ ∈ [1, 2]): full-batch normalised noisy GD with SPIDER gradient "
         "tracking in K public rounds; clipped per-example gradients (L0) and clipped per-example "
@@ -152,6 +154,7 @@ class KLSpider(_KLAlgorithm[KLSpiderHyperparameters]):
 @register_algorithm
 class AdaptiveNoisyGD(_KLAlgorithm[AdaptiveNoisyGDHyperparameters]):
     name = "adaptive-noisy-gd"
+    steps_charge = SELF_SCHEDULED_BUDGET_UNITS
     summary = (
         "Algorithm 3 (adaptive noisy GD): full-batch GD with step 1/(2L1) whose gradient noise "
         "scales with a privately released gradient norm; a zCDP filter at ρ/2 with per-iteration "
@@ -187,6 +190,7 @@ class AdaptiveNoisyGD(_KLAlgorithm[AdaptiveNoisyGDHyperparameters]):
 @register_algorithm
 class NoisyGD(_KLAlgorithm[NoisyGDHyperparameters]):
     name = "noisy-gd"
+    steps_charge = COMPOSED
     unit_based = False
     summary = (
         "Algorithm 4 (noisy GD): full-batch projected noisy GD on F(w) + L̃1‖w − w0‖² with steps "
@@ -206,6 +210,7 @@ class NoisyGD(_KLAlgorithm[NoisyGDHyperparameters]):
 @register_algorithm
 class ProximalPoint(_KLAlgorithm[ProximalPointHyperparameters]):
     name = "proximal-point"
+    steps_charge = SELF_SCHEDULED_BUDGET_UNITS
     summary = (
         "Algorithm 2 (proximal point, κ ≥ 2): T_out public prox steps on F + L̃1‖w − w_{t−1}‖², each "
         "solved by Algorithm 4 capped at max_inner_steps noisy steps; ρ = 1/(2σ²) split evenly "

@@ -23,6 +23,7 @@ from algorithms.registry import (
     poisson_schedule,
     register_algorithm,
 )
+from algorithms.steps_charges import NOT_CHARGED
 from algorithms.training_fields import ALL_TRAINING_FIELDS, batch_size_of
 from kernel.datasets.facts import DatasetFacts
 from kernel.privacy import ComposedEvent, PrivacyEvent
@@ -81,6 +82,7 @@ class _NonPrivate(AlgorithmDefinition[H]):
 @register_algorithm
 class SGD(_NonPrivate[SGDHyperparameters]):
     name = "sgd"
+    steps_charge = NOT_CHARGED
     paper = "plain minibatch SGD with momentum (not differentially private)"
     summary = (
         "Non-private minibatch SGD (momentum, weight decay) for datasets declared public: no "
@@ -92,6 +94,7 @@ class SGD(_NonPrivate[SGDHyperparameters]):
 @register_algorithm
 class Adam(_NonPrivate[AdamHyperparameters]):
     name = "adam"
+    steps_charge = NOT_CHARGED
     paper = "Kingma & Ba 2015, Adam: A Method for Stochastic Optimization (not differentially private)"
     summary = (
         "Non-private minibatch Adam for datasets declared public: no clipping, no noise, no "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Annotated, Literal
@@ -35,7 +34,7 @@ from kernel.datasets.stored_facts import facts_of
 from kernel.db.idempotency import IdempotentRequest, create_once, earlier
 from kernel.db.orm import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from kernel.db.pagination import cursor_id, decode_cursor, encode_cursor
-from kernel.jobs import lifecycle
+from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.dispatch import dispatch_with_settings
 from kernel.jobs.planning import JobPlan, job_choices, plan_job, request_hash
 from kernel.jobs.routing import route_job
@@ -229,7 +228,7 @@ def _job_view(session: Session, tenant: Tenant, job: Job, *, cache: LevelCache |
     stored = stored_spec(job)
     if stored.init is None and not stored.is_tuning:
         return out
-    return out.model_copy(update={"spec": spec_for_viewer(session, tenant, job.spec, cache=cache)})
+    return out.model_copy(update={"spec": spec_for_viewer(session, tenant, stored, cache=cache)})
 
 
 def _replayed(session: Session, tenant: Tenant, job: Job) -> JSONResponse:
@@ -276,11 +275,12 @@ def cancel(job_id: str, services: ServicesDep, session: SessionDep, tenant: Tena
     """Cancel: a queued job is released at once; a running one stops at its next check."""
 
     job = job_for(session, tenant, job_id, need="cancel")
-    report = cancel_report_writer(services.blobs, job, session.get(Dataset, job.dataset_id))
+    report = cancel_report_writer(job, session.get(Dataset, job.dataset_id))
     session.close()  # give the read connection back before taking a write one
     cancelled = lifecycle.cancel(
         services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
     )
+    report_outbox.deliver(services.db, services.blobs, job_id=job.id)
     return _job_view(session, tenant, cancelled)
 
 
@@ -424,8 +424,7 @@ def download_report(
     """The job's privacy report, redacted for the viewer: of a succeeded job, or of one cancelled or
     failed after it committed ε (no model; its ``outcome`` says how it ended)."""
     job = job_for(session, tenant, job_id, need="read")
-    key = report_key(job)
-    report = json.loads(services.blobs.local_path(key).read_text())
+    report = report_outbox.read_report(session, services.blobs, job_id=job.id, key=report_key(job))
     if format == "html":
         return html_report_response(session, job, report, viewer_tenant_id=tenant.id)
     owner = relation_to(session, tenant, job) == "dataset-owner"

@@ -24,7 +24,7 @@ from kernel.db.idempotency import IdempotentRequest, create_once, earlier
 from kernel.db.orm import Dataset, Job, PrivacyBudget, Tenant, TuningJob
 from kernel.db.pagination import cursor_id, decode_cursor, encode_cursor
 from kernel.errors import NotFound, not_found
-from kernel.jobs import lifecycle
+from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.dispatch import dispatch_with_settings
 from kernel.jobs.routing import route_job
 from kernel.jobs.status import JobStatus
@@ -270,9 +270,10 @@ def cancel(tuning_id: str, services: ServicesDep, session: SessionDep, tenant: T
     partial tuning cannot be charged less without revealing how many trials ran); its slots stop."""
     tuning, job = _tuning_for(session, tenant, tuning_id)
     job_for(session, tenant, job.id, need="cancel")
-    report = cancel_report_writer(services.blobs, job, session.get(Dataset, job.dataset_id))
+    report = cancel_report_writer(job, session.get(Dataset, job.dataset_id))
     session.close()
     cancelled = lifecycle.cancel(
         services.db, job_id=job.id, dataset_id=job.dataset_id, actor=f"tenant:{tenant.id}", write_report=report
     )
+    report_outbox.deliver(services.db, services.blobs, job_id=job.id)
     return tuning_out(tuning, cancelled)

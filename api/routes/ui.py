@@ -14,7 +14,6 @@ back (post/redirect/get). Pages are excluded from the OpenAPI schema (not part o
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -53,7 +52,7 @@ from kernel.datasets.deletion import deletion_progress
 from kernel.datasets.status import DatasetStatus
 from kernel.db.engine import Database
 from kernel.db.orm import ApiKey, Dataset, Job, JobEvent, LedgerEntry, PrivacyBudget, Tenant
-from kernel.jobs import lifecycle
+from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.event_text import EPSILON_DIGITS, EVENT_SENTENCES, GUARANTEE_FIELDS, event_sentence
 from kernel.jobs.status import TERMINAL_STATUSES
 from kernel.ledger import operations as ledger
@@ -63,6 +62,7 @@ from kernel.reporting import ledger_history, opening_budget, plots
 from kernel.reporting.ended_report import cancel_report_writer
 from kernel.reporting.init_visibility import spec_for_viewer
 from kernel.reporting.templating import render
+from kernel.schemas.stored_spec import stored_spec
 from kernel.storage.blobs import BlobStore
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -523,7 +523,7 @@ def job_page(job_id: str, viewer: ViewerDep, db_session: SessionDep) -> Response
         "job.html",
         viewer=viewer,
         job=job,
-        spec=spec_for_viewer(db_session, viewer.tenant, job.spec),
+        spec=spec_for_viewer(db_session, viewer.tenant, stored_spec(job)),
         dataset=dataset,
         events=rows,
         live=live,
@@ -540,11 +540,12 @@ def _cancel_as(db: Database, blobs: BlobStore, *, tenant: Tenant, job_id: str) -
     with db.read_session() as session:
         job = job_for(session, tenant, job_id, need="cancel")
         dataset_id = job.dataset_id
-        report = cancel_report_writer(blobs, job, session.get(Dataset, dataset_id))
+        report = cancel_report_writer(job, session.get(Dataset, dataset_id))
     try:
         lifecycle.cancel(db, job_id=job_id, dataset_id=dataset_id, actor=f"tenant:{tenant.id}", write_report=report)
     except lifecycle.JobNotCancellable as ended:
         return ended.job_status
+    report_outbox.deliver(db, blobs, job_id=job_id)
     return None
 
 
@@ -592,7 +593,7 @@ def job_report_page(job_id: str, viewer: ViewerDep, services: ServicesDep, db_se
             back_href=f"/ui/jobs/{job.id}",
             back_label="Back to the job",
         )
-    report = json.loads(services.blobs.local_path(key).read_text())
+    report = report_outbox.read_report(db_session, services.blobs, job_id=job.id, key=key)
     return html_report_response(db_session, job, report, viewer_tenant_id=viewer.tenant.id, dashboard_links=True)
 
 

@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -350,6 +351,23 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     event_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """How many events the job has: the last event's per-job ``seq`` (bumped atomically)."""
+
+
+class PendingReport(Base):
+    """A privacy report committed with its job's settlement and not yet in the blob store.
+
+    The settling transaction holds the dataset's budget row, which every admission on that dataset
+    waits for: the report's upload (a slow object store) happens after it commits
+    (kernel/jobs/report_outbox.py). ``blob_key`` is already on the job row (blobs are
+    content-addressed); the row goes once the blob is stored, and the report is served from
+    ``body`` meanwhile."""
+
+    __tablename__ = "pending_reports"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    blob_key: Mapped[str] = mapped_column(String(200))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class TuningJob(Base):

@@ -37,8 +37,10 @@ The privacy rules of the lifecycle (docs/privacy-model.md §7 says what each vie
   otherwise having committed ε (cancelled while running, failed or lost after TOUCH, cancelled
   after a lost attempt), an ``EndedReportWriter``'s (kernel.reporting.ended_report: no model, what
   it committed and why it ended). That transition also replaces the planned run's single-job ε
-  on the job row with the committed event's. A report that cannot be built or stored is logged
-  and never blocks the charge. A job that committed nothing has no report.
+  on the job row with the committed event's. The report is built under the lock but uploaded
+  after the commit (kernel/jobs/report_outbox.py): nothing slow holds the budget row. A report
+  that cannot be built is logged and never blocks the charge. A job that committed nothing has no
+  report.
 
 * **Public datasets have no ledger.** A dataset its owner declared public keeps its budget row
   only as the lock every transition takes; no transition writes a ledger entry for its jobs, and
@@ -57,17 +59,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from kernel.datasets.status import require_active
 from kernel.db.changed_rows import changed_rows
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, Job, LedgerEntry, PrivacyBudget, Tenant, utcnow
 from kernel.errors import Conflict, InvalidInput, LimitReached
+from kernel.jobs import report_outbox
 from kernel.jobs.events import add_job_event
 from kernel.jobs.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobEventKind, JobStatus
 from kernel.ledger import operations as ledger
-from kernel.reporting.budget_change import budget_without_job
+from kernel.ledger.budget_change import budget_without_job
+from kernel.schemas.stored_spec import stored_spec
 from privtrain_common.directed_rounding import format_guarantee, format_remaining
 
 if TYPE_CHECKING:  # planning loads the catalogues; the reconciler needs none of them
@@ -81,10 +85,10 @@ __all__ = [
     "Attempt",
     "BudgetExhausted",
     "CommitRecord",
+    "EndedReport",
     "EndedReportWriter",
     "JobNotCancellable",
     "JobStatus",
-    "StoredReport",
     "Success",
     "admit",
     "cancel",
@@ -341,12 +345,14 @@ def _store_ended_report(record: CommitRecord | None, write_report: EndedReportWr
         log.warning("a job committed ε without a report writer", extra={"job_id": record.job.id})
         return {}
     try:
-        stored = write_report(record)
+        ended = write_report(record)
+        tx = object_session(record.job)
+        assert tx is not None  # the settling transaction's job
+        record.job.report_blob = report_outbox.stage(tx, job_id=record.job.id, report=ended.report)
     except Exception:  # the charge must be recorded even if its report cannot be: never block a settlement
         log.exception("the report of a job that committed ε could not be stored", extra={"job_id": record.job.id})
         return {}
-    record.job.report_blob = stored.blob_key
-    record.job.epsilon_prv = stored.single_job_epsilon
+    record.job.epsilon_prv = ended.single_job_epsilon
     return {"report": True}
 
 
@@ -477,22 +483,25 @@ class CommitRecord:
     adjustments: list[dict[str, Any]]
 
 
-ReportWriter = Callable[[CommitRecord], str]
-"""Builds and stores the job's report from its commit; returns the report's blob key."""
+ReportWriter = Callable[[CommitRecord], dict[str, Any]]
+"""Builds the job's report from its commit, inside the settling transaction: nothing slow (what
+takes time is computed before). The transaction stages it; it is uploaded after the commit
+(kernel/jobs/report_outbox.py)."""
 
 
 @dataclass(frozen=True)
-class StoredReport:
-    """The report an :data:`EndedReportWriter` stored, and the single-job ε it states."""
+class EndedReport:
+    """The report an :data:`EndedReportWriter` built, and the single-job ε it states."""
 
-    blob_key: str
+    report: dict[str, Any]
     single_job_epsilon: float
     """The single-job ε of the committed event: replaces the planned run's on the job row."""
 
 
-EndedReportWriter = Callable[[CommitRecord], StoredReport]
-"""Builds and stores the report of a job that ended without success having committed ε, from its
-commit (the job's status and error code already set); kernel.reporting.ended_report makes them."""
+EndedReportWriter = Callable[[CommitRecord], EndedReport]
+"""Builds the report of a job that ended without success having committed ε, from its commit (the
+job's status and error code already set), staged like a success's; kernel.reporting.ended_report
+makes them."""
 
 
 def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, write_report: ReportWriter) -> bool:
@@ -514,7 +523,7 @@ def succeed(db: Database, *, attempt: Attempt, success: Success, actor: str, wri
             record = CommitRecord(job=job, commit_entry=None, budget_before=None, budget_after=None, adjustments=[])
         else:
             record = _commit(tx, budget, job, actual_event=success.actual_event, actor=actor, reason="succeeded")
-        report_key = write_report(record)
+        report_key = report_outbox.stage(tx, job_id=job.id, report=write_report(record))
         job.status = JobStatus.SUCCEEDED
         job.epsilon_prv = None if public else success.epsilon_prv
         job.metrics = success.metrics
@@ -644,7 +653,7 @@ def cancel_within(
 
 def _is_tuning(job: Job) -> bool:
     """A private tuning's job (kernel/tuning/planning.py): its whole reservation is its charge."""
-    return isinstance(job.spec.get("tuning"), dict)
+    return stored_spec(job).is_tuning
 
 
 # ---------------------------------------------------------------------------------- reconciler

@@ -49,7 +49,6 @@ from kernel.privacy.admissible import (
 from kernel.privacy.calibration import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from kernel.privacy.orders import Curve
 from kernel.privacy.ranges import NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN
-from kernel.registry import Registry
 from kernel.schemas.jobs import JobCreate, TrainingSpec
 from kernel.schemas.stored_spec import StoredJobSpec, admitted_spec, parse_stored_spec
 from privtrain_common.directed_rounding import format_remaining
@@ -104,59 +103,6 @@ class JobPlan:
             steps=self.plan.steps,
             evaluated=True,
         )
-
-
-@dataclass(frozen=True)
-class StepsCharge:
-    """How ``training.steps`` enters an algorithm's charge, for the largest-steps search."""
-
-    composes: bool
-    """True when a job of T steps costs exactly ``plan.event_for(σ, T)``: T uses composed, so the
-    charge grows with T, and T changes nothing else the charge depends on (σ is relative to the
-    sensitivity, which may itself depend on T)."""
-    reason: str | None = None
-    """Why the search does not apply, when it does not."""
-
-
-STEPS_CHARGES: Registry[StepsCharge] = Registry("steps charge")
-"""Every algorithm of the catalogue, by name (a test checks that none is missing): read off the
-``event_for`` each plan builds in algorithms/."""
-
-_COMPOSED = StepsCharge(composes=True)
-_PARALLEL_BLOCKS = StepsCharge(
-    composes=False,
-    reason="each row is used in one iteration only (parallel composition over disjoint blocks), "
-    "so this algorithm's charge is the same for every number of steps",
-)
-_BUDGET_UNITS = StepsCharge(
-    composes=False,
-    reason="this algorithm splits its ρ into budget units that it schedules itself; "
-    "training.steps does not change its charge",
-)
-for _name in (
-    "dp-sgd",
-    "dp-adam",
-    "dp-psac",
-    "auto-s",
-    "dc-dpsgd",
-    "dc-dpsgd-threshold",  # Poisson Gaussian × T
-    "dicesgd",
-    "dicesgd-adam",
-    "dicesgd-auto",  # Gaussian × T
-    "noisy-gd",  # zCDP × T
-    "ht-private-lasso",  # exponential mechanism × T
-):
-    STEPS_CHARGES.add(_name, _COMPOSED)
-for _name in ("ht-dp-fw", "ht-sparse-linreg", "ht-sparse-opt"):
-    STEPS_CHARGES.add(_name, _PARALLEL_BLOCKS)
-for _name in ("kl-spider", "adaptive-noisy-gd", "proximal-point"):
-    STEPS_CHARGES.add(_name, _BUDGET_UNITS)
-_NOT_CHARGED = StepsCharge(
-    composes=False,
-    reason="this optimizer is not private: it runs on public datasets only, which have no budget to fit",
-)
-for _name in ("sgd", "adam"):
-    STEPS_CHARGES.add(_name, _NOT_CHARGED)
 
 
 @dataclass(frozen=True)
@@ -226,9 +172,7 @@ def _accepted_sigma(sigma: float | None, job: JobPlan) -> tuple[float | None, st
 
 def _largest_steps(job: JobPlan, state: FilterState, *, max_steps: int) -> tuple[int | None, str | None]:
     """The most steps at the job's σ that fit now (at most ``max_steps``), or why there is none."""
-    charge = STEPS_CHARGES.get(job.algorithm.name) if job.algorithm.name in STEPS_CHARGES else None
-    if charge is None:
-        return None, f"no steps rule is declared for algorithm '{job.algorithm.name}'"
+    charge = job.algorithm.steps_charge
     if not charge.composes:
         return None, charge.reason
 

@@ -21,10 +21,9 @@ commits its whole reservation however it ends) and the tuning's public facts.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.orm import object_session
 
@@ -32,10 +31,11 @@ from algorithms import get_algorithm
 from kernel import privacy
 from kernel.db.orm import Dataset, Job, LedgerEntry
 from kernel.ingest.preparation import preparation_report
+from kernel.jobs.lifecycle import CommitRecord, EndedReport
 from kernel.jobs.planning import RebuiltJob, rebuild_job
 from kernel.jobs.status import JobStatus
+from kernel.ledger.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from kernel.ledger.operations import curve_epsilon
-from kernel.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from kernel.reporting.init_report import init_section
 from kernel.reporting.privacy_report import (
     CLIPPING_CAVEAT,
@@ -53,11 +53,8 @@ from kernel.reporting.privacy_report import (
 )
 from kernel.reporting.privacy_unit import privacy_unit_section, row_count_caveat
 from kernel.reporting.tuning import tuning_section
-from kernel.storage.blobs import BlobStore
+from kernel.schemas.stored_spec import stored_spec
 from privtrain_common.directed_rounding import format_guarantee
-
-if TYPE_CHECKING:
-    from kernel.jobs.lifecycle import CommitRecord, StoredReport
 
 __all__ = [
     "EndedReportInputs",
@@ -116,7 +113,7 @@ class EndedReportInputs:
 
 
 def _is_tuning(job: Job) -> bool:
-    return isinstance(job.spec.get("tuning"), dict)
+    return stored_spec(job).is_tuning
 
 
 def ended_report_inputs(
@@ -180,25 +177,21 @@ def ended_report_inputs(
 
 @dataclass(frozen=True)
 class EndedReportWriter:
-    """An ``kernel.jobs.lifecycle.EndedReportWriter``: builds the report of the commit it is given and
-    stores it (content-addressed, like a success's). ``inputs``: prepared for the event the caller
+    """An ``kernel.jobs.lifecycle.EndedReportWriter``: builds the report of the commit it is given
+    (the lifecycle stages it like a success's). ``inputs``: prepared for the event the caller
     expects to be committed, or None when it expects none (then, as after a race that committed
     another event, they are computed when needed, from the closed forms)."""
 
-    blobs: BlobStore
     inputs: EndedReportInputs | None = None
     secure_gaussian: bool | None = None
 
-    def __call__(self, record: CommitRecord) -> StoredReport:
-        from kernel.jobs.lifecycle import StoredReport  # here: the lifecycle imports kernel.reporting
-
+    def __call__(self, record: CommitRecord) -> EndedReport:
         assert record.commit_entry is not None and record.commit_entry.event is not None
         inputs = self.inputs
         if inputs is None or inputs.committed_event != record.commit_entry.event:
             inputs = self._inputs_under_the_lock(record)
         report = build_ended_report(record=record, inputs=inputs)
-        key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
-        return StoredReport(blob_key=key, single_job_epsilon=inputs.single_job.epsilon)
+        return EndedReport(report=report, single_job_epsilon=inputs.single_job.epsilon)
 
     def _inputs_under_the_lock(self, record: CommitRecord) -> EndedReportInputs:
         job = record.job
@@ -213,7 +206,7 @@ class EndedReportWriter:
         )
 
 
-def cancel_report_writer(blobs: BlobStore, job: Job, dataset: Dataset | None) -> EndedReportWriter | None:
+def cancel_report_writer(job: Job, dataset: Dataset | None) -> EndedReportWriter | None:
     """The writer a cancel passes to ``kernel.jobs.lifecycle.cancel``. A cancel commits a queued job
     that a lost attempt had touched, and a running tuning, each its whole reservation: their inputs
     are prepared for that case; another running job is only asked to stop (its worker settles it),
@@ -224,8 +217,8 @@ def cancel_report_writer(blobs: BlobStore, job: Job, dataset: Dataset | None) ->
         job.status == JobStatus.RUNNING and _is_tuning(job)
     )
     if not commits_now:
-        return EndedReportWriter(blobs)
-    return EndedReportWriter(blobs, ended_report_inputs(job, dataset))
+        return EndedReportWriter()
+    return EndedReportWriter(ended_report_inputs(job, dataset))
 
 
 # ---------------------------------------------------------------------------------- the report
@@ -360,7 +353,8 @@ def build_ended_report(*, record: CommitRecord, inputs: EndedReportInputs) -> di
     curve = privacy.rdp_curve(event)
     eps_rdp, order = privacy.epsilon_from_rdp(curve, job.delta)
     committed = curve_epsilon(curve, job.delta)  # what kernel.ledger.operations.commit recorded on the job
-    unit = privacy_unit_section(dataset, job.spec["training"])
+    spec = stored_spec(job)
+    unit = privacy_unit_section(dataset, spec.training.to_json())
     ending = _ending(job, entry, inputs)
     guarantee = (
         f"({format_guarantee(committed)}, {format_guarantee(job.delta)})-differential privacy for "
@@ -377,11 +371,11 @@ def build_ended_report(*, record: CommitRecord, inputs: EndedReportInputs) -> di
         "preparation": preparation_report(dataset.preparation),
         **unit,
         "guarantee": guarantee,
-        "model": {"name": job.model_name, "params": job.spec["model"]["params"], "released": False, "sha256": None},
+        "model": {"name": job.model_name, "params": spec.model.params, "released": False, "sha256": None},
         "algorithm": {
             "name": job.algorithm,
-            "hyperparameters": job.spec["algorithm"]["hyperparameters"],
-            "training": job.spec["training"],
+            "hyperparameters": spec.algorithm.hyperparameters,
+            "training": spec.training.to_json(),
             "notes": inputs.algorithm_notes,
         },
         "mechanism": _mechanism(job, inputs, ending),
@@ -418,8 +412,8 @@ def build_ended_report(*, record: CommitRecord, inputs: EndedReportInputs) -> di
     }
     if inputs.mechanism_unavailable is not None:
         report["mechanism_unavailable"] = inputs.mechanism_unavailable
-    if job.spec.get("init") is not None:  # where the weights started (no model released: nothing composes)
-        report["init"] = init_section(job.spec["init"], privacy_unit_column=inputs.dataset.privacy_unit_column)
-    if _is_tuning(job):
-        report["tuning"] = tuning_section(job.spec["tuning"], metrics=None)
+    if spec.init is not None:  # where the weights started (no model released: nothing composes)
+        report["init"] = init_section(spec.init.to_json(), privacy_unit_column=inputs.dataset.privacy_unit_column)
+    if spec.tuning is not None:
+        report["tuning"] = tuning_section(spec.tuning.to_json(), metrics=None)
     return report

@@ -9,7 +9,6 @@ else, who learns only that the weights came from elsewhere and whether that is c
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from sqlalchemy.orm import Session
 from kernel.access.roles import relation_to, role_on
 from kernel.db.orm import Dataset, Job, Tenant
 from kernel.reporting.init_report import Level, chain_positions, provenance_for_viewer
+from kernel.schemas.stored_spec import StoredJobSpec
 
 
 def link_level(session: Session, tenant: Tenant, *, job_id: str | None, dataset_id: str | None) -> Level:
@@ -39,13 +39,15 @@ def chain_levels(session: Session, tenant: Tenant, init: Mapping[str, Any] | Non
     }
 
 
-def _shown_spec(spec: Mapping[str, Any], levels: Mapping[int, Level]) -> dict[str, Any]:
+def _shown(spec: StoredJobSpec, levels: Mapping[int, Level]) -> dict[str, Any]:
     """One (job or tuning candidate) spec with its provenance, and the start its request named, redacted."""
-    shown = dict(spec)
-    shown["init"] = provenance_for_viewer(shown["init"], levels)
-    requested = (shown.get("model") or {}).get("init") or {}
-    if requested.get("job_id") is not None and levels.get(1, "none") != "job":
-        shown["model"] = {**shown["model"], "init": {**requested, "job_id": None}}
+    shown = spec.to_json()
+    if spec.init is not None:
+        shown["init"] = provenance_for_viewer(spec.init.to_json(), levels)
+    requested = spec.model.init
+    if requested is not None and requested.job_id is not None and levels.get(1, "none") != "job":
+        hidden = requested.model_copy(update={"job_id": None})
+        shown["model"] = spec.model.model_copy(update={"init": hidden}).to_json()
     return shown
 
 
@@ -54,7 +56,7 @@ LevelCache = dict[tuple[tuple[int, tuple[str | None, str | None]], ...], dict[in
 
 
 def spec_for_viewer(
-    session: Session, tenant: Tenant, spec: Mapping[str, Any], *, cache: LevelCache | None = None
+    session: Session, tenant: Tenant, spec: StoredJobSpec, *, cache: LevelCache | None = None
 ) -> dict[str, Any]:
     """A job's spec as the reader may see it: its ``init`` (and each tuning candidate's) redacted.
     ``cache``: shared by the jobs of one listing, whose chains often repeat."""
@@ -66,13 +68,14 @@ def spec_for_viewer(
             known[key] = chain_levels(session, tenant, init)
         return known[key]
 
-    shown = dict(spec) if spec.get("init") is None else _shown_spec(spec, levels_of(spec["init"]))
-    tuning = shown.get("tuning")
-    if isinstance(tuning, Mapping) and tuning.get("candidates"):
-        tuning = copy.deepcopy(dict(tuning))
-        for candidate in tuning["candidates"]:
-            init = candidate.get("spec", {}).get("init")
-            if init is not None:
-                candidate["spec"] = _shown_spec(candidate["spec"], levels_of(init))
-        shown["tuning"] = tuning
-    return shown
+    def shown(one: StoredJobSpec) -> dict[str, Any]:
+        return one.to_json() if one.init is None else _shown(one, levels_of(one.init.to_json()))
+
+    visible = shown(spec)
+    if spec.tuning is not None and spec.tuning.candidates:
+        candidates = [
+            {**candidate.to_json(exclude={"spec"}), "spec": shown(candidate.spec)}
+            for candidate in spec.tuning.candidates
+        ]
+        visible["tuning"] = {**spec.tuning.to_json(exclude={"candidates"}), "candidates": candidates}
+    return visible

@@ -13,10 +13,11 @@ from kernel.datasets.facts import public_class_list
 from kernel.db.orm import Dataset, Job, LedgerEntry
 from kernel.ingest.preparation import preparation_report
 from kernel.jobs.status import JobStatus
+from kernel.ledger.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from kernel.ledger.operations import curve_epsilon
-from kernel.reporting.budget_change import AFTER_DEFINITION, BEFORE_DEFINITION, job_charge
 from kernel.reporting.privacy_unit import privacy_unit_section, row_count_caveat
 from kernel.schemas.renamed import ALIASES_REMOVED_IN
+from kernel.schemas.stored_spec import stored_spec
 from privtrain_common.directed_rounding import format_guarantee
 
 REPORT_VERSION = 1
@@ -216,7 +217,7 @@ def build_report(
     """``secure_gaussian``: whether the worker that finished the job drew Gaussians in secure mode.
     ``single_job``: :func:`report_single_job_epsilon` of ``actual_event``, computed by the caller
     outside any database transaction (it may be slow). ``budget_before``: the ledger just before
-    this job's COMMIT without this job (:func:`kernel.reporting.budget_change.budget_without_job`);
+    this job's COMMIT without this job (:func:`kernel.ledger.budget_change.budget_without_job`);
     ``budget_after``: right after it."""
     event = privacy.event_from_json(actual_event)
     caveats = [*CAVEATS, noise_caveat(secure_gaussian=secure_gaussian)]
@@ -241,7 +242,8 @@ def build_report(
     curve = privacy.rdp_curve(event)
     eps_rdp, order = privacy.epsilon_from_rdp(curve, job.delta)
     committed = curve_epsilon(curve, job.delta)  # what kernel.ledger.operations.commit recorded on the job
-    unit = privacy_unit_section(dataset, job.spec["training"])
+    spec = stored_spec(job)
+    unit = privacy_unit_section(dataset, spec.training.to_json())
     guarantee = (
         f"({format_guarantee(committed)}, {format_guarantee(job.delta)})-differential privacy for "
         f"{unit.pop('guarantee_unit')}: the ε this job committed to the dataset's ledger"
@@ -262,11 +264,11 @@ def build_report(
         "preparation": preparation_report(dataset.preparation),
         **unit,
         "guarantee": guarantee,
-        "model": {"name": job.model_name, "params": job.spec["model"]["params"], "sha256": model_sha256},
+        "model": {"name": job.model_name, "params": spec.model.params, "sha256": model_sha256},
         "algorithm": {
             "name": job.algorithm,
-            "hyperparameters": job.spec["algorithm"]["hyperparameters"],
-            "training": job.spec["training"],
+            "hyperparameters": spec.algorithm.hyperparameters,
+            "training": spec.training.to_json(),
             "notes": algorithm_notes,
         },
         "mechanism": {
@@ -337,6 +339,7 @@ def build_public_report(
 
     No ε, no privacy event and no ledger block: the dataset has no budget, and a number would read
     as a guarantee that nothing here provides (docs/pretraining-and-finetuning.md)."""
+    spec = stored_spec(job)
     return {
         "report_version": REPORT_VERSION,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
@@ -356,12 +359,12 @@ def build_public_report(
         },
         "preparation": preparation_report(dataset.preparation),
         "guarantee": PUBLIC_DATASET_GUARANTEE,
-        "model": {"name": job.model_name, "params": job.spec["model"]["params"], "sha256": model_sha256},
+        "model": {"name": job.model_name, "params": spec.model.params, "sha256": model_sha256},
         "algorithm": {
             "name": job.algorithm,
             "private": get_algorithm(job.algorithm).private,
-            "hyperparameters": job.spec["algorithm"]["hyperparameters"],
-            "training": job.spec["training"],
+            "hyperparameters": spec.algorithm.hyperparameters,
+            "training": spec.training.to_json(),
         },
         "training_run": {
             "sampling": sampling,

@@ -19,6 +19,7 @@ from kernel.reporting.init_report import apply_init_chain, init_section
 from kernel.reporting.privacy_report import augmentation_section, build_report, released_weights_section
 from kernel.reporting.privacy_unit import privacy_unit_section
 from kernel.schemas.jobs import TrainingSpec
+from kernel.schemas.stored_spec import stored_spec
 
 if TYPE_CHECKING:  # the lifecycle imports kernel.reporting
     from kernel.jobs.lifecycle import CommitRecord
@@ -73,10 +74,10 @@ def released_model_report(
         secure_gaussian=secure_gaussian,
         single_job=single_job,
     )
-    init = job.spec.get("init")
-    if init is not None:  # where the weights started; the chain's events on these rows compose
-        unit = privacy_unit_section(dataset, job.spec["training"])["guarantee_unit"]
-        section = init_section(init, guarantees=chain, privacy_unit_column=dataset.privacy_unit_column)
+    spec = stored_spec(job)
+    if spec.init is not None:  # where the weights started; the chain's events on these rows compose
+        unit = privacy_unit_section(dataset, spec.training.to_json())["guarantee_unit"]
+        section = init_section(spec.init.to_json(), guarantees=chain, privacy_unit_column=dataset.privacy_unit_column)
         apply_init_chain(report, section, guarantee_unit=unit)
     report["released_weights"] = released_weights_section(trained.training.ema_decay)
     report["augmentation"] = augmentation_section(trained.training.augmult)

@@ -17,6 +17,7 @@ from typing import Any
 from kernel import privacy
 from kernel.db.orm import Dataset, Job
 from kernel.jobs.planning import compose_job_event, rebuild_plan
+from kernel.schemas.stored_spec import stored_spec
 
 MAX_POINTS = 60
 
@@ -45,7 +46,7 @@ def sampled_steps(total: int, *, max_points: int = MAX_POINTS) -> tuple[int, ...
 
 def epsilon_by_steps(job: Job, dataset: Dataset, report: dict[str, Any]) -> StepSeries:
     """The series for the report's job; raises :class:`SeriesUnavailable` with a reason."""
-    if isinstance(job.spec.get("tuning"), dict):
+    if stored_spec(job).is_tuning:
         raise SeriesUnavailable(
             "this job is a hyperparameter tuning: its charge is the whole tuning's, not a function of one trial's steps"
         )

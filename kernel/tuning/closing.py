@@ -21,19 +21,20 @@ However it ends, the whole reservation is committed: charging less would tell ho
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, Job
-from kernel.jobs import lifecycle
+from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.status import JobStatus
 from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
 from kernel.reporting.init_report import chain_guarantees
 from kernel.reporting.privacy_report import report_single_job_epsilon
 from kernel.reporting.released_report import ReleasedTraining, released_model_report
 from kernel.reporting.tuning import TUNING_CAVEAT, tuning_execution, tuning_section
+from kernel.schemas.stored_spec import StoredTuning, stored_spec
 from kernel.storage.blobs import BlobStore, StorageUnavailable
 from kernel.tuning import slots as tuning_slots
 from kernel.tuning import trial_queue
@@ -76,7 +77,7 @@ class Closer:
         if failure is None:
             counts = trial_queue.counts(self.db, job_id=job_id, attempt=attempt)
             finished = trial_queue.finished(self.db, job_id=job_id, attempt=attempt)
-            metric = job.spec["tuning"]["selection"]["metric"]
+            metric = _tuning_of(job).selection.metric
             best = best_of((_result(trial) for trial in finished), metric)
             if best is not None:
                 chosen = next(trial for trial in finished if trial.seq == best.seq)
@@ -90,8 +91,9 @@ class Closer:
 
     def _fail(self, held: lifecycle.Attempt, error_code: str, *, job: Job, dataset: Dataset) -> str:
         """Fail the tuning, committing its whole reservation, with the report of what it committed."""
-        writer = EndedReportWriter(self.blobs, ended_report_inputs(job, dataset, secure_gaussian=self.secure_gaussian))
+        writer = EndedReportWriter(ended_report_inputs(job, dataset, secure_gaussian=self.secure_gaussian))
         ended = lifecycle.fail(self.db, attempt=held, error_code=error_code, actor=self.actor, write_report=writer)
+        report_outbox.deliver(self.db, self.blobs, job_id=held.job_id)
         self.clear(held.job_id)
         return JobStatus.FAILED if ended else "stale"
 
@@ -119,17 +121,22 @@ class Closer:
         # The whole reservation is committed, whatever ran: its event is the tuning's.
         actual = dict(job.event)
         single_job = report_single_job_epsilon(actual, delta=job.delta, algorithm=job.algorithm)
+        spec = stored_spec(job)
         chain = chain_guarantees(
-            job.spec.get("init"), actual_event=actual, delta=job.delta, algorithm=job.algorithm, numeric=True
+            spec.init.to_json() if spec.init is not None else None,
+            actual_event=actual,
+            delta=job.delta,
+            algorithm=job.algorithm,
+            numeric=True,
         )
         selected = lifecycle.SelectedTrial(
-            spec={**chosen.spec, "tuning": {**job.spec["tuning"], "selected": chosen.assignment}},
+            spec=spec.released_trial(chosen.stored).to_json(),
             noise_multiplier=chosen.noise_multiplier,
             sampling_probability=chosen.sampling_probability,
             steps=chosen.steps,
         )
 
-        def write_report(commit: lifecycle.CommitRecord) -> str:
+        def write_report(commit: lifecycle.CommitRecord) -> dict[str, Any]:
             assert commit.commit_entry is not None and commit.budget_before is not None
             assert commit.budget_after is not None  # a tuning is never on a public dataset
             trained = chosen.rebuilt
@@ -147,10 +154,9 @@ class Closer:
                 chain=chain,
             )
             report["execution"] = tuning_execution(device or "an unrecorded device")
-            report["tuning"] = tuning_section(commit.job.spec["tuning"], metrics=best.metrics)
+            report["tuning"] = tuning_section(_tuning_of(commit.job).to_json(), metrics=best.metrics)
             report["caveats"].insert(0, TUNING_CAVEAT)
-            report_key, _ = self.blobs.put_bytes(json.dumps(report, indent=2, allow_nan=False).encode())
-            return report_key
+            return report
 
         success = lifecycle.Success(
             steps_run=chosen.steps,
@@ -162,10 +168,18 @@ class Closer:
             selected=selected,
         )
         ended = lifecycle.succeed(self.db, attempt=held, success=success, actor=self.actor, write_report=write_report)
+        report_outbox.deliver(self.db, self.blobs, job_id=job.id)
         self.clear(job.id)
         if ended:
             log.info("tuning released its best trial", extra={"job_id": job.id})
         return JobStatus.SUCCEEDED if ended else "stale"
+
+
+def _tuning_of(job: Job) -> StoredTuning:
+    tuning = stored_spec(job).tuning
+    if tuning is None:
+        raise RuntimeError(f"job {job.id} is not a tuning")
+    return tuning
 
 
 def _result(trial: trial_queue.FinishedTrial) -> TrialResult:

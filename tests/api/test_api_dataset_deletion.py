@@ -21,8 +21,8 @@ from sqlalchemy import select, update
 from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, ErasedBlob, Job, JobEvent, LedgerEntry
-from kernel.jobs.reconciler import reconcile_once
 from kernel.ledger.audit import verify_ledger
+from kernel.reconciler import reconcile_once
 from kernel.storage.blobs import BlobStore, StorageUnavailable
 from tests.api.worker_jobs import upload_shapes
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, new_key, to_csv

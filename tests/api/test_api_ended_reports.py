@@ -25,8 +25,8 @@ from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Job, LedgerEntry, utcnow
 from kernel.jobs import lifecycle
-from kernel.jobs.reconciler import reconcile_once
 from kernel.ledger import operations as ledger
+from kernel.reconciler import reconcile_once
 from kernel.reporting.privacy_report import closed_form_single_job_epsilon, report_single_job_epsilon
 from privtrain.cli import CliEnvironment, cli
 from privtrain_common.directed_rounding import format_guarantee
@@ -438,13 +438,13 @@ def test_a_tuning_that_ended_without_success_reports_its_charge_and_counts_no_tr
 def test_a_report_that_cannot_be_stored_never_blocks_the_charge(
     alice: TestClient, settings: Settings, database: Database, small_dataset: str
 ) -> None:
-    """The ledger must record what was spent even when its report cannot be written."""
+    """The ledger must record what was spent even when its report cannot be built."""
     job = _submit(alice, _spec(small_dataset))
     claimed = JobRunner(settings, db=database).claim(job["id"])
     assert claimed is not None
 
-    def broken(record: lifecycle.CommitRecord) -> lifecycle.StoredReport:
-        raise RuntimeError("object store down")
+    def broken(record: lifecycle.CommitRecord) -> lifecycle.EndedReport:
+        raise RuntimeError("the report cannot be built")
 
     assert lifecycle.fail(
         database, attempt=claimed.held, error_code="training-failed", actor="worker:test", write_report=broken

@@ -11,8 +11,6 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from algorithms import ALGORITHMS
-from kernel.jobs.planning import STEPS_CHARGES
 from privtrain.cli import CliEnvironment, cli
 from tests.conftest import digits_split, dp_sgd_spec, to_csv, upload
 
@@ -108,10 +106,6 @@ def test_algorithms_whose_charge_does_not_grow_with_steps_say_so(alice: TestClie
     estimate = _estimate(alice, fw)
     assert estimate["largest_admissible_steps"] is None
     assert "parallel composition" in estimate["largest_admissible_steps_reason"]
-
-
-def test_every_algorithm_declares_how_steps_enter_its_charge() -> None:
-    assert sorted(STEPS_CHARGES) == ALGORITHMS.names()
 
 
 # --- remaining ε versus largest admissible ε: two numbers, and why -------------------------------

@@ -21,8 +21,8 @@ from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Job
 from kernel.jobs.private_files import JobPrivateFiles
-from kernel.jobs.reconciler import reconcile_once
 from kernel.ledger.audit import verify_ledger
+from kernel.reconciler import reconcile_once
 from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import evict_erased_copies
 from privtrain import Client

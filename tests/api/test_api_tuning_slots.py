@@ -23,8 +23,8 @@ from sqlalchemy import func, select, update
 from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Job, LedgerEntry, TuningSlot, TuningTrial
-from kernel.jobs.reconciler import reconcile_once
 from kernel.ledger.audit import verify_ledger
+from kernel.reconciler import reconcile_once
 from kernel.tuning import slots as tuning_slots
 from kernel.tuning import trial_queue
 from kernel.tuning.trial_files import TrialFiles

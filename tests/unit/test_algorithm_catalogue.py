@@ -8,8 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from pydantic import BaseModel
+
 from algorithms import ALGORITHMS, get_algorithm
 from algorithms.catalogue import FAMILIES, Family
+from algorithms.registry import AlgorithmDefinition, register_algorithm
+from algorithms.steps_charges import COMPOSED, NOT_CHARGED, PARALLEL_BLOCKS, SELF_SCHEDULED_BUDGET_UNITS, StepsCharge
 from algorithms.trainers import PREFLIGHTS, get_trainer, trainer_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,3 +86,20 @@ def test_a_preflight_before_any_trainer_lookup_still_runs_the_check() -> None:
         "    print('accepted')\n"
     )
     assert out == "refused"
+
+
+def test_every_entry_declares_how_steps_enter_its_charge() -> None:
+    charges = {name: get_algorithm(name).steps_charge for name in ALGORITHMS.names()}
+    assert all(isinstance(charge, StepsCharge) for charge in charges.values())
+    assert charges["dp-sgd"] is COMPOSED and charges["ht-dp-fw"] is PARALLEL_BLOCKS
+    assert charges["kl-spider"] is SELF_SCHEDULED_BUDGET_UNITS and charges["sgd"] is NOT_CHARGED
+    assert all(charge.reason for charge in charges.values() if not charge.composes)  # the estimate says why
+
+
+def test_registration_refuses_an_entry_without_a_steps_charge() -> None:
+    class Bare(AlgorithmDefinition[BaseModel]):
+        name = "bare-steps"
+
+    with pytest.raises(TypeError, match="steps_charge"):
+        register_algorithm(Bare)
+    assert "bare-steps" not in ALGORITHMS

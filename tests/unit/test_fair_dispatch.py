@@ -13,7 +13,7 @@ from api.main import create_app
 from kernel.bootstrap import migrate
 from kernel.db.engine import Database
 from kernel.jobs.dispatch import WaitingJob, dispatch_fairly, fair_order
-from kernel.jobs.reconciler import reconcile_once
+from kernel.reconciler import reconcile_once
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, make_settings, new_key, upload
 from worker.runner import JobRunner
 

@@ -30,17 +30,6 @@ PACKAGE_ROOTS: tuple[tuple[Path, str], ...] = (
 )
 """(folder holding the package, package name): every first-party package, client and common included."""
 
-OWNED_ELSEWHERE: frozenset[frozenset[str]] = frozenset(
-    {
-        # The worker branch: kernel/jobs ↔ kernel/reporting (the lifecycle writes the ended reports,
-        # which read its records; today a function-local import in ended_report keeps it off the graph).
-        frozenset({"kernel.jobs.*", "kernel.reporting.*"}),
-    }
-)
-"""Cycles another branch of the redesign removes, as modules or ``package.*`` patterns. Each must
-still be a cycle (checked below, counting function-local imports too), so that merging that branch
-fails this test until its entry is deleted: the allowance never outlives the cycle."""
-
 LOCAL_IMPORT_REASONS = ("optional", "heavy", "only when", "only where", "only after")
 """A function-local import's comment names one of these: what loading it late spares."""
 
@@ -243,29 +232,6 @@ def local_imports(modules: Mapping[str, Module]) -> list[LocalImport]:
     return sorted(found, key=lambda local: (local.module, local.line))
 
 
-def member_of(entry: frozenset[str], module: str) -> str | None:
-    """The member of an OWNED_ELSEWHERE entry that covers ``module``, if any."""
-    for member in sorted(entry):
-        package = member.removesuffix(".*")
-        if module == member or (member.endswith(".*") and (module == package or module.startswith(f"{package}."))):
-            return member
-    return None
-
-
-def collapsed(graph: Mapping[str, set[str]], entry: frozenset[str]) -> dict[str, set[str]]:
-    """The graph with each entry member's modules merged into one node named after the member."""
-
-    def node(module: str) -> str:
-        return member_of(entry, module) or module
-
-    merged: dict[str, set[str]] = {}
-    for module, targets in graph.items():
-        merged.setdefault(node(module), set()).update(node(target) for target in targets)
-    for module, targets in merged.items():
-        targets.discard(module)
-    return merged
-
-
 # --- the checks on the repository -------------------------------------------------------------------
 
 MODULES = discover(PACKAGE_ROOTS)
@@ -276,43 +242,20 @@ def _graph(*, function_local: bool = False) -> dict[str, set[str]]:
     return import_graph(MODULES, function_local=function_local)
 
 
-def _owned_elsewhere(cycle: frozenset[str]) -> bool:
-    return any(all(member_of(entry, module) for module in cycle) for entry in OWNED_ELSEWHERE)
-
-
 def test_every_package_is_found() -> None:
     assert {name.split(".")[0] for name in MODULES} == {package for _, package in PACKAGE_ROOTS}
     assert {"kernel.storage.blobs", "api.main", "privtrain.client", "privtrain_common.model_files"} <= MODULES.keys()
 
 
 def test_no_module_level_import_cycles() -> None:
-    assert sorted(sorted(cycle) for cycle in cycles(_graph()) if not _owned_elsewhere(cycle)) == []
-
-
-def test_each_cycle_owned_elsewhere_is_still_a_cycle() -> None:
-    """Merging the branch that removes one of them fails here: delete its OWNED_ELSEWHERE entry."""
-    with_local = _graph(function_local=True)
-    gone = [
-        sorted(entry)
-        for entry in OWNED_ELSEWHERE
-        if not any(entry <= component for component in cycles(collapsed(with_local, entry)))
-    ]
-    assert gone == []
+    assert sorted(sorted(cycle) for cycle in cycles(_graph())) == []
 
 
 def test_each_function_local_import_says_why() -> None:
-    def crosses_an_owned_cycle(found: LocalImport) -> bool:
-        return any(
-            (home := member_of(entry, found.module)) is not None
-            and all(member_of(entry, named) not in (None, home) for named in found.named)
-            for entry in OWNED_ELSEWHERE
-        )
-
     unexplained = [
         f"{found.module}:{found.line} imports {', '.join(found.named)}"
         for found in local_imports(MODULES)
         if not any(reason in found.comment.lower() for reason in LOCAL_IMPORT_REASONS)
-        and not crosses_an_owned_cycle(found)
     ]
     assert unexplained == []
 
@@ -399,22 +342,3 @@ def test_reading_the_own_package_counts_but_passing_through_it_does_not(tmp_path
     assert graph["pkg.b"] == {"pkg", "pkg.a"}
     modules = _plant(tmp_path, {"pkg/a.py": "from pkg import VERSION\n"})
     assert cycles(import_graph(modules)) == {frozenset({"pkg", "pkg.a"})}
-
-
-def test_an_owned_entry_collapses_its_packages(tmp_path: Path) -> None:
-    """A cycle between two packages, not between two modules, still holds its OWNED_ELSEWHERE entry."""
-    modules = _plant(
-        tmp_path,
-        {
-            "pkg/__init__.py": "",
-            "pkg/x/__init__.py": "",
-            "pkg/x/a.py": "from pkg.y.b import f\n",
-            "pkg/y/__init__.py": "",
-            "pkg/y/b.py": "",
-            "pkg/y/c.py": "def g():\n    from pkg.x.a import h\n",
-        },
-    )
-    entry = frozenset({"pkg.x.*", "pkg.y.*"})
-    assert cycles(import_graph(modules, function_local=True)) == set()
-    assert cycles(collapsed(import_graph(modules, function_local=True), entry)) == {entry}
-    assert cycles(collapsed(import_graph(modules), entry)) == set()

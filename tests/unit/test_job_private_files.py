@@ -14,7 +14,7 @@ from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Job, utcnow
 from kernel.jobs.private_files import PRIVATE_SUFFIXES, JobPrivateFiles
-from kernel.jobs.reconciler import reconcile_once
+from kernel.reconciler import reconcile_once
 from kernel.storage.configured import blob_store_from_settings
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 
@@ -88,7 +88,7 @@ def test_the_reconciler_deletes_the_files_of_a_job_it_fails(
 
 def test_the_reconciler_and_these_files_stay_torch_free() -> None:
     """The reconciler runs in the API process and as its own small service: no torch there."""
-    code = "import sys, kernel.jobs.reconciler, kernel.jobs.private_files; assert 'torch' not in sys.modules"
+    code = "import sys, kernel.reconciler, kernel.jobs.private_files; assert 'torch' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 

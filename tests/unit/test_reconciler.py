@@ -11,8 +11,8 @@ from sqlalchemy import select
 from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Job, LedgerEntry, utcnow
-from kernel.jobs.reconciler import reconcile_once
 from kernel.ledger import operations as ledger
+from kernel.reconciler import reconcile_once
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, upload
 
 

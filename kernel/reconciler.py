@@ -30,13 +30,12 @@ from kernel.datasets.deletion import DatasetEraser
 from kernel.datasets.status import DatasetStatus
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, Job, TuningSlot, utcnow
-from kernel.jobs import lifecycle
+from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.dispatch import dispatch_with_settings
 from kernel.jobs.private_files import JobPrivateFiles
 from kernel.jobs.status import JobStatus
 from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
 from kernel.services import JobDispatcher
-from kernel.storage.blobs import BlobStore
 from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import evict_erased_copies
 from kernel.tuning import slots as tuning_slots
@@ -78,7 +77,6 @@ def _settle_tunings(db: Database, settings: Settings, cutoff: dt.datetime) -> li
     with db.read_session() as session:
         lost = tuning_slots.stale_running(session, cutoff)
         unclosed = tuning_slots.finished_unclosed(session, cutoff)
-    blobs = blob_store_from_settings(settings) if lost or unclosed else None
     failed = [
         job_id
         for job_id, dataset_id, attempt in lost
@@ -87,11 +85,11 @@ def _settle_tunings(db: Database, settings: Settings, cutoff: dt.datetime) -> li
             attempt=lifecycle.Attempt(job_id=job_id, dataset_id=dataset_id, number=attempt),
             error_code="worker-lost",
             actor=lifecycle.RECONCILER_ACTOR,
-            write_report=_report_writer(db, blobs, job_id, will_fail=True) if blobs is not None else None,
+            write_report=_report_writer(db, job_id, will_fail=True),
         )
     ]
     if unclosed:
-        assert blobs is not None
+        blobs = blob_store_from_settings(settings)
         closer = Closer(
             db=db,
             blobs=blobs,
@@ -125,7 +123,7 @@ def _redispatch_lost_slots(db: Database, dispatcher: JobDispatcher, cutoff: dt.d
 
 
 def _report_writer(
-    db: Database, blobs: BlobStore, job_id: str, *, max_attempts: int = 0, will_fail: bool = False
+    db: Database, job_id: str, *, max_attempts: int = 0, will_fail: bool = False
 ) -> EndedReportWriter | None:
     """The report of a stale job that will fail here (its last attempt, a cancel asked for, or
     ``will_fail``: a tuning with a lost slot): its inputs for the whole reservation it then
@@ -137,12 +135,12 @@ def _report_writer(
     if job is None or dataset is None or dataset.public:
         return None
     if job.touched_at is None or (not will_fail and job.attempt < max_attempts and not job.cancel_requested):
-        return EndedReportWriter(blobs)
+        return EndedReportWriter()
     try:
-        return EndedReportWriter(blobs, ended_report_inputs(job, dataset))
+        return EndedReportWriter(ended_report_inputs(job, dataset))
     except Exception:
         log.exception("could not prepare a lost job's report", extra={"job_id": job_id})
-        return EndedReportWriter(blobs)
+        return EndedReportWriter()
 
 
 def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str | None]]:
@@ -181,6 +179,16 @@ def _discard_private_files(settings: Settings, job_ids: list[str]) -> None:
         log.exception("deleting the private files of failed jobs failed")
 
 
+def _deliver_reports(db: Database, settings: Settings) -> None:
+    """Upload the reports whose settlement committed but whose upload did not follow (a crash, or
+    the store down): kernel/jobs/report_outbox.py."""
+    try:
+        if report_outbox.has_pending(db):
+            report_outbox.deliver(db, blob_store_from_settings(settings))
+    except Exception:
+        log.exception("delivering pending reports failed; the next round tries again")
+
+
 def _finish_deletions(db: Database, settings: Settings) -> None:
     """Deletions whose jobs settled without a worker to finish them (lost, failed here), or whose
     erasure an outage interrupted; and this host's cached copies of erased blobs."""
@@ -202,9 +210,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     requeued: list[str] = []
     failed: list[str] = []
     stale = _stale_running(db, stale_cutoff)
-    blobs = blob_store_from_settings(settings) if stale else None
     for job_id, dataset_id, attempt in stale:
-        assert blobs is not None
         outcome = lifecycle.requeue_or_fail(
             db,
             job_id=job_id,
@@ -212,7 +218,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
             attempt=attempt,
             stale_before=stale_cutoff,
             max_attempts=settings.max_attempts,
-            write_report=_report_writer(db, blobs, job_id, max_attempts=settings.max_attempts),
+            write_report=_report_writer(db, job_id, max_attempts=settings.max_attempts),
         )
         if outcome == JobStatus.QUEUED:
             requeued.append(job_id)
@@ -225,6 +231,7 @@ def reconcile_once(db: Database, settings: Settings, dispatcher: JobDispatcher) 
     if failed:
         _discard_private_files(settings, failed)
     _clear_abandoned_trials(db, settings)
+    _deliver_reports(db, settings)
     _finish_deletions(db, settings)
     redispatched: list[str] = []
     # Lost messages (sent long ago, never started) are sent again as they were; requeued and
