@@ -12,7 +12,7 @@ would keep taking jobs with no API in front of it (and, on restart, run beside a
 
 Both end in SIGTERM, the worker's ordinary stop (what ``serve`` itself sends on a clean exit):
 Celery finishes the job it is running, takes no new one and exits; a job it cannot finish is
-settled by the reconciler like any lost worker's. Here, in ``app/``, because ``serve`` runs in
+settled by the reconciler like any lost worker's. Here, in the kernel, because ``serve`` runs in
 the API process, which never imports ``worker/``.
 """
 

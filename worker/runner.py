@@ -13,6 +13,7 @@ no-ops. Errors shown to users are generic codes; tracebacks go to operator logs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -54,15 +55,10 @@ from kernel.jobs.private_files import CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX, PRIVATE
 from kernel.jobs.status import JobStatus
 from kernel.model_catalogue import ModelSizeLimits, get_model
 from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
-from kernel.reporting.init_report import chain_guarantees, init_section
 from kernel.reporting.privacy_report import (
-    augmentation_section,
-    build_public_report,
     execution_section,
-    released_weights_section,
-    report_single_job_epsilon,
 )
-from kernel.reporting.released_report import ReleasedTraining, released_model_report
+from kernel.reporting.released_report import ReleasedTraining, prepare_release, released_model_report
 from kernel.schemas.jobs import TrainingSpec
 from kernel.storage.blobs import StorageUnavailable
 from kernel.storage.configured import blob_store_from_settings
@@ -1003,61 +999,28 @@ class JobRunner:
         steps_run = outcome.result.steps_run
         actual = claimed.event_json(steps_run, evaluated=True)
         # Numeric accountants may take a while: never under the database write lock.
-        epsilon = (single_job.result_for(actual) if single_job is not None else None) or report_single_job_epsilon(
-            actual, delta=claimed.job.delta, algorithm=claimed.job.algorithm
+        release = prepare_release(
+            claimed.job,
+            dataset=claimed.dataset,
+            trained=ReleasedTraining(
+                plan=claimed.plan, hyperparameters=claimed.hyperparameters, training=claimed.training
+            ),
+            actual_event=actual,
+            metrics=outcome.metrics,
+            model_sha256=model_sha,
+            secure_gaussian=self.settings.secure_noise,
+            execution=outcome.execution,
+            single_job=single_job.result_for(actual) if single_job is not None else None,
         )
-        public = claimed.dataset.public
-        init = claimed.job.spec.get("init")  # a tuning's trials share one init: its carrier's
-        chain = chain_guarantees(  # the init chain's composed guarantees, also slow: before the commit
-            init,
-            actual_event=None if public else actual,
-            delta=claimed.job.delta,
-            algorithm=claimed.job.algorithm,
-            numeric=True,
-        )
-        unit_column = claimed.dataset.privacy_unit_column
-
-        def write_report(commit: lifecycle.CommitRecord) -> dict[str, Any]:
-            if commit.commit_entry is None or commit.budget_before is None or commit.budget_after is None:
-                report = build_public_report(  # a public dataset: no ledger, no guarantee
-                    job=commit.job,
-                    dataset=claimed.dataset,
-                    expected_batch_size=claimed.plan.expected_batch_size,
-                    sampling=claimed.plan.sampling,
-                    metrics=outcome.metrics,
-                    model_sha256=model_sha,
-                )
-                report["init"] = init_section(
-                    init, guarantees=chain, privacy_unit_column=unit_column, public_dataset=True
-                )
-                report["released_weights"] = released_weights_section(claimed.training.ema_decay)
-                report["augmentation"] = augmentation_section(claimed.training.augmult, private=False)
-                report["execution"] = outcome.execution
-                return report
-            report = released_model_report(
-                commit,
-                dataset=claimed.dataset,
-                trained=ReleasedTraining(
-                    plan=claimed.plan, hyperparameters=claimed.hyperparameters, training=claimed.training
-                ),
-                actual_event=actual,
-                metrics=outcome.metrics,
-                model_sha256=model_sha,
-                secure_gaussian=self.settings.secure_noise,
-                single_job=epsilon,
-                chain=chain,
-            )
-            report["execution"] = outcome.execution
-            return report
-
         success = lifecycle.Success(
             steps_run=steps_run,
             actual_event=actual,
             model_blob=model_key,
             model_sha256=model_sha,
             metrics=outcome.metrics,
-            epsilon_prv=epsilon.epsilon,
+            epsilon_prv=release.single_job.epsilon,
         )
+        write_report = functools.partial(released_model_report, release=release)
         if not lifecycle.succeed(
             self.db, attempt=claimed.held, success=success, actor=self.actor, write_report=write_report
         ):

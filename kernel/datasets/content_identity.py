@@ -20,7 +20,7 @@ Anything else is new content, by design: a changed value (rounding included), an
 dropped row or column, a renamed column, a re-encoded image, the same rows in another format.
 Why the owner is trusted there is docs/privacy-model.md#what-the-digest-does-not-catch.
 
-Torch-free; it reads files that the ingest (app/ingest) has already validated at upload, and
+Torch-free; it reads files that the ingest (kernel/ingest) has already validated at upload, and
 bounds what it reads the same way, so it also runs on uploads stored before it existed.
 """
 

@@ -1,6 +1,6 @@
 """Human-readable views of the privacy report and the ledger: HTML pages and server-side plots.
 
-Torch-free like the rest of ``app/``. matplotlib is imported lazily (only when a page with a plot
+Torch-free like the rest of the kernel. matplotlib is imported lazily (only when a page with a plot
 is rendered), so the API starts as fast as before and a JSON-only client never pays for it.
 """
 

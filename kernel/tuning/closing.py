@@ -30,9 +30,7 @@ from kernel.db.orm import Dataset, Job
 from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.status import JobStatus
 from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
-from kernel.reporting.init_report import chain_guarantees
-from kernel.reporting.privacy_report import report_single_job_epsilon
-from kernel.reporting.released_report import ReleasedTraining, released_model_report
+from kernel.reporting.released_report import ReleasedTraining, prepare_release, released_model_report
 from kernel.reporting.tuning import TUNING_CAVEAT, tuning_execution, tuning_section
 from kernel.schemas.stored_spec import StoredTuning, stored_spec
 from kernel.storage.blobs import BlobStore, StorageUnavailable
@@ -120,40 +118,29 @@ class Closer:
             return self._fail(held, "artifact-write-failed", job=job, dataset=dataset)
         # The whole reservation is committed, whatever ran: its event is the tuning's.
         actual = dict(job.event)
-        single_job = report_single_job_epsilon(actual, delta=job.delta, algorithm=job.algorithm)
-        spec = stored_spec(job)
-        chain = chain_guarantees(
-            spec.init.to_json() if spec.init is not None else None,
+        trained = chosen.rebuilt
+        release = prepare_release(
+            job,
+            dataset=dataset,
+            trained=ReleasedTraining(
+                plan=trained.plan, hyperparameters=trained.hyperparameters, training=trained.training
+            ),
             actual_event=actual,
-            delta=job.delta,
-            algorithm=job.algorithm,
-            numeric=True,
+            metrics=best.metrics,
+            model_sha256=model_sha,
+            secure_gaussian=self.secure_gaussian,
+            execution=tuning_execution(device or "an unrecorded device"),
         )
         selected = lifecycle.SelectedTrial(
-            spec=spec.released_trial(chosen.stored).to_json(),
+            spec=stored_spec(job).released_trial(chosen.stored).to_json(),
             noise_multiplier=chosen.noise_multiplier,
             sampling_probability=chosen.sampling_probability,
             steps=chosen.steps,
         )
 
         def write_report(commit: lifecycle.CommitRecord) -> dict[str, Any]:
-            assert commit.commit_entry is not None and commit.budget_before is not None
-            assert commit.budget_after is not None  # a tuning is never on a public dataset
-            trained = chosen.rebuilt
-            report = released_model_report(
-                commit,
-                dataset=dataset,
-                trained=ReleasedTraining(
-                    plan=trained.plan, hyperparameters=trained.hyperparameters, training=trained.training
-                ),
-                actual_event=actual,
-                metrics=best.metrics,
-                model_sha256=model_sha,
-                secure_gaussian=self.secure_gaussian,
-                single_job=single_job,
-                chain=chain,
-            )
-            report["execution"] = tuning_execution(device or "an unrecorded device")
+            assert commit.commit_entry is not None  # a tuning is never on a public dataset
+            report = released_model_report(commit, release=release)
             report["tuning"] = tuning_section(_tuning_of(commit.job).to_json(), metrics=best.metrics)
             report["caveats"].insert(0, TUNING_CAVEAT)
             return report
@@ -164,7 +151,7 @@ class Closer:
             model_blob=model_key,
             model_sha256=model_sha,
             metrics=best.metrics,
-            epsilon_prv=single_job.epsilon,
+            epsilon_prv=release.single_job.epsilon,
             selected=selected,
         )
         ended = lifecycle.succeed(self.db, attempt=held, success=success, actor=self.actor, write_report=write_report)
