@@ -68,7 +68,7 @@ class JobRunner:
         (fair sharing, kernel/jobs/dispatch.py); None in tests that run jobs in process."""
         self.ctx = WorkerContext.build(settings, db=db, dispatcher=dispatcher)
         self.slots = SlotRunner(self.ctx)
-        """The tuning whose slots this worker ran last (its data stay loaded for the next slot)."""
+        """This worker's tuning slots (it keeps the tuning it ran last, its data loaded for the next slot)."""
 
     @property
     def settings(self) -> Settings:
