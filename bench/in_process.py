@@ -72,7 +72,7 @@ def run_tuning_without_waiting(runner: JobRunner, db: Database, job_id: str) -> 
     assert runner.run(job_id) == "opened"
     with db.read_session() as session:
         slots = session.execute(select(TuningSlot.attempt, TuningSlot.slot).where(TuningSlot.job_id == job_id)).all()
-    with mock.patch("worker.runner.wait_out", return_value=True):
+    with mock.patch("worker.slot_runner.wait_out", return_value=True):
         for attempt, slot in slots:
             runner.run_slot(job_id, attempt=attempt, slot=slot)
     with db.read_session() as session:

@@ -1,4 +1,4 @@
-"""A short job's training loop with progress paced (worker.runner.PROGRESS_MIN_GAP_S) and with a
+"""A short job's training loop with progress paced (worker.train.PROGRESS_MIN_GAP_S) and with a
 progress write after every step, alternating, in one process.
 
 Why: under 200 steps, "every 1% of the steps" is every step, and each progress write is a
@@ -21,7 +21,7 @@ from unittest import mock
 
 from fastapi.testclient import TestClient
 
-import worker.runner as runner_module
+import worker.train as train_module
 from bench.in_process import in_process_service
 from kernel.config import Settings
 from worker.runner import JobRunner
@@ -37,7 +37,7 @@ def one_job(client: TestClient, runner: JobRunner, dataset_id: str, *, steps: in
         "training": {"steps": steps, "batch_size": 16, "learning_rate": 0.1},
     }
     job_id = client.post("/v1/jobs", json=spec).json()["id"]
-    with mock.patch.object(runner_module, "PROGRESS_MIN_GAP_S", gap):
+    with mock.patch.object(train_module, "PROGRESS_MIN_GAP_S", gap):
         assert runner.run(job_id) == "succeeded"
     job = client.get(f"/v1/jobs/{job_id}").json()
     loop = client.get(f"/v1/jobs/{job_id}/report").json()["execution"]["examples_per_second"]
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=4, help="pairs of runs (paced, every step), after a warm-up")
     args = parser.parse_args()
-    paced_gap = runner_module.PROGRESS_MIN_GAP_S
+    paced_gap = train_module.PROGRESS_MIN_GAP_S
     with tempfile.TemporaryDirectory() as directory:
         settings = Settings(  # type: ignore[call-arg]
             environment="test", data_dir=Path(directory), rate_limit_per_minute=0, heartbeat_interval_s=30.0

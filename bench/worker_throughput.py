@@ -95,7 +95,7 @@ def in_process(args: argparse.Namespace, dataset: Dataset, y: np.ndarray, device
     from dp.randomness.secure_random import SecureRandom
     from kernel.config import Settings
     from kernel.datasets.facts import DatasetFacts
-    from worker.runner import rows_per_chunk
+    from worker.train import rows_per_chunk
 
     shape = tuple(dataset.feature_shape)
     facts = DatasetFacts(n_rows=dataset.n_rows, feature_shape=shape, task=dataset.task, n_classes=dataset.n_classes)

@@ -21,7 +21,6 @@ from kernel.jobs.evaluation import (
     EvaluationPlan,
     gaussian_half_width,
     released_metric,
-    snapped_laplace_half_width,
 )
 from privtrain_common.atomic_files import write_atomically
 
@@ -161,17 +160,21 @@ def noisy_sum(plan: EvaluationPlan, raw_sum: float, random: SecureRandom) -> flo
     double does not reveal the true sum (Mironov 2012) and the mechanism is exactly (Δ/b)-DP.
     Gaussian: the stream's Gaussian (secure mode when on). Both on the CPU stream.
     """
+    return _noisy_sum(plan, raw_sum, random, scale=plan.noise_scale)
+
+
+def _noisy_sum(plan: EvaluationPlan, raw_sum: float, random: SecureRandom, *, scale: float) -> float:
     if random.device.type != "cpu":
         raise ValueError("evaluation noise is drawn from a CPU SecureRandom")
     if plan.mechanism == "laplace":
         released = discrete_samplers.snapped_laplace(
             random.numpy,
             np.array([raw_sum], dtype=np.float64),
-            scale=plan.noise_scale,
+            scale=scale,
             l1_sensitivity=plan.sensitivity,
         )
         return float(released[0])
-    return raw_sum + float(random.normal((), std=plan.noise_scale, dtype=torch.float64))
+    return raw_sum + float(random.normal((), std=scale, dtype=torch.float64))
 
 
 @dataclass(frozen=True)
@@ -179,15 +182,16 @@ class NoiseTail:
     """What a mechanism's noise on the sum looks like, for the interval beside the metric."""
 
     distribution: str
-    half_width: Callable[[EvaluationPlan, float], float]  # (plan, alpha) -> w, P(|noise| > w) ≤ alpha
+    half_width: Callable[[EvaluationPlan, float, float], float]
+    """(plan, its noise scale, alpha) -> w with P(|noise| > w) ≤ alpha."""
 
 
-def _snapped_laplace_half_width(plan: EvaluationPlan, alpha: float) -> float:
+def _snapped_laplace_half_width(plan: EvaluationPlan, scale: float, alpha: float) -> float:
     """From the same public grid and integer scale that :func:`noisy_sum` samples with."""
-    parameters = discrete_samplers.snapped_laplace_parameters(
-        scale=plan.noise_scale, l1_sensitivity=plan.sensitivity, dimension=1
+    parameters = discrete_samplers.snapped_laplace_parameters(scale=scale, l1_sensitivity=plan.sensitivity, dimension=1)
+    return discrete_samplers.snapped_laplace_half_width(
+        grid=parameters.grid, noise_units=parameters.noise_units, alpha=alpha
     )
-    return snapped_laplace_half_width(grid=parameters.grid, noise_units=parameters.noise_units, alpha=alpha)
 
 
 NOISE_TAILS: dict[str, NoiseTail] = {
@@ -198,7 +202,7 @@ NOISE_TAILS: dict[str, NoiseTail] = {
     ),
     "gaussian": NoiseTail(
         distribution="Gaussian; noise_scale is its standard deviation on the metric (on the sum divided by f·n)",
-        half_width=lambda plan, alpha: gaussian_half_width(std=plan.noise_scale, alpha=alpha),
+        half_width=lambda plan, scale, alpha: gaussian_half_width(std=scale, alpha=alpha),
     ),
 }
 
@@ -215,11 +219,12 @@ def release(
     """The released metric, clamped to its range, with its noise scale and a 95% interval
     (``row_weights``: see :func:`metric_sum`)."""
     raw = metric_sum(model, X, y, plan, row_weights=row_weights)
-    noisy = noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian))
+    scale = plan.noise_scale
+    noisy = _noisy_sum(plan, raw, secure_random(secure_gaussian=secure_gaussian), scale=scale)
     tail = NOISE_TAILS[plan.mechanism]
     return released_metric(
         plan,
         noisy_sum=noisy,
         noise_distribution=tail.distribution,
-        noise_half_width_on_sum=tail.half_width(plan, (1.0 - CONFIDENCE) / 2.0),
+        noise_half_width_on_sum=tail.half_width(plan, scale, (1.0 - CONFIDENCE) / 2.0),
     )

@@ -1,7 +1,7 @@
 """What every training loop shares with its caller: hooks, resumable state and the result.
 
 Kept apart from any one algorithm so that DP-SGD and its relatives (DC-DPSGD, DiceSGD, ...)
-present the same surface to the job runner (worker/runner.py), which calls them through the
+present the same surface to the job runner (worker/train.py), which calls them through the
 trainer registry (algorithms/).
 """
 

@@ -471,3 +471,16 @@ def exponential_mechanism(rng: np.random.Generator, scores: np.ndarray, *, epsil
         accepted = _bernoulli_exp_neg_parts(rng, whole[idx], frac[idx], 1 << _EM_EXPONENT_BITS)
         if accepted.any():
             return int(finite[idx[int(np.argmax(accepted))]])
+
+
+def snapped_laplace_half_width(*, grid: float, noise_units: int, alpha: float) -> float:
+    """w with P(|noise| > w) ≤ alpha for the snapped Laplace mechanism's noise on one value.
+
+    The noise is the snap's rounding (at most γ/2) plus γ·Z with P(Z = z) ∝ exp(-|z|/t). With
+    p = exp(-1/t), P(|Z| ≥ k) = 2pᵏ/(1 + p) ≤ alpha once k ≥ t·ln(2/(alpha(1 + p))), so
+    |noise| ≤ γ(k - 1) + γ/2 < γ(t·ln(2/(alpha(1 + p))) + 1/2) with probability ≥ 1 - alpha. As
+    t grows this tends to the continuous b·ln(1/alpha), b = tγ.
+    """
+    p = math.exp(-1.0 / noise_units)
+    log_term = math.log(2.0 / alpha) - math.log1p(p)
+    return grid * (noise_units * log_term + 0.5) * (1.0 + 1e-12)  # float slack on the safe side

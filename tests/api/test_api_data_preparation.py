@@ -27,6 +27,7 @@ from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget
 from privtrain_common.model_files import load_model
 from tests.conftest import upload
 from tests.sharing import share
+from worker.job_data import load_data_and_units
 from worker.runner import JobRunner
 
 
@@ -47,7 +48,8 @@ def _loaded(settings: Settings, database: Database, dataset_id: str) -> tuple[np
         dataset = session.get(Dataset, dataset_id)
         assert dataset is not None
         session.expunge(dataset)
-    X, y = JobRunner(settings, db=database)._load_data(dataset, torch.device("cpu"))
+    data = load_data_and_units(JobRunner(settings, db=database).ctx, dataset, torch.device("cpu"))
+    X, y = data.rows, data.y
     return materialise(X).numpy(), y.numpy()
 
 

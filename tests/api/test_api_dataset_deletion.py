@@ -28,6 +28,7 @@ from tests.api.worker_jobs import upload_shapes
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, new_key, to_csv
 from tests.text_fixtures import classification_body
 from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_slots
+from worker import job_data
 from worker.runner import JobRunner
 
 QUERY = {"name": "rows", "format": "csv", "label_column": "label", "epsilon": 8, "delta": 1e-5}
@@ -255,7 +256,7 @@ def test_a_running_job_stops_commits_what_it_ran_and_then_its_worker_erases_the_
     job_id = alice.post("/v1/jobs", json=small_spec(dataset_id, steps=50)).json()["id"]
     blob_key = row_of(database, dataset_id).blob_key
     runner = JobRunner(settings, db=database)
-    load = runner._load_data_and_units
+    load = job_data.load_data_and_units
     answers: list[Any] = []
 
     def delete_then_load(*args: Any, **kwargs: Any) -> Any:
@@ -266,7 +267,7 @@ def test_a_running_job_stops_commits_what_it_ran_and_then_its_worker_erases_the_
         assert "once its deletion completes" in meanwhile.json()["detail"]
         return load(*args, **kwargs)
 
-    with mock.patch.object(runner, "_load_data_and_units", side_effect=delete_then_load):
+    with mock.patch.object(job_data, "load_data_and_units", side_effect=delete_then_load):
         assert runner.run(job_id) == "cancelled"
 
     (answer,) = answers

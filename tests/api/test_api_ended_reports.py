@@ -204,7 +204,7 @@ def test_a_job_that_failed_after_opening_the_data_reports_its_whole_reservation(
     alice: TestClient, settings: Settings, database: Database, small_dataset: str
 ) -> None:
     job = _submit(alice, _spec(small_dataset))
-    with mock.patch("worker.runner.get_trainer", return_value=mock.Mock(side_effect=RuntimeError("boom"))):
+    with mock.patch("worker.train.get_trainer", return_value=mock.Mock(side_effect=RuntimeError("boom"))):
         assert JobRunner(settings, db=database).run(job["id"]) == "failed"
     entry = _commit(database, job["id"])
     final = alice.get(f"/v1/jobs/{job['id']}").json()
@@ -409,7 +409,7 @@ def test_a_tuning_that_ended_without_success_reports_its_charge_and_counts_no_tr
     body = alice.post("/v1/tuning-jobs", json=_tuning_request(small_dataset)).json()
     with (
         mock.patch("kernel.privacy.sample_trial_count", return_value=2),
-        mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
+        mock.patch("worker.slot_runner.SlotRunner._run_trial", side_effect=RuntimeError("boom")),
     ):
         if ending == "cancelled":  # while its slots wait: it ends at once, in the API's transaction
             assert JobRunner(settings, db=database).run(body["job_id"]) == "opened"

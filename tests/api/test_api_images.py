@@ -18,6 +18,7 @@ from kernel.config import Settings
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget
 from tests.unit.ingest.image_fixtures import class_images, image_zip, npz_bytes, png, zip_bytes
+from worker.job_data import load_data_and_units
 from worker.runner import JobRunner
 
 
@@ -76,7 +77,8 @@ def test_a_zip_of_class_folders_uploads_as_an_image_dataset(
     stored = np.load(settings.blob_dir / dataset.array_blob_key, mmap_mode="r", allow_pickle=False)
     assert isinstance(stored, np.memmap) and stored.dtype == np.uint8 and stored.shape == (24, 8, 8, 1)
     np.testing.assert_array_equal(stored[0, :, :, 0], images[sorted(images)[0]])
-    rows, y = JobRunner(settings, db=database)._load_data(dataset, torch.device("cpu"))
+    data = load_data_and_units(JobRunner(settings, db=database).ctx, dataset, torch.device("cpu"))
+    rows, y = data.rows, data.y
     assert isinstance(rows, MappedImageRows)  # read batch by batch from the stored array, never copied whole
     X = materialise(rows)
     assert X.shape == (24, 1, 8, 8) and X.dtype.is_floating_point

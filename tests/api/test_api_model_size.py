@@ -13,12 +13,14 @@ import torch
 from fastapi.testclient import TestClient
 from torch import nn
 
-import worker.runner as runner_module
+import worker.train as train_module
 from kernel.config import Settings, get_settings
 from kernel.datasets.facts import DatasetFacts
+from kernel.datasets.stored_facts import facts_of
 from kernel.db.engine import Database
 from kernel.db.orm import Dataset, Job
 from kernel.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, get_model
+from kernel.schemas.stored_spec import stored_spec
 from privtrain_common.zoo.architectures import build_model
 from tests.conftest import RecordingDispatcher, counts, dp_sgd_spec
 from worker.runner import JobRunner
@@ -83,7 +85,7 @@ def test_a_wide_model_trains_in_smaller_chunks_and_a_row_too_large_is_refused(
     spec = _spec(dataset_id, tiny)
     spec["training"] = {"steps": 2, "batch_size": 16, "learning_rate": 0.1}
     seen: list[int] = []
-    real = runner_module.get_trainer
+    real = train_module.get_trainer
 
     def spying_get_trainer(name: str) -> Any:
         trainer = real(name)
@@ -94,7 +96,7 @@ def test_a_wide_model_trains_in_smaller_chunks_and_a_row_too_large_is_refused(
 
         return spy
 
-    monkeypatch.setattr(runner_module, "get_trainer", spying_get_trainer)
+    monkeypatch.setattr(train_module, "get_trainer", spying_get_trainer)
     tight = settings.model_copy(update={"max_activation_bytes": 3 * row_bytes + row_bytes // 2})
     submitted = alice.post("/v1/jobs", json=spec)
     assert submitted.status_code == 202, submitted.text
@@ -130,14 +132,18 @@ def test_a_gpu_worker_takes_larger_chunks_in_a_share_of_its_memory(
     # The runner asks the device's memory and uses these limits for a CUDA device.
     submitted = alice.post("/v1/jobs", json=_spec(dataset_id, WIDE_MLP))
     assert submitted.status_code == 202, submitted.text
-    monkeypatch.setattr(runner_module, "_device_memory_bytes", lambda device: 80 * 1024**3)
-    runner = JobRunner(settings, db=database)
+    monkeypatch.setattr(train_module, "_device_memory_bytes", lambda device: 80 * 1024**3)
     with database.session() as session:
         job = session.get(Job, submitted.json()["id"])
         dataset = session.get(Dataset, dataset_id)
         assert job is not None and dataset is not None
-        on_gpu = runner._rows_per_chunk(job, dataset, torch.device("cuda"))
-        on_cpu = runner._rows_per_chunk(job, dataset, torch.device("cpu"))
+        params, facts = stored_spec(job).model.params, facts_of(dataset)
+        on_gpu, on_cpu = (
+            train_module.rows_per_chunk(
+                settings, model_name=job.model_name, params=params, facts=facts, device=torch.device(device)
+            )
+            for device in ("cuda", "cpu")
+        )
     assert on_gpu == gpu.rows_per_chunk(size) > on_cpu == cpu.rows_per_chunk(size)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-import worker.runner as runner_module
+import worker.train as train_module
 from api.main import create_app
 from kernel.bootstrap import migrate
 from kernel.config import Settings
@@ -148,18 +148,18 @@ def test_a_job_whose_host_is_lost_resumes_on_another_host_from_its_checkpoint(
             }
         )
 
-    real_save = runner_module.save_training_state
+    real_save = train_module.save_training_state
 
     def save_then_vanish(path: Path, state: Any, **kwargs: Any) -> None:
         real_save(path, state, **kwargs)
         if state.step >= 30:
             raise _HostLost  # step 30's checkpoint is on host A's disk only: the store has step 20's
 
-    monkeypatch.setattr(runner_module, "save_training_state", save_then_vanish)
+    monkeypatch.setattr(train_module, "save_training_state", save_then_vanish)
     host_a, host_b = host("host-a"), host("host-b")
     with pytest.raises(_HostLost):
         JobRunner(host_a, db=database).run(job)
-    monkeypatch.setattr(runner_module, "save_training_state", real_save)
+    monkeypatch.setattr(train_module, "save_training_state", real_save)
     bucket = host_a.storage_url.removeprefix("s3://").split("/")[0]  # type: ignore[union-attr]
     private = object_store_server.client().list_objects_v2(Bucket=bucket, Prefix="blobs/private/")
     assert sorted(item["Key"] for item in private["Contents"]) == [
@@ -242,7 +242,7 @@ def test_a_deleted_dataset_leaves_nothing_in_the_store_nor_in_any_hosts_cache(
             }
         )
 
-    real_save = runner_module.save_training_state
+    real_save = train_module.save_training_state
 
     def save_then_vanish(path: Path, state: Any, **kwargs: Any) -> None:
         real_save(path, state, **kwargs)
@@ -250,10 +250,10 @@ def test_a_deleted_dataset_leaves_nothing_in_the_store_nor_in_any_hosts_cache(
             raise _HostLost
 
     host_a, host_b = host("host-a"), host("host-b")
-    monkeypatch.setattr(runner_module, "save_training_state", save_then_vanish)
+    monkeypatch.setattr(train_module, "save_training_state", save_then_vanish)
     with pytest.raises(_HostLost):
         JobRunner(host_a, db=database).run(lost)
-    monkeypatch.setattr(runner_module, "save_training_state", real_save)
+    monkeypatch.setattr(train_module, "save_training_state", real_save)
     assert reconcile_once(database, host_b, RecordingDispatcher()).requeued == (lost,)
     assert JobRunner(host_b, db=database).run(done) == "succeeded"
     bucket = s3_settings.storage_url.removeprefix("s3://").split("/")[0]  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 from fastapi.testclient import TestClient
 
-import worker.runner as runner_module
+import worker.train as train_module
 from kernel.config import Settings
 from kernel.db.engine import Database
 from tests.conftest import dp_sgd_spec, upload
@@ -38,7 +38,7 @@ def test_a_short_fast_job_writes_progress_at_most_twice_a_second_and_at_its_last
 ) -> None:
     steps, seconds = _run(alice, settings, database, digits_csv)
     assert steps and steps[-1] == STEPS and steps == sorted(set(steps))
-    assert len(steps) <= 2 + math.ceil(seconds / runner_module.PROGRESS_MIN_GAP_S)
+    assert len(steps) <= 2 + math.ceil(seconds / train_module.PROGRESS_MIN_GAP_S)
     assert len(steps) < STEPS
 
 
@@ -46,6 +46,6 @@ def test_without_the_gap_every_step_would_write(
     alice: TestClient, settings: Settings, database: Database, digits_csv: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: the pacing above is the gap's doing (1% of 150 steps is every step)."""
-    monkeypatch.setattr(runner_module, "PROGRESS_MIN_GAP_S", 0.0)
+    monkeypatch.setattr(train_module, "PROGRESS_MIN_GAP_S", 0.0)
     steps, _ = _run(alice, settings, database, digits_csv)
     assert steps == list(range(1, STEPS + 1))

@@ -19,6 +19,7 @@ from kernel.db.engine import Database
 from kernel.db.orm import Dataset, LedgerEntry, PrivacyBudget, TokenizerRecord
 from kernel.tokenizers.byte import PAD_ID, ByteTokenizer
 from tests.text_fixtures import REVIEWS, classification_body, jsonl, language_model_body
+from worker.job_data import load_data_and_units
 from worker.runner import JobRunner
 
 
@@ -70,7 +71,9 @@ def test_a_labelled_jsonl_upload_is_a_tokenised_classification_dataset(
     expected = [(ByteTokenizer().encode(t)[:16] + [PAD_ID] * 16)[:16] for t in texts]
     assert stored.tolist() == expected
 
-    rows, y = JobRunner(settings, db=database)._load_data(dataset, torch.device("cpu"))
+    data = load_data_and_units(JobRunner(settings, db=database).ctx, dataset, torch.device("cpu"))
+
+    rows, y = data.rows, data.y
     assert isinstance(rows, TokenRows) and rows.row_shape == (16,) and rows.n_rows == 24
     assert torch.equal(rows.take(torch.tensor([0, 5])), torch.tensor([expected[0], expected[5]]))
     assert y.dtype == torch.int64 and y.tolist() == [1 if label == "good" else 0 for _t, label in REVIEWS * 4]
@@ -84,7 +87,9 @@ def test_an_unlabelled_jsonl_upload_is_a_language_model_dataset(
     body = response.json()
     assert body["task"] == "language-model" and body["n_classes"] is None and body["classes"] is None
     assert body["label_column"] is None and body["feature_shape"] == [12]
-    rows, y = JobRunner(settings, db=database)._load_data(_dataset(database, body["id"]), torch.device("cpu"))
+    dataset = _dataset(database, body["id"])
+    data = load_data_and_units(JobRunner(settings, db=database).ctx, dataset, torch.device("cpu"))
+    rows, y = data.rows, data.y
     tokens = rows.take(torch.arange(rows.n_rows))
     assert y.shape == (24, 12) and y.dtype == torch.int64
     assert torch.equal(y, torch.where(tokens == PAD_ID, IGNORED_TARGET, tokens))

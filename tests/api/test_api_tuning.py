@@ -31,6 +31,7 @@ from privtrain.cli import CliEnvironment, cli
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 from tests.conftest import counts, upload
 from tests.tuning_run import run_slots, run_tuning, tuning_request, tuning_settings
+from worker import job_data
 from worker.runner import JobRunner
 
 _request = tuning_request
@@ -97,7 +98,7 @@ def test_the_worker_runs_secret_trials_in_its_slots_and_releases_the_best_as_an_
 
     with (
         mock.patch("kernel.privacy.sample_trial_count", side_effect=spy),
-        mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
+        mock.patch("worker.slot_runner.TrainingRequest", wraps=TrainingRequest) as requests,
     ):
         assert run_tuning(settings, database, body["job_id"]) == "succeeded"
     assert len(draws) == 1 and isinstance(draws[0], secrets.SystemRandom)
@@ -184,7 +185,7 @@ def test_a_trial_that_crashes_commits_the_whole_tuning(
     body = alice.post("/v1/tuning-jobs", json=_request(dataset_id)).json()
     with (
         mock.patch("kernel.privacy.sample_trial_count", return_value=3),
-        mock.patch("worker.runner.JobRunner._run_trial", side_effect=RuntimeError("boom")),
+        mock.patch("worker.slot_runner.SlotRunner._run_trial", side_effect=RuntimeError("boom")),
     ):
         assert run_tuning(settings, database, body["job_id"]) == "failed"
     entries = _entries(database, dataset_id)
@@ -216,16 +217,16 @@ def test_trials_still_training_at_their_time_limit_release_nothing(
     request = _request(dataset_id)
     request["base"]["training"]["time_limit_s"] = 1.0
     body = alice.post("/v1/tuning-jobs", json=request).json()
-    real = JobRunner._load_data_and_units
+    real = job_data.load_data_and_units
 
-    def slow_load(self: JobRunner, *args: Any, **kwargs: Any) -> Any:
+    def slow_load(*args: Any, **kwargs: Any) -> Any:
         time.sleep(1.1)  # past the trial's time limit before its first step
-        return real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
     started = time.monotonic()
     with (
         mock.patch("kernel.privacy.sample_trial_count", return_value=2),
-        mock.patch("worker.runner.JobRunner._load_data_and_units", slow_load),
+        mock.patch("worker.job_data.load_data_and_units", slow_load),
     ):
         assert run_tuning(settings, database, body["job_id"]) == "failed"
     assert time.monotonic() - started >= 3.0  # one slot: 1 s + the 2 s margin
@@ -319,7 +320,7 @@ def test_every_trial_draws_the_noise_of_a_charged_candidate(
         charged.add((training.noise_multiplier, training.sampling_probability, training.count))
     with (
         mock.patch("kernel.privacy.sample_trial_count", return_value=3),
-        mock.patch("worker.runner.TrainingRequest", wraps=TrainingRequest) as requests,
+        mock.patch("worker.slot_runner.TrainingRequest", wraps=TrainingRequest) as requests,
     ):
         assert run_tuning(settings, database, body["job_id"]) == "succeeded"
     drawn = {

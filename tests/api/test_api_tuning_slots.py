@@ -31,6 +31,7 @@ from kernel.tuning.trial_files import TrialFiles
 from tests.conftest import RecordingDispatcher, dp_sgd_spec, new_key, upload
 from tests.tuning_run import TRIAL_TIME_LIMIT_S, run_slots, run_tuning, slots_of, tuning_request, tuning_settings
 from worker.runner import JobRunner
+from worker.slot_runner import SlotRunner
 
 LATER = dt.timedelta(hours=1)
 
@@ -118,9 +119,9 @@ def test_a_tunings_observable_view_is_the_same_whatever_its_number_of_trials(
             assert JobRunner(settings, db=database).run(tuning["job_id"]) == "opened"
     answers: dict[str, dict[int, str]] = {}
     trained: list[str] = []
-    real = JobRunner._run_trial
+    real = SlotRunner._run_trial
 
-    def slow_trial(self: JobRunner, claimed: Any, *args: Any, **kwargs: Any) -> Any:
+    def slow_trial(self: SlotRunner, claimed: Any, *args: Any, **kwargs: Any) -> Any:
         """Each trial takes 1 s more: a view that followed K would differ by seconds."""
         trained.append(claimed.job.id)
         time.sleep(1.0)
@@ -130,7 +131,7 @@ def test_a_tunings_observable_view_is_the_same_whatever_its_number_of_trials(
         threading.Thread(target=lambda t=t: answers.__setitem__(t["id"], run_slots(settings, database, t["job_id"])))
         for t in tunings
     ]
-    with mock.patch("worker.runner.JobRunner._run_trial", slow_trial):
+    with mock.patch("worker.slot_runner.SlotRunner._run_trial", slow_trial):
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -274,15 +275,15 @@ def test_a_slot_that_overruns_its_margin_fails_the_tuning(
     """Storing a trial's model took longer than the slot's margin: the slot did not keep its
     length, so the tuning fails (its end is still published when its last slot ends)."""
     tuning = alice.post("/v1/tuning-jobs", json=tuning_request(dataset_id)).json()
-    real = JobRunner._write_trial_model
+    real = SlotRunner._write_trial_model
 
-    def slow_write(self: JobRunner, *args: Any, **kwargs: Any) -> Any:
+    def slow_write(self: SlotRunner, *args: Any, **kwargs: Any) -> Any:
         time.sleep(settings.tuning_slot_margin_s + TRIAL_TIME_LIMIT_S + 0.5)
         return real(self, *args, **kwargs)
 
     with (
         mock.patch("kernel.privacy.sample_trial_count", return_value=1),
-        mock.patch("worker.runner.JobRunner._write_trial_model", slow_write),
+        mock.patch("worker.slot_runner.SlotRunner._write_trial_model", slow_write),
     ):
         assert run_tuning(settings, database, tuning["job_id"]) == "failed"
     view = alice.get(f"/v1/tuning-jobs/{tuning['id']}").json()

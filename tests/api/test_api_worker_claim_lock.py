@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import torch
 from fastapi.testclient import TestClient
@@ -13,6 +15,7 @@ from fastapi.testclient import TestClient
 from kernel.config import Settings
 from kernel.db.engine import Database
 from tests.conftest import dp_sgd_spec
+from worker import model_setup
 from worker.runner import JobRunner
 
 
@@ -27,16 +30,17 @@ def test_no_write_lock_is_held_while_the_model_is_built(
     job = alice.post("/v1/jobs", json=spec).json()
     runner = JobRunner(settings, db=database)
     building, release = threading.Event(), threading.Event()
-    build = JobRunner._build_model
+    build = model_setup.fresh_model
 
-    def slow_build(job_row: object, dataset_row: object) -> torch.nn.Module:
+    def slow_build(*args: Any, **kwargs: Any) -> torch.nn.Module:
         building.set()
         assert release.wait(30), "the test never released the build"
-        return build(job_row, dataset_row)  # type: ignore[arg-type]
+        return build(*args, **kwargs)
 
-    runner._build_model = slow_build  # type: ignore[method-assign]
     claimed: list[object] = []
     claimer = threading.Thread(target=lambda: claimed.append(runner.claim(job["id"])))
+    patched = mock.patch.object(model_setup, "fresh_model", slow_build)
+    patched.start()
     claimer.start()
     try:
         assert building.wait(30)
@@ -51,5 +55,6 @@ def test_no_write_lock_is_held_while_the_model_is_built(
     finally:
         release.set()
         claimer.join(timeout=60)
+        patched.stop()
     assert claimed and claimed[0] is not None
     assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"

@@ -49,7 +49,7 @@ def _release(plan: EvaluationPlan, noisy_sum: float) -> dict:
     return released_metric(
         plan,
         noisy_sum=noisy_sum,
-        noise_half_width_on_sum=tail.half_width(plan, (1 - CONFIDENCE) / 2),
+        noise_half_width_on_sum=tail.half_width(plan, plan.noise_scale, (1 - CONFIDENCE) / 2),
         noise_distribution=tail.distribution,
     )
 

@@ -23,7 +23,6 @@ from kernel.jobs.evaluation import (
     holdout_size_bounds,
     plan_evaluation,
     released_metric,
-    snapped_laplace_half_width,
 )
 from kernel.schemas.jobs import EvaluationSpec
 from worker import evaluation
@@ -43,7 +42,7 @@ def _gaussian_mse() -> EvaluationPlan:
 
 
 def _release(plan: EvaluationPlan, noisy_sum: float) -> dict:
-    half_width = evaluation.NOISE_TAILS[plan.mechanism].half_width(plan, (1 - CONFIDENCE) / 2)
+    half_width = evaluation.NOISE_TAILS[plan.mechanism].half_width(plan, plan.noise_scale, (1 - CONFIDENCE) / 2)
     return released_metric(
         plan,
         noisy_sum=noisy_sum,
@@ -91,7 +90,7 @@ def test_snapped_laplace_half_width_bounds_the_exact_tail(grid_bits: int) -> Non
         p = discrete_samplers.snapped_laplace_parameters(
             scale=scale, l1_sensitivity=1.0, dimension=1, grid_bits=grid_bits
         )
-        w = snapped_laplace_half_width(grid=p.grid, noise_units=p.noise_units, alpha=alpha)
+        w = discrete_samplers.snapped_laplace_half_width(grid=p.grid, noise_units=p.noise_units, alpha=alpha)
         k = math.floor((w - p.grid / 2) / p.grid) + 1
         log_tail = math.log(2) - k / p.noise_units - math.log1p(math.exp(-1.0 / p.noise_units))
         assert log_tail <= math.log(alpha)
@@ -102,7 +101,7 @@ def test_snapped_laplace_half_width_bounds_the_exact_tail(grid_bits: int) -> Non
 def test_snapped_laplace_tail_matches_samples_on_a_coarse_grid() -> None:
     """One value at a time (the release is one value): the snap's rounding plus γ·DLap(t)."""
     p = discrete_samplers.snapped_laplace_parameters(scale=2.0, l1_sensitivity=1.0, dimension=1, grid_bits=2)
-    w = snapped_laplace_half_width(grid=p.grid, noise_units=p.noise_units, alpha=0.05)
+    w = discrete_samplers.snapped_laplace_half_width(grid=p.grid, noise_units=p.noise_units, alpha=0.05)
     rng = np.random.default_rng(0)
     sampled = [
         discrete_samplers.snapped_laplace(rng, np.array([0.3]), scale=2.0, l1_sensitivity=1.0, grid_bits=2)[0] - 0.3

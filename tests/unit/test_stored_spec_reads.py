@@ -18,15 +18,6 @@ SERVER_PACKAGES: Final[tuple[str, ...]] = ("kernel", "api", "admin", "algorithms
 SCHEMAS: Final[str] = "kernel/schemas/"
 """The one place that knows the stored dict's keys."""
 
-NOT_YET_CONVERTED: Final[frozenset[str]] = frozenset(
-    {
-        # Rewritten by another branch of issue 37 while the typed view landed; their reads are
-        # converted after that merge (stored_spec(job).…), and each entry then goes. Empty at the end.
-        "worker/",
-    }
-)
-"""Paths (a folder ends with /) whose spec reads are still by key."""
-
 
 def _names_a_spec(node: ast.expr) -> bool:
     name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
@@ -58,9 +49,7 @@ def spec_reads(source: str) -> Iterator[tuple[int, str]]:
 
 
 def _excluded(relative: str) -> bool:
-    return relative.startswith(SCHEMAS) or any(
-        relative.startswith(entry) if entry.endswith("/") else relative == entry for entry in NOT_YET_CONVERTED
-    )
+    return relative.startswith(SCHEMAS)
 
 
 def _server_modules() -> Iterator[tuple[str, str]]:
@@ -77,17 +66,6 @@ def test_no_spec_is_read_by_key_outside_the_schemas() -> None:
         for line, code in spec_reads(source)
     ]
     assert found == [], "read these through kernel.schemas.stored_spec.stored_spec(job):\n" + "\n".join(found)
-
-
-def test_every_path_not_yet_converted_still_reads_by_key() -> None:
-    """An entry whose reads were converted goes from NOT_YET_CONVERTED (so none hides new ones)."""
-    reading = {
-        entry
-        for relative, source in _server_modules()
-        for entry in NOT_YET_CONVERTED
-        if (relative.startswith(entry) if entry.endswith("/") else relative == entry) and any(spec_reads(source))
-    }
-    assert reading == set(NOT_YET_CONVERTED)
 
 
 def test_the_scan_finds_each_kind_of_read() -> None:

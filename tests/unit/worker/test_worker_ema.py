@@ -13,7 +13,7 @@ from dp.loop.state import TrainingState
 from kernel.schemas.jobs import TrainingSpec
 from training.artifacts import load_training_state, save_training_state
 from training.ema import ParameterAverage
-from worker.runner import JobRunner
+from worker.model_setup import parameter_average
 
 DECAY = 0.9
 
@@ -97,7 +97,7 @@ def test_a_resumed_job_continues_the_average_saved_with_its_checkpoint(tmp_path:
     restarted = nn.Linear(3, 2)  # a fresh worker builds the model with other initial weights
     resume = load_training_state(checkpoint)
     training = TrainingSpec(steps=6, batch_size=4, learning_rate=0.1, ema_decay=DECAY)
-    resumed = JobRunner._parameter_average(training, restarted, checkpoint, resume)
+    resumed = parameter_average(training, restarted, checkpoint, resume)
     assert resumed is not None and resumed.updates == 3
     restarted.load_state_dict(resume.model_state)
     _run(restarted, resumed, trajectory, start=3)
@@ -118,5 +118,5 @@ def test_a_checkpoint_without_the_average_of_its_step_is_refused(tmp_path: Path)
     save_training_state(checkpoint, state)
     training = TrainingSpec(steps=6, batch_size=4, learning_rate=0.1, ema_decay=DECAY)
     with pytest.raises(ValueError, match="no parameter average"):
-        JobRunner._parameter_average(training, model, checkpoint, load_training_state(checkpoint))
-    assert JobRunner._parameter_average(TrainingSpec(steps=6), model, checkpoint, None) is None
+        parameter_average(training, model, checkpoint, load_training_state(checkpoint))
+    assert parameter_average(TrainingSpec(steps=6), model, checkpoint, None) is None

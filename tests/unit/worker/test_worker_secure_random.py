@@ -21,7 +21,7 @@ from kernel.config import Settings, UnsafeSettingsError
 from kernel.db.engine import Database
 from privtrain_common.zoo.architectures import build_model
 from tests.conftest import dp_sgd_spec, make_settings, upload
-from worker import runner as runner_module
+from worker import model_setup
 from worker.runner import JobRunner
 
 # ----------------------------------------------------------------------------- seed bits
@@ -337,7 +337,7 @@ def test_secure_noise_is_on_by_default_and_cannot_be_off_in_production(
 def test_model_init_never_takes_the_noise_stream() -> None:
     with pytest.raises(TypeError, match="noise stream"):
         build_model("logistic-regression", {}, input_shape=(3,), n_outputs=2, generator=SecureRandom.from_seed(0))
-    assert isinstance(runner_module._init_generator(), torch.Generator)
+    assert isinstance(model_setup._init_generator(), torch.Generator)
 
 
 # ----------------------------------------------------------------------------- nothing leaves the worker
@@ -419,7 +419,6 @@ def test_a_checkpoint_from_the_old_generator_is_restarted_not_failed(tmp_path: P
     changed) starts over inside its reservation instead of failing; a SecureRandom one resumes."""
     from dp.loop.state import TrainingState
     from training.artifacts import save_training_state
-    from worker.runner import JobRunner
 
     def checkpoint(name: str, generator_state: torch.Tensor) -> Path:
         path = tmp_path / name
@@ -433,8 +432,8 @@ def test_a_checkpoint_from_the_old_generator_is_restarted_not_failed(tmp_path: P
 
     old = checkpoint("old.safetensors", torch.Generator().manual_seed(1).get_state())
     assert not SecureRandom.can_restore(torch.Generator().get_state(), "cpu")
-    assert JobRunner._resumable("job_old", old, torch.device("cpu")) is None
+    assert model_setup.resumable("job_old", old, torch.device("cpu")) is None
     assert not old.exists()  # discarded, so the next attempt does not trip on it again
     current = checkpoint("new.safetensors", SecureRandom.from_seed(5).get_state())
-    resumed = JobRunner._resumable("job_new", current, torch.device("cpu"))
+    resumed = model_setup.resumable("job_new", current, torch.device("cpu"))
     assert resumed is not None and resumed.step == 3
