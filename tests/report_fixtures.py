@@ -40,7 +40,13 @@ def small_report(
         steps_planned=steps_planned,
         steps_run=10,
         event=event,
-        spec={"model": {"params": {}}, "algorithm": {"hyperparameters": {}}, "training": {}},
+        spec={
+            "dataset_id": "ds_1",
+            "model": {"name": "logistic-regression", "params": {}},
+            "algorithm": {"name": "dp-sgd", "hyperparameters": {}},
+            "privacy": {"target_epsilon": None, "noise_multiplier": 1.1, "delta": 1e-05},
+            "training": {"epochs": None, "steps": steps_planned, "batch_size": 10, "learning_rate": 0.1},
+        },
     )
     dataset = Row(
         id="ds_1",

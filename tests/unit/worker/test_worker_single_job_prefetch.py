@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import worker.runner as runner_module
-import worker.settle as settle_module
+import kernel.reporting.released_report as released_report_module
 import worker.single_job_prefetch as prefetch_module
 from kernel import privacy
 from kernel.config import Settings
@@ -62,7 +62,7 @@ def test_a_job_that_ran_as_planned_takes_the_epsilon_computed_while_it_trained(
 
     monkeypatch.setattr(runner_module, "PREFETCH_SINGLE_JOB_ON", {"cpu", "cuda"})  # as on a GPU worker
     monkeypatch.setattr(prefetch_module, "report_single_job_epsilon", on_the_prefetch_thread)
-    monkeypatch.setattr(settle_module, "report_single_job_epsilon", not_after_training)
+    monkeypatch.setattr(released_report_module, "report_single_job_epsilon", not_after_training)
     dataset = upload(alice, digits_csv).json()["id"]
     job = run_on_worker(alice, settings, database, dp_sgd_spec(dataset))
     assert threads == ["single-job-epsilon"]
