@@ -37,7 +37,7 @@ from kernel.jobs.planning import RebuiltJob, compose_job_event, rebuild_job
 from kernel.jobs.private_files import CHECKPOINT_SUFFIX, HOLDOUT_SUFFIX, PRIVATE_SUFFIXES, JobPrivateFiles
 from kernel.model_catalogue import ModelSizeLimits, get_model
 from kernel.privacy import TrialDistribution
-from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
+from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs, reservation_report_writer
 from kernel.reporting.privacy_report import execution_section
 from kernel.reporting.released_report import ReleasedTraining, prepare_release, released_model_report
 from kernel.schemas.stored_spec import StoredJobSpec, stored_spec
@@ -274,17 +274,10 @@ class JobRun:
     def _refusal_report(self, job_id: str, dataset: Dataset) -> EndedReportWriter | None:
         """A refused claim commits only a job an earlier, lost attempt touched: its report is
         prepared for its whole reservation (the lost worker's noise mode is not known)."""
-        if dataset.public:
-            return None
         read = self.read(job_id)
         job = read[0] if read is not None else None
-        if job is None or job.touched_at is None:
-            return EndedReportWriter()
-        try:
-            return EndedReportWriter(ended_report_inputs(job, dataset))
-        except Exception:
-            log.exception("could not prepare an ended job's report", extra={"job_id": job_id})
-            return EndedReportWriter()
+        touched = job is not None and job.touched_at is not None
+        return reservation_report_writer(job, dataset, commits_reservation=touched)
 
     # ------------------------------------------------------------------ training
 

@@ -34,7 +34,7 @@ from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.dispatch import dispatch_with_settings
 from kernel.jobs.private_files import JobPrivateFiles
 from kernel.jobs.status import JobStatus
-from kernel.reporting.ended_report import EndedReportWriter, ended_report_inputs
+from kernel.reporting.ended_report import EndedReportWriter, reservation_report_writer
 from kernel.services import JobDispatcher
 from kernel.storage.configured import blob_store_from_settings
 from kernel.storage.erasure import evict_erased_copies
@@ -132,15 +132,9 @@ def _report_writer(
     with db.read_session() as session:
         job = session.get(Job, job_id)
         dataset = session.get(Dataset, job.dataset_id) if job is not None else None
-    if job is None or dataset is None or dataset.public:
-        return None
-    if job.touched_at is None or (not will_fail and job.attempt < max_attempts and not job.cancel_requested):
-        return EndedReportWriter()
-    try:
-        return EndedReportWriter(ended_report_inputs(job, dataset))
-    except Exception:
-        log.exception("could not prepare a lost job's report", extra={"job_id": job_id})
-        return EndedReportWriter()
+    fails = job is not None and (will_fail or job.attempt >= max_attempts or job.cancel_requested)
+    touched = job is not None and job.touched_at is not None
+    return reservation_report_writer(job, dataset, commits_reservation=touched and fails)
 
 
 def _due_for_dispatch(db: Database, cutoff: dt.datetime) -> list[tuple[str, str | None]]:

@@ -62,6 +62,7 @@ __all__ = [
     "build_ended_report",
     "cancel_report_writer",
     "ended_report_inputs",
+    "reservation_report_writer",
 ]
 
 log = logging.getLogger("privtrain.reporting")
@@ -206,19 +207,34 @@ class EndedReportWriter:
         )
 
 
+def reservation_report_writer(
+    job: Job | None, dataset: Dataset | None, *, commits_reservation: bool
+) -> EndedReportWriter | None:
+    """The writer for a transition that may commit ``job``'s whole reservation (a refused retry, a
+    lost worker, a cancel). None on a public dataset (no ledger, no report). When the caller
+    expects the reservation to be committed, the inputs are prepared now, before the settling
+    transaction; otherwise (or if preparing them fails) they are computed under the lock only if
+    it commits after all, from the closed forms."""
+    if dataset is None or dataset.public:
+        return None
+    if job is None or not commits_reservation:
+        return EndedReportWriter()
+    try:
+        return EndedReportWriter(ended_report_inputs(job, dataset))
+    except Exception:
+        log.exception("could not prepare an ended job's report", extra={"job_id": job.id})
+        return EndedReportWriter()
+
+
 def cancel_report_writer(job: Job, dataset: Dataset | None) -> EndedReportWriter | None:
     """The writer a cancel passes to ``kernel.jobs.lifecycle.cancel``. A cancel commits a queued job
     that a lost attempt had touched, and a running tuning, each its whole reservation: their inputs
     are prepared for that case; another running job is only asked to stop (its worker settles it),
     a fresh one is released."""
-    if dataset is None or dataset.public:
-        return None
     commits_now = (job.status == JobStatus.QUEUED and job.touched_at is not None) or (
         job.status == JobStatus.RUNNING and _is_tuning(job)
     )
-    if not commits_now:
-        return EndedReportWriter()
-    return EndedReportWriter(ended_report_inputs(job, dataset))
+    return reservation_report_writer(job, dataset, commits_reservation=commits_now)
 
 
 # ---------------------------------------------------------------------------------- the report
