@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-import worker.runner as runner_module
 import kernel.reporting.released_report as released_report_module
+import worker.runner as runner_module
 import worker.single_job_prefetch as prefetch_module
 from kernel import privacy
 from kernel.config import Settings
