@@ -4,6 +4,9 @@ upload a text dataset, train with DP-SGD, download the released model and load i
 
 from __future__ import annotations
 
+import io
+import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +71,53 @@ def test_an_hf_model_trains_with_dp_sgd_and_loads_with_privtrain(
     width = dataset["vocab_size"] if task == "causal-lm" else len(config["classes"])
     assert out.shape == ((3, MAX_LENGTH, width) if task == "causal-lm" else (3, width))
     assert torch.isfinite(out).all()
+    _assert_transformers_loads_the_same_model(alice, job_id, task, ids, out, dataset, tmp_path)
+
+
+def _assert_transformers_loads_the_same_model(
+    alice: TestClient,
+    job_id: str,
+    task: str,
+    ids: torch.Tensor,
+    expected: torch.Tensor,
+    dataset: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """format=hf: a save_pretrained folder that Transformers loads into the model the service released."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # heavy: these tests only
+
+    response = alice.get(f"/v1/jobs/{job_id}/model", params={"format": "hf"})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/zip"
+    folder = tmp_path / "hf"
+    with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
+        assert sorted(archive.namelist()) == ["README.md", "config.json", "model.safetensors", "privacy_report.json"]
+        archive.extractall(folder)
+    report = json.loads((folder / "privacy_report.json").read_text())
+    assert report["job_id"] == job_id and report["guarantee"] in (folder / "README.md").read_text()
+    auto = AutoModelForCausalLM if task == "causal-lm" else AutoModelForSequenceClassification
+    model = auto.from_pretrained(folder, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=(ids != dataset["pad_id"]).long()).logits
+    real = ids != dataset["pad_id"]
+    if task == "causal-lm":
+        torch.testing.assert_close(got[real], expected[real])
+    else:
+        torch.testing.assert_close(got, expected)
+        assert model.config.id2label == dict(enumerate(dataset["classes"]))
+
+
+def test_format_hf_of_a_zoo_model_is_a_problem(alice: TestClient, settings: Settings, database: Database) -> None:
+    dataset = _upload(alice, "sequence-classification")
+    spec = {
+        **hf_spec(dataset["id"], "bert", "sequence-classification"),
+        "model": {"name": "transformer-classifier", "params": {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 8}},
+    }
+    job_id = run_on_worker(alice, settings, database, spec)
+    refused = alice.get(f"/v1/jobs/{job_id}/model", params={"format": "hf"})
+    assert refused.status_code == 422 and refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["type"] == "/problems/model-format-unavailable"
+    assert "'transformer-classifier'" in refused.json()["detail"]
+    assert alice.get(f"/v1/jobs/{job_id}/model", params={"format": "onnx"}).status_code == 422
+    assert alice.get(f"/v1/jobs/{job_id}/model").status_code == 200

@@ -23,7 +23,8 @@ from torch import nn
 
 from privtrain_common.zoo.building import FINETUNE_BLOCKS, check_positive_int, register_model, with_defaults
 from privtrain_common.zoo.hf.definition import HFParams
-from privtrain_common.zoo.hf.families import FAMILIES, HFFamily, sizes_of
+from privtrain_common.zoo.hf.families import FAMILIES, sizes_of
+from privtrain_common.zoo.hf.transformers_config import transformers_settings
 
 __all__ = ["HFModel", "hf_config", "transformers_model"]
 
@@ -72,29 +73,22 @@ class HFModel(nn.Module):
         return logits
 
 
-def hf_config(family: HFFamily, config: Mapping[str, object], *, task: str, n_outputs: int) -> Any:
-    """The Transformers config the job's config makes: dropout 0, eager attention, untied, labels."""
+def hf_config(config: Mapping[str, object], *, task: str, n_outputs: int) -> Any:
+    """The Transformers config of the job's config (``transformers_settings``), eager attention."""
     from transformers import AutoConfig  # heavy: only when an hf model is built
 
-    settings: dict[str, object] = dict(config)
-    model_type = settings.pop("model_type")
-    settings.update(dict.fromkeys(family.dropout_keys, 0.0))
-    settings["tie_word_embeddings"] = False
-    for token in ("bos_token_id", "eos_token_id"):  # not a family default that may lie outside the vocabulary
-        settings.setdefault(token, None)
-    if task == "sequence-classification":
-        settings["num_labels"] = n_outputs
-    built = AutoConfig.for_model(str(model_type), **settings)
+    settings = transformers_settings(config, task=task, n_outputs=n_outputs)
+    built = AutoConfig.for_model(str(settings.pop("model_type")), **settings)
     built._attn_implementation = "eager"
     return built
 
 
-def transformers_model(family: HFFamily, config: Mapping[str, object], *, task: str, n_outputs: int) -> nn.Module:
+def transformers_model(config: Mapping[str, object], *, task: str, n_outputs: int) -> nn.Module:
     """The bare Transformers model (random init from the config) a job's params describe."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # heavy: only when built
 
     auto = AutoModelForCausalLM if task == "causal-lm" else AutoModelForSequenceClassification
-    built = hf_config(family, config, task=task, n_outputs=n_outputs)
+    built = hf_config(config, task=task, n_outputs=n_outputs)
     model: nn.Module = auto.from_config(built, attn_implementation="eager")  # type: ignore[no-untyped-call]
     return model
 
@@ -129,7 +123,7 @@ def _hf(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs
     if declared.task == "causal-lm" and outputs > config["vocab_size"]:
         raise ValueError(f"hf causal-lm needs config.vocab_size >= the dataset's {outputs} token ids")
     model = HFModel(
-        transformers_model(family, config, task=declared.task, n_outputs=outputs),
+        transformers_model(config, task=declared.task, n_outputs=outputs),
         pad_id=pad_id,
         decoder=family.decoder,
         task=declared.task,
