@@ -3,6 +3,7 @@ larger than memory should hold), streamed, and removed once sent."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Mapping
@@ -25,6 +26,14 @@ def hf_zip_response(model_path: Path, *, report: Mapping[str, Any], filename: st
     except BaseException:
         os.unlink(handle.name)
         raise
+    digest = hashlib.sha256()
+    with open(handle.name, "rb") as written:
+        for chunk in iter(lambda: written.read(1 << 20), b""):
+            digest.update(chunk)
     return FileResponse(
-        handle.name, media_type="application/zip", filename=filename, background=BackgroundTask(os.unlink, handle.name)
+        handle.name,
+        media_type="application/zip",
+        filename=filename,
+        headers={"X-Content-SHA256": digest.hexdigest()},  # the client checks it as for the model file
+        background=BackgroundTask(os.unlink, handle.name),
     )

@@ -73,23 +73,31 @@ class HFModel(nn.Module):
         return logits
 
 
+def _transformers() -> Any:
+    """The Transformers package, or an ImportError that says which extra installs it."""
+    try:
+        import transformers  # optional and heavy: only when an hf model is built
+    except ImportError as exc:
+        raise ImportError(
+            "hf models are built with Hugging Face Transformers: pip install 'privtrain-client[hf]'"
+        ) from exc
+    return transformers
+
+
 def hf_config(config: Mapping[str, object], *, task: str, n_outputs: int) -> Any:
     """The Transformers config of the job's config (``transformers_settings``), eager attention."""
-    from transformers import AutoConfig  # heavy: only when an hf model is built
-
     settings = transformers_settings(config, task=task, n_outputs=n_outputs)
-    built = AutoConfig.for_model(str(settings.pop("model_type")), **settings)
+    built = _transformers().AutoConfig.for_model(str(settings.pop("model_type")), **settings)
     built._attn_implementation = "eager"
     return built
 
 
 def transformers_model(config: Mapping[str, object], *, task: str, n_outputs: int) -> nn.Module:
     """The bare Transformers model (random init from the config) a job's params describe."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification  # heavy: only when built
-
-    auto = AutoModelForCausalLM if task == "causal-lm" else AutoModelForSequenceClassification
+    library = _transformers()
+    auto = library.AutoModelForCausalLM if task == "causal-lm" else library.AutoModelForSequenceClassification
     built = hf_config(config, task=task, n_outputs=n_outputs)
-    model: nn.Module = auto.from_config(built, attn_implementation="eager")  # type: ignore[no-untyped-call]
+    model: nn.Module = auto.from_config(built, attn_implementation="eager")
     return model
 
 
