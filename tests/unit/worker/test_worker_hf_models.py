@@ -12,6 +12,7 @@ from dp.per_example.ghost import check_ghost_supported
 from dp.per_example.per_sample import check_supported, iter_per_sample_grads, trainable_parameters
 from tests.unit.worker.hf_fixtures import HF_CASES, hf_model
 from tests.unit.worker.text_fixtures import PAD, lm_targets, tokens
+from training.finetune import apply_finetune, block_members
 
 N = 5
 
@@ -76,3 +77,24 @@ def test_dropout_is_off_and_a_random_forward_would_be_refused() -> None:
     X, y, loss = _batch("sequence-classification")
     with pytest.raises(RuntimeError, match="random"):
         next(iter_per_sample_grads(model, X, y, loss=loss, max_physical_batch_size=N))
+
+
+@pytest.mark.parametrize(("model_type", "task"), HF_CASES, ids=[f"{t}-{k}" for t, k in HF_CASES])
+def test_fine_tuning_blocks_hold_every_parameter_once(model_type: str, task: str) -> None:
+    """The embeddings, each layer, the head: every parameter in exactly one block, and the last block
+    is what ``head`` and ``last_k_blocks`` 1 train."""
+    model = hf_model(model_type, task)
+    members = block_members(model)
+    assert list(members) == ["embedding", "layer1", "layer2", "head"]
+    owners = [
+        block
+        for name, _ in model.named_parameters()
+        for block, spans in members.items()
+        if any(name.startswith(f"{member}.") for member in spans)
+    ]
+    assert len(owners) == sum(1 for _ in model.named_parameters())  # each parameter in one block
+    last_block = apply_finetune(model, mode="last_k_blocks", k=1)
+    head_names = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert head_names and all(any(name.startswith(f"{m}.") for m in members["head"]) for name in head_names)
+    assert apply_finetune(model, mode="head") <= last_block
+    assert apply_finetune(model, mode="last_k_blocks", k=4) == sum(p.numel() for p in model.parameters())
