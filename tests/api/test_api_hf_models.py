@@ -124,3 +124,42 @@ def test_format_hf_of_a_zoo_model_is_a_problem(alice: TestClient, settings: Sett
     assert "'transformer-classifier'" in refused.json()["detail"]
     assert alice.get(f"/v1/jobs/{job_id}/model", params={"format": "onnx"}).status_code == 422
     assert alice.get(f"/v1/jobs/{job_id}/model").status_code == 200
+
+
+def test_configs_that_do_not_fit_are_refused_at_estimate_with_the_reason(alice: TestClient) -> None:
+    dataset = _upload(alice, "sequence-classification")
+
+    def refusal(config: dict[str, Any], task: str = "sequence-classification") -> str:
+        spec = hf_spec(dataset["id"], "bert", task)
+        spec["model"]["params"]["config"] = config
+        response = alice.post("/v1/jobs/estimate", json=spec)
+        assert response.status_code == 422, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        return str(response.json()["detail"])
+
+    config = hf_config("bert", positions=MAX_LENGTH)
+    assert "supported: bert, distilbert, gpt2, llama, qwen2, roberta" in refusal({**config, "model_type": "t5"})
+    assert "['auto_map'] are not accepted" in refusal({**config, "auto_map": {"AutoModel": "evil.Model"}})
+    small = dataset["vocab_size"] - 1
+    assert f"tokenizer has {dataset['vocab_size']} token ids" in refusal({**config, "vocab_size": small})
+    assert "trains on a language-model dataset" in refusal(hf_config("gpt2", positions=MAX_LENGTH), "causal-lm")
+
+
+def test_last_k_blocks_trains_only_the_last_layer_and_the_head(
+    alice: TestClient, settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    dataset = _upload(alice, "sequence-classification")
+    spec = hf_spec(dataset["id"], "llama", "sequence-classification")
+    first = run_on_worker(alice, settings, database, spec)
+    tuned_spec = {
+        **spec,
+        "model": {**spec["model"], "init": {"job_id": first}},
+        "training": {**spec["training"], "finetune": "last_k_blocks", "finetune_k": 2},
+    }
+    tuned = run_on_worker(alice, settings, database, tuned_spec)
+    before, _ = released(alice, first, tmp_path)
+    after, _ = released(alice, tuned, tmp_path)
+    old, new = before.state_dict(), after.state_dict()
+    changed = {name for name in old if not torch.equal(old[name], new[name])}
+    kept = ("model.model.layers.1.", "model.model.norm.", "model.score.")  # layer2 and the head (llama's blocks)
+    assert changed and all(name.startswith(kept) for name in changed)
