@@ -54,6 +54,13 @@ def test_a_larger_vocabulary_than_the_datasets_is_kept() -> None:
     assert params["config"]["vocab_size"] == VOCAB + 7
 
 
+def test_shape_free_keys_pass_through_with_their_types_checked() -> None:
+    config = {**hf_config("llama"), "rms_norm_eps": 1e-5, "initializer_range": 0, "hidden_act": "silu"}
+    assert _validate("causal-lm", config)["config"]["rms_norm_eps"] == 1e-5
+    with pytest.raises(ModelIncompatible, match=r"config\.rms_norm_eps has the wrong type"):
+        _validate("causal-lm", {**config, "rms_norm_eps": "tiny"})
+
+
 def test_the_default_is_a_small_bert_classifier() -> None:
     params = get_model("hf").validate({}, _facts("classification"), limits=ROOMY)
     assert params["task"] == "sequence-classification" and params["config"]["model_type"] == "bert"

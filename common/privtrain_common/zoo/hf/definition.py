@@ -32,10 +32,10 @@ _FREE_KINDS: dict[str, type | tuple[type, ...]] = {
     "hidden_act": str,
     "activation": str,
     "activation_function": str,
-    "layer_norm_eps": float,
-    "layer_norm_epsilon": float,
-    "rms_norm_eps": float,
-    "initializer_range": float,
+    "layer_norm_eps": (int, float),  # JSON writes 0.0 as 0 too
+    "layer_norm_epsilon": (int, float),
+    "rms_norm_eps": (int, float),
+    "initializer_range": (int, float),
     "bos_token_id": int,
     "eos_token_id": int,
 }
