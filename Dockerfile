@@ -26,6 +26,6 @@ CMD ["uvicorn", "api.main:create_app", "--factory", "--host", "0.0.0.0", "--port
 
 FROM base AS worker
 # The default index's Linux wheel of torch carries CUDA; pin the same version as development.
-RUN pip install "torch==2.13.0" && pip install -c constraints.txt "./common[model]" "./client[yaml]" ".[worker]"
+RUN pip install "torch==2.13.0" && pip install -c constraints.txt "./common[model,hf]" "./client[yaml]" ".[worker]"
 USER privtrain
 CMD ["privtrain-admin", "worker"]

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml client/pyproject.toml common/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e './common[model]' -e './client[yaml]' -e '.[worker,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e './common[model,hf]' -e './client[yaml]' -e '.[worker,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, Literal, TextIO, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -43,6 +43,8 @@ from privtrain.transfers import ModelDownload, upload_body
 from privtrain.version import __version__
 
 R = TypeVar("R")
+ModelFormat = Literal["safetensors", "hf"]
+"""What ``download_model`` fetches: the model file, or (an `hf` model) a Transformers folder, zipped."""
 T = TypeVar("T", bound=Resource)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -621,8 +623,11 @@ class Client:
             body["top_k"] = top_k
         return dict(self._call("POST", f"/v1/jobs/{_segment(job_id)}/generate", replay_safe=False, json=body))
 
-    def download_model(self, job_id: str, path: str | os.PathLike[str]) -> Path:
+    def download_model(self, job_id: str, path: str | os.PathLike[str], *, format: ModelFormat = "safetensors") -> Path:
         """Stream the safetensors file to ``path`` (a directory gets ``<job id>.safetensors``).
+
+        ``format="hf"`` (models named ``hf`` only): a ZIP of a Transformers ``save_pretrained`` folder
+        instead (a directory gets ``<job id>-hf.zip``), with the privacy report and a model card.
 
         Written to a temporary file, checked against the server's X-Content-SHA256, then renamed:
         a failed or corrupted download never leaves a partial model at ``path``. A service with
@@ -631,12 +636,15 @@ class Client:
         """
         target = Path(path)
         if target.is_dir():
-            target = target / f"{job_id}.safetensors"
+            target = target / (f"{job_id}-hf.zip" if format == "hf" else f"{job_id}.safetensors")
+        query = {"format": format} if format != "safetensors" else None
         download = ModelDownload(
             target=target, partial=target.with_name(target.name + ".part"), timeout=self._http.timeout
         )
         try:
-            return self._call("GET", f"/v1/jobs/{_segment(job_id)}/model", replay_safe=True, consume=download.consume)
+            return self._call(
+                "GET", f"/v1/jobs/{_segment(job_id)}/model", replay_safe=True, params=query, consume=download.consume
+            )
         finally:
             download.partial.unlink(missing_ok=True)
 

@@ -22,6 +22,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from privtrain_common.atomic_files import write_atomically
+from privtrain_common.model_format import CONFIG_KEY, FORMAT_VERSION, TASKS
 from privtrain_common.zoo.architectures import build_model
 
 __all__ = [
@@ -35,10 +36,6 @@ __all__ = [
     "save_model",
     "write_atomically",
 ]
-
-CONFIG_KEY = "privtrain.config"
-FORMAT_VERSION = 1
-TASKS = ("classification", "regression", "language-model")
 
 
 # ----------------------------------------------------------------------------- files

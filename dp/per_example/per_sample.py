@@ -63,6 +63,7 @@ __all__ = [
     "physical_chunks",
     "rows_where",
     "supported_module",
+    "supported_subtree",
     "trainable_parameters",
     "weighted_grad_sums",
     "zeros_like_trainable",
@@ -116,16 +117,41 @@ def supported_module(cls: ModuleT) -> ModuleT:
     return cls
 
 
+SUPPORTED_SUBTREES: set[type[nn.Module]] = set()
+
+
+def supported_subtree(cls: ModuleT) -> ModuleT:
+    """Class decorator for a container whose whole forward, its descendants' included, treats rows
+    independently, draws no randomness and mutates no buffers (e.g. the zoo's ``HFModel``, whose
+    Transformers modules are built with dropout 0 and a per-row attention mask).
+
+    Its descendants are not checked type by type, since torch.func differentiates any forward
+    exactly; BatchNorm inside it is still refused. A random operation inside it fails loudly:
+    vmap runs in its "error" randomness mode.
+    """
+    SUPPORTED_SUBTREES.add(cls)
+    return cls
+
+
+def _inside_subtree(name: str, subtrees: list[str]) -> bool:
+    return any(name.startswith(f"{root}.") or not root for root in subtrees)
+
+
 def check_supported(model: nn.Module) -> None:
     """Raise ValueError if `model` contains a module the engine cannot make per-sample."""
+    subtrees: list[str] = []
     for name, module in model.named_modules():
         where = name or "<root>"
+        inside = _inside_subtree(name, subtrees)
+        if type(module) in SUPPORTED_SUBTREES and not inside:
+            subtrees.append(name)
+            continue
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise ValueError(
                 f"module {where} is {type(module).__name__}: BatchNorm mixes samples and is not "
                 "supported with DP; use GroupNorm"
             )
-        if type(module) not in SUPPORTED_MODULES:
+        if type(module) not in SUPPORTED_MODULES and not inside:
             raise ValueError(
                 f"module {where} of type {type(module).__name__} is not supported by the per-sample gradient engine"
             )

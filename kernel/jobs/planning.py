@@ -343,13 +343,14 @@ def _check_algorithm_trains_model(algorithm: AlgorithmDefinition[Any], model: Mo
 
 
 def _check_lora_fits_model(spec: JobCreate, model: ModelDefinition) -> None:
-    """LoRA adapters go on attention and MLP Linear layers: only the transformers have them."""
+    """The service's LoRA adapters go on the zoo's own attention and MLP Linear layers (an `hf` model has
+    attention too, but its LoRA, through PEFT, is a later part of docs/hugging-face.md)."""
     if spec.training.finetune == "lora" and not model.lora:
         with_lora = ", ".join(name for name in MODELS.names() if get_model(name).lora)
         raise _invalid(
             "lora-unsupported-model",
-            f"training.finetune lora puts adapters on attention and MLP Linear layers, which model "
-            f"'{model.name}' has none of; use it with {with_lora}",
+            f"training.finetune lora puts the service's adapters on the attention and MLP Linear layers of "
+            f"{with_lora}; model '{model.name}' does not take them",
         )
 
 

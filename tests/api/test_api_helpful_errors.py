@@ -39,7 +39,7 @@ def _problem(client: TestClient, spec: dict[str, Any] | None = None, *, content:
         (
             lambda s: s["model"].update(name="bert-1000"),
             "unknown-model",
-            "unknown model 'bert-1000'; expected one of: 'cnn', 'cnn2-gn', 'linear-regression', "
+            "unknown model 'bert-1000'; expected one of: 'cnn', 'cnn2-gn', 'hf', 'linear-regression', "
             "'logistic-regression', 'mlp', 'resnet-gn', 'transformer-classifier', 'transformer-lm', 'vit', 'wrn'",
         ),
         (

@@ -56,6 +56,12 @@ def test_the_distribution_declares_only_the_client_needs() -> None:
     common = tomllib.loads((CLIENT.parent / "common" / "pyproject.toml").read_text())["project"]
     assert common["dependencies"] == []  # what the client shares with the server costs it nothing
     assert sorted(d.split(">")[0] for d in common["optional-dependencies"]["model"]) == ["safetensors", "torch"]
+    # Transformers only for the `hf` models, in an extra of its own.
+    assert sorted(d.split(">")[0] for d in common["optional-dependencies"]["hf"]) == [
+        "privtrain-common[model]",
+        "transformers",
+    ]
+    assert project["optional-dependencies"]["hf"] == ["privtrain-common[hf]"]
     assert project["scripts"] == {"privtrain": "privtrain.cli:main"}
 
 

@@ -53,7 +53,8 @@ def _meta_model(name: str, params: dict[str, Any], shape: tuple[int, ...], n_out
 
 def test_every_registered_model_is_covered() -> None:
     text = {"transformer-classifier", "transformer-lm"}  # need text facts: tests/unit/test_model_catalogue_text.py
-    assert {name for name, _, _ in CASES} | {"linear-regression"} | text == set(MODELS.names())
+    hf = {"hf"}  # blocks per model type: tests/unit/test_model_catalogue_hf.py
+    assert {name for name, _, _ in CASES} | {"linear-regression"} | text | hf == set(MODELS.names())
 
 
 @pytest.mark.parametrize(("name", "params", "shape"), CASES)

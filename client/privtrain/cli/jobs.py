@@ -10,6 +10,7 @@ from privtrain.cli.figures import up
 from privtrain.cli.job_views import EVENT_COLUMNS, JOB_COLUMNS, estimate_block, job_block
 from privtrain.cli.spec_options import SPEC_OPTIONS, spec_from_context, with_options
 from privtrain.cli.state import EXIT_API_ERROR, current_state, emit, json_flag, wants_json
+from privtrain.client import ModelFormat
 from privtrain.output import key_values, table, to_json
 from privtrain.resources import Job
 from privtrain.sse import sse_progress
@@ -172,17 +173,27 @@ def _ended_as(status: object) -> str:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("."),
     show_default=True,
-    help="directory for <job>.safetensors and <job>.report.json",
+    help="directory for <job>.safetensors (or <job>-hf.zip) and <job>.report.json",
+)
+@click.option(
+    "--format",
+    "model_format",
+    type=click.Choice(["safetensors", "hf"]),
+    default="safetensors",
+    show_default=True,
+    help="hf: a model named 'hf' as a zipped Transformers save_pretrained folder (docs/hugging-face.md)",
 )
 @json_flag
-def jobs_download(job_id: str, out_dir: Path) -> None:
+def jobs_download(job_id: str, out_dir: Path, model_format: ModelFormat) -> None:
     """Download a job's privacy report (JSON) and, if it succeeded, its model (safetensors,
-    digest-checked). A job cancelled or failed after it committed ε has a report and no model."""
+    digest-checked; or with --format hf a Transformers folder, zipped). A job cancelled or failed
+    after it committed ε has a report and no model."""
     client = current_state().client()
     out_dir.mkdir(parents=True, exist_ok=True)
     report = client.report(job_id)
     released = report.get("status", "succeeded") == "succeeded"
-    model_path = client.download_model(job_id, out_dir / f"{job_id}.safetensors") if released else None
+    name = f"{job_id}-hf.zip" if model_format == "hf" else f"{job_id}.safetensors"
+    model_path = client.download_model(job_id, out_dir / name, format=model_format) if released else None
     report_path = out_dir / f"{job_id}.report.json"
     report_path.write_text(to_json(report) + "\n")
     files = {"model": None if model_path is None else str(model_path), "report": str(report_path)}

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from privtrain_common.zoo.cnn2 import definition as cnn2
 from privtrain_common.zoo.dense import definition as dense
 from privtrain_common.zoo.entry import ZooEntry
+from privtrain_common.zoo.hf import definition as hf
 from privtrain_common.zoo.images import definition as images
 from privtrain_common.zoo.params import defaults
 from privtrain_common.zoo.text import definition as text
@@ -27,7 +28,9 @@ def _by_name(entries: tuple[ZooEntry, ...]) -> Mapping[str, ZooEntry]:
     return MappingProxyType(table)
 
 
-CATALOGUE: Mapping[str, ZooEntry] = _by_name((*dense.ENTRIES, *cnn2.ENTRIES, *images.ENTRIES, *text.ENTRIES))
+CATALOGUE: Mapping[str, ZooEntry] = _by_name(
+    (*dense.ENTRIES, *cnn2.ENTRIES, *images.ENTRIES, *text.ENTRIES, *hf.ENTRIES)
+)
 """Name → entry; names are unique forever (released model files name their architecture)."""
 
 

@@ -9,8 +9,9 @@ the dataclass's ``__post_init__``, raising ValueError.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -51,6 +52,14 @@ def list_param(
     )
 
 
+def object_param(default: Mapping[str, object], *, description: str | None = None) -> dict[str, Any]:
+    """A JSON-object field (each instance gets its own copy of ``default``), for a parameter that is a
+    whole document, such as a Transformers config; its rules live in the dataclass's ``__post_init__``."""
+    return dataclasses.field(
+        default_factory=lambda: copy.deepcopy(dict(default)), metadata={_BOUNDS_KEY: Bounds(description=description)}
+    )
+
+
 def declared_fields(spec: type[ParamsSpec]) -> tuple[dataclasses.Field[Any], ...]:
     """The declaration's fields, in order (a subclass's after its parent's)."""
     return dataclasses.fields(spec)
@@ -63,7 +72,7 @@ def bounds(declared: dataclasses.Field[Any]) -> Bounds:
 
 
 def default_factory(declared: dataclasses.Field[Any]) -> Callable[[], object] | None:
-    """The factory of a field whose default is built per instance (a list), else None."""
+    """The factory of a field whose default is built per instance (a list, an object), else None."""
     factory = declared.default_factory
     return None if factory is dataclasses.MISSING else factory
 

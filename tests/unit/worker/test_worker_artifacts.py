@@ -20,6 +20,7 @@ from dp.loop.state import TrainingState
 from dp.randomness.secure_random import SecureRandom
 from privtrain_common.model_files import CONFIG_KEY, load_model, save_model
 from privtrain_common.zoo.architectures import MODEL_REGISTRY, build_model
+from tests.unit.worker.hf_fixtures import hf_config
 from training.artifacts import load_training_state, save_training_state
 
 # (name, params, input_shape, n_outputs, task)
@@ -45,6 +46,20 @@ ZOO: list[ZooCase] = [
     (
         "transformer-lm",
         {"layers": 1, "dim": 8, "heads": 2, "mlp_dim": 8, "vocab_size": 20, "pad_id": 0},
+        [6],
+        20,
+        "language-model",
+    ),
+    (
+        "hf",
+        {"task": "sequence-classification", "config": {**hf_config("bert"), "vocab_size": 20, "pad_token_id": 0}},
+        [6],
+        3,
+        "classification",
+    ),
+    (
+        "hf",
+        {"task": "causal-lm", "config": {**hf_config("gpt2"), "vocab_size": 20, "pad_token_id": 0}},
         [6],
         20,
         "language-model",
@@ -96,7 +111,7 @@ def test_round_trip_reproduces_outputs_exactly(case: ZooCase, tmp_path: Path) ->
     assert loaded_config == config
     assert not loaded.training
     x = torch.randn(4, *config["input_shape"], generator=torch.Generator().manual_seed(1))
-    if case[0].startswith("transformer-"):  # text models take token ids
+    if case[0].startswith("transformer-") or case[0] == "hf":  # text models take token ids
         x = torch.randint(0, 20, (4, *config["input_shape"]), generator=torch.Generator().manual_seed(1))
     model.eval()
     with torch.no_grad():

@@ -31,6 +31,7 @@ def test_registry_holds_exactly_the_documented_models() -> None:
         "cnn2-gn",
         *("wrn", "resnet-gn", "cnn", "vit"),  # the image zoo: tests/unit/test_model_catalogue_zoo.py
         *("transformer-classifier", "transformer-lm"),  # text: tests/unit/test_model_catalogue_text.py
+        "hf",  # Transformers from a config: tests/unit/worker/test_worker_hf_models.py
     }
 
 

@@ -1,0 +1,137 @@
+"""A released `hf` model as a Transformers ``save_pretrained`` folder, zipped, without torch.
+
+``GET /v1/jobs/{id}/model?format=hf`` answers with it: ``config.json`` and ``model.safetensors``,
+which ``AutoModelForSequenceClassification.from_pretrained(folder)`` (or ``…ForCausalLM``) loads
+into the model the job trained, ``privacy_report.json`` (the report as the caller may read it)
+and ``README.md``, a model card that states the guarantee in words.
+
+The weights are the released file's own bytes: only the safetensors header is rewritten (the
+tensor names lose the zoo wrapper's ``model.`` prefix, the metadata becomes Transformers'
+``{"format": "pt"}``), the tensor data is copied as it is. The config is the one the worker built
+the model from (``privtrain_common.zoo.hf.transformers_config``), so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from kernel.base_models.safetensors_header import HEADER_BOUNDS, MAX_HEADER_BYTES
+from kernel.bounded_json import loads_bounded
+from kernel.errors import InvalidInput
+from privtrain_common.model_format import CONFIG_KEY
+from privtrain_common.zoo.hf.transformers_config import architecture, config_json, transformers_name
+
+HF_FORMAT = "hf"
+_COPY_CHUNK = 1 << 20
+
+
+class ModelFormatUnavailable(InvalidInput):
+    """The job's model has no representation in the asked format (``format=hf`` of a zoo model)."""
+
+    def __init__(self, *, model: str, format: str) -> None:
+        super().__init__(
+            slug="model-format-unavailable",
+            detail=f"format={format} is for models named 'hf' (Transformers models); this job's model is {model!r}: "
+            "download it without format (safetensors, for privtrain.load_model)",
+            extra={"model": model, "format": format},
+        )
+
+
+def _header(handle: IO[bytes]) -> tuple[dict[str, Any], int]:
+    """The released file's header (tensor table and metadata) and its length in bytes."""
+    length = int.from_bytes(handle.read(8), "little")
+    if length > MAX_HEADER_BYTES:
+        raise ValueError(f"the model file's header is over {MAX_HEADER_BYTES} bytes")
+    header = loads_bounded(handle.read(length).decode("utf-8"), bounds=HEADER_BOUNDS)
+    if not isinstance(header, dict):
+        raise ValueError("the model file's header is not a JSON object")
+    return header, length
+
+
+def released_config(model_path: Path) -> dict[str, Any]:
+    """The architecture config a released model file carries in its metadata."""
+    with model_path.open("rb") as handle:
+        header, _ = _header(handle)
+    config = json.loads(header["__metadata__"][CONFIG_KEY])
+    if not isinstance(config, dict):
+        raise ValueError("the model file's config is not a JSON object")
+    return config
+
+
+def _renamed_header(header: Mapping[str, Any]) -> bytes:
+    """Transformers' names and metadata, padded with spaces to 8 bytes as safetensors writes it."""
+    table: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    table.update({transformers_name(name): entry for name, entry in header.items() if name != "__metadata__"})
+    encoded = json.dumps(table, separators=(",", ":")).encode("utf-8")
+    return encoded + b" " * (-len(encoded) % 8)
+
+
+def _write_weights(model_path: Path, target: IO[bytes]) -> None:
+    with model_path.open("rb") as source:
+        header, _ = _header(source)
+        renamed = _renamed_header(header)
+        target.write(len(renamed).to_bytes(8, "little"))
+        target.write(renamed)
+        shutil.copyfileobj(source, target, _COPY_CHUNK)
+
+
+def model_card(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
+    """README.md: what the model is, how to load it, and its privacy guarantee in words."""
+    params = config["model"]["params"]
+    task, hf = params["task"], params["config"]
+    name = architecture(hf["model_type"], task)
+    auto = "AutoModelForCausalLM" if task == "causal-lm" else "AutoModelForSequenceClassification"
+    guarantee = report.get("guarantee") or "see privacy_report.json"
+    text = config.get("text") or {}
+    return "\n".join(
+        [
+            f"# {name}, trained with differential privacy by privtrain",
+            "",
+            f"Job `{config.get('job_id', report.get('job_id', ''))}`: a `{hf['model_type']}` model ({task}), "
+            "trained from a random initialisation with differentially private training.",
+            "",
+            "## Privacy guarantee",
+            "",
+            str(guarantee),
+            "",
+            "The full privacy report (mechanism, accountant, ledger) is `privacy_report.json` in this folder.",
+            "",
+            "## Loading",
+            "",
+            "```python",
+            f"from transformers import {auto}",
+            "",
+            f'model = {auto}.from_pretrained("path/to/this/folder")',
+            "```",
+            "",
+            f"Inputs are the token ids of the dataset's tokenizer (`{text.get('tokenizer_id', 'see the job')}`, "
+            f"vocabulary {hf['vocab_size']}, padding id {hf['pad_token_id']}, rows of up to "
+            f"{config['input_shape'][0]} tokens); pass `attention_mask` = 1 for real tokens, 0 for padding. "
+            "Dropout is 0 in this config: training used none, so that per-example gradients were exact.",
+            "",
+        ]
+    )
+
+
+def write_hf_zip(model_path: Path, *, report: Mapping[str, Any], destination: IO[bytes]) -> None:
+    """The ``save_pretrained`` folder of the released model at ``model_path``, as a ZIP, to
+    ``destination``; ``report`` is the privacy report as the caller may read it."""
+    config = released_config(model_path)
+    model = config.get("model", {})
+    if model.get("name") != "hf":
+        raise ModelFormatUnavailable(model=str(model.get("name")), format=HF_FORMAT)
+    params = model["params"]
+    settings = config_json(
+        params["config"], task=params["task"], n_outputs=config["n_outputs"], classes=config.get("classes")
+    )
+    with zipfile.ZipFile(destination, "w") as archive:
+        archive.writestr("config.json", json.dumps(settings, indent=2, sort_keys=True), zipfile.ZIP_DEFLATED)
+        with archive.open(zipfile.ZipInfo("model.safetensors"), "w", force_zip64=True) as weights:
+            _write_weights(model_path, weights)
+        archive.writestr("privacy_report.json", json.dumps(report, indent=2, sort_keys=True), zipfile.ZIP_DEFLATED)
+        archive.writestr("README.md", model_card(config, report), zipfile.ZIP_DEFLATED)
