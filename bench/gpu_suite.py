@@ -49,7 +49,10 @@ from pathlib import Path
 
 import torch
 
-ZOO_CASES = "cnn3-b256,cnn3-b1024,wrn16-4-b256,resnet-gn-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512,tlm-t256-b64"
+ZOO_CASES = (
+    "cnn3-b256,cnn3-b1024,wrn16-4-b256,resnet-gn-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512,tlm-t128-b128,"
+    "tlm-t256-b64,hf-bert-t128-b64,hf-gpt2-t128-b32"
+)
 BF16_CASES = "cnn3-b1024,wrn16-4-b256,vit-b256,tlm-t256-b64"
 
 
@@ -92,7 +95,7 @@ def parts(*, device: str, quick: bool, smoke: bool, profile: bool = False) -> li
                  '{"channels": [8], "groups": 4}', "--rows", "512", "--batch", "64", "--steps", "3"], True),
         ]  # fmt: skip
     repeats = "7" if quick else "15"
-    zoo = "cnn3-b1024,wrn16-4-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512" if quick else ZOO_CASES
+    zoo = "cnn3-b1024,wrn16-4-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512,tlm-t128-b128" if quick else ZOO_CASES
     steps = "10" if quick else "20"
     algorithms = ["dp-sgd", "dc-dpsgd", "dc-dpsgd-threshold", "dicesgd"]
     result = [
