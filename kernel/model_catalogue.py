@@ -96,6 +96,18 @@ class ModelDefinition:
         """Whether ``training.finetune: lora`` applies: the model has attention and MLP Linear layers."""
         return self.entry.lora
 
+    @property
+    def body_from(self) -> frozenset[str]:
+        """Other models whose weights this one can start from, body reused and head new."""
+        return self.entry.body_from
+
+    def params_from_init(self, params: dict[str, Any], init_params: dict[str, Any]) -> dict[str, Any] | None:
+        """A job's params when it starts from weights whose params are ``init_params``: taken from
+        the weights where the model says so, else None (the job's own, which must be the init's)."""
+        if self.entry.start_from is None:
+            return None
+        return self.entry.start_from(params, init_params)
+
     def size(self, params: BaseModel, facts: DatasetFacts, n_outputs: int) -> ModelSize:
         """The model's size from its validated params; runs only after the shape check passed."""
         return self.entry.size(declared_params(self.entry.params, params), facts, n_outputs)

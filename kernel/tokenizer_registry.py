@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kernel.db.engine import Database
-from kernel.db.orm import Dataset, TokenizerRecord
+from kernel.db.orm import BaseModelRecord, Dataset, TokenizerRecord
 from kernel.errors import Conflict, InvalidInput, TooLarge, not_found
 from kernel.ingest.jsonl import JsonlFields, read_records
 from kernel.ingest.limits import IngestLimits
@@ -231,11 +231,36 @@ def tokenizer_for(session: Session, tenant_id: str, tokenizer_id: str) -> Tokeni
     return record
 
 
+BASE_MODEL_TOKENIZER = "base:"
+"""``tokenizer=base:<base_model_id>``: the tokenizer a Transformers checkpoint came with."""
+
+
+def _base_model_tokenizer(session: Session, *, tenant_id: str, base_model_id: str) -> str:
+    record = session.get(BaseModelRecord, base_model_id)
+    if record is None or record.tenant_id != tenant_id:
+        raise InvalidInput(
+            slug="unknown-tokenizer",
+            detail=f"tokenizer=base:{base_model_id}: no base model of yours has this id (GET /v1/base-models)",
+        )
+    if record.tokenizer_id is None:
+        raise InvalidInput(
+            slug="base-model-without-tokenizer",
+            detail=f"base model {base_model_id} came without a tokenizer.json; upload the model's tokenizer "
+            "(POST /v1/tokenizers) and name its id, or upload the checkpoint again with its tokenizer files",
+        )
+    return record.tokenizer_id
+
+
 def load_for_upload(db: Database, blobs: BlobStore, *, tenant_id: str, tokenizer_id: str) -> LoadedTokenizer:
-    """The tokenizer a text upload names: "byte", or one of the tenant's (422 unknown-tokenizer
-    otherwise, the same for another tenant's id)."""
+    """The tokenizer a text upload names: "byte", one of the tenant's, or "base:<id>", the one a
+    tenant's base model came with (422 unknown-tokenizer otherwise, the same for another tenant's id)."""
     if tokenizer_id == BYTE_TOKENIZER_ID:
         return LoadedTokenizer(id=BYTE_TOKENIZER_ID, tokenizer=ByteTokenizer())
+    if tokenizer_id.startswith(BASE_MODEL_TOKENIZER):
+        with db.read_session() as session:
+            tokenizer_id = _base_model_tokenizer(
+                session, tenant_id=tenant_id, base_model_id=tokenizer_id.removeprefix(BASE_MODEL_TOKENIZER)
+            )
     with db.read_session() as session:
         record = session.get(TokenizerRecord, tokenizer_id)
         if record is None or record.tenant_id != tenant_id:

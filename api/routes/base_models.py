@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -15,6 +15,7 @@ from api.routes.deps import ServicesDep, SessionDep, TenantDep
 from api.routes.routing import ReleasingRoute
 from api.routes.upload_body import receive_upload_body
 from kernel.base_models.dtypes import stored_dtypes
+from kernel.base_models.hf_upload import HFUpload, register_hf_base_model
 from kernel.base_models.registry import (
     BaseModelUpload,
     base_model_for,
@@ -24,6 +25,7 @@ from kernel.base_models.registry import (
 )
 from kernel.bounded_json import JsonBounds, JsonRefused, loads_bounded
 from kernel.db.orm import BaseModelRecord
+from kernel.ingest.limits import IngestLimits
 from kernel.model_catalogue import ModelSizeLimits
 from kernel.schemas.base_models import BaseModelList, BaseModelOut
 from kernel.storage.blobs import BlobStore
@@ -47,6 +49,11 @@ def base_model_out(record: BaseModelRecord, blobs: BlobStore) -> BaseModelOut:
         sha256=record.sha256,
         size_bytes=record.size_bytes,
         stored_dtypes=stored_dtypes(blobs, record),
+        format=record.format,
+        model_class=record.model_class,
+        parameter_count=record.parameter_count,
+        archive_sha256=record.archive_sha256,
+        tokenizer_id=record.tokenizer_id,
         source=record.source,
         created_at=record.created_at,
         links={"self": f"/v1/base-models/{record.id}"},
@@ -90,6 +97,11 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _required(value: object, name: str) -> None:
+    if value is None:
+        raise _invalid(f"{name} is required for format=safetensors (a zoo architecture's weights file)")
+
+
 @router.post("", status_code=201, response_model=BaseModelOut)
 async def upload_base_model(
     request: Request,
@@ -97,41 +109,97 @@ async def upload_base_model(
     tenant: TenantDep,
     _upload_slot: UploadSlotDep,
     name: Annotated[str, Query(min_length=1, max_length=200)],
-    architecture: Annotated[str, Query(min_length=1, max_length=64, description="a zoo model name (GET /v1/models)")],
+    format: Annotated[
+        Literal["safetensors", "hf"],
+        Query(
+            description="safetensors: one file for a zoo architecture (give architecture, input_shape, n_outputs); "
+            "hf: a ZIP of a Transformers save_pretrained folder (config.json and safetensors weights)"
+        ),
+    ] = "safetensors",
+    architecture: Annotated[
+        str | None, Query(min_length=1, max_length=64, description="a zoo model name (GET /v1/models)")
+    ] = None,
     input_shape: Annotated[
-        str, Query(max_length=200, description="the model's input shape, comma-separated (a dataset's feature_shape)")
-    ],
-    n_outputs: Annotated[int, Query(ge=1, le=100_000, description="outputs of the model (classes, or 1)")],
-    params: Annotated[str, Query(max_length=MAX_PARAMS_CHARS, description="the architecture's params, JSON")] = "{}",
+        str | None,
+        Query(max_length=200, description="the model's input shape, comma-separated (a dataset's feature_shape)"),
+    ] = None,
+    n_outputs: Annotated[
+        int | None, Query(ge=1, le=100_000, description="outputs of the model (classes, or 1)")
+    ] = None,
+    params: Annotated[
+        str | None, Query(max_length=MAX_PARAMS_CHARS, description="the architecture's params, JSON")
+    ] = None,
+    task: Annotated[
+        Literal["sequence-classification", "causal-lm"] | None,
+        Query(description="format=hf: the task the weights serve; default: what config.json's class says"),
+    ] = None,
     source: Annotated[
         str | None, Query(max_length=2000, description="where the weights came from (shown in reports)")
     ] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> BaseModelOut | JSONResponse:
-    """Upload public pretrained weights: a safetensors file whose tensor names and shapes must match
-    the architecture's exactly, in any floating dtype (F16, BF16, F32, F64; the worker casts them),
-    checked without unpickling anything. Stored by content hash; a refusal stores nothing. With an
-    Idempotency-Key a retry answers 200 with the first upload's base model."""
-    upload = BaseModelUpload(
-        name=_check_name(name),
-        architecture=architecture,
-        params=_parse_params(params),
-        input_shape=_parse_input_shape(input_shape),
-        n_outputs=n_outputs,
-        source=source,
-        idempotency_key=idempotency_key,
-    )
+    """Upload public pretrained weights, checked without unpickling anything. ``format=safetensors``:
+    a safetensors file whose tensor names and shapes must match the architecture's exactly, in any
+    floating dtype (F16, BF16, F32, F64; the worker casts them). ``format=hf``: a ZIP of a
+    Transformers ``save_pretrained`` folder (docs/hugging-face.md), registered as an `hf` model.
+    Stored by content hash; a refusal stores nothing. With an Idempotency-Key a retry answers 200
+    with the first upload's base model."""
     settings = services.settings
-    pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
-    registered = await run_in_threadpool(
-        register_base_model,
-        db=services.db,
-        blobs=services.blobs,
-        tenant_id=tenant.id,
-        pending=pending,
-        upload=upload,
-        limits=ModelSizeLimits.from_settings(settings),
-    )
+    limits = ModelSizeLimits.from_settings(settings)
+    if format == "hf":
+        given = [
+            n
+            for n, v in (
+                ("architecture", architecture),
+                ("input_shape", input_shape),
+                ("n_outputs", n_outputs),
+                ("params", params),
+            )
+            if v is not None
+        ]
+        if given:
+            raise _invalid(
+                f"{', '.join(given)}: format=hf reads the model from the archive's config.json; leave them out"
+            )
+        hf_upload = HFUpload(name=_check_name(name), task=task, source=source, idempotency_key=idempotency_key)
+        pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
+        registered = await run_in_threadpool(
+            register_hf_base_model,
+            db=services.db,
+            blobs=services.blobs,
+            tenant_id=tenant.id,
+            pending=pending,
+            upload=hf_upload,
+            limits=limits,
+            tokenizer_limits=IngestLimits.from_settings(settings),
+            max_bytes=settings.max_upload_bytes,
+        )
+    else:
+        _required(architecture, "architecture")
+        _required(input_shape, "input_shape")
+        _required(n_outputs, "n_outputs")
+        if task is not None:
+            raise _invalid("task applies to format=hf; a zoo architecture's task is its dataset's")
+        assert architecture is not None and input_shape is not None and n_outputs is not None
+        upload = BaseModelUpload(
+            name=_check_name(name),
+            architecture=architecture,
+            params=_parse_params(params or "{}"),
+            input_shape=_parse_input_shape(input_shape),
+            n_outputs=n_outputs,
+            source=source,
+            idempotency_key=idempotency_key,
+        )
+        pending = await receive_upload_body(request, settings=settings, blobs=services.blobs)
+        registered = await run_in_threadpool(
+            register_base_model,
+            db=services.db,
+            blobs=services.blobs,
+            tenant_id=tenant.id,
+            pending=pending,
+            upload=upload,
+            limits=limits,
+        )
     out = base_model_out(registered.record, services.blobs)
     if registered.replayed:
         return JSONResponse(out.model_dump(mode="json"), status_code=200)

@@ -247,9 +247,9 @@ async def upload_dataset(
     tokenizer: Annotated[
         str | None,
         Query(
-            max_length=40,
-            description='text (jsonl) only: "byte" (built in, the default) or the id of one of your tokenizers '
-            "(GET /v1/tokenizers)",
+            max_length=45,
+            description='text (jsonl) only: "byte" (built in, the default), the id of one of your tokenizers '
+            '(GET /v1/tokenizers), or "base:<base_model_id>" for the tokenizer a Transformers checkpoint came with',
         ),
     ] = None,
     max_length: Annotated[

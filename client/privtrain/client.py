@@ -39,7 +39,7 @@ from privtrain.resources import (
     TuningJob,
 )
 from privtrain.retry import RetryNotice, RetryPolicy
-from privtrain.transfers import ModelDownload, upload_body
+from privtrain.transfers import ModelDownload, upload_body, zipped_checkpoint
 from privtrain.version import __version__
 
 R = TypeVar("R")
@@ -371,25 +371,33 @@ class Client:
         ``architecture`` built with ``params`` for ``input_shape`` and ``n_outputs``). ``source``
         says where they came from: every report of a job built on them shows it."""
         data = weights if isinstance(weights, bytes) else Path(weights).read_bytes()
-        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex, "Content-Type": "application/octet-stream"}
-        query = {
-            "name": name,
-            "architecture": architecture,
-            "params": json.dumps(dict(params or {}), separators=(",", ":"), allow_nan=False),
-            "input_shape": ",".join(str(int(d)) for d in input_shape),
-            "n_outputs": n_outputs,
-            "source": source,
-        }
-        return BaseModel.from_api(
-            self._call(
-                "POST",
-                "/v1/base-models",
-                replay_safe=True,
-                content=lambda: data,
-                headers=headers,
-                params={k: v for k, v in query.items() if v is not None},
-            )
+        shape, encoded = ",".join(str(int(d)) for d in input_shape), json.dumps(dict(params or {}), allow_nan=False)
+        query: dict[str, Any] = {"name": name, "architecture": architecture, "params": encoded, "input_shape": shape}
+        query |= {"n_outputs": n_outputs, "source": source}
+        return self._post_base_model(data, "application/octet-stream", query, idempotency_key)
+
+    def _post_base_model(self, data: bytes, content_type: str, query: Mapping[str, Any], key: str | None) -> BaseModel:
+        headers = {"Idempotency-Key": key or uuid.uuid4().hex, "Content-Type": content_type}
+        params = {k: v for k, v in query.items() if v is not None}
+        sent: Any = self._call(
+            "POST", "/v1/base-models", replay_safe=True, content=lambda: data, headers=headers, params=params
         )
+        return BaseModel.from_api(sent)
+
+    def upload_hf_base_model(
+        self,
+        checkpoint: str | os.PathLike[str] | bytes,
+        *,
+        name: str,
+        task: str | None = None,
+        source: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> BaseModel:
+        """Upload a Transformers checkpoint: a ``save_pretrained`` folder (zipped here) or its ZIP.
+        ``task`` ("sequence-classification", "causal-lm") only where the class does not say it."""
+        data = checkpoint if isinstance(checkpoint, bytes) else zipped_checkpoint(Path(checkpoint))
+        query = {"name": name, "format": "hf", "task": task, "source": source}
+        return self._post_base_model(data, "application/zip", query, idempotency_key)
 
     def list_base_models(self) -> list[BaseModel]:
         return [BaseModel.from_api(item) for item in self._get("/v1/base-models")["items"]]

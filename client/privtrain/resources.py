@@ -278,7 +278,8 @@ class Estimate(Resource):
 
 @dataclasses.dataclass(frozen=True)
 class BaseModel(Resource):
-    """Public pretrained weights for one zoo architecture (``model.init``: {"base_model_id": id})."""
+    """Public pretrained weights for one zoo architecture, or a Transformers checkpoint (``hf``),
+    to start jobs from (``model.init``: {"base_model_id": id})."""
 
     id: str
     name: str
@@ -290,6 +291,12 @@ class BaseModel(Resource):
     size_bytes: int
     source: str | None
     created_at: dt.datetime | None = _parsed(_time)
+    format: str | None = None
+    """"safetensors" (a zoo architecture's file) or "hf" (a Transformers checkpoint)."""
+    model_class: str | None = None
+    parameter_count: int | None = None
+    archive_sha256: str | None = None
+    tokenizer_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

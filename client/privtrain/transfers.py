@@ -9,6 +9,8 @@ the object store's URL without the client's API key, and checked against the sam
 from __future__ import annotations
 
 import hashlib
+import io
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,3 +89,15 @@ class ModelDownload:
             )
         self.partial.replace(self.target)
         return self.target
+
+
+def zipped_checkpoint(path: Path) -> bytes:
+    """A ``save_pretrained`` folder as ZIP bytes (its files at the top), or a ZIP file's bytes as they are."""
+    if not path.is_dir():
+        return path.read_bytes()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:  # weights hardly compress
+        for file in sorted(path.iterdir()):
+            if file.is_file():
+                archive.write(file, file.name)
+    return buffer.getvalue()

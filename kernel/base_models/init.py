@@ -141,12 +141,21 @@ def head_is_new(init: InitSource, *, n_outputs: int, classes: list[str] | None) 
 
 
 def check_init_fits(
-    init: InitSource, *, architecture: str, params: dict[str, Any], input_shape: tuple[int, ...]
+    init: InitSource,
+    *,
+    architecture: str,
+    params: dict[str, Any],
+    input_shape: tuple[int, ...],
+    body_from: frozenset[str] = frozenset(),
 ) -> None:
-    """The new job's architecture, params and input shape must be the init's (the head may differ)."""
-    if init.architecture != architecture:
-        raise _invalid(f"model.init is a '{init.architecture}' model; this job's model is '{architecture}'")
-    if init.params != params:
+    """The new job's architecture, params and input shape must be the init's (the head may differ).
+    ``body_from``: other architectures this one starts from (a classifier from a language model of
+    the same transformer); then every param the init has must be the job's."""
+    if init.architecture != architecture and init.architecture not in body_from:
+        also = f" (or one of {sorted(body_from)})" if body_from else ""
+        raise _invalid(f"model.init is a '{init.architecture}' model; this job's model is '{architecture}'{also}")
+    shared = params if init.architecture == architecture else {k: v for k, v in params.items() if k in init.params}
+    if init.params != shared:
         raise _invalid(f"model.params {params} differ from the init's {init.params}; use the same params")
     if init.input_shape != input_shape:
         raise _invalid(

@@ -22,10 +22,11 @@ from sqlalchemy.orm import Session
 from kernel import suggestions
 from kernel.base_models.dtypes import FLOAT_DTYPES, dtype_fits
 from kernel.base_models.expected import expected_tensors
+from kernel.base_models.hf_tokenizer import CheckpointTokenizer
 from kernel.base_models.safetensors_header import TensorEntry, read_header
 from kernel.db.engine import Database
 from kernel.db.idempotency import IdempotentRequest, create_once, earlier
-from kernel.db.orm import BaseModelRecord, Job
+from kernel.db.orm import BaseModelRecord, Job, TokenizerRecord
 from kernel.errors import Conflict, InvalidInput, not_found
 from kernel.jobs.status import ACTIVE_STATUSES
 from kernel.model_catalogue import MODELS, ModelIncompatible, ModelSizeLimits, UnknownModel, get_model
@@ -34,6 +35,7 @@ from kernel.storage.blobs import BlobStore, PendingBlob
 from kernel.storage.references import discard_unreferenced_blob, lock_blob_key
 
 __all__ = [
+    "MAX_LISTED_NAMES",
     "BaseModelInUse",
     "BaseModelUpload",
     "RegisteredBaseModel",
@@ -41,6 +43,7 @@ __all__ = [
     "delete_base_model",
     "list_base_models",
     "register_base_model",
+    "store_base_model",
 ]
 
 log = logging.getLogger("privtrain.base_models")
@@ -166,6 +169,7 @@ def register_base_model(
             replay = earlier(session, BaseModelRecord, request)
             if replay is not None:
                 session.expunge(replay)
+                pending.discard()
                 return RegisteredBaseModel(record=replay, replayed=True)
         params = normalised_params(upload, limits)
         found = read_header(pending.path)
@@ -178,20 +182,86 @@ def register_base_model(
                 n_outputs=upload.n_outputs,
             ),
         )
-        key, created = blobs.adopt(pending.path, sha256, keep_pending=True)
     except BaseException:
         pending.discard()
         raise
+    return store_base_model(
+        db=db,
+        blobs=blobs,
+        tenant_id=tenant_id,
+        pending=pending,
+        sha256=sha256,
+        upload=upload,
+        params=params,
+        request=request,
+    )
+
+
+def store_base_model(
+    *,
+    db: Database,
+    blobs: BlobStore,
+    tenant_id: str,
+    pending: PendingBlob,
+    sha256: str,
+    upload: BaseModelUpload,
+    request: IdempotentRequest,
+    params: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    tokenizer: CheckpointTokenizer | None = None,
+) -> RegisteredBaseModel:
+    """Adopt the checked weights file (finished, ``sha256``) as a blob and write the row, once per
+    Idempotency-Key; ``tokenizer``: the checkpoint's, registered in the same transaction. Pending
+    files are always discarded, the blobs too unless a row uses them. ``extra``: the row's
+    format-specific columns (``format``, ``model_class``…)."""
+    adopted: list[tuple[str, bool, PendingBlob, str]] = []  # (key, created, pending, sha256)
+    try:
+        adopted.append((*blobs.adopt(pending.path, sha256, keep_pending=True), pending, sha256))
+        if tokenizer is not None:
+            adopted.append(
+                (
+                    *blobs.adopt(tokenizer.pending.path, tokenizer.sha256, keep_pending=True),
+                    tokenizer.pending,
+                    tokenizer.sha256,
+                )
+            )
+    except BaseException:
+        for key, created, _, _ in adopted:
+            if created:
+                discard_unreferenced_blob(db, blobs, key=key)
+        pending.discard()
+        if tokenizer is not None:
+            tokenizer.pending.discard()
+        raise
+    key = adopted[0][0]
     registered = False
 
     def create() -> RegisteredBaseModel:
         with db.write_transaction() as session:
-            lock_blob_key(session, key)
+            for blob_key, _, _, _ in adopted:
+                lock_blob_key(session, blob_key)
+            tokenizer_id = None
+            if tokenizer is not None:
+                tokenizer_key = adopted[1][0]
+                tokenizer_row = TokenizerRecord(
+                    tenant_id=tenant_id,
+                    name=f"{upload.name} (tokenizer)"[:200],
+                    kind="uploaded",
+                    sha256=tokenizer.sha256,
+                    blob_key=tokenizer_key,
+                    size_bytes=tokenizer.pending.size,
+                    vocab_size=tokenizer.vocab_size,
+                    pad_id=tokenizer.pad_id,
+                    source=upload.source,
+                )
+                session.add(tokenizer_row)
+                session.flush()
+                tokenizer_id = tokenizer_row.id
             record = BaseModelRecord(
                 tenant_id=tenant_id,
                 name=upload.name,
                 architecture=upload.architecture,
-                params=params,
+                params=upload.params if params is None else params,
                 input_shape=list(upload.input_shape),
                 n_outputs=upload.n_outputs,
                 sha256=sha256,
@@ -200,6 +270,8 @@ def register_base_model(
                 source=upload.source,
                 idempotency_key=upload.idempotency_key,
                 request_hash=request.request_hash if upload.idempotency_key else None,
+                tokenizer_id=tokenizer_id,
+                **(extra or {}),
             )
             session.add(record)
             session.flush()
@@ -214,12 +286,15 @@ def register_base_model(
             replay=lambda _session, first: RegisteredBaseModel(record=first, replayed=True),
         )
         registered = not result.replayed
-        if registered and not created:
-            blobs.adopt(pending.path, sha256)  # restore the shared blob if its other owner removed it
+        if registered:
+            for _, created, restore, blob_sha in adopted:
+                if not created:
+                    blobs.adopt(restore.path, blob_sha)  # restore a shared blob its other owner removed
     finally:
-        if created and not registered:
-            discard_unreferenced_blob(db, blobs, key=key)
-        pending.discard()
+        for blob_key, created, restore, _ in adopted:
+            if created and not registered:
+                discard_unreferenced_blob(db, blobs, key=blob_key)
+            restore.discard()
     return result
 
 

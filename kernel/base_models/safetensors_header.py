@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from kernel.bounded_json import JsonBounds, JsonRefused, loads_bounded
 from kernel.errors import InvalidInput
@@ -80,15 +81,29 @@ def _entry(name: str, raw: object, *, data_bytes: int) -> tuple[TensorEntry, tup
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
     """The file's tensors by name; raises :class:`InvalidSafetensors` for anything malformed."""
-    size = path.stat().st_size
     with path.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) != 8:
-            raise InvalidSafetensors("shorter than the 8-byte header length")
-        header_length = int.from_bytes(prefix, "little")
-        if header_length > MAX_HEADER_BYTES or 8 + header_length > size:
-            raise InvalidSafetensors(f"header length {header_length} exceeds the file or {MAX_HEADER_BYTES} bytes")
-        raw = handle.read(header_length)
+        return {name: located.entry for name, located in read_table(handle, size=path.stat().st_size).items()}
+
+
+@dataclass(frozen=True)
+class LocatedTensor:
+    """A tensor's entry and where its bytes lie, counted from the start of the file."""
+
+    entry: TensorEntry
+    begin: int
+    end: int
+
+
+def read_table(handle: IO[bytes], *, size: int) -> dict[str, LocatedTensor]:
+    """The tensor table of the safetensors file ``handle`` reads from its start (``size`` bytes in
+    all), every entry and offset checked as :func:`read_header` checks them."""
+    prefix = handle.read(8)
+    if len(prefix) != 8:
+        raise InvalidSafetensors("shorter than the 8-byte header length")
+    header_length = int.from_bytes(prefix, "little")
+    if header_length > MAX_HEADER_BYTES or 8 + header_length > size:
+        raise InvalidSafetensors(f"header length {header_length} exceeds the file or {MAX_HEADER_BYTES} bytes")
+    raw = handle.read(header_length)
     try:
         table = loads_bounded(raw.decode("utf-8"), bounds=HEADER_BOUNDS)
     except UnicodeDecodeError:
@@ -100,18 +115,19 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     metadata = table.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise InvalidSafetensors("__metadata__ must map strings to strings")
-    data_bytes = size - 8 - header_length
-    entries: dict[str, TensorEntry] = {}
+    data_start = 8 + header_length
+    data_bytes = size - data_start
+    located: dict[str, LocatedTensor] = {}
     spans: list[tuple[int, int]] = []
     for name, value in table.items():
-        entry, span = _entry(name, value, data_bytes=data_bytes)
-        entries[name] = entry
-        spans.append(span)
+        entry, (begin, end) = _entry(name, value, data_bytes=data_bytes)
+        located[name] = LocatedTensor(entry=entry, begin=data_start + begin, end=data_start + end)
+        spans.append((begin, end))
     position = 0
     for begin, end in sorted(spans):
         if begin != position:
             raise InvalidSafetensors("the tensors' data_offsets leave a gap or overlap")
         position = end
-    if 8 + header_length + position != size:
+    if data_start + position != size:
         raise InvalidSafetensors("the data does not end where the last tensor ends")
-    return entries
+    return located

@@ -198,6 +198,16 @@ class BaseModelRecord(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    format: Mapped[str] = mapped_column(String(16), default="safetensors", server_default="safetensors")
+    """How it was uploaded: "safetensors" (a zoo architecture's file) or "hf" (a zipped save_pretrained
+    folder, stored as one safetensors file under the `hf` wrapper's names)."""
+    model_class: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """format=hf: the Transformers class the checkpoint was saved from (config.json's architectures)."""
+    parameter_count: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    archive_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """format=hf: SHA-256 of the ZIP as uploaded (``sha256`` is the stored weights file's)."""
+    tokenizer_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """format=hf: the tokenizer registered from the archive's tokenizer.json (``tokenizer=base:<id>``)."""
 
 
 class TokenizerRecord(Base):

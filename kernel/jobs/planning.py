@@ -260,7 +260,14 @@ def public_job_delta(n_rows: int) -> float:
 
 
 def _check_init(
-    spec: JobCreate, init: InitSource | None, *, model_name: str, model_params: dict[str, Any], facts: DatasetFacts
+    spec: JobCreate,
+    init: InitSource | None,
+    *,
+    model_name: str,
+    model_params: dict[str, Any],
+    facts: DatasetFacts,
+    params_from_init: bool = False,
+    body_from: frozenset[str] = frozenset(),
 ) -> None:
     """``model.init`` was resolved by the caller and must fit; ``training.finetune`` needs one."""
     if (spec.model.init is None) != (init is None):
@@ -269,7 +276,11 @@ def _check_init(
         if spec.training.finetune is not None:
             raise _invalid("invalid-job-spec", "training.finetune needs model.init (the weights to fine-tune)")
         return
-    check_init_fits(init, architecture=model_name, params=model_params, input_shape=facts.feature_shape)
+    if params_from_init:  # the model took its params from the weights and checked the rows itself
+        return
+    check_init_fits(
+        init, architecture=model_name, params=model_params, input_shape=facts.feature_shape, body_from=body_from
+    )
 
 
 def _check_augmult_fits_dataset(spec: JobCreate, dataset: Dataset) -> None:
@@ -419,10 +430,23 @@ def plan_job(
     if misnamed_hyperparameter:
         raise _invalid("invalid-job-spec", misnamed_hyperparameter)
     try:
-        model_params = model.validate(spec.model.params, facts, limits=model_limits)
+        given = (
+            None
+            if init is None or init.architecture != model.name
+            else model.params_from_init(spec.model.params, init.params)
+        )
+        model_params = model.validate(spec.model.params if given is None else given, facts, limits=model_limits)
     except ModelIncompatible as exc:
         raise _invalid("model-incompatible", str(exc)) from None
-    _check_init(spec, init, model_name=model.name, model_params=model_params, facts=facts)
+    _check_init(
+        spec,
+        init,
+        model_name=model.name,
+        model_params=model_params,
+        facts=facts,
+        params_from_init=given is not None,
+        body_from=model.body_from,
+    )
     if spec.training.finetune == "last_k_blocks" and spec.training.finetune_k is not None:
         model.check_finetune_k(model_params, spec.training.finetune_k)  # 422 finetune-k-out-of-range
     try:

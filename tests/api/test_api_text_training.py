@@ -92,6 +92,37 @@ def test_public_pretraining_then_private_lora_fine_tuning(
     tokens[:, :4] = torch.tensor([72, 105, 33, 10])
     assert model(tokens).shape == (2, 16, private["vocab_size"])
 
+    # A classifier starts from the language model: its body reused, a new head (finetune head: the
+    # body stays the LM's, bit for bit).
+    reviews = _upload(alice, classification_body(), epsilon=8, delta=1e-3, name="reviews")
+    classifier = run_on_worker(
+        alice,
+        settings,
+        database,
+        {
+            "dataset_id": reviews["id"],
+            "model": {"name": "transformer-classifier", "params": SIZES, "init": {"job_id": pretrained}},
+            "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
+            "privacy": {"noise_multiplier": 1.0},
+            "training": {"steps": 2, "batch_size": 8, "learning_rate": 0.5, "finetune": "head"},
+        },
+    )
+    head_tuned, _ = _downloaded(alice, classifier, tmp_path)
+    for name in ("embedding.weight", "blocks.0.attention.q.weight", "blocks.0.mlp.0.weight"):
+        assert torch.equal(head_tuned.state_dict()[name], base_state[name]), name
+    assert alice.get(f"/v1/jobs/{classifier}/report").json()["init"]["new_head"] is True
+    other = alice.post(
+        "/v1/jobs/estimate",
+        json={
+            "dataset_id": reviews["id"],
+            "model": {"name": "transformer-classifier", "params": {**SIZES, "dim": 16}, "init": {"job_id": pretrained}},
+            "algorithm": {"name": "dp-sgd", "hyperparameters": {"clipping_norm": 1.0}},
+            "privacy": {"noise_multiplier": 1.0},
+            "training": {"steps": 2, "batch_size": 8, "learning_rate": 0.5, "finetune": "head"},
+        },
+    )
+    assert other.status_code == 422 and "differ from the init's" in other.json()["detail"]
+
 
 def test_a_text_classifier_trains_with_dicesgd_and_an_lm_evaluation_refuses_error_clip(
     alice: TestClient, settings: Settings, database: Database, tmp_path: Path

@@ -28,6 +28,11 @@ def _base_model_block(b: BaseModel) -> str:
             ("id", b.id),
             ("name", b.name),
             ("architecture", b.architecture),
+            *(
+                [("format", b.format), ("class", b.model_class), ("parameters", b.parameter_count)]
+                if b.format == "hf"
+                else []
+            ),
             ("params", b.params),
             ("input shape", b.input_shape),
             ("outputs", b.n_outputs),
@@ -87,6 +92,24 @@ def base_models_upload(
             source=source,
         )
     )
+    emit(base, lambda: _base_model_block(base))
+
+
+@base_models.command("upload-hf")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--name", help="default: the folder or file name")
+@click.option(
+    "--task",
+    type=click.Choice(["sequence-classification", "causal-lm"]),
+    help="needed only when the checkpoint's class does not say it (a bare BertModel)",
+)
+@click.option("--source", help="where the weights came from (shown in every report built on them)")
+@json_flag
+def base_models_upload_hf(path: Path, name: str | None, task: str | None, source: str | None) -> None:
+    """Upload a Hugging Face Transformers checkpoint: the folder save_pretrained wrote (config.json
+    and safetensors weights), or its ZIP. Pickled weights (pytorch_model.bin) are refused: convert
+    them with save_pretrained(folder, safe_serialization=True)."""
+    base = current_state().client().upload_hf_base_model(path, name=name or path.stem, task=task, source=source)
     emit(base, lambda: _base_model_block(base))
 
 

@@ -150,7 +150,9 @@ def datasets() -> None:
     type=click.Choice(["image", "tabular", "text"]),
     help="default: zip is image; jsonl is text; npz is image when X is uint8 (n, H, W) or (n, H, W, C)",
 )
-@click.option("--tokenizer", help='jsonl: "byte" (built in; the server\'s default) or a tokenizer id')
+@click.option(
+    "--tokenizer", help='jsonl: "byte" (built in; the server\'s default), a tokenizer id, or base:<base_model_id>'
+)
 @click.option("--max-length", type=click.IntRange(min=1), help="jsonl: tokens kept per row (server default: 128)")
 @click.option("--text-field", help='jsonl: the member holding the text (default "text")')
 @click.option("--label-field", help='jsonl: the member holding the label (default "label"; absent: language model)')

@@ -60,3 +60,12 @@ class ZooEntry:
     """The params that belong to the dataset, not to the job: ``complete`` fills them in."""
     lora: bool = False
     """Whether ``training.finetune: lora`` applies: the model has attention and MLP Linear layers."""
+    body_from: frozenset[str] = frozenset()
+    """Other zoo models whose weights this one can start from: their body is this model's (the same
+    parameter names and shapes for the params they share), the head is new. A classifier starts
+    from a language model of the same transformer, as Transformers' ``…ForSequenceClassification``
+    starts from an LM checkpoint."""
+    start_from: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    """(job params, init params) → the params of a job that starts from given weights, when they
+    need not be given again (ModelIncompatible when they contradict the weights). None: the job's
+    params must be the init's exactly and its rows of the init's shape."""

@@ -48,6 +48,43 @@ def expected_tensors(
     }
 
 
+def hf_checkpoint(config: object, *, task: str | None) -> dict[str, object]:
+    """A Transformers checkpoint's config (``format=hf`` uploads): the `hf` params it gives, the
+    class it was saved from, and the tensors of the model a job on it builds, named as the zoo's
+    wrapper names them (``model.`` + Transformers' names), with the prefix a bare body's names
+    lack (``base_model_prefix``) and the head's members (which an upload may leave out)."""
+    # torch and Transformers are optional (the worker extra): loaded only when a model is built
+    import torch
+
+    from privtrain_common.zoo.architectures import FINETUNE_BLOCKS, build_model  # optional: torch
+    from privtrain_common.zoo.hf.checkpoint import read_checkpoint_config  # optional: Transformers
+
+    checkpoint = read_checkpoint_config(config, task=task)
+    settings = dict(checkpoint.params["config"])
+    settings.setdefault("pad_token_id", 0)  # the dataset's at job time; shapes do not depend on it
+    vocab = int(settings["vocab_size"]) if "vocab_size" in settings else None
+    if vocab is None:
+        raise ValueError("config.json must give vocab_size (the checkpoint's embedding rows)")
+    outputs = vocab if checkpoint.task == "causal-lm" else (checkpoint.labels or 2)
+    params = {"task": checkpoint.task, "config": settings}
+    with torch.device("meta"):
+        model = build_model("hf", params, input_shape=(1,), n_outputs=outputs)
+    state = model.state_dict()
+    blocks = getattr(model, FINETUNE_BLOCKS)
+    return {
+        "params": checkpoint.params,
+        "task": checkpoint.task,
+        "model_class": checkpoint.model_class,
+        "labels": checkpoint.labels,
+        "tied_lm_head": checkpoint.tied_lm_head,
+        "base_model_prefix": str(getattr(model.model, "base_model_prefix", "")),
+        "head_members": list(blocks["head"]),
+        "embedding_members": list(blocks["embedding"]),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "tensors": {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for name, t in state.items()},
+    }
+
+
 def _dtype_name(dtype: Any) -> str:
     plain = str(dtype).removeprefix("torch.")
     return SAFETENSORS_DTYPES.get(plain, plain)
@@ -69,6 +106,14 @@ def main() -> None:
         import torch  # noqa: F401  (a deployment without it cannot check weights: say so)
     except ImportError:
         json.dump({"unavailable": "torch is not installed where the API runs"}, sys.stdout)
+        return
+    if request.get("kind") == "hf-checkpoint":
+        try:
+            answer = hf_checkpoint(request["config"], task=request.get("task"))
+        except (ValueError, TypeError, KeyError) as exc:
+            json.dump({"error": str(exc)}, sys.stdout)
+            return
+        json.dump(answer, sys.stdout)
         return
     try:
         tensors = expected_tensors(

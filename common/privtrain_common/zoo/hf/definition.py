@@ -193,6 +193,21 @@ def _size(params: HFParams, facts: InputFacts, n_outputs: int) -> ModelSize:
     )
 
 
+def _start_from(params: dict[str, Any], init: dict[str, Any]) -> dict[str, Any]:
+    """A job on a checkpoint takes its config; it may train another task (a classifier from a
+    language model: the body is reused, the head is new) and any row length its positions hold."""
+    config = params.get("config")
+    if config is not None and (
+        not isinstance(config, dict) or any(init["config"].get(key) != value for key, value in config.items())
+    ):
+        differ = sorted(k for k, v in config.items() if init["config"].get(k) != v) if isinstance(config, dict) else []
+        raise ModelIncompatible(
+            f"model.params.config differs from the config of the weights it starts from ({', '.join(differ)}); "
+            "leave it out to use theirs"
+        )
+    return {"task": params.get("task", init["task"]), "config": dict(init["config"])}
+
+
 ENTRIES = (
     ZooEntry(
         name="hf",
@@ -207,5 +222,6 @@ ENTRIES = (
         size=_size,
         blocks=_blocks,
         complete=_complete,
+        start_from=_start_from,
     ),
 )

@@ -106,6 +106,7 @@ ENTRIES = (
         complete=_text_params,
         dataset_params=DATASET_PARAMS,
         lora=True,
+        body_from=frozenset({"transformer-lm"}),
     ),
     ZooEntry(
         name="transformer-lm",

@@ -1,0 +1,51 @@
+"""``privtrain base-models upload-hf`` and ``Client.upload_hf_base_model`` against the in-process
+app: a ``save_pretrained`` folder (zipped by the client) or its ZIP becomes an `hf` base model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from privtrain.cli import CliEnvironment, cli
+from privtrain.client import Client, zipped_checkpoint
+from privtrain.errors import PrivtrainError
+from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
+
+transformers = pytest.importorskip("transformers")
+
+
+def _checkpoint(tmp_path: Path) -> Path:
+    config = transformers.DistilBertConfig(dim=16, n_layers=1, n_heads=2, hidden_dim=24, vocab_size=300, num_labels=3)
+    folder = tmp_path / "distil"
+    transformers.DistilBertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_upload_a_checkpoint_folder_with_the_cli_and_its_zip_with_the_client(
+    transport: AppTransport,  # noqa: F811
+    api_key: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    folder = _checkpoint(tmp_path)
+    result = CliRunner().invoke(
+        cli,
+        ["base-models", "upload-hf", str(folder), "--source", "a test", "--json"],
+        obj=CliEnvironment(transport=transport),
+        env={"PRIVTRAIN_URL": BASE_URL, "PRIVTRAIN_API_KEY": api_key},
+    )
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    shown = json.loads(result.stdout)
+    assert shown["name"] == "distil" and shown["format"] == "hf"
+    assert shown["model_class"] == "DistilBertForSequenceClassification" and shown["n_outputs"] == 3
+
+    client = Client(BASE_URL, api_key=api_key, transport=transport)
+    archive = tmp_path / "distil.zip"
+    archive.write_bytes(zipped_checkpoint(folder))
+    again = client.upload_hf_base_model(archive, name="again", task="sequence-classification")
+    assert again.sha256 == shown["sha256"] and again.parameter_count == shown["parameter_count"]
+    with pytest.raises(PrivtrainError) as refused:
+        client.upload_hf_base_model(b"not a zip", name="broken")
+    assert refused.value.type.endswith("/invalid-hf-archive")
