@@ -142,6 +142,6 @@ ghost_container(HFModel)  # its forward calls the Transformers model, with a per
 for _classes in HF_CONTAINERS.values():
     for _container in _classes:
         ghost_container(supported_module(_container), refusal=_refusal)
+_ROTARY = (llama.LlamaRotaryEmbedding, qwen2.Qwen2RotaryEmbedding)
 for _module in HF_PARAMETER_FREE:
-    refusal = _rotary_refusal if _module in (llama.LlamaRotaryEmbedding, qwen2.Qwen2RotaryEmbedding) else None
-    ghost_parameter_free(supported_module(_module), refusal=refusal)
+    ghost_parameter_free(supported_module(_module), refusal=_rotary_refusal if _module in _ROTARY else None)

@@ -73,7 +73,7 @@ def rms_normalised(module: LlamaRMSNorm | Qwen2RMSNorm, a: torch.Tensor) -> torc
 
 
 def _rms_norm_keeps_rows(module: nn.Module, inp: torch.Tensor, out: torch.Tensor, batch: int) -> bool:
-    """Rows on dimension 0 and at least one dimension in front of the normalised one."""
+    """(B, ..., d) in and an output of the same shape: rows on dimension 0, normalised over the last."""
     return rows_on_dim0(module, inp, out, batch) and out.shape == inp.shape
 
 

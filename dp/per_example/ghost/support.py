@@ -3,9 +3,9 @@
 Exact types only (a subclass may override forward). Containers: Sequential, ModuleList (forward
 calls children only), plus classes registered with `ghost_container`. Parameter-free leaves:
 activations, pooling, Identity, Flatten/Unflatten that keep dimension 0 as the batch, Dropout with
-p = 0 (an identity; a random forward is refused), plus classes
-registered with `ghost_parameter_free`. A container or parameter-free class may come with a
-refusal of the configurations its forward is not row-wise or deterministic in. Layers with
+p = 0 (an identity; a random forward is refused), plus classes registered with
+`ghost_parameter_free`. A container or parameter-free class may come with a refusal of the
+configurations its forward is not row-wise or deterministic in. Layers with
 parameters: those with a rule in `GHOST_LAYERS` (one module per layer family in this package),
 minus the configurations a rule refuses. Every trainable parameter must be one the rule of
 exactly one such layer covers (no tied parameters across layers, no parameters used directly by a
@@ -13,8 +13,8 @@ container's forward). No module may be compiled (`module.compile()`): the compil
 without the engine's forward hooks and output taps, so it would record nothing (every norm 0, the
 sum 0, no error). Rules and containers of optional libraries (Hugging Face Transformers) are
 registered the first time a check runs in a process that has imported the library
-(`optional.load_optional_families`). Anything else raises ValueError and the caller should use the vmap engine
-(`clipped_grad_sum`), which is exact for any module it accepts. Error texts name layers and types
+(`optional.load_optional_families`). Anything else raises ValueError and the caller should use
+the vmap engine (`clipped_grad_sum`), which is exact for any module it accepts. Error texts name layers and types
 only, never a shape that would reveal the realised batch size.
 """
 
