@@ -2,7 +2,8 @@
 the vmap engine's and a brute-force one (a forward and backward per row, clipped, summed); the
 rules of Transformers' own layers (GPT-2's Conv1D, Llama's and Qwen2's RMSNorm) give each row's
 squared norm, weighted sum and gradient as torch.func does; the per-row ids HFModel passes leave
-its outputs bit-identical; configurations the containers were not read for are refused."""
+its outputs bit-identical; configurations the containers were not read for are refused.
+Transformers is imported inside the tests (as the engine does), not when the suite is collected."""
 
 from __future__ import annotations
 
@@ -13,13 +14,9 @@ import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
-from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
-from transformers.pytorch_utils import Conv1D
 
 from dp.losses import get_loss
 from dp.per_example.ghost import check_ghost_supported, ghost_clipped_grad_sum, iter_ghost_per_sample_grads
-from dp.per_example.ghost.hf_layers import conv1d_work, rms_norm_work
 from dp.per_example.ghost.work import LayerWork, Totals
 from dp.per_example.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
 from tests.unit.worker.hf_fixtures import HF_CASES, hf_model
@@ -123,6 +120,10 @@ def _check_work(work: LayerWork, expected: dict[str, torch.Tensor]) -> None:
 @pytest.mark.parametrize("shape", [(4, 3, 6), (4, 6)], ids=["sequence", "rows"])
 @pytest.mark.parametrize("gram", [True, False], ids=["gram", "materialised"])
 def test_conv1d_rule_matches_torch_func(shape: tuple[int, ...], gram: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.pytorch_utils import Conv1D
+
+    from dp.per_example.ghost.hf_layers import conv1d_work
+
     monkeypatch.setattr("dp.per_example.ghost.linear_conv._use_gram", lambda *args, **kwargs: gram)
     torch.manual_seed(0)
     module = Conv1D(5, 6).double()
@@ -136,6 +137,10 @@ def test_conv1d_rule_matches_torch_func(shape: tuple[int, ...], gram: bool, monk
 
 
 def test_conv1d_rule_of_a_reused_layer_adds_its_calls() -> None:
+    from transformers.pytorch_utils import Conv1D
+
+    from dp.per_example.ghost.hf_layers import conv1d_work
+
     torch.manual_seed(1)
     module = Conv1D(3, 4).double()
     a1, a2 = torch.randn(4, 2, 4, dtype=torch.float64), torch.randn(4, 5, 4, dtype=torch.float64)
@@ -145,10 +150,16 @@ def test_conv1d_rule_of_a_reused_layer_adds_its_calls() -> None:
     _check_work(conv1d_work(module, {"weight": "weight", "bias": "bias"}, [(a1, d1), (a2, d2)], bk=True), expected)
 
 
-@pytest.mark.parametrize("cls", [LlamaRMSNorm, Qwen2RMSNorm])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_rms_norm_rule_matches_torch_func(cls: type[nn.Module], dtype: torch.dtype) -> None:
+def test_rms_norm_rule_matches_torch_func(family: str, dtype: torch.dtype) -> None:
     """float64 inputs go through the layer's float32 normalisation too: the rule repeats it exactly."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    from dp.per_example.ghost.hf_layers import rms_norm_work
+
+    cls = {"llama": LlamaRMSNorm, "qwen2": Qwen2RMSNorm}[family]
     torch.manual_seed(2)
     module = cls(6, eps=1e-5).to(dtype)
     with torch.no_grad():
