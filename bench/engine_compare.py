@@ -133,8 +133,7 @@ CASES = {
         vocab=1024,
         loss="token_cross_entropy_sum",
     ),
-    # Hugging Face models built from a config (the `hf` family): vmap engine only, as the ghost
-    # engine refuses them by name.
+    # Hugging Face models built from a config (the `hf` family): both engines take them.
     "hf-bert-t128-b64": Case(
         "hf bert 4×256, T=128, B=64, sequence classification",
         "hf",

@@ -14,7 +14,8 @@ Modules, one job each:
 - `api`: the entry points (`ghost_per_sample_norms`, `ghost_clipped_grad_sum` and its pass-2
   modes, `ghost_weighted_grad_sums`, `iter_ghost_per_sample_grads`, `GhostClipAggregator`).
 - `engine`: the chunked pass 1; `recorder`: its forward hooks and run-time checks.
-- `support`: `check_ghost_supported` / `supports` on the module tree; `ghost_container`.
+- `support`: `check_ghost_supported` / `supports` on the module tree; `ghost_container`,
+  `ghost_parameter_free`.
 - `registry`: `GHOST_LAYERS` and the `@ghost_layer(...)` decorator, one rule per layer type;
   `work`: what a rule returns (`LayerWork`) and the helpers rules share.
 - Layer families, each registering its rules: `linear_conv` (Linear, Conv1d, Conv2d), `norms`
@@ -23,6 +24,9 @@ Modules, one job each:
   Supporting another layer is one new module like these, imported below.
 - `zoo`: the zoo's containers (residual blocks, attention, transformer blocks) registered with
   both engines.
+- `optional`: the families of optional libraries, imported once the process has imported the
+  library: `hf_layers` (Transformers' Conv1D, Llama/Qwen2 RMSNorm) and `hf_containers` (the `hf`
+  model families' containers, activations and rotary tables, and the zoo's `HFModel`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dp.per_example.ghost.support import (
     GHOST_PARAMETER_FREE,
     check_ghost_supported,
     ghost_container,
+    ghost_parameter_free,
     supports,
 )
 from dp.per_example.ghost.work import MATERIALISE_MAX_ELEMENTS
@@ -61,6 +66,7 @@ __all__ = [
     "ghost_clipped_grad_sum",
     "ghost_container",
     "ghost_layer",
+    "ghost_parameter_free",
     "ghost_per_sample_norms",
     "ghost_weighted_grad_sums",
     "iter_ghost_per_sample_grads",

@@ -55,7 +55,7 @@ from dp.per_example.ghost.work import (
     squared_norm,
 )
 
-__all__ = ["WRITE_COST_FLOPS", "RowBlocks", "conv_work", "linear_work"]
+__all__ = ["WRITE_COST_FLOPS", "RowBlocks", "conv_work", "dense_calls_work", "linear_work"]
 
 # Per-sample conv weight gradients are materialised by im2col (a copied window) + batched GEMM.
 # An einsum over the uncopied strided window view was used on CPU for layers with fewer patch
@@ -327,10 +327,17 @@ def _grouped_work(
 @ghost_layer(nn.Linear)
 def linear_work(module: nn.Linear, names: ParamNames, calls: Calls, *, bk: bool) -> LayerWork:
     """Linear on (B, k) rows or (B, *, k) sequences; the calls of a reused layer are stacked."""
+    return dense_calls_work(names, calls, out_features=module.out_features, in_features=module.in_features, bk=bk)
+
+
+def dense_calls_work(names: ParamNames, calls: Calls, *, out_features: int, in_features: int, bk: bool) -> LayerWork:
+    """The rule of y = x Wᵀ + b with W of shape (out_features, in_features), on (B, k) rows or
+    (B, *, k) sequences: per-sample weight gradients in W's (out, in) layout. For any layer that
+    computes this map (Linear; GPT-2's Conv1D, whose weight is Wᵀ, transposes the result)."""
     batch = calls[0][0].shape[0]
     if len(calls) == 1 and calls[0][0].dim() == 2:
         return _dense_work(names["weight"], names["bias"], calls[0][0], calls[0][1])
-    o, k = module.out_features, module.in_features
+    o, k = out_features, in_features
     Ds = [d.reshape(batch, 1, -1, o) for _, d in calls]
     D = Ds[0] if len(Ds) == 1 else torch.cat(Ds, dim=2)
 
@@ -342,7 +349,7 @@ def linear_work(module: nn.Linear, names: ParamNames, calls: Calls, *, bk: bool)
         As = [a.reshape(batch, 1, -1, k) for a, _ in calls]
         return RowBlocks.whole(As[0] if len(As) == 1 else torch.cat(As, dim=2))
 
-    return _grouped_work(names, module.weight.shape, D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
+    return _grouped_work(names, torch.Size((o, k)), D, k=k, bk=bk, per_sample_grads=per_sample_grads, inputs=inputs)
 
 
 def _conv_input(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dp.per_example.ghost.optional import load_optional_families
 from dp.per_example.ghost.registry import GHOST_LAYERS, GhostLayerRule
 from dp.per_example.ghost.work import ParamNames
 from dp.per_example.per_sample import trainable_parameters
@@ -110,6 +111,7 @@ class Recorder:
     _handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
 
     def __enter__(self) -> Recorder:
+        load_optional_families()  # the rules of an optional library's layers, before any hook is placed
         params = trainable_parameters(self.model) if self.params is None else self.params
         by_id = {id(p): name for name, p in params.items()}
         for name, module in self.model.named_modules():

@@ -2,14 +2,19 @@
 
 Exact types only (a subclass may override forward). Containers: Sequential, ModuleList (forward
 calls children only), plus classes registered with `ghost_container`. Parameter-free leaves:
-activations, pooling, Identity, Flatten/Unflatten that keep dimension 0 as the batch. Layers with
+activations, pooling, Identity, Flatten/Unflatten that keep dimension 0 as the batch, Dropout with
+p = 0 (an identity; a random forward is refused), plus classes registered with
+`ghost_parameter_free`. A container or parameter-free class may come with a refusal of the
+configurations its forward is not row-wise or deterministic in. Layers with
 parameters: those with a rule in `GHOST_LAYERS` (one module per layer family in this package),
 minus the configurations a rule refuses. Every trainable parameter must be one the rule of
 exactly one such layer covers (no tied parameters across layers, no parameters used directly by a
 container's forward). No module may be compiled (`module.compile()`): the compiled forward runs
 without the engine's forward hooks and output taps, so it would record nothing (every norm 0, the
-sum 0, no error). Anything else raises ValueError and the caller should use the vmap engine
-(`clipped_grad_sum`), which is exact for any module it accepts. Error texts name layers and types
+sum 0, no error). Rules and containers of optional libraries (Hugging Face Transformers) are
+registered the first time a check runs in a process that has imported the library
+(`optional.load_optional_families`). Anything else raises ValueError and the caller should use
+the vmap engine (`clipped_grad_sum`), which is exact for any module it accepts. Error texts name layers and types
 only, never a shape that would reveal the realised batch size.
 """
 
@@ -20,7 +25,8 @@ from typing import TypeVar
 
 from torch import nn
 
-from dp.per_example.ghost.registry import GHOST_LAYERS
+from dp.per_example.ghost.optional import load_optional_families
+from dp.per_example.ghost.registry import GHOST_LAYERS, Refusal
 from dp.per_example.per_sample import PARAMETER_FREE_MODULES
 
 __all__ = [
@@ -28,6 +34,7 @@ __all__ = [
     "GHOST_PARAMETER_FREE",
     "check_ghost_supported",
     "ghost_container",
+    "ghost_parameter_free",
     "supports",
 ]
 
@@ -56,22 +63,51 @@ def _unflatten_refusal(module: nn.Unflatten) -> str | None:
     return None
 
 
-# Parameter-free modules accepted only in some configurations: reason worded as for a layer rule.
-_PARAMETER_FREE_REFUSALS: dict[type[nn.Module], Callable[[nn.Module], str | None]] = {
+def _dropout_refusal(module: nn.Dropout) -> str | None:
+    if module.p != 0:
+        return f"has p={module.p}: a random forward differs per call; the ghost clipping engine needs p = 0"
+    return None
+
+
+# Dropout with p = 0 is an identity (the hf builder sets every dropout probability to 0).
+GHOST_PARAMETER_FREE.add(nn.Dropout)
+
+# Containers and parameter-free modules accepted only in some configurations: reason worded as for
+# a layer rule.
+_STRUCTURE_REFUSALS: dict[type[nn.Module], Callable[[nn.Module], str | None]] = {
     nn.Flatten: _flatten_refusal,  # type: ignore[dict-item]
     nn.Unflatten: _unflatten_refusal,  # type: ignore[dict-item]
+    nn.Dropout: _dropout_refusal,  # type: ignore[dict-item]
 }
 
 
-def ghost_container(cls: ModuleT) -> ModuleT:
+def _add_refusal(cls: type[nn.Module], refusal: Refusal[nn.Module] | None) -> None:
+    if refusal is not None:
+        if cls in _STRUCTURE_REFUSALS:
+            raise ValueError(f"a ghost clipping refusal for {cls.__name__} is registered twice")
+        _STRUCTURE_REFUSALS[cls] = refusal
+
+
+def ghost_container(cls: ModuleT, *, refusal: Refusal[nn.Module] | None = None) -> ModuleT:
     """Class decorator: allow a zoo-internal container (e.g. a residual block) in the ghost engine.
 
     Register a class only if its forward treats rows independently, keeps dimension 0 as the
     batch, and touches its children's parameters ONLY by calling the children (no
     `F.linear(x, self.fc.weight)`); it must own no parameters itself. Children are checked
-    separately. (It must also be registered with per_sample.supported_module for the vmap engine.)
+    separately. `refusal` names the configurations where that does not hold (checked on every
+    instance before any computation). (It must also be registered with per_sample.supported_module
+    for the vmap engine.)
     """
     GHOST_CONTAINERS.add(cls)
+    _add_refusal(cls, refusal)
+    return cls
+
+
+def ghost_parameter_free(cls: ModuleT, *, refusal: Refusal[nn.Module] | None = None) -> ModuleT:
+    """Allow a parameter-free module (an activation, a rotary table) that acts on each row alone,
+    keeps dimension 0 as the batch and draws no randomness; `refusal` as for `ghost_container`."""
+    GHOST_PARAMETER_FREE.add(cls)
+    _add_refusal(cls, refusal)
     return cls
 
 
@@ -82,7 +118,7 @@ def _allowed_parameters(module: nn.Module, where: str) -> tuple[str, ...]:
     if rule is not None:
         refusal = rule.refusal
     elif kind in GHOST_CONTAINERS or kind in GHOST_PARAMETER_FREE:
-        refusal = _PARAMETER_FREE_REFUSALS.get(kind)
+        refusal = _STRUCTURE_REFUSALS.get(kind)
     else:
         raise ValueError(f"module {where} of type {kind.__name__} is not supported by the ghost clipping engine")
     reason = refusal(module) if refusal is not None else None
@@ -98,6 +134,7 @@ def _covered(allowed: tuple[str, ...]) -> str:
 
 def check_ghost_supported(model: nn.Module) -> None:
     """Raise ValueError naming the first module the ghost engine cannot handle exactly."""
+    load_optional_families()
     owners: dict[int, tuple[nn.Module, str]] = {}  # a reused layer is fine, tied params not
     for name, module in model.named_modules(remove_duplicate=False):
         where = name or "<root>"

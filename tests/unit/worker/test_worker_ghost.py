@@ -667,7 +667,7 @@ class _OwnParam(nn.Sequential):
     ("make", "message"),
     [
         (lambda: nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)), r"module 1 is BatchNorm1d"),
-        (lambda: nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"module 1 of type Dropout"),
+        (lambda: nn.Sequential(nn.Linear(3, 3), nn.Dropout()), r"module 1 \(Dropout\) has p=0.5"),
         (lambda: nn.Sequential(nn.Flatten(0), nn.Linear(3, 3)), r"module 0 \(Flatten\)"),
         (lambda: nn.Sequential(nn.Unflatten(-2, (1, 3)), nn.Flatten(), nn.Linear(3, 3)), r"module 0 \(Unflatten\)"),
         (lambda: nn.Sequential(nn.Embedding(5, 3, max_norm=1.0)), r"module 0 \(Embedding\)"),

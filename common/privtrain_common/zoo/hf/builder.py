@@ -38,6 +38,11 @@ _BLOCK_PATHS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "qwen2": (("model.embed_tokens",), "model.layers", ("model.norm",)),
 }
 _TASK_HEADS = {"sequence-classification": ("classifier", "score"), "causal-lm": ("lm_head",)}
+_ROW_POSITIONS = frozenset({"bert", "distilbert", "gpt2"})
+"""Model types whose position ids default to one (1, T) row broadcast over the batch: given (B, T)
+here. RoBERTa makes (B, T) ids from the padding itself; Llama and Qwen2 use theirs for RoPE only."""
+_ROW_TOKEN_TYPES = frozenset({"bert"})
+"""Model types whose token type ids default to a (1, T) buffer row: given as (B, T) zeros here."""
 
 
 class HFModel(nn.Module):
@@ -66,10 +71,23 @@ class HFModel(nn.Module):
         zero = torch.zeros((), dtype=dtype, device=ids.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)
 
+    def _row_ids(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Position (and token type) ids of shape (B, T), where the model's defaults are one (1, T)
+        row broadcast over the batch: the same ids, so the same output, but every embedding
+        lookup then has the rows on dimension 0 (the ghost engine's rule needs that)."""
+        model_type = getattr(getattr(self.model, "config", None), "model_type", None)
+        given: dict[str, torch.Tensor] = {}
+        if model_type in _ROW_POSITIONS:
+            given["position_ids"] = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+        if model_type in _ROW_TOKEN_TYPES:
+            given["token_type_ids"] = torch.zeros_like(ids)
+        return given
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         dtype = next(self.model.parameters()).dtype  # the float width attention scores are in
         extra: dict[str, Any] = {"use_cache": False} if self.decoder else {}
-        logits: torch.Tensor = self.model(input_ids=ids, attention_mask=self.attention_mask(ids, dtype), **extra).logits
+        mask = self.attention_mask(ids, dtype)
+        logits: torch.Tensor = self.model(input_ids=ids, attention_mask=mask, **self._row_ids(ids), **extra).logits
         return logits
 
 

@@ -214,7 +214,7 @@ ENTRIES = (
         summary=(
             "A Hugging Face Transformers model from a config, trained from scratch: BERT, RoBERTa, DistilBERT "
             "classifiers, GPT-2, Llama and Qwen2 classifiers and language models; dropout off, eager "
-            "attention with the padding masked; exact per-example gradients (the vmap engine)."
+            "attention with the padding masked; exact per-example gradients (ghost clipping)."
         ),
         params=HFParams,
         tasks=frozenset({"classification", "language-model"}),
