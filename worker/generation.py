@@ -8,10 +8,11 @@ The API (torch-free) feeds one JSON request on stdin: {"model_path", "tokenizer"
 "address_space_bytes"}) to itself before importing torch, so the parent needs no ``preexec_fn``
 (unsafe in a threaded server).
 
-The context window is the model's ``max_length`` (the dataset's): the last ``max_length`` tokens of
-prompt and continuation are fed, right-padded, and the logits at the last real position give the
-next token. Generation stops at ``max_tokens``, or at an end-of-text token (eos, or the pad id:
-the training rows end in padding).
+The context window of a zoo language model is its ``max_length`` (the dataset's): the last
+``max_length`` tokens of prompt and continuation are fed, right-padded, and the logits at the last
+real position give the next token. An `hf` language model generates with the Transformers model's
+own ``generate`` (its key-value cache), within its positions. Generation stops at ``max_tokens``,
+or at an end-of-text token (eos, or the pad id: the training rows end in padding).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Final
 from kernel.tokenizers import byte
 from kernel.tokenizers.base import TextTokenizer
 
-__all__ = ["EndsAndPad", "SamplingChoice", "main", "sample_continuation"]
+__all__ = ["EndsAndPad", "SamplingChoice", "generate_with_transformers", "main", "sample_continuation"]
 
 EOS_NAMES: Final = ("<eos>", "</s>", "<|endoftext|>", "<|eos|>", "[EOS]", "[SEP]")
 """Tokens of an uploaded tokenizer.json taken for end-of-text."""
@@ -130,6 +131,44 @@ def sample_continuation(
     return generated
 
 
+def generate_with_transformers(
+    model: Any, prompt_ids: Sequence[int], *, max_tokens: int, ends: EndsAndPad, choice: SamplingChoice, seed: int
+) -> list[int]:
+    """Up to ``max_tokens`` ids continuing ``prompt_ids`` from an `hf` language model, by the
+    Transformers model's own ``generate`` (its cache, its sampling): greedy at temperature 0, else
+    sampling at ``temperature`` among the ``top_k`` most likely. The prompt keeps its last tokens
+    so that prompt and continuation fit the model's positions; an end token stops (not returned)."""
+    import torch
+
+    if not prompt_ids:
+        raise ValueError("the prompt encodes to no token")
+    inner = model.model  # the Transformers model inside the zoo's HFModel wrapper
+    positions = int(getattr(inner.config, "n_positions", None) or inner.config.max_position_embeddings)
+    room = positions - max_tokens
+    if room < 1:
+        raise ValueError(f"max_tokens {max_tokens} leaves no room for a prompt in the model's {positions} positions")
+    ids = torch.tensor([list(prompt_ids)[-room:]], dtype=torch.int64)
+    stop = sorted(ends.stop_ids | {ends.pad_id})
+    sampling: dict[str, Any] = {"do_sample": False}
+    if choice.temperature > 0:
+        sampling = {"do_sample": True, "temperature": choice.temperature, "top_k": choice.top_k or 0}
+    torch.manual_seed(seed)  # post-processing of a released model: protects no privacy (see answer)
+    with torch.inference_mode():
+        out = inner.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            pad_token_id=ends.pad_id,
+            eos_token_id=stop,
+            **sampling,
+        )
+    generated = [int(token) for token in out[0, ids.shape[1] :].tolist()]
+    for index, token in enumerate(generated):
+        if token in stop:
+            return generated[:index]
+    return generated
+
+
 def _pick(logits: Any, *, choice: SamplingChoice, generator: Any) -> int:
     import torch
 
@@ -176,16 +215,27 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     top_k = request.get("top_k")
     # Sampling from a released model is post-processing: it protects no privacy, so a torch
     # generator seeded from the OS suffices (privacy-protecting draws use SecureRandom, not this).
-    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-    generated = sample_continuation(
-        model,
-        prompt_ids,
-        max_tokens=int(request["max_tokens"]),
-        context=int(input_shape[0]),
-        ends=loaded.ends,
-        choice=SamplingChoice(temperature=float(request["temperature"]), top_k=None if top_k is None else int(top_k)),
-        generator=generator,
-    )
+    seed = int.from_bytes(os.urandom(8), "little")
+    choice = SamplingChoice(temperature=float(request["temperature"]), top_k=None if top_k is None else int(top_k))
+    max_tokens = int(request["max_tokens"])
+    described = config.get("model")
+    if isinstance(described, dict) and described.get("name") == "hf":  # a Transformers model: its own generate
+        try:
+            generated = generate_with_transformers(
+                model, prompt_ids, max_tokens=max_tokens, ends=loaded.ends, choice=choice, seed=seed
+            )
+        except ValueError as exc:
+            return {"error": str(exc)}
+    else:
+        generated = sample_continuation(
+            model,
+            prompt_ids,
+            max_tokens=max_tokens,
+            context=int(input_shape[0]),
+            ends=loaded.ends,
+            choice=choice,
+            generator=torch.Generator().manual_seed(seed),
+        )
     text = loaded.tokenizer.decode(generated)[:MAX_TEXT_CHARS]
     return {"text": text, "tokens_generated": len(generated)}
 

@@ -102,16 +102,6 @@ class NotALanguageModel(InvalidInput):
         )
 
 
-class GenerationUnsupportedModel(InvalidInput):
-    def __init__(self, model: str) -> None:
-        super().__init__(
-            slug="generation-unsupported-model",
-            detail=f"text generation from {model!r} models is not supported yet (it is planned to use the "
-            "model's own generate); download the model with format=hf and generate with Transformers",
-            extra={"model": model},
-        )
-
-
 @dataclass(frozen=True)
 class GenerationLimits:
     timeout_s: float
@@ -154,8 +144,6 @@ def generation_target(session: Session, tenant: Tenant, job_id: str, *, blobs: B
     assert dataset is not None  # a job's dataset row is never deleted while jobs reference it
     if dataset.task != "language-model":
         raise NotALanguageModel(dataset.task)
-    if job.model_name == "hf":
-        raise GenerationUnsupportedModel(job.model_name)
     if job.status != JobStatus.SUCCEEDED or job.model_blob is None:
         raise JobNotSucceeded(job.status)
     return GenerationTarget(
