@@ -79,17 +79,17 @@ class Case:
     loss: str = "cross_entropy"
 
 
-def _hf_config(model_type: str) -> dict:
-    """A BERT-small-sized config (4 layers of width 256) over the benchmark's 1,024 token ids."""
+def _hf_config(model_type: str, *, width: int = 256, layers: int = 4) -> dict:
+    """A BERT-small-sized config (4 layers of width 256, by default) over the benchmark's 1,024 token ids."""
     common = {"model_type": model_type, "vocab_size": 1024, "pad_token_id": 0}
     if model_type == "gpt2":
-        return {**common, "n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 128}
+        return {**common, "n_embd": width, "n_layer": layers, "n_head": 4, "n_positions": 128}
     return {
         **common,
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
+        "hidden_size": width,
+        "num_hidden_layers": layers,
         "num_attention_heads": 4,
-        "intermediate_size": 1024,
+        "intermediate_size": 4 * width,
         "max_position_embeddings": 128,
     }
 
@@ -148,6 +148,26 @@ CASES = {
         "hf",
         {"task": "causal-lm", "config": _hf_config("gpt2")},
         (128,),
+        1024,
+        32,
+        vocab=1024,
+        loss="token_cross_entropy_sum",
+    ),
+    # The same families at CPU size (the CPU step-cost table of docs/benchmarks.md).
+    "hf-bert-tiny-t64-b32": Case(
+        "hf bert 2×64, T=64, B=32, sequence classification",
+        "hf",
+        {"task": "sequence-classification", "config": _hf_config("bert", width=64, layers=2)},
+        (64,),
+        2,
+        32,
+        vocab=1024,
+    ),
+    "hf-gpt2-tiny-t64-b32": Case(
+        "hf gpt2 2×64, T=64, B=32, causal LM",
+        "hf",
+        {"task": "causal-lm", "config": _hf_config("gpt2", width=64, layers=2)},
+        (64,),
         1024,
         32,
         vocab=1024,

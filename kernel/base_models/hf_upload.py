@@ -30,12 +30,12 @@ from kernel.base_models.registry import (
     BaseModelUpload,
     RegisteredBaseModel,
     check_tensors,
+    replayed_upload,
     store_base_model,
 )
 from kernel.base_models.safetensors_header import TensorEntry
 from kernel.db.engine import Database
-from kernel.db.idempotency import IdempotentRequest, earlier
-from kernel.db.orm import BaseModelRecord
+from kernel.db.idempotency import IdempotentRequest
 from kernel.errors import InvalidInput
 from kernel.ingest.limits import IngestLimits
 from kernel.model_catalogue import ModelSizeLimits
@@ -161,12 +161,9 @@ def register_hf_base_model(
             what="upload",
             request_hash=upload_hash(archive_sha256, upload),
         )
-        with db.read_session() as session:
-            replay = earlier(session, BaseModelRecord, request)
-            if replay is not None:
-                session.expunge(replay)
-                pending.discard()
-                return RegisteredBaseModel(record=replay, replayed=True)
+        replay = replayed_upload(db, request, pending=pending)
+        if replay is not None:
+            return replay
         archive = open_archive(pending.path, max_bytes=max_bytes)
         expected = checkpoint_expectation(config=archive.config, task=upload.task)
         if expected.parameters > limits.max_parameters:

@@ -43,6 +43,7 @@ __all__ = [
     "delete_base_model",
     "list_base_models",
     "register_base_model",
+    "replayed_upload",
     "store_base_model",
 ]
 
@@ -149,6 +150,18 @@ def check_tensors(found: dict[str, TensorEntry], expected: dict[str, tuple[str, 
             )
 
 
+def replayed_upload(db: Database, request: IdempotentRequest, *, pending: PendingBlob) -> RegisteredBaseModel | None:
+    """The base model an earlier request with this Idempotency-Key registered (the new body is
+    discarded), or None."""
+    with db.read_session() as session:
+        replay = earlier(session, BaseModelRecord, request)
+        if replay is None:
+            return None
+        session.expunge(replay)
+    pending.discard()
+    return RegisteredBaseModel(record=replay, replayed=True)
+
+
 def register_base_model(
     *,
     db: Database,
@@ -165,12 +178,9 @@ def register_base_model(
         request = IdempotentRequest(
             tenant_id=tenant_id, key=upload.idempotency_key, what="upload", request_hash=upload_hash(sha256, upload)
         )
-        with db.read_session() as session:
-            replay = earlier(session, BaseModelRecord, request)
-            if replay is not None:
-                session.expunge(replay)
-                pending.discard()
-                return RegisteredBaseModel(record=replay, replayed=True)
+        replay = replayed_upload(db, request, pending=pending)
+        if replay is not None:
+            return replay
         params = normalised_params(upload, limits)
         found = read_header(pending.path)
         check_tensors(
