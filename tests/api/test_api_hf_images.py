@@ -87,3 +87,47 @@ def test_images_that_do_not_match_the_config_are_refused_naming_both(alice: Test
     assert response.status_code == 422, response.text
     detail = response.json()["detail"]
     assert "num_channels 3 and image_size 8" in detail and "[1, 8, 8]" in detail
+
+
+def test_a_vit_checkpoint_is_uploaded_and_its_head_fine_tuned_on_images(
+    alice: TestClient, settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    """A saved ViTForImageClassification (a zipped save_pretrained folder) → a base model whose task
+    the class names; finetune=head keeps its body bit for bit and trains the classifier."""
+    from safetensors.torch import load_file  # only these tests read the weights back
+    from transformers import ViTConfig, ViTForImageClassification  # heavy: these tests only
+
+    dataset = upload_images(alice)
+    torch.manual_seed(0)
+    sizes = {key: value for key, value in grey_config("vit").items() if key != "model_type"}
+    vit = ViTForImageClassification(ViTConfig(**sizes, num_labels=len(dataset["classes"])))
+    folder = tmp_path / "vit"
+    vit.save_pretrained(folder)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in sorted(folder.iterdir()):
+            archive.write(path, f"vit/{path.name}")
+    response = alice.post("/v1/base-models", params={"name": "vit", "format": "hf"}, content=buffer.getvalue())
+    assert response.status_code == 201, response.text
+    base = response.json()
+    assert base["model_class"] == "ViTForImageClassification" and base["params"]["task"] == "image-classification"
+    assert base["parameter_count"] == sum(p.numel() for p in vit.parameters())
+    assert base["n_outputs"] == len(dataset["classes"])
+
+    spec = image_spec(dataset["id"], grey_config("vit"))
+    spec["model"] = {"name": "hf", "init": {"base_model_id": base["id"]}, "params": {"task": "image-classification"}}
+    spec["training"]["finetune"] = "head"
+    job_id = run_on_worker(alice, settings, database, spec)
+    assert alice.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"
+    released = alice.get(f"/v1/jobs/{job_id}/model", params={"format": "hf"})
+    assert released.status_code == 200, released.text
+    with zipfile.ZipFile(io.BytesIO(released.content)) as archive:
+        archive.extractall(tmp_path / "released")
+    trained = load_file(str(tmp_path / "released" / "model.safetensors"))
+    original = load_file(str(folder / "model.safetensors"))
+    fc2 = "vit.encoder.layer.1.output.dense.weight"
+    # save_pretrained writes ViT's earlier module names; the download, Transformers 5's own
+    saved = {"vit.embeddings.cls_token": "vit.embeddings.cls_token", "vit.layers.1.mlp.fc2.weight": fc2}
+    for name, source in saved.items():
+        torch.testing.assert_close(trained[name], original[source], rtol=0, atol=0)
+    assert not torch.equal(trained["classifier.weight"], original["classifier.weight"])  # the head trained

@@ -8,6 +8,7 @@ dataset's labels) as ``config.json``, with the tensor names Transformers uses.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -79,6 +80,28 @@ def config_json(
         settings["id2label"] = {str(index): label for index, label in enumerate(classes)}
         settings["label2id"] = {label: index for index, label in enumerate(classes)}
     return settings
+
+
+_SAVED_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "vit": (
+        (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
+        (r"\.attention\.q_proj\.", ".attention.attention.query."),
+        (r"\.attention\.k_proj\.", ".attention.attention.key."),
+        (r"\.attention\.v_proj\.", ".attention.attention.value."),
+        (r"\.attention\.o_proj\.", ".attention.output.dense."),
+        (r"\.mlp\.fc1\.", ".intermediate.dense."),
+        (r"\.mlp\.fc2\.", ".output.dense."),
+    ),
+}
+"""model_type → (pattern, replacement) from a module's name to the one ``save_pretrained`` writes:
+Transformers 5 renamed ViT's modules but still saves (and loads) the names of earlier versions."""
+
+
+def saved_name(model_type: str, name: str) -> str:
+    """A Transformers tensor name as ``save_pretrained`` writes it (the same name for most types)."""
+    for pattern, replacement in _SAVED_NAMES.get(model_type, ()):
+        name = re.sub(pattern, replacement, name)
+    return name
 
 
 def transformers_name(name: str) -> str:
