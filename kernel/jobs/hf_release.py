@@ -25,7 +25,13 @@ from kernel.base_models.safetensors_header import HEADER_BOUNDS, MAX_HEADER_BYTE
 from kernel.bounded_json import loads_bounded
 from kernel.errors import InvalidInput
 from privtrain_common.model_format import CONFIG_KEY
-from privtrain_common.zoo.hf.transformers_config import AUTO_CLASSES, architecture, config_json, transformers_name
+from privtrain_common.zoo.hf.transformers_config import (
+    AUTO_CLASSES,
+    architecture,
+    config_json,
+    saved_name,
+    transformers_name,
+)
 
 HF_FORMAT = "hf"
 _COPY_CHUNK = 1 << 20
@@ -64,18 +70,26 @@ def released_config(model_path: Path) -> dict[str, Any]:
     return config
 
 
-def _renamed_header(header: Mapping[str, Any]) -> bytes:
-    """Transformers' names and metadata, padded with spaces to 8 bytes as safetensors writes it."""
+def _renamed_header(header: Mapping[str, Any], *, model_type: str) -> bytes:
+    """Transformers' names as ``save_pretrained`` writes them (ViT's earlier module names, which
+    every Transformers version loads) and its metadata, padded with spaces to 8 bytes as
+    safetensors writes it."""
     table: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    table.update({transformers_name(name): entry for name, entry in header.items() if name != "__metadata__"})
+    table.update(
+        {
+            saved_name(model_type, transformers_name(name)): entry
+            for name, entry in header.items()
+            if name != "__metadata__"
+        }
+    )
     encoded = json.dumps(table, separators=(",", ":")).encode("utf-8")
     return encoded + b" " * (-len(encoded) % 8)
 
 
-def _write_weights(model_path: Path, target: IO[bytes]) -> None:
+def _write_weights(model_path: Path, target: IO[bytes], *, model_type: str) -> None:
     with model_path.open("rb") as source:
         header, _ = _header(source)
-        renamed = _renamed_header(header)
+        renamed = _renamed_header(header, model_type=model_type)
         target.write(len(renamed).to_bytes(8, "little"))
         target.write(renamed)
         shutil.copyfileobj(source, target, _COPY_CHUNK)
@@ -146,6 +160,6 @@ def write_hf_zip(model_path: Path, *, report: Mapping[str, Any], destination: IO
     with zipfile.ZipFile(destination, "w") as archive:
         archive.writestr("config.json", json.dumps(settings, indent=2, sort_keys=True), zipfile.ZIP_DEFLATED)
         with archive.open(zipfile.ZipInfo("model.safetensors"), "w", force_zip64=True) as weights:
-            _write_weights(model_path, weights)
+            _write_weights(model_path, weights, model_type=str(params["config"]["model_type"]))
         archive.writestr("privacy_report.json", json.dumps(report, indent=2, sort_keys=True), zipfile.ZIP_DEFLATED)
         archive.writestr("README.md", model_card(config, report), zipfile.ZIP_DEFLATED)

@@ -126,8 +126,7 @@ def test_a_vit_checkpoint_is_uploaded_and_its_head_fine_tuned_on_images(
     trained = load_file(str(tmp_path / "released" / "model.safetensors"))
     original = load_file(str(folder / "model.safetensors"))
     fc2 = "vit.encoder.layer.1.output.dense.weight"
-    # save_pretrained writes ViT's earlier module names; the download, Transformers 5's own
-    saved = {"vit.embeddings.cls_token": "vit.embeddings.cls_token", "vit.layers.1.mlp.fc2.weight": fc2}
-    for name, source in saved.items():
-        torch.testing.assert_close(trained[name], original[source], rtol=0, atol=0)
+    # save_pretrained writes ViT's earlier module names (vit.encoder.layer…), and so does the download
+    for name in ("vit.embeddings.cls_token", fc2):
+        torch.testing.assert_close(trained[name], original[name], rtol=0, atol=0)
     assert not torch.equal(trained["classifier.weight"], original["classifier.weight"])  # the head trained
