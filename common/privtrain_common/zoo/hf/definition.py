@@ -1,8 +1,8 @@
 """The `hf` model described without torch: a Transformers model built from a job's config.
 
-``params = {"task": "sequence-classification" | "causal-lm" | "image-classification", "config": {...}}``, the config a
-Transformers config as JSON (``model_type`` one of ``families.FAMILIES``). The service validates
-it here, without Transformers: size-capped, only the keys its family declares (so nothing like
+``params = {"task": "sequence-classification" | "causal-lm" | "image-classification", "config": {...}}``,
+the config a Transformers config as JSON (``model_type`` one of ``families.FAMILIES``). The service
+validates it here, without Transformers: size-capped, only the keys its family declares (so nothing like
 ``auto_map`` or ``trust_remote_code`` can reach Transformers), sizes in bounds, and the dataset's
 tokenizer must fit it. The vocabulary and padding id come from the dataset, as for the zoo's own
 text models: ``vocab_size`` is filled in when absent and must hold every token id of the dataset,
@@ -37,8 +37,9 @@ _LIMITS = {
     "image": 1024,
     "patch": 256,
 }
-_MAX_STAGES = 8
 """Upper bounds on each size (the service's parameter and activation limits apply as well)."""
+_MAX_STAGES = 8
+"""At most this many ConvNeXt stages (the published models have four)."""
 
 _FREE_KINDS: dict[str, type | tuple[type, ...]] = {
     "hidden_act": str,
