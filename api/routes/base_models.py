@@ -130,7 +130,7 @@ async def upload_base_model(
         str | None, Query(max_length=MAX_PARAMS_CHARS, description="the architecture's params, JSON")
     ] = None,
     task: Annotated[
-        Literal["sequence-classification", "causal-lm"] | None,
+        Literal["sequence-classification", "causal-lm", "image-classification"] | None,
         Query(description="format=hf: the task the weights serve; default: what config.json's class says"),
     ] = None,
     source: Annotated[

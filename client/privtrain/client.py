@@ -394,7 +394,8 @@ class Client:
         idempotency_key: str | None = None,
     ) -> BaseModel:
         """Upload a Transformers checkpoint: a ``save_pretrained`` folder (zipped here) or its ZIP.
-        ``task`` ("sequence-classification", "causal-lm") only where the class does not say it."""
+        ``task`` ("sequence-classification", "causal-lm", "image-classification") only where the class
+        does not say it."""
         data = checkpoint if isinstance(checkpoint, bytes) else zipped_checkpoint(Path(checkpoint))
         query = {"name": name, "format": "hf", "task": task, "source": source}
         return self._post_base_model(data, "application/zip", query, idempotency_key)

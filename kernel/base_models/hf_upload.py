@@ -40,8 +40,8 @@ from kernel.errors import InvalidInput
 from kernel.ingest.limits import IngestLimits
 from kernel.model_catalogue import ModelSizeLimits
 from kernel.storage.blobs import BlobStore, PendingBlob
-from privtrain_common.zoo.hf.families import FAMILIES, sizes_of
-from privtrain_common.zoo.hf.transformers_config import WRAPPER_PREFIX
+from privtrain_common.zoo.hf.families import FAMILIES, input_shape_of
+from privtrain_common.zoo.hf.transformers_config import WRAPPER_PREFIX, saved_name
 
 OTHER_HEADS = ("lm_head.", "cls.", "classifier.", "score.", "pre_classifier.", "qa_outputs.", "vocab_")
 """Checkpoint tensors of another task's head: left out when the job's task has its own."""
@@ -69,13 +69,14 @@ def _in(name: str, members: tuple[str, ...]) -> bool:
     return any(name == member or name.startswith(member + ".") for member in members)
 
 
-def _candidates(name: str, prefix: str) -> list[str]:
-    """A wrapper name's checkpoint names: the task model's, and a bare body's (prefix dropped)."""
+def _candidates(name: str, prefix: str, model_type: str = "") -> list[str]:
+    """A wrapper name's checkpoint names: the task model's, and a bare body's (prefix dropped), each
+    also as ``save_pretrained`` writes it (ViT's modules keep their earlier names on disk)."""
     inner = name[len(WRAPPER_PREFIX) :]
     names = [inner]
     if prefix and inner.startswith(prefix + "."):
         names.append(inner[len(prefix) + 1 :])
-    return names
+    return list(dict.fromkeys([*names, *(saved_name(model_type, n) for n in names)]))
 
 
 def map_checkpoint(archive: HFArchive, expected: CheckpointExpectation) -> MappedCheckpoint:
@@ -88,8 +89,9 @@ def map_checkpoint(archive: HFArchive, expected: CheckpointExpectation) -> Mappe
     sources: dict[str, str] = {}
     missing: list[str] = []
     missing_head: list[str] = []
+    model_type = str(expected.params["config"]["model_type"])
     for name in expected.tensors:
-        source = next((c for c in _candidates(name, prefix) if c in found), None)
+        source = next((c for c in _candidates(name, prefix, model_type) if c in found), None)
         if source is None and expected.tied_lm_head and name == f"{WRAPPER_PREFIX}lm_head.weight" and embedding:
             source = next((c for c in _candidates(embedding, prefix) if c in found), None)  # saved once, tied
         if source is not None:
@@ -199,7 +201,7 @@ def register_hf_base_model(
         name=upload.name,
         architecture="hf",
         params=expected.params,
-        input_shape=(sizes_of(family, config).positions,),
+        input_shape=input_shape_of(family, config),
         n_outputs=_n_outputs(expected, mapped),
         source=upload.source,
         idempotency_key=upload.idempotency_key,

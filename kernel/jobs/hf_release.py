@@ -1,7 +1,8 @@
 """A released `hf` model as a Transformers ``save_pretrained`` folder, zipped, without torch.
 
 ``GET /v1/jobs/{id}/model?format=hf`` answers with it: ``config.json`` and ``model.safetensors``,
-which ``AutoModelForSequenceClassification.from_pretrained(folder)`` (or ``…ForCausalLM``) loads
+which ``AutoModelForSequenceClassification.from_pretrained(folder)`` (or ``…ForCausalLM``,
+``…ForImageClassification``) loads
 into the model the job trained, ``privacy_report.json`` (the report as the caller may read it)
 and ``README.md``, a model card that states the guarantee in words.
 
@@ -24,7 +25,13 @@ from kernel.base_models.safetensors_header import HEADER_BOUNDS, MAX_HEADER_BYTE
 from kernel.bounded_json import loads_bounded
 from kernel.errors import InvalidInput
 from privtrain_common.model_format import CONFIG_KEY
-from privtrain_common.zoo.hf.transformers_config import architecture, config_json, transformers_name
+from privtrain_common.zoo.hf.transformers_config import (
+    AUTO_CLASSES,
+    architecture,
+    config_json,
+    saved_name,
+    transformers_name,
+)
 
 HF_FORMAT = "hf"
 _COPY_CHUNK = 1 << 20
@@ -63,18 +70,26 @@ def released_config(model_path: Path) -> dict[str, Any]:
     return config
 
 
-def _renamed_header(header: Mapping[str, Any]) -> bytes:
-    """Transformers' names and metadata, padded with spaces to 8 bytes as safetensors writes it."""
+def _renamed_header(header: Mapping[str, Any], *, model_type: str) -> bytes:
+    """Transformers' names as ``save_pretrained`` writes them (ViT's earlier module names, which
+    every Transformers version loads) and its metadata, padded with spaces to 8 bytes as
+    safetensors writes it."""
     table: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    table.update({transformers_name(name): entry for name, entry in header.items() if name != "__metadata__"})
+    table.update(
+        {
+            saved_name(model_type, transformers_name(name)): entry
+            for name, entry in header.items()
+            if name != "__metadata__"
+        }
+    )
     encoded = json.dumps(table, separators=(",", ":")).encode("utf-8")
     return encoded + b" " * (-len(encoded) % 8)
 
 
-def _write_weights(model_path: Path, target: IO[bytes]) -> None:
+def _write_weights(model_path: Path, target: IO[bytes], *, model_type: str) -> None:
     with model_path.open("rb") as source:
         header, _ = _header(source)
-        renamed = _renamed_header(header)
+        renamed = _renamed_header(header, model_type=model_type)
         target.write(len(renamed).to_bytes(8, "little"))
         target.write(renamed)
         shutil.copyfileobj(source, target, _COPY_CHUNK)
@@ -85,7 +100,7 @@ def model_card(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
     params = config["model"]["params"]
     task, hf = params["task"], params["config"]
     name = architecture(hf["model_type"], task)
-    auto = "AutoModelForCausalLM" if task == "causal-lm" else "AutoModelForSequenceClassification"
+    auto = AUTO_CLASSES[task]
     guarantee = report.get("guarantee") or "see privacy_report.json"
     text = config.get("text") or {}
     return "\n".join(
@@ -109,12 +124,25 @@ def model_card(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
             f'model = {auto}.from_pretrained("path/to/this/folder")',
             "```",
             "",
-            f"Inputs are the token ids of the dataset's tokenizer (`{text.get('tokenizer_id', 'see the job')}`, "
-            f"vocabulary {hf['vocab_size']}, padding id {hf['pad_token_id']}, rows of up to "
-            f"{config['input_shape'][0]} tokens); pass `attention_mask` = 1 for real tokens, 0 for padding. "
+            _inputs(hf, config, text),
             "Dropout is 0 in this config: training used none, so that per-example gradients were exact.",
             "",
         ]
+    )
+
+
+def _inputs(hf: Mapping[str, Any], config: Mapping[str, Any], text: Mapping[str, Any]) -> str:
+    """What the model takes: token ids of the dataset's tokenizer, or float images (C, H, W)."""
+    if "vocab_size" not in hf:
+        shape = " × ".join(str(side) for side in config["input_shape"])
+        return (
+            f"Inputs are `pixel_values`: float images of shape (batch, {shape}), channels first, as the job's "
+            "dataset fed them (no image processor was used: normalise as that dataset was)."
+        )
+    return (
+        f"Inputs are the token ids of the dataset's tokenizer (`{text.get('tokenizer_id', 'see the job')}`, "
+        f"vocabulary {hf['vocab_size']}, padding id {hf['pad_token_id']}, rows of up to "
+        f"{config['input_shape'][0]} tokens); pass `attention_mask` = 1 for real tokens, 0 for padding."
     )
 
 
@@ -132,6 +160,6 @@ def write_hf_zip(model_path: Path, *, report: Mapping[str, Any], destination: IO
     with zipfile.ZipFile(destination, "w") as archive:
         archive.writestr("config.json", json.dumps(settings, indent=2, sort_keys=True), zipfile.ZIP_DEFLATED)
         with archive.open(zipfile.ZipInfo("model.safetensors"), "w", force_zip64=True) as weights:
-            _write_weights(model_path, weights)
+            _write_weights(model_path, weights, model_type=str(params["config"]["model_type"]))
         archive.writestr("privacy_report.json", json.dumps(report, indent=2, sort_keys=True), zipfile.ZIP_DEFLATED)
         archive.writestr("README.md", model_card(config, report), zipfile.ZIP_DEFLATED)

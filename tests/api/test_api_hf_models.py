@@ -139,7 +139,9 @@ def test_configs_that_do_not_fit_are_refused_at_estimate_with_the_reason(alice: 
         return str(response.json()["detail"])
 
     config = hf_config("bert", positions=MAX_LENGTH)
-    assert "supported: bert, distilbert, gpt2, llama, qwen2, roberta" in refusal({**config, "model_type": "t5"})
+    assert "supported: bert, convnext, distilbert, gpt2, llama, qwen2, roberta, vit" in refusal(
+        {**config, "model_type": "t5"}
+    )
     assert "['auto_map'] are not accepted" in refusal({**config, "auto_map": {"AutoModel": "evil.Model"}})
     small = dataset["vocab_size"] - 1
     assert f"tokenizer has {dataset['vocab_size']} token ids" in refusal({**config, "vocab_size": small})

@@ -74,7 +74,11 @@ def test_the_default_is_a_small_bert_classifier() -> None:
             {**hf_config("bert"), "model_type": "t5"},
             "'t5' is not supported; supported: bert, ",
         ),
-        ("sequence-classification", {"hidden_size": 8}, "None is not supported; supported: bert, distilbert, gpt2"),
+        (
+            "sequence-classification",
+            {"hidden_size": 8},
+            "None is not supported; supported: bert, convnext, distilbert, gpt2",
+        ),
         ("sequence-classification", {**hf_config("bert"), "auto_map": {"AutoModel": "x.Y"}}, r"\['auto_map'\] are not"),
         ("sequence-classification", {**hf_config("bert"), "trust_remote_code": True}, "trust_remote_code"),
         ("sequence-classification", {**hf_config("gpt2"), "attn_pdrop": 0.1}, "dropout is always 0"),

@@ -100,7 +100,7 @@ def base_models_upload(
 @click.option("--name", help="default: the folder or file name")
 @click.option(
     "--task",
-    type=click.Choice(["sequence-classification", "causal-lm"]),
+    type=click.Choice(["sequence-classification", "causal-lm", "image-classification"]),
     help="needed only when the checkpoint's class does not say it (a bare BertModel)",
 )
 @click.option("--source", help="where the weights came from (shown in every report built on them)")

@@ -38,7 +38,7 @@ from privtrain_common.zoo.building import (
 from privtrain_common.zoo.cnn2 import builder as _cnn2  # noqa: F401  (registers cnn2-gn)
 from privtrain_common.zoo.dense import builder as _dense  # noqa: F401  (registers the dense models)
 from privtrain_common.zoo.hf import builder as _hf  # noqa: F401  (registers hf; Transformers loads when one is built)
-from privtrain_common.zoo.hf.builder import HFModel
+from privtrain_common.zoo.hf.builder import HFImageModel, HFModel
 from privtrain_common.zoo.images import builder as _images  # noqa: F401  (registers the image zoo)
 from privtrain_common.zoo.layers import (
     ZOO_CONTAINERS,
@@ -62,6 +62,7 @@ __all__ = [
     "ZOO_CONTAINERS",
     "ZOO_LAYERS",
     "FirstToken",
+    "HFImageModel",
     "HFModel",
     "ModelBuilder",
     "PatchTokens",

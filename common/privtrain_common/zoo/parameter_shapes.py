@@ -58,17 +58,22 @@ def hf_checkpoint(config: object, *, task: str | None) -> dict[str, object]:
 
     from privtrain_common.zoo.architectures import FINETUNE_BLOCKS, build_model  # optional: torch
     from privtrain_common.zoo.hf.checkpoint import read_checkpoint_config  # optional: Transformers
+    from privtrain_common.zoo.hf.families import FAMILIES, input_shape_of  # only when a checkpoint is read
 
     checkpoint = read_checkpoint_config(config, task=task)
     settings = dict(checkpoint.params["config"])
-    settings.setdefault("pad_token_id", 0)  # the dataset's at job time; shapes do not depend on it
-    vocab = int(settings["vocab_size"]) if "vocab_size" in settings else None
-    if vocab is None:
-        raise ValueError("config.json must give vocab_size (the checkpoint's embedding rows)")
-    outputs = vocab if checkpoint.task == "causal-lm" else (checkpoint.labels or 2)
+    family = FAMILIES[settings["model_type"]]
+    if family.image:  # images (C, H, W): no vocabulary, no padding
+        outputs, shape = checkpoint.labels or 2, input_shape_of(family, settings)
+    else:
+        settings.setdefault("pad_token_id", 0)  # the dataset's at job time; shapes do not depend on it
+        vocab = int(settings["vocab_size"]) if "vocab_size" in settings else None
+        if vocab is None:
+            raise ValueError("config.json must give vocab_size (the checkpoint's embedding rows)")
+        outputs, shape = (vocab if checkpoint.task == "causal-lm" else (checkpoint.labels or 2)), (1,)
     params = {"task": checkpoint.task, "config": settings}
     with torch.device("meta"):
-        model = build_model("hf", params, input_shape=(1,), n_outputs=outputs)
+        model = build_model("hf", params, input_shape=shape, n_outputs=outputs)
     state = model.state_dict()
     blocks = getattr(model, FINETUNE_BLOCKS)
     return {

@@ -20,6 +20,10 @@ broadcast over the batch, which the embedding rule cannot attribute to rows (the
 refuse them at run time). `HFModel` stays a whole subtree for the vmap engine; the containers are
 also registered with `supported_module`, as `ghost_container` asks.
 
+The image families (ViT, ConvNeXt) are refused whole, at the zoo's `HFImageModel`: ViT's CLS token
+and position embeddings and ConvNeXt's layer scale are bare parameters their forwards use directly,
+which no exact rule here covers; "auto" then trains them on the vmap engine, which is exact.
+
 Imported by `optional.load_optional_families` only once the process has imported Transformers.
 """
 
@@ -36,7 +40,7 @@ from transformers.models.roberta import modeling_roberta as roberta
 
 from dp.per_example.ghost.support import ghost_container, ghost_parameter_free
 from dp.per_example.per_sample import supported_module
-from privtrain_common.zoo.architectures import HFModel
+from privtrain_common.zoo.architectures import HFImageModel, HFModel
 
 __all__ = ["HF_CONTAINERS", "HF_PARAMETER_FREE"]
 
@@ -138,7 +142,17 @@ def _rotary_refusal(module: nn.Module) -> str | None:
     return None
 
 
+def _image_refusal(module: nn.Module) -> str | None:
+    """Always a reason: the image families own bare parameters that no exact rule covers."""
+    return (
+        "is a ViT or ConvNeXt image model: ViT's CLS token and position embeddings, and ConvNeXt's layer "
+        "scale, are bare parameters its forward uses directly, which the ghost clipping engine has no exact "
+        "rule for; the vmap engine (engine auto or vmap) trains it exactly"
+    )
+
+
 ghost_container(HFModel)  # its forward calls the Transformers model, with a per-row mask and ids
+ghost_container(HFImageModel, refusal=_image_refusal)  # refused whole, so "auto" picks vmap
 for _classes in HF_CONTAINERS.values():
     for _container in _classes:
         ghost_container(supported_module(_container), refusal=_refusal)

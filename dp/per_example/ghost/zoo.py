@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dp.per_example.ghost.support import ghost_container
 from dp.per_example.per_sample import supported_module, supported_subtree
-from privtrain_common.zoo.architectures import ZOO_CONTAINERS, ZOO_LAYERS, HFModel
+from privtrain_common.zoo.architectures import ZOO_CONTAINERS, ZOO_LAYERS, HFImageModel, HFModel
 
 for _container in ZOO_CONTAINERS:
     ghost_container(supported_module(_container))
 for _layer in ZOO_LAYERS:
     supported_module(_layer)
 supported_subtree(HFModel)
+supported_subtree(HFImageModel)

@@ -11,6 +11,9 @@ probability is 0 (a random forward differs per example and call), attention is T
 "eager" implementation, fed a ready 4-D additive mask built from the padding (Transformers'
 own mask helpers test the mask's contents in Python, which ``torch.func.vmap`` cannot trace),
 and the LM head is not tied to the token embedding.
+
+Image models (ViT, ConvNeXt; task ``image-classification``) are wrapped in :class:`HFImageModel`
+instead: float pixel values (B, C, H, W) in, (B, n_classes) logits out, the same ``model.`` prefix.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from torch import nn
 
 from privtrain_common.zoo.building import FINETUNE_BLOCKS, check_positive_int, register_model, with_defaults
 from privtrain_common.zoo.hf.definition import HFParams
-from privtrain_common.zoo.hf.families import FAMILIES, sizes_of
-from privtrain_common.zoo.hf.transformers_config import transformers_settings
+from privtrain_common.zoo.hf.families import FAMILIES, input_shape_of, sizes_of
+from privtrain_common.zoo.hf.transformers_config import AUTO_CLASSES, transformers_settings
 
-__all__ = ["HFModel", "hf_config", "transformers_model"]
+__all__ = ["HFImageModel", "HFModel", "hf_config", "transformers_model"]
 
 _BLOCK_PATHS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     # model_type → (embedding members, the layer list, head members before the task's own head)
@@ -36,6 +39,8 @@ _BLOCK_PATHS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "gpt2": (("transformer.wte", "transformer.wpe"), "transformer.h", ("transformer.ln_f",)),
     "llama": (("model.embed_tokens",), "model.layers", ("model.norm",)),
     "qwen2": (("model.embed_tokens",), "model.layers", ("model.norm",)),
+    "vit": (("vit.embeddings",), "vit.layers", ("vit.layernorm",)),
+    "convnext": (("convnext.embeddings",), "convnext.encoder.stages", ("convnext.layernorm",)),
 }
 _TASK_HEADS = {"sequence-classification": ("classifier", "score"), "causal-lm": ("lm_head",)}
 _ROW_POSITIONS = frozenset({"bert", "distilbert", "gpt2"})
@@ -91,6 +96,24 @@ class HFModel(nn.Module):
         return logits
 
 
+class HFImageModel(nn.Module):
+    """Pixel values (B, C, H, W) → a Transformers image classifier's logits (B, n_classes).
+
+    A container like :class:`HFModel` (parameters under ``self.model``, released as ``model.`` +
+    Transformers' names). No mask: every patch of every image is real, and the models' layers
+    act on each image alone (LayerNorm, never BatchNorm; no dropout, no stochastic depth).
+    """
+
+    def __init__(self, model: nn.Module, *, task: str) -> None:
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.model(pixel_values=pixel_values).logits
+        return logits
+
+
 def _transformers() -> Any:
     """The Transformers package, or an ImportError that says which extra installs it."""
     try:
@@ -113,7 +136,7 @@ def hf_config(config: Mapping[str, object], *, task: str, n_outputs: int) -> Any
 def transformers_model(config: Mapping[str, object], *, task: str, n_outputs: int) -> nn.Module:
     """The bare Transformers model (random init from the config) a job's params describe."""
     library = _transformers()
-    auto = library.AutoModelForCausalLM if task == "causal-lm" else library.AutoModelForSequenceClassification
+    auto = getattr(library, AUTO_CLASSES[task])
     built = hf_config(config, task=task, n_outputs=n_outputs)
     model: nn.Module = auto.from_config(built, attn_implementation="eager")
     return model
@@ -122,12 +145,13 @@ def transformers_model(config: Mapping[str, object], *, task: str, n_outputs: in
 def _blocks(model: nn.Module, model_type: str, layers: int) -> dict[str, tuple[str, ...]]:
     embedding, layer_list, before_head = _BLOCK_PATHS[model_type]
     names = {name for name, _ in model.named_children()}
+    unit = "stage" if model_type == "convnext" else "layer"
     heads = tuple(
         name for name in _TASK_HEADS["causal-lm" if "lm_head" in names else "sequence-classification"] if name in names
     )
     return {
         "embedding": tuple(f"model.{member}" for member in embedding),
-        **{f"layer{number}": (f"model.{layer_list}.{number - 1}",) for number in range(1, layers + 1)},
+        **{f"{unit}{number}": (f"model.{layer_list}.{number - 1}",) for number in range(1, layers + 1)},
         "head": tuple(f"model.{member}" for member in (*before_head, *heads)),
     }
 
@@ -135,9 +159,12 @@ def _blocks(model: nn.Module, model_type: str, layers: int) -> dict[str, tuple[s
 @register_model("hf")
 def _hf(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
     """A Transformers model from its config: a sequence classifier (B, n_outputs) or a causal LM
-    (B, T, vocab_size), on rows of token ids of shape (max_length,)."""
+    (B, T, vocab_size), on rows of token ids of shape (max_length,); an image classifier
+    (B, n_outputs) on images of shape (C, H, W)."""
     p = with_defaults("hf", params)
     declared = HFParams(task=p["task"], config=p["config"])  # type: ignore[arg-type]  # the declaration's rules
+    if declared.task == "image-classification":
+        return _image_model(declared, input_shape=input_shape, n_outputs=n_outputs)
     if len(input_shape) != 1:
         raise ValueError(f"hf needs rows of token ids of shape (max_length,), got {input_shape}")
     config = declared.config
@@ -154,5 +181,17 @@ def _hf(params: Mapping[str, object], *, input_shape: tuple[int, ...], n_outputs
         decoder=family.decoder,
         task=declared.task,
     )
+    setattr(model, FINETUNE_BLOCKS, _blocks(model.model, family.model_type, sizes_of(family, config).layers))
+    return model
+
+
+def _image_model(declared: HFParams, *, input_shape: tuple[int, ...], n_outputs: int) -> nn.Module:
+    config = declared.config
+    family = FAMILIES[config["model_type"]]
+    wanted = input_shape_of(family, config)
+    if tuple(input_shape) != wanted:
+        raise ValueError(f"hf {family.model_type} takes images of shape {wanted} (C, H, W), got {input_shape}")
+    outputs = check_positive_int("hf n_outputs", n_outputs)
+    model = HFImageModel(transformers_model(config, task=declared.task, n_outputs=outputs), task=declared.task)
     setattr(model, FINETUNE_BLOCKS, _blocks(model.model, family.model_type, sizes_of(family, config).layers))
     return model

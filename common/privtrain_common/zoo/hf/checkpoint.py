@@ -46,6 +46,7 @@ _TASK_SUFFIXES = (
     ("ForSequenceClassification", "sequence-classification"),
     ("ForCausalLM", "causal-lm"),
     ("LMHeadModel", "causal-lm"),
+    ("ForImageClassification", "image-classification"),
 )
 
 
@@ -78,8 +79,8 @@ def task_of(config: Mapping[str, Any], requested: str | None) -> str:
         if name.endswith(suffix):
             return task
     raise CheckpointRefused(
-        f"the checkpoint's class {name or '(none given)'} does not say the task; give task=sequence-classification "
-        "or task=causal-lm"
+        f"the checkpoint's class {name or '(none given)'} does not say the task; give task=sequence-classification, "
+        "task=causal-lm or task=image-classification"
     )
 
 

@@ -1,12 +1,13 @@
 """The `hf` model described without torch: a Transformers model built from a job's config.
 
-``params = {"task": "sequence-classification" | "causal-lm", "config": {...}}``, the config a
-Transformers config as JSON (``model_type`` one of ``families.FAMILIES``). The service validates
-it here, without Transformers: size-capped, only the keys its family declares (so nothing like
+``params = {"task": "sequence-classification" | "causal-lm" | "image-classification", "config": {...}}``,
+the config a Transformers config as JSON (``model_type`` one of ``families.FAMILIES``). The service
+validates it here, without Transformers: size-capped, only the keys its family declares (so nothing like
 ``auto_map`` or ``trust_remote_code`` can reach Transformers), sizes in bounds, and the dataset's
 tokenizer must fit it. The vocabulary and padding id come from the dataset, as for the zoo's own
 text models: ``vocab_size`` is filled in when absent and must hold every token id of the dataset,
-``pad_token_id`` is the dataset's.
+``pad_token_id`` is the dataset's. Image models (ViT, ConvNeXt) take a classification dataset of
+images instead, whose (C, H, W) must be the config's ``num_channels`` and ``image_size``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,27 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from privtrain_common.zoo.entry import ModelIncompatible, ModelSize, ZooEntry
-from privtrain_common.zoo.hf.families import DATASET_TASKS, FAMILIES, HFFamily, sizes_of, supported_types
-from privtrain_common.zoo.inputs import InputFacts
+from privtrain_common.zoo.hf.families import DATASET_TASKS, FAMILIES, HFFamily, Sizes, sizes_of, supported_types
+from privtrain_common.zoo.inputs import InputFacts, image_chw
 from privtrain_common.zoo.params import object_param, param
 
 MAX_CONFIG_BYTES = 16 * 1024
 """The largest config accepted, as compact JSON: a real Transformers config is a few hundred bytes."""
 
-_LIMITS = {"vocab": 1_000_000, "hidden": 8192, "layers": 48, "heads": 128, "intermediate": 32768, "positions": 8192}
+_LIMITS = {
+    "vocab": 1_000_000,
+    "hidden": 8192,
+    "layers": 48,
+    "heads": 128,
+    "intermediate": 32768,
+    "positions": 8192,
+    "channels": 64,
+    "image": 1024,
+    "patch": 256,
+}
 """Upper bounds on each size (the service's parameter and activation limits apply as well)."""
+_MAX_STAGES = 8
+"""At most this many ConvNeXt stages (the published models have four)."""
 
 _FREE_KINDS: dict[str, type | tuple[type, ...]] = {
     "hidden_act": str,
@@ -38,6 +51,8 @@ _FREE_KINDS: dict[str, type | tuple[type, ...]] = {
     "initializer_range": (int, float),
     "bos_token_id": int,
     "eos_token_id": int,
+    "qkv_bias": bool,
+    "layer_scale_init_value": (int, float),
 }
 _ACTIVATIONS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh"})
 
@@ -57,9 +72,12 @@ DEFAULT_CONFIG: Mapping[str, object] = MappingProxyType(
 
 @dataclass(frozen=True, kw_only=True)
 class HFParams:
-    task: Literal["sequence-classification", "causal-lm"] = param(
+    task: Literal["sequence-classification", "causal-lm", "image-classification"] = param(
         "sequence-classification",
-        description="sequence-classification (a classification dataset) or causal-lm (a language-model dataset)",
+        description=(
+            "sequence-classification (a classification dataset of text), causal-lm (a language-model dataset) "
+            "or image-classification (a classification dataset of images: vit, convnext)"
+        ),
     )
     config: dict[str, Any] = object_param(
         DEFAULT_CONFIG,
@@ -99,9 +117,10 @@ def _positive_int(key: str, value: object, limit: int) -> None:
 def check_config(family: HFFamily, config: dict[str, Any]) -> None:
     """Only the family's keys, required sizes present and in bounds, heads dividing the width."""
     unknown = sorted(set(config) - family.accepted_keys)
+    depth = " and stochastic depth (drop_path_rate)" if "drop_path_rate" in family.dropout_keys else ""
     if unknown:
         raise ValueError(
-            f"config keys {unknown} are not accepted for model_type {family.model_type!r} (dropout is "
+            f"config keys {unknown} are not accepted for model_type {family.model_type!r} (dropout{depth} is "
             f"always 0, weights are never tied); accepted: {', '.join(sorted(family.accepted_keys))}"
         )
     for size, key in family.size_keys.items():
@@ -111,8 +130,12 @@ def check_config(family: HFFamily, config: dict[str, Any]) -> None:
         if key in config:
             _positive_int(key, config[key], _LIMITS["intermediate"])
     for key in family.free_keys:
-        if key in config and (isinstance(config[key], bool) or not isinstance(config[key], _FREE_KINDS[key])):
+        kind = _FREE_KINDS[key]
+        if key in config and (
+            (isinstance(config[key], bool) and kind is not bool) or not isinstance(config[key], kind)
+        ):
             raise ValueError(f"config.{key} has the wrong type: {config[key]!r}")
+    _check_image_keys(family, config)
     for key in ("hidden_act", "activation", "activation_function"):
         if key in config and config[key] not in _ACTIVATIONS:
             raise ValueError(f"config.{key} must be one of {sorted(_ACTIVATIONS)}, got {config[key]!r}")
@@ -128,8 +151,33 @@ def check_config(family: HFFamily, config: dict[str, Any]) -> None:
         raise ValueError(f"config.pad_token_id ({pad_id}) must be below vocab_size ({config['vocab_size']})")
 
 
+def _check_image_keys(family: HFFamily, config: dict[str, Any]) -> None:
+    """ConvNeXt's per-stage lists (equal lengths, sizes in bounds), a patch no larger than the image,
+    a layer scale that is not negative."""
+    if not family.image:
+        return
+    for key in sorted(family.list_keys):
+        value = config.get(key)
+        if not isinstance(value, list) or not 1 <= len(value) <= _MAX_STAGES:
+            raise ValueError(f"config.{key} must be a list of 1 to {_MAX_STAGES} sizes, one per stage, got {value!r}")
+        for item in value:
+            _positive_int(key, item, _LIMITS["hidden" if key == "hidden_sizes" else "layers"])
+    if family.list_keys and len(config["hidden_sizes"]) != len(config["depths"]):
+        raise ValueError("config.hidden_sizes and config.depths must give one size per stage each")
+    if "num_stages" in config and config["num_stages"] != len(config["depths"]):
+        raise ValueError(f"config.num_stages ({config['num_stages']}) must be the number of stages in config.depths")
+    if config["patch_size"] > config["image_size"]:
+        raise ValueError(f"config.patch_size ({config['patch_size']}) is larger than config.image_size")
+    scale = config.get("layer_scale_init_value", 0)
+    if scale < 0:
+        raise ValueError(f"config.layer_scale_init_value must not be negative, got {scale!r}")
+
+
 def _complete(params: dict[str, Any], facts: InputFacts) -> dict[str, Any]:
-    """The dataset's vocabulary and padding id in the config: filled in, or refused when they do not fit."""
+    """The dataset's vocabulary and padding id in the config: filled in, or refused when they do not fit
+    (image models have neither: their config is taken as given)."""
+    if params.get("task") == "image-classification":
+        return params
     if facts.vocab_size is None or facts.pad_id is None:
         raise ModelIncompatible(
             "hf models need a text dataset (token ids with a vocabulary); upload text as JSON Lines"
@@ -153,7 +201,37 @@ def _complete(params: dict[str, Any], facts: InputFacts) -> dict[str, Any]:
     return {**params, "config": config}
 
 
+def _check_dataset_task(params: HFParams, facts: InputFacts) -> None:
+    wanted = DATASET_TASKS[params.task]
+    # The service's facts carry the dataset's task; facts without one stand for any dataset.
+    if getattr(facts, "task", wanted) != wanted:
+        raise ModelIncompatible(f"task {params.task!r} trains on a {wanted} dataset")
+
+
+def _check_image_shape(params: HFParams, facts: InputFacts) -> None:
+    """The dataset's images must be the (C, H, W) the config describes: a ViT's position embeddings
+    and patch grid are sized for ``image_size``, and both families check ``num_channels``."""
+    family = FAMILIES[params.config["model_type"]]
+    s = sizes_of(family, params.config)
+    chw = image_chw(facts)
+    if chw != (s.channels, s.image, s.image):
+        found = list(chw) if chw is not None else list(facts.feature_shape)
+        raise ModelIncompatible(
+            f"model.params.config gives num_channels {s.channels} and image_size {s.image}, so images of "
+            f"{[s.channels, s.image, s.image]} (C, H, W); the dataset's rows are {found}"
+        )
+    if family.model_type == "convnext" and s.image < s.patch * 2 ** (len(s.stages) - 1):
+        raise ModelIncompatible(
+            f"a {s.image}×{s.image} image is too small for patch_size {s.patch} and {len(s.stages)} stages "
+            "(each stage after the first halves the side)"
+        )
+    _check_dataset_task(params, facts)
+
+
 def _check_shape(params: HFParams, facts: InputFacts) -> None:
+    if params.task == "image-classification":
+        _check_image_shape(params, facts)
+        return
     if len(facts.feature_shape) != 1:
         raise ModelIncompatible(
             f"hf models take rows of token ids (max_length,), the dataset's rows are {list(facts.feature_shape)}"
@@ -167,22 +245,41 @@ def _check_shape(params: HFParams, facts: InputFacts) -> None:
             f"model.params.config.{family.size_keys['positions']} is {sizes.positions}, the dataset's rows need "
             f"{needed} positions{' (RoBERTa counts its positions from pad_token_id + 1)' if offset else ''}"
         )
-    wanted = DATASET_TASKS[params.task]
-    # The service's facts carry the dataset's task; facts without one stand for any dataset.
-    if getattr(facts, "task", wanted) != wanted:
-        raise ModelIncompatible(f"task {params.task!r} trains on a {wanted} dataset")
+    _check_dataset_task(params, facts)
 
 
 def _blocks(params: HFParams) -> list[str]:
-    """The embeddings, each encoder or decoder layer, then the head (with the final norm and pooler)."""
+    """The embeddings, each encoder or decoder layer (each ConvNeXt stage), then the head (with the
+    final norm and pooler)."""
     family = FAMILIES[params.config["model_type"]]
     layers = sizes_of(family, params.config).layers
-    return ["embedding", *(f"layer{number}" for number in range(1, layers + 1)), "head"]
+    unit = "stage" if family.list_keys else "layer"
+    return ["embedding", *(f"{unit}{number}" for number in range(1, layers + 1)), "head"]
+
+
+def _image_activations(family: HFFamily, s: Sizes, n_outputs: int) -> int:
+    """The image, then per layer as for the text encoders (ViT: the patches and the CLS are its
+    tokens); a ConvNeXt layer holds about ten (H, W, d) maps, its MLP's 4d-wide ones twice."""
+    image = s.channels * s.image * s.image
+    if family.model_type == "vit":
+        tokens = (s.image // s.patch) ** 2 + 1
+        layer = 10 * tokens * s.hidden + 2 * tokens * s.intermediate + 2 * s.heads * tokens * tokens
+        return image + 3 * tokens * s.hidden + s.layers * layer + s.hidden + n_outputs
+    side, total = s.image // s.patch, image
+    for index, (width, depth) in enumerate(s.stages):
+        side = side // 2 if index else side
+        total += 2 * side * side * width + depth * 18 * side * side * width
+    return total + 2 * s.hidden + n_outputs
 
 
 def _size(params: HFParams, facts: InputFacts, n_outputs: int) -> ModelSize:
     family = FAMILIES[params.config["model_type"]]
     s = sizes_of(family, params.config)
+    if family.image:
+        return ModelSize(
+            parameters=family.parameters(s, params.task, n_outputs),
+            activations=_image_activations(family, s, n_outputs),
+        )
     tokens = facts.feature_shape[0]
     # As for transformer-lm: ten (T, d) tensors per layer, the MLP's hidden layer twice, scores and softmax per head.
     layer = 10 * tokens * s.hidden + 2 * tokens * s.intermediate + 2 * s.heads * tokens * tokens
@@ -213,8 +310,9 @@ ENTRIES = (
         name="hf",
         summary=(
             "A Hugging Face Transformers model from a config, trained from scratch: BERT, RoBERTa, DistilBERT "
-            "classifiers, GPT-2, Llama and Qwen2 classifiers and language models; dropout off, eager "
-            "attention with the padding masked; exact per-example gradients (ghost clipping)."
+            "classifiers, GPT-2, Llama and Qwen2 classifiers and language models, ViT and ConvNeXt image "
+            "classifiers; dropout off, eager attention with the padding masked; exact per-example gradients "
+            "(ghost clipping for the text models, vmap for the image models)."
         ),
         params=HFParams,
         tasks=frozenset({"classification", "language-model"}),

@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-HFTask = Literal["sequence-classification", "causal-lm"]
+HFTask = Literal["sequence-classification", "causal-lm", "image-classification"]
 
 DATASET_TASKS: Mapping[str, str] = MappingProxyType(
-    {"sequence-classification": "classification", "causal-lm": "language-model"}
+    {
+        "sequence-classification": "classification",
+        "causal-lm": "language-model",
+        "image-classification": "classification",
+    }
 )
 """An `hf` task → the dataset task it trains on."""
 
@@ -34,6 +38,16 @@ class Sizes:
     intermediate: int
     positions: int
     token_types: int
+    channels: int = 0
+    """Image families: the channels, side and patch side of the (C, H, W) images they take."""
+    image: int = 0
+    patch: int = 0
+    qkv_bias: bool = True
+    """ViT: whether the query, key and value projections have a bias."""
+    stages: tuple[tuple[int, int], ...] = ()
+    """ConvNeXt: (width, depth) of each stage."""
+    layer_scale: bool = True
+    """ConvNeXt: whether each layer scales its branch by a learned vector (layer_scale_init_value > 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,10 +70,17 @@ class HFFamily:
     """Causal attention (a decoder) or bidirectional (an encoder)."""
     parameters: Callable[[Sizes, str, int], int]
     """(sizes, task, n_outputs) → trainable parameters of the model Transformers builds."""
+    image: bool = False
+    """Takes images (B, C, H, W) rather than token ids: no vocabulary, no padding."""
+    list_keys: frozenset[str] = frozenset()
+    """Keys whose value is a list of sizes, one per stage (ConvNeXt's ``hidden_sizes``, ``depths``)."""
 
     @property
     def accepted_keys(self) -> frozenset[str]:
-        return frozenset({"model_type", "pad_token_id", *self.size_keys.values(), *self.optional_keys, *self.free_keys})
+        text = () if self.image else ("pad_token_id",)
+        return frozenset(
+            {"model_type", *text, *self.size_keys.values(), *self.optional_keys, *self.free_keys, *self.list_keys}
+        )
 
 
 FAMILIES: dict[str, HFFamily] = {}
@@ -229,24 +250,109 @@ for _model_type, _qkv_bias in (("llama", False), ("qwen2", True)):
     )
 
 
+def _vit(s: Sizes, task: str, n_outputs: int) -> int:
+    """Patch Conv2d, CLS token, one position embedding per patch and the CLS; pre-norm layers with
+    separate Q, K, V (bias per ``qkv_bias``) and output projections; the final LayerNorm; the
+    classifier on the CLS token (no pooler)."""
+    h, i = s.hidden, s.intermediate
+    patches = (s.image // s.patch) ** 2
+    embeddings = s.channels * s.patch * s.patch * h + h + h + (patches + 1) * h
+    layer = 3 * _linear(h, h, bias=s.qkv_bias) + _linear(h, h) + 2 * (2 * h) + _linear(h, i) + _linear(i, h)
+    return embeddings + s.layers * layer + 2 * h + _linear(h, n_outputs)
+
+
+def _convnext(s: Sizes, task: str, n_outputs: int) -> int:
+    """Patchify Conv2d and its LayerNorm; per stage a downsampling LayerNorm and 2×2 Conv2d (all but
+    the first), then layers of a 7×7 depthwise Conv2d, LayerNorm, two Linears (4× wide) and the layer
+    scale; the final LayerNorm on the pooled features and the classifier."""
+    first = s.stages[0][0]
+    total = s.channels * s.patch * s.patch * first + first + 2 * first
+    previous = first
+    for index, (width, depth) in enumerate(s.stages):
+        if index:
+            total += 2 * previous + previous * width * 4 + width
+        layer = 49 * width + width + 2 * width + _linear(width, 4 * width) + _linear(4 * width, width)
+        total += depth * (layer + (width if s.layer_scale else 0))
+        previous = width
+    return total + 2 * previous + _linear(previous, n_outputs)
+
+
+_IMAGE = frozenset({"image-classification"})
+_IMAGE_KEYS = MappingProxyType({"channels": "num_channels", "image": "image_size", "patch": "patch_size"})
+
+register_family(
+    HFFamily(
+        model_type="vit",
+        tasks=_IMAGE,
+        size_keys=MappingProxyType(
+            {
+                "hidden": "hidden_size",
+                "layers": "num_hidden_layers",
+                "heads": "num_attention_heads",
+                "intermediate": "intermediate_size",
+                **_IMAGE_KEYS,
+            }
+        ),
+        optional_keys=MappingProxyType({}),
+        free_keys=frozenset({"hidden_act", "layer_norm_eps", "initializer_range", "qkv_bias"}),
+        dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        decoder=False,
+        parameters=_vit,
+        image=True,
+    )
+)
+register_family(
+    HFFamily(
+        model_type="convnext",
+        tasks=_IMAGE,
+        size_keys=_IMAGE_KEYS,
+        optional_keys=MappingProxyType({"num_stages": None}),
+        free_keys=frozenset({"hidden_act", "layer_norm_eps", "initializer_range", "layer_scale_init_value"}),
+        dropout_keys=("drop_path_rate",),  # stochastic depth drops a row's whole branch at random
+        decoder=False,
+        parameters=_convnext,
+        image=True,
+        list_keys=frozenset({"hidden_sizes", "depths"}),
+    )
+)
+
+
 def sizes_of(family: HFFamily, config: Mapping[str, object]) -> Sizes:
     """The sizes a validated config gives (its optional keys at their Transformers defaults)."""
 
     def number(key: str, default: int) -> int:
         value = config.get(key)
-        return value if isinstance(value, int) else default
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    def numbers(key: str) -> list[int]:
+        value = config.get(key)
+        return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
 
     keys = family.size_keys
-    hidden = number(keys["hidden"], 0)
-    heads = number(keys["heads"], 1)
+    widths, depths = numbers("hidden_sizes"), numbers("depths")
+    hidden = number(keys.get("hidden", ""), widths[-1] if widths else 0)
+    heads = number(keys.get("heads", ""), 1)
     intermediate_key = keys.get("intermediate", "n_inner")
+    scale = config.get("layer_scale_init_value", 1e-6)
     return Sizes(
-        vocab=number(keys["vocab"], 0),
+        vocab=number(keys.get("vocab", ""), 0),
         hidden=hidden,
-        layers=number(keys["layers"], 0),
+        layers=number(keys.get("layers", ""), len(depths)),
         heads=heads,
         kv_heads=number("num_key_value_heads", heads),
         intermediate=number(intermediate_key, 4 * hidden),
-        positions=number(keys["positions"], 0),
+        positions=number(keys.get("positions", ""), 0),
         token_types=number("type_vocab_size", 2) if "type_vocab_size" in family.optional_keys else 0,
+        channels=number("num_channels", 3),
+        image=number("image_size", 224),
+        patch=number("patch_size", 16 if family.model_type == "vit" else 4),
+        qkv_bias=config.get("qkv_bias", True) is not False,
+        stages=tuple(zip(widths, depths, strict=False)),
+        layer_scale=not isinstance(scale, (int, float)) or scale > 0,
     )
+
+
+def input_shape_of(family: HFFamily, config: Mapping[str, object]) -> tuple[int, ...]:
+    """The row shape a model of this config takes: (C, H, W) images, or (positions,) token ids."""
+    s = sizes_of(family, config)
+    return (s.channels, s.image, s.image) if family.image else (s.positions,)
