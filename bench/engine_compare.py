@@ -173,6 +173,26 @@ CASES = {
         vocab=1024,
         loss="token_cross_entropy_sum",
     ),
+    "hf-vit-tiny-b32": Case(
+        "hf vit 2×64 (patch 4), 3×32×32, B=32, image classification",
+        "hf",
+        {
+            "task": "image-classification",
+            "config": {
+                "model_type": "vit",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 256,
+                "image_size": 32,
+                "patch_size": 4,
+                "num_channels": 3,
+            },
+        },
+        (3, 32, 32),
+        10,
+        32,
+    ),
 }
 SMALL_CASES = ("cnn-b128", "cnn-b512", "mlp-b256")
 """What the CPU runs by default; the GPU table adds the zoo cases."""
