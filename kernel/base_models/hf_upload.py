@@ -22,7 +22,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from kernel.base_models.expected import CheckpointExpectation, checkpoint_expectation
+from kernel.base_models.expected import CheckpointExpectation, ShapesUnavailable, checkpoint_expectation
 from kernel.base_models.hf_archive import HFArchive, open_archive, write_safetensors
 from kernel.base_models.hf_tokenizer import CheckpointTokenizer, checkpoint_tokenizer
 from kernel.base_models.registry import (
@@ -40,6 +40,8 @@ from kernel.errors import InvalidInput
 from kernel.ingest.limits import IngestLimits
 from kernel.model_catalogue import ModelSizeLimits
 from kernel.storage.blobs import BlobStore, PendingBlob
+from privtrain_common.zoo.hf.checkpoint import task_of
+from privtrain_common.zoo.hf.definition import family_of
 from privtrain_common.zoo.hf.families import FAMILIES, input_shape_of
 from privtrain_common.zoo.hf.transformers_config import WRAPPER_PREFIX, saved_name
 
@@ -129,6 +131,16 @@ def _n_outputs(expected: CheckpointExpectation, mapped: MappedCheckpoint) -> int
     return expected.labels or 2
 
 
+def _check_before_building(config: dict[str, object], *, task: str | None) -> None:
+    """What the config alone refuses (an unsupported model type, no task), here rather than after
+    the seconds the capped child takes to build the model."""
+    try:
+        family_of(config)
+        task_of(config, task)
+    except ValueError as exc:
+        raise ShapesUnavailable(f"the checkpoint's config.json: {exc}") from None
+
+
 def upload_hash(archive_sha256: str, upload: HFUpload) -> str:
     request = {
         "format": "hf",
@@ -167,6 +179,8 @@ def register_hf_base_model(
         if replay is not None:
             return replay
         archive = open_archive(pending.path, max_bytes=max_bytes)
+        _check_before_building(archive.config, task=upload.task)
+        tokenizer = checkpoint_tokenizer(archive, config=archive.config, blobs=blobs, limits=tokenizer_limits)
         expected = checkpoint_expectation(config=archive.config, task=upload.task)
         if expected.parameters > limits.max_parameters:
             raise InvalidInput(
@@ -184,7 +198,6 @@ def register_hf_base_model(
             for name, source in mapped.sources.items()
         }
         check_tensors(found, {name: expected.tensors[name] for name in mapped.sources})
-        tokenizer = checkpoint_tokenizer(archive, config=archive.config, blobs=blobs, limits=tokenizer_limits)
         weights = blobs.begin(max_bytes=None)
         write_safetensors(archive, sources=mapped.sources, out=weights)
         weights_sha256 = weights.finish()

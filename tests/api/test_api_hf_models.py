@@ -53,7 +53,12 @@ def released(alice: TestClient, job_id: str, tmp_path: Path) -> privtrain.Loaded
     return privtrain.load_model(path)
 
 
-@pytest.mark.parametrize(("model_type", "task"), HF_CASES, ids=[f"{t}-{k}" for t, k in HF_CASES])
+E2E_CASES = [(t, k) for t, k in HF_CASES if k != "causal-lm" or t == "gpt2"]
+"""Every family end to end as a classifier, and one as a language model (Llama's and Qwen2's
+language models differ from their classifiers only in the head: tests/unit/worker covers them)."""
+
+
+@pytest.mark.parametrize(("model_type", "task"), E2E_CASES, ids=[f"{t}-{k}" for t, k in E2E_CASES])
 def test_an_hf_model_trains_with_dp_sgd_and_loads_with_privtrain(
     model_type: str, task: str, alice: TestClient, settings: Settings, database: Database, tmp_path: Path
 ) -> None:

@@ -1,8 +1,10 @@
 """``privtrain base-models upload-hf`` and ``Client.upload_hf_base_model`` against the in-process
-app: a ``save_pretrained`` folder (zipped by the client) or its ZIP becomes an `hf` base model."""
+app: a ``save_pretrained`` folder (zipped by the client) becomes an `hf` base model; a body that
+is not a ZIP is a problem."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from privtrain.cli import CliEnvironment, cli
-from privtrain.client import Client, zipped_checkpoint
+from privtrain.client import Client
 from privtrain.errors import PrivtrainError
+from privtrain.transfers import zipped_checkpoint
 from tests.client.conftest import BASE_URL, AppTransport, api_key, transport  # noqa: F401
 
 transformers = pytest.importorskip("transformers")
@@ -24,7 +27,7 @@ def _checkpoint(tmp_path: Path) -> Path:
     return folder
 
 
-def test_upload_a_checkpoint_folder_with_the_cli_and_its_zip_with_the_client(
+def test_upload_a_checkpoint_folder_with_the_cli_and_read_it_with_the_client(
     transport: AppTransport,  # noqa: F811
     api_key: str,  # noqa: F811
     tmp_path: Path,
@@ -41,11 +44,10 @@ def test_upload_a_checkpoint_folder_with_the_cli_and_its_zip_with_the_client(
     assert shown["name"] == "distil" and shown["format"] == "hf"
     assert shown["model_class"] == "DistilBertForSequenceClassification" and shown["n_outputs"] == 3
 
+    assert shown["archive_sha256"] == hashlib.sha256(zipped_checkpoint(folder)).hexdigest()  # the folder, zipped
+
     client = Client(BASE_URL, api_key=api_key, transport=transport)
-    archive = tmp_path / "distil.zip"
-    archive.write_bytes(zipped_checkpoint(folder))
-    again = client.upload_hf_base_model(archive, name="again", task="sequence-classification")
-    assert again.sha256 == shown["sha256"] and again.parameter_count == shown["parameter_count"]
+    assert client.get_base_model(shown["id"]).parameter_count == shown["parameter_count"]
     with pytest.raises(PrivtrainError) as refused:
         client.upload_hf_base_model(b"not a zip", name="broken")
     assert refused.value.type.endswith("/invalid-hf-archive")
