@@ -97,6 +97,14 @@ class ModelDefinition:
         return self.entry.lora
 
     @property
+    def lora_targets(self) -> dict[str, dict[str, list[str]]]:
+        """Per `hf` model type, the default and accepted ``training.lora.target_modules`` (else empty)."""
+        return {
+            variant: {key: list(names) for key, names in targets.items()}
+            for variant, targets in self.entry.lora_targets.items()
+        }
+
+    @property
     def body_from(self) -> frozenset[str]:
         """Other models whose weights this one can start from, body reused and head new."""
         return self.entry.body_from
@@ -182,6 +190,20 @@ class ModelDefinition:
     def block_count(self, params: dict[str, Any]) -> int:
         """How many fine-tuning blocks the model has: the largest ``training.finetune_k``."""
         return len(self.block_names(params))
+
+    def check_lora(self, params: dict[str, Any], target_modules: list[str] | None) -> bool:
+        """Whether ``training.finetune: lora`` also trains the head; ModelIncompatible for target
+        modules the model has not (or any, on a model whose adapters sit on fixed layers)."""
+        if self.entry.check_lora is None:
+            if target_modules is not None:
+                raise ModelIncompatible(
+                    f"training.lora.target_modules chooses the layers of an 'hf' model; model '{self.name}' "
+                    "takes the service's adapters on its attention and MLP Linear layers: leave it out"
+                )
+            return False
+        parsed = self.params_model.model_validate(params)
+        targets = tuple(target_modules) if target_modules is not None else None
+        return self.entry.check_lora(declared_params(self.entry.params, parsed), targets)
 
     def check_finetune_k(self, params: dict[str, Any], finetune_k: int) -> None:
         """Refuse a ``finetune_k`` above the block count at submission, not on the worker."""

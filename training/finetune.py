@@ -8,7 +8,8 @@
   plain list of submodule names is one block per name). A model that declares none falls back to
   its top-level children that hold parameters, one block each;
 * **lora** adds low-rank adapters to a transformer's attention and MLP Linear layers and trains
-  only them (training/lora.py).
+  only them (training/lora.py); on an `hf` model, PEFT's adapters on the family's target layers,
+  with a classifier's head (training/peft_lora.py).
 
 Frozen parameters get ``requires_grad = False``: the DP engines (per-sample and ghost) and the
 non-private trainers train only the parameters that require gradients, so a frozen parameter has
@@ -24,6 +25,7 @@ from torch import nn
 
 from privtrain_common.zoo.architectures import FINETUNE_BLOCKS
 from training.lora import LoRAConfig, apply_lora
+from training.peft_lora import apply_peft_lora, is_hf_model
 
 FinetuneMode = Literal["full", "head", "last_k_blocks", "lora"]
 
@@ -77,9 +79,12 @@ def apply_finetune(
     if mode == "lora":
         if lora is None:
             raise ValueError("finetune lora needs training.lora (rank and alpha)")
-        rank, alpha = lora.get("rank"), lora.get("alpha")
+        rank, alpha, targets = lora.get("rank"), lora.get("alpha"), lora.get("target_modules")
         if not isinstance(rank, int) or not isinstance(alpha, (int, float)):
             raise ValueError(f"training.lora needs an integer rank and a number alpha, got {dict(lora)!r}")
+        if is_hf_model(model):  # a Transformers model: PEFT's adapters (training/peft_lora.py)
+            listed = [str(name) for name in targets] if isinstance(targets, list) else None
+            return apply_peft_lora(model, rank=rank, alpha=float(alpha), target_modules=listed)
         return apply_lora(model, LoRAConfig(rank=rank, alpha=float(alpha)))
     if mode == "full":
         trainable = {name for name, _ in model.named_parameters()}

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+from kernel.schemas.jobs import LoraSpec
 from privtrain_common.model_files import save_model
 from training.lora import merge_lora
+from training.peft_lora import PeftAdapter, release_adapter
 from worker.claim import Claimed
 from worker.context import WorkerContext
 
@@ -24,7 +26,8 @@ def write_model(
     """``model`` (moved to the CPU) with its config; ``class_names``: the public class list."""
     job, dataset = claimed.job, claimed.dataset
     lora = claimed.training.lora
-    merged = merge_lora(model)  # LoRA: released as W + (alpha/r)·B·A in the plain architecture
+    adapter = release_adapter(model)  # an hf model's PEFT adapter, then merged into its weights
+    merged = merge_lora(model) or adapter is not None  # released as W + (alpha/r)·B·A in the plain architecture
     ctx.tmp_dir.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=ctx.tmp_dir, suffix=".safetensors")
     os.close(fd)
@@ -61,7 +64,17 @@ def write_model(
             "augmult": claimed.training.augmult,
             "precision": claimed.training.precision or "fp32",
             # LoRA fine-tuning: the adapters' rank and alpha; the weights hold them merged.
-            "lora": ({"rank": lora.rank, "alpha": lora.alpha, "merged": True} if lora is not None and merged else None),
+            "lora": _lora_record(lora, adapter) if lora is not None and merged else None,
         },
+        adapter=adapter.tensors if adapter is not None else None,
     )
     return path
+
+
+def _lora_record(lora: LoraSpec, adapter: PeftAdapter | None) -> dict[str, object]:
+    """The config's ``lora``: rank and alpha (the weights hold the adapters merged); for an `hf`
+    model also PEFT's ``adapter_config.json`` contents, whose tensors the file carries too."""
+    record: dict[str, object] = {"rank": lora.rank, "alpha": lora.alpha, "merged": True}
+    if adapter is not None:
+        record["adapter_config"] = adapter.config
+    return record

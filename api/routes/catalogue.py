@@ -40,6 +40,7 @@ def list_models(_tenant: TenantDep) -> dict[str, Any]:
                 "defaults": m.params_model().model_dump(mode="json"),
                 "finetune_blocks": m.block_names(m.params_model().model_dump(mode="json")),
                 "lora": m.lora,  # training.finetune "lora" applies (attention and MLP Linear layers)
+                "lora_targets": m.lora_targets,  # hf: training.lora.target_modules per model type
             }
             for m in MODELS.values()
         ]

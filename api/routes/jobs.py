@@ -23,7 +23,7 @@ from api.routes.event_stream import (
     resume_point,
     wants_event_stream,
 )
-from api.routes.hf_download import hf_zip_response
+from api.routes.hf_download import zip_response
 from api.routes.planning_slots import PlanningSlotDep
 from api.routes.routing import ReleasingRoute
 from api.routes.stream_access import api_reader, bearer_key_digest
@@ -381,17 +381,19 @@ def download_model(
     session: SessionDep,
     tenant: TenantDep,
     format: Annotated[
-        Literal["safetensors", "hf"],
+        Literal["safetensors", "hf", "peft"],
         Query(
-            description="safetensors (default: the file privtrain.load_model reads) or hf: a ZIP of a Transformers "
+            description="safetensors (default: the file privtrain.load_model reads); hf: a ZIP of a Transformers "
             "save_pretrained folder (config.json, model.safetensors, privacy_report.json, README.md), "
-            "for models named 'hf' only"
+            "for models named 'hf' only; peft: a ZIP of the PEFT adapter folder (adapter_config.json, "
+            "adapter_model.safetensors, privacy_report.json, README.md) of an 'hf' model fine-tuned with LoRA"
         ),
     ] = "safetensors",
 ) -> Response:
     """The model file, streamed; or, with pre-signed downloads, a 307 to the object store. Either
     way only after the tenant checks (another tenant gets 404), with the file's SHA-256.
-    ``format=hf``: an `hf` model as a Transformers folder, zipped (docs/hugging-face.md)."""
+    ``format=hf``: an `hf` model as a Transformers folder, zipped; ``format=peft``: a LoRA job's PEFT
+    adapter folder, zipped (docs/hugging-face.md)."""
     job = job_for(session, tenant, job_id, need="read")
     if job.status == JobStatus.SUCCEEDED and job.model_blob is None:
         raise Problem(
@@ -401,12 +403,14 @@ def download_model(
             "its report is kept",
         )
     key = _artifact_ready(job, job.model_blob)
-    if format == "hf":
+    if format != "safetensors":
         report = report_outbox.read_report(session, services.blobs, job_id=job.id, key=report_key(job))
         owner = relation_to(session, tenant, job) == "dataset-owner"
         levels = chain_levels(session, tenant, report.get("init"))
         viewed = report_for_viewer(report, viewer_owns_dataset=owner, init_levels=levels)
-        return hf_zip_response(services.blobs.local_path(key), report=viewed, filename=f"{job.id}-hf.zip")
+        return zip_response(
+            services.blobs.local_path(key), format=format, report=viewed, filename=f"{job.id}-{format}.zip"
+        )
     filename = f"{job.id}.safetensors"
     headers = {"X-Content-SHA256": job.model_sha256 or ""}
     if services.settings.download_mode == "presigned":

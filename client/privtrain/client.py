@@ -43,7 +43,7 @@ from privtrain.transfers import ModelDownload, upload_body, zipped_checkpoint
 from privtrain.version import __version__
 
 R = TypeVar("R")
-ModelFormat = Literal["safetensors", "hf"]
+ModelFormat = Literal["safetensors", "hf", "peft"]
 """What ``download_model`` fetches: the model file, or (an `hf` model) a Transformers folder, zipped."""
 T = TypeVar("T", bound=Resource)
 
@@ -635,8 +635,8 @@ class Client:
     def download_model(self, job_id: str, path: str | os.PathLike[str], *, format: ModelFormat = "safetensors") -> Path:
         """Stream the safetensors file to ``path`` (a directory gets ``<job id>.safetensors``).
 
-        ``format="hf"`` (models named ``hf`` only): a ZIP of a Transformers ``save_pretrained`` folder
-        instead (a directory gets ``<job id>-hf.zip``), with the privacy report and a model card.
+        ``format="hf"`` (models named ``hf``): a ZIP of a Transformers ``save_pretrained`` folder; ``"peft"``
+        (their LoRA jobs): a ZIP of the PEFT adapter folder; each with the report and a model card.
 
         Written to a temporary file, checked against the server's X-Content-SHA256, then renamed:
         a failed or corrupted download never leaves a partial model at ``path``. A service with
@@ -645,7 +645,7 @@ class Client:
         """
         target = Path(path)
         if target.is_dir():
-            target = target / (f"{job_id}-hf.zip" if format == "hf" else f"{job_id}.safetensors")
+            target = target / (f"{job_id}-{format}.zip" if format != "safetensors" else f"{job_id}.safetensors")
         query = {"format": format} if format != "safetensors" else None
         download = ModelDownload(
             target=target, partial=target.with_name(target.name + ".part"), timeout=self._http.timeout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,8 @@ class SpecOverrides:
     """training.lora.rank: the adapters' rank (with finetune lora)."""
     lora_alpha: float | None = None
     """training.lora.alpha: the adapters' scale (with finetune lora)."""
+    lora_targets: tuple[str, ...] = ()
+    """training.lora.target_modules: the layers of an `hf` model that get adapters (default: the family's)."""
     token_loss: str | None = None
     """training.token_loss: mean or sum of a row's token losses (language-model datasets)."""
     queue: str | None = None
@@ -106,10 +108,11 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
         "token_loss",
     ):
         _set(training, key, getattr(overrides, key))
-    if overrides.lora_rank is not None or overrides.lora_alpha is not None:
+    if overrides.lora_rank is not None or overrides.lora_alpha is not None or overrides.lora_targets:
         lora = training.setdefault("lora", {})
         _set(lora, "rank", overrides.lora_rank)
         _set(lora, "alpha", overrides.lora_alpha)
+        _set(lora, "target_modules", list(overrides.lora_targets) or None)
     if overrides.queue is not None:
         spec.setdefault("resources", {})["queue"] = overrides.queue
     return spec
@@ -139,20 +142,21 @@ def build_job_spec(
     precision: str | None = None,
     lora_rank: int | None = None,
     lora_alpha: float | None = None,
+    lora_targets: Sequence[str] = (),
     token_loss: str | None = None,
     queue: str | None = None,
 ) -> dict[str, Any]:
     """The JSON job spec the API expects, from keyword arguments.
 
-    ``batch_size`` and ``learning_rate`` are left out when None: full-batch and single-pass
-    algorithms refuse them (``privtrain algorithms NAME`` lists the training fields each reads).
-    Without ``target_epsilon`` and ``noise_multiplier`` the spec has no privacy block (the
-    non-private ``sgd``/``adam`` on public datasets). ``init_job``/``init_base_model`` set
-    ``model.init``; ``finetune`` (full, head, last_k_blocks, lora) and ``finetune_k`` which parameters train,
-    ``lora_rank``/``lora_alpha`` the adapters of finetune lora; ``augmult`` the augmented views per sampled
-    image (image datasets); ``rows_per_unit`` the rows averaged per sampled person (datasets with a privacy
-    unit column); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets);
-    ``queue`` the worker queue (resources.queue; by default the model's size decides)."""
+    ``batch_size`` and ``learning_rate`` are left out when None: full-batch and single-pass algorithms refuse
+    them (``privtrain algorithms NAME`` lists the training fields each reads). Without ``target_epsilon`` and
+    ``noise_multiplier`` the spec has no privacy block (the non-private ``sgd``/``adam`` on public datasets).
+    ``init_job``/``init_base_model`` set ``model.init``; ``finetune`` (full, head, last_k_blocks, lora) and
+    ``finetune_k`` which parameters train, ``lora_rank``/``lora_alpha``/``lora_targets`` the adapters of
+    finetune lora (the targets: an `hf` model's layers); ``augmult`` the augmented views per sampled image
+    (image datasets); ``rows_per_unit`` the rows averaged per sampled person (datasets with a privacy unit
+    column); ``precision`` fp32 or bf16; ``token_loss`` mean or sum (language-model datasets); ``queue`` the
+    worker queue (resources.queue; by default the model's size decides)."""
     spec = merge_spec(
         None,
         SpecOverrides(
@@ -177,6 +181,7 @@ def build_job_spec(
             precision=precision,
             lora_rank=lora_rank,
             lora_alpha=lora_alpha,
+            lora_targets=tuple(lora_targets),
             token_loss=token_loss,
             queue=queue,
         ),

@@ -7,6 +7,8 @@ with strict=True.
 
 A model fine-tuned with LoRA is stored merged (W + (alpha/r)·B·A in the plain architecture); its
 config records ``"lora": {"rank", "alpha", "merged": true}``, and it loads like any other model.
+An `hf` model's file also holds the PEFT adapter, its tensors named behind ``ADAPTER_PREFIX`` and
+``adapter_config.json``'s contents in ``lora.adapter_config``; loading skips them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from privtrain_common.atomic_files import write_atomically
-from privtrain_common.model_format import CONFIG_KEY, FORMAT_VERSION, TASKS
+from privtrain_common.model_format import ADAPTER_PREFIX, CONFIG_KEY, FORMAT_VERSION, TASKS
 from privtrain_common.zoo.architectures import build_model
 
 __all__ = [
@@ -97,22 +99,31 @@ def _rebuild(config: Mapping[str, object], state: Mapping[str, torch.Tensor]) ->
     model = build_model(
         name, params, input_shape=input_shape, n_outputs=n_outputs, generator=torch.Generator().manual_seed(0)
     )
+    own = {name: tensor for name, tensor in state.items() if not name.startswith(ADAPTER_PREFIX)}
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(own, strict=True)
     except RuntimeError as exc:
         raise ValueError(f"tensors do not match the {name!r} architecture: {exc}") from exc
     return model
 
 
-def save_model(path: Path, model: nn.Module, *, config: Mapping[str, object]) -> str:
+def save_model(
+    path: Path,
+    model: nn.Module,
+    *,
+    config: Mapping[str, object],
+    adapter: Mapping[str, torch.Tensor] | None = None,
+) -> str:
     """Write `model` to `path` as safetensors with `config` as metadata; return the sha256 hex.
 
     `config` must contain at least format_version (1), model {name, params}, input_shape,
     n_outputs and task. Before writing, the architecture is rebuilt from `config` and the
     tensors are loaded into it strictly, so every file written is one `load_model` can read.
+    `adapter`: a PEFT adapter's tensors, stored behind ``ADAPTER_PREFIX`` (module docstring).
     """
     tensors = cpu_contiguous(model.state_dict())
     _rebuild(config, tensors)
+    tensors.update({ADAPTER_PREFIX + name: tensor for name, tensor in cpu_contiguous(dict(adapter or {})).items()})
     try:
         config_json = json.dumps(config, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as exc:

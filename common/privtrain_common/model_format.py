@@ -7,3 +7,7 @@ CONFIG_KEY = "privtrain.config"
 """The safetensors metadata key that holds the file's JSON architecture config."""
 FORMAT_VERSION = 1
 TASKS = ("classification", "regression", "language-model")
+ADAPTER_PREFIX = "peft_adapter."
+"""An `hf` model fine-tuned with LoRA also carries its PEFT adapter: its tensors, named as in PEFT's
+``adapter_model.safetensors`` behind this prefix (the ``format=peft`` download serves them; loading
+the model skips them: the model's own tensors hold the adapters merged)."""

@@ -77,6 +77,7 @@ def resolve_init(
                 "architecture": record.architecture,
                 "n_outputs": record.n_outputs,
                 **dtypes,
+                **({"archive_sha256": record.archive_sha256} if record.archive_sha256 else {}),
             },
         )
     assert init.job_id is not None

@@ -15,16 +15,14 @@ the model from (``privtrain_common.zoo.hf.transformers_config``), so the two can
 from __future__ import annotations
 
 import json
-import shutil
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from kernel.base_models.safetensors_header import HEADER_BOUNDS, MAX_HEADER_BYTES
-from kernel.bounded_json import loads_bounded
 from kernel.errors import InvalidInput
-from privtrain_common.model_format import CONFIG_KEY
+from kernel.jobs.released_tensors import released_config, write_renamed
+from privtrain_common.model_format import ADAPTER_PREFIX
 from privtrain_common.zoo.hf.transformers_config import (
     AUTO_CLASSES,
     architecture,
@@ -34,7 +32,6 @@ from privtrain_common.zoo.hf.transformers_config import (
 )
 
 HF_FORMAT = "hf"
-_COPY_CHUNK = 1 << 20
 
 
 class ModelFormatUnavailable(InvalidInput):
@@ -49,50 +46,21 @@ class ModelFormatUnavailable(InvalidInput):
         )
 
 
-def _header(handle: IO[bytes]) -> tuple[dict[str, Any], int]:
-    """The released file's header (tensor table and metadata) and its length in bytes."""
-    length = int.from_bytes(handle.read(8), "little")
-    if length > MAX_HEADER_BYTES:
-        raise ValueError(f"the model file's header is over {MAX_HEADER_BYTES} bytes")
-    header = loads_bounded(handle.read(length).decode("utf-8"), bounds=HEADER_BOUNDS)
-    if not isinstance(header, dict):
-        raise ValueError("the model file's header is not a JSON object")
-    return header, length
-
-
-def released_config(model_path: Path) -> dict[str, Any]:
-    """The architecture config a released model file carries in its metadata."""
-    with model_path.open("rb") as handle:
-        header, _ = _header(handle)
-    config = json.loads(header["__metadata__"][CONFIG_KEY])
-    if not isinstance(config, dict):
-        raise ValueError("the model file's config is not a JSON object")
-    return config
-
-
-def _renamed_header(header: Mapping[str, Any], *, model_type: str) -> bytes:
-    """Transformers' names as ``save_pretrained`` writes them (ViT's earlier module names, which
-    every Transformers version loads) and its metadata, padded with spaces to 8 bytes as
-    safetensors writes it."""
-    table: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    table.update(
-        {
-            saved_name(model_type, transformers_name(name)): entry
-            for name, entry in header.items()
-            if name != "__metadata__"
-        }
-    )
-    encoded = json.dumps(table, separators=(",", ":")).encode("utf-8")
-    return encoded + b" " * (-len(encoded) % 8)
+def _transformers_name(name: str, *, model_type: str) -> str | None:
+    """Transformers' name of a released tensor as ``save_pretrained`` writes it (ViT's earlier module
+    names, which every Transformers version loads); None for a PEFT adapter's tensors."""
+    if name.startswith(ADAPTER_PREFIX):
+        return None
+    return saved_name(model_type, transformers_name(name))
 
 
 def _write_weights(model_path: Path, target: IO[bytes], *, model_type: str) -> None:
-    with model_path.open("rb") as source:
-        header, _ = _header(source)
-        renamed = _renamed_header(header, model_type=model_type)
-        target.write(len(renamed).to_bytes(8, "little"))
-        target.write(renamed)
-        shutil.copyfileobj(source, target, _COPY_CHUNK)
+    write_renamed(
+        model_path,
+        target,
+        rename=lambda name: _transformers_name(name, model_type=model_type),
+        metadata={"format": "pt"},
+    )
 
 
 def model_card(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
@@ -108,7 +76,7 @@ def model_card(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
             f"# {name}, trained with differential privacy by privtrain",
             "",
             f"Job `{config.get('job_id', report.get('job_id', ''))}`: a `{hf['model_type']}` model ({task}), "
-            "trained from a random initialisation with differentially private training.",
+            f"{start_sentence(config, report)}",
             "",
             "## Privacy guarantee",
             "",
@@ -129,6 +97,25 @@ def model_card(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
             "",
         ]
     )
+
+
+def start_sentence(config: Mapping[str, Any], report: Mapping[str, Any]) -> str:
+    """How the weights started and what trained, in words (as the report states the start)."""
+    init = report.get("init") if isinstance(report.get("init"), Mapping) else None
+    if init is None:
+        start = "trained from a random initialisation"
+    elif init.get("kind") == "base-model":
+        uploaded = init.get("archive_sha256") or init.get("sha256")
+        start = f"fine-tuned from base model `{init.get('base_model_id')}` (uploaded with SHA-256 `{uploaded}`)"
+    else:
+        start = f"fine-tuned from the model of job `{init.get('job_id')}`"
+    lora = config.get("lora")
+    how = (
+        f" with LoRA adapters (rank {lora['rank']}, alpha {lora['alpha']:g}), merged into these weights"
+        if isinstance(lora, Mapping)
+        else ""
+    )
+    return f"{start}{how}, with differentially private training."
 
 
 def _inputs(hf: Mapping[str, Any], config: Mapping[str, Any], text: Mapping[str, Any]) -> str:

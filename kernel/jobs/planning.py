@@ -354,13 +354,13 @@ def _check_algorithm_trains_model(algorithm: AlgorithmDefinition[Any], model: Mo
 
 
 def _check_lora_fits_model(spec: JobCreate, model: ModelDefinition) -> None:
-    """The service's LoRA adapters go on the zoo's own attention and MLP Linear layers (an `hf` model has
-    attention too, but its LoRA, through PEFT, is a later part of docs/hugging-face.md)."""
+    """LoRA goes on models with attention: the zoo's transformers (the service's own adapters) and the
+    `hf` models (PEFT's)."""
     if spec.training.finetune == "lora" and not model.lora:
         with_lora = ", ".join(name for name in MODELS.names() if get_model(name).lora)
         raise _invalid(
             "lora-unsupported-model",
-            f"training.finetune lora puts the service's adapters on the attention and MLP Linear layers of "
+            f"training.finetune lora puts adapters on the attention (and MLP) Linear layers of "
             f"{with_lora}; model '{model.name}' does not take them",
         )
 
@@ -449,6 +449,12 @@ def plan_job(
     )
     if spec.training.finetune == "last_k_blocks" and spec.training.finetune_k is not None:
         model.check_finetune_k(model_params, spec.training.finetune_k)  # 422 finetune-k-out-of-range
+    lora_trains_head = False
+    if spec.training.lora is not None:
+        try:
+            lora_trains_head = model.check_lora(model_params, spec.training.lora.target_modules)
+        except ModelIncompatible as exc:
+            raise _invalid("lora-unsupported-model", str(exc)) from None
     try:
         evaluation = plan_evaluation(spec.evaluation, facts) if spec.evaluation else None
         hyperparameters = algorithm.adopt_privacy_target(
@@ -522,7 +528,8 @@ def plan_job(
     start: dict[str, Any] | None = None
     if init is not None:  # where the weights start, as the report states it
         new_head = head_is_new(init, n_outputs=model.n_outputs(facts), classes=dataset_classes(dataset))
-        if new_head and spec.training.finetune == "lora":  # LoRA freezes the head: a fresh one would stay random
+        # The service's own LoRA (and an LM's) freezes the head: a fresh one would stay random.
+        if new_head and spec.training.finetune == "lora" and not lora_trains_head:
             raise _invalid(
                 "lora-needs-the-init-head",
                 "training.finetune lora trains only adapters and keeps the head frozen, but this dataset's "

@@ -284,6 +284,8 @@ def _base_model_statement(provenance: Mapping[str, Any]) -> str:
         "as public pretrained weights: they are treated as public, and this report covers nothing "
         "about the data they were trained on."
     )
+    if provenance.get("archive_sha256"):
+        statement += f" It was uploaded as a Transformers checkpoint ZIP with SHA-256 {provenance['archive_sha256']}."
     cast_from = [dtype for dtype in provenance.get("stored_dtypes") or [] if dtype != "F32"]
     if cast_from:
         statement += f" Its tensors were stored in {', '.join(cast_from)} and cast to F32 when loaded."

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from kernel.privacy.ranges import DELTA_MIN, NOISE_MULTIPLIER_MAX, NOISE_MULTIPLIER_MIN, range_text
 from kernel.schemas.renamed import WithRenamedFields, deprecated_alias
@@ -94,6 +94,22 @@ class LoraSpec(_Strict):
 
     rank: int = Field(ge=1, le=256, description="r: the adapters' inner width")
     alpha: float = Field(default=16.0, gt=0, le=1024, description="the adapters' output is scaled by alpha / rank")
+    dropout: float = Field(
+        default=0.0,
+        ge=0,
+        le=0,
+        description="dropout on the adapters' input: 0 only, as everywhere in a DP job's model (a random "
+        "forward would give each example a gradient that differs per call, and the exact per-example "
+        "engines need one)",
+    )
+    target_modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="`hf` models only: the names of the layers that get adapters (PEFT's target_modules, "
+        "matched on the last part of a module's name); default: the family's attention projections. "
+        "GET /v1/models lists each family's defaults and the names it accepts (lora_targets of hf)",
+    )
 
 
 class TrainingSpec(_Strict):

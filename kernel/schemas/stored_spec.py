@@ -71,6 +71,9 @@ class StoredPrivacy(StoredModel):
 class StoredLora(StoredModel):
     rank: int
     alpha: float
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
+    """`hf` models: the layers PEFT puts adapters on (None: the family's default)."""
 
 
 class StoredTraining(StoredModel):
@@ -168,6 +171,8 @@ class BaseModelStart(StoredModel):
     """The dtypes the file was uploaded in; absent in older rows."""
     new_head: bool | None = None
     """Whether the head started fresh; absent in rows written before heads were reused."""
+    archive_sha256: str | None = None
+    """format=hf: SHA-256 of the ZIP as uploaded (``sha256`` is the stored weights file's)."""
 
 
 class JobStart(StoredModel):

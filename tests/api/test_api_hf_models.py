@@ -98,6 +98,9 @@ def _assert_transformers_loads_the_same_model(
     response = alice.get(f"/v1/jobs/{job_id}/model", params={"format": "hf"})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/zip"
+    no_adapter = alice.get(f"/v1/jobs/{job_id}/model", params={"format": "peft"})  # not a LoRA job
+    assert no_adapter.status_code == 422 and no_adapter.json()["type"] == "/problems/model-format-unavailable"
+    assert "finetune lora" in no_adapter.json()["detail"]
     folder = tmp_path / "hf"
     with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
         assert sorted(archive.namelist()) == ["README.md", "config.json", "model.safetensors", "privacy_report.json"]

@@ -55,6 +55,9 @@ def test_download_an_hf_model_as_a_transformers_folder(
     assert config["model_type"] == "distilbert" and config["architectures"] == ["DistilBertForSequenceClassification"]
 
     assert client.download_model(job.id, tmp_path, format="hf") == tmp_path / f"{job.id}-hf.zip"
+    with pytest.raises(PrivtrainError) as no_adapter:  # an hf job without LoRA has no PEFT adapter
+        client.download_model(job.id, tmp_path, format="peft")
+    assert no_adapter.value.slug == "model-format-unavailable" and not (tmp_path / f"{job.id}-peft.zip").exists()
     lr = client.submit(
         {
             "dataset_id": dataset.id,

@@ -39,6 +39,27 @@ def test_lora_flags_override_one_member_of_a_spec_file() -> None:
 
 def test_the_cli_offers_the_text_flags() -> None:
     help_text = CliRunner().invoke(cli, ["jobs", "submit", "--help"]).output
-    for flag in ("--lora-rank", "--lora-alpha", "--token-loss"):
+    for flag in ("--lora-rank", "--lora-alpha", "--lora-target", "--token-loss"):
         assert flag in help_text
     assert "lora" in help_text.split("--finetune ")[1].split("\n")[0]
+
+
+def test_lora_targets_become_target_modules_and_the_server_accepts_them() -> None:
+    spec = build_job_spec(
+        dataset_id="ds_text",
+        model="hf",
+        algorithm="dp-sgd",
+        target_epsilon=8.0,
+        steps=10,
+        batch_size=32,
+        learning_rate=0.5,
+        init_base_model="bm_base",
+        finetune="lora",
+        lora_rank=4,
+        lora_targets=["c_attn", "c_fc"],
+    )
+    assert spec["training"]["lora"] == {"rank": 4, "target_modules": ["c_attn", "c_fc"]}
+    parsed = JobCreate.model_validate(spec)
+    assert parsed.training.lora is not None and parsed.training.lora.target_modules == ["c_attn", "c_fc"]
+    base = {"training": {"finetune": "lora", "lora": {"rank": 4, "target_modules": ["c_attn"]}}}
+    assert merge_spec(base, SpecOverrides(lora_alpha=2.0))["training"]["lora"]["target_modules"] == ["c_attn"]

@@ -110,3 +110,27 @@ def test_a_tabular_dataset_is_refused() -> None:
     tabular = DatasetFacts(n_rows=10, feature_shape=(4,), task="classification", n_classes=2)
     with pytest.raises(ModelIncompatible, match="need a text dataset"):
         get_model("hf").validate({}, tabular, limits=ROOMY)
+
+
+@pytest.mark.parametrize(("model_type", "task"), HF_CASES)
+def test_lora_targets_are_checked_and_the_defaults_are_layers_transformers_builds(model_type: str, task: str) -> None:
+    """Every accepted target names a layer of the model Transformers builds; unknown names are refused
+    with the accepted list; a classifier's head trains with the adapters, a language model's does not."""
+    hf = get_model("hf")
+    params = _validate(task, hf_config(model_type))
+    targets = hf.lora_targets[model_type]
+    assert set(targets["default"]) <= set(targets["accepted"])
+    assert hf.check_lora(params, None) is (task != "causal-lm")
+    assert hf.check_lora(params, targets["accepted"]) is (task != "causal-lm")
+    with pytest.raises(ModelIncompatible, match=", ".join(targets["accepted"])):
+        hf.check_lora(params, ["not_a_layer"])
+    built = build_model("hf", params, input_shape=(LENGTH,), n_outputs=VOCAB if task == "causal-lm" else 4)
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in built.named_modules()}
+    assert set(targets["accepted"]) <= leaves
+
+
+def test_target_modules_are_for_hf_models_only() -> None:
+    params = get_model("transformer-classifier").params_model().model_dump(mode="json")
+    assert get_model("transformer-classifier").check_lora(params, None) is False
+    with pytest.raises(ModelIncompatible, match="leave it out"):
+        get_model("transformer-classifier").check_lora(params, ["q"])

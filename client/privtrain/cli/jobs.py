@@ -173,26 +173,28 @@ def _ended_as(status: object) -> str:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("."),
     show_default=True,
-    help="directory for <job>.safetensors (or <job>-hf.zip) and <job>.report.json",
+    help="directory for <job>.safetensors (or <job>-hf.zip, <job>-peft.zip) and <job>.report.json",
 )
 @click.option(
     "--format",
     "model_format",
-    type=click.Choice(["safetensors", "hf"]),
+    type=click.Choice(["safetensors", "hf", "peft"]),
     default="safetensors",
     show_default=True,
-    help="hf: a model named 'hf' as a zipped Transformers save_pretrained folder (docs/hugging-face.md)",
+    help="hf: a model named 'hf' as a zipped Transformers save_pretrained folder; peft: its LoRA adapter as "
+    "a zipped PEFT folder (docs/hugging-face.md)",
 )
 @json_flag
 def jobs_download(job_id: str, out_dir: Path, model_format: ModelFormat) -> None:
     """Download a job's privacy report (JSON) and, if it succeeded, its model (safetensors,
-    digest-checked; or with --format hf a Transformers folder, zipped). A job cancelled or failed
+    digest-checked; or with --format hf a Transformers folder, with --format peft a LoRA job's PEFT
+    adapter folder, zipped). A job cancelled or failed
     after it committed ε has a report and no model."""
     client = current_state().client()
     out_dir.mkdir(parents=True, exist_ok=True)
     report = client.report(job_id)
     released = report.get("status", "succeeded") == "succeeded"
-    name = f"{job_id}-hf.zip" if model_format == "hf" else f"{job_id}.safetensors"
+    name = f"{job_id}-{model_format}.zip" if model_format != "safetensors" else f"{job_id}.safetensors"
     model_path = client.download_model(job_id, out_dir / name, format=model_format) if released else None
     report_path = out_dir / f"{job_id}.report.json"
     report_path.write_text(to_json(report) + "\n")

@@ -94,6 +94,12 @@ SPEC_OPTIONS = [
     _spec_option("--lora-rank", type=click.IntRange(1, 256), help="rank of the adapters of --finetune lora"),
     _spec_option("--lora-alpha", type=float, help="alpha of --finetune lora: the update is scaled by alpha/rank"),
     _spec_option(
+        "--lora-target",
+        "lora_targets",
+        multiple=True,
+        help="an hf model's layer that gets adapters (repeatable; default: the family's attention projections)",
+    ),
+    _spec_option(
         "--token-loss",
         type=click.Choice(["mean", "sum"]),
         help="language-model datasets: a row's loss is the mean (default) or sum of its token losses",

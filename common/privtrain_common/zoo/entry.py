@@ -8,8 +8,8 @@ model the entry describes (tests pin the two together).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from privtrain_common.zoo.inputs import InputFacts
@@ -60,6 +60,13 @@ class ZooEntry:
     """The params that belong to the dataset, not to the job: ``complete`` fills them in."""
     lora: bool = False
     """Whether ``training.finetune: lora`` applies: the model has attention and MLP Linear layers."""
+    lora_targets: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    """For models whose LoRA layers a job chooses (``training.lora.target_modules``): per variant (an
+    `hf` model type), the ``default`` layers and the ``accepted`` ones."""
+    check_lora: Callable[[Any, tuple[str, ...] | None], bool] | None = None
+    """(params, training.lora.target_modules) → whether LoRA also trains the model's head (a classifier's
+    new head, as PEFT's ``modules_to_save``), or ModelIncompatible for layer names the model has not.
+    None: the service's own adapters, on fixed layers (no target_modules), with the head frozen."""
     body_from: frozenset[str] = frozenset()
     """Other zoo models whose weights this one can start from: their body is this model's (the same
     parameter names and shapes for the params they share), the head is new. A classifier starts

@@ -305,6 +305,19 @@ def _start_from(params: dict[str, Any], init: dict[str, Any]) -> dict[str, Any]:
     return {"task": params.get("task", init["task"]), "config": dict(init["config"])}
 
 
+def _check_lora(params: HFParams, targets: tuple[str, ...] | None) -> bool:
+    """PEFT's adapters go on the family's accepted layers; a classifier's head trains with them (PEFT's
+    ``modules_to_save``: a new head would otherwise stay random), a language model's stays frozen."""
+    lora = FAMILIES[params.config["model_type"]].lora
+    unknown = sorted(set(targets or ()) - lora.accepted)
+    if unknown:
+        raise ModelIncompatible(
+            f"training.lora.target_modules {unknown} are not layers a {params.config['model_type']!r} model takes "
+            f"adapters on; accepted: {', '.join(sorted(lora.accepted))} (default: {', '.join(lora.default)})"
+        )
+    return params.task != "causal-lm"
+
+
 ENTRIES = (
     ZooEntry(
         name="hf",
@@ -321,5 +334,11 @@ ENTRIES = (
         blocks=_blocks,
         complete=_complete,
         start_from=_start_from,
+        lora=True,
+        lora_targets={
+            model_type: {"default": family.lora.default, "accepted": tuple(sorted(family.lora.accepted))}
+            for model_type, family in FAMILIES.items()
+        },
+        check_lora=_check_lora,
     ),
 )

@@ -50,6 +50,18 @@ class Sizes:
     """ConvNeXt: whether each layer scales its branch by a learned vector (layer_scale_init_value > 0)."""
 
 
+@dataclass(frozen=True)
+class LoraTargets:
+    """Where ``training.finetune: lora`` may put PEFT's adapters in a family: the layer names a job's
+    ``training.lora.target_modules`` may give (matched, as PEFT does, on a module name's last part),
+    and the default, the attention projections (PEFT's own default where it has one)."""
+
+    default: tuple[str, ...]
+    accepted: frozenset[str]
+    conv1d: bool = False
+    """The layers are GPT-2's Conv1D (weights stored transposed: PEFT's ``fan_in_fan_out``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class HFFamily:
     """One allow-listed ``model_type``: its config keys, sizes and parameter count."""
@@ -74,6 +86,7 @@ class HFFamily:
     """Takes images (B, C, H, W) rather than token ids: no vocabulary, no padding."""
     list_keys: frozenset[str] = frozenset()
     """Keys whose value is a list of sizes, one per stage (ConvNeXt's ``hidden_sizes``, ``depths``)."""
+    lora: LoraTargets
 
     @property
     def accepted_keys(self) -> frozenset[str]:
@@ -165,6 +178,8 @@ _BERT_KEYS = MappingProxyType(
 _LLAMA_KEYS = _BERT_KEYS
 _ENCODER_FREE = frozenset({"hidden_act", "layer_norm_eps", "initializer_range"})
 _LLAMA_FREE = frozenset({"hidden_act", "rms_norm_eps", "initializer_range", "bos_token_id", "eos_token_id"})
+_BERT_LORA = LoraTargets(default=("query", "value"), accepted=frozenset({"query", "key", "value"}))
+"""BERT-style attention (BERT, RoBERTa): PEFT's default, the query and value projections."""
 _CLASSIFY = frozenset({"sequence-classification"})
 _BOTH = frozenset({"sequence-classification", "causal-lm"})
 
@@ -178,6 +193,7 @@ register_family(
         dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"),
         decoder=False,
         parameters=_bert,
+        lora=_BERT_LORA,
     )
 )
 register_family(
@@ -190,6 +206,7 @@ register_family(
         dropout_keys=("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"),
         decoder=False,
         parameters=_roberta,
+        lora=_BERT_LORA,
     )
 )
 register_family(
@@ -211,6 +228,9 @@ register_family(
         dropout_keys=("dropout", "attention_dropout", "seq_classif_dropout", "qa_dropout"),
         decoder=False,
         parameters=_distilbert,
+        lora=LoraTargets(
+            default=("q_lin", "v_lin"), accepted=frozenset({"q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"})
+        ),
     )
 )
 register_family(
@@ -233,6 +253,7 @@ register_family(
         dropout_keys=("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"),
         decoder=True,
         parameters=_gpt2,
+        lora=LoraTargets(default=("c_attn",), accepted=frozenset({"c_attn", "c_proj", "c_fc"}), conv1d=True),
     )
 )
 for _model_type, _qkv_bias in (("llama", False), ("qwen2", True)):
@@ -246,6 +267,10 @@ for _model_type, _qkv_bias in (("llama", False), ("qwen2", True)):
             dropout_keys=("attention_dropout",),
             decoder=True,
             parameters=_llama_style(qkv_bias=_qkv_bias),
+            lora=LoraTargets(
+                default=("q_proj", "v_proj"),
+                accepted=frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}),
+            ),
         )
     )
 
@@ -299,6 +324,10 @@ register_family(
         decoder=False,
         parameters=_vit,
         image=True,
+        # Transformers 5 names ViT's projections as Llama's (it saves them under the earlier names).
+        lora=LoraTargets(
+            default=("q_proj", "v_proj"), accepted=frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"})
+        ),
     )
 )
 register_family(
@@ -312,6 +341,8 @@ register_family(
         decoder=False,
         parameters=_convnext,
         image=True,
+        # No attention: the default is each layer's two pointwise Linears (its MLP).
+        lora=LoraTargets(default=("pwconv1", "pwconv2"), accepted=frozenset({"pwconv1", "pwconv2"})),
         list_keys=frozenset({"hidden_sizes", "depths"}),
     )
 )
