@@ -61,6 +61,7 @@ from dp.per_example.ghost import check_ghost_supported, ghost_clipped_grad_sum, 
 from dp.per_example.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
 from dp.precision import PRECISIONS, Precision, autocast_context
 from privtrain_common.zoo.architectures import build_model
+from training.finetune import apply_finetune
 
 CLIP = 1.0
 Step = Callable[[], list[torch.Tensor]]
@@ -77,6 +78,9 @@ class Case:
     vocab: int = 0
     """> 0: rows are token ids below it (text models), else float features."""
     loss: str = "cross_entropy"
+    lora: dict | None = None
+    """LoRA as a job's ``training.lora`` (PEFT's adapters on an `hf` model): only they (and a classifier's
+    head) train, as ``training.finetune: lora`` makes the worker do."""
 
 
 def _hf_config(model_type: str, *, width: int = 256, layers: int = 4) -> dict:
@@ -94,6 +98,16 @@ def _hf_config(model_type: str, *, width: int = 256, layers: int = 4) -> dict:
     }
 
 
+_VIT_TINY = {
+    "model_type": "vit",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "image_size": 32,
+    "patch_size": 4,
+    "num_channels": 3,
+}
 _TEXT = {"layers": 2, "dim": 256, "heads": 4, "mlp_dim": 1024, "vocab_size": 1024, "pad_id": 0}
 CASES = {
     "cnn-b128": Case("cnn2-gn 1×28×28, B=128", "cnn2-gn", {}, (1, 28, 28), 10, 128),
@@ -153,6 +167,17 @@ CASES = {
         vocab=1024,
         loss="token_cross_entropy_sum",
     ),
+    "hf-gpt2-lora-t128-b32": Case(
+        "hf gpt2 4×256, T=128, B=32, causal LM, LoRA r=8 on c_attn",
+        "hf",
+        {"task": "causal-lm", "config": _hf_config("gpt2")},
+        (128,),
+        1024,
+        32,
+        vocab=1024,
+        loss="token_cross_entropy_sum",
+        lora={"rank": 8, "alpha": 16},
+    ),
     # The same families at CPU size (the CPU step-cost table of docs/benchmarks.md).
     "hf-bert-tiny-t64-b32": Case(
         "hf bert 2×64, T=64, B=32, sequence classification",
@@ -173,22 +198,30 @@ CASES = {
         vocab=1024,
         loss="token_cross_entropy_sum",
     ),
+    "hf-gpt2-tiny-lora-t64-b32": Case(
+        "hf gpt2 2×64, T=64, B=32, causal LM, LoRA r=8 on c_attn",
+        "hf",
+        {"task": "causal-lm", "config": _hf_config("gpt2", width=64, layers=2)},
+        (64,),
+        1024,
+        32,
+        vocab=1024,
+        loss="token_cross_entropy_sum",
+        lora={"rank": 8, "alpha": 16},
+    ),
+    "hf-vit-tiny-lora-b32": Case(
+        "hf vit 2×64 (patch 4), 3×32×32, B=32, LoRA r=8 on q_proj, v_proj and the head",
+        "hf",
+        {"task": "image-classification", "config": _VIT_TINY},
+        (3, 32, 32),
+        10,
+        32,
+        lora={"rank": 8, "alpha": 16},
+    ),
     "hf-vit-tiny-b32": Case(
         "hf vit 2×64 (patch 4), 3×32×32, B=32, image classification",
         "hf",
-        {
-            "task": "image-classification",
-            "config": {
-                "model_type": "vit",
-                "hidden_size": 64,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "intermediate_size": 256,
-                "image_size": 32,
-                "patch_size": 4,
-                "num_channels": 3,
-            },
-        },
+        {"task": "image-classification", "config": _VIT_TINY},
         (3, 32, 32),
         10,
         32,
@@ -199,13 +232,18 @@ SMALL_CASES = ("cnn-b128", "cnn-b512", "mlp-b256")
 
 
 def _model(case: Case, device: torch.device) -> nn.Module:
-    return build_model(
+    model = build_model(
         case.model,
         case.params,
         input_shape=case.input_shape,
         n_outputs=case.n_classes,
         generator=torch.Generator().manual_seed(0),
     ).to(device)
+    if case.lora is not None:  # PEFT draws the adapters' A from the global generator: the same A for every engine
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(0)
+            apply_finetune(model, mode="lora", lora=case.lora)
+    return model
 
 
 def _batch(case: Case, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,7 +60,7 @@ hf_engines() {  # the Hugging Face models: vmap engine against non-private (the 
         echo "## Hugging Face models (vmap engine; the ghost engine refuses them)"
         echo
         timeout "$budget" python3 -m bench.engine_compare --device "$DEVICE" --repeats 5 \
-            --cases hf-bert-t128-b64,hf-gpt2-t128-b32 2>>"$OUT/suite.err"
+            --cases hf-bert-t128-b64,hf-gpt2-t128-b32,hf-gpt2-lora-t128-b32 2>>"$OUT/suite.err"
         echo
     } >>"$OUT/gpu_table.md"
 }

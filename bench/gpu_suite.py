@@ -51,7 +51,7 @@ import torch
 
 ZOO_CASES = (
     "cnn3-b256,cnn3-b1024,wrn16-4-b256,resnet-gn-b256,vit-b256,mlp-wide-b4096,tcls-t64-b512,tlm-t128-b128,"
-    "tlm-t256-b64,hf-bert-t128-b64,hf-gpt2-t128-b32"
+    "tlm-t256-b64,hf-bert-t128-b64,hf-gpt2-t128-b32,hf-gpt2-lora-t128-b32"
 )
 BF16_CASES = "cnn3-b1024,wrn16-4-b256,vit-b256,tlm-t256-b64"
 

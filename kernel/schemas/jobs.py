@@ -96,8 +96,6 @@ class LoraSpec(_Strict):
     alpha: float = Field(default=16.0, gt=0, le=1024, description="the adapters' output is scaled by alpha / rank")
     dropout: float = Field(
         default=0.0,
-        ge=0,
-        le=0,
         description="dropout on the adapters' input: 0 only, as everywhere in a DP job's model (a random "
         "forward would give each example a gradient that differs per call, and the exact per-example "
         "engines need one)",
@@ -110,6 +108,17 @@ class LoraSpec(_Strict):
         "matched on the last part of a module's name); default: the family's attention projections. "
         "GET /v1/models lists each family's defaults and the names it accepts (lora_targets of hf)",
     )
+
+
+    @field_validator("dropout")
+    @classmethod
+    def _no_dropout(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError(
+                f"lora dropout must be 0, got {value}: a random forward would give each example a gradient that "
+                "differs per call, and the exact per-example engines need one"
+            )
+        return value
 
 
 class TrainingSpec(_Strict):
