@@ -14,6 +14,9 @@ server and only through `privtrain.Client`:
   same four settings on Vim help paragraphs (PRIVATE); scored by the perplexity of held-out Vim
   paragraphs (mean over rows of each row's mean token loss, exponentiated).
 
+``--family hf`` runs the same protocol on Hugging Face Transformers models of the same sizes (a
+BERT classifier, a GPT-2 language model; LoRA through PEFT, docs/hugging-face.md).
+
 Every dataset uses the built-in byte tokenizer and `--max-length`. One job per cell; the same
 hyperparameters at every ε. Scoring runs here, on the downloaded models.
 
@@ -146,6 +149,30 @@ class Runner:
         return row
 
 
+def hf_params(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The `hf` model of the zoo model's sizes: a BERT classifier, or a GPT-2 language model (the
+    vocabulary and padding are the dataset's byte tokenizer's, filled in by the service)."""
+    if model == "transformer-classifier":
+        config = {
+            "model_type": "bert",
+            "hidden_size": args.dim,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": 4,
+            "intermediate_size": 2 * args.dim,
+            "max_position_embeddings": args.max_length,
+        }
+        return {"task": "sequence-classification", "config": config}
+    config = {
+        "model_type": "gpt2",
+        "n_embd": args.dim,
+        "n_layer": args.layers,
+        "n_head": 4,
+        "n_inner": 2 * args.dim,
+        "n_positions": args.max_length,
+    }
+    return {"task": "causal-lm", "config": config}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="the folder bench/text_corpora.py wrote")
@@ -163,6 +190,19 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.5)
     parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the non-private reference (a service that matches uploads by their rows refuses the private "
+        "rows again as a public dataset)",
+    )
+    parser.add_argument(
+        "--family",
+        choices=["zoo", "hf"],
+        default="zoo",
+        help="zoo: transformer-classifier and transformer-lm; hf: the same sizes as Transformers models (a BERT "
+        "classifier, a GPT-2 language model; LoRA through PEFT)",
+    )
     parser.add_argument("--budget-epsilon", type=float, default=40.0)
     parser.add_argument(
         "--evaluate", type=Path, metavar="MODEL", help="score one downloaded model on its task's test split and stop"
@@ -175,7 +215,7 @@ def main() -> None:
     client = Client.from_env(timeout=300)
     runner = Runner(client, args.out)
     started = time.time()
-    params = {"layers": args.layers, "dim": args.dim, "heads": 4, "mlp_dim": 2 * args.dim}
+    zoo_params = {"layers": args.layers, "dim": args.dim, "heads": 4, "mlp_dim": 2 * args.dim}
 
     def upload(path: Path, *, public: bool) -> str:
         common: dict[str, Any] = {"tokenizer": "byte", "max_length": args.max_length}
@@ -191,8 +231,8 @@ def main() -> None:
         private = epsilon is not None
         return build_job_spec(
             dataset_id=dataset_id,
-            model=model,
-            model_params=params,
+            model="hf" if args.family == "hf" else model,
+            model_params=hf_params(model, args) if args.family == "hf" else zoo_params,
             algorithm="dp-sgd" if private else "adam",
             hyperparameters={"clipping_norm": 1.0} if private else {},
             target_epsilon=epsilon,
@@ -224,8 +264,6 @@ def main() -> None:
                 return perplexity(path, test, args.max_length)
 
         private = upload(private_path, public=False)
-        copy = write_jsonl(args.out / f"{task}_reference.jsonl", read_jsonl(private_path), compact=True)
-        reference = upload(copy, public=True)
         pretrain = runner.run(
             task,
             "public pretraining (adam)",
@@ -233,7 +271,10 @@ def main() -> None:
             spec(model, public, epsilon=None, epochs=args.pretrain_epochs),
             None,
         )
-        runner.run(task, "NON-PRIVATE reference (adam)", None, spec(model, reference, epsilon=None), score)
+        if not args.no_reference:
+            copy = write_jsonl(args.out / f"{task}_reference.jsonl", read_jsonl(private_path), compact=True)
+            reference = upload(copy, public=True)
+            runner.run(task, "NON-PRIVATE reference (adam)", None, spec(model, reference, epsilon=None), score)
         for epsilon in args.epsilons:
             settings: dict[str, dict[str, Any]] = {
                 "DP fine-tune full": {"init_job": pretrain.job_id, "finetune": "full"},

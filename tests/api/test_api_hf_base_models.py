@@ -116,28 +116,6 @@ def test_a_bert_checkpoint_is_registered_and_fine_tuned_from_its_own_weights(
     assert report["init"]["kind"] == "base-model" and report["init"]["base_model_id"] == base["id"]
 
 
-def test_a_sharded_gpt2_with_a_tied_head_and_a_classifier_started_from_it(
-    alice: TestClient, settings: Settings, database: Database, tmp_path: Path
-) -> None:
-    lm_data = _upload(alice, "causal-lm")
-    gpt2 = _gpt2(lm_data)
-    folder, body = _saved(gpt2, tmp_path, "gpt2", max_shard_size="20KB")
-    assert (folder / "model.safetensors.index.json").exists()  # sharded, and the head saved once (tied)
-    response = _post(alice, body)
-    assert response.status_code == 201, response.text
-    base = response.json()
-    assert base["model_class"] == "GPT2LMHeadModel" and base["params"]["task"] == "causal-lm"
-    assert base["n_outputs"] == lm_data["vocab_size"]
-
-    classes = _upload(alice, "sequence-classification")  # the same byte tokenizer: vocabulary and padding fit
-    spec = _job(classes["id"], base["id"], task="sequence-classification", finetune="full")
-    job_id = run_on_worker(alice, settings, database, spec)
-    job = alice.get(f"/v1/jobs/{job_id}").json()
-    assert job["spec"]["model"]["params"]["task"] == "sequence-classification"
-    report = alice.get(f"/v1/jobs/{job_id}/report").json()
-    assert report["init"]["new_head"] is True  # a classifier's head on a language model's body
-
-
 def test_a_bare_body_needs_its_task_and_starts_every_job_with_a_new_head(alice: TestClient, tmp_path: Path) -> None:
     dataset = _upload(alice, "sequence-classification")
     body_only = _bert(dataset, labels=2).bert

@@ -51,14 +51,18 @@ def _lora_job(dataset_id: str, base_id: str, *, task: str, **lora: object) -> di
     return spec
 
 
-def test_a_lora_job_on_a_checkpoint_downloads_as_a_peft_adapter_and_merged(
+def test_a_sharded_gpt2_checkpoint_trains_lora_and_downloads_as_a_peft_adapter_and_merged(
     alice: TestClient, settings: Settings, database: Database, tmp_path: Path
 ) -> None:
+    """Also: a sharded checkpoint whose head is tied (saved once), and a classifier started from it."""
     lm_data = _upload(alice, "causal-lm")
-    folder, body = _saved(_gpt2(lm_data), tmp_path, "gpt2")
+    folder, body = _saved(_gpt2(lm_data), tmp_path, "gpt2", max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").exists()  # sharded, and the head saved once (tied)
     created = _post(alice, body)
     assert created.status_code == 201, created.text
     base = created.json()
+    assert base["model_class"] == "GPT2LMHeadModel" and base["params"]["task"] == "causal-lm"
+    assert base["n_outputs"] == lm_data["vocab_size"]
 
     hf = next(item for item in alice.get("/v1/models").json()["items"] if item["name"] == "hf")
     assert hf["lora"] is True and hf["lora_targets"]["gpt2"] == {
@@ -105,6 +109,10 @@ def test_a_lora_job_on_a_checkpoint_downloads_as_a_peft_adapter_and_merged(
     classes = _upload(alice, "sequence-classification")
     spec = _lora_job(classes["id"], base["id"], task="sequence-classification", target_modules=["c_attn", "c_fc"])
     classifier_job = run_on_worker(alice, settings, database, spec)
+    assert (
+        alice.get(f"/v1/jobs/{classifier_job}").json()["spec"]["model"]["params"]["task"] == "sequence-classification"
+    )
+    assert alice.get(f"/v1/jobs/{classifier_job}/report").json()["init"]["new_head"] is True  # a new head on the body
     head_dir = _unzipped(alice, classifier_job, "peft", tmp_path / "head")
     head_config = json.loads((head_dir / "adapter_config.json").read_text())
     assert head_config["target_modules"] == ["c_attn", "c_fc"] and "score" in head_config["modules_to_save"]

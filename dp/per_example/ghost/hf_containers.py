@@ -7,7 +7,7 @@ row); the classifiers pool each row's own positions (the first token, or the las
 padding, found per row). Their parameters all belong to Linear, Embedding, LayerNorm, Conv1D and
 RMSNorm layers, which have exact rules (`linear_conv`, `embedding`, `norms`, `hf_layers`).
 
-Configurations that would break that reading are refused on each instance (`_refusal`):
+Configurations that would break that reading are refused on each instance (`container_refusal`):
 attention other than "eager" (the builder asks for eager: `privtrain_common.zoo.hf.builder`),
 an attention dropout above 0, and gradient checkpointing (its backward re-runs the forward, which
 the recorder's hooks would not see). nn.Dropout is accepted with p = 0 only (`support`; the
@@ -20,9 +20,9 @@ broadcast over the batch, which the embedding rule cannot attribute to rows (the
 refuse them at run time). `HFModel` stays a whole subtree for the vmap engine; the containers are
 also registered with `supported_module`, as `ghost_container` asks.
 
-The image families (ViT, ConvNeXt) are refused whole, at the zoo's `HFImageModel`: ViT's CLS token
-and position embeddings and ConvNeXt's layer scale are bare parameters their forwards use directly,
-which no exact rule here covers; "auto" then trains them on the vmap engine, which is exact.
+ConvNeXt is refused whole, at the zoo's `HFImageModel`: its layer scale is a bare parameter its
+layers use directly, which no exact rule here covers; "auto" then trains it on the vmap engine,
+which is exact. ViT's bare parameters (CLS token, position embeddings) have a rule (`hf_vit`).
 
 Imported by `optional.load_optional_families` only once the process has imported Transformers.
 """
@@ -118,7 +118,7 @@ HF_PARAMETER_FREE: tuple[type[nn.Module], ...] = (
 """Element-wise activations the families' configs may name, and the rotary position tables."""
 
 
-def _refusal(module: nn.Module) -> str | None:
+def container_refusal(module: nn.Module) -> str | None:
     """A container configured outside what its forward was read for, or None."""
     if getattr(module, "gradient_checkpointing", False):
         return (
@@ -143,19 +143,21 @@ def _rotary_refusal(module: nn.Module) -> str | None:
 
 
 def _image_refusal(module: nn.Module) -> str | None:
-    """Always a reason: the image families own bare parameters that no exact rule covers."""
+    """ConvNeXt: its layer scale is a bare parameter its layers use directly, which no exact rule
+    covers (ViT's bare parameters have one: `hf_vit`)."""
+    if getattr(getattr(getattr(module, "model", None), "config", None), "model_type", None) == "vit":
+        return None
     return (
-        "is a ViT or ConvNeXt image model: ViT's CLS token and position embeddings, and ConvNeXt's layer "
-        "scale, are bare parameters its forward uses directly, which the ghost clipping engine has no exact "
-        "rule for; the vmap engine (engine auto or vmap) trains it exactly"
+        "is a ConvNeXt image model: its layer scale is a bare parameter its layers use directly, which the "
+        "ghost clipping engine has no exact rule for; the vmap engine (engine auto or vmap) trains it exactly"
     )
 
 
 ghost_container(HFModel)  # its forward calls the Transformers model, with a per-row mask and ids
-ghost_container(HFImageModel, refusal=_image_refusal)  # refused whole, so "auto" picks vmap
+ghost_container(HFImageModel, refusal=_image_refusal)  # ConvNeXt refused whole, so "auto" picks vmap
 for _classes in HF_CONTAINERS.values():
     for _container in _classes:
-        ghost_container(supported_module(_container), refusal=_refusal)
+        ghost_container(supported_module(_container), refusal=container_refusal)
 _ROTARY = (llama.LlamaRotaryEmbedding, qwen2.Qwen2RotaryEmbedding)
 for _module in HF_PARAMETER_FREE:
     ghost_parameter_free(supported_module(_module), refusal=_rotary_refusal if _module in _ROTARY else None)

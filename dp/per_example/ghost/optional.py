@@ -16,7 +16,11 @@ import sys
 __all__ = ["OPTIONAL_FAMILIES", "load_optional_families"]
 
 OPTIONAL_FAMILIES: dict[str, tuple[str, ...]] = {
-    "transformers": ("dp.per_example.ghost.hf_layers", "dp.per_example.ghost.hf_containers"),
+    "transformers": (
+        "dp.per_example.ghost.hf_layers",
+        "dp.per_example.ghost.hf_containers",
+        "dp.per_example.ghost.hf_vit",
+    ),
     "peft": ("dp.per_example.ghost.peft_containers",),
 }
 """Library -> the modules of this package that register its layers and containers."""

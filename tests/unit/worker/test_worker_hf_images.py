@@ -1,6 +1,7 @@
 """The `hf` image classifiers (ViT, ConvNeXt from a config) under the per-example engines: exact
-per-example gradients on the vmap engine, refused by the ghost engine (bare parameters: ViT's CLS
-token and position embeddings, ConvNeXt's layer scale) so that "auto" picks vmap."""
+per-example gradients on the vmap engine; ViT exact on the ghost engine too (its CLS token and
+position embeddings have a rule), ConvNeXt refused by it (its layer scale has none), so that
+"auto" picks vmap for it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ import torch
 
 from dp.losses import get_loss
 from dp.per_example.engines import uses_ghost
-from dp.per_example.ghost import check_ghost_supported
-from dp.per_example.per_sample import check_supported, iter_per_sample_grads, trainable_parameters
+from dp.per_example.ghost import check_ghost_supported, ghost_clipped_grad_sum
+from dp.per_example.per_sample import (
+    AbadiClip,
+    check_supported,
+    clipped_grad_sum,
+    iter_per_sample_grads,
+    trainable_parameters,
+)
 from tests.unit.worker.hf_image_fixtures import CLASSES, IMAGE_TYPES, image_config, image_model, images
 from training.finetune import apply_finetune, block_members
 
@@ -35,12 +42,45 @@ def test_per_example_gradients_equal_one_backward_per_example(model_type: str) -
     assert all(float(g.abs().max()) > 0 for g in grads.values())  # the CLS token, positions, layer scale too
 
 
-@pytest.mark.parametrize("model_type", IMAGE_TYPES)
-def test_the_ghost_engine_refuses_image_models_and_auto_picks_vmap(model_type: str) -> None:
-    model = image_model(model_type)
-    with pytest.raises(ValueError, match="bare parameters"):
+def test_the_ghost_engine_refuses_convnext_and_auto_picks_vmap() -> None:
+    model = image_model("convnext")
+    with pytest.raises(ValueError, match="layer scale is a bare parameter"):
         check_ghost_supported(model)
     assert not uses_ghost(model, "auto")
+
+
+def test_vit_on_the_ghost_engine_equals_vmap_and_brute_force() -> None:
+    """float64, every parameter trained (the CLS token, the position embeddings and the patch Conv2d
+    among them); the bound is the median norm, so some rows are clipped and some not."""
+    model = image_model("vit")
+    check_ghost_supported(model)
+    assert uses_ghost(model, "auto")
+    X, y = images(5), torch.arange(5) % CLASSES
+    params = trainable_parameters(model)
+    spec = get_loss("cross_entropy")
+    rows = [
+        dict(
+            zip(
+                params,
+                torch.autograd.grad(spec.fn(model(X[i : i + 1]), y[i : i + 1]), list(params.values())),
+                strict=True,
+            )
+        )
+        for i in range(5)
+    ]
+    norms = [float(torch.cat([g.flatten() for g in row.values()]).norm()) for row in rows]
+    bound = sorted(norms)[2]
+    expected = {
+        name: sum((1.0 if n <= bound else bound / n) * row[name] for row, n in zip(rows, norms, strict=True))
+        for name in params
+    }
+    clip = AbadiClip(bound)
+    ghost = ghost_clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=clip, max_physical_batch_size=3)
+    vmapped = clipped_grad_sum(model, X, y, loss="cross_entropy", per_sample_map=clip, max_physical_batch_size=3)
+    assert {"model.vit.embeddings.cls_token", "model.vit.embeddings.position_embeddings"} <= set(ghost)
+    for name, value in expected.items():
+        torch.testing.assert_close(ghost[name], value, rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(vmapped[name], value, rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("model_type", IMAGE_TYPES)

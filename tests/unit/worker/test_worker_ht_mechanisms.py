@@ -112,16 +112,17 @@ def test_peeling_has_exactly_s_distinct_non_zeros() -> None:
 
 
 def test_release_noise_is_fresh_mean_absolute_value_is_b() -> None:
-    """v = 0, s = 10, 1500 repetitions (d = 200 instead of 10⁴, to keep CI fast; SE
-    0.8%): E|released| = b within 3%. Reusing the selection noise would bias the released values
-    towards the noise maxima (≈ b·ln d, 5.3·b at this d)."""
+    """v = 0, s = 10, 300 repetitions (d = 200 instead of 10⁴, to keep CI fast; |Laplace(b)| has
+    standard deviation b, so over 3,000 values the SE is 1.8%): E|released| = b within 10% (5.5 SE).
+    Reusing the selection noise would bias the released values towards the noise maxima (≈ b·ln d,
+    5.3·b at this d), fifty times that tolerance."""
     noise, b = _noise(5), 0.7
     released = []
-    for _ in range(1500):
+    for _ in range(300):
         out = peeling(torch.zeros(200, dtype=torch.float64), sparsity=10, scale=b, sensitivity=0.35, noise=noise)
         released.append(out[out != 0])
     mean_abs = float(torch.cat(released).abs().mean())
-    assert mean_abs == pytest.approx(b, rel=0.03)
+    assert mean_abs == pytest.approx(b, rel=0.10)
 
 
 def test_peeling_makes_s_fresh_selections_then_one_release_of_s_values() -> None:
