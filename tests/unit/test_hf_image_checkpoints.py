@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from privtrain_common.zoo.hf.builder import transformers_model
 from privtrain_common.zoo.hf.checkpoint import CheckpointRefused, task_of
 from privtrain_common.zoo.hf.transformers_config import saved_name
 from privtrain_common.zoo.parameter_shapes import hf_checkpoint
@@ -50,3 +51,31 @@ def test_a_checkpoint_with_stochastic_depth_is_taken_with_it_off(tmp_path: Path)
 def test_an_unknown_class_names_the_image_task() -> None:
     with pytest.raises(CheckpointRefused, match="task=image-classification"):
         task_of({"architectures": ["ViTModel"]}, None)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_decoders_rope_base_is_taken_and_another_rope_type_is_refused(model_type: str, tmp_path: Path) -> None:
+    """Qwen2 checkpoints use a RoPE base of 10⁶: read from Transformers 5's ``rope_parameters`` (and the
+    older top-level ``rope_theta``), kept in the job's config, built into the model; a scaled RoPE is
+    refused by name."""
+    import transformers  # heavy: these tests only
+
+    sizes = {
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 8,
+    }
+    config = transformers.AutoConfig.for_model(model_type, vocab_size=20, rope_theta=1e6, **sizes)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_theta"] == 1e6
+    for shown in (saved, {**{k: v for k, v in saved.items() if k != "rope_parameters"}, "rope_theta": 1e6}):
+        params = hf_checkpoint(shown, task=None)["params"]
+        assert params["config"]["rope_theta"] == 1e6  # type: ignore[index]
+    built = transformers_model(params["config"], task="causal-lm", n_outputs=20)  # type: ignore[arg-type,index]
+    assert built.config.rope_parameters["rope_theta"] == 1e6
+    scaled = {**saved, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
+    with pytest.raises(CheckpointRefused, match="rope_parameters"):
+        hf_checkpoint(scaled, task=None)

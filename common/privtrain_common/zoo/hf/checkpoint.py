@@ -98,9 +98,27 @@ def _is_dropout(key: str) -> bool:
     return "dropout" in key or key.endswith("_pdrop")
 
 
+def _default_rope(family: HFFamily, config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Transformers 5 saves RoPE as ``rope_parameters: {"rope_type", "rope_theta"}``; the default RoPE
+    is read as the ``rope_theta`` key the `hf` model takes (any other RoPE stays, and is refused)."""
+    rope = config.get("rope_parameters")
+    if (
+        "rope_theta" not in family.accepted_keys
+        or not isinstance(rope, Mapping)
+        or rope.get("rope_type", "default") != "default"
+        or not set(rope) <= {"rope_type", "rope_theta"}
+    ):
+        return config
+    unpacked = {key: value for key, value in config.items() if key != "rope_parameters"}
+    if "rope_theta" in rope:
+        unpacked["rope_theta"] = rope["rope_theta"]
+    return unpacked
+
+
 def kept_config(family: HFFamily, config: Mapping[str, Any]) -> dict[str, Any]:
     """The keys the `hf` builder takes; bookkeeping, dropout and settings at the value Transformers
     would give them anyway dropped; any other key refused by name."""
+    config = _default_rope(family, config)
     kept = {key: value for key, value in config.items() if key in family.accepted_keys and value is not None}
     derived = _derived(family.model_type, kept)
     refused = sorted(

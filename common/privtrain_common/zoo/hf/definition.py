@@ -32,7 +32,7 @@ _LIMITS = {
     "layers": 48,
     "heads": 128,
     "intermediate": 32768,
-    "positions": 8192,
+    "positions": 131_072,  # Llama 3's; a learned position table also counts against the parameter limit
     "channels": 64,
     "image": 1024,
     "patch": 256,
@@ -48,6 +48,7 @@ _FREE_KINDS: dict[str, type | tuple[type, ...]] = {
     "layer_norm_eps": (int, float),  # JSON writes 0.0 as 0 too
     "layer_norm_epsilon": (int, float),
     "rms_norm_eps": (int, float),
+    "rope_theta": (int, float),
     "initializer_range": (int, float),
     "bos_token_id": int,
     "eos_token_id": int,
@@ -144,6 +145,9 @@ def check_config(family: HFFamily, config: dict[str, Any]) -> None:
         raise ValueError(f"the attention heads ({sizes.heads}) must divide the hidden size ({sizes.hidden})")
     if sizes.heads % sizes.kv_heads:
         raise ValueError(f"num_key_value_heads ({sizes.kv_heads}) must divide the attention heads ({sizes.heads})")
+    theta = config.get("rope_theta", 10_000.0)
+    if not 1.0 <= theta <= 1e9:
+        raise ValueError(f"config.rope_theta must be between 1 and 1e9, got {theta!r}")
     pad_id = config.get("pad_token_id")
     if pad_id is not None and (isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0):
         raise ValueError(f"config.pad_token_id must be a token id, got {pad_id!r}")

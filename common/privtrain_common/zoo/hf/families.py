@@ -177,7 +177,10 @@ _BERT_KEYS = MappingProxyType(
 )
 _LLAMA_KEYS = _BERT_KEYS
 _ENCODER_FREE = frozenset({"hidden_act", "layer_norm_eps", "initializer_range"})
-_LLAMA_FREE = frozenset({"hidden_act", "rms_norm_eps", "initializer_range", "bos_token_id", "eos_token_id"})
+_LLAMA_FREE = frozenset(
+    {"hidden_act", "rms_norm_eps", "initializer_range", "bos_token_id", "eos_token_id", "rope_theta"}
+)
+"""``rope_theta``: the default RoPE's base frequency (Llama 10,000; Qwen2 checkpoints often 10⁶)."""
 _BERT_LORA = LoraTargets(default=("query", "value"), accepted=frozenset({"query", "key", "value"}))
 """BERT-style attention (BERT, RoBERTa): PEFT's default, the query and value projections."""
 _CLASSIFY = frozenset({"sequence-classification"})
