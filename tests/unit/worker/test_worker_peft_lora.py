@@ -15,7 +15,7 @@ from torch import nn
 from dp.losses import get_loss
 from dp.per_example.ghost import check_ghost_supported, ghost_clipped_grad_sum
 from dp.per_example.per_sample import AbadiClip, clipped_grad_sum, trainable_parameters
-from tests.unit.worker.hf_fixtures import hf_model
+from tests.unit.worker.hf_fixtures import HF_CASES, hf_model
 from tests.unit.worker.hf_image_fixtures import IMAGE_TYPES, image_model, images
 from tests.unit.worker.text_fixtures import lm_targets, tokens
 from training.finetune import apply_finetune
@@ -120,20 +120,26 @@ def test_image_models_take_adapters_and_train_exactly(model_type: str) -> None:
         torch.testing.assert_close(ghost[name], reference, rtol=1e-10, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize(("model_type", "task"), [("bert", "sequence-classification"), ("gpt2", "causal-lm")])
+def _built(model_type: str, task: str) -> nn.Module:
+    return image_model(model_type) if task == "image-classification" else hf_model(model_type, task)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task"), [*HF_CASES, *((model_type, "image-classification") for model_type in IMAGE_TYPES)]
+)
 def test_the_released_adapter_loads_with_peft_and_the_merged_model_is_the_same_function(
     model_type: str, task: str, tmp_path: Path
 ) -> None:
-    """The adapter as PEFT saves it: PeftModel.from_pretrained(base, folder) gives the trained
-    model's outputs; the merged model (the plain Transformers architecture) gives them too."""
-    base = hf_model(model_type, task)
-    base_state = {name: tensor.clone() for name, tensor in base.model.state_dict().items()}
+    """Every family: the adapter as PEFT saves it, PeftModel.from_pretrained(base, folder), gives the
+    trained model's outputs; the merged model (the plain Transformers architecture) gives them too."""
+    base = _built(model_type, task)
+    base_state = {name: tensor.clone() for name, tensor in base.get_submodule("model").state_dict().items()}
     model = _with_adapters(base, target_modules=["c_attn", "c_proj"] if model_type == "gpt2" else None)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "modules_to_save" in name:
                 parameter.add_(1.0)  # the head trained too
-    X = tokens(N)
+    X = images(N) if task == "image-classification" else tokens(N)
     model.eval()
     expected = model(X)
     adapter = release_adapter(model)
@@ -143,9 +149,8 @@ def test_the_released_adapter_loads_with_peft_and_the_merged_model_is_the_same_f
     save_file(adapter.tensors, str(tmp_path / "adapter_model.safetensors"), metadata={"format": "pt"})
     (tmp_path / "adapter_config.json").write_text(json.dumps(adapter.config))
     assert adapter.config["r"] == 2 and adapter.config["lora_alpha"] == 4.0 and adapter.config["peft_type"] == "LORA"
-    fresh = hf_model(model_type, task)
-    fresh.model.load_state_dict(base_state)
-    peft_model = PeftModel.from_pretrained(fresh.model, str(tmp_path))
-    fresh.model = peft_model
+    fresh = _built(model_type, task)
+    fresh.get_submodule("model").load_state_dict(base_state)
+    fresh.model = PeftModel.from_pretrained(fresh.get_submodule("model"), str(tmp_path))
     fresh.eval()
     torch.testing.assert_close(fresh(X), expected, rtol=1e-10, atol=1e-10)
