@@ -12,6 +12,9 @@ import sys
 from typing import Any
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+_TERMINAL_ONLY = frozenset({"color_message"})
+"""Extras meant for a terminal, dropped from JSON: uvicorn's ``color_message`` is its message again
+with ANSI colour codes."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,7 +26,7 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and key not in _TERMINAL_ONLY and not key.startswith("_"):
                 payload[key] = value if isinstance(value, int | float | bool | None) else str(value)
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
