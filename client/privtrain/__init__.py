@@ -7,6 +7,7 @@ The client and CLI need httpx and click only; ``load_model`` needs torch and saf
 >>> client = Client.from_env()  # PRIVTRAIN_URL, PRIVTRAIN_API_KEY
 >>> job = client.wait(client.submit(spec).id)
 >>> loaded = privtrain.load_model("model.safetensors")  # loaded.model, loaded.classes
+>>> outputs = loaded(X)  # the model's outputs on X, without gradients
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ __all__ = [
     "build_job_spec",
     "load_model",
 ]
+
+
+def __dir__() -> list[str]:
+    """The public names, ``load_model`` and ``LoadedModel`` among them (loaded on first use)."""
+    return sorted({*__all__, "LoadedModel"})
 
 
 def __getattr__(name: str) -> object:

@@ -138,6 +138,17 @@ class Dataset(Resource):
     continues their old ledger (budget and spend) under the old id."""
     n_rows_public: bool | None = None
     """Whether n_rows is shown to everyone with access (always, when the unit is a row)."""
+    feature_names: list[str] | None = None
+    """A table's column names, in the order of the features."""
+    preparation: dict[str, Any] | None = None
+    """How the features were prepared at upload (declared bounds, scaling), public."""
+    text_field: str | None = None
+    notices: list[str] | None = dataclasses.field(default=None, compare=False)
+    """Upload only: advice about the rows (e.g. features far from unit scale); not compared."""
+    role: str | None = None
+    """"owner" or "analyst": how you see this dataset."""
+    links: dict[str, str] | None = None
+    """The resource's related URLs (self, and what belongs to it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +186,10 @@ class Invitation(Resource):
     invited_at: dt.datetime | None = _parsed(_time)
     accepted_at: dt.datetime | None = _parsed(_time)
     declined_at: dt.datetime | None = _parsed(_time)
+    public: bool | None = None
+    """Whether the dataset is public (no budget)."""
+    links: dict[str, str] | None = None
+    """The resource's related URLs (self, and what belongs to it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +218,17 @@ class LedgerEntry(Resource):
     hash: str
     prev_hash: str
     created_at: dt.datetime | None = _parsed(_time)
+    accountant: str | None = None
+    """The accountant that priced the entry, and its version (recomputing an ε needs both)."""
+    accountant_version: str | None = None
+    orders_version: str | None = None
+    """The Rényi orders the curve is on."""
+    curve: list[float] | None = None
+    """The entry's Rényi curve, one ε per order."""
+    event: dict[str, Any] | None = None
+    """The privacy event the curve was computed from (the mechanism, in data)."""
+    explanation: str | None = None
+    """The entry in words."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +285,8 @@ class Estimate(Resource):
     init_chain: dict[str, Any] | None = None
     """With ``model.init`` naming a job: whether the job would use the same rows again, and the
     composed ε of the model it would release (``epsilon_composed_ledger``; a ``notice`` in words)."""
+    witness_order: float | None = None
+    """The Rényi order at which the ledger's ε is attained."""
 
     @property
     def epsilon_ledger(self) -> float:
@@ -297,6 +325,10 @@ class BaseModel(Resource):
     parameter_count: int | None = None
     archive_sha256: str | None = None
     tokenizer_id: str | None = None
+    stored_dtypes: list[str] | None = None
+    """The dtypes the weights were uploaded in (cast to float32 when loaded)."""
+    links: dict[str, str] | None = None
+    """The resource's related URLs (self, and what belongs to it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,6 +345,11 @@ class Tokenizer(Resource):
     source: str | None
     trained_from_dataset_id: str | None
     created_at: dt.datetime | None = _parsed(_time)
+    size_bytes: int | None = None
+    special_tokens: dict[str, int] | None = None
+    """The tokenizer's special tokens and their ids (the pad token among them)."""
+    links: dict[str, str] | None = None
+    """The resource's related URLs (self, and what belongs to it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +379,16 @@ class Job(Resource):
     finished_at: dt.datetime | None = _parsed(_time)
     queue: str | None = None
     """The worker queue the job runs on (None from services older than queues)."""
+    epsilon: float | None = None
+    """The job's ε at delta: ``epsilon_committed`` once it has ended, ``epsilon_reserved`` while it is
+    queued or running; ``epsilon_basis`` ("committed" or "reserved") says which."""
+    epsilon_basis: str | None = None
+    epsilon_committed: float | None = None
+    """Ledger ε of what the job spent (its COMMIT entry); None until it ends."""
+    privacy: dict[str, Any] | None = None
+    """The job's privacy estimate, as ``estimate`` answers it."""
+    links: dict[str, str] | None = None
+    """The resource's related URLs (self, and what belongs to it)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -386,6 +433,8 @@ class TuningJob(Resource):
     created_at: dt.datetime | None = _parsed(_time)
     schedule: dict[str, Any] | None = None
     """Its public slots: ``slots`` (one per possible trial), ``slots_done``, ``slot_seconds``, …"""
+    links: dict[str, str] | None = None
+    """The resource's related URLs (self, and what belongs to it)."""
 
     @property
     def is_terminal(self) -> bool:

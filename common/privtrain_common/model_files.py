@@ -133,10 +133,23 @@ def save_model(
 
 
 class LoadedModel(NamedTuple):
-    """A rebuilt model and its config; unpacks as ``model, config`` like a pair."""
+    """A rebuilt model and its config; unpacks as ``model, config`` like a pair, and calling it
+    runs the model: ``loaded(X)``."""
 
     model: nn.Module
     config: dict[str, object]
+
+    def __call__(self, inputs: object) -> torch.Tensor:
+        """The model's outputs on ``inputs`` (a tensor, or anything ``torch.as_tensor`` takes: a NumPy
+        array, nested lists), without gradients, on the model's device. Floating inputs are cast to
+        the model's dtype; a text model's token ids stay integers."""
+        parameter = next(self.model.parameters())
+        tensor = torch.as_tensor(inputs, device=parameter.device)
+        if tensor.is_floating_point():
+            tensor = tensor.to(parameter.dtype)
+        with torch.no_grad():
+            out: torch.Tensor = self.model(tensor)
+        return out
 
     @property
     def task(self) -> str:

@@ -109,7 +109,6 @@ class LoraSpec(_Strict):
         "GET /v1/models lists each family's defaults and the names it accepts (lora_targets of hf)",
     )
 
-
     @field_validator("dropout")
     @classmethod
     def _no_dropout(cls, value: float) -> float:
