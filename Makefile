@@ -14,9 +14,12 @@ $(STAMP): pyproject.toml client/pyproject.toml common/pyproject.toml constraints
 
 venv: $(STAMP)
 
-## Run the service in the embedded mode (SQLite + filesystem broker + one worker).
+## Run the service in the embedded mode (SQLite + filesystem broker + one worker), on HOST:PORT
+## (`make run PORT=8080 HOST=0.0.0.0`; default: PRIVTRAIN_HOST and PRIVTRAIN_PORT, else 127.0.0.1:8000).
+HOST ?=
+PORT ?=
 run: $(STAMP)
-	$(BIN)/privtrain-admin serve
+	$(BIN)/privtrain-admin serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
 
 ## Run the whole test suite (unit, API, integration with a real worker, services when configured)
 ## in TEST_WORKERS processes (pytest-xdist; 0 runs it in this one), printing the slowest tests.

@@ -286,13 +286,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     worker = None
     if not args.no_worker:
         worker = _start_worker(settings.consumed_queues, loglevel=settings.log_level)
-    print_start_banner(sys.stderr, url=f"http://{args.host}:{args.port}", key=key, key_file=key_file)
+    host = args.host if args.host is not None else settings.host
+    port = args.port if args.port is not None else settings.port
+    print_start_banner(sys.stderr, url=f"http://{host}:{port}", key=key, key_file=key_file)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that was
     # installed before it started. With the default handler that kills this process before the
     # `finally` below can stop the worker; this handler turns it into an exception instead.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_config=None)
+        uvicorn.run(create_app(settings), host=host, port=port, log_config=None)
     except SystemExit as exc:
         if exc.code != SIGTERM_EXIT:
             raise
@@ -312,8 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privtrain-admin", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the API and one worker (embedded mode)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--host", default=None, help="address to listen on (default: PRIVTRAIN_HOST, else 127.0.0.1; 0.0.0.0: all)"
+    )
+    serve.add_argument("--port", type=int, default=None, help="port to listen on (default: PRIVTRAIN_PORT, else 8000)")
     serve.add_argument("--no-worker", action="store_true", help="API only (distributed mode)")
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)

@@ -396,6 +396,18 @@ class Settings(BaseSettings):
     log_level: str = Field(
         default="INFO", description="JSON logs on stderr at this level; they never contain private values"
     )
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="the address `privtrain-admin serve` listens on (0.0.0.0: every interface; "
+        "`serve --host` overrides it)",
+    )
+    port: int = Field(
+        default=8000,
+        ge=1,
+        le=65535,
+        description="the port `privtrain-admin serve` listens on (`serve --port` overrides it)",
+    )
 
     @field_validator("bootstrap_api_key")
     @classmethod
