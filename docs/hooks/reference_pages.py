@@ -1,7 +1,8 @@
 """MkDocs hook: adds the generated reference pages to the site at build time.
 
-The configuration reference and the algorithm and model catalogues are rendered from the code
-(the settings class and the registries), so they cannot drift from it. Used from mkdocs.yml
+The configuration reference, the algorithm and model catalogues and the command-line reference
+are rendered from the code (the settings class, the registries, the CLI's commands), so they
+cannot drift from it. Used from mkdocs.yml
 (``hooks:``); MkDocs puts this folder on the import path while it loads the hook.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from catalogue_reference import ALGORITHMS_URI, MODELS_URI, render_algorithms_page, render_models_page
+from cli_reference import PAGE_URI as CLI_URI
+from cli_reference import render_cli_page
 from configuration_reference import PAGE_URI as CONFIGURATION_URI
 from configuration_reference import render_configuration_page
 from mkdocs.config.defaults import MkDocsConfig
@@ -19,6 +22,7 @@ GENERATED_PAGES: Mapping[str, Callable[[], str]] = {
     CONFIGURATION_URI: render_configuration_page,
     ALGORITHMS_URI: render_algorithms_page,
     MODELS_URI: render_models_page,
+    CLI_URI: render_cli_page,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from catalogue_reference import render_algorithms_page, render_models_page
+from cli_reference import commands, render_cli_page
 from configuration_reference import env_var, render_configuration_page
 from reference_pages import GENERATED_PAGES
 
@@ -50,5 +51,21 @@ def test_model_catalogue_has_every_registered_model() -> None:
         assert model.summary in page
 
 
-def test_the_hook_adds_all_three_generated_pages() -> None:
-    assert set(GENERATED_PAGES) == {"reference/configuration.md", "reference/algorithms.md", "reference/models.md"}
+def test_the_hook_adds_all_generated_pages() -> None:
+    assert set(GENERATED_PAGES) == {
+        "reference/configuration.md",
+        "reference/algorithms.md",
+        "reference/models.md",
+        "reference/cli.md",
+    }
+
+
+def test_the_cli_page_has_every_command_with_its_help_and_options() -> None:
+    """Every command (groups included) has a heading, a description and its options; none lacks help."""
+    page = render_cli_page()
+    for path, command in commands():
+        assert f"`privtrain {' '.join(path)}`" in page
+        assert (command.help or command.short_help or "").strip(), f"privtrain {' '.join(path)} has no help"
+    for expected in ("`privtrain jobs generate`", "`privtrain tokenizers`", "`privtrain base-models upload-hf`"):
+        assert expected in page
+    assert "`--lora-target`" in page and "`--format`" in page

@@ -125,6 +125,7 @@ def base_models_list() -> None:
 @click.argument("base_model_id")
 @json_flag
 def base_models_show(base_model_id: str) -> None:
+    """One base model: its architecture, parameters, digests and tokenizer."""
     base = current_state().client().get_base_model(base_model_id)
     emit(base, lambda: _base_model_block(base))
 

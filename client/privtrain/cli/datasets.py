@@ -298,6 +298,7 @@ def datasets_delete(dataset_id: str, delete_models: bool, yes: bool) -> None:
 @click.argument("dataset_id")
 @json_flag
 def datasets_show(dataset_id: str) -> None:
+    """One dataset: its shape, task, classes, privacy unit and budget."""
     dataset = current_state().client().get_dataset(dataset_id)
     emit(dataset, lambda: _dataset_block(dataset))
 

@@ -98,6 +98,7 @@ def jobs_submit(
 @click.option("--status", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
 @json_flag
 def jobs_list(dataset_id: str | None, status: str | None) -> None:
+    """Your jobs, newest first (filter by --dataset and --status)."""
     found = current_state().client().list_jobs(dataset_id=dataset_id, status=status)
     emit(found, lambda: table(found, JOB_COLUMNS))
 
@@ -106,6 +107,7 @@ def jobs_list(dataset_id: str | None, status: str | None) -> None:
 @click.argument("job_id")
 @json_flag
 def jobs_show(job_id: str) -> None:
+    """One job: its status, steps, noise and ε (reserved, or committed once it ended)."""
     job = current_state().client().get_job(job_id)
     emit(job, lambda: job_block(job))
 
@@ -124,6 +126,7 @@ def jobs_watch(job_id: str, poll_interval: float, wait_timeout: float | None, qu
 @click.option("--after", type=click.IntRange(min=0), default=0, help="only events after this seq")
 @json_flag
 def jobs_events(job_id: str, after: int) -> None:
+    """A job's events (admitted, started, progress, ended...), oldest first, after --after."""
     found = current_state().client().events(job_id, after=after)
     emit(found, lambda: table(found, EVENT_COLUMNS))
 

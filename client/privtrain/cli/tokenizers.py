@@ -77,5 +77,6 @@ def tokenizers_list() -> None:
 @click.argument("tokenizer_id")
 @json_flag
 def tokenizers_show(tokenizer_id: str) -> None:
+    """One tokenizer: its kind, vocabulary size, pad id and special tokens."""
     found = current_state().client().tokenizer(tokenizer_id)
     emit(found, lambda: _tokenizer_block(found))

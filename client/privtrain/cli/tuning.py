@@ -130,6 +130,7 @@ def tuning_create(spec_file: str, idempotency_key: str | None, wait_for_it: bool
 @click.argument("tuning_id")
 @json_flag
 def tuning_show(tuning_id: str) -> None:
+    """One tuning: its status, slots, ε and, once it succeeded, the released trial."""
     found = current_state().client().get_tuning(tuning_id)
     emit(found, lambda: _tuning_block(found))
 
@@ -137,6 +138,7 @@ def tuning_show(tuning_id: str) -> None:
 @tuning.command("list")
 @json_flag
 def tuning_list() -> None:
+    """Your tunings, newest first."""
     found = current_state().client().list_tunings()
     emit(found, lambda: "\n\n".join(_tuning_block(t) for t in found) or "no tunings")
 
