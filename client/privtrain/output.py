@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -26,23 +27,30 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def truncate(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def wrapped(text: str, width: int) -> list[str]:
+    """The cell's lines: text longer than ``width`` wraps onto more lines (never cut), long words
+    (a JSON object without spaces) split where they must."""
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
 @dataclass(frozen=True)
 class Column(Generic[T]):
     header: str
     get: Callable[[T], Any]
-    width: int = 60  # longest cell shown; longer text is cut with '…'
+    width: int = 60  # widest cell line; longer text wraps onto the next lines of its row
 
 
 def table(rows: Sequence[T], columns: Sequence[Column[T]]) -> str:
-    cells = [[truncate(fmt(c.get(row)), c.width) for c in columns] for row in rows]
+    cells = [[wrapped(fmt(c.get(row)), c.width) for c in columns] for row in rows]
     headers = [c.header for c in columns]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    widths = [max([len(h)] + [len(line) for r in cells for line in r[i]]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    for row in cells:
+        for depth in range(max(len(cell) for cell in row)):
+            parts = [(cell[depth] if depth < len(cell) else "").ljust(w) for cell, w in zip(row, widths, strict=True)]
+            lines.append("  ".join(parts).rstrip())
     if not rows:
         lines.append("(none)")
     return "\n".join(lines)

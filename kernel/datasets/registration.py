@@ -69,7 +69,8 @@ def _observed_classes_notice(names: tuple[str, ...]) -> str:
     return (
         f"no class list was declared, so {found} became "
         "this dataset's public class list: everyone who may read the dataset sees it. Declare the "
-        "list at upload (classes=name0,name1,...) to make it independent of the rows."
+        "list at upload to make it independent of the rows: the query parameter classes=name0,name1,... "
+        "(privtrain datasets upload --classes name0,name1,...; upload_dataset(..., classes=[...]) in Python)."
     )
 
 

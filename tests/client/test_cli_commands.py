@@ -130,7 +130,13 @@ def test_catalogue_commands(run: Run) -> None:
     )
     models = ok_json(run("models", "--json"))
     assert {"logistic-regression", "mlp"} <= {m["name"] for m in models}
-    assert run("models").stdout.startswith("NAME")
+    table = run("models").stdout
+    assert table.startswith("NAME") and "…" not in table and "…" not in run("algorithms").stdout  # wrapped, never cut
+    names = [line.split()[0] for line in table.splitlines()[1:] if line and not line.startswith(" ")]
+    assert names == sorted(names) and set(names) == {m["name"] for m in models}  # one first line per model, sorted
+    hf = run("models", "hf").stdout
+    assert "lora" in hf and "task" in hf and "config" in hf
+    assert run("models", "nope").exit_code == 2
 
 
 def test_estimate_from_flags_and_from_a_yaml_spec(run: Run, dataset_id: str, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def algorithms(name: str | None) -> None:
     """The algorithm catalogue, or one algorithm's hyperparameters and defaults."""
     client = current_state().client()
     if name is None:
-        found = client.algorithms()
+        found = sorted(client.algorithms(), key=lambda a: a.name)
         emit(found, lambda: table(found, ALGORITHM_COLUMNS))
         return
     entry = client.get_algorithm(name)
@@ -50,8 +50,28 @@ def algorithms(name: str | None) -> None:
 
 
 @click.command("models")
+@click.argument("name", required=False)
 @json_flag
-def models() -> None:
-    """The model catalogue, with each model's parameters and defaults."""
-    found = current_state().client().models()
-    emit(found, lambda: table(found, MODEL_COLUMNS))
+def models(name: str | None) -> None:
+    """The model catalogue, with each model's parameters and defaults; or one model in full."""
+    found = sorted(current_state().client().models(), key=lambda m: m.name)
+    if name is None:
+        emit(found, lambda: table(found, MODEL_COLUMNS))
+        return
+    entry = next((m for m in found if m.name == name), None)
+    if entry is None:
+        known = ", ".join(m.name for m in found)
+        raise click.BadParameter(f"no model {name!r}; the models: {known}", param_hint="NAME")
+    properties = entry.params_schema.get("properties", {})
+    extra = entry.raw
+    emit(
+        entry,
+        lambda: key_values(
+            [("name", entry.name), ("tasks", ", ".join(entry.tasks)), ("summary", entry.summary)]
+            + [("finetune blocks", ", ".join(extra.get("finetune_blocks") or []) or "-"), ("lora", extra.get("lora"))]
+            + [
+                (f"  {k}", f"{entry.defaults.get(k)!r}  {v.get('description', '')}".rstrip())
+                for k, v in properties.items()
+            ]
+        ),
+    )
