@@ -60,6 +60,12 @@ class SpecOverrides:
     """training.lora.alpha: the adapters' scale (with finetune lora)."""
     lora_targets: tuple[str, ...] = ()
     """training.lora.target_modules: the layers of an `hf` model that get adapters (default: the family's)."""
+    eval_holdout_fraction: float | None = None
+    """evaluation.holdout_fraction: the rows held out for the DP evaluation (it needs this)."""
+    eval_mechanism: str | None = None
+    """evaluation.mechanism: laplace (with eval_epsilon) or gaussian (with eval_noise_multiplier)."""
+    eval_epsilon: float | None = None
+    eval_noise_multiplier: float | None = None
     token_loss: str | None = None
     """training.token_loss: mean or sum of a row's token losses (language-model datasets)."""
     queue: str | None = None
@@ -113,6 +119,16 @@ def merge_spec(base: Mapping[str, Any] | None, overrides: SpecOverrides) -> dict
         _set(lora, "rank", overrides.lora_rank)
         _set(lora, "alpha", overrides.lora_alpha)
         _set(lora, "target_modules", list(overrides.lora_targets) or None)
+    evaluation = {
+        "holdout_fraction": overrides.eval_holdout_fraction,
+        "mechanism": overrides.eval_mechanism,
+        "epsilon": overrides.eval_epsilon,
+        "noise_multiplier": overrides.eval_noise_multiplier,
+    }
+    if any(value is not None for value in evaluation.values()):
+        section = spec.setdefault("evaluation", {})
+        for key, value in evaluation.items():
+            _set(section, key, value)
     if overrides.queue is not None:
         spec.setdefault("resources", {})["queue"] = overrides.queue
     return spec

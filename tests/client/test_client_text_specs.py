@@ -63,3 +63,26 @@ def test_lora_targets_become_target_modules_and_the_server_accepts_them() -> Non
     assert parsed.training.lora is not None and parsed.training.lora.target_modules == ["c_attn", "c_fc"]
     base = {"training": {"finetune": "lora", "lora": {"rank": 4, "target_modules": ["c_attn"]}}}
     assert merge_spec(base, SpecOverrides(lora_alpha=2.0))["training"]["lora"]["target_modules"] == ["c_attn"]
+
+
+def test_the_dp_evaluation_block_has_flags_and_the_server_accepts_what_they_build() -> None:
+    merged = merge_spec(
+        {"dataset_id": "ds_1", "training": {"steps": 3}},
+        SpecOverrides(eval_holdout_fraction=0.2, eval_epsilon=0.5),
+    )
+    assert merged["evaluation"] == {"holdout_fraction": 0.2, "epsilon": 0.5}
+    gaussian = merge_spec(merged, SpecOverrides(eval_mechanism="gaussian", eval_noise_multiplier=3.0))
+    assert gaussian["evaluation"]["mechanism"] == "gaussian" and gaussian["evaluation"]["noise_multiplier"] == 3.0
+    assert "evaluation" not in merge_spec(None, SpecOverrides(steps=3))
+    spec = {
+        **merged,
+        "model": {"name": "mlp", "params": {}},
+        "algorithm": {"name": "dp-sgd", "hyperparameters": {}},
+        "privacy": {"target_epsilon": 1.0},
+        "training": {"steps": 3, "batch_size": 8, "learning_rate": 0.1},
+    }
+    parsed = JobCreate.model_validate(spec)
+    assert parsed.evaluation is not None and parsed.evaluation.holdout_fraction == 0.2
+    help_text = CliRunner().invoke(cli, ["jobs", "estimate", "--help"]).output
+    for flag in ("--eval-holdout-fraction", "--eval-mechanism", "--eval-epsilon", "--eval-noise-multiplier"):
+        assert flag in help_text

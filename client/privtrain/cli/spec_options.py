@@ -100,6 +100,18 @@ SPEC_OPTIONS = [
         help="an hf model's layer that gets adapters (repeatable; default: the family's attention projections)",
     ),
     _spec_option(
+        "--eval-holdout-fraction",
+        type=click.FloatRange(0, 0.5, min_open=True),
+        help="DP evaluation: the fraction of rows held out (per-row coin flips) and scored at the end",
+    ),
+    _spec_option(
+        "--eval-mechanism",
+        type=click.Choice(["laplace", "gaussian"]),
+        help="DP evaluation: how the metric is released (default laplace, with --eval-epsilon)",
+    ),
+    _spec_option("--eval-epsilon", type=float, help="DP evaluation, laplace: the released metric's pure ε"),
+    _spec_option("--eval-noise-multiplier", type=float, help="DP evaluation, gaussian: noise std / sensitivity"),
+    _spec_option(
         "--token-loss",
         type=click.Choice(["mean", "sum"]),
         help="language-model datasets: a row's loss is the mean (default) or sum of its token losses",
