@@ -282,7 +282,7 @@ def main() -> None:
         eps = "—" if row.epsilon is None else f"{row.epsilon:g}"
         accuracy = "n/a (classes 0-4)" if row.accuracy is None else f"{row.accuracy:.4f}"
         print(f"| {row.setting} | {eps} | {row.steps} | {row.wall_s:.1f} | {accuracy} |")
-    print(f"total {time.time() - started:.0f} s; budget after: {client.budget(private.id)}")
+    print(f"total {time.time() - started:.0f} s; budget after: {client.get_budget(private.id)}")
     (args.out / "results.json").write_text(json.dumps([asdict(row) for row in rows], indent=2))
 
 

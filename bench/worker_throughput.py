@@ -76,7 +76,7 @@ def through_the_service(client: Client, args: argparse.Namespace, X: np.ndarray,
     job = client.wait(client.submit(spec).id, progress=False, poll_interval=1.0)
     if job.status != "succeeded" or job.started_at is None or job.finished_at is None:
         raise RuntimeError(f"job {job.id} ended {job.status} ({job.error_code})")
-    execution = client.report(job.id)["execution"]
+    execution = client.get_report(job.id)["execution"]
     whole = (job.finished_at - job.started_at).total_seconds()
     return {
         "device": execution["device"],

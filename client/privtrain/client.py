@@ -21,6 +21,7 @@ import httpx
 from privtrain.errors import TransportError, WaitTimeout, error_for
 from privtrain.event_stream import events_from_stream
 from privtrain.events import ProgressSource, poll_progress
+from privtrain.former_names import FormerNames
 from privtrain.progress import ProgressBar
 from privtrain.resources import (
     Algorithm,
@@ -72,7 +73,7 @@ def _error_body(response: httpx.Response) -> Any:
         return response.text
 
 
-class Client:
+class Client(FormerNames):
     """A privtrain API client.
 
     ``transport`` is handed to httpx (tests pass an in-process app; proxies or mocks work too).
@@ -332,7 +333,7 @@ class Client:
     def get_dataset(self, dataset_id: str) -> Dataset:
         return Dataset.from_api(self._get(f"/v1/datasets/{_segment(dataset_id)}"))
 
-    def budget(self, dataset_id: str) -> BudgetStatus:
+    def get_budget(self, dataset_id: str) -> BudgetStatus:
         return BudgetStatus.from_api(self._get(f"/v1/datasets/{_segment(dataset_id)}/budget"))
 
     def raise_budget(
@@ -349,7 +350,7 @@ class Client:
     def iter_ledger(self, dataset_id: str, *, page_size: int = 100) -> Iterator[LedgerEntry]:
         return self._pages(f"/v1/datasets/{_segment(dataset_id)}/ledger", LedgerEntry.from_api, {"limit": page_size})
 
-    def ledger(self, dataset_id: str, *, page_size: int = 100) -> list[LedgerEntry]:
+    def list_ledger(self, dataset_id: str, *, page_size: int = 100) -> list[LedgerEntry]:
         """The dataset's whole append-only ledger, oldest entry first."""
         return list(self.iter_ledger(dataset_id, page_size=page_size))
 
@@ -437,11 +438,11 @@ class Client:
         body = {"dataset_id": dataset_id, "vocab_size": vocab_size, "name": name}
         return Tokenizer.from_api(self._call("POST", "/v1/tokenizers/train", replay_safe=False, json=body))
 
-    def tokenizers(self) -> list[Tokenizer]:
+    def list_tokenizers(self) -> list[Tokenizer]:
         """The built-in byte tokenizer, then yours, newest first."""
         return [Tokenizer.from_api(item) for item in self._get("/v1/tokenizers")["items"]]
 
-    def tokenizer(self, tokenizer_id: str) -> Tokenizer:
+    def get_tokenizer(self, tokenizer_id: str) -> Tokenizer:
         return Tokenizer.from_api(self._get(f"/v1/tokenizers/{_segment(tokenizer_id)}"))
 
     def delete_base_model(self, base_model_id: str) -> None:
@@ -466,7 +467,7 @@ class Client:
     def iter_grants(self, dataset_id: str, *, page_size: int = 50) -> Iterator[Grant]:
         return self._pages(f"/v1/datasets/{_segment(dataset_id)}/grants", Grant.from_api, {"limit": page_size})
 
-    def grants(self, dataset_id: str, *, page_size: int = 50) -> list[Grant]:
+    def list_grants(self, dataset_id: str, *, page_size: int = 50) -> list[Grant]:
         """Every invitation and grant of your dataset, oldest first: the audit trail (every page)."""
         return list(self.iter_grants(dataset_id, page_size=page_size))
 
@@ -478,7 +479,7 @@ class Client:
     def iter_invitations(self, *, page_size: int = 50) -> Iterator[Invitation]:
         return self._pages("/v1/invitations", Invitation.from_api, {"limit": page_size})
 
-    def invitations(self, *, page_size: int = 50) -> list[Invitation]:
+    def list_invitations(self, *, page_size: int = 50) -> list[Invitation]:
         """Pending invitations addressed to you, newest first (every page)."""
         return list(self.iter_invitations(page_size=page_size))
 
@@ -495,13 +496,13 @@ class Client:
 
     # ------------------------------------------------------------------ catalogues
 
-    def algorithms(self) -> list[Algorithm]:
+    def list_algorithms(self) -> list[Algorithm]:
         return [Algorithm.from_api(a) for a in self._get("/v1/algorithms")["items"]]
 
     def get_algorithm(self, name: str) -> Algorithm:
         return Algorithm.from_api(self._get(f"/v1/algorithms/{_segment(name)}"))
 
-    def models(self) -> list[ModelInfo]:
+    def list_models(self) -> list[ModelInfo]:
         return [ModelInfo.from_api(m) for m in self._get("/v1/models")["items"]]
 
     # ------------------------------------------------------------------ jobs
@@ -571,7 +572,7 @@ class Client:
     def cancel(self, job_id: str) -> Job:
         return Job.from_api(self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel", replay_safe=False))
 
-    def events(self, job_id: str, *, after: int = 0, page_size: int = EVENTS_PAGE) -> list[JobEvent]:
+    def list_events(self, job_id: str, *, after: int = 0, page_size: int = EVENTS_PAGE) -> list[JobEvent]:
         """The job's events with ``seq`` > ``after``, oldest first (every page)."""
         found: list[JobEvent] = []
         while True:
@@ -613,7 +614,7 @@ class Client:
         finally:
             response.close()
 
-    def report(self, job_id: str) -> dict[str, Any]:
+    def get_report(self, job_id: str) -> dict[str, Any]:
         """The privacy report (JSON) of a job that succeeded, or that ended otherwise after it had
         committed ε (cancelled while running, failed after opening the data: no model, its
         ``outcome`` says why). A job that spent nothing has none (409 ``job-not-succeeded``)."""

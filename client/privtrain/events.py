@@ -23,7 +23,7 @@ class JobFeed(Protocol):
 
     def get_job(self, job_id: str) -> Job: ...
 
-    def events(self, job_id: str, *, after: int = 0) -> list[JobEvent]: ...
+    def list_events(self, job_id: str, *, after: int = 0) -> list[JobEvent]: ...
 
     def stream_events(self, job_id: str, *, after: int = 0) -> Generator[JobEvent, None, None]: ...
 
@@ -42,7 +42,7 @@ def poll_progress(client: JobFeed, job_id: str, *, poll_interval: float) -> Iter
     epsilon_spent: float | None = None
     while True:
         job = client.get_job(job_id)
-        for event in client.events(job_id, after=after):
+        for event in client.list_events(job_id, after=after):
             after = event.seq
             if "epsilon_spent" in event.payload:
                 epsilon_spent = float(event.payload["epsilon_spent"])

@@ -86,5 +86,5 @@ def sse_progress(client: JobFeed, job_id: str, *, poll_interval: float) -> Itera
                 client.sleep(poll_interval)  # the stream ended early: resume after `after`
         job = client.get_job(job_id)  # terminal, or after a reconnect pause: the full object
         if job.is_terminal:  # it may have ended while no stream was open: its last events
-            for event in client.events(job_id, after=after):
+            for event in client.list_events(job_id, after=after):
                 epsilon_spent = _epsilon(event, epsilon_spent)

@@ -91,7 +91,7 @@ def test_generate_from_the_client_and_the_cli(
 
     refused = _invoke(transport, api_key, "jobs", "generate", job_id, "--prompt", "x", "--max-tokens", "300")
     assert refused.exit_code != 0  # the CLI bounds max_tokens as the API does
-    statement = client.report(job_id)["generation"]["statement"]
+    statement = client.get_report(job_id)["generation"]["statement"]
     assert "post-processing" in statement and "the dataset is public" in statement  # no guarantee to lean on
 
     with pytest.raises(PrivtrainError) as missing:

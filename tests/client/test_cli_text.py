@@ -75,8 +75,8 @@ def test_client_tokenizer_methods(transport: AppTransport, api_key: str) -> None
     client = Client(BASE_URL, api_key=api_key, transport=transport)
     uploaded = client.upload_tokenizer(word_level_tokenizer_json(), name="words")
     assert uploaded.id.startswith("tok_") and uploaded.vocab_size == 7
-    assert [t.id for t in client.tokenizers()] == ["byte", uploaded.id]
-    assert client.tokenizer(uploaded.id).pad_id == 6
+    assert [t.id for t in client.list_tokenizers()] == ["byte", uploaded.id]
+    assert client.get_tokenizer(uploaded.id).pad_id == 6
     dataset = client.upload_dataset(
         language_model_body(), name="corpus", format="jsonl", public=True, tokenizer=uploaded.id, max_length=4
     )

@@ -72,13 +72,13 @@ def test_lists_follow_every_page(client: Client, digits_csv: bytes, transport: A
 
 
 def test_budget_raise_and_ledger(client: Client, dataset: Dataset) -> None:
-    budget = client.budget(dataset.id)
+    budget = client.get_budget(dataset.id)
     assert (budget.epsilon, budget.remaining_epsilon, budget.entries) == (8.0, pytest.approx(8.0, abs=1e-5), 0)
     raised = client.raise_budget(dataset.id, epsilon=10, reason="more")
     assert raised.epsilon == 10.0 and raised.entries == 1
     job = client.submit(tiny_spec(dataset.id))
     client.cancel(job.id)
-    entries = client.ledger(dataset.id, page_size=1)  # three pages of one entry
+    entries = client.list_ledger(dataset.id, page_size=1)  # three pages of one entry
     assert [e.kind for e in entries] == ["ADJUST", "RESERVE", "RELEASE"]
     assert [e.seq for e in entries] == sorted(e.seq for e in entries)
     assert entries[1].job_id == job.id and entries[1].prev_hash == entries[0].hash
@@ -89,11 +89,11 @@ def test_budget_raise_and_ledger(client: Client, dataset: Dataset) -> None:
 
 
 def test_catalogues(client: Client) -> None:
-    algorithms = {a.name: a for a in client.algorithms()}
+    algorithms = {a.name: a for a in client.list_algorithms()}
     assert "dp-sgd" in algorithms
     assert algorithms["dp-sgd"].defaults["clipping_norm"] == 1.0
     assert client.get_algorithm("dp-sgd") == algorithms["dp-sgd"]
-    models = {m.name: m for m in client.models()}
+    models = {m.name: m for m in client.list_models()}
     assert {"logistic-regression", "mlp"} <= set(models)
     assert "classification" in models["logistic-regression"].tasks
     with pytest.raises(NotFound):
@@ -128,14 +128,14 @@ def test_estimate_submit_list_show_cancel_events(client: Client, dataset: Datase
 
     cancelled = client.cancel(job.id)
     assert cancelled.status == "cancelled" and cancelled.is_terminal
-    events = client.events(job.id, page_size=1)
+    events = client.list_events(job.id, page_size=1)
     assert [e.kind for e in events] == ["queued", "cancelled"]
-    assert client.events(job.id, after=events[0].seq) == events[1:]
+    assert client.list_events(job.id, after=events[0].seq) == events[1:]
     with pytest.raises(Conflict) as again:
         client.cancel(job.id)
     assert again.value.slug == "job-not-cancellable"
     with pytest.raises(Conflict) as no_model:
-        client.report(second.id)
+        client.get_report(second.id)
     assert no_model.value.type == "/problems/job-not-succeeded" and no_model.value.status == 409
 
 
@@ -193,7 +193,7 @@ def test_wait_returns_the_finished_job_then_downloads_verify(
     assert done.steps_run == done.steps_planned == 4
     final = bar.getvalue().splitlines()[-1]
     assert f"{job.id} [" in final and "4/4 steps" in final and final.endswith("succeeded")
-    report = client.report(job.id)
+    report = client.get_report(job.id)
     assert f"ε spent {format_guarantee(report['epsilon']['ledger'])}" in final  # rounded up, never down
     assert report["mechanism"]["steps_run"] == 4
 

@@ -65,7 +65,7 @@ def test_client_invite_accept_revoke(client: Client, bob: Client, dataset_id: st
     assert client.grant(dataset_id, "nobody-by-this-name").status == "invited"  # alike for unknown names
     assert bob.list_datasets() == []
 
-    (invitation,) = bob.invitations()
+    (invitation,) = bob.list_invitations()
     assert isinstance(invitation, Invitation)
     assert (invitation.id, invitation.dataset_name, invitation.owner, invitation.status) == (
         dataset_id,
@@ -76,7 +76,7 @@ def test_client_invite_accept_revoke(client: Client, bob: Client, dataset_id: st
     assert (invitation.budget.epsilon, invitation.budget.delta) == (8.0, 1e-5)
     accepted = bob.accept_invitation(invitation.id)
     assert accepted.status == "active" and accepted.accepted_at is not None
-    assert [d.id for d in bob.list_datasets()] == [dataset_id] and bob.invitations() == []
+    assert [d.id for d in bob.list_datasets()] == [dataset_id] and bob.list_invitations() == []
 
     with pytest.raises(PrivtrainError) as again:
         bob.accept_invitation(invitation.id)
@@ -84,7 +84,7 @@ def test_client_invite_accept_revoke(client: Client, bob: Client, dataset_id: st
 
     revoked = client.revoke_grant(dataset_id, "bob")
     assert (revoked.status, revoked.active, revoked.revoked_by) == ("revoked", False, "alice")
-    trail = client.grants(dataset_id, page_size=1)  # every page
+    trail = client.list_grants(dataset_id, page_size=1)  # every page
     assert [(g.tenant, g.status) for g in trail] == [("bob", "revoked"), ("nobody-by-this-name", "invited")]
     assert bob.list_datasets() == []
 
@@ -93,8 +93,8 @@ def test_client_decline(client: Client, bob: Client, dataset_id: str) -> None:
     client.grant(dataset_id, "bob")
     declined = bob.decline_invitation(dataset_id)
     assert declined.status == "declined" and declined.declined_at is not None
-    assert bob.invitations() == [] and bob.list_datasets() == []
-    assert [g.status for g in client.grants(dataset_id)] == ["declined"]
+    assert bob.list_invitations() == [] and bob.list_datasets() == []
+    assert [g.status for g in client.list_grants(dataset_id)] == ["declined"]
 
 
 def test_cli_sharing_commands(run: Run, api_key: str, bob_key: str, dataset_id: str) -> None:

@@ -85,3 +85,29 @@ def test_a_loaded_model_is_callable_on_arrays_and_tensors(tmp_path: Path) -> Non
     out = loaded(X)
     assert out.shape == (5, 2) and not out.requires_grad
     torch.testing.assert_close(out, loaded.model(torch.as_tensor(X, dtype=torch.float32)))
+
+
+def test_one_naming_rule_and_the_former_names_still_work_with_a_warning() -> None:
+    """get_<thing>(id), list_<things>(), iter_<things>(); each former name calls the new method."""
+    from privtrain.former_names import FORMER_NAMES
+
+    calls: list[tuple[str, tuple[object, ...]]] = []
+
+    class Recording(privtrain.Client):
+        def __init__(self) -> None:  # no connection: only the names are tested
+            pass
+
+    for current in set(FORMER_NAMES.values()):
+        setattr(Recording, current, lambda self, *args, _name=current: calls.append((_name, args)) or _name)
+    client = Recording()
+    for former, current in FORMER_NAMES.items():
+        with pytest.warns(DeprecationWarning, match=f"use Client.{current}"):
+            assert getattr(client, former)("x") == current
+    assert calls == [(current, ("x",)) for current in FORMER_NAMES.values()]
+    public = [name for name in dir(privtrain.Client) if not name.startswith("_") and name not in FORMER_NAMES]
+    readers = [name for name in public if not name.startswith(("get_", "list_", "iter_"))]
+    verbs = {"accept_invitation", "cancel", "cancel_tuning", "close", "create_tuning", "decline_invitation"}
+    verbs |= {"delete_base_model", "delete_dataset", "download_model", "estimate", "estimate_tuning", "from_env"}
+    verbs |= {"generate", "grant", "raise_budget", "revoke_grant", "stream_events", "submit", "train_tokenizer"}
+    verbs |= {"upload_base_model", "upload_dataset", "upload_hf_base_model", "upload_tokenizer", "wait", "wait_tuning"}
+    assert set(readers) <= verbs, sorted(set(readers) - verbs)

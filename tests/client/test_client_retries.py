@@ -76,7 +76,7 @@ def test_a_submission_whose_answer_was_lost_is_replayed_not_charged_twice(
     keys = [r.headers["Idempotency-Key"] for r in flaky.seen]
     assert len(keys) == 2 and keys[0] == keys[1] and len(keys[0]) >= 32
     assert [j.id for j in client.list_jobs()] == [job.id]  # admitted once
-    assert [e.kind for e in client.ledger(dataset.id)] == ["RESERVE"]
+    assert [e.kind for e in client.list_ledger(dataset.id)] == ["RESERVE"]
     assert sleeps == [0.5]
     other = FailFirst("/v1/jobs", [])
     make_client(other).submit(tiny_spec(dataset.id, noise_multiplier=4.0))
@@ -101,30 +101,30 @@ def test_reads_retry_on_connection_errors_and_gateway_statuses_with_backoff(
 def test_retries_are_bounded(make_client: Callable[..., Client], dataset: Dataset, sleeps: list[float]) -> None:
     flaky = FailFirst(f"/v1/datasets/{dataset.id}/budget", [504] * 5)
     with pytest.raises(ServerError) as caught:
-        make_client(flaky, max_retries=2).budget(dataset.id)
+        make_client(flaky, max_retries=2).get_budget(dataset.id)
     assert caught.value.status == 504 and caught.value.type is None
     assert "bad gateway" in caught.value.detail  # a non-problem body is kept as the detail
     assert len(flaky.seen) == 3 and len(sleeps) == 2
     down = FailFirst("/v1/algorithms", [httpx.ConnectError("refused")] * 5)
     with pytest.raises(TransportError, match="ConnectError"):
-        make_client(down, max_retries=1).algorithms()
+        make_client(down, max_retries=1).list_algorithms()
 
 
 def test_429_honours_retry_after(
     make_client: Callable[..., Client], transport: AppTransport, api_key: str, sleeps: list[float]
 ) -> None:
     flaky = FailFirst("/v1/models", [429], headers={"Retry-After": "7"})
-    assert make_client(flaky).models()
+    assert make_client(flaky).list_models()
     assert sleeps == [7.0]
     always = FailFirst("/v1/models", [429] * 3, headers={"Retry-After": "0"})
     with pytest.raises(RateLimited):
-        make_client(always, max_retries=1).models()
+        make_client(always, max_retries=1).list_models()
     assert len(always.seen) == 2
     # a server that asks for more than retry_after_max (60 s) is not waited for
     sleeps.clear()
     busy = FailFirst("/v1/models", [429], headers={"Retry-After": "3600"})
     with pytest.raises(RateLimited):
-        make_client(busy).models()
+        make_client(busy).list_models()
     assert sleeps == [] and len(busy.seen) == 1
 
 
@@ -161,7 +161,7 @@ def test_a_retried_upload_registers_one_dataset(
     keys = [r.headers["Idempotency-Key"] for r in gateway.seen]
     assert len(keys) == 2 and keys[0] == keys[1] and sleeps == [0.5]
     assert [d.id for d in client.list_datasets()] == [dataset.id]
-    assert client.ledger(dataset.id) == []  # one budget, nothing spent
+    assert client.list_ledger(dataset.id) == []  # one budget, nothing spent
     with pytest.raises(InvalidRequest) as reused:  # the same key for a different upload
         client.upload_dataset(digits_csv, name="other", format="csv", epsilon=1, delta=1e-5, idempotency_key=keys[0])
     assert reused.value.slug == "idempotency-key-reused"

@@ -64,9 +64,9 @@ def test_wait_with_the_event_stream(client: Client, dataset: Dataset, dispatcher
     assert [s.job.status for s in snapshots][-1] == "succeeded", dispatcher.outcomes
     steps = [s.steps_done for s in snapshots]
     assert steps == sorted(steps) and steps[-1] == 4
-    assert snapshots[-1].epsilon_spent == pytest.approx(client.report(job.id)["epsilon"]["ledger"])
+    assert snapshots[-1].epsilon_spent == pytest.approx(client.get_report(job.id)["epsilon"]["ledger"])
     assert "running" in {s.job.status for s in snapshots}  # advanced by the started/progress events
-    events = client.events(job.id)
+    events = client.list_events(job.id)
     assert [e.kind for e in client.stream_events(job.id, after=events[1].seq)] == [e.kind for e in events[2:]]
 
 
@@ -100,7 +100,7 @@ def test_a_stream_cut_short_is_resumed_after_the_last_event(
 
     with Replayed(BASE_URL, api_key, transport=wrap(transport, cut_first_stream), sleep=lambda _s: None) as cut:
         snapshots = list(sse_progress(cut, job.id, poll_interval=0.01))
-    events = client.events(job.id)
+    events = client.list_events(job.id)
     assert len(streams) == 2
     assert streams[1].headers["Last-Event-ID"] == str(events[1].seq)
     assert snapshots[-1].job.status == "succeeded" and snapshots[-1].steps_done == 4

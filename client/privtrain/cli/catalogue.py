@@ -30,7 +30,7 @@ def algorithms(name: str | None) -> None:
     """The algorithm catalogue, or one algorithm's hyperparameters and defaults."""
     client = current_state().client()
     if name is None:
-        found = sorted(client.algorithms(), key=lambda a: a.name)
+        found = sorted(client.list_algorithms(), key=lambda a: a.name)
         emit(found, lambda: table(found, ALGORITHM_COLUMNS))
         return
     entry = client.get_algorithm(name)
@@ -54,7 +54,7 @@ def algorithms(name: str | None) -> None:
 @json_flag
 def models(name: str | None) -> None:
     """The model catalogue, with each model's parameters and defaults; or one model in full."""
-    found = sorted(current_state().client().models(), key=lambda m: m.name)
+    found = sorted(current_state().client().list_models(), key=lambda m: m.name)
     if name is None:
         emit(found, lambda: table(found, MODEL_COLUMNS))
         return

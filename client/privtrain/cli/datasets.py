@@ -308,7 +308,7 @@ def datasets_show(dataset_id: str) -> None:
 @json_flag
 def datasets_budget(dataset_id: str) -> None:
     """ε_G, δ_G, committed, reserved and remaining ε."""
-    budget = current_state().client().budget(dataset_id)
+    budget = current_state().client().get_budget(dataset_id)
     emit(budget, lambda: _budget_block(budget))
 
 
@@ -329,7 +329,7 @@ def datasets_raise_budget(dataset_id: str, epsilon: float, delta: float | None, 
 @json_flag
 def datasets_ledger(dataset_id: str) -> None:
     """The append-only, hash-chained ledger entries, oldest first."""
-    entries = current_state().client().ledger(dataset_id)
+    entries = current_state().client().list_ledger(dataset_id)
 
     def human() -> str:
         # In words below the table: a RELEASE returns budget, it is not a second charge.

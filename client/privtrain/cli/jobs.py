@@ -127,7 +127,7 @@ def jobs_watch(job_id: str, poll_interval: float, wait_timeout: float | None, qu
 @json_flag
 def jobs_events(job_id: str, after: int) -> None:
     """A job's events (admitted, started, progress, ended...), oldest first, after --after."""
-    found = current_state().client().events(job_id, after=after)
+    found = current_state().client().list_events(job_id, after=after)
     emit(found, lambda: table(found, EVENT_COLUMNS))
 
 
@@ -195,7 +195,7 @@ def jobs_download(job_id: str, out_dir: Path, model_format: ModelFormat) -> None
     after it committed ε has a report and no model."""
     client = current_state().client()
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = client.report(job_id)
+    report = client.get_report(job_id)
     released = report.get("status", "succeeded") == "succeeded"
     name = f"{job_id}-{model_format}.zip" if model_format != "safetensors" else f"{job_id}.safetensors"
     model_path = client.download_model(job_id, out_dir / name, format=model_format) if released else None

@@ -85,7 +85,7 @@ def datasets_grant(dataset_id: str, tenant: str) -> None:
 @json_flag
 def datasets_grants(dataset_id: str) -> None:
     """Every invitation and grant of your dataset, oldest first (the audit trail)."""
-    found = current_state().client().grants(dataset_id)
+    found = current_state().client().list_grants(dataset_id)
     emit(found, lambda: table(found, GRANT_COLUMNS))
 
 
@@ -108,7 +108,7 @@ def invitations() -> None:
 @json_flag
 def invitations_list() -> None:
     """Pending invitations addressed to you, newest first."""
-    found = current_state().client().invitations()
+    found = current_state().client().list_invitations()
     emit(found, lambda: table(found, INVITATION_COLUMNS))
 
 

@@ -69,7 +69,7 @@ def tokenizers_train(dataset_id: str, vocab_size: int, name: str) -> None:
 @json_flag
 def tokenizers_list() -> None:
     """The built-in byte tokenizer, then yours, newest first."""
-    found = current_state().client().tokenizers()
+    found = current_state().client().list_tokenizers()
     emit(found, lambda: table(found, TOKENIZER_COLUMNS))
 
 
@@ -78,5 +78,5 @@ def tokenizers_list() -> None:
 @json_flag
 def tokenizers_show(tokenizer_id: str) -> None:
     """One tokenizer: its kind, vocabulary size, pad id and special tokens."""
-    found = current_state().client().tokenizer(tokenizer_id)
+    found = current_state().client().get_tokenizer(tokenizer_id)
     emit(found, lambda: _tokenizer_block(found))
