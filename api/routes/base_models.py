@@ -13,7 +13,7 @@ from api.limits.upload_slots import UploadSlotDep
 from api.problems import Problem
 from api.routes.deps import ServicesDep, SessionDep, TenantDep
 from api.routes.routing import ReleasingRoute
-from api.routes.upload_body import receive_upload_body
+from api.routes.upload_body import receive_upload_body, upload_request_body
 from kernel.base_models.dtypes import stored_dtypes
 from kernel.base_models.hf_upload import HFUpload, register_hf_base_model
 from kernel.base_models.registry import (
@@ -102,7 +102,16 @@ def _required(value: object, name: str) -> None:
         raise _invalid(f"{name} is required for format=safetensors (a zoo architecture's weights file)")
 
 
-@router.post("", status_code=201, response_model=BaseModelOut)
+@router.post(
+    "",
+    status_code=201,
+    response_model=BaseModelOut,
+    openapi_extra=upload_request_body(
+        "application/octet-stream",
+        "application/zip",
+        description="format=safetensors: the weights file; format=hf: a ZIP of a Transformers save_pretrained folder",
+    ),
+)
 async def upload_base_model(
     request: Request,
     services: ServicesDep,

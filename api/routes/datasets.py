@@ -15,7 +15,7 @@ from api.limits.upload_slots import UploadSlotDep
 from api.problems import Problem
 from api.routes.deps import ServicesDep, SessionDep, TenantDep
 from api.routes.routing import ReleasingRoute
-from api.routes.upload_body import receive_upload_body
+from api.routes.upload_body import receive_upload_body, upload_request_body
 from api.routes.upload_watch import WatchedParse
 from kernel.access.roles import Role, dataset_access, dataset_for, visible_datasets
 from kernel.datasets.deletion import DatasetEraser, DeletionProgress, deletion_progress, request_deletion
@@ -162,7 +162,19 @@ def dataset_out(
     )
 
 
-@router.post("", status_code=201, response_model=DatasetOut)
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    openapi_extra=upload_request_body(
+        "text/csv",
+        "application/zip",
+        "application/x-ndjson",
+        "application/octet-stream",
+        description="the dataset file's bytes: CSV, NPZ, a ZIP of class folders of images, or JSON Lines of text "
+        "(format= names which)",
+    ),
+)
 async def upload_dataset(
     request: Request,
     services: ServicesDep,

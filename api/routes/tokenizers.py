@@ -13,7 +13,7 @@ from api.limits.upload_slots import UploadSlotDep
 from api.problems import Problem
 from api.routes.deps import ServicesDep, SessionDep, TenantDep
 from api.routes.routing import ReleasingRoute
-from api.routes.upload_body import receive_upload_body
+from api.routes.upload_body import receive_upload_body, upload_request_body
 from kernel.access.roles import dataset_for
 from kernel.datasets.status import require_active
 from kernel.db.orm import TokenizerRecord
@@ -79,7 +79,14 @@ def _check_name(name: str) -> str:
     return name
 
 
-@router.post("", status_code=201, response_model=TokenizerOut)
+@router.post(
+    "",
+    status_code=201,
+    response_model=TokenizerOut,
+    openapi_extra=upload_request_body(
+        "application/json", "application/octet-stream", description="a Hugging Face tokenizer.json file"
+    ),
+)
 async def upload_tokenizer(
     request: Request,
     services: ServicesDep,

@@ -14,7 +14,16 @@ from api.problems import Problem
 from kernel.config import Settings
 from kernel.storage.blobs import BlobStore, PendingBlob, UploadTooLarge
 
-__all__ = ["receive_upload_body"]
+__all__ = ["receive_upload_body", "upload_request_body"]
+
+
+def upload_request_body(*media_types: str, description: str) -> dict[str, object]:
+    """The OpenAPI ``requestBody`` of a route that reads its raw body itself (``openapi_extra``): the
+    file's bytes, under each media type it takes, so that generated clients can send it."""
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    return {
+        "requestBody": {"required": True, "description": description, "content": dict.fromkeys(media_types, binary)}
+    }
 
 
 async def receive_upload_body(
