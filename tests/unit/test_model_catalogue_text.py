@@ -213,7 +213,8 @@ def test_lora_is_refused_for_a_model_without_attention() -> None:
         ({"finetune": "lora"}, "lora \\(rank and alpha\\) is required"),
         ({"finetune": "full", "lora": {"rank": 2}}, "only there"),
         ({"finetune": "lora", "lora": {"rank": 0}}, "greater than or equal to 1"),
-        ({"finetune": "lora", "lora": {"rank": 2, "alpha": 1, "dropout": 0.1}}, "Extra inputs"),
+        ({"finetune": "lora", "lora": {"rank": 2, "alpha": 1, "dropout": 0.1}}, "lora dropout must be 0"),
+        ({"finetune": "lora", "lora": {"rank": 2, "alpha": 1, "bias": "all"}}, "Extra inputs"),
         ({"token_loss": "median"}, "'mean' or 'sum'"),
     ],
 )
