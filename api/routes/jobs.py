@@ -373,7 +373,16 @@ def report_key(job: Job) -> str:
 @router.get(
     "/{job_id}/model",
     response_class=FileResponse,
-    responses={307: {"description": "with PRIVTRAIN_DOWNLOAD_MODE=presigned: a short-lived URL of the object store"}},
+    responses={
+        200: {
+            "description": "the model file (safetensors), or with format=hf or format=peft a ZIP",
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                "application/zip": {"schema": {"type": "string", "format": "binary"}},
+            },
+        },
+        307: {"description": "with PRIVTRAIN_DOWNLOAD_MODE=presigned: a short-lived URL of the object store"},
+    },
 )
 def download_model(
     job_id: str,
