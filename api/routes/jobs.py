@@ -37,6 +37,7 @@ from kernel.db.orm import Dataset, Job, JobEvent, PrivacyBudget, Tenant
 from kernel.db.pagination import cursor_id, decode_cursor, encode_cursor
 from kernel.jobs import lifecycle, report_outbox
 from kernel.jobs.dispatch import dispatch_with_settings
+from kernel.jobs.evaluation import expected_interval
 from kernel.jobs.planning import JobPlan, job_choices, plan_job, request_hash
 from kernel.jobs.routing import route_job
 from kernel.jobs.status import TERMINAL_STATUSES, JobStatus
@@ -111,6 +112,7 @@ def _public_estimate(plan: JobPlan) -> PrivacyEstimate:
         largest_admissible_epsilon=None,
         largest_admissible_steps_reason="the dataset is public: it has no budget, so any number of steps is admitted",
         smallest_admissible_noise_multiplier_reason="the dataset is public: it has no budget to fit",
+        evaluation_interval=expected_interval(plan.evaluation) if plan.evaluation else None,
         init_chain=init_chain_estimate(plan),
     )
 
@@ -142,6 +144,7 @@ def _estimate(plan: JobPlan, budget: PrivacyBudget, *, max_steps: int) -> Privac
         evaluation_epsilon=(
             privacy.ledger_epsilon(privacy.rdp_curve(plan.evaluation.event()), plan.delta) if plan.evaluation else None
         ),
+        evaluation_interval=expected_interval(plan.evaluation) if plan.evaluation else None,
         init_chain=init_chain_estimate(plan),
     )
 

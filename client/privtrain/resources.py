@@ -287,6 +287,8 @@ class Estimate(Resource):
     composed ε of the model it would release (``epsilon_composed_ledger``; a ``notice`` in words)."""
     witness_order: float | None = None
     """The Rényi order at which the ledger's ε is attained."""
+    evaluation_interval: dict[str, Any] | None = None
+    """With an evaluation block: how wide the released metric's 95% interval will be (``statement``)."""
 
     @property
     def epsilon_ledger(self) -> float:

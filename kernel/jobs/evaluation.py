@@ -384,6 +384,51 @@ def _perplexity_view(plan: EvaluationPlan, mean: ReleasedMean) -> dict[str, obje
     }
 
 
+def expected_interval(plan: EvaluationPlan, *, confidence: float = CONFIDENCE) -> dict[str, object]:
+    """Before the job runs, from public values only: how wide the released metric's interval will be,
+    so that ``evaluation.epsilon`` (or σ) and ``holdout_fraction`` can be sized before anything is
+    spent. The noise's half-width is the same whatever the metric turns out to be; the interval also
+    holds the hold-out size's spread, so it is shown at the middle of the metric's range (accuracy 0.5,
+    half the error clip) or, for perplexity, as the factor the noise alone multiplies it by."""
+    tail = (1.0 - confidence) / 2.0  # as the release splits it: half the miss probability for the noise
+    if plan.mechanism == "laplace":
+        on_sum = plan.noise_scale * math.log(1.0 / tail)  # P(|Laplace(b)| > w) = exp(-w/b)
+    else:
+        on_sum = gaussian_half_width(std=plan.noise_scale, alpha=tail)
+    noise = on_sum / plan.expected_holdout_rows
+    advice = "raise evaluation.epsilon (or lower its noise_multiplier) or holdout_fraction to narrow it"
+    if plan.metric == "perplexity":
+        factor = math.exp(noise)
+        return {
+            "metric": "perplexity",
+            "confidence": confidence,
+            "noise_half_width_on_mean_token_loss": noise,
+            "perplexity_factor": factor,
+            "statement": f"the noise alone moves the mean token loss by up to ±{noise:.3g} nats, so the released "
+            f"perplexity's {confidence:.0%} interval spans at least a factor of {factor:.3g} either way of the "
+            f"perplexity on the held-out rows (more with the hold-out size's spread); {advice}",
+        }
+    low_range, high_range = valid_range(plan)
+    middle = (low_range + high_range) / 2.0
+    interval = metric_interval(
+        plan, noisy_sum=middle * plan.expected_holdout_rows, noise_half_width_on_sum=on_sum, confidence=confidence
+    )
+    return {
+        "metric": plan.metric,
+        "confidence": confidence,
+        "noise_half_width": noise,
+        "at": middle,
+        "low": interval.low,
+        "high": interval.high,
+        "width": interval.high - interval.low,
+        "holdout_rows_range": [interval.holdout_rows_low, interval.holdout_rows_high],
+        "statement": f"if the {plan.metric} on the held-out rows were {middle:.3g}, its released {confidence:.0%} "
+        f"interval would be about [{interval.low:.3g}, {interval.high:.3g}] "
+        f"(width {interval.high - interval.low:.3g}); "
+        f"the noise alone moves the released value by up to ±{noise:.3g}; {advice}",
+    }
+
+
 def released_metric(
     plan: EvaluationPlan,
     *,

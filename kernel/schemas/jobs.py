@@ -373,6 +373,12 @@ class PrivacyEstimate(WithRenamedFields):
     evaluation_epsilon: float | None = Field(
         default=None, description="ledger ε of the DP evaluation alone (part of epsilon_reserved)"
     )
+    evaluation_interval: dict[str, Any] | None = Field(
+        default=None,
+        description="with an evaluation block: how wide the released metric's 95% interval will be (the noise's "
+        "half-width on the metric; for accuracy and MSE the whole interval at the middle of the metric's range, "
+        "for perplexity the factor the noise alone spans), computed from public values before anything is spent",
+    )
     init_chain: InitChainEstimate | None = Field(
         default=None,
         description="with model.init naming a job: what the jobs the starting weights descend from mean for "

@@ -205,3 +205,6 @@ def test_cli_estimate_prints_the_choices_and_the_two_numbers_explained() -> None
     assert "plain Gaussian" in shown["remaining ε vs largest target ε"]
     same = _cli_estimate({**ESTIMATE, "largest_admissible_epsilon": GOLDEN_REMAINING + 1e-9})
     assert "remaining ε vs largest target ε" not in same  # nothing to explain when they agree
+    assert "evaluation interval" not in shown
+    sized = _cli_estimate({**ESTIMATE, "evaluation_interval": {"statement": "about [0.42, 0.58] (width 0.16)"}})
+    assert sized["evaluation interval"] == "about [0.42, 0.58] (width 0.16)"

@@ -50,6 +50,9 @@ def test_a_language_model_job_releases_a_dp_perplexity(
     # Laplace with b = R / ε on a sum of sensitivity R is ε-DP (ε = R / b); the ledger reads it off its
     # Rényi curve at δ, a little above
     assert 1.0 <= priced.json()["evaluation_epsilon"] <= 1.05
+    interval = priced.json()["evaluation_interval"]  # sized before anything is spent
+    assert without.json()["evaluation_interval"] is None and interval["metric"] == "perplexity"
+    assert interval["perplexity_factor"] > 1 and "factor" in interval["statement"]
     assert priced.json()["epsilon_ledger"] > without.json()["epsilon_ledger"]  # composed with training
 
     job_id = run_on_worker(alice, settings, database, _lm_spec(notes["id"], EVALUATION))

@@ -112,6 +112,7 @@ def estimate_block(e: Estimate) -> str:
             (f"ε reserved at δ={up(e.delta)}", up(e.epsilon_reserved)),
             (f"ε (single job, {e.epsilon_single_job_method or 'tightest'})", up(e.epsilon_single_job)),
             ("ε of the evaluation", up(e.evaluation_epsilon)),
+            *([("evaluation interval", e.evaluation_interval["statement"])] if e.evaluation_interval else []),
             ("admissible now", e.admissible),
             ("budget remaining ε", down(e.budget_remaining_epsilon)),
             ("budget remaining ε after this job", down(raw.get("budget_remaining_after_epsilon"))),
