@@ -1,6 +1,6 @@
 """The client's method names before it took one naming rule, kept as deprecated aliases.
 
-The rule (docs/client-and-cli.md#method-names): ``get_<thing>(id)`` reads one thing,
+The rule (docs/client-and-cli.md, "Method names"): ``get_<thing>(id)`` reads one thing,
 ``list_<things>()`` reads a list, ``iter_<things>()`` pages through it lazily; every other method
 is a verb (``submit``, ``cancel``, ``upload_dataset``…). Each former name still works, warns once
 per call site (DeprecationWarning) and calls the new one.

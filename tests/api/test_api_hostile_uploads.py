@@ -237,15 +237,16 @@ def test_a_parse_past_its_deadline_is_a_413_and_stores_nothing(tmp_path: Path, s
     body = image_zip(class_images(50))  # 100 images: 5 s of decoding
     with TestClient(create_app(settings, dispatcher=RecordingDispatcher())) as client:
         before = _stored(database, settings)
-        started = time.monotonic()
         response = client.post("/v1/datasets", params={**DATASET, "format": "zip"}, content=body, headers=headers)
-        elapsed = time.monotonic() - started
+        answered = time.monotonic()
         assert response.status_code == 413, response.text
         problem = response.json()
         assert problem["type"] == "/problems/parse-deadline-exceeded" and problem["reason"] == "parse-deadline"
         assert problem["deadline_s"] == 0.5 and "nothing was stored" in problem["detail"]
         assert _stored(database, settings) == before
-        assert len(slow_decoding) < 100 and elapsed < 4.0  # stopped at the deadline, not after every image
+        # Stopped at the deadline, not after every image (5 s of decoding): timed from the first image,
+        # so that receiving the body and a busy machine's first-request costs do not count.
+        assert len(slow_decoding) < 100 and answered - slow_decoding[0] < 4.0
     database.dispose()
 
 
