@@ -50,6 +50,10 @@ from tests.conftest import (
 MAX_EXAMPLES = 25
 EXTREME_EXAMPLES = 12
 """Per operation and per valid body in the extremes pass: ~500 cases, ~15 s on two cores."""
+UPLOAD_EXAMPLES = 8
+"""For the uploads, whose generated bodies are whole files to store and parse (each answered long
+before a real file would be): fewer, as hostile uploads have tests of their own."""
+UPLOADS = frozenset({"POST /v1/datasets", "POST /v1/base-models", "POST /v1/tokenizers"})
 CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
 ROWS, FEATURES = 200, 12  # 12 features: the sparse algorithms' default sparsity s = 10 fits
 
@@ -237,7 +241,7 @@ def _fuzz_operation(
 
     @given(case=operation.as_strategy())
     @settings(
-        max_examples=MAX_EXAMPLES,
+        max_examples=UPLOAD_EXAMPLES if operation.label in UPLOADS else MAX_EXAMPLES,
         deadline=None,
         database=None,
         derandomize=True,
