@@ -214,7 +214,19 @@ def submit(
         ), False
 
     # A concurrent retry with the same key that committed first is answered as a replay.
-    job, replayed = create_once(services.db, Job, request, create=admit, replay=lambda _session, first: (first, True))
+    try:
+        job, replayed = create_once(
+            services.db, Job, request, create=admit, replay=lambda _session, first: (first, True)
+        )
+    except lifecycle.BudgetExhausted as refused:  # say what would fit now, as the estimate does
+        with services.db.read_session() as fresh:
+            budget = fresh.get(PrivacyBudget, refused.dataset_id)
+            largest = (
+                job_choices(plan, budget, max_steps=services.settings.max_steps).largest_admissible_epsilon
+                if budget is not None
+                else None
+            )
+        raise refused.with_largest_admissible(largest) from None
     if replayed:
         return _replayed(session, tenant, job)
     out = _job_view(session, tenant, job)

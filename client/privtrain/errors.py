@@ -122,6 +122,12 @@ class BudgetExceeded(Conflict):
         value = self.problem.get("remaining_epsilon")
         return float(value) if value is not None else None
 
+    @property
+    def largest_admissible_epsilon(self) -> float | None:
+        """The largest target ε a job of this shape would be admitted at now (None from older servers)."""
+        value = self.problem.get("largest_admissible_epsilon")
+        return float(value) if value is not None else None
+
 
 @problem_types("dataset-already-registered")
 class AlreadyRegistered(Conflict):

@@ -130,6 +130,19 @@ class BudgetExhausted(Conflict):
                 "budget_delta": budget.delta,
             },
         )
+        self.dataset_id = budget.dataset_id  # read now: the row is detached once the transaction ends
+
+    def with_largest_admissible(self, largest_admissible_epsilon: float | None) -> BudgetExhausted:
+        """This refusal, naming the largest target ε a job of this shape is admitted at now (what
+        the estimate calls ``largest_admissible_epsilon``; more than what remains for a subsampled job)."""
+        if largest_admissible_epsilon is not None:
+            self.detail = (
+                f"{self.detail}; the largest target ε this job could ask for and be admitted now is "
+                f"{format_remaining(largest_admissible_epsilon)}"
+            )
+            self.args = (self.detail,)
+        self.extra = {**self.extra, "largest_admissible_epsilon": largest_admissible_epsilon}
+        return self
 
 
 class ActiveJobLimitReached(LimitReached):

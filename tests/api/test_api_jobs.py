@@ -203,3 +203,18 @@ def test_three_target_4_jobs_fit_into_epsilon_8_not_two(alice: TestClient, digit
     smaller = dict(spec, privacy={"target_epsilon": estimate["largest_admissible_epsilon"] * 0.999})
     assert alice.post("/v1/jobs/estimate", json=smaller).json()["admissible"] is True
     assert alice.post("/v1/jobs", json=smaller).status_code == 202
+
+
+def test_an_over_budget_refusal_names_the_largest_target_that_fits_now(alice: TestClient, dataset_id: str) -> None:
+    """The 409 says what the estimate says: the largest target ε a job of this shape is admitted at
+    now, which is real (a job just under it is admitted), and more than what remains (subsampling)."""
+    assert alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=6.0)).status_code == 202
+    too_much = dp_sgd_spec(dataset_id, target_epsilon=8.0)
+    estimate = alice.post("/v1/jobs/estimate", json=too_much).json()
+    refused = alice.post("/v1/jobs", json=too_much)
+    assert refused.status_code == 409, refused.text
+    problem = refused.json()
+    largest = problem["largest_admissible_epsilon"]
+    assert largest == pytest.approx(estimate["largest_admissible_epsilon"], rel=1e-9)
+    assert problem["remaining_epsilon"] < largest < 8.0 and "largest target ε" in problem["detail"]
+    assert alice.post("/v1/jobs", json=dp_sgd_spec(dataset_id, target_epsilon=largest * 0.999)).status_code == 202

@@ -11,7 +11,8 @@ from tests.conftest import dp_sgd_spec
 
 DETAIL = re.compile(
     r"^the job costs ε = (?P<cost>\S+) at δ = (?P<delta>\S+) and does not fit the dataset's "
-    r"remaining budget of ε = (?P<remaining>\S+)$"
+    r"remaining budget of ε = (?P<remaining>[^;\s]+); the largest target ε this job could ask for and be admitted "
+    r"now is (?P<largest>\S+)$"
 )
 
 
@@ -35,3 +36,4 @@ def test_insufficient_budget_detail_rounds_the_cost_up_and_the_remaining_budget_
     assert float(match["cost"]) >= problem["job_epsilon"]
     assert float(match["delta"]) >= problem["budget_delta"]
     assert float(match["remaining"]) <= problem["remaining_epsilon"]
+    assert float(match["largest"]) <= problem["largest_admissible_epsilon"]  # what fits: rounded down too

@@ -172,6 +172,8 @@ def test_over_budget_is_budget_exceeded(client: Client, dataset: Dataset) -> Non
     assert isinstance(caught.value, Conflict)
     assert caught.value.type == "/problems/insufficient-privacy-budget"
     assert caught.value.remaining_epsilon == pytest.approx(8.0, abs=1e-5)
+    largest = caught.value.largest_admissible_epsilon  # what a job of this shape is admitted at now
+    assert largest is not None and 7.99 < largest < caught.value.extra["job_epsilon"]
     assert caught.value.extra["job_epsilon"] > 8.0
     assert client.list_jobs() == []
 
